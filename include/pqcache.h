@@ -1,0 +1,500 @@
+/*
+ * pqcache.h - the public C API of libpqcache.
+ *
+ * libpqcache keeps the KV cache of long prompts in host memory, builds a
+ * product-quantization (PQ) index of the keys of every (layer, kv head), and
+ * at each decode step selects the past tokens that matter for the current
+ * query (PQCache, SIGMOD 2025). This is the only public header. It is plain
+ * C99 and is meant to be consumed from C, C++, SWIG (Go, Java, Python), cgo
+ * and Rust FFI.
+ *
+ * Conventions (the same for every function):
+ *  - Every function returns a pq_status. PQ_OK (0) is success, errors are
+ *    negative. On error, pq_last_error() returns a message for the calling
+ *    thread that names the argument, the value and what was expected.
+ *  - Output parameters are written only on success.
+ *  - No C++ exception ever crosses this API.
+ *  - Structs that may grow carry a struct_size field; fill them with the
+ *    matching *_default / *_init function so that a caller compiled against
+ *    an older header keeps working with a newer library.
+ *  - Enum-valued fields in structs are int32_t so that struct layouts do not
+ *    depend on the compiler's choice of enum size (Rust, cgo).
+ *  - Token positions are int32_t: one sequence holds at most INT32_MAX tokens.
+ *
+ * Threading contract (sqlite3.h style; each function repeats its own rule):
+ *  - A pq_context is thread-safe. Calls that name different sequences may run
+ *    concurrently from any threads.
+ *  - Calls that name the same sequence and different layers may also run
+ *    concurrently. Calls on the same (sequence, layer) are serialised by the
+ *    library (they take that layer's lock), so they are safe but do not
+ *    overlap.
+ *  - pq_destroy must not race with any other call on the same context.
+ *  - pq_sequence_remove may race with calls on that sequence: those calls
+ *    either finish on the data they already hold or return PQ_ERR_NOT_FOUND.
+ *  - The library keeps no global mutable state: two contexts share nothing.
+ */
+#ifndef PQCACHE_H
+#define PQCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* PQ_API marks exported functions. SWIG cannot parse GNU attributes, so the
+ * macro is empty when SWIG reads this header. */
+#if defined(SWIG)
+#define PQ_API
+#elif defined(_WIN32)
+#if defined(PQCACHE_BUILDING_LIBRARY)
+#define PQ_API __declspec(dllexport)
+#else
+#define PQ_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define PQ_API __attribute__((visibility("default")))
+#else
+#define PQ_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Versions                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
+ * that breaks binary compatibility bumps it. */
+#define PQ_VERSION_MAJOR 0
+#define PQ_VERSION_MINOR 1
+#define PQ_VERSION_PATCH 0
+#define PQ_VERSION_NUMBER \
+  (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
+#define PQ_VERSION_STRING "0.1.0"
+
+/* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
+ * Thread-safe. */
+PQ_API int pq_version_number(void);
+/* The same as a static string, "MAJOR.MINOR.PATCH". Thread-safe. */
+PQ_API const char* pq_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and errors                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum pq_status {
+  PQ_OK = 0,
+  /* An argument is NULL, out of range, inconsistent with the configuration,
+   * or a buffer is too small. The message names it. */
+  PQ_ERR_INVALID_ARGUMENT = -1,
+  /* An allocation failed or the host memory limit of the context would be
+   * exceeded. The call had no effect; the context and sequence stay usable. */
+  PQ_ERR_OUT_OF_MEMORY = -2,
+  /* The call is valid but not now: for example select before prefill. */
+  PQ_ERR_BAD_STATE = -3,
+  /* The sequence (or plug-in, or device) does not exist. */
+  PQ_ERR_NOT_FOUND = -4,
+  /* A valid request this build or backend does not implement. */
+  PQ_ERR_UNSUPPORTED = -5,
+  /* The compute backend (for example the CUDA plug-in) reported an error. */
+  PQ_ERR_BACKEND = -6,
+  /* A bug in libpqcache. Please report it with the message. */
+  PQ_ERR_INTERNAL = -7
+} pq_status;
+
+/* A static, human-readable name for a status ("PQ_ERR_INVALID_ARGUMENT: ...").
+ * Unknown values give "unknown pq_status". Thread-safe. */
+PQ_API const char* pq_status_string(pq_status status);
+
+/* The message of the last failed call made by the calling thread, or "" if
+ * none failed yet. Valid until the next failing call on the same thread.
+ * Thread-safe (the message is thread-local). */
+PQ_API const char* pq_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Element type of the caller's K/V/Q buffers. K/V are stored in this type:
+ * an f16 cache takes f16 memory on the host. */
+typedef enum pq_dtype {
+  PQ_DTYPE_F32 = 0,
+  PQ_DTYPE_F16 = 1, /* IEEE 754 binary16 */
+  PQ_DTYPE_BF16 = 2 /* bfloat16: the top 16 bits of a binary32 */
+} pq_dtype;
+
+/* Where a tensor's data lives. */
+typedef enum pq_memory {
+  PQ_MEMORY_HOST = 0,
+  PQ_MEMORY_DEVICE = 1 /* CUDA device memory; needs the CUDA backend */
+} pq_memory;
+
+/* How a selector picks middle tokens. */
+typedef enum pq_selector {
+  /* PQCache: approximate q.k through PQ codes and a lookup table. */
+  PQ_SELECTOR_PQ = 0,
+  /* Oracle: exact q.k over the full keys (reads every middle key). */
+  PQ_SELECTOR_EXACT = 1,
+  /* StreamingLLM: sinks plus the most recent tokens; the top-k budget
+   * extends the local window instead of being chosen by score. */
+  PQ_SELECTOR_WINDOW = 2
+} pq_selector;
+
+/* How the query heads of one GQA group combine into one score per kv head. */
+typedef enum pq_gqa_combine {
+  /* Softmax over the middle tokens per query head, then the sum over the
+   * group's heads (what the official PQCache code does). */
+  PQ_GQA_SUM_SOFTMAX = 0,
+  /* The largest scaled logit q.k/sqrt(d) over the group's heads. */
+  PQ_GQA_MAX = 1,
+  /* The mean scaled logit over the group's heads. */
+  PQ_GQA_MEAN = 2
+} pq_gqa_combine;
+
+/* K-Means initialisation. */
+typedef enum pq_kmeans_init {
+  /* k distinct training points drawn at random (seeded). */
+  PQ_KMEANS_INIT_RANDOM = 0,
+  /* k-means++ (D^2 sampling, seeded): better starts, one extra pass. */
+  PQ_KMEANS_INIT_KMEANSPP = 1
+} pq_kmeans_init;
+
+/* Which compute backend a context uses. */
+typedef enum pq_backend {
+  /* Host threads. Always available. */
+  PQ_BACKEND_CPU = 0,
+  /* The CUDA plug-in (libpqcache_cuda.so), loaded at run time. pq_create
+   * fails with PQ_ERR_NOT_FOUND if the plug-in or a device is missing. */
+  PQ_BACKEND_CUDA = 1,
+  /* CUDA if the plug-in loads and a device is present, else CPU. */
+  PQ_BACKEND_AUTO = 2
+} pq_backend;
+
+/* Memory layout presets for pq_tensor_init. */
+typedef enum pq_layout {
+  /* [tokens][heads][head_dim], as vLLM's paged blocks keep it. */
+  PQ_LAYOUT_TOKEN_MAJOR = 0,
+  /* [heads][tokens][head_dim], as Hugging Face's (batch, heads, seq, dim). */
+  PQ_LAYOUT_HEAD_MAJOR = 1
+} pq_layout;
+
+/* ------------------------------------------------------------------------ */
+/* Tensor descriptor                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A view of the caller's K, V or Q buffer; the library never takes
+ * ownership. Element (t, h, d) is at
+ *   data + (t * token_stride + h * head_stride + d) * element_size(dtype)
+ * i.e. the head_dim elements of one (token, head) are contiguous. Strides are
+ * in elements and must be non-negative; the rows of distinct (token, head)
+ * pairs must not overlap. */
+typedef struct pq_tensor {
+  void* data;           /* host or device pointer, see memory */
+  int32_t dtype;        /* pq_dtype */
+  int32_t memory;       /* pq_memory */
+  int64_t tokens;       /* number of tokens (rows) */
+  int32_t heads;        /* number of heads: kv heads for K/V, q heads for Q */
+  int32_t head_dim;     /* elements per (token, head); must match the config */
+  int64_t token_stride; /* elements between consecutive tokens */
+  int64_t head_stride;  /* elements between consecutive heads */
+} pq_tensor;
+
+/* Fills *tensor for a dense buffer in one of the preset layouts, memory
+ * PQ_MEMORY_HOST (set tensor->memory afterwards for device buffers).
+ * Errors: PQ_ERR_INVALID_ARGUMENT for a NULL tensor, a bad dtype or layout,
+ * or negative sizes. data may be NULL only when tokens == 0.
+ * Thread-safe (touches only *tensor). */
+PQ_API pq_status pq_tensor_init(pq_tensor* tensor, void* data, pq_dtype dtype,
+                                pq_layout layout, int64_t tokens,
+                                int32_t heads, int32_t head_dim);
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Context configuration. Always start from pq_config_default(), then set
+ * the fields you need. Fields appended in later versions get their defaults
+ * when an older caller passes a smaller struct_size. */
+typedef struct pq_config {
+  /* sizeof(pq_config) as the caller was compiled; set by pq_config_default. */
+  uint32_t struct_size;
+
+  /* --- Model geometry (no defaults: must be set) --------------------- */
+  int32_t num_layers;   /* >= 1 */
+  int32_t num_q_heads;  /* >= 1, a multiple of num_kv_heads (GQA) */
+  int32_t num_kv_heads; /* >= 1 */
+  int32_t head_dim;     /* >= 1, divisible by pq_subspaces */
+  int32_t dtype;        /* pq_dtype of K/V/Q buffers; default PQ_DTYPE_F16 */
+
+  /* --- Product quantization ----------------------------------------- */
+  /* m, subspaces per head. Default 2 (the paper's LongBench setting). */
+  int32_t pq_subspaces;
+  /* b, bits per code: 2^b centroids per subspace. 1..8; codes are stored
+   * as one uint8 per subspace. b > 8 returns PQ_ERR_UNSUPPORTED: the
+   * lookup table (2^b floats per subspace and query head) would leave L1
+   * and the paper's largest setting is b = 8. Default 6 (paper, LongBench). */
+  int32_t pq_bits;
+
+  /* --- K-Means -------------------------------------------------------- */
+  /* > 0: run exactly this many iterations at most (stops earlier only at
+   * convergence); overrides the adaptive budget, for reproducibility.
+   * 0: adaptive (paper section 3.3, the default), see below. */
+  int32_t kmeans_iterations;
+  /* Clip of the adaptive budget T_max (paper: "neither too small nor too
+   * large"). Defaults 2 and 25. */
+  int32_t kmeans_min_iterations;
+  int32_t kmeans_max_iterations;
+  /* Stop when the objective improves by less than this fraction in one
+   * iteration. Default 1e-4. 0 disables the test. */
+  float kmeans_tolerance;
+  int32_t kmeans_init; /* pq_kmeans_init; default k-means++ */
+  /* Training uses at most this many points per centroid (a seeded random
+   * sample); all tokens are still encoded. Default 256 (as faiss). */
+  int32_t kmeans_max_points_per_centroid;
+  uint64_t seed; /* K-Means seed; default 0x5eed. Same seed, same index. */
+
+  /* The caller's compute time per layer (paper eq. 2), in seconds, for a
+   * prompt of s tokens: alpha + beta*s + gamma*s^2. With any of the three
+   * non-zero, the adaptive budget solves eq. 3 against the library's own
+   * clustering-time fit (a short self-profile on first use). */
+  double compute_alpha;
+  double compute_beta;
+  double compute_gamma;
+  /* Alternatively, a fixed time budget per layer build in seconds (> 0);
+   * used when the three coefficients are 0. With neither, the adaptive
+   * budget is kmeans_max_iterations and convergence decides. */
+  double layer_time_budget;
+
+  /* Worker threads for index builds. 0 (default): the number of hardware
+   * threads. The pool is shared by all sequences of the context. */
+  int32_t worker_threads;
+
+  /* --- Selection ------------------------------------------------------ */
+  int32_t selector;     /* pq_selector; default PQ_SELECTOR_PQ */
+  /* Initial ("sink") tokens always selected. Default 4 (StreamingLLM's four
+   * attention sinks; the paper leaves the number open). */
+  int32_t sink_tokens;
+  /* Most recent tokens always selected. Default 128 (PyramidKV's recent
+   * window; the paper leaves it open). */
+  int32_t local_tokens;
+  /* Middle tokens selected per kv head: topk_tokens if > 0, else
+   * ceil(topk_fraction * middle_tokens). Either is clipped to the number of
+   * middle tokens. Default fraction 0.2 (the paper's 1/5). */
+  int32_t topk_tokens;
+  float topk_fraction;
+  int32_t gqa_combine; /* pq_gqa_combine; default PQ_GQA_SUM_SOFTMAX */
+
+  /* --- Resources ------------------------------------------------------ */
+  /* Bytes of K/V the host store of the whole context may hold; 0 means
+   * unlimited (default). Over it: PQ_ERR_OUT_OF_MEMORY, nothing changed. */
+  uint64_t host_memory_limit;
+  int32_t backend;   /* pq_backend; default PQ_BACKEND_CPU */
+  int32_t device_id; /* CUDA device ordinal; default 0 */
+  /* Path of the CUDA plug-in file, or NULL (default) for the search order:
+   * $PQCACHE_CUDA_PLUGIN, the directory of libpqcache.so, then the dynamic
+   * loader's path. The string is read during pq_create only. */
+  const char* cuda_plugin_path;
+} pq_config;
+
+/* Fills *config with the defaults above and struct_size = sizeof(pq_config).
+ * Geometry fields are 0 and must be set. NULL is ignored. Thread-safe. */
+PQ_API void pq_config_default(pq_config* config);
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct pq_context pq_context;
+
+/* Creates a context from *config (copied; the caller may free it).
+ * Errors: PQ_ERR_INVALID_ARGUMENT (NULL, bad struct_size, bad geometry or
+ * setting, naming the field), PQ_ERR_UNSUPPORTED (pq_bits > 8),
+ * PQ_ERR_NOT_FOUND (backend CUDA without plug-in or device),
+ * PQ_ERR_OUT_OF_MEMORY. *out is set only on success.
+ * Thread-safe. */
+PQ_API pq_status pq_create(const pq_config* config, pq_context** out);
+
+/* Waits for the builds in flight (they are cancelled at their next
+ * iteration), then frees everything. NULL is a no-op. Must not race with
+ * any other call on ctx. */
+PQ_API void pq_destroy(pq_context* ctx);
+
+/* Copies the context's effective configuration (defaults resolved, e.g.
+ * worker_threads) into *out, up to out->struct_size bytes; set
+ * out->struct_size first (pq_config_default does). Thread-safe. */
+PQ_API pq_status pq_get_config(const pq_context* ctx, pq_config* out);
+
+/* The backend actually in use (pq_backend value). Thread-safe. */
+PQ_API pq_status pq_get_backend(const pq_context* ctx, int32_t* out_backend);
+
+/* ------------------------------------------------------------------------ */
+/* Sequences                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Sequences (requests) are named by the caller's 64-bit id.
+ * Adds an empty sequence. Errors: PQ_ERR_INVALID_ARGUMENT if the id exists.
+ * Thread-safe. */
+PQ_API pq_status pq_sequence_add(pq_context* ctx, uint64_t seq_id);
+
+/* Removes a sequence and frees its memory. Builds in flight for it are
+ * cancelled; the call returns without waiting for them. Errors:
+ * PQ_ERR_NOT_FOUND. Thread-safe; calls on seq_id racing with it finish on
+ * the data they hold or fail with PQ_ERR_NOT_FOUND. */
+PQ_API pq_status pq_sequence_remove(pq_context* ctx, uint64_t seq_id);
+
+/* Tokens stored for (seq_id, layer). Layers may differ during prefill.
+ * Errors: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (layer). Thread-safe. */
+PQ_API pq_status pq_sequence_length(const pq_context* ctx, uint64_t seq_id,
+                                    int32_t layer, int64_t* out_tokens);
+
+/* Number of sequences in the context. Thread-safe. */
+PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
+
+/* ------------------------------------------------------------------------ */
+/* Prefill and decode                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Appends the prompt's keys and values for one layer (keys and values:
+ * tokens x num_kv_heads x head_dim, same token count, config dtype) and
+ * schedules that layer's PQ build on the worker pool over all its tokens.
+ * Returns once the data is copied: the caller may reuse its buffers. Layers
+ * may come in any order. Calling again for the same layer appends (chunked
+ * prefill, a new turn) and rebuilds the index over all tokens; a build still
+ * running for that layer is superseded.
+ * Non-finite values (NaN, Inf) are rejected with PQ_ERR_INVALID_ARGUMENT
+ * naming the token and head; nothing is stored then.
+ * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND (sequence),
+ * PQ_ERR_OUT_OF_MEMORY (limit; nothing stored), PQ_ERR_UNSUPPORTED (device
+ * memory on the CPU backend).
+ * Threading: see the contract at the top; same-layer calls serialise. */
+PQ_API pq_status pq_prefill_layer(pq_context* ctx, uint64_t seq_id,
+                                  int32_t layer, const pq_tensor* keys,
+                                  const pq_tensor* values);
+
+/* Appends decode tokens' K/V (usually 1 token) to one layer without a
+ * rebuild (paper Algorithm 2, lines 3-7): they join the local window, and
+ * the tokens that leave it become middle tokens, coded with their nearest
+ * centroids before the next selection. The layer must have been prefilled.
+ * Errors: as pq_prefill_layer, plus PQ_ERR_BAD_STATE before any prefill of
+ * this layer. Threading: as pq_prefill_layer. */
+PQ_API pq_status pq_decode_append(pq_context* ctx, uint64_t seq_id,
+                                  int32_t layer, const pq_tensor* keys,
+                                  const pq_tensor* values);
+
+/* ------------------------------------------------------------------------ */
+/* Selection and fetch                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* A selection: per kv head, ascending unique token positions. The caller
+ * owns both arrays. Row h of positions starts at positions[h * capacity]
+ * and holds counts[h] valid entries. */
+typedef struct pq_selection {
+  int32_t* positions; /* num_kv_heads * capacity entries */
+  int32_t* counts;    /* num_kv_heads entries */
+  int64_t capacity;   /* entries per kv head, >= pq_selection_capacity() */
+} pq_selection;
+
+/* The capacity per kv head that pq_decode_select needs for (seq_id, layer)
+ * at its current length: min(length, sink + topk + local). Thread-safe. */
+PQ_API pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id,
+                                       int32_t layer, int64_t* out_capacity);
+
+/* Selects, per kv head, the sink tokens, the top-k middle tokens for the
+ * query (1 token x num_q_heads x head_dim, config dtype, host memory) and the
+ * local tokens, writing them ascending into *out. Waits for this layer's
+ * build if it is still running (other layers do not wait), and codes any
+ * tokens that left the local window since the last call.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, capacity too small, NaN in
+ * the query), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
+ * Threading: serialised with other calls on the same (sequence, layer). */
+PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
+                                  int32_t layer, const pq_tensor* query,
+                                  pq_selection* out);
+
+/* Gathers the K and V of a selection into the caller's buffers. Output
+ * tensors describe num_kv_heads heads and at least max(counts) tokens, in
+ * the config dtype; the selected token i of kv head h goes to row (i, h).
+ * With PQ_LAYOUT_HEAD_MAJOR and tokens = capacity, each kv head's rows are
+ * contiguous: [kv_head][capacity][head_dim], ready for attention. Bytes are
+ * copied exactly as stored. Positions are checked against the length.
+ * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED
+ * (device memory on the CPU backend). Threading: as pq_decode_select. */
+PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                             const pq_selection* selection,
+                             const pq_tensor* out_keys,
+                             const pq_tensor* out_values);
+
+/* ------------------------------------------------------------------------ */
+/* Index introspection                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct pq_layer_info {
+  uint32_t struct_size;     /* set by the caller: sizeof(pq_layer_info) */
+  int64_t tokens;           /* tokens stored */
+  int64_t prefill_tokens;   /* tokens that came through pq_prefill_layer */
+  int64_t middle_tokens;    /* tokens between the sinks and the local window */
+  int64_t coded_tokens;     /* tokens that have PQ codes */
+  int32_t build_pending;    /* 1 while a build is queued or running */
+  int32_t kmeans_iterations; /* iterations the last finished build ran */
+  int32_t kmeans_budget;     /* iteration budget it was given */
+  int32_t index_ready;      /* 1 once a build has finished */
+  double build_seconds;     /* wall time of the last finished build */
+} pq_layer_info;
+
+/* Fills *out for (seq_id, layer) without waiting for builds. Thread-safe. */
+PQ_API pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id,
+                                   int32_t layer, pq_layer_info* out);
+
+/* Copies the PQ codes of tokens [first, first+count) of one kv head into
+ * out (count * pq_subspaces bytes, token-major). Waits for the layer's
+ * build. Tokens not yet coded (still in the local window) are
+ * PQ_ERR_INVALID_ARGUMENT. Thread-safe. */
+PQ_API pq_status pq_index_codes(pq_context* ctx, uint64_t seq_id,
+                                int32_t layer, int32_t kv_head, int64_t first,
+                                int64_t count, uint8_t* out);
+
+/* Copies the centroids of one kv head into out: pq_subspaces x 2^pq_bits x
+ * (head_dim / pq_subspaces) floats. Waits for the layer's build.
+ * Thread-safe. */
+PQ_API pq_status pq_index_centroids(pq_context* ctx, uint64_t seq_id,
+                                    int32_t layer, int32_t kv_head,
+                                    float* out, int64_t out_floats);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct pq_stats {
+  uint32_t struct_size;      /* set by the caller: sizeof(pq_stats) */
+  int64_t sequences;         /* sequences counted */
+  int64_t tokens;            /* tokens stored, summed over layers */
+  uint64_t kv_bytes;         /* host bytes held by K/V stores */
+  uint64_t index_bytes;      /* host bytes held by codes and centroids */
+  uint64_t builds_finished;  /* index builds completed */
+  uint64_t builds_cancelled; /* builds superseded or cancelled */
+  uint64_t kmeans_iterations; /* iterations run, summed over builds */
+  uint64_t select_calls;
+  uint64_t fetch_calls;
+  double build_seconds;      /* wall time in builds (worker threads) */
+  double select_seconds;     /* wall time in pq_decode_select */
+  double fetch_seconds;      /* wall time in pq_fetch_kv */
+  uint64_t bytes_scored;     /* bytes read to score (codes, or keys) */
+  uint64_t bytes_fetched;    /* K/V bytes copied by pq_fetch_kv */
+} pq_stats;
+
+/* Context-wide statistics, including removed sequences' counters but only
+ * live sequences' tokens and bytes. Thread-safe. */
+PQ_API pq_status pq_stats_get(const pq_context* ctx, pq_stats* out);
+
+/* Statistics of one sequence. Thread-safe. */
+PQ_API pq_status pq_sequence_stats_get(const pq_context* ctx, uint64_t seq_id,
+                                       pq_stats* out);
+
+/* Blocks until every build queued so far has finished. Thread-safe. */
+PQ_API pq_status pq_wait_builds(pq_context* ctx);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PQCACHE_H */

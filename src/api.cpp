@@ -1,0 +1,240 @@
+// The C API: argument checks that need no context, then a guarded call into
+// the C++ core. Every function body runs inside pq::guarded, so no exception
+// crosses the ABI.
+#include <cstring>
+#include <string>
+
+#include "context.h"
+#include "dtype.h"
+#include "error.h"
+
+struct pq_context {
+  explicit pq_context(const pq_config& c, const char* plugin_path) : impl(c, plugin_path) {}
+  pq::Context impl;
+};
+
+namespace pq {
+const char* last_error();
+}
+
+namespace {
+
+pq::Context& ctx_of(pq_context* ctx) {
+  if (ctx == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  return ctx->impl;
+}
+const pq::Context& ctx_of(const pq_context* ctx) {
+  if (ctx == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  return ctx->impl;
+}
+template <typename T>
+T* require_out(T* p, const char* name) {
+  if (p == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+int pq_version_number(void) { return PQ_VERSION_NUMBER; }
+const char* pq_version_string(void) { return PQ_VERSION_STRING; }
+
+const char* pq_status_string(pq_status status) {
+  switch (status) {
+    case PQ_OK: return "PQ_OK: success";
+    case PQ_ERR_INVALID_ARGUMENT: return "PQ_ERR_INVALID_ARGUMENT: an argument is invalid";
+    case PQ_ERR_OUT_OF_MEMORY: return "PQ_ERR_OUT_OF_MEMORY: out of memory or over the limit";
+    case PQ_ERR_BAD_STATE: return "PQ_ERR_BAD_STATE: call not valid in the current state";
+    case PQ_ERR_NOT_FOUND: return "PQ_ERR_NOT_FOUND: no such sequence, plug-in or device";
+    case PQ_ERR_UNSUPPORTED: return "PQ_ERR_UNSUPPORTED: not supported by this build or backend";
+    case PQ_ERR_BACKEND: return "PQ_ERR_BACKEND: the compute backend failed";
+    case PQ_ERR_INTERNAL: return "PQ_ERR_INTERNAL: internal error in libpqcache";
+  }
+  return "unknown pq_status";
+}
+
+const char* pq_last_error(void) { return pq::last_error(); }
+
+pq_status pq_tensor_init(pq_tensor* t, void* data, pq_dtype dtype, pq_layout layout,
+                         int64_t tokens, int32_t heads, int32_t head_dim) {
+  return pq::guarded(__func__, [&] {
+    require_out(t, "tensor");
+    if (!pq::dtype_valid(dtype))
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "dtype is " + std::to_string(dtype) + "; expected 0..2");
+    if (layout != PQ_LAYOUT_TOKEN_MAJOR && layout != PQ_LAYOUT_HEAD_MAJOR)
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "layout is " + std::to_string(layout) + "; expected 0..1");
+    if (tokens < 0 || heads < 0 || head_dim < 0)
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "tokens/heads/head_dim are " + std::to_string(tokens) +
+                                            "/" + std::to_string(heads) + "/" +
+                                            std::to_string(head_dim) + "; expected >= 0");
+    if (data == nullptr && tokens > 0)
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL with " + std::to_string(tokens) + " tokens");
+    pq_tensor v{};
+    v.data = data;
+    v.dtype = dtype;
+    v.memory = PQ_MEMORY_HOST;
+    v.tokens = tokens;
+    v.heads = heads;
+    v.head_dim = head_dim;
+    if (layout == PQ_LAYOUT_TOKEN_MAJOR) {
+      v.token_stride = static_cast<int64_t>(heads) * head_dim;
+      v.head_stride = head_dim;
+    } else {
+      v.token_stride = head_dim;
+      v.head_stride = tokens * head_dim;
+    }
+    *t = v;
+  });
+}
+
+void pq_config_default(pq_config* c) {
+  if (c == nullptr) return;
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof(pq_config);
+  c->dtype = PQ_DTYPE_F16;
+  c->pq_subspaces = 2;
+  c->pq_bits = 6;
+  c->kmeans_iterations = 0;
+  c->kmeans_min_iterations = 2;
+  c->kmeans_max_iterations = 25;
+  c->kmeans_tolerance = 1e-4f;
+  c->kmeans_init = PQ_KMEANS_INIT_KMEANSPP;
+  c->kmeans_max_points_per_centroid = 256;
+  c->seed = 0x5eed;
+  c->worker_threads = 0;
+  c->selector = PQ_SELECTOR_PQ;
+  c->sink_tokens = 4;
+  c->local_tokens = 128;
+  c->topk_tokens = 0;
+  c->topk_fraction = 0.2f;
+  c->gqa_combine = PQ_GQA_SUM_SOFTMAX;
+  c->host_memory_limit = 0;
+  c->backend = PQ_BACKEND_CPU;
+  c->device_id = 0;
+  c->cuda_plugin_path = nullptr;
+}
+
+pq_status pq_create(const pq_config* config, pq_context** out) {
+  return pq::guarded(__func__, [&] {
+    require_out(out, "out");
+    pq_config resolved = pq::resolve_config(config);
+    const char* plugin_path =
+        config->struct_size >= offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)
+            ? config->cuda_plugin_path
+            : nullptr;
+    *out = new pq_context(resolved, plugin_path);
+  });
+}
+
+void pq_destroy(pq_context* ctx) { delete ctx; }
+
+pq_status pq_get_config(const pq_context* ctx, pq_config* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    require_out(out, "out");
+    if (out->struct_size < offsetof(pq_config, pq_subspaces) || out->struct_size > sizeof(pq_config))
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "out->struct_size is " + std::to_string(out->struct_size) +
+                                            "; set it with pq_config_default");
+    uint32_t size = out->struct_size;
+    pq_config copy = c.config();
+    copy.struct_size = size;
+    std::memcpy(out, &copy, size);
+  });
+}
+
+pq_status pq_get_backend(const pq_context* ctx, int32_t* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    *require_out(out, "out_backend") = c.backend().kind();
+  });
+}
+
+pq_status pq_sequence_add(pq_context* ctx, uint64_t seq_id) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_add(seq_id); });
+}
+
+pq_status pq_sequence_remove(pq_context* ctx, uint64_t seq_id) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_remove(seq_id); });
+}
+
+pq_status pq_sequence_length(const pq_context* ctx, uint64_t seq_id, int32_t layer,
+                             int64_t* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    require_out(out, "out_tokens");
+    *out = c.sequence_length(seq_id, layer);
+  });
+}
+
+pq_status pq_sequence_count(const pq_context* ctx, int64_t* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    *require_out(out, "out_count") = c.sequence_count();
+  });
+}
+
+pq_status pq_prefill_layer(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* keys,
+                           const pq_tensor* values) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).prefill(seq_id, layer, keys, values); });
+}
+
+pq_status pq_decode_append(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* keys,
+                           const pq_tensor* values) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_append(seq_id, layer, keys, values); });
+}
+
+pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                int64_t* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    require_out(out, "out_capacity");
+    *out = c.selection_capacity(seq_id, layer);
+  });
+}
+
+pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,
+                           pq_selection* out) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });
+}
+
+pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                      const pq_selection* selection, const pq_tensor* out_keys,
+                      const pq_tensor* out_values) {
+  return pq::guarded(__func__, [&] {
+    ctx_of(ctx).fetch(seq_id, layer, selection, out_keys, out_values);
+  });
+}
+
+pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id, int32_t layer,
+                            pq_layer_info* out) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).layer_info(seq_id, layer, out); });
+}
+
+pq_status pq_index_codes(pq_context* ctx, uint64_t seq_id, int32_t layer, int32_t kv_head,
+                         int64_t first, int64_t count, uint8_t* out) {
+  return pq::guarded(__func__, [&] {
+    ctx_of(ctx).index_codes(seq_id, layer, kv_head, first, count, out);
+  });
+}
+
+pq_status pq_index_centroids(pq_context* ctx, uint64_t seq_id, int32_t layer, int32_t kv_head,
+                             float* out, int64_t out_floats) {
+  return pq::guarded(__func__, [&] {
+    ctx_of(ctx).index_centroids(seq_id, layer, kv_head, out, out_floats);
+  });
+}
+
+pq_status pq_stats_get(const pq_context* ctx, pq_stats* out) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).stats(out); });
+}
+
+pq_status pq_sequence_stats_get(const pq_context* ctx, uint64_t seq_id, pq_stats* out) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_stats(seq_id, out); });
+}
+
+pq_status pq_wait_builds(pq_context* ctx) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).wait_builds(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,47 @@
+// The seam between the backend-agnostic core and a compute backend. The CPU
+// backend is always built in; the CUDA backend lives in a plug-in
+// (libpqcache_cuda.so) that plugin_loader.cpp opens at run time, so that
+// libpqcache.so never links the CUDA libraries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pqcache.h"
+
+namespace pq {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual pq_backend kind() const = 0;
+  virtual const char* name() const = 0;
+
+  // Whether tensors in this memory kind can be read and written.
+  virtual bool supports_memory(int32_t memory) const = 0;
+
+  // Copies bytes between the caller's memory (host or device, by kind) and
+  // host memory. Throws pq::Error on failure.
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes, int32_t src_memory) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes,
+                              int32_t dst_memory) = 0;
+
+  // Approximate raw scores through PQ codes: for each of `queries` query
+  // heads q, out[q * tokens + t] = sum_j lut[q][j][codes[t * m + j]], where
+  // lut is [queries][m][centroids]. The hot loop of PQ selection.
+  virtual void pq_scores(const float* lut, int32_t queries, int32_t subspaces,
+                         int32_t centroids, const uint8_t* codes, int64_t tokens,
+                         float* out) const = 0;
+};
+
+// The built-in host backend.
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Opens the CUDA plug-in and returns a backend that uses device `device_id`.
+// Throws PQ_ERR_NOT_FOUND with the reason (file missing, dlopen error, no
+// device) when it cannot. plugin_path may be null (search order in pqcache.h).
+std::unique_ptr<Backend> load_cuda_backend(const char* plugin_path, int32_t device_id);
+
+}  // namespace pq

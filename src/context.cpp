@@ -1,0 +1,701 @@
+#include "context.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "dtype.h"
+#include "error.h"
+#include "tensor.h"
+
+namespace pq {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
+
+void require_range(const char* field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi)
+    invalid(std::string("config.") + field + " is " + str(value) + "; expected " + str(lo) +
+            ".." + str(hi));
+}
+
+void require_finite_nonneg(const char* field, double value) {
+  if (!std::isfinite(value) || value < 0)
+    invalid(std::string("config.") + field + " is " + std::to_string(value) +
+            "; expected a finite value >= 0");
+}
+
+// Host copy of a caller tensor that may live in device memory. For host
+// tensors it is a plain view; the copy covers the tensor's whole span.
+struct StagedTensor {
+  pq_tensor view;
+  std::vector<uint8_t> buffer;
+};
+
+StagedTensor stage_input(Backend& backend, const pq_tensor& t) {
+  StagedTensor s;
+  s.view = t;
+  if (t.memory == PQ_MEMORY_HOST) return s;
+  size_t bytes = static_cast<size_t>(tensor_span_elements(t)) * dtype_size(t.dtype);
+  s.buffer.resize(bytes);
+  backend.copy_to_host(s.buffer.data(), t.data, bytes, t.memory);
+  s.view.data = s.buffer.data();
+  s.view.memory = PQ_MEMORY_HOST;
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------
+
+pq_config resolve_config(const pq_config* in) {
+  if (in == nullptr) invalid("config is NULL");
+  const uint32_t min_size = offsetof(pq_config, pq_subspaces);
+  if (in->struct_size < min_size || in->struct_size > sizeof(pq_config))
+    invalid("config->struct_size is " + str(in->struct_size) + "; expected " + str(min_size) +
+            ".." + str(sizeof(pq_config)) +
+            " (initialise the struct with pq_config_default; a larger size means the caller was "
+            "built against a newer pqcache.h than this library)");
+  pq_config c;
+  pq_config_default(&c);
+  std::memcpy(&c, in, in->struct_size);  // an older caller's struct: the rest stays default
+  c.struct_size = sizeof(pq_config);
+
+  require_range("num_layers", c.num_layers, 1, 1 << 20);
+  require_range("num_kv_heads", c.num_kv_heads, 1, 1 << 16);
+  require_range("num_q_heads", c.num_q_heads, 1, 1 << 16);
+  if (c.num_q_heads % c.num_kv_heads != 0)
+    invalid("config.num_q_heads is " + str(c.num_q_heads) + ", not a multiple of num_kv_heads " +
+            str(c.num_kv_heads) + " (GQA groups query heads evenly)");
+  require_range("head_dim", c.head_dim, 1, 1 << 16);
+  if (!dtype_valid(c.dtype))
+    invalid("config.dtype is " + str(c.dtype) + "; expected PQ_DTYPE_F32, _F16 or _BF16");
+  require_range("pq_subspaces", c.pq_subspaces, 1, c.head_dim);
+  if (c.head_dim % c.pq_subspaces != 0)
+    invalid("config.head_dim " + str(c.head_dim) + " is not divisible by pq_subspaces " +
+            str(c.pq_subspaces));
+  if (c.pq_bits > 8)
+    fail(PQ_ERR_UNSUPPORTED, "config.pq_bits is " + str(c.pq_bits) +
+                                 "; codes are one byte per subspace, so at most 8 bits");
+  require_range("pq_bits", c.pq_bits, 1, 8);
+  require_range("kmeans_iterations", c.kmeans_iterations, 0, 100000);
+  require_range("kmeans_min_iterations", c.kmeans_min_iterations, 0, 100000);
+  require_range("kmeans_max_iterations", c.kmeans_max_iterations, c.kmeans_min_iterations,
+                100000);
+  require_finite_nonneg("kmeans_tolerance", c.kmeans_tolerance);
+  if (c.kmeans_init != PQ_KMEANS_INIT_RANDOM && c.kmeans_init != PQ_KMEANS_INIT_KMEANSPP)
+    invalid("config.kmeans_init is " + str(c.kmeans_init) +
+            "; expected PQ_KMEANS_INIT_RANDOM (0) or PQ_KMEANS_INIT_KMEANSPP (1)");
+  require_range("kmeans_max_points_per_centroid", c.kmeans_max_points_per_centroid, 1,
+                1 << 24);
+  require_finite_nonneg("compute_alpha", c.compute_alpha);
+  require_finite_nonneg("compute_beta", c.compute_beta);
+  require_finite_nonneg("compute_gamma", c.compute_gamma);
+  require_finite_nonneg("layer_time_budget", c.layer_time_budget);
+  require_range("worker_threads", c.worker_threads, 0, 1024);
+  if (c.worker_threads == 0)
+    c.worker_threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  if (c.selector != PQ_SELECTOR_PQ && c.selector != PQ_SELECTOR_EXACT &&
+      c.selector != PQ_SELECTOR_WINDOW)
+    invalid("config.selector is " + str(c.selector) +
+            "; expected PQ_SELECTOR_PQ (0), _EXACT (1) or _WINDOW (2)");
+  require_range("sink_tokens", c.sink_tokens, 0, INT32_MAX);
+  require_range("local_tokens", c.local_tokens, 0, INT32_MAX);
+  require_range("topk_tokens", c.topk_tokens, 0, INT32_MAX);
+  if (c.topk_tokens == 0 && !(c.topk_fraction > 0.f && c.topk_fraction <= 1.f))
+    invalid("config.topk_fraction is " + std::to_string(c.topk_fraction) +
+            "; expected a value in (0, 1] when topk_tokens is 0");
+  if (c.gqa_combine != PQ_GQA_SUM_SOFTMAX && c.gqa_combine != PQ_GQA_MAX &&
+      c.gqa_combine != PQ_GQA_MEAN)
+    invalid("config.gqa_combine is " + str(c.gqa_combine) +
+            "; expected PQ_GQA_SUM_SOFTMAX (0), _MAX (1) or _MEAN (2)");
+  if (c.backend != PQ_BACKEND_CPU && c.backend != PQ_BACKEND_CUDA && c.backend != PQ_BACKEND_AUTO)
+    invalid("config.backend is " + str(c.backend) +
+            "; expected PQ_BACKEND_CPU (0), _CUDA (1) or _AUTO (2)");
+  require_range("device_id", c.device_id, 0, 1 << 16);
+  c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Context and sequences
+// ---------------------------------------------------------------------------
+
+Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget) : id(seq_id) {
+  layers.reserve(static_cast<size_t>(c.num_layers));
+  for (int32_t l = 0; l < c.num_layers; ++l)
+    layers.push_back(std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget));
+}
+
+namespace {
+std::unique_ptr<Backend> make_backend(const pq_config& c, const char* plugin_path) {
+  switch (c.backend) {
+    case PQ_BACKEND_CUDA:
+      return load_cuda_backend(plugin_path, c.device_id);
+    case PQ_BACKEND_AUTO:
+      try {
+        return load_cuda_backend(plugin_path, c.device_id);
+      } catch (const Error&) {
+        return make_cpu_backend();  // no plug-in or no device: the host does the work
+      }
+    default:
+      return make_cpu_backend();
+  }
+}
+}  // namespace
+
+Context::Context(const pq_config& c, const char* plugin_path)
+    : config_(c),
+      group_size_(c.num_q_heads / c.num_kv_heads),
+      scale_(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
+      budget_(c.host_memory_limit),
+      backend_(make_backend(c, plugin_path)),
+      selector_(make_selector(c.selector)),
+      pool_(std::make_unique<ThreadPool>(c.worker_threads)) {
+  if (!selector_) fail(PQ_ERR_INTERNAL, "no selector for config.selector " + str(c.selector));
+}
+
+Context::~Context() {
+  // Cancel every build, then join the workers before anything they use goes.
+  {
+    std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
+    for (auto& entry : sequences_)
+      for (auto& layer : entry.second->layers) {
+        std::lock_guard<std::mutex> layer_lock(layer->mutex);
+        if (layer->pending) layer->pending->cancel.store(true);
+      }
+  }
+  pool_.reset();
+}
+
+void Context::check_layer(int32_t layer) const {
+  if (layer < 0 || layer >= config_.num_layers)
+    invalid("layer is " + str(layer) + "; expected 0.." + str(config_.num_layers - 1));
+}
+
+std::shared_ptr<Sequence> Context::find(uint64_t id) const {
+  std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+  auto it = sequences_.find(id);
+  if (it == sequences_.end())
+    fail(PQ_ERR_NOT_FOUND, "seq_id " + std::to_string(id) + " is not a sequence of this context");
+  return it->second;
+}
+
+Layer& Context::layer_of(Sequence& s, int32_t layer) const {
+  return *s.layers[static_cast<size_t>(layer)];
+}
+
+void Context::sequence_add(uint64_t id) {
+  auto seq = std::make_shared<Sequence>(id, config_, &budget_);
+  std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
+  if (!sequences_.emplace(id, std::move(seq)).second)
+    invalid("seq_id " + std::to_string(id) + " already exists in this context");
+}
+
+void Context::sequence_remove(uint64_t id) {
+  std::shared_ptr<Sequence> seq;
+  {
+    std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end())
+      fail(PQ_ERR_NOT_FOUND, "seq_id " + std::to_string(id) + " is not a sequence of this context");
+    seq = std::move(it->second);
+    sequences_.erase(it);
+  }
+  // Builds in flight stop at their next iteration; their data is freed when
+  // the last reference (the build or a racing call) lets go.
+  for (auto& layer : seq->layers) {
+    std::lock_guard<std::mutex> layer_lock(layer->mutex);
+    if (layer->pending) layer->pending->cancel.store(true);
+  }
+}
+
+int64_t Context::sequence_length(uint64_t id, int32_t layer) const {
+  check_layer(layer);
+  auto seq = find(id);
+  return layer_of(*seq, layer).tokens_mirror.load();
+}
+
+int64_t Context::sequence_count() const {
+  std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+  return static_cast<int64_t>(sequences_.size());
+}
+
+// ---------------------------------------------------------------------------
+// Prefill, append and builds
+// ---------------------------------------------------------------------------
+
+void Context::prefill(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values) {
+  append(id, layer, keys, values, true);
+}
+
+void Context::decode_append(uint64_t id, int32_t layer, const pq_tensor* keys,
+                            const pq_tensor* values) {
+  append(id, layer, keys, values, false);
+}
+
+void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
+                     const pq_tensor* values, bool is_prefill) {
+  check_layer(layer_index);
+  validate_tensor(keys, {"keys", config_.num_kv_heads, config_.head_dim, config_.dtype, 1, -1});
+  validate_tensor(values,
+                  {"values", config_.num_kv_heads, config_.head_dim, config_.dtype, 1, -1});
+  if (keys->tokens != values->tokens)
+    invalid("keys.tokens is " + str(keys->tokens) + " but values.tokens is " +
+            str(values->tokens) + "; they must match");
+  for (const pq_tensor* t : {keys, values})
+    if (!backend_->supports_memory(t->memory))
+      fail(PQ_ERR_UNSUPPORTED, std::string(t == keys ? "keys" : "values") +
+                                   ".memory is PQ_MEMORY_DEVICE, which the " + backend_->name() +
+                                   " backend cannot read (use PQ_BACKEND_CUDA or AUTO)");
+  auto seq = find(id);
+  StagedTensor k = stage_input(*backend_, *keys);
+  StagedTensor v = stage_input(*backend_, *values);
+  reject_non_finite(k.view, "keys");
+  reject_non_finite(v.view, "values");
+
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  if (!is_prefill && layer.prefill_tokens == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no prefill yet; call pq_prefill_layer before "
+                               "pq_decode_append");
+  layer.store.append(k.view, v.view);
+  if (is_prefill) {
+    layer.prefill_tokens += keys->tokens;
+    schedule_build(layer, layer_index, seq);
+  }
+  layer.update_mirrors();
+}
+
+int32_t Context::iteration_budget(int64_t tokens, int64_t training_points) {
+  if (config_.kmeans_iterations > 0) return config_.kmeans_iterations;
+  ComputeTimeModel compute{config_.compute_alpha, config_.compute_beta, config_.compute_gamma,
+                           config_.layer_time_budget};
+  bool has_model = compute.alpha2 > 0 || compute.beta2 > 0 || compute.gamma2 > 0 ||
+                   compute.layer_budget > 0;
+  if (has_model) {
+    std::call_once(profile_once_, [&] {
+      KMeansParams p;
+      p.subspaces = config_.pq_subspaces;
+      p.bits = config_.pq_bits;
+      p.init = config_.kmeans_init;
+      p.seed = config_.seed;
+      cluster_model_ = profile_cluster_time(config_.num_kv_heads, config_.head_dim, p, *pool_);
+    });
+  }
+  return adaptive_iterations(cluster_model_, compute, tokens, training_points,
+                             config_.kmeans_min_iterations, config_.kmeans_max_iterations);
+}
+
+void Context::schedule_build(Layer& layer, int32_t layer_index,
+                             const std::shared_ptr<Sequence>& seq) {
+  if (layer.pending) layer.pending->cancel.store(true);  // superseded: it covers fewer tokens
+  auto task = std::make_shared<BuildTask>();
+  auto snapshot = std::make_shared<KvStore::Snapshot>(layer.store.snapshot());
+  task->tokens = snapshot->tokens;
+  std::shared_ptr<Counters> seq_counters = seq->counters;
+  task->done = pool_->submit([this, task, snapshot, layer_index, seq_counters] {
+    run_build(*task, *snapshot, layer_index, *seq_counters);
+  });
+  layer.pending = std::move(task);
+}
+
+void Context::run_build(BuildTask& task, const KvStore::Snapshot& snap, int32_t layer_index,
+                        Counters& seq_counters) {
+  if (task.cancel.load()) {
+    counters_.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  const int32_t dtype = config_.dtype;
+  const int32_t head_dim = config_.head_dim;
+  KeyGather gather = [&snap, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
+                                              float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(snap.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  };
+  KMeansParams params;
+  params.subspaces = config_.pq_subspaces;
+  params.bits = config_.pq_bits;
+  params.tolerance = config_.kmeans_tolerance;
+  params.init = config_.kmeans_init;
+  params.max_points_per_centroid = config_.kmeans_max_points_per_centroid;
+  params.seed = config_.seed;
+  params.layer = layer_index;
+  int64_t centroids = int64_t{1} << config_.pq_bits;
+  int64_t training = std::min<int64_t>(snap.tokens, centroids * params.max_points_per_centroid);
+  params.max_iterations = iteration_budget(snap.tokens, training);
+
+  auto index = std::make_unique<PqIndex>();
+  KMeansReport report = train_codebook(config_.num_kv_heads, head_dim, snap.tokens, gather,
+                                       params, *pool_, &task.cancel, &index->codebook);
+  if (report.cancelled || task.cancel.load()) {
+    counters_.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  const int32_t m = config_.pq_subspaces;
+  index->codes.resize(static_cast<size_t>(config_.num_kv_heads));
+  std::vector<uint8_t*> heads(index->codes.size());
+  for (size_t h = 0; h < heads.size(); ++h) {
+    index->codes[h].resize(static_cast<size_t>(snap.tokens) * m);
+    heads[h] = index->codes[h].data();
+  }
+  encode_tokens(index->codebook, head_dim, 0, snap.tokens, gather, pool_.get(), heads.data());
+  index->coded_tokens = snap.tokens;
+  index->iterations = report.iterations;
+  index->budget = params.max_iterations;
+  index->training_points = report.training_points;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - start)
+                .count();
+  index->seconds = ns * 1e-9;
+  task.result = std::move(index);
+  for (Counters* c : {&counters_, &seq_counters}) {
+    c->builds_finished.fetch_add(1);
+    c->kmeans_iterations.fetch_add(static_cast<uint64_t>(report.iterations));
+    c->build_ns.fetch_add(static_cast<uint64_t>(ns));
+  }
+}
+
+void Context::require_index(Layer& layer, uint64_t id, int32_t layer_index) {
+  if (layer.prefill_tokens == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no prefill yet; call pq_prefill_layer first");
+  layer.finish_build();
+  if (!layer.index)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no index: " +
+                               (layer.build_error.empty() ? "no build finished"
+                                                          : layer.build_error) +
+                               "; call pq_prefill_layer again to rebuild");
+}
+
+void Context::code_tokens(Layer& layer, int64_t end) {
+  PqIndex& index = *layer.index;
+  if (index.coded_tokens >= end) return;
+  const int32_t m = config_.pq_subspaces;
+  const int32_t dtype = config_.dtype;
+  const int32_t head_dim = config_.head_dim;
+  const KvStore& store = layer.store;
+  KeyGather gather = [&store, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
+                                               float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(store.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  };
+  std::vector<uint8_t*> heads(index.codes.size());
+  for (size_t h = 0; h < heads.size(); ++h) {
+    index.codes[h].resize(static_cast<size_t>(end) * m);
+    heads[h] = index.codes[h].data() + index.coded_tokens * m;
+  }
+  int64_t count = end - index.coded_tokens;
+  // A decode step codes one token: not worth waking the pool.
+  encode_tokens(index.codebook, head_dim, index.coded_tokens, count, gather,
+                count >= 4096 ? pool_.get() : nullptr, heads.data());
+  index.coded_tokens = end;
+  layer.update_mirrors();
+}
+
+// ---------------------------------------------------------------------------
+// Selection and fetch
+// ---------------------------------------------------------------------------
+
+Regions Context::regions(int64_t n) const {
+  Regions r;
+  r.n = n;
+  r.sink_end = std::min<int64_t>(config_.sink_tokens, n);
+  r.mid_end = std::max(r.sink_end, n - static_cast<int64_t>(config_.local_tokens));
+  int64_t middle = r.mid_end - r.sink_end;
+  if (config_.topk_tokens > 0) {
+    r.k = std::min<int64_t>(config_.topk_tokens, middle);
+  } else {
+    // ceil, forgiving the float representation of the fraction (0.2f is a
+    // hair above 0.2, and 0.2 * 1000 must give 200, not 201).
+    double want = std::ceil(static_cast<double>(config_.topk_fraction) * middle * (1.0 - 1e-6));
+    r.k = std::min<int64_t>(middle, static_cast<int64_t>(want));
+  }
+  return r;
+}
+
+int64_t Context::selection_capacity(uint64_t id, int32_t layer) const {
+  check_layer(layer);
+  auto seq = find(id);
+  return regions(layer_of(*seq, layer).tokens_mirror.load()).count();
+}
+
+void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* query,
+                            pq_selection* out) {
+  check_layer(layer_index);
+  validate_tensor(query, {"query", config_.num_q_heads, config_.head_dim, config_.dtype, 1, 1});
+  if (out == nullptr) invalid("out is NULL");
+  if (out->positions == nullptr) invalid("out->positions is NULL");
+  if (out->counts == nullptr) invalid("out->counts is NULL");
+  if (out->capacity < 0) invalid("out->capacity is " + str(out->capacity) + "; expected >= 0");
+  if (!backend_->supports_memory(query->memory))
+    fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
+                                 backend_->name() + " backend cannot read");
+  auto seq = find(id);
+  ScopedTimer timer(&counters_.select_ns, &seq->counters->select_ns);
+  StagedTensor q = stage_input(*backend_, *query);
+  reject_non_finite(q.view, "query");
+  const int32_t hd = config_.head_dim;
+  std::vector<float> queries(static_cast<size_t>(config_.num_q_heads) * hd);
+  for (int32_t h = 0; h < config_.num_q_heads; ++h)
+    to_float(tensor_row(q.view, 0, h, dtype_size(config_.dtype)), config_.dtype, hd,
+             queries.data() + static_cast<size_t>(h) * hd);
+
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  if (selector_->needs_index()) {
+    require_index(layer, id, layer_index);
+  } else if (layer.prefill_tokens == 0) {
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no prefill yet; call pq_prefill_layer first");
+  } else {
+    layer.poll_build();
+  }
+  Regions r = regions(layer.store.tokens());
+  if (out->capacity < r.count())
+    invalid("out->capacity is " + str(out->capacity) + "; this selection needs " +
+            str(r.count()) + " entries per kv head (see pq_selection_capacity)");
+  if (selector_->needs_index()) code_tokens(layer, r.mid_end);
+
+  const int32_t kv_heads = config_.num_kv_heads;
+  std::vector<uint64_t> bytes(static_cast<size_t>(kv_heads), 0);
+  auto select_head = [&](int64_t h) {
+    int32_t* row = out->positions + h * out->capacity;
+    int64_t w = 0;
+    for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
+    SelectionRequest req{layer.store, layer.index.get(), *backend_, static_cast<int32_t>(h),
+                         group_size_, hd, config_.dtype,
+                         queries.data() + static_cast<size_t>(h) * group_size_ * hd,
+                         r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_};
+    bytes[static_cast<size_t>(h)] = selector_->select_middle(req, row + w);
+    std::sort(row + w, row + w + r.k);
+    w += r.k;
+    for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
+    out->counts[h] = static_cast<int32_t>(w);
+  };
+  // Large layers: kv heads in parallel (the caller's thread works too, so a
+  // pool busy with builds cannot stall the decode step).
+  if (kv_heads > 1 && r.mid_end - r.sink_end >= 16384)
+    pool_->parallel_for(kv_heads, select_head);
+  else
+    for (int32_t h = 0; h < kv_heads; ++h) select_head(h);
+
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  for (Counters* c : {&counters_, seq->counters.get()}) {
+    c->select_calls.fetch_add(1);
+    c->bytes_scored.fetch_add(total);
+  }
+}
+
+void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
+                    const pq_tensor* out_keys, const pq_tensor* out_values) {
+  check_layer(layer_index);
+  if (sel == nullptr) invalid("selection is NULL");
+  if (sel->positions == nullptr) invalid("selection->positions is NULL");
+  if (sel->counts == nullptr) invalid("selection->counts is NULL");
+  if (sel->capacity < 0) invalid("selection->capacity is " + str(sel->capacity));
+  const int32_t kv_heads = config_.num_kv_heads;
+  int64_t max_count = 0;
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    if (sel->counts[h] < 0 || sel->counts[h] > sel->capacity)
+      invalid("selection->counts[" + str(h) + "] is " + str(sel->counts[h]) + "; expected 0.." +
+              str(sel->capacity));
+    max_count = std::max<int64_t>(max_count, sel->counts[h]);
+  }
+  validate_tensor(out_keys,
+                  {"out_keys", kv_heads, config_.head_dim, config_.dtype, max_count, -1});
+  validate_tensor(out_values,
+                  {"out_values", kv_heads, config_.head_dim, config_.dtype, max_count, -1});
+  for (const pq_tensor* t : {out_keys, out_values})
+    if (!backend_->supports_memory(t->memory))
+      fail(PQ_ERR_UNSUPPORTED, std::string(t == out_keys ? "out_keys" : "out_values") +
+                                   ".memory is PQ_MEMORY_DEVICE, which the " +
+                                   backend_->name() + " backend cannot write");
+  auto seq = find(id);
+  ScopedTimer timer(&counters_.fetch_ns, &seq->counters->fetch_ns);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  const int64_t n = layer.store.tokens();
+  for (int32_t h = 0; h < kv_heads; ++h)
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      int32_t p = sel->positions[h * sel->capacity + i];
+      if (p < 0 || p >= n)
+        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
+                "; layer " + str(layer_index) + " holds " + str(n) + " tokens");
+    }
+  // Device outputs are staged through host memory: read the span first so
+  // that bytes between the rows the caller did not ask for are preserved.
+  StagedTensor k = stage_input(*backend_, *out_keys);
+  StagedTensor v = stage_input(*backend_, *out_values);
+  const size_t es = dtype_size(config_.dtype);
+  const size_t rb = layer.store.row_bytes();
+  uint64_t rows = 0;
+  for (int32_t h = 0; h < kv_heads; ++h)
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      int32_t p = sel->positions[h * sel->capacity + i];
+      std::memcpy(tensor_row_mut(k.view, i, h, es), layer.store.key_row(p, h), rb);
+      std::memcpy(tensor_row_mut(v.view, i, h, es), layer.store.value_row(p, h), rb);
+      ++rows;
+    }
+  if (out_keys->memory != PQ_MEMORY_HOST) {
+    backend_->copy_from_host(out_keys->data, k.buffer.data(), k.buffer.size(), out_keys->memory);
+    backend_->copy_from_host(out_values->data, v.buffer.data(), v.buffer.size(),
+                             out_values->memory);
+  }
+  for (Counters* c : {&counters_, seq->counters.get()}) {
+    c->fetch_calls.fetch_add(1);
+    c->bytes_fetched.fetch_add(rows * rb * 2);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Introspection and statistics
+// ---------------------------------------------------------------------------
+
+void Context::layer_info(uint64_t id, int32_t layer_index, pq_layer_info* out) const {
+  check_layer(layer_index);
+  if (out == nullptr) invalid("out is NULL");
+  if (out->struct_size < offsetof(pq_layer_info, tokens) + sizeof(int64_t) ||
+      out->struct_size > sizeof(pq_layer_info))
+    invalid("out->struct_size is " + str(out->struct_size) + "; set it to sizeof(pq_layer_info)");
+  auto seq = find(id);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  try {
+    layer.poll_build();
+  } catch (const Error&) {
+    // A failed build is reported by the next select; info stays readable.
+  }
+  pq_layer_info info{};
+  info.struct_size = out->struct_size;
+  info.tokens = layer.store.tokens();
+  info.prefill_tokens = layer.prefill_tokens;
+  Regions r = regions(info.tokens);
+  info.middle_tokens = r.mid_end - r.sink_end;
+  info.coded_tokens = layer.index ? layer.index->coded_tokens : 0;
+  info.build_pending = layer.pending ? 1 : 0;
+  info.kmeans_iterations = layer.last_iterations;
+  info.kmeans_budget = layer.last_budget;
+  info.index_ready = layer.index ? 1 : 0;
+  info.build_seconds = layer.last_build_seconds;
+  std::memcpy(out, &info, out->struct_size);
+}
+
+void Context::index_codes(uint64_t id, int32_t layer_index, int32_t kv_head, int64_t first,
+                          int64_t count, uint8_t* out) {
+  check_layer(layer_index);
+  if (kv_head < 0 || kv_head >= config_.num_kv_heads)
+    invalid("kv_head is " + str(kv_head) + "; expected 0.." + str(config_.num_kv_heads - 1));
+  if (first < 0 || count < 0) invalid("first/count are " + str(first) + "/" + str(count));
+  if (out == nullptr && count > 0) invalid("out is NULL");
+  auto seq = find(id);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  require_index(layer, id, layer_index);
+  code_tokens(layer, regions(layer.store.tokens()).mid_end);
+  int64_t coded = layer.index->coded_tokens;
+  if (first + count > coded)
+    invalid("tokens [" + str(first) + ", " + str(first + count) + ") are not all coded: " +
+            str(coded) + " tokens have codes (the local window is coded when it is left)");
+  const int32_t m = config_.pq_subspaces;
+  if (count > 0)
+    std::memcpy(out, layer.index->codes[static_cast<size_t>(kv_head)].data() + first * m,
+                static_cast<size_t>(count) * m);
+}
+
+void Context::index_centroids(uint64_t id, int32_t layer_index, int32_t kv_head, float* out,
+                              int64_t floats) {
+  check_layer(layer_index);
+  if (kv_head < 0 || kv_head >= config_.num_kv_heads)
+    invalid("kv_head is " + str(kv_head) + "; expected 0.." + str(config_.num_kv_heads - 1));
+  if (out == nullptr) invalid("out is NULL");
+  const int64_t need = (int64_t{1} << config_.pq_bits) * config_.head_dim;
+  if (floats < need)
+    invalid("out_floats is " + str(floats) + "; the centroids of one kv head take " + str(need));
+  auto seq = find(id);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  require_index(layer, id, layer_index);
+  const PqCodebook& cb = layer.index->codebook;
+  std::memcpy(out, cb.at(kv_head, 0), static_cast<size_t>(need) * sizeof(float));
+}
+
+void Context::add_sequence_sizes(const Sequence& s, pq_stats* out) const {
+  out->sequences += 1;
+  for (const auto& layer : s.layers) {
+    out->tokens += layer->tokens_mirror.load();
+    out->kv_bytes += layer->kv_bytes_mirror.load();
+    out->index_bytes += layer->index_bytes_mirror.load();
+  }
+}
+
+namespace {
+void check_stats_out(pq_stats* out) {
+  if (out == nullptr) invalid("out is NULL");
+  if (out->struct_size < offsetof(pq_stats, sequences) + sizeof(int64_t) ||
+      out->struct_size > sizeof(pq_stats))
+    invalid("out->struct_size is " + std::to_string(out->struct_size) +
+            "; set it to sizeof(pq_stats)");
+}
+}  // namespace
+
+void Context::stats(pq_stats* out) const {
+  check_stats_out(out);
+  pq_stats s{};
+  s.struct_size = out->struct_size;
+  {
+    std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+    for (const auto& entry : sequences_) add_sequence_sizes(*entry.second, &s);
+  }
+  counters_.add_to(&s);
+  std::memcpy(out, &s, out->struct_size);
+}
+
+void Context::sequence_stats(uint64_t id, pq_stats* out) const {
+  check_stats_out(out);
+  auto seq = find(id);
+  pq_stats s{};
+  s.struct_size = out->struct_size;
+  add_sequence_sizes(*seq, &s);
+  seq->counters->add_to(&s);
+  std::memcpy(out, &s, out->struct_size);
+}
+
+void Context::wait_builds() {
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  {
+    std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+    for (const auto& entry : sequences_) seqs.push_back(entry.second);
+  }
+  std::string first_error;
+  pq_status first_status = PQ_OK;
+  for (auto& s : seqs)
+    for (auto& layer : s->layers) {
+      std::lock_guard<std::mutex> lock(layer->mutex);
+      try {
+        layer->finish_build();
+      } catch (const Error& e) {
+        if (first_status == PQ_OK) {
+          first_status = e.status();
+          first_error = e.what();
+        }
+      }
+    }
+  if (first_status != PQ_OK) fail(first_status, first_error);
+}
+
+}  // namespace pq

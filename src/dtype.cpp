@@ -1,0 +1,130 @@
+#include "dtype.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace pq {
+
+bool dtype_valid(int32_t dtype) {
+  return dtype == PQ_DTYPE_F32 || dtype == PQ_DTYPE_F16 || dtype == PQ_DTYPE_BF16;
+}
+
+size_t dtype_size(int32_t dtype) { return dtype == PQ_DTYPE_F32 ? 4 : 2; }
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case PQ_DTYPE_F32: return "f32";
+    case PQ_DTYPE_F16: return "f16";
+    case PQ_DTYPE_BF16: return "bf16";
+    default: return "invalid";
+  }
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int shift = 0;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        ++shift;
+      }
+      mantissa &= 0x3ffu;
+      bits = sign | static_cast<uint32_t>(127 - 15 + 1 - shift) << 23 | mantissa << 13;
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | mantissa << 13;
+  } else {
+    bits = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to Inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t exponent = abs >> 23;
+    uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exponent;  // 14 - (exponent - 127) + 13 - 1 ... bits to drop
+    uint32_t half_m = mantissa >> (shift);
+    uint32_t rem = mantissa & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t half_bits = ((abs - 0x38000000u) >> 13);
+  uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half_bits & 1u))) ++half_bits;
+  return static_cast<uint16_t>(sign | half_bits);
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+void to_float(const void* src, int32_t dtype, int64_t count, float* out) {
+  switch (dtype) {
+    case PQ_DTYPE_F32:
+      std::memcpy(out, src, static_cast<size_t>(count) * 4);
+      break;
+    case PQ_DTYPE_F16: {
+      const uint16_t* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(h[i]);
+      break;
+    }
+    default: {
+      const uint16_t* b = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(b[i]);
+      break;
+    }
+  }
+}
+
+int64_t find_non_finite(const void* src, int32_t dtype, int64_t count) {
+  switch (dtype) {
+    case PQ_DTYPE_F32: {
+      const uint32_t* p = static_cast<const uint32_t*>(src);
+      for (int64_t i = 0; i < count; ++i)
+        if ((p[i] & 0x7f800000u) == 0x7f800000u) return i;
+      return -1;
+    }
+    case PQ_DTYPE_F16: {
+      const uint16_t* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i)
+        if ((p[i] & 0x7c00u) == 0x7c00u) return i;
+      return -1;
+    }
+    default: {
+      const uint16_t* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i)
+        if ((p[i] & 0x7f80u) == 0x7f80u) return i;
+      return -1;
+    }
+  }
+}
+
+}  // namespace pq

@@ -1,0 +1,26 @@
+// Element types of the caller's buffers and their conversion to float.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pqcache.h"
+
+namespace pq {
+
+bool dtype_valid(int32_t dtype);
+size_t dtype_size(int32_t dtype);
+const char* dtype_name(int32_t dtype);
+
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);  // round to nearest even
+float bf16_to_float(uint16_t b);
+uint16_t float_to_bf16(float f);  // round to nearest even
+
+// Converts count elements of the given type to float.
+void to_float(const void* src, int32_t dtype, int64_t count, float* out);
+
+// Index of the first NaN or Inf among count elements, or -1.
+int64_t find_non_finite(const void* src, int32_t dtype, int64_t count);
+
+}  // namespace pq

@@ -1,0 +1,35 @@
+// Internal error handling: code inside the library throws pq::Error; the C
+// API boundary (api.cpp) turns every exception into a pq_status and the
+// thread-local message, so no exception crosses the ABI.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "pqcache.h"
+
+namespace pq {
+
+class Error : public std::runtime_error {
+ public:
+  Error(pq_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  pq_status status() const { return status_; }
+
+ private:
+  pq_status status_;
+};
+
+// Throws Error(status, message) built from the streamed arguments.
+[[noreturn]] void fail(pq_status status, const std::string& message);
+
+// Records the calling thread's last error message.
+void set_last_error(const std::string& message);
+
+// Runs body() and converts any exception into a status plus message.
+template <typename Body>
+pq_status guarded(const char* function, Body&& body) noexcept;
+
+}  // namespace pq
+
+#include "error_inl.h"

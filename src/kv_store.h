@@ -1,0 +1,87 @@
+// The host K/V store of one (sequence, layer). It grows in fixed chunks of
+// kChunkTokens tokens, so appending never recopies what is stored and a
+// build can read a snapshot while the caller appends more tokens.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pqcache.h"
+
+namespace pq {
+
+// Bytes the K/V stores of a context may hold; shared by all its stores.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(uint64_t limit) : limit_(limit) {}
+  // Throws PQ_ERR_OUT_OF_MEMORY (and reserves nothing) if over the limit.
+  void reserve(uint64_t bytes);
+  void release(uint64_t bytes) { used_.fetch_sub(bytes); }
+  uint64_t used() const { return used_.load(); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;  // 0 = unlimited
+  std::atomic<uint64_t> used_{0};
+};
+
+class KvStore {
+ public:
+  static constexpr int64_t kChunkTokens = 256;
+
+  // One chunk: keys and values, each laid out [head][token in chunk][dim],
+  // so one head's rows are contiguous (K-Means and scoring read by head).
+  struct Chunk {
+    Chunk(size_t bytes_per_tensor, MemoryBudget* budget);
+    ~Chunk();
+    std::unique_ptr<uint8_t[]> keys;
+    std::unique_ptr<uint8_t[]> values;
+    size_t bytes;  // keys + values
+    MemoryBudget* budget;
+  };
+
+  // A read-only view of the first `tokens` tokens, valid while held.
+  struct Snapshot {
+    std::vector<std::shared_ptr<const Chunk>> chunks;
+    int64_t tokens = 0;
+    int32_t heads = 0;
+    int32_t head_dim = 0;
+    size_t element_size = 0;
+    const uint8_t* key_row(int64_t token, int32_t head) const;
+  };
+
+  KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget);
+
+  int64_t tokens() const { return tokens_; }
+  uint64_t bytes_held() const { return chunks_.size() * chunk_bytes(); }
+
+  // Appends keys.tokens tokens from host tensors (already validated: same
+  // token count, heads, head_dim, dtype). All or nothing: on an error
+  // (memory limit, allocation) nothing is appended.
+  void append(const pq_tensor& keys, const pq_tensor& values);
+
+  const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
+  const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }
+  size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }
+
+  Snapshot snapshot() const;
+
+ private:
+  size_t chunk_bytes() const { return 2 * tensor_bytes_per_chunk(); }
+  size_t tensor_bytes_per_chunk() const {
+    return static_cast<size_t>(kChunkTokens) * heads_ * row_bytes();
+  }
+  const uint8_t* row(bool key, int64_t token, int32_t head) const;
+
+  int32_t heads_;
+  int32_t head_dim_;
+  int32_t dtype_;
+  size_t element_size_;
+  MemoryBudget* budget_;
+  int64_t tokens_ = 0;
+  std::vector<std::shared_ptr<Chunk>> chunks_;
+};
+
+}  // namespace pq

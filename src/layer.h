@@ -1,0 +1,52 @@
+// The state of one (sequence, layer): its K/V store, its PQ index and the
+// build in flight. Every member is guarded by `mutex` except the atomics,
+// which mirror sizes for lock-free statistics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kv_store.h"
+#include "pq_index.h"
+
+namespace pq {
+
+struct BuildTask {
+  std::atomic<bool> cancel{false};
+  std::future<void> done;          // carries the build's exception, if any
+  std::unique_ptr<PqIndex> result; // set by the task when it finished
+  int64_t tokens = 0;
+};
+
+struct Layer {
+  Layer(int32_t kv_heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget)
+      : store(kv_heads, head_dim, dtype, budget) {}
+
+  std::mutex mutex;
+  KvStore store;
+  int64_t prefill_tokens = 0;
+  std::shared_ptr<BuildTask> pending;
+  std::unique_ptr<PqIndex> index;
+  std::string build_error;  // why the last build failed, if it did
+  int32_t last_iterations = 0;
+  int32_t last_budget = 0;
+  double last_build_seconds = 0.0;
+
+  std::atomic<int64_t> tokens_mirror{0};
+  std::atomic<uint64_t> kv_bytes_mirror{0};
+  std::atomic<uint64_t> index_bytes_mirror{0};
+
+  // Waits for the pending build, if any, and installs its result. Throws
+  // the build's error. Call with mutex held.
+  void finish_build();
+  // finish_build() only if the pending build is already done.
+  void poll_build();
+  // Re-reads the sizes into the mirrors. Call with mutex held.
+  void update_mirrors();
+};
+
+}  // namespace pq

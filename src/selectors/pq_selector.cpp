@@ -1,0 +1,45 @@
+// PQCache (paper section 3.4): score every middle token through a lookup
+// table of query sub-vector x centroid dot products, summed over the codes.
+#include <vector>
+
+#include "selector.h"
+
+namespace pq {
+
+namespace {
+
+class PqSelector final : public Selector {
+ public:
+  const char* name() const override { return "pq"; }
+  bool needs_index() const override { return true; }
+
+ protected:
+  uint64_t score(const SelectionRequest& r, float* raw) const override {
+    const PqCodebook& cb = r.index->codebook;
+    const int32_t m = cb.subspaces, k = cb.centroids, sd = cb.sub_dim;
+    // lut[g][j][c] = q_g[j*sd : (j+1)*sd] . centroid[head][j][c]
+    std::vector<float> lut(static_cast<size_t>(r.group_size) * m * k);
+    for (int32_t g = 0; g < r.group_size; ++g) {
+      for (int32_t j = 0; j < m; ++j) {
+        const float* q = r.queries + static_cast<size_t>(g) * r.head_dim + j * sd;
+        const float* c = cb.at(r.kv_head, j);
+        float* l = lut.data() + (static_cast<size_t>(g) * m + j) * k;
+        for (int32_t ci = 0; ci < k; ++ci) {
+          float s = 0.f;
+          for (int32_t d = 0; d < sd; ++d) s += q[d] * c[static_cast<size_t>(ci) * sd + d];
+          l[ci] = s;
+        }
+      }
+    }
+    const uint8_t* codes =
+        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * m;
+    r.backend.pq_scores(lut.data(), r.group_size, m, k, codes, r.middle(), raw);
+    return static_cast<uint64_t>(r.middle()) * m;  // one byte per code
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Selector> make_pq_selector() { return std::make_unique<PqSelector>(); }
+
+}  // namespace pq

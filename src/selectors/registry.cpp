@@ -1,0 +1,37 @@
+#include <vector>
+
+#include "error.h"
+#include "selector.h"
+#include "topk.h"
+
+namespace pq {
+
+std::unique_ptr<Selector> make_selector(int32_t kind) {
+  switch (kind) {
+    case PQ_SELECTOR_PQ: return make_pq_selector();
+    case PQ_SELECTOR_EXACT: return make_exact_selector();
+    case PQ_SELECTOR_WINDOW: return make_window_selector();
+    default: return nullptr;
+  }
+}
+
+uint64_t Selector::score(const SelectionRequest&, float*) const {
+  fail(PQ_ERR_INTERNAL, std::string("selector ") + name() + " has no score()");
+}
+
+uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const {
+  int64_t m = r.middle();
+  if (r.k == 0) return 0;
+  if (r.k == m) {  // everything: no need to score
+    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
+    return 0;
+  }
+  std::vector<float> raw(static_cast<size_t>(r.group_size) * m);
+  uint64_t bytes = score(r, raw.data());
+  std::vector<float> combined(static_cast<size_t>(m));
+  combine_group_scores(raw.data(), r.group_size, m, r.combine, r.scale, combined.data());
+  select_top_k(combined.data(), m, r.k, r.mid_begin, out);
+  return bytes;
+}
+
+}  // namespace pq

@@ -1,0 +1,59 @@
+// The selector interface. A selector picks, for one kv head, k of the middle
+// tokens of a layer. Adding a selector is one new file in src/selectors/
+// that implements this interface, plus its enum value in pqcache.h and one
+// line in registry.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend.h"
+#include "kv_store.h"
+#include "pq_index.h"
+
+namespace pq {
+
+struct SelectionRequest {
+  const KvStore& store;
+  const PqIndex* index;      // non-null when the selector needs_index()
+  const Backend& backend;
+  int32_t kv_head;
+  int32_t group_size;        // query heads per kv head (GQA)
+  int32_t head_dim;
+  int32_t dtype;             // of the stored K/V
+  const float* queries;      // [group_size][head_dim]: this kv head's query heads
+  int64_t mid_begin;         // middle tokens are [mid_begin, mid_end)
+  int64_t mid_end;
+  int64_t k;                 // how many to pick, 0 <= k <= mid_end - mid_begin
+  int32_t combine;           // pq_gqa_combine
+  float scale;               // 1 / sqrt(head_dim)
+  int64_t middle() const { return mid_end - mid_begin; }
+};
+
+class Selector {
+ public:
+  virtual ~Selector() = default;
+  virtual const char* name() const = 0;
+  // Whether the layer's PQ index must be built (and tokens coded) first.
+  virtual bool needs_index() const { return false; }
+  // Writes exactly r.k distinct positions from [mid_begin, mid_end) into out,
+  // in any order. Returns the bytes it read to decide (for statistics). The
+  // default scores every middle token with score(), combines the GQA group
+  // and takes the top k (ties: the larger position).
+  virtual uint64_t select_middle(const SelectionRequest& r, int32_t* out) const;
+
+ protected:
+  // Raw dot-product estimates, raw[g * middle + i] for query head g of the
+  // group and token mid_begin + i. Returns bytes read.
+  virtual uint64_t score(const SelectionRequest& r, float* raw) const;
+};
+
+// The selector for a pq_selector value, or null if there is none.
+std::unique_ptr<Selector> make_selector(int32_t kind);
+
+// One factory per selector file.
+std::unique_ptr<Selector> make_pq_selector();
+std::unique_ptr<Selector> make_exact_selector();
+std::unique_ptr<Selector> make_window_selector();
+
+}  // namespace pq

@@ -1,0 +1,46 @@
+// A fixed-size worker pool: submit() runs index builds in the background,
+// parallel_for() splits one build across the pool. The calling thread of
+// parallel_for() works too, so a parallel_for issued from inside a pool task
+// cannot deadlock: it never waits for queued work that nobody runs.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pq {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads >= 1
+  ~ThreadPool();                     // finishes queued tasks, then joins
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()); }
+
+  // Queues task; the future carries its exception, if any.
+  std::future<void> submit(std::function<void()> task);
+
+  // Calls fn(i) for every i in [0, n) on the pool and the calling thread and
+  // returns when all calls have returned. Which thread runs which index is
+  // unspecified, so fn must make results independent of it. The first
+  // exception thrown by fn is rethrown here (after all calls finished).
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  void worker_loop();
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace pq
