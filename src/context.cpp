@@ -271,7 +271,8 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
   layer.store.append(k.view, v.view);
   if (is_prefill) {
     layer.prefill_tokens += keys->tokens;
-    schedule_build(layer, layer_index, seq);
+    // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
+    if (selector_->needs_index()) schedule_build(layer, layer_index, seq);
   }
   layer.update_mirrors();
 }
@@ -438,9 +439,10 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
   check_layer(layer_index);
   validate_tensor(query, {"query", config_.num_q_heads, config_.head_dim, config_.dtype, 1, 1});
   if (out == nullptr) invalid("out is NULL");
-  if (out->positions == nullptr) invalid("out->positions is NULL");
-  if (out->counts == nullptr) invalid("out->counts is NULL");
   if (out->capacity < 0) invalid("out->capacity is " + str(out->capacity) + "; expected >= 0");
+  // positions may be NULL with capacity 0: the capacity check below names it.
+  if (out->positions == nullptr && out->capacity > 0) invalid("out->positions is NULL");
+  if (out->counts == nullptr) invalid("out->counts is NULL");
   if (!backend_->supports_memory(query->memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
                                  backend_->name() + " backend cannot read");

@@ -1,0 +1,159 @@
+// The CUDA backend through the public API: device tensors in, device tensors
+// out, compared with the CPU backend on the same data. Without a GPU the
+// device tests report SKIPPED with the reason; the fallback tests run
+// everywhere.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <pqcache.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kLayers = 2, kQHeads = 8, kKvHeads = 2, kHeadDim = 64, kTokens = 3000;
+
+int cuda_devices(std::string* why) {
+  int n = 0;
+  cudaError_t s = cudaGetDeviceCount(&n);
+  if (s != cudaSuccess) {
+    *why = std::string(cudaGetErrorName(s)) + ": " + cudaGetErrorString(s);
+    return 0;
+  }
+  if (n == 0) *why = "cudaGetDeviceCount reports 0 devices";
+  return n;
+}
+
+pq_config base_config(int32_t backend) {
+  pq_config c;
+  pq_config_default(&c);
+  c.num_layers = kLayers;
+  c.num_q_heads = kQHeads;
+  c.num_kv_heads = kKvHeads;
+  c.head_dim = kHeadDim;
+  c.dtype = PQ_DTYPE_F32;
+  c.kmeans_iterations = 8;
+  c.backend = backend;
+  return c;
+}
+
+TEST(CudaBackend, AutoFallsBackToCpuOrUsesTheDevice) {
+  std::string why;
+  int devices = cuda_devices(&why);
+  pq_config c = base_config(PQ_BACKEND_AUTO);
+  pq_context* ctx = nullptr;
+  ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+  int32_t backend = -1;
+  ASSERT_EQ(pq_get_backend(ctx, &backend), PQ_OK);
+  EXPECT_EQ(backend, devices > 0 ? PQ_BACKEND_CUDA : PQ_BACKEND_CPU);
+  pq_destroy(ctx);
+}
+
+TEST(CudaBackend, ExplicitCudaWithoutDeviceIsNotFound) {
+  std::string why;
+  if (cuda_devices(&why) > 0) GTEST_SKIP() << "a CUDA device is present; this checks the no-GPU path";
+  pq_config c = base_config(PQ_BACKEND_CUDA);
+  pq_context* ctx = nullptr;
+  EXPECT_EQ(pq_create(&c, &ctx), PQ_ERR_NOT_FOUND);
+  EXPECT_EQ(ctx, nullptr);
+  EXPECT_NE(std::string(pq_last_error()).find("CUDA"), std::string::npos) << pq_last_error();
+}
+
+TEST(CudaBackend, MissingPluginIsNotFoundWithThePath) {
+  pq_config c = base_config(PQ_BACKEND_CUDA);
+  c.cuda_plugin_path = "/nonexistent/libpqcache_cuda.so";
+  pq_context* ctx = nullptr;
+  EXPECT_EQ(pq_create(&c, &ctx), PQ_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(pq_last_error()).find("/nonexistent/libpqcache_cuda.so"), std::string::npos)
+      << pq_last_error();
+}
+
+template <typename T>
+T* device_copy_of(const std::vector<T>& host) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+TEST(CudaBackend, DeviceTensorsMatchTheCpuBackend) {
+  std::string why;
+  if (cuda_devices(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  // Head-major [heads][tokens][dim], as Hugging Face keeps it.
+  std::vector<float> keys(static_cast<size_t>(kKvHeads) * kTokens * kHeadDim), values(keys.size());
+  for (auto& x : keys) x = normal(rng);
+  for (auto& x : values) x = normal(rng);
+  std::vector<float> query(static_cast<size_t>(kQHeads) * kHeadDim);
+  for (auto& x : query) x = normal(rng);
+
+  pq_config cpu_cfg = base_config(PQ_BACKEND_CPU), gpu_cfg = base_config(PQ_BACKEND_CUDA);
+  pq_context *cpu = nullptr, *gpu = nullptr;
+  ASSERT_EQ(pq_create(&cpu_cfg, &cpu), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_create(&gpu_cfg, &gpu), PQ_OK) << pq_last_error();
+  for (pq_context* ctx : {cpu, gpu}) ASSERT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+
+  float* d_keys = device_copy_of(keys);
+  float* d_values = device_copy_of(values);
+  float* d_query = device_copy_of(query);
+  pq_tensor hk, hv, hq, dk, dv, dq;
+  pq_tensor_init(&hk, keys.data(), PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, kTokens, kKvHeads, kHeadDim);
+  pq_tensor_init(&hv, values.data(), PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, kTokens, kKvHeads, kHeadDim);
+  pq_tensor_init(&hq, query.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kHeadDim);
+  dk = hk, dv = hv, dq = hq;
+  dk.data = d_keys, dv.data = d_values, dq.data = d_query;
+  dk.memory = dv.memory = dq.memory = PQ_MEMORY_DEVICE;
+
+  ASSERT_EQ(pq_prefill_layer(cpu, 1, 1, &hk, &hv), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_prefill_layer(gpu, 1, 1, &dk, &dv), PQ_OK) << pq_last_error();
+
+  int64_t cap = 0;
+  ASSERT_EQ(pq_selection_capacity(gpu, 1, 1, &cap), PQ_OK);
+  std::vector<int32_t> cpu_pos(kKvHeads * cap), gpu_pos(kKvHeads * cap), cpu_n(kKvHeads), gpu_n(kKvHeads);
+  pq_selection cpu_sel{cpu_pos.data(), cpu_n.data(), cap}, gpu_sel{gpu_pos.data(), gpu_n.data(), cap};
+  ASSERT_EQ(pq_decode_select(cpu, 1, 1, &hq, &cpu_sel), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_decode_select(gpu, 1, 1, &dq, &gpu_sel), PQ_OK) << pq_last_error();
+  EXPECT_EQ(cpu_n, gpu_n);
+  EXPECT_EQ(cpu_pos, gpu_pos);
+
+  // Device outputs with a padded token stride: the padding must survive.
+  const int64_t stride = kHeadDim + 16;
+  std::vector<float> sentinel(static_cast<size_t>(kKvHeads) * cap * stride, -7.0f);
+  float* d_out_k = device_copy_of(sentinel);
+  float* d_out_v = device_copy_of(sentinel);
+  pq_tensor ok{d_out_k, PQ_DTYPE_F32, PQ_MEMORY_DEVICE, cap, kKvHeads, kHeadDim, stride, cap * stride};
+  pq_tensor ov = ok;
+  ov.data = d_out_v;
+  ASSERT_EQ(pq_fetch_kv(gpu, 1, 1, &gpu_sel, &ok, &ov), PQ_OK) << pq_last_error();
+  std::vector<float> got_k(sentinel.size()), got_v(sentinel.size());
+  ASSERT_EQ(cudaMemcpy(got_k.data(), d_out_k, got_k.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got_v.data(), d_out_v, got_v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int h = 0; h < kKvHeads; ++h)
+    for (int64_t i = 0; i < cap; ++i) {
+      const float* rk = got_k.data() + (h * cap + i) * stride;
+      const float* rv = got_v.data() + (h * cap + i) * stride;
+      if (i < gpu_n[h]) {
+        int32_t p = gpu_pos[h * cap + i];
+        ASSERT_EQ(std::memcmp(rk, keys.data() + (static_cast<size_t>(h) * kTokens + p) * kHeadDim, kHeadDim * 4), 0);
+        ASSERT_EQ(std::memcmp(rv, values.data() + (static_cast<size_t>(h) * kTokens + p) * kHeadDim, kHeadDim * 4), 0);
+      }
+      for (int64_t d = kHeadDim; d < stride; ++d) ASSERT_EQ(rk[d], -7.0f) << "padding overwritten";
+    }
+
+  // A host pointer labelled device memory is refused with a message.
+  pq_tensor lie = hq;
+  lie.memory = PQ_MEMORY_DEVICE;
+  EXPECT_EQ(pq_decode_select(gpu, 1, 1, &lie, &gpu_sel), PQ_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pq_last_error()).find("device"), std::string::npos) << pq_last_error();
+
+  for (void* p : {static_cast<void*>(d_keys), static_cast<void*>(d_values), static_cast<void*>(d_query),
+                  static_cast<void*>(d_out_k), static_cast<void*>(d_out_v)})
+    cudaFree(p);
+  pq_destroy(cpu);
+  pq_destroy(gpu);
+}
+
+}  // namespace
