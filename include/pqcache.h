@@ -17,8 +17,10 @@
  *  - Structs that may grow carry a struct_size field; fill them with the
  *    matching *_default / *_init function so that a caller compiled against
  *    an older header keeps working with a newer library.
- *  - Enum-valued fields in structs are int32_t so that struct layouts do not
- *    depend on the compiler's choice of enum size (Rust, cgo).
+ *  - Enum values travel as int32_t, in struct fields and in parameters, so
+ *    that layouts do not depend on the compiler's enum size (Rust, cgo) and
+ *    an out-of-range value from C is an error, not undefined behaviour in
+ *    the C++ core.
  *  - Token positions are int32_t: one sequence holds at most INT32_MAX tokens.
  *
  * Threading contract (sqlite3.h style; each function repeats its own rule):
@@ -104,7 +106,7 @@ typedef enum pq_status {
 
 /* A static, human-readable name for a status ("PQ_ERR_INVALID_ARGUMENT: ...").
  * Unknown values give "unknown pq_status". Thread-safe. */
-PQ_API const char* pq_status_string(pq_status status);
+PQ_API const char* pq_status_string(int32_t status);
 
 /* The message of the last failed call made by the calling thread, or "" if
  * none failed yet. Valid until the next failing call on the same thread.
@@ -204,8 +206,9 @@ typedef struct pq_tensor {
  * Errors: PQ_ERR_INVALID_ARGUMENT for a NULL tensor, a bad dtype or layout,
  * or negative sizes. data may be NULL only when tokens == 0.
  * Thread-safe (touches only *tensor). */
-PQ_API pq_status pq_tensor_init(pq_tensor* tensor, void* data, pq_dtype dtype,
-                                pq_layout layout, int64_t tokens,
+PQ_API pq_status pq_tensor_init(pq_tensor* tensor, void* data,
+                                int32_t dtype /* pq_dtype */,
+                                int32_t layout /* pq_layout */, int64_t tokens,
                                 int32_t heads, int32_t head_dim);
 
 /* ------------------------------------------------------------------------ */
@@ -401,10 +404,10 @@ PQ_API pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id,
                                        int32_t layer, int64_t* out_capacity);
 
 /* Selects, per kv head, the sink tokens, the top-k middle tokens for the
- * query (1 token x num_q_heads x head_dim, config dtype, host memory) and the
- * local tokens, writing them ascending into *out. Waits for this layer's
- * build if it is still running (other layers do not wait), and codes any
- * tokens that left the local window since the last call.
+ * query (1 token x num_q_heads x head_dim, config dtype) and the local
+ * tokens, writing them ascending into *out. With the PQ selector it waits
+ * for this layer's build if it is still running (other layers do not wait),
+ * and codes any tokens that left the local window since the last call.
  * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, capacity too small, NaN in
  * the query), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
  * Threading: serialised with other calls on the same (sequence, layer). */

@@ -40,7 +40,7 @@ extern "C" {
 int pq_version_number(void) { return PQ_VERSION_NUMBER; }
 const char* pq_version_string(void) { return PQ_VERSION_STRING; }
 
-const char* pq_status_string(pq_status status) {
+const char* pq_status_string(int32_t status) {
   switch (status) {
     case PQ_OK: return "PQ_OK: success";
     case PQ_ERR_INVALID_ARGUMENT: return "PQ_ERR_INVALID_ARGUMENT: an argument is invalid";
@@ -56,7 +56,7 @@ const char* pq_status_string(pq_status status) {
 
 const char* pq_last_error(void) { return pq::last_error(); }
 
-pq_status pq_tensor_init(pq_tensor* t, void* data, pq_dtype dtype, pq_layout layout,
+pq_status pq_tensor_init(pq_tensor* t, void* data, int32_t dtype, int32_t layout,
                          int64_t tokens, int32_t heads, int32_t head_dim) {
   return pq::guarded(__func__, [&] {
     require_out(t, "tensor");

@@ -304,7 +304,7 @@ void Context::schedule_build(Layer& layer, int32_t layer_index,
   auto snapshot = std::make_shared<KvStore::Snapshot>(layer.store.snapshot());
   task->tokens = snapshot->tokens;
   std::shared_ptr<Counters> seq_counters = seq->counters;
-  task->done = pool_->submit([this, task, snapshot, layer_index, seq_counters] {
+  layer.pending_done = pool_->submit([this, task, snapshot, layer_index, seq_counters] {
     run_build(*task, *snapshot, layer_index, *seq_counters);
   });
   layer.pending = std::move(task);

@@ -9,9 +9,10 @@ namespace pq {
 void Layer::finish_build() {
   if (!pending) return;
   std::shared_ptr<BuildTask> task = std::move(pending);
+  std::future<void> done = std::move(pending_done);
   pending.reset();
   try {
-    task->done.get();
+    done.get();
   } catch (const Error& e) {
     build_error = e.what();
     throw;
@@ -35,7 +36,7 @@ void Layer::finish_build() {
 }
 
 void Layer::poll_build() {
-  if (pending && pending->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+  if (pending && pending_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
     finish_build();
 }
 

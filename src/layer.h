@@ -15,9 +15,11 @@
 
 namespace pq {
 
+// What a build shares with the layer. The future is kept beside it, not in
+// it: libstdc++ stores the packaged callable (which owns this object) in the
+// future's shared state, so holding the future here would be a cycle.
 struct BuildTask {
   std::atomic<bool> cancel{false};
-  std::future<void> done;          // carries the build's exception, if any
   std::unique_ptr<PqIndex> result; // set by the task when it finished
   int64_t tokens = 0;
 };
@@ -29,7 +31,8 @@ struct Layer {
   std::mutex mutex;
   KvStore store;
   int64_t prefill_tokens = 0;
-  std::shared_ptr<BuildTask> pending;
+  std::shared_ptr<BuildTask> pending;  // null when no build is in flight
+  std::future<void> pending_done;      // carries the build's exception, if any
   std::unique_ptr<PqIndex> index;
   std::string build_error;  // why the last build failed, if it did
   int32_t last_iterations = 0;
