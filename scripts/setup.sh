@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Installs what building and testing libpqcache needs, and only what is
+# missing. Idempotent: a package already installed is never reinstalled, and
+# `apt-get update` runs only when something has to be installed.
+#
+# Debian 12 (bookworm). Runs as root, or through sudo when it is available.
+# The CUDA toolkit (nvcc) is not an apt package here; it is optional: without
+# it the build simply leaves out the CUDA plug-in (libpqcache_cuda.so).
+set -euo pipefail
+
+# "Debian package|command": the package counts as present when dpkg has it
+# installed, or when its command is already on PATH (a cmake or python3 that
+# came from elsewhere is not replaced).
+packages=(
+  "cmake|cmake"            # build system (3.25 on bookworm)
+  "ninja-build|ninja"      # generator used by scripts/build.sh
+  "g++|g++"                # C++17 library, C99 examples
+  "libgtest-dev|"          # unit tests (GoogleTest)
+  "libgmock-dev|"          # GoogleTest's matchers
+  "libbenchmark-dev|"      # bench/ (Google Benchmark)
+  "binutils|readelf"       # nm, readelf: the export and NEEDED checks in tests/
+  "pkg-config|pkg-config"  # dependency lookup
+  "python3|python3"        # scripts/bench.sh formats its table with it
+)
+
+missing=()
+for entry in "${packages[@]}"; do
+  p=${entry%%|*}
+  c=${entry#*|}
+  if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    echo "setup: $p already installed"
+  elif [[ -n $c ]] && command -v "$c" >/dev/null 2>&1; then
+    echo "setup: $c already on PATH ($(command -v "$c")), not installing $p"
+  else
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: nothing to install"
+else
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo_cmd=(sudo)
+    else
+      echo "setup: missing packages (${missing[*]}) and not root, no sudo: install them first" >&2
+      exit 1
+    fi
+  fi
+  echo "setup: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# Commands the scripts call directly.
+for c in cmake ninja c++ cc nm readelf ctest; do
+  if ! command -v "$c" >/dev/null 2>&1; then
+    echo "setup: '$c' is still not on PATH after installing" >&2
+    exit 1
+  fi
+done
+
+if command -v nvcc >/dev/null 2>&1; then
+  echo "setup: nvcc found ($(command -v nvcc)): the CUDA plug-in will be built"
+elif [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "setup: nvcc found at /usr/local/cuda/bin/nvcc: the CUDA plug-in will be built"
+else
+  echo "setup: no nvcc: the CUDA plug-in (libpqcache_cuda.so) will be left out (CPU backend only)"
+fi
