@@ -475,22 +475,22 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
   const int32_t kv_heads = config_.num_kv_heads;
   std::vector<uint64_t> bytes(static_cast<size_t>(kv_heads), 0);
   auto select_head = [&](int64_t h) {
+    ScratchLease scratch(scratch_pool_);
     int32_t* row = out->positions + h * out->capacity;
     int64_t w = 0;
     for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
     SelectionRequest req{layer.store, layer.index.get(), *backend_, static_cast<int32_t>(h),
                          group_size_, hd, config_.dtype,
                          queries.data() + static_cast<size_t>(h) * group_size_ * hd,
-                         r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_};
+                         r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_, *scratch};
     bytes[static_cast<size_t>(h)] = selector_->select_middle(req, row + w);
-    std::sort(row + w, row + w + r.k);
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
     out->counts[h] = static_cast<int32_t>(w);
   };
   // Large layers: kv heads in parallel (the caller's thread works too, so a
   // pool busy with builds cannot stall the decode step).
-  if (kv_heads > 1 && r.mid_end - r.sink_end >= 16384)
+  if (kv_heads > 1 && r.mid_end - r.sink_end >= 4096)
     pool_->parallel_for(kv_heads, select_head);
   else
     for (int32_t h = 0; h < kv_heads; ++h) select_head(h);

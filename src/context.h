@@ -14,6 +14,7 @@
 #include "counters.h"
 #include "kv_store.h"
 #include "layer.h"
+#include "scratch.h"
 #include "selectors/selector.h"
 #include "thread_pool.h"
 
@@ -96,6 +97,8 @@ class Context {
 
   mutable std::shared_mutex sequences_mutex_;
   std::unordered_map<uint64_t, std::shared_ptr<Sequence>> sequences_;
+
+  ScratchPool scratch_pool_;
 
   std::once_flag profile_once_;
   ClusterTimeModel cluster_model_;

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "scratch.h"
+
 namespace pq {
 
 // Reduces raw[g * n + i] (raw dot products of group_size query heads) to one
@@ -10,10 +12,11 @@ namespace pq {
 // raw * scale. SUM_SOFTMAX with one head reduces to the logit itself (softmax
 // is monotone, so the order is the same and no exp is spent).
 void combine_group_scores(const float* raw, int32_t group_size, int64_t n, int32_t mode,
-                          float scale, float* out);
+                          float scale, float* out, SelectScratch& scratch);
 
-// Writes the positions (first + i) of the k highest scores[i] into out, in
-// any order. Ties go to the larger position. O(n) expected (nth_element).
-void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out);
+// Writes the positions (first + i) of the k highest scores[i] into out,
+// ascending. Ties go to the larger position. O(n): a radix select.
+void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
+                  SelectScratch& scratch);
 
 }  // namespace pq

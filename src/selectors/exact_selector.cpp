@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "selector.h"
+#include "vector_math.h"
 
 namespace pq {
 
@@ -20,12 +21,9 @@ class ExactSelector final : public Selector {
     std::vector<float> key(static_cast<size_t>(r.head_dim));
     for (int64_t i = 0; i < m; ++i) {
       to_float(r.store.key_row(r.mid_begin + i, r.kv_head), r.dtype, r.head_dim, key.data());
-      for (int32_t g = 0; g < r.group_size; ++g) {
-        const float* q = r.queries + static_cast<size_t>(g) * r.head_dim;
-        float s = 0.f;
-        for (int32_t d = 0; d < r.head_dim; ++d) s += q[d] * key[d];
-        raw[static_cast<size_t>(g) * m + i] = s;
-      }
+      for (int32_t g = 0; g < r.group_size; ++g)
+        raw[static_cast<size_t>(g) * m + i] =
+            dot(r.queries + static_cast<size_t>(g) * r.head_dim, key.data(), r.head_dim);
     }
     return static_cast<uint64_t>(m) * r.store.row_bytes();
   }

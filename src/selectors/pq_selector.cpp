@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "selector.h"
+#include "vector_math.h"
 
 namespace pq {
 
@@ -24,11 +25,7 @@ class PqSelector final : public Selector {
         const float* q = r.queries + static_cast<size_t>(g) * r.head_dim + j * sd;
         const float* c = cb.at(r.kv_head, j);
         float* l = lut.data() + (static_cast<size_t>(g) * m + j) * k;
-        for (int32_t ci = 0; ci < k; ++ci) {
-          float s = 0.f;
-          for (int32_t d = 0; d < sd; ++d) s += q[d] * c[static_cast<size_t>(ci) * sd + d];
-          l[ci] = s;
-        }
+        for (int32_t ci = 0; ci < k; ++ci) l[ci] = dot(q, c + static_cast<size_t>(ci) * sd, sd);
       }
     }
     const uint8_t* codes =

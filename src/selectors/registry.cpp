@@ -26,11 +26,14 @@ uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const 
     for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
     return 0;
   }
-  std::vector<float> raw(static_cast<size_t>(r.group_size) * m);
+  std::vector<float>& raw = r.scratch.raw;
+  raw.resize(static_cast<size_t>(r.group_size) * m);
   uint64_t bytes = score(r, raw.data());
-  std::vector<float> combined(static_cast<size_t>(m));
-  combine_group_scores(raw.data(), r.group_size, m, r.combine, r.scale, combined.data());
-  select_top_k(combined.data(), m, r.k, r.mid_begin, out);
+  std::vector<float>& combined = r.scratch.combined;
+  combined.resize(static_cast<size_t>(m));
+  combine_group_scores(raw.data(), r.group_size, m, r.combine, r.scale, combined.data(),
+                       r.scratch);
+  select_top_k(combined.data(), m, r.k, r.mid_begin, out, r.scratch);
   return bytes;
 }
 

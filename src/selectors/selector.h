@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "kv_store.h"
 #include "pq_index.h"
+#include "scratch.h"
 
 namespace pq {
 
@@ -27,6 +28,7 @@ struct SelectionRequest {
   int64_t k;                 // how many to pick, 0 <= k <= mid_end - mid_begin
   int32_t combine;           // pq_gqa_combine
   float scale;               // 1 / sqrt(head_dim)
+  SelectScratch& scratch;    // working memory, reused across calls
   int64_t middle() const { return mid_end - mid_begin; }
 };
 
@@ -37,7 +39,7 @@ class Selector {
   // Whether the layer's PQ index must be built (and tokens coded) first.
   virtual bool needs_index() const { return false; }
   // Writes exactly r.k distinct positions from [mid_begin, mid_end) into out,
-  // in any order. Returns the bytes it read to decide (for statistics). The
+  // ascending. Returns the bytes it read to decide (for statistics). The
   // default scores every middle token with score(), combines the GQA group
   // and takes the top k (ties: the larger position).
   virtual uint64_t select_middle(const SelectionRequest& r, int32_t* out) const;

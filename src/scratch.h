@@ -1,0 +1,57 @@
+// Reusable working memory for selection. A decode step at 128K tokens needs
+// megabytes of temporaries per kv head; allocating them per call goes
+// through mmap and page faults on every step, so the context keeps a pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace pq {
+
+struct SelectScratch {
+  std::vector<float> raw;           // group_size x middle raw scores
+  std::vector<float> combined;      // middle combined scores
+  std::vector<float> exp_tmp;       // middle, softmax numerators
+  std::vector<uint32_t> keys;       // top-k: order-preserving keys of the scores
+  std::vector<uint8_t> chosen;      // top-k: 1 for selected positions
+  std::vector<int32_t> tied;        // top-k: candidates of the threshold bucket
+  std::vector<int32_t> next;        // top-k: the next pass's candidates
+  std::vector<uint32_t> histogram;  // top-k: radix histograms
+};
+
+class ScratchPool {
+ public:
+  std::unique_ptr<SelectScratch> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return std::make_unique<SelectScratch>();
+    std::unique_ptr<SelectScratch> s = std::move(free_.back());
+    free_.pop_back();
+    return s;
+  }
+  void give(std::unique_ptr<SelectScratch> s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(s));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<SelectScratch>> free_;
+};
+
+// Takes a scratch from the pool for the lifetime of the lease.
+class ScratchLease {
+ public:
+  explicit ScratchLease(ScratchPool& pool) : pool_(pool), scratch_(pool.take()) {}
+  ~ScratchLease() { pool_.give(std::move(scratch_)); }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  SelectScratch& operator*() { return *scratch_; }
+
+ private:
+  ScratchPool& pool_;
+  std::unique_ptr<SelectScratch> scratch_;
+};
+
+}  // namespace pq
