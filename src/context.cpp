@@ -546,13 +546,27 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
   const size_t es = dtype_size(config_.dtype);
   const size_t rb = layer.store.row_bytes();
   uint64_t rows = 0;
-  for (int32_t h = 0; h < kv_heads; ++h)
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      int32_t p = sel->positions[h * sel->capacity + i];
-      std::memcpy(tensor_row_mut(k.view, i, h, es), layer.store.key_row(p, h), rb);
-      std::memcpy(tensor_row_mut(v.view, i, h, es), layer.store.value_row(p, h), rb);
-      ++rows;
+  for (int32_t h = 0; h < kv_heads; ++h) rows += static_cast<uint64_t>(sel->counts[h]);
+  // A gather of scattered rows is bound by memory latency, not bandwidth:
+  // prefetch a few rows ahead, and split large gathers across the pool.
+  constexpr int32_t kPrefetchAhead = 8;
+  auto gather_head = [&](int64_t h64) {
+    const int32_t h = static_cast<int32_t>(h64);
+    const int32_t* pos = sel->positions + h * sel->capacity;
+    const int32_t count = sel->counts[h];
+    for (int32_t i = 0; i < count; ++i) {
+      if (i + kPrefetchAhead < count) {
+        __builtin_prefetch(layer.store.key_row(pos[i + kPrefetchAhead], h));
+        __builtin_prefetch(layer.store.value_row(pos[i + kPrefetchAhead], h));
+      }
+      std::memcpy(tensor_row_mut(k.view, i, h, es), layer.store.key_row(pos[i], h), rb);
+      std::memcpy(tensor_row_mut(v.view, i, h, es), layer.store.value_row(pos[i], h), rb);
     }
+  };
+  if (kv_heads > 1 && rows >= 4096)
+    pool_->parallel_for(kv_heads, gather_head);
+  else
+    for (int32_t h = 0; h < kv_heads; ++h) gather_head(h);
   if (out_keys->memory != PQ_MEMORY_HOST) {
     backend_->copy_from_host(out_keys->data, k.buffer.data(), k.buffer.size(), out_keys->memory);
     backend_->copy_from_host(out_values->data, v.buffer.data(), v.buffer.size(),
