@@ -68,11 +68,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 1
+#define PQ_VERSION_MINOR 2
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.1.0"
+#define PQ_VERSION_STRING "0.2.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -139,7 +139,32 @@ typedef enum pq_selector {
   PQ_SELECTOR_EXACT = 1,
   /* StreamingLLM: sinks plus the most recent tokens; the top-k budget
    * extends the local window instead of being chosen by score. */
-  PQ_SELECTOR_WINDOW = 2
+  PQ_SELECTOR_WINDOW = 2,
+  /* SparQ: approximate q.k from the sparq_dims query dimensions of largest
+   * magnitude (reads those dimensions of every middle key). */
+  PQ_SELECTOR_SPARQ = 3,
+  /* InfLLM: blocks of block_tokens tokens, each scored by its
+   * block_representatives representative keys; whole blocks are taken in
+   * score order until k tokens are chosen. */
+  PQ_SELECTOR_INFLLM = 4,
+  /* Quest: blocks scored by an upper bound of q.k from the per-block
+   * element-wise min and max keys; whole blocks in score order. */
+  PQ_SELECTOR_QUEST = 5,
+  /* k middle tokens drawn uniformly at random (seeded): a floor. */
+  PQ_SELECTOR_RANDOM = 6,
+  /* H2O: tokens by accumulated attention; needs pq_observe_attention. A
+   * token once left out is dropped for good (drop semantics). */
+  PQ_SELECTOR_H2O = 7,
+  /* SCOPE: separate budgets for prompt tokens (scored at prefill from the
+   * observation window, as SnapKV) and decode tokens (accumulated attention,
+   * as H2O); needs pq_prefill_queries and pq_observe_attention. */
+  PQ_SELECTOR_SCOPE = 8,
+  /* SnapKV: prompt tokens scored once from the last observation_window
+   * prompt queries (pooled); needs pq_prefill_queries. */
+  PQ_SELECTOR_SNAPKV = 9,
+  /* PyramidKV: SnapKV with budgets that shrink linearly with the layer
+   * (pyramid_ratio = top-layer budget / bottom-layer budget), same total. */
+  PQ_SELECTOR_PYRAMIDKV = 10
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -297,6 +322,29 @@ typedef struct pq_config {
    * $PQCACHE_CUDA_PLUGIN, the directory of libpqcache.so, then the dynamic
    * loader's path. The string is read during pq_create only. */
   const char* cuda_plugin_path;
+
+  /* --- Selector parameters (appended in 0.2; ignored by other selectors) */
+  /* SparQ: query dimensions used to score, r. 0 (default): head_dim / 128
+   * rounded up, the paper's 1/128 extra communication. */
+  int32_t sparq_dims;
+  /* InfLLM and Quest: tokens per block. Default 128 (InfLLM's block, and the
+   * GPU cache block of paper section 3.4; Quest's paper uses 16). */
+  int32_t block_tokens;
+  /* InfLLM: representative keys per block. Default 1 (paper: 1 or 2 per
+   * 128 tokens for 1/128 or 1/64 extra communication). */
+  int32_t block_representatives;
+  /* SnapKV, PyramidKV, SCOPE: prompt queries in the observation window, w.
+   * Default 32 (SnapKV). */
+  int32_t observation_window;
+  /* SnapKV, PyramidKV, SCOPE: max-pooling kernel over token scores, odd.
+   * Default 7 (SnapKV). 1 disables pooling. */
+  int32_t pooling_kernel;
+  /* PyramidKV: budget of the top layer / budget of the bottom layer, in
+   * (0, 1]. Default 0.25. */
+  float pyramid_ratio;
+  /* SCOPE: share of the top-k budget for decode tokens, in [0, 1]. Default
+   * 0.5. */
+  float scope_decode_share;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -429,6 +477,34 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                              const pq_tensor* out_values);
 
 /* ------------------------------------------------------------------------ */
+/* Inputs some selectors need                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The last prompt queries of one layer (tokens x num_q_heads x head_dim,
+ * after RoPE, config dtype), for selectors that score the prompt from an
+ * observation window (SnapKV, PyramidKV, SCOPE). Call after the layer's
+ * prefill; the last observation_window tokens of the tensor are used, and
+ * the prompt tokens are scored against them at once. Other selectors ignore
+ * the call (PQ_OK). Errors: as pq_prefill_layer, plus PQ_ERR_BAD_STATE
+ * before any prefill of the layer. Threading: as pq_prefill_layer. */
+PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
+                                    int32_t layer, const pq_tensor* queries);
+
+/* Attention probabilities the caller computed over the tokens of
+ * `selection` (usually the one pq_decode_select returned at this step),
+ * per kv head and summed over the group's query heads:
+ * probs[h * selection->capacity + i] belongs to token
+ * selection->positions[h * selection->capacity + i]. Selectors that
+ * accumulate attention (H2O, SCOPE) add them to each token's score; others
+ * ignore the call (PQ_OK). To seed H2O with the prompt's attention, pass a
+ * selection of all prompt tokens with their column sums. Probabilities must
+ * be finite and >= 0. Threading: as pq_decode_select. */
+PQ_API pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id,
+                                      int32_t layer,
+                                      const pq_selection* selection,
+                                      const float* probs);
+
+/* ------------------------------------------------------------------------ */
 /* Index introspection                                                      */
 /* ------------------------------------------------------------------------ */
 
@@ -444,6 +520,10 @@ typedef struct pq_layer_info {
   int32_t index_ready;      /* 1 once a build has finished (never for
                                selectors without index: EXACT, WINDOW) */
   double build_seconds;     /* wall time of the last finished build */
+  /* Bytes the selector read to decide at the last pq_decode_select (all kv
+   * heads): codes for PQ, key dimensions for SparQ, summaries for InfLLM and
+   * Quest, full keys for EXACT. For budgets compared by communication. */
+  uint64_t last_select_bytes;
 } pq_layer_info;
 
 /* Fills *out for (seq_id, layer) without waiting for builds. Thread-safe. */

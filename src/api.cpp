@@ -113,6 +113,13 @@ void pq_config_default(pq_config* c) {
   c->backend = PQ_BACKEND_CPU;
   c->device_id = 0;
   c->cuda_plugin_path = nullptr;
+  c->sparq_dims = 0;
+  c->block_tokens = 128;
+  c->block_representatives = 1;
+  c->observation_window = 32;
+  c->pooling_kernel = 7;
+  c->pyramid_ratio = 0.25f;
+  c->scope_decode_share = 0.5f;
 }
 
 pq_status pq_create(const pq_config* config, pq_context** out) {
@@ -203,6 +210,18 @@ pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                       const pq_tensor* out_values) {
   return pq::guarded(__func__, [&] {
     ctx_of(ctx).fetch(seq_id, layer, selection, out_keys, out_values);
+  });
+}
+
+pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                             const pq_tensor* queries) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).prefill_queries(seq_id, layer, queries); });
+}
+
+pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                               const pq_selection* selection, const float* probs) {
+  return pq::guarded(__func__, [&] {
+    ctx_of(ctx).observe_attention(seq_id, layer, selection, probs);
   });
 }
 

@@ -103,10 +103,9 @@ pq_config resolve_config(const pq_config* in) {
   require_range("worker_threads", c.worker_threads, 0, 1024);
   if (c.worker_threads == 0)
     c.worker_threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
-  if (c.selector != PQ_SELECTOR_PQ && c.selector != PQ_SELECTOR_EXACT &&
-      c.selector != PQ_SELECTOR_WINDOW)
+  if (c.selector < PQ_SELECTOR_PQ || c.selector > PQ_SELECTOR_PYRAMIDKV)
     invalid("config.selector is " + str(c.selector) +
-            "; expected PQ_SELECTOR_PQ (0), _EXACT (1) or _WINDOW (2)");
+            "; expected a pq_selector value, PQ_SELECTOR_PQ (0) .. PQ_SELECTOR_PYRAMIDKV (10)");
   require_range("sink_tokens", c.sink_tokens, 0, INT32_MAX);
   require_range("local_tokens", c.local_tokens, 0, INT32_MAX);
   require_range("topk_tokens", c.topk_tokens, 0, INT32_MAX);
@@ -121,6 +120,19 @@ pq_config resolve_config(const pq_config* in) {
     invalid("config.backend is " + str(c.backend) +
             "; expected PQ_BACKEND_CPU (0), _CUDA (1) or _AUTO (2)");
   require_range("device_id", c.device_id, 0, 1 << 16);
+  require_range("sparq_dims", c.sparq_dims, 0, c.head_dim);
+  require_range("block_tokens", c.block_tokens, 1, 1 << 20);
+  require_range("block_representatives", c.block_representatives, 1, c.block_tokens);
+  require_range("observation_window", c.observation_window, 1, 1 << 20);
+  require_range("pooling_kernel", c.pooling_kernel, 1, 1025);
+  if (c.pooling_kernel % 2 == 0)
+    invalid("config.pooling_kernel is " + str(c.pooling_kernel) + "; expected an odd size");
+  if (!(c.pyramid_ratio > 0.f && c.pyramid_ratio <= 1.f))
+    invalid("config.pyramid_ratio is " + std::to_string(c.pyramid_ratio) +
+            "; expected a value in (0, 1]");
+  if (!(c.scope_decode_share >= 0.f && c.scope_decode_share <= 1.f))
+    invalid("config.scope_decode_share is " + std::to_string(c.scope_decode_share) +
+            "; expected a value in [0, 1]");
   c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
   return c;
 }
@@ -160,7 +172,8 @@ Context::Context(const pq_config& c, const char* plugin_path)
       backend_(make_backend(c, plugin_path)),
       selector_(make_selector(c.selector)),
       pool_(std::make_unique<ThreadPool>(c.worker_threads)) {
-  if (!selector_) fail(PQ_ERR_INTERNAL, "no selector for config.selector " + str(c.selector));
+  if (!selector_)
+    fail(PQ_ERR_UNSUPPORTED, "config.selector " + str(c.selector) + " is not built into this library");
 }
 
 Context::~Context() {
@@ -269,6 +282,7 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
                                " has no prefill yet; call pq_prefill_layer before "
                                "pq_decode_append");
   layer.store.append(k.view, v.view);
+  if (!layer.selector_state) layer.selector_state = selector_->make_state(config_, layer_index);
   if (is_prefill) {
     layer.prefill_tokens += keys->tokens;
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
@@ -411,7 +425,7 @@ void Context::code_tokens(Layer& layer, int64_t end) {
 // Selection and fetch
 // ---------------------------------------------------------------------------
 
-Regions Context::regions(int64_t n) const {
+Regions Context::regions(int64_t n, int32_t layer) const {
   Regions r;
   r.n = n;
   r.sink_end = std::min<int64_t>(config_.sink_tokens, n);
@@ -425,13 +439,14 @@ Regions Context::regions(int64_t n) const {
     double want = std::ceil(static_cast<double>(config_.topk_fraction) * middle * (1.0 - 1e-6));
     r.k = std::min<int64_t>(middle, static_cast<int64_t>(want));
   }
+  r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector_->budget(r.k, middle, layer, config_)));
   return r;
 }
 
 int64_t Context::selection_capacity(uint64_t id, int32_t layer) const {
   check_layer(layer);
   auto seq = find(id);
-  return regions(layer_of(*seq, layer).tokens_mirror.load()).count();
+  return regions(layer_of(*seq, layer).tokens_mirror.load(), layer).count();
 }
 
 void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* query,
@@ -466,11 +481,12 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
   } else {
     layer.poll_build();
   }
-  Regions r = regions(layer.store.tokens());
+  Regions r = regions(layer.store.tokens(), layer_index);
   if (out->capacity < r.count())
     invalid("out->capacity is " + str(out->capacity) + "; this selection needs " +
             str(r.count()) + " entries per kv head (see pq_selection_capacity)");
   if (selector_->needs_index()) code_tokens(layer, r.mid_end);
+  selector_->update_state(layer.selector_state.get(), layer.store, r.n, config_);
 
   const int32_t kv_heads = config_.num_kv_heads;
   std::vector<uint64_t> bytes(static_cast<size_t>(kv_heads), 0);
@@ -482,7 +498,8 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
     SelectionRequest req{layer.store, layer.index.get(), *backend_, static_cast<int32_t>(h),
                          group_size_, hd, config_.dtype,
                          queries.data() + static_cast<size_t>(h) * group_size_ * hd,
-                         r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_, *scratch};
+                         r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_, *scratch,
+                         layer.selector_state.get(), config_, layer_index};
     bytes[static_cast<size_t>(h)] = selector_->select_middle(req, row + w);
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
@@ -497,6 +514,7 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
 
   uint64_t total = 0;
   for (uint64_t b : bytes) total += b;
+  layer.last_select_bytes = total;
   for (Counters* c : {&counters_, seq->counters.get()}) {
     c->select_calls.fetch_add(1);
     c->bytes_scored.fetch_add(total);
@@ -579,6 +597,75 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
 }
 
 // ---------------------------------------------------------------------------
+// Inputs some selectors need
+// ---------------------------------------------------------------------------
+
+void Context::prefill_queries(uint64_t id, int32_t layer_index, const pq_tensor* queries) {
+  check_layer(layer_index);
+  validate_tensor(queries,
+                  {"queries", config_.num_q_heads, config_.head_dim, config_.dtype, 1, -1});
+  if (!backend_->supports_memory(queries->memory))
+    fail(PQ_ERR_UNSUPPORTED, std::string("queries.memory is PQ_MEMORY_DEVICE, which the ") +
+                                 backend_->name() + " backend cannot read");
+  auto seq = find(id);
+  StagedTensor q = stage_input(*backend_, *queries);
+  reject_non_finite(q.view, "queries");
+  // Only the last observation_window queries matter.
+  const int64_t w = std::min<int64_t>(queries->tokens, config_.observation_window);
+  const int64_t first = queries->tokens - w;
+  const int32_t hd = config_.head_dim, heads = config_.num_q_heads;
+  std::vector<float> f(static_cast<size_t>(w) * heads * hd);
+  for (int64_t t = 0; t < w; ++t)
+    for (int32_t h = 0; h < heads; ++h)
+      to_float(tensor_row(q.view, first + t, h, dtype_size(config_.dtype)), config_.dtype, hd,
+               f.data() + (static_cast<size_t>(t) * heads + h) * hd);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  if (layer.prefill_tokens == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no prefill yet; call pq_prefill_layer before "
+                               "pq_prefill_queries");
+  selector_->observe_queries(layer.selector_state.get(), layer.store, f.data(), w, config_);
+}
+
+void Context::observe_attention(uint64_t id, int32_t layer_index, const pq_selection* sel,
+                                const float* probs) {
+  check_layer(layer_index);
+  if (sel == nullptr) invalid("selection is NULL");
+  if (sel->counts == nullptr) invalid("selection->counts is NULL");
+  if (sel->capacity < 0) invalid("selection->capacity is " + str(sel->capacity));
+  if (sel->positions == nullptr && sel->capacity > 0) invalid("selection->positions is NULL");
+  if (probs == nullptr && sel->capacity > 0) invalid("probs is NULL");
+  const int32_t kv_heads = config_.num_kv_heads;
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    if (sel->counts[h] < 0 || sel->counts[h] > sel->capacity)
+      invalid("selection->counts[" + str(h) + "] is " + str(sel->counts[h]) + "; expected 0.." +
+              str(sel->capacity));
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      float p = probs[h * sel->capacity + i];
+      if (!std::isfinite(p) || p < 0.f)
+        invalid("probs[" + str(h) + " * capacity + " + str(i) + "] is " + std::to_string(p) +
+                "; attention probabilities must be finite and >= 0");
+    }
+  }
+  auto seq = find(id);
+  Layer& layer = layer_of(*seq, layer_index);
+  std::lock_guard<std::mutex> lock(layer.mutex);
+  const int64_t n = layer.store.tokens();
+  for (int32_t h = 0; h < kv_heads; ++h)
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      int32_t p = sel->positions[h * sel->capacity + i];
+      if (p < 0 || p >= n)
+        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
+                "; layer " + str(layer_index) + " holds " + str(n) + " tokens");
+    }
+  for (int32_t h = 0; h < kv_heads; ++h)
+    selector_->observe_attention(layer.selector_state.get(), h,
+                                 sel->positions + h * sel->capacity,
+                                 probs + h * sel->capacity, sel->counts[h]);
+}
+
+// ---------------------------------------------------------------------------
 // Introspection and statistics
 // ---------------------------------------------------------------------------
 
@@ -600,7 +687,7 @@ void Context::layer_info(uint64_t id, int32_t layer_index, pq_layer_info* out) c
   info.struct_size = out->struct_size;
   info.tokens = layer.store.tokens();
   info.prefill_tokens = layer.prefill_tokens;
-  Regions r = regions(info.tokens);
+  Regions r = regions(info.tokens, layer_index);
   info.middle_tokens = r.mid_end - r.sink_end;
   info.coded_tokens = layer.index ? layer.index->coded_tokens : 0;
   info.build_pending = layer.pending ? 1 : 0;
@@ -608,6 +695,7 @@ void Context::layer_info(uint64_t id, int32_t layer_index, pq_layer_info* out) c
   info.kmeans_budget = layer.last_budget;
   info.index_ready = layer.index ? 1 : 0;
   info.build_seconds = layer.last_build_seconds;
+  info.last_select_bytes = layer.last_select_bytes;
   std::memcpy(out, &info, out->struct_size);
 }
 
@@ -622,7 +710,7 @@ void Context::index_codes(uint64_t id, int32_t layer_index, int32_t kv_head, int
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
   require_index(layer, id, layer_index);
-  code_tokens(layer, regions(layer.store.tokens()).mid_end);
+  code_tokens(layer, regions(layer.store.tokens(), layer_index).mid_end);
   int64_t coded = layer.index->coded_tokens;
   if (first + count > coded)
     invalid("tokens [" + str(first) + ", " + str(first + count) + ") are not all coded: " +

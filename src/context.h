@@ -61,6 +61,10 @@ class Context {
   void fetch(uint64_t id, int32_t layer, const pq_selection* selection, const pq_tensor* keys,
              const pq_tensor* values);
 
+  void prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queries);
+  void observe_attention(uint64_t id, int32_t layer, const pq_selection* selection,
+                         const float* probs);
+
   void layer_info(uint64_t id, int32_t layer, pq_layer_info* out) const;
   void index_codes(uint64_t id, int32_t layer, int32_t kv_head, int64_t first, int64_t count,
                    uint8_t* out);
@@ -74,7 +78,7 @@ class Context {
   std::shared_ptr<Sequence> find(uint64_t id) const;
   Layer& layer_of(Sequence& s, int32_t layer) const;
   void check_layer(int32_t layer) const;
-  Regions regions(int64_t n) const;
+  Regions regions(int64_t n, int32_t layer) const;
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
   void schedule_build(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq);

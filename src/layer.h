@@ -12,6 +12,7 @@
 
 #include "kv_store.h"
 #include "pq_index.h"
+#include "selectors/selector.h"
 
 namespace pq {
 
@@ -34,6 +35,8 @@ struct Layer {
   std::shared_ptr<BuildTask> pending;  // null when no build is in flight
   std::future<void> pending_done;      // carries the build's exception, if any
   std::unique_ptr<PqIndex> index;
+  std::unique_ptr<SelectorState> selector_state;  // the selector's, if it keeps one
+  uint64_t last_select_bytes = 0;
   std::string build_error;  // why the last build failed, if it did
   int32_t last_iterations = 0;
   int32_t last_budget = 0;

@@ -8,11 +8,19 @@
 #include <memory>
 
 #include "backend.h"
+#include "pqcache.h"
 #include "kv_store.h"
 #include "pq_index.h"
 #include "scratch.h"
 
 namespace pq {
+
+// What a selector keeps per (sequence, layer) between calls: block
+// summaries, accumulated attention, prompt scores, a random stream.
+class SelectorState {
+ public:
+  virtual ~SelectorState() = default;
+};
 
 struct SelectionRequest {
   const KvStore& store;
@@ -29,6 +37,9 @@ struct SelectionRequest {
   int32_t combine;           // pq_gqa_combine
   float scale;               // 1 / sqrt(head_dim)
   SelectScratch& scratch;    // working memory, reused across calls
+  SelectorState* state;      // from make_state(); may be null
+  const pq_config& config;   // the context's resolved configuration
+  int32_t layer;
   int64_t middle() const { return mid_end - mid_begin; }
 };
 
@@ -43,6 +54,26 @@ class Selector {
   // default scores every middle token with score(), combines the GQA group
   // and takes the top k (ties: the larger position).
   virtual uint64_t select_middle(const SelectionRequest& r, int32_t* out) const;
+
+  // Middle tokens to select at `layer`, given the configured k and the
+  // number of middle tokens (PyramidKV varies it by layer). At most middle.
+  virtual int64_t budget(int64_t k, int64_t middle, int32_t layer, const pq_config& c) const {
+    return k;
+  }
+  // Per-(sequence, layer) state, or null if the selector keeps none.
+  virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
+    return nullptr;
+  }
+  // Brings the state up to the store's first n tokens before a selection
+  // (e.g. summaries of blocks that filled up). The layer lock is held.
+  virtual void update_state(SelectorState* state, const KvStore& store, int64_t n,
+                            const pq_config& c) const {}
+  // pq_prefill_queries: queries[t][q_head][dim] for the last w prompt tokens.
+  virtual void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+                               int64_t w, const pq_config& c) const {}
+  // pq_observe_attention for one kv head: probs[i] belongs to positions[i].
+  virtual void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
+                                 const float* probs, int64_t count) const {}
 
  protected:
   // Raw dot-product estimates, raw[g * middle + i] for query head g of the
