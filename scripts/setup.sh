@@ -53,6 +53,23 @@ else
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+# Python packages (requirements.txt): pip installs only when an import fails,
+# so a machine that has them never touches the network.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python_missing=()
+while read -r module requirement; do
+  if python3 -c "import $module" >/dev/null 2>&1; then
+    echo "setup: python module $module already installed"
+  else
+    python_missing+=("$requirement")
+  fi
+done < <(sed -n 's/^\([A-Za-z0-9_-]*\)\([<>=!].*\)\{0,1\}$/\1 &/p' "$root/requirements.txt" |
+         awk '{m=$1; gsub("-","_",m); print tolower(m), $2}')
+if ((${#python_missing[@]} > 0)); then
+  echo "setup: pip installing ${python_missing[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check "${python_missing[@]}"
+fi
+
 # Commands the scripts call directly.
 for c in cmake ninja c++ cc nm readelf ctest; do
   if ! command -v "$c" >/dev/null 2>&1; then
