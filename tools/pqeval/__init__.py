@@ -1,0 +1,1 @@
+"""Evaluation of libpqcache's selectors on real attention traces."""
