@@ -1,0 +1,176 @@
+"""Replays a real attention trace through libpqcache and measures, per layer
+and head, how close selective attention comes to full attention.
+
+For each traced layer: the prompt is positions [0, P) with P = q_first +
+window (the first `window` stored queries are the prompt's last queries,
+which SnapKV-style selectors read through pq_prefill_queries). Then every
+position p in [P, N) is a decode step: the token's K/V are appended, the
+library selects with the query at p, and the selection is compared with full
+causal attention over [0, p]:
+
+- recall: |selected middle ∩ exact top-k middle| / k, with the EXACT
+  selector's choice (same k, same GQA combine) as the reference;
+- mass: the share of each query head's full softmax mass that falls on the
+  selected tokens (sinks and local window included), averaged over heads;
+- error: ||o_sel - o_full|| / ||o_full|| for the attention output of each
+  query head, o_sel using softmax over the selected tokens only.
+
+Selectors that learn from attention (H2O, SCOPE) are fed the probabilities of
+the attention they were given, after every step, as a model would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+
+import pqcache
+from pqeval import trace as trace_io
+
+OBSERVATION_WINDOW = 32
+NEEDS_QUERIES = {"snapkv", "pyramidkv", "scope"}
+NEEDS_ATTENTION = {"h2o", "scope"}
+
+
+@dataclass
+class LayerResult:
+    layer: int
+    steps: int = 0
+    recall: float = 0.0
+    mass: float = 0.0
+    error: float = 0.0
+    selected: float = 0.0           # mean tokens attended per kv head
+    select_bytes: float = 0.0       # mean bytes the selector read per step
+
+
+@dataclass
+class Result:
+    selector: str
+    fraction: float
+    layers: List[LayerResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def mean(self, name: str) -> float:
+        return float(np.mean([getattr(l, name) for l in self.layers]))
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[int] = None,
+           layers: Optional[Iterable[int]] = None, **config) -> Result:
+    """Runs one selector at one budget over the trace. `config` sets further
+    pq_config fields (e.g. pq_subspaces=4, kmeans_iterations=10)."""
+    q_heads, kv_heads, head_dim = t.geometry
+    group = q_heads // kv_heads
+    window = min(OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
+    prompt = t.q_first + window
+    last = t.tokens if steps is None else min(t.tokens, prompt + steps)
+    scale = 1.0 / math.sqrt(head_dim)
+    opts = dict(selector=selector, topk_fraction=fraction, observation_window=window)
+    opts.update(config)
+    result = Result(selector, fraction)
+    start = time.perf_counter()
+    for layer in (layers if layers is not None else t.layers):
+        K = np.asarray(t.keys[layer])
+        V = np.asarray(t.values[layer])
+        Q = np.asarray(t.queries[layer])
+        dtype = "f16" if K.dtype == np.float16 else "f32"
+        ctx = pqcache.Context(1, q_heads, kv_heads, head_dim, dtype, **opts)
+        oracle = pqcache.Context(1, q_heads, kv_heads, head_dim, dtype,
+                                 **{**opts, "selector": "exact"})
+        lr = LayerResult(layer)
+        try:
+            for c in (ctx, oracle):
+                c.add_sequence(0)
+                c.prefill(0, 0, K[:prompt], V[:prompt])
+            if selector in NEEDS_QUERIES:
+                ctx.prefill_queries(0, 0, Q[prompt - t.q_first - window: prompt - t.q_first])
+            Kf = K.astype(np.float32)
+            Vf = V.astype(np.float32)
+            for p in range(prompt, last):
+                for c in (ctx, oracle):
+                    c.append(0, 0, K[p:p + 1], V[p:p + 1])
+                q = Q[p - t.q_first]
+                sel = ctx.select(0, 0, q)
+                ref = oracle.select(0, 0, q)
+                qf = q.astype(np.float32)
+                logits = (qf.reshape(kv_heads, group, head_dim) @
+                          Kf[: p + 1].transpose(1, 2, 0)) * scale  # [kv][g][p+1]
+                probs = _softmax_rows(logits)
+                full_out = probs @ Vf[: p + 1].transpose(1, 0, 2)  # [kv][g][dim]
+                heads = sel.heads()
+                ref_heads = ref.heads()
+                observed = np.zeros((kv_heads, max(sel.capacity, 1)), np.float32)
+                for h in range(kv_heads):
+                    pos = heads[h]
+                    mass = probs[h][:, pos].sum(axis=1)               # [g]
+                    sub = _softmax_rows(logits[h][:, pos])            # [g][sel]
+                    out = sub @ Vf[pos, h]                            # [g][dim]
+                    err = np.linalg.norm(out - full_out[h], axis=1) / \
+                        np.maximum(np.linalg.norm(full_out[h], axis=1), 1e-30)
+                    # recall of the middle choice against the oracle's
+                    sink = min(ctx_sink(opts), p + 1)
+                    mid_sel = set(pos[(pos >= sink) & (pos < p + 1 - ctx_local(opts, p + 1, sink))])
+                    rp = ref_heads[h]
+                    mid_ref = set(rp[(rp >= sink) & (rp < p + 1 - ctx_local(opts, p + 1, sink))])
+                    lr.recall += len(mid_sel & mid_ref) / max(len(mid_ref), 1)
+                    lr.mass += float(mass.mean())
+                    lr.error += float(err.mean())
+                    lr.selected += len(pos)
+                    observed[h, : len(pos)] = sub.sum(axis=0)
+                if selector in NEEDS_ATTENTION:
+                    ctx.observe_attention(0, 0, sel, observed)
+                lr.select_bytes += ctx.layer_info(0, 0)["last_select_bytes"]
+                lr.steps += 1
+        finally:
+            ctx.close()
+            oracle.close()
+        n = max(lr.steps, 1)
+        lr.recall /= n * kv_heads
+        lr.mass /= n * kv_heads
+        lr.error /= n * kv_heads
+        lr.selected /= n * kv_heads
+        lr.select_bytes /= n
+        result.layers.append(lr)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def ctx_sink(opts: Dict) -> int:
+    return int(opts.get("sink_tokens", 4))
+
+
+def ctx_local(opts: Dict, n: int, sink: int) -> int:
+    return min(int(opts.get("local_tokens", 128)), n - sink)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--selectors", default="pq,exact,window,random")
+    ap.add_argument("--fractions", default="0.2,0.1")
+    ap.add_argument("--steps", type=int, default=None, help="decode steps per layer (default all)")
+    args = ap.parse_args(argv)
+    t = trace_io.read(args.trace)
+    print(f"trace {args.trace}: {t.model}, {t.text}, {t.tokens} tokens, layers {t.layers}")
+    print("| selector | budget | recall | mass | output error | tokens/head | bytes/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        for name in args.selectors.split(","):
+            r = replay(t, name, fraction, steps=args.steps)
+            print(f"| {name} | 1/{round(1 / fraction)} | {r.mean('recall'):.3f} | "
+                  f"{r.mean('mass'):.3f} | {r.mean('error'):.4f} | {r.mean('selected'):.0f} | "
+                  f"{r.mean('select_bytes'):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
