@@ -411,8 +411,8 @@ PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
  * Returns once the data is copied: the caller may reuse its buffers. Layers
  * may come in any order. Calling again for the same layer appends (chunked
  * prefill, a new turn) and rebuilds the index over all tokens; a build still
- * running for that layer is superseded. Selectors that use no PQ index
- * (EXACT, WINDOW) skip the build.
+ * running for that layer is superseded. Only the PQ selector builds an
+ * index; the others skip the build.
  * Non-finite values (NaN, Inf) are rejected with PQ_ERR_INVALID_ARGUMENT
  * naming the token and head; nothing is stored then.
  * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND (sequence),
@@ -517,8 +517,8 @@ typedef struct pq_layer_info {
   int32_t build_pending;    /* 1 while a build is queued or running */
   int32_t kmeans_iterations; /* iterations the last finished build ran */
   int32_t kmeans_budget;     /* iteration budget it was given */
-  int32_t index_ready;      /* 1 once a build has finished (never for
-                               selectors without index: EXACT, WINDOW) */
+  int32_t index_ready;      /* 1 once a build has finished (only the PQ
+                               selector builds one) */
   double build_seconds;     /* wall time of the last finished build */
   /* Bytes the selector read to decide at the last pq_decode_select (all kv
    * heads): codes for PQ, key dimensions for SparQ, summaries for InfLLM and
@@ -534,7 +534,7 @@ PQ_API pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id,
  * out (count * pq_subspaces bytes, token-major). Waits for the layer's
  * build. Tokens not yet coded (still in the local window) are
  * PQ_ERR_INVALID_ARGUMENT; a layer without index (never prefilled, or a
- * selector that builds none: EXACT, WINDOW) is PQ_ERR_BAD_STATE.
+ * selector other than PQ) is PQ_ERR_BAD_STATE.
  * Thread-safe. */
 PQ_API pq_status pq_index_codes(pq_context* ctx, uint64_t seq_id,
                                 int32_t layer, int32_t kv_head, int64_t first,

@@ -490,9 +490,13 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
 
   const int32_t kv_heads = config_.num_kv_heads;
   std::vector<uint64_t> bytes(static_cast<size_t>(kv_heads), 0);
+  // Rows are built aside and copied out only when every head succeeded:
+  // outputs are written only on success.
+  const int64_t count = r.count();
+  std::vector<int32_t> rows(static_cast<size_t>(kv_heads) * static_cast<size_t>(count));
   auto select_head = [&](int64_t h) {
     ScratchLease scratch(scratch_pool_);
-    int32_t* row = out->positions + h * out->capacity;
+    int32_t* row = rows.data() + h * count;
     int64_t w = 0;
     for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
     SelectionRequest req{layer.store, layer.index.get(), *backend_, static_cast<int32_t>(h),
@@ -503,7 +507,6 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
     bytes[static_cast<size_t>(h)] = selector_->select_middle(req, row + w);
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
-    out->counts[h] = static_cast<int32_t>(w);
   };
   // Large layers: kv heads in parallel (the caller's thread works too, so a
   // pool busy with builds cannot stall the decode step).
@@ -512,6 +515,11 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
   else
     for (int32_t h = 0; h < kv_heads; ++h) select_head(h);
 
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    std::memcpy(out->positions + h * out->capacity, rows.data() + h * count,
+                static_cast<size_t>(count) * sizeof(int32_t));
+    out->counts[h] = static_cast<int32_t>(count);
+  }
   uint64_t total = 0;
   for (uint64_t b : bytes) total += b;
   layer.last_select_bytes = total;

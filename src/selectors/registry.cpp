@@ -11,6 +11,14 @@ std::unique_ptr<Selector> make_selector(int32_t kind) {
     case PQ_SELECTOR_PQ: return make_pq_selector();
     case PQ_SELECTOR_EXACT: return make_exact_selector();
     case PQ_SELECTOR_WINDOW: return make_window_selector();
+    case PQ_SELECTOR_SPARQ: return make_sparq_selector();
+    case PQ_SELECTOR_INFLLM: return make_infllm_selector();
+    case PQ_SELECTOR_QUEST: return make_quest_selector();
+    case PQ_SELECTOR_RANDOM: return make_random_selector();
+    case PQ_SELECTOR_H2O: return make_h2o_selector();
+    case PQ_SELECTOR_SCOPE: return make_scope_selector();
+    case PQ_SELECTOR_SNAPKV: return make_snapkv_selector();
+    case PQ_SELECTOR_PYRAMIDKV: return make_pyramidkv_selector();
     default: return nullptr;
   }
 }

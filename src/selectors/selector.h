@@ -88,5 +88,13 @@ std::unique_ptr<Selector> make_selector(int32_t kind);
 std::unique_ptr<Selector> make_pq_selector();
 std::unique_ptr<Selector> make_exact_selector();
 std::unique_ptr<Selector> make_window_selector();
+std::unique_ptr<Selector> make_sparq_selector();
+std::unique_ptr<Selector> make_infllm_selector();
+std::unique_ptr<Selector> make_quest_selector();
+std::unique_ptr<Selector> make_random_selector();
+std::unique_ptr<Selector> make_h2o_selector();
+std::unique_ptr<Selector> make_scope_selector();
+std::unique_ptr<Selector> make_snapkv_selector();
+std::unique_ptr<Selector> make_pyramidkv_selector();
 
 }  // namespace pq

@@ -1,0 +1,114 @@
+// Accumulated attention with drop semantics (H2O, section 3.1 of the methods
+// digest), shared by H2O and SCOPE's decode side.
+//
+// Per kv head, every token has a score: the sum of the probabilities
+// pq_observe_attention reported for it (the caller sums over the group's
+// query heads). Any stored token may be observed, sinks and local tokens
+// included, so a token that leaves the local window enters the middle with
+// the mass it gathered while it was local.
+//
+// Drop: a middle token that a selection leaves out is dropped for good. It
+// is never selected again, and later observations of it (through a
+// selection the caller built by hand) are ignored: they neither add to its
+// score nor revive it (H2O sets an evicted token's attention to 0 for all
+// later steps). With the core's budgets the tokens not dropped always cover
+// k (the middle grows by the tokens that leave the local window, and k grows
+// by at most as many); should they not, the most recent dropped tokens are
+// revived to return exactly k.
+//
+// Cold start: before any observation every score is 0, and ties go to the
+// larger position, so the most recent middle tokens are kept.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "selector.h"
+#include "topk.h"
+
+namespace pq {
+
+struct AttentionAccumulator {
+  explicit AttentionAccumulator(int32_t kv_heads)
+      : score(static_cast<size_t>(kv_heads)), dropped(static_cast<size_t>(kv_heads)) {}
+
+  std::vector<std::vector<float>> score;      // [kv_head][token]
+  std::vector<std::vector<uint8_t>> dropped;  // [kv_head][token]: 1 = dropped for good
+
+  // Makes room for n tokens in every head (new tokens: score 0, kept).
+  void grow(int64_t n) {
+    for (size_t h = 0; h < score.size(); ++h) grow_head(h, n);
+  }
+
+  void add(int32_t kv_head, const int32_t* positions, const float* probs, int64_t count) {
+    if (count <= 0) return;
+    const size_t h = static_cast<size_t>(kv_head);
+    int32_t top = 0;
+    for (int64_t i = 0; i < count; ++i) top = std::max(top, positions[i]);
+    grow_head(h, static_cast<int64_t>(top) + 1);
+    std::vector<float>& s = score[h];
+    const std::vector<uint8_t>& d = dropped[h];
+    for (int64_t i = 0; i < count; ++i) {
+      const size_t p = static_cast<size_t>(positions[i]);
+      if (!d[p]) s[p] += probs[i];
+    }
+  }
+
+  // Tokens of [begin, end) of kv_head that are not dropped.
+  int64_t available(int32_t kv_head, int64_t begin, int64_t end) {
+    const size_t h = static_cast<size_t>(kv_head);
+    grow_head(h, end);
+    const std::vector<uint8_t>& d = dropped[h];
+    int64_t n = 0;
+    for (int64_t p = begin; p < end; ++p) n += d[static_cast<size_t>(p)] == 0;
+    return n;
+  }
+
+  // Writes k positions of [begin, end) into out, ascending: the tokens not
+  // dropped with the largest scores (ties: the larger position). Every other
+  // token of the range is dropped. Touches only kv_head's arrays, so kv
+  // heads may run in parallel (after grow() for the store's length).
+  void select_and_drop(const SelectionRequest& r, int64_t begin, int64_t end, int64_t k,
+                       int32_t* out) {
+    const int64_t m = end - begin;
+    if (m <= 0) return;
+    const size_t h = static_cast<size_t>(r.kv_head);
+    grow_head(h, end);
+    std::vector<float>& s = score[h];
+    std::vector<uint8_t>& d = dropped[h];
+    if (k > 0) {
+      // Dropped tokens rank below every kept one (-inf, then by position):
+      // only the revival fallback ever reaches them.
+      std::vector<float>& buf = r.scratch.combined;
+      buf.resize(static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) {
+        const size_t p = static_cast<size_t>(begin + i);
+        buf[static_cast<size_t>(i)] = d[p] ? -std::numeric_limits<float>::infinity() : s[p];
+      }
+      select_top_k(buf.data(), m, k, begin, out, r.scratch);
+    }
+    // out is ascending: one merge pass marks the rest of the range dropped.
+    int64_t j = 0;
+    for (int64_t p = begin; p < end; ++p) {
+      if (j < k && out[j] == p) {
+        d[static_cast<size_t>(p)] = 0;  // kept (or revived by the fallback)
+        ++j;
+      } else if (!d[static_cast<size_t>(p)]) {
+        d[static_cast<size_t>(p)] = 1;
+        s[static_cast<size_t>(p)] = 0.f;
+      }
+    }
+  }
+
+ private:
+  void grow_head(size_t h, int64_t n) {
+    if (static_cast<int64_t>(score[h].size()) < n) {
+      score[h].resize(static_cast<size_t>(n), 0.f);
+      dropped[h].resize(static_cast<size_t>(n), 0);
+    }
+  }
+};
+
+}  // namespace pq

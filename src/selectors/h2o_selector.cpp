@@ -1,0 +1,63 @@
+// H2O, the heavy-hitter oracle (methods digest, section 3.1): each token's
+// score is the attention it accumulated, fed by pq_observe_attention (the
+// caller's probabilities over the tokens it attended to, summed over the GQA
+// group), kept per kv head. A decode step takes the top k middle tokens by
+// score (ties: the larger position) among those not dropped, and drops the
+// middle tokens it leaves out for good: H2O evicts permanently, so a dropped
+// token is never selected again and observing it later changes nothing (see
+// attention_accumulator.h).
+//
+// Every pq_decode_select is an eviction step: selecting twice for the same
+// token count with new observations in between may drop more tokens.
+//
+// Cold start: with no observation yet all scores are 0, and ties go to the
+// larger position, so the first selection keeps the most recent middle
+// tokens (a recency window). To seed H2O with the prompt's attention, pass
+// pq_observe_attention a selection of the prompt tokens with their column
+// sums before the first select.
+//
+// Bytes: the scores live in the state; a decode step reads no key (0).
+#include "attention_accumulator.h"
+#include "error.h"
+#include "selector.h"
+
+namespace pq {
+
+namespace {
+
+struct H2oState final : SelectorState {
+  explicit H2oState(int32_t kv_heads) : attention(kv_heads) {}
+  AttentionAccumulator attention;
+};
+
+class H2oSelector final : public Selector {
+ public:
+  const char* name() const override { return "h2o"; }
+
+  std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t) const override {
+    return std::make_unique<H2oState>(c.num_kv_heads);
+  }
+
+  void update_state(SelectorState* state, const KvStore&, int64_t n,
+                    const pq_config&) const override {
+    if (state) static_cast<H2oState*>(state)->attention.grow(n);
+  }
+
+  void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
+                         const float* probs, int64_t count) const override {
+    if (state) static_cast<H2oState*>(state)->attention.add(kv_head, positions, probs, count);
+  }
+
+  uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
+    auto* s = static_cast<H2oState*>(r.state);
+    if (!s) fail(PQ_ERR_INTERNAL, "h2o selector has no state");
+    s->attention.select_and_drop(r, r.mid_begin, r.mid_end, r.k, out);
+    return 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Selector> make_h2o_selector() { return std::make_unique<H2oSelector>(); }
+
+}  // namespace pq

@@ -1,0 +1,174 @@
+// Prompt-token scores from an observation window (SnapKV, section 4.2 of
+// the methods digest), shared by SnapKV, PyramidKV and SCOPE's prompt side.
+//
+// pq_prefill_queries hands the selector the last w prompt queries of a layer
+// (w = min(tokens, observation_window)). With P the number of tokens stored
+// at that moment (the prompt), the query of window row i sits at prompt
+// position P - w + i and, causally, sees the keys [0, P - w + i]. For every kv
+// head and every query head g of its GQA group:
+//   p[g][i][t] = softmax_t(q[g][i] . k[t] / sqrt(head_dim)),  t <= P - w + i
+//   raw[t]     = sum over i and g of p[g][i][t]
+//   score[t]   = max of raw over [t - K/2, t + K/2] clipped to [0, P)
+// (K = pooling_kernel, odd; "same" padding that never wins a max; K = 1 is
+// no pooling). The scores are static: they are computed once, here, reading
+// every prompt key once, and never updated during decode. A later call
+// replaces them (all stored tokens are rescored against the new window).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "error.h"
+#include "selector.h"
+#include "topk.h"
+#include "vector_math.h"
+
+namespace pq {
+
+struct PromptScores {
+  // score[kv_head][t] for the prompt tokens t < prompt_tokens.
+  std::vector<std::vector<float>> score;
+  // Tokens stored at the last pq_prefill_queries; -1 before the first one.
+  int64_t prompt_tokens = -1;
+
+  bool ready() const { return prompt_tokens >= 0; }
+
+  void compute(const KvStore& store, const float* queries, int64_t w, const pq_config& c) {
+    const int64_t P = store.tokens();
+    if (w > P)
+      fail(PQ_ERR_INVALID_ARGUMENT,
+           "pq_prefill_queries: the last " + std::to_string(w) +
+               " queries are used but the layer holds only " + std::to_string(P) +
+               " tokens; pass the queries of the prompt tokens already stored");
+    const int32_t kv_heads = c.num_kv_heads, q_heads = c.num_q_heads, d = c.head_dim;
+    const int32_t group = q_heads / kv_heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const int64_t rows = w * group;
+    // Logits of a block of rows over all P keys; rows are blocked so that the
+    // buffer stays under kMaxLogits floats (16 MiB) for long prompts.
+    constexpr int64_t kMaxLogits = int64_t{1} << 22;
+    const int64_t block_rows =
+        std::max<int64_t>(1, std::min<int64_t>(rows, kMaxLogits / std::max<int64_t>(P, 1)));
+    constexpr int64_t kKeyBlock = 256;
+    std::vector<float> logits(static_cast<size_t>(block_rows * std::max<int64_t>(P, 1)));
+    std::vector<float> keys(static_cast<size_t>(kKeyBlock) * d);
+    std::vector<double> raw(static_cast<size_t>(P));
+    std::vector<std::vector<float>> out(static_cast<size_t>(kv_heads));
+
+    for (int32_t h = 0; h < kv_heads; ++h) {
+      std::fill(raw.begin(), raw.end(), 0.0);
+      // Row r = i * group + g: window query i, query head h * group + g.
+      auto query = [&](int64_t r) {
+        int64_t i = r / group, g = r % group;
+        return queries + (static_cast<size_t>(i) * q_heads + h * group + g) * d;
+      };
+      auto limit = [&](int64_t r) { return P - w + r / group; };  // last key seen
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        const int64_t r1 = std::min(rows, r0 + block_rows);
+        for (int64_t t0 = 0; t0 < P; t0 += kKeyBlock) {
+          const int64_t t1 = std::min(P, t0 + kKeyBlock);
+          for (int64_t t = t0; t < t1; ++t)
+            to_float(store.key_row(t, h), c.dtype, d, keys.data() + (t - t0) * d);
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* q = query(r);
+            float* l = logits.data() + (r - r0) * P;
+            const int64_t end = std::min(t1, limit(r) + 1);
+            for (int64_t t = t0; t < end; ++t) l[t] = dot(q, keys.data() + (t - t0) * d, d) * scale;
+          }
+        }
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* l = logits.data() + (r - r0) * P;
+          const int64_t n = limit(r) + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t t = 0; t < n; ++t) mx = std::max(mx, l[t]);
+          double sum = 0.0;
+          for (int64_t t = 0; t < n; ++t) sum += std::exp(static_cast<double>(l[t]) - mx);
+          const double inv = 1.0 / sum;
+          for (int64_t t = 0; t < n; ++t)
+            raw[static_cast<size_t>(t)] += std::exp(static_cast<double>(l[t]) - mx) * inv;
+        }
+      }
+      std::vector<float>& s = out[static_cast<size_t>(h)];
+      s.resize(static_cast<size_t>(P));
+      const int64_t half = c.pooling_kernel / 2;
+      for (int64_t t = 0; t < P; ++t) {
+        double m = raw[static_cast<size_t>(t)];
+        for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min(P - 1, t + half); ++u)
+          m = std::max(m, raw[static_cast<size_t>(u)]);
+        s[static_cast<size_t>(t)] = static_cast<float>(m);
+      }
+    }
+    score.swap(out);
+    prompt_tokens = P;
+  }
+
+  // Writes the k positions of [begin, end) with the highest prompt scores
+  // into out, ascending (ties: the larger position). Tokens at or after
+  // prompt_tokens have no prompt score and rank +infinity (kept first).
+  void select(const SelectionRequest& r, int64_t begin, int64_t end, int64_t k,
+              int32_t* out) const {
+    const int64_t m = end - begin;
+    if (k <= 0 || m <= 0) return;
+    std::vector<float>& buf = r.scratch.combined;
+    buf.resize(static_cast<size_t>(m));
+    const std::vector<float>& s = score[static_cast<size_t>(r.kv_head)];
+    const int64_t scored = std::min(end, prompt_tokens);
+    int64_t i = 0;
+    for (; begin + i < scored; ++i) buf[static_cast<size_t>(i)] = s[static_cast<size_t>(begin + i)];
+    for (; i < m; ++i) buf[static_cast<size_t>(i)] = std::numeric_limits<float>::infinity();
+    select_top_k(buf.data(), m, k, begin, out, r.scratch);
+  }
+};
+
+// The error of a prompt-scoring selector asked to select before any
+// pq_prefill_queries call on the layer.
+[[noreturn]] inline void fail_needs_prefill_queries(const char* selector, int32_t layer) {
+  fail(PQ_ERR_BAD_STATE,
+       std::string("layer ") + std::to_string(layer) + ": the " + selector +
+           " selector scores the prompt from its observation window and has no scores yet; "
+           "call pq_prefill_queries with the last prompt queries of this layer (after "
+           "pq_prefill_layer) before pq_decode_select");
+}
+
+// Per-(sequence, layer) state of SnapKV and PyramidKV.
+struct PromptState final : SelectorState {
+  explicit PromptState(int32_t l) : layer(l) {}
+  int32_t layer;
+  PromptScores prompt;
+};
+
+// SnapKV's selection, which PyramidKV reuses with its own budget(): the top
+// k middle tokens by static prompt score, unscored (later) tokens first.
+class PromptScoreSelector : public Selector {
+ public:
+  std::unique_ptr<SelectorState> make_state(const pq_config&, int32_t layer) const override {
+    return std::make_unique<PromptState>(layer);
+  }
+
+  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+                       int64_t w, const pq_config& c) const override {
+    if (state) static_cast<PromptState*>(state)->prompt.compute(store, queries, w, c);
+  }
+
+  // The core calls this before it writes any output, so failing here keeps
+  // pq_decode_select's promise that *out is written only on success.
+  void update_state(SelectorState* state, const KvStore&, int64_t,
+                    const pq_config&) const override {
+    auto* s = static_cast<PromptState*>(state);
+    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), s ? s->layer : -1);
+  }
+
+  uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
+    auto* s = static_cast<PromptState*>(r.state);
+    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
+    s->prompt.select(r, r.mid_begin, r.mid_end, r.k, out);
+    return 0;  // the prompt keys were read once, at pq_prefill_queries
+  }
+};
+
+}  // namespace pq

@@ -1,0 +1,184 @@
+// Quest (Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context
+// LLM Inference"): the middle is cut into blocks of config.block_tokens
+// tokens aligned to absolute positions (block b = tokens [b*B, (b+1)*B),
+// clipped to the middle). Each block keeps the element-wise min and max of
+// its keys; a query head scores it with
+//   bound = sum_d max(q_d * min_d, q_d * max_d)  >=  q.k for every key k in it.
+// The group's bounds are combined like token scores (config.gqa_combine over
+// the blocks: with PQ_GQA_MAX the combined score is still an upper bound of
+// every token's combined score; SUM_SOFTMAX and MEAN are the same heuristics
+// the token selectors use). Whole blocks are taken in score order (ties: the
+// later block) until k tokens are chosen; the last block taken is cut to its
+// highest positions (the most recent tokens, which costs no read).
+//
+// The partial block at the end of the middle (fewer than B tokens so far) is
+// scored like the others, with the min/max of the tokens it has.
+//
+// The summaries live in the per-(sequence, layer) state and are extended in
+// update_state() with the tokens that joined the middle since the last call,
+// so a decode step reads each new key once. Bytes read per selection and kv
+// head: blocks * 2 * head_dim * element_size (the min and max rows, counted
+// at the stored element size). k == 0 or k == middle reads nothing.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "dtype.h"
+#include "selector.h"
+#include "topk.h"
+
+namespace pq {
+
+namespace {
+
+// Summaries of the middle [mid_begin, covered_end) of every kv head.
+struct QuestState final : SelectorState {
+  int32_t block_tokens = 0;
+  int64_t mid_begin = -1;
+  int64_t covered_end = -1;
+  // per kv head: [block][2][head_dim], min row then max row; block j is the
+  // absolute block mid_begin / B + j.
+  std::vector<std::vector<float>> minmax;
+};
+
+int64_t block_count(int64_t mid_begin, int64_t mid_end, int32_t B) {
+  return mid_end > mid_begin ? (mid_end - 1) / B - mid_begin / B + 1 : 0;
+}
+
+// Extends one head's summaries with tokens [from, to) of the middle that
+// starts at mid_begin. key is head_dim floats of scratch.
+void extend_head(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
+                 int64_t from, int64_t to, int32_t B, std::vector<float>& mm,
+                 std::vector<float>& key) {
+  const int64_t first_block = mid_begin / B;
+  key.resize(static_cast<size_t>(d));
+  for (int64_t t = from; t < to; ++t) {
+    to_float(store.key_row(t, head), dtype, d, key.data());
+    const size_t j = static_cast<size_t>(t / B - first_block);
+    const size_t at = j * 2 * static_cast<size_t>(d);
+    if (mm.size() <= at) {  // the first token of a new block
+      mm.resize(at + 2 * static_cast<size_t>(d));
+      std::copy(key.begin(), key.end(), mm.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(key.begin(), key.end(), mm.begin() + static_cast<std::ptrdiff_t>(at + d));
+      continue;
+    }
+    float* mn = mm.data() + at;
+    float* mx = mn + d;
+    for (int32_t i = 0; i < d; ++i) {
+      mn[i] = std::min(mn[i], key[static_cast<size_t>(i)]);
+      mx[i] = std::max(mx[i], key[static_cast<size_t>(i)]);
+    }
+  }
+}
+
+// Takes whole blocks of the middle in the order of `score` (descending, ties:
+// the later block) until r.k tokens are taken; the last one is cut to its
+// highest positions. Writes the positions ascending.
+void take_blocks(const SelectionRequest& r, int32_t B, const float* score, int64_t nb,
+                 int32_t* out) {
+  std::vector<int64_t> order(static_cast<size_t>(nb));
+  for (int64_t j = 0; j < nb; ++j) order[static_cast<size_t>(j)] = j;
+  auto key = [score](int64_t j) {
+    float s = score[j];
+    return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
+  };
+  std::sort(order.begin(), order.end(), [&key](int64_t a, int64_t b) {
+    float sa = key(a), sb = key(b);
+    return sa != sb ? sa > sb : a > b;
+  });
+  const int64_t first_block = r.mid_begin / B;
+  auto block_begin = [&](int64_t j) { return std::max((first_block + j) * B, r.mid_begin); };
+  auto block_end = [&](int64_t j) { return std::min((first_block + j + 1) * B, r.mid_end); };
+  std::vector<int64_t> taken(static_cast<size_t>(nb), 0);
+  int64_t left = r.k;
+  for (int64_t j : order) {
+    if (left == 0) break;
+    int64_t t = std::min(left, block_end(j) - block_begin(j));
+    taken[static_cast<size_t>(j)] = t;
+    left -= t;
+  }
+  int64_t w = 0;
+  for (int64_t j = 0; j < nb; ++j)
+    for (int64_t p = block_end(j) - taken[static_cast<size_t>(j)]; p < block_end(j); ++p)
+      out[w++] = static_cast<int32_t>(p);
+}
+
+class QuestSelector final : public Selector {
+ public:
+  const char* name() const override { return "quest"; }
+
+  std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
+    return std::make_unique<QuestState>();
+  }
+
+  void update_state(SelectorState* state, const KvStore& store, int64_t n,
+                    const pq_config& c) const override {
+    auto* s = dynamic_cast<QuestState*>(state);
+    if (s == nullptr) return;
+    // The middle as the core computes it (Context::regions); select_middle
+    // checks that it matches and falls back to summarising on the fly if not.
+    const int64_t mid_begin = std::min<int64_t>(c.sink_tokens, n);
+    const int64_t mid_end = std::max(mid_begin, n - static_cast<int64_t>(c.local_tokens));
+    if (mid_end == mid_begin) return;
+    if (s->mid_begin != mid_begin || s->block_tokens != c.block_tokens ||
+        s->covered_end > mid_end) {
+      s->mid_begin = mid_begin;
+      s->covered_end = mid_begin;
+      s->block_tokens = c.block_tokens;
+      s->minmax.assign(static_cast<size_t>(c.num_kv_heads), {});
+    }
+    std::vector<float> key;
+    for (int32_t h = 0; h < c.num_kv_heads; ++h)
+      extend_head(store, c.dtype, c.head_dim, h, mid_begin, s->covered_end, mid_end,
+                  c.block_tokens, s->minmax[static_cast<size_t>(h)], key);
+    s->covered_end = mid_end;
+  }
+
+  uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
+    const int64_t m = r.middle();
+    if (r.k == 0) return 0;
+    if (r.k == m) {
+      for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
+      return 0;
+    }
+    const int32_t B = r.config.block_tokens, d = r.head_dim, G = r.group_size;
+    const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
+    const auto* s = dynamic_cast<const QuestState*>(r.state);
+    const float* mm = nullptr;
+    std::vector<float> local;
+    if (s != nullptr && s->mid_begin == r.mid_begin && s->covered_end == r.mid_end &&
+        s->block_tokens == B) {
+      mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
+    } else {  // not the middle update_state saw: summarise this head now
+      std::vector<float> key;
+      extend_head(r.store, r.dtype, d, r.kv_head, r.mid_begin, r.mid_begin, r.mid_end, B, local,
+                  key);
+      mm = local.data();
+    }
+
+    std::vector<float>& raw = r.scratch.raw;
+    raw.resize(static_cast<size_t>(G) * nb);
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* mn = mm + static_cast<size_t>(j) * 2 * d;
+      const float* mx = mn + d;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* q = r.queries + static_cast<size_t>(g) * d;
+        float bound = 0.f;
+        for (int32_t i = 0; i < d; ++i) bound += std::max(q[i] * mn[i], q[i] * mx[i]);
+        raw[static_cast<size_t>(g) * nb + j] = bound;
+      }
+    }
+    std::vector<float>& combined = r.scratch.combined;
+    combined.resize(static_cast<size_t>(nb));
+    combine_group_scores(raw.data(), G, nb, r.combine, r.scale, combined.data(), r.scratch);
+    take_blocks(r, B, combined.data(), nb, out);
+    return static_cast<uint64_t>(nb) * 2 * r.store.row_bytes();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Selector> make_quest_selector() { return std::make_unique<QuestSelector>(); }
+
+}  // namespace pq

@@ -1,0 +1,914 @@
+// The selectors of the literature that score tokens from attention rather
+// than from the current query: H2O, SCOPE, SnapKV and PyramidKV. Public API
+// only; the expectations (softmax over the observation window, pooling,
+// accumulated mass, budget schedules) are recomputed here.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+
+#include "api_test_util.h"
+
+namespace {
+
+using pqt::Ctx;
+using pqt::Sel;
+
+constexpr uint64_t kSeq = 7;
+
+pq_config base_config(int32_t selector, int32_t layers, int32_t q_heads, int32_t kv_heads,
+                      int32_t head_dim = 16) {
+  pq_config c = pqt::make_config(layers, q_heads, kv_heads, head_dim, PQ_DTYPE_F32);
+  c.selector = selector;
+  c.sink_tokens = 4;
+  c.local_tokens = 16;
+  c.topk_tokens = 24;
+  c.worker_threads = 2;
+  return c;
+}
+
+// keys [tokens][kv_heads][head_dim]; values are the keys (not read here).
+pq_status prefill(pq_context* ctx, int32_t layer, const pq_config& c, const std::vector<float>& keys,
+                  int64_t first, int64_t count) {
+  const float* src = keys.data() + static_cast<size_t>(first) * c.num_kv_heads * c.head_dim;
+  pqt::HostTensor k = pqt::make_tensor(src, count, c.num_kv_heads, c.head_dim, c.dtype);
+  pqt::HostTensor v = pqt::make_tensor(src, count, c.num_kv_heads, c.head_dim, c.dtype);
+  return pq_prefill_layer(ctx, kSeq, layer, k.get(), v.get());
+}
+
+pq_status append(pq_context* ctx, int32_t layer, const pq_config& c, const std::vector<float>& keys,
+                 int64_t token) {
+  const float* src = keys.data() + static_cast<size_t>(token) * c.num_kv_heads * c.head_dim;
+  pqt::HostTensor k = pqt::make_tensor(src, 1, c.num_kv_heads, c.head_dim, c.dtype);
+  pqt::HostTensor v = pqt::make_tensor(src, 1, c.num_kv_heads, c.head_dim, c.dtype);
+  return pq_decode_append(ctx, kSeq, layer, k.get(), v.get());
+}
+
+// queries [tokens][q_heads][head_dim]
+pq_status prefill_queries(pq_context* ctx, int32_t layer, const pq_config& c,
+                          const std::vector<float>& queries, int64_t tokens) {
+  pqt::HostTensor q = pqt::make_tensor(queries, tokens, c.num_q_heads, c.head_dim, c.dtype);
+  return pq_prefill_queries(ctx, kSeq, layer, q.get());
+}
+
+// A decode select with a random query (these selectors ignore it).
+pq_status select(pq_context* ctx, int32_t layer, const pq_config& c, Sel* out, uint64_t seed = 1) {
+  std::vector<float> q = pqt::random_normal(static_cast<size_t>(c.num_q_heads) * c.head_dim, seed);
+  pqt::HostTensor qt = pqt::make_tensor(q, 1, c.num_q_heads, c.head_dim, c.dtype);
+  return pq_decode_select(ctx, kSeq, layer, qt.get(), out->get());
+}
+
+Sel new_sel(pq_context* ctx, int32_t layer, const pq_config& c) {
+  return Sel(c.num_kv_heads, pqt::selection_capacity(ctx, kSeq, layer));
+}
+
+struct Bounds {
+  int64_t sink_end, local_begin;
+};
+Bounds bounds(int64_t n, const pq_config& c) {
+  Bounds b;
+  b.sink_end = std::min<int64_t>(c.sink_tokens, n);
+  b.local_begin = std::max<int64_t>(b.sink_end, n - c.local_tokens);
+  return b;
+}
+
+std::vector<int32_t> middle_of(const std::vector<int32_t>& row, Bounds b) {
+  std::vector<int32_t> out;
+  for (int32_t p : row)
+    if (p >= b.sink_end && p < b.local_begin) out.push_back(p);
+  return out;
+}
+
+// Sinks and locals present, ascending, count == capacity, k middle tokens.
+void expect_bookkeeping(const Sel& s, int64_t n, const pq_config& c, int64_t k, int64_t capacity) {
+  Bounds b = bounds(n, c);
+  EXPECT_EQ(capacity, b.sink_end + k + (n - b.local_begin));
+  for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+    SCOPED_TRACE("kv head " + std::to_string(h));
+    std::vector<int32_t> row = s.row(h);
+    ASSERT_EQ(static_cast<int64_t>(row.size()), capacity);
+    for (size_t i = 1; i < row.size(); ++i) ASSERT_LT(row[i - 1], row[i]) << "not ascending at " << i;
+    for (int64_t p = 0; p < b.sink_end; ++p) EXPECT_EQ(row[static_cast<size_t>(p)], p) << "sink";
+    for (int64_t i = 0; i < n - b.local_begin; ++i)
+      EXPECT_EQ(row[row.size() - 1 - static_cast<size_t>(i)], n - 1 - i) << "local";
+    EXPECT_EQ(static_cast<int64_t>(middle_of(row, b).size()), k);
+    EXPECT_GE(row.front(), 0);
+    EXPECT_LT(row.back(), n);
+  }
+}
+
+// PyramidKV's documented schedule (pyramidkv_selector.cpp), before rounding.
+double pyramid_budget(double k, int32_t layer, int32_t layers, double rho) {
+  if (layers <= 1) return k;
+  return 2.0 * k / (1.0 + rho) * (1.0 - (1.0 - rho) * layer / (layers - 1));
+}
+
+// SnapKV's prompt score per token [0, P) for kv head h, computed in double:
+// softmax per window query and query head (causal), summed, max-pooled.
+std::vector<double> snapkv_reference(const std::vector<float>& keys, int64_t P,
+                                     const std::vector<float>& queries, int64_t q_tokens,
+                                     const pq_config& c, int32_t h) {
+  const int64_t w = std::min<int64_t>(q_tokens, c.observation_window);
+  const int32_t G = c.num_q_heads / c.num_kv_heads, d = c.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> raw(static_cast<size_t>(P), 0.0);
+  for (int64_t i = 0; i < w; ++i) {
+    const int64_t qt = q_tokens - w + i;  // row of the queries tensor
+    const int64_t lim = P - w + i;        // its prompt position: sees [0, lim]
+    for (int32_t g = 0; g < G; ++g) {
+      const float* q = queries.data() + (static_cast<size_t>(qt) * c.num_q_heads + h * G + g) * d;
+      std::vector<double> l(static_cast<size_t>(lim + 1));
+      for (int64_t t = 0; t <= lim; ++t) {
+        const float* k = keys.data() + (static_cast<size_t>(t) * c.num_kv_heads + h) * d;
+        double dot = 0;
+        for (int32_t e = 0; e < d; ++e) dot += static_cast<double>(q[e]) * k[e];
+        l[static_cast<size_t>(t)] = dot * scale;
+      }
+      double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+      for (double v : l) sum += std::exp(v - mx);
+      for (int64_t t = 0; t <= lim; ++t) raw[static_cast<size_t>(t)] += std::exp(l[static_cast<size_t>(t)] - mx) / sum;
+    }
+  }
+  std::vector<double> pooled(static_cast<size_t>(P));
+  const int64_t half = c.pooling_kernel / 2;
+  for (int64_t t = 0; t < P; ++t) {
+    double m = raw[static_cast<size_t>(t)];
+    for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min<int64_t>(P - 1, t + half); ++u)
+      m = std::max(m, raw[static_cast<size_t>(u)]);
+    pooled[static_cast<size_t>(t)] = m;
+  }
+  return pooled;
+}
+
+std::vector<double> slice(const std::vector<double>& v, int64_t begin, int64_t end) {
+  return std::vector<double>(v.begin() + begin, v.begin() + end);
+}
+
+// The data must not put two different scores within float rounding of each
+// other at the top-k boundary (equal scores are fine: pooling copies one
+// value, and both sides break the tie by position).
+::testing::AssertionResult no_near_tie_at_boundary(const std::vector<double>& s, int64_t k) {
+  if (k <= 0 || k >= static_cast<int64_t>(s.size())) return ::testing::AssertionSuccess();
+  std::vector<double> sorted = s;
+  std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+  for (double b : {sorted[static_cast<size_t>(k - 1)], sorted[static_cast<size_t>(k)]})
+    for (double u : s)
+      if (u != b && std::fabs(u - b) <= 1e-5 * std::fabs(b))
+        return ::testing::AssertionFailure() << "near tie at the boundary: " << u << " vs " << b;
+  return ::testing::AssertionSuccess();
+}
+
+// Test data: prompt keys (stddev 1) and queries (stddev 2: peaked softmax).
+struct Data {
+  std::vector<float> keys;     // [tokens][kv][d]
+  std::vector<float> queries;  // [q_tokens][q_heads][d]
+};
+Data make_data(const pq_config& c, int64_t tokens, int64_t q_tokens, uint64_t seed) {
+  Data d;
+  d.keys = pqt::random_normal(static_cast<size_t>(tokens) * c.num_kv_heads * c.head_dim, seed);
+  d.queries = pqt::random_normal(static_cast<size_t>(q_tokens) * c.num_q_heads * c.head_dim,
+                                 seed + 1000, 2.0f);
+  return d;
+}
+
+// Observes probs over a whole selection (as a caller would after attention).
+pq_status observe(pq_context* ctx, int32_t layer, Sel& s, const std::vector<float>& probs) {
+  return pq_observe_attention(ctx, kSeq, layer, s.get(), probs.data());
+}
+
+// A hand-made selection of the given positions for every kv head.
+Sel manual_sel(int32_t kv_heads, const std::vector<int32_t>& positions) {
+  Sel s(kv_heads, static_cast<int64_t>(positions.size()));
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    s.counts[static_cast<size_t>(h)] = static_cast<int32_t>(positions.size());
+    for (size_t i = 0; i < positions.size(); ++i)
+      s.positions[static_cast<size_t>(h) * positions.size() + i] = positions[i];
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Bookkeeping: every selector, several layers and steps
+// ---------------------------------------------------------------------------
+
+std::vector<std::vector<int32_t>> run_decode_loop(int32_t selector, bool check) {
+  pq_config c = base_config(selector, 3, 4, 2);
+  c.pyramid_ratio = 0.5f;
+  const int64_t P = 150, steps = 24;
+  Data d = make_data(c, P + steps, 40, 11);
+  Ctx ctx(c);
+  EXPECT_TRUE(ctx.ok());
+  std::vector<std::vector<int32_t>> history;
+  if (!ctx.ok()) return history;
+  EXPECT_TRUE(pqt::IsOk(pq_sequence_add(ctx, kSeq)));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    EXPECT_TRUE(pqt::IsOk(prefill(ctx, l, c, d.keys, 0, P)));
+    EXPECT_TRUE(pqt::IsOk(prefill_queries(ctx, l, c, d.queries, 40)));
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unif(0.f, 1.f);
+  for (int64_t s = 0; s <= steps; ++s) {
+    const int64_t n = P + s;
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l) + " step " + std::to_string(s));
+      if (s > 0) EXPECT_TRUE(pqt::IsOk(append(ctx, l, c, d.keys, n - 1)));
+      int64_t cap = pqt::selection_capacity(ctx, kSeq, l);
+      Sel sel(c.num_kv_heads, cap);
+      pq_status st = select(ctx, l, c, &sel, static_cast<uint64_t>(s));
+      EXPECT_TRUE(pqt::IsOk(st));
+      if (st != PQ_OK) continue;
+      if (check) {
+        Bounds b = bounds(n, c);
+        int64_t k = std::min<int64_t>(c.topk_tokens, b.local_begin - b.sink_end);
+        if (selector == PQ_SELECTOR_PYRAMIDKV)
+          k = std::min<int64_t>(b.local_begin - b.sink_end,
+                                std::llround(pyramid_budget(static_cast<double>(k), l,
+                                                            c.num_layers, c.pyramid_ratio)));
+        expect_bookkeeping(sel, n, c, k, cap);
+        EXPECT_EQ(pqt::layer_info(ctx, kSeq, l).last_select_bytes, 0u);
+      }
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) history.push_back(sel.row(h));
+      std::vector<float> probs(static_cast<size_t>(c.num_kv_heads * cap));
+      for (float& p : probs) p = unif(rng);
+      EXPECT_TRUE(pqt::IsOk(observe(ctx, l, sel, probs)));
+    }
+  }
+  return history;
+}
+
+TEST(SelectorsDrop, BookkeepingAndDeterminism) {
+  for (int32_t selector :
+       {PQ_SELECTOR_H2O, PQ_SELECTOR_SCOPE, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV}) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    auto first = run_decode_loop(selector, true);
+    auto second = run_decode_loop(selector, false);
+    EXPECT_FALSE(first.empty());
+    EXPECT_EQ(first, second) << "same inputs, different selections";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// SnapKV
+// ---------------------------------------------------------------------------
+
+TEST(SnapKv, MatchesWindowSoftmaxSumAndMaxPool) {
+  for (int32_t kernel : {1, 7}) {
+    for (int32_t group : {1, 3}) {
+      SCOPED_TRACE("pooling_kernel " + std::to_string(kernel) + " group " + std::to_string(group));
+      pq_config c = base_config(PQ_SELECTOR_SNAPKV, 1, 2 * group, 2);
+      c.pooling_kernel = kernel;
+      c.observation_window = 32;
+      c.topk_tokens = 40;
+      const int64_t P = 300, q_tokens = 40;  // more queries than the window: the last 32 count
+      Data d = make_data(c, P, q_tokens, 100 + kernel * 10 + group);
+      Ctx ctx(c);
+      ASSERT_TRUE(ctx.ok());
+      PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+      PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+      PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, q_tokens));
+      Sel sel = new_sel(ctx, 0, c);
+      PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+      Bounds b = bounds(P, c);
+      expect_bookkeeping(sel, P, c, c.topk_tokens, sel.capacity);
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        SCOPED_TRACE("kv head " + std::to_string(h));
+        std::vector<double> mid =
+            slice(snapkv_reference(d.keys, P, d.queries, q_tokens, c, h), b.sink_end, b.local_begin);
+        ASSERT_TRUE(no_near_tie_at_boundary(mid, c.topk_tokens));
+        EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(mid, b.sink_end, c.topk_tokens));
+      }
+      // Pooling must matter: kernel 7 and 1 choose differently on this data.
+      if (kernel == 7) {
+        pq_config c1 = c;
+        c1.pooling_kernel = 1;
+        std::vector<double> mid1 =
+            slice(snapkv_reference(d.keys, P, d.queries, q_tokens, c1, 0), b.sink_end, b.local_begin);
+        EXPECT_NE(middle_of(sel.row(0), b), pqt::topk_positions(mid1, b.sink_end, c.topk_tokens));
+      }
+    }
+  }
+}
+
+TEST(SnapKv, GeneratedTokensAreAlwaysKept) {
+  pq_config c = base_config(PQ_SELECTOR_SNAPKV, 1, 2, 1);
+  c.local_tokens = 8;
+  c.topk_tokens = 10;
+  const int64_t P = 120, steps = 30;
+  Data d = make_data(c, P + steps, 32, 3);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 32));
+  Sel first = new_sel(ctx, 0, c);
+  PQ_ASSERT_OK(select(ctx, 0, c, &first));
+  std::vector<int32_t> prompt_choice = middle_of(first.row(0), bounds(P, c));
+  for (int64_t s = 1; s <= steps; ++s) {
+    const int64_t n = P + s;
+    PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    Bounds b = bounds(n, c);
+    std::vector<int32_t> mid = middle_of(sel.row(0), b);
+    ASSERT_EQ(static_cast<int64_t>(mid.size()), c.topk_tokens);
+    // Generated middle tokens: [P, local_begin). All kept, the most recent
+    // first once they alone exceed k; the prompt fills the rest by score.
+    const int64_t gen = std::max<int64_t>(0, b.local_begin - P);
+    const int64_t kept_gen = std::min<int64_t>(gen, c.topk_tokens);
+    std::vector<int32_t> expect_gen;
+    for (int64_t p = b.local_begin - kept_gen; p < b.local_begin; ++p)
+      expect_gen.push_back(static_cast<int32_t>(p));
+    std::vector<int32_t> got_gen(mid.end() - kept_gen, mid.end());
+    EXPECT_EQ(got_gen, expect_gen) << "step " << s;
+    // The prompt part is the static top-(k - kept_gen): a prefix of the
+    // initial choice by score, so a subset of it.
+    for (auto it = mid.begin(); it != mid.end() - kept_gen; ++it)
+      EXPECT_TRUE(std::binary_search(prompt_choice.begin(), prompt_choice.end(), *it))
+          << "prompt token " << *it << " at step " << s;
+  }
+}
+
+TEST(SnapKv, SelectWithoutPrefillQueriesIsBadState) {
+  for (int32_t selector : {PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV, PQ_SELECTOR_SCOPE}) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    pq_config c = base_config(selector, 2, 2, 2);
+    Data d = make_data(c, 100, 8, 4);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    // Before any prefill, pq_prefill_queries itself is BAD_STATE.
+    PQ_EXPECT_ERR(prefill_queries(ctx, 0, c, d.queries, 8), PQ_ERR_BAD_STATE, "pq_prefill_layer");
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, 100));
+    PQ_ASSERT_OK(prefill(ctx, 1, c, d.keys, 0, 100));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_EXPECT_ERR(select(ctx, 0, c, &sel), PQ_ERR_BAD_STATE, "pq_prefill_queries");
+    for (int32_t v : sel.positions) EXPECT_EQ(v, -1) << "output written on failure";
+    for (int32_t v : sel.counts) EXPECT_EQ(v, -1) << "output written on failure";
+    // The queries of layer 1 do not serve layer 0.
+    PQ_ASSERT_OK(prefill_queries(ctx, 1, c, d.queries, 8));
+    PQ_EXPECT_ERR(select(ctx, 0, c, &sel), PQ_ERR_BAD_STATE, "pq_prefill_queries");
+    PQ_EXPECT_OK(select(ctx, 1, c, &sel));
+    // More window queries than stored tokens cannot be prompt queries.
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq + 1));
+    pqt::HostTensor k5 = pqt::make_tensor(d.keys, 5, c.num_kv_heads, c.head_dim, c.dtype);
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq + 1, 0, k5.get(), k5.get()));
+    pqt::HostTensor q8 = pqt::make_tensor(d.queries, 8, c.num_q_heads, c.head_dim, c.dtype);
+    PQ_EXPECT_ERR(pq_prefill_queries(ctx, kSeq + 1, 0, q8.get()), PQ_ERR_INVALID_ARGUMENT,
+                  "queries");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// PyramidKV
+// ---------------------------------------------------------------------------
+
+TEST(PyramidKv, BudgetsFollowLinearScheduleWithSnapKvMean) {
+  struct Case {
+    int32_t layers;
+    float ratio;
+    int32_t topk;
+    float fraction;
+  };
+  for (Case cs : {Case{5, 0.25f, 40, 0.f}, Case{8, 0.1f, 30, 0.f}, Case{4, 1.0f, 40, 0.f},
+                  Case{6, 0.5f, 0, 0.25f}, Case{1, 0.25f, 40, 0.f}}) {
+    SCOPED_TRACE("layers " + std::to_string(cs.layers) + " ratio " + std::to_string(cs.ratio));
+    pq_config c = base_config(PQ_SELECTOR_PYRAMIDKV, cs.layers, 2, 1);
+    c.pyramid_ratio = cs.ratio;
+    c.topk_tokens = cs.topk;
+    if (cs.topk == 0) c.topk_fraction = cs.fraction;
+    const int64_t P = 420;
+    Data d = make_data(c, P, 32, 9);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    const pqt::Regions r = pqt::regions(P, c);  // SnapKV's k for this length
+    double sum = 0;
+    int64_t prev = std::numeric_limits<int64_t>::max(), first = 0, last = 0;
+    for (int32_t l = 0; l < cs.layers; ++l) {
+      PQ_ASSERT_OK(prefill(ctx, l, c, d.keys, 0, P));
+      PQ_ASSERT_OK(prefill_queries(ctx, l, c, d.queries, 32));
+      const int64_t kl = pqt::selection_capacity(ctx, kSeq, l) - r.sink_end - (P - r.local_begin);
+      const double want = pyramid_budget(static_cast<double>(r.k), l, cs.layers, cs.ratio);
+      EXPECT_LE(std::fabs(static_cast<double>(kl) - want), 0.5 + 1e-9) << "layer " << l;
+      EXPECT_LE(kl, prev) << "budgets must not grow with the layer";
+      prev = kl;
+      if (l == 0) first = kl;
+      last = kl;
+      sum += static_cast<double>(kl);
+      Sel sel = new_sel(ctx, l, c);
+      PQ_ASSERT_OK(select(ctx, l, c, &sel));
+      expect_bookkeeping(sel, P, c, kl, sel.capacity);
+    }
+    EXPECT_LE(std::fabs(sum / cs.layers - static_cast<double>(r.k)), 0.5) << "mean != SnapKV's k";
+    if (cs.layers > 1) EXPECT_NEAR(static_cast<double>(last) / first, cs.ratio, 0.05);
+    if (cs.ratio == 1.0f || cs.layers == 1) EXPECT_EQ(first, r.k);
+  }
+}
+
+TEST(PyramidKv, SelectsSnapKvTopKOfItsBudgetAndClipsToMiddle) {
+  pq_config c = base_config(PQ_SELECTOR_PYRAMIDKV, 4, 4, 2);
+  c.pyramid_ratio = 0.25f;
+  c.topk_tokens = 30;
+  const int64_t P = 200;
+  Data d = make_data(c, P, 32, 21);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  Bounds b = bounds(P, c);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    PQ_ASSERT_OK(prefill(ctx, l, c, d.keys, 0, P));
+    PQ_ASSERT_OK(prefill_queries(ctx, l, c, d.queries, 32));
+    Sel sel = new_sel(ctx, l, c);
+    PQ_ASSERT_OK(select(ctx, l, c, &sel));
+    const int64_t kl = std::llround(pyramid_budget(30, l, 4, 0.25));
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      std::vector<double> mid =
+          slice(snapkv_reference(d.keys, P, d.queries, 32, c, h), b.sink_end, b.local_begin);
+      ASSERT_TRUE(no_near_tie_at_boundary(mid, kl));
+      EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(mid, b.sink_end, kl))
+          << "layer " << l << " head " << h;
+    }
+  }
+  // A budget above the middle is clipped: bottom layer 2k/(1+rho) = 48 > 40.
+  pq_config c2 = c;
+  c2.topk_tokens = 30;
+  Ctx ctx2(c2);
+  ASSERT_TRUE(ctx2.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx2, kSeq));
+  const int64_t P2 = 60;  // middle = 60 - 4 - 16 = 40
+  PQ_ASSERT_OK(prefill(ctx2, 0, c2, d.keys, 0, P2));
+  PQ_ASSERT_OK(prefill(ctx2, 3, c2, d.keys, 0, P2));
+  EXPECT_EQ(pqt::selection_capacity(ctx2, kSeq, 0), P2);  // all 40 middle tokens
+  EXPECT_EQ(pqt::selection_capacity(ctx2, kSeq, 3), 4 + 16 + std::llround(pyramid_budget(30, 3, 4, 0.25)));
+}
+
+// ---------------------------------------------------------------------------
+// H2O
+// ---------------------------------------------------------------------------
+
+struct H2oFixture {
+  pq_config c;
+  Data d;
+  Ctx ctx;
+  int64_t P = 100;
+  explicit H2oFixture(int64_t steps = 40) : c(base_config(PQ_SELECTOR_H2O, 1, 4, 2)) {
+    c.local_tokens = 8;
+    c.topk_tokens = 10;
+    d = make_data(c, P + steps, 1, 31);
+    ctx = Ctx(c);
+  }
+};
+
+// Accumulated mass per (head, token), as the test sums it.
+using Mass = std::vector<std::vector<double>>;
+
+TEST(H2o, SelectsLargestAccumulatedMass) {
+  H2oFixture f;
+  ASSERT_TRUE(f.ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(f.ctx, kSeq));
+  PQ_ASSERT_OK(prefill(f.ctx, 0, f.c, f.d.keys, 0, f.P));
+  const int32_t H = f.c.num_kv_heads;
+  Mass mass(static_cast<size_t>(H), std::vector<double>(static_cast<size_t>(f.P), 0.0));
+  // Observation 1: all prompt tokens; observation 2: the even ones.
+  std::vector<int32_t> all, even;
+  for (int32_t t = 0; t < f.P; ++t) {
+    all.push_back(t);
+    if (t % 2 == 0) even.push_back(t);
+  }
+  for (const auto* pos : {&all, &even}) {
+    Sel s = manual_sel(H, *pos);
+    std::vector<float> probs = pqt::random_uniform(static_cast<size_t>(H) * pos->size(),
+                                                   pos->size(), 0.f, 1.f);
+    for (int32_t h = 0; h < H; ++h)
+      for (size_t i = 0; i < pos->size(); ++i)
+        mass[static_cast<size_t>(h)][static_cast<size_t>((*pos)[i])] +=
+            probs[static_cast<size_t>(h) * pos->size() + i];
+    PQ_ASSERT_OK(observe(f.ctx, 0, s, probs));
+  }
+  Sel sel = new_sel(f.ctx, 0, f.c);
+  PQ_ASSERT_OK(select(f.ctx, 0, f.c, &sel));
+  Bounds b = bounds(f.P, f.c);
+  expect_bookkeeping(sel, f.P, f.c, f.c.topk_tokens, sel.capacity);
+  for (int32_t h = 0; h < H; ++h) {
+    std::vector<double> mid = slice(mass[static_cast<size_t>(h)], b.sink_end, b.local_begin);
+    ASSERT_TRUE(no_near_tie_at_boundary(mid, f.c.topk_tokens));
+    EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(mid, b.sink_end, f.c.topk_tokens))
+        << "head " << h;
+  }
+  // Heads are independent: different masses, different choices.
+  EXPECT_NE(middle_of(sel.row(0), b), middle_of(sel.row(1), b));
+}
+
+TEST(H2o, ColdStartKeepsTheMostRecentMiddleTokens) {
+  H2oFixture f;
+  ASSERT_TRUE(f.ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(f.ctx, kSeq));
+  PQ_ASSERT_OK(prefill(f.ctx, 0, f.c, f.d.keys, 0, f.P));
+  for (int64_t s = 0; s < 5; ++s) {
+    const int64_t n = f.P + s;
+    if (s > 0) PQ_ASSERT_OK(append(f.ctx, 0, f.c, f.d.keys, n - 1));
+    Sel sel = new_sel(f.ctx, 0, f.c);
+    PQ_ASSERT_OK(select(f.ctx, 0, f.c, &sel));
+    Bounds b = bounds(n, f.c);
+    std::vector<int32_t> want;
+    for (int64_t p = b.local_begin - f.c.topk_tokens; p < b.local_begin; ++p)
+      want.push_back(static_cast<int32_t>(p));
+    for (int32_t h = 0; h < f.c.num_kv_heads; ++h)
+      EXPECT_EQ(middle_of(sel.row(h), b), want) << "step " << s;
+  }
+}
+
+TEST(H2o, DroppedTokensAreNeverSelectedAgain) {
+  H2oFixture f;
+  ASSERT_TRUE(f.ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(f.ctx, kSeq));
+  PQ_ASSERT_OK(prefill(f.ctx, 0, f.c, f.d.keys, 0, f.P));
+  const int32_t H = f.c.num_kv_heads;
+  std::vector<int32_t> all;
+  for (int32_t t = 0; t < f.P; ++t) all.push_back(t);
+  Sel seed = manual_sel(H, all);
+  std::vector<float> seed_probs = pqt::random_uniform(static_cast<size_t>(H) * all.size(), 77, 0.f, 1.f);
+  PQ_ASSERT_OK(observe(f.ctx, 0, seed, seed_probs));
+
+  Sel s1 = new_sel(f.ctx, 0, f.c);
+  PQ_ASSERT_OK(select(f.ctx, 0, f.c, &s1));
+  Bounds b = bounds(f.P, f.c);
+  std::vector<int32_t> first = middle_of(s1.row(0), b);
+  // A middle token left out: observe it with overwhelming mass.
+  int32_t x = -1;
+  for (int32_t p = static_cast<int32_t>(b.sink_end); p < b.local_begin; ++p)
+    if (!std::binary_search(first.begin(), first.end(), p)) x = p;
+  ASSERT_GE(x, 0);
+  Sel mx = manual_sel(H, {x});
+  PQ_ASSERT_OK(observe(f.ctx, 0, mx, std::vector<float>(static_cast<size_t>(H), 1000.f)));
+  Sel s2 = new_sel(f.ctx, 0, f.c);
+  PQ_ASSERT_OK(select(f.ctx, 0, f.c, &s2));
+  EXPECT_EQ(middle_of(s2.row(0), b), first) << "a dropped token came back";
+
+  // A local token observed heavily enters the middle with that mass and is
+  // kept; the weakest kept token is dropped instead.
+  const int32_t y = static_cast<int32_t>(b.local_begin);  // the next to leave the window
+  Sel my = manual_sel(H, {y});
+  PQ_ASSERT_OK(observe(f.ctx, 0, my, std::vector<float>(static_cast<size_t>(H), 500.f)));
+  PQ_ASSERT_OK(append(f.ctx, 0, f.c, f.d.keys, f.P));
+  Sel s3 = new_sel(f.ctx, 0, f.c);
+  PQ_ASSERT_OK(select(f.ctx, 0, f.c, &s3));
+  Bounds b3 = bounds(f.P + 1, f.c);
+  std::vector<int32_t> third = middle_of(s3.row(0), b3);
+  ASSERT_EQ(third.size(), static_cast<size_t>(f.c.topk_tokens));
+  EXPECT_TRUE(std::binary_search(third.begin(), third.end(), y));
+  // The weakest of `first` by mass is gone.
+  int32_t weakest = first[0];
+  for (int32_t p : first)
+    if (seed_probs[static_cast<size_t>(p)] < seed_probs[static_cast<size_t>(weakest)]) weakest = p;
+  EXPECT_FALSE(std::binary_search(third.begin(), third.end(), weakest));
+  // Reviving it by observation fails too, over many later steps.
+  Sel mw = manual_sel(H, {weakest, x});
+  PQ_ASSERT_OK(observe(f.ctx, 0, mw, std::vector<float>(static_cast<size_t>(2 * H), 1e6f)));
+  for (int64_t s = 1; s <= 20; ++s) {
+    const int64_t n = f.P + 1 + s;
+    PQ_ASSERT_OK(append(f.ctx, 0, f.c, f.d.keys, n - 1));
+    Sel sel = new_sel(f.ctx, 0, f.c);
+    PQ_ASSERT_OK(select(f.ctx, 0, f.c, &sel));
+    std::vector<int32_t> mid = middle_of(sel.row(0), bounds(n, f.c));
+    EXPECT_FALSE(std::binary_search(mid.begin(), mid.end(), weakest)) << "step " << s;
+    EXPECT_FALSE(std::binary_search(mid.begin(), mid.end(), x)) << "step " << s;
+  }
+}
+
+TEST(H2o, EachStepKeepsASubsetOfTheLastSelectionPlusNewTokens) {
+  H2oFixture f(60);
+  ASSERT_TRUE(f.ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(f.ctx, kSeq));
+  PQ_ASSERT_OK(prefill(f.ctx, 0, f.c, f.d.keys, 0, f.P));
+  const int32_t H = f.c.num_kv_heads;
+  std::vector<std::set<int32_t>> dropped(static_cast<size_t>(H));
+  std::vector<std::vector<int32_t>> prev(static_cast<size_t>(H));
+  int64_t prev_local_begin = -1;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> unif(0.f, 1.f);
+  for (int64_t s = 0; s <= 60; ++s) {
+    const int64_t n = f.P + s;
+    if (s > 0) PQ_ASSERT_OK(append(f.ctx, 0, f.c, f.d.keys, n - 1));
+    Sel sel = new_sel(f.ctx, 0, f.c);
+    PQ_ASSERT_OK(select(f.ctx, 0, f.c, &sel));
+    Bounds b = bounds(n, f.c);
+    for (int32_t h = 0; h < H; ++h) {
+      std::vector<int32_t> mid = middle_of(sel.row(h), b);
+      ASSERT_EQ(mid.size(), static_cast<size_t>(f.c.topk_tokens));
+      for (int32_t p : mid) {
+        EXPECT_EQ(dropped[static_cast<size_t>(h)].count(p), 0u) << "dropped " << p << " back at step " << s;
+        if (s > 0 && p < prev_local_begin)
+          EXPECT_TRUE(std::binary_search(prev[static_cast<size_t>(h)].begin(),
+                                         prev[static_cast<size_t>(h)].end(), p));
+      }
+      for (int32_t p = static_cast<int32_t>(b.sink_end); p < b.local_begin; ++p)
+        if (!std::binary_search(mid.begin(), mid.end(), p)) dropped[static_cast<size_t>(h)].insert(p);
+      prev[static_cast<size_t>(h)] = mid;
+    }
+    prev_local_begin = b.local_begin;
+    std::vector<float> probs(static_cast<size_t>(H * sel.capacity));
+    for (float& p : probs) p = unif(rng);
+    PQ_ASSERT_OK(observe(f.ctx, 0, sel, probs));
+    if (s % 7 == 3) {  // now and then a hand-made observation of every token
+      std::vector<int32_t> all;
+      for (int32_t t = 0; t < n; ++t) all.push_back(t);
+      Sel ms = manual_sel(H, all);
+      std::vector<float> big(static_cast<size_t>(H) * all.size());
+      for (float& p : big) p = 10.f * unif(rng);
+      PQ_ASSERT_OK(observe(f.ctx, 0, ms, big));
+    }
+  }
+  EXPECT_GT(dropped[0].size(), 80u);
+}
+
+// ---------------------------------------------------------------------------
+// SCOPE
+// ---------------------------------------------------------------------------
+
+struct ScopeRun {
+  std::vector<int32_t> prompt, decode;  // middle tokens of kv head 0 by phase
+};
+
+// The documented split: k_dec = round(share * k), k_pre = k - k_dec; a side
+// with fewer tokens than its budget gives the rest to the other.
+std::pair<int64_t, int64_t> scope_split(int64_t k, double share, int64_t n_pre, int64_t n_dec) {
+  int64_t k_dec = std::llround(share * static_cast<double>(k));
+  int64_t k_pre = k - k_dec;
+  if (k_pre > n_pre) {
+    k_pre = n_pre;
+    k_dec = k - k_pre;
+  } else if (k_dec > n_dec) {
+    k_dec = n_dec;
+    k_pre = k - k_dec;
+  }
+  return {k_pre, k_dec};
+}
+
+void scope_loop(float share, int64_t P, int64_t steps, int32_t topk, uint64_t seed,
+                const std::function<void(int64_t, int64_t, const ScopeRun&, int64_t, int64_t)>& check) {
+  pq_config c = base_config(PQ_SELECTOR_SCOPE, 1, 2, 1);
+  c.local_tokens = 8;
+  c.topk_tokens = topk;
+  c.scope_decode_share = share;
+  c.observation_window = 16;
+  c.pooling_kernel = 3;
+  Data d = make_data(c, P + steps, 16, seed);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 16));
+  std::set<int32_t> dropped;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> unif(0.f, 1.f);
+  for (int64_t s = 0; s <= steps; ++s) {
+    const int64_t n = P + s;
+    if (s > 0) PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    Bounds b = bounds(n, c);
+    const int64_t k = std::min<int64_t>(topk, b.local_begin - b.sink_end);
+    expect_bookkeeping(sel, n, c, k, sel.capacity);
+    ScopeRun run;
+    for (int32_t p : middle_of(sel.row(0), b)) (p < P ? run.prompt : run.decode).push_back(p);
+    const int64_t n_pre = std::min<int64_t>(P, b.local_begin) - b.sink_end;
+    int64_t n_dec = 0;
+    for (int64_t p = P; p < b.local_begin; ++p) n_dec += dropped.count(static_cast<int32_t>(p)) == 0;
+    auto split = scope_split(k, share, n_pre, n_dec);
+    EXPECT_EQ(static_cast<int64_t>(run.prompt.size()), split.first) << "step " << s;
+    EXPECT_EQ(static_cast<int64_t>(run.decode.size()), split.second) << "step " << s;
+    for (int32_t p : run.decode) EXPECT_EQ(dropped.count(p), 0u) << "dropped decode token back";
+    for (int64_t p = P; p < b.local_begin; ++p)
+      if (!std::binary_search(run.decode.begin(), run.decode.end(), static_cast<int32_t>(p)))
+        dropped.insert(static_cast<int32_t>(p));
+    check(s, n, run, n_pre, n_dec);
+    std::vector<float> probs(static_cast<size_t>(sel.capacity));
+    for (float& p : probs) p = unif(rng);
+    PQ_ASSERT_OK(observe(ctx, 0, sel, probs));
+  }
+}
+
+TEST(Scope, SplitFollowsDecodeShareAndSpillsToThePrompt) {
+  // P = 100, middle before decode: [4, 92); k = 20, share 0.5: 10 + 10 once
+  // 10 decode tokens have left the local window, the prompt takes the rest
+  // before that.
+  std::vector<int32_t> prompt20, prompt10;
+  int64_t full_steps = 0;
+  scope_loop(0.5f, 100, 40, 20, 51,
+             [&](int64_t s, int64_t, const ScopeRun& run, int64_t, int64_t n_dec) {
+               if (s == 0) {
+                 EXPECT_TRUE(run.decode.empty());
+                 EXPECT_EQ(run.prompt.size(), 20u);
+                 prompt20 = run.prompt;
+               }
+               if (n_dec >= 10) {
+                 EXPECT_EQ(run.decode.size(), 10u);
+                 EXPECT_EQ(run.prompt.size(), 10u);
+                 if (prompt10.empty()) prompt10 = run.prompt;
+                 EXPECT_EQ(run.prompt, prompt10) << "the prompt side is static";
+                 ++full_steps;
+               }
+             });
+  EXPECT_GT(full_steps, 10);
+  // The prompt side is SnapKV's choice for the same prompt budget: SnapKV
+  // with k = 20 at the prompt's end, and after 18 generated tokens, when the
+  // 10 that left the local window take half of its budget (all prompt
+  // tokens [4, 100) are middle then, as for SCOPE's full steps).
+  pq_config c = base_config(PQ_SELECTOR_SNAPKV, 1, 2, 1);
+  c.local_tokens = 8;
+  c.topk_tokens = 20;
+  c.observation_window = 16;
+  c.pooling_kernel = 3;
+  Data d = make_data(c, 140, 16, 51);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, 100));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 16));
+  Sel sel = new_sel(ctx, 0, c);
+  PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+  EXPECT_EQ(middle_of(sel.row(0), bounds(100, c)), prompt20);
+  for (int64_t t = 100; t < 118; ++t) PQ_ASSERT_OK(append(ctx, 0, c, d.keys, t));
+  Sel later = new_sel(ctx, 0, c);
+  PQ_ASSERT_OK(select(ctx, 0, c, &later));
+  std::vector<int32_t> prompt_part;
+  for (int32_t p : middle_of(later.row(0), bounds(118, c)))
+    if (p < 100) prompt_part.push_back(p);
+  EXPECT_EQ(prompt_part, prompt10);
+}
+
+TEST(Scope, SpillsToDecodeWhenThePromptIsShort) {
+  // P = 16: at most 12 prompt middle tokens, below k_pre = 20 - round(0.25 * 20) = 15.
+  int64_t saw_spill = 0;
+  scope_loop(0.25f, 16, 40, 20, 61,
+             [&](int64_t s, int64_t, const ScopeRun& run, int64_t n_pre, int64_t n_dec) {
+               if (n_pre == 12 && n_dec >= 8) {
+                 EXPECT_EQ(run.prompt.size(), 12u) << "every prompt middle token";
+                 EXPECT_EQ(run.decode.size(), 8u);
+                 ++saw_spill;
+               }
+             });
+  EXPECT_GT(saw_spill, 10);
+}
+
+TEST(Scope, ExtremeSharesAndHeavyDecodeTokens) {
+  // share 1: decode tokens take the whole budget once there are enough.
+  scope_loop(1.0f, 60, 40, 10, 71, [&](int64_t, int64_t, const ScopeRun& run, int64_t, int64_t n_dec) {
+    if (n_dec >= 10) EXPECT_TRUE(run.prompt.empty());
+  });
+  // share 0: decode tokens only when the prompt side runs out.
+  scope_loop(0.0f, 60, 40, 10, 72, [&](int64_t, int64_t, const ScopeRun& run, int64_t n_pre, int64_t) {
+    if (n_pre >= 10) EXPECT_TRUE(run.decode.empty());
+  });
+  // A decode token observed heavily while local is kept once it is middle.
+  pq_config c = base_config(PQ_SELECTOR_SCOPE, 1, 2, 1);
+  c.local_tokens = 8;
+  c.topk_tokens = 10;
+  const int64_t P = 60;
+  Data d = make_data(c, P + 40, 32, 73);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 32));
+  const int32_t heavy = static_cast<int32_t>(P + 3);
+  for (int64_t s = 1; s <= 40; ++s) {
+    const int64_t n = P + s;
+    PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+    if (n - 1 == heavy) {
+      Sel m = manual_sel(1, {heavy});
+      PQ_ASSERT_OK(observe(ctx, 0, m, {100.f}));
+    }
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    std::vector<float> probs(static_cast<size_t>(sel.capacity), 0.01f);
+    PQ_ASSERT_OK(observe(ctx, 0, sel, probs));
+    Bounds b = bounds(n, c);
+    if (heavy < b.local_begin) {
+      std::vector<int32_t> mid = middle_of(sel.row(0), b);
+      EXPECT_TRUE(std::binary_search(mid.begin(), mid.end(), heavy)) << "step " << s;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Large layers: the core selects kv heads in parallel (middle >= 4096)
+// ---------------------------------------------------------------------------
+
+TEST(SelectorsDrop, LargeLayersSelectHeadsInParallel) {
+  const int64_t P = 4400;
+  for (int32_t selector : {PQ_SELECTOR_SNAPKV, PQ_SELECTOR_H2O}) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    pq_config c = base_config(selector, 1, 8, 4);
+    c.topk_tokens = 300;
+    Data d = make_data(c, P + 8, 32, 91);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+    PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 32));
+    std::vector<int32_t> all;
+    for (int32_t t = 0; t < P; ++t) all.push_back(t);
+    Sel ms = manual_sel(c.num_kv_heads, all);
+    std::vector<float> mass = pqt::random_uniform(all.size() * c.num_kv_heads, 92, 0.f, 1.f);
+    PQ_ASSERT_OK(observe(ctx, 0, ms, mass));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    Bounds b = bounds(P, c);
+    expect_bookkeeping(sel, P, c, c.topk_tokens, sel.capacity);
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      std::vector<double> ref;
+      if (selector == PQ_SELECTOR_SNAPKV) {
+        ref = slice(snapkv_reference(d.keys, P, d.queries, 32, c, h), b.sink_end, b.local_begin);
+      } else {
+        for (int64_t t = b.sink_end; t < b.local_begin; ++t)
+          ref.push_back(mass[static_cast<size_t>(h) * all.size() + static_cast<size_t>(t)]);
+      }
+      // H2O's masses are the floats passed in (0 + p is exact): no rounding.
+      if (selector == PQ_SELECTOR_SNAPKV) ASSERT_TRUE(no_near_tie_at_boundary(ref, c.topk_tokens));
+      EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(ref, b.sink_end, c.topk_tokens))
+          << "head " << h;
+    }
+    if (selector == PQ_SELECTOR_H2O) {  // the others were dropped, heads in parallel
+      std::vector<int32_t> first = middle_of(sel.row(0), b);
+      for (int64_t s = 1; s <= 8; ++s) {
+        PQ_ASSERT_OK(append(ctx, 0, c, d.keys, P + s - 1));
+        Sel next = new_sel(ctx, 0, c);
+        PQ_ASSERT_OK(select(ctx, 0, c, &next));
+        for (int32_t p : middle_of(next.row(0), bounds(P + s, c)))
+          EXPECT_TRUE(p >= b.local_begin || std::binary_search(first.begin(), first.end(), p));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// pq_observe_attention arguments (validated by the core)
+// ---------------------------------------------------------------------------
+
+TEST(ObserveAttention, RejectsBadArgumentsAndChangesNothing) {
+  H2oFixture f;
+  ASSERT_TRUE(f.ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(f.ctx, kSeq));
+  PQ_ASSERT_OK(prefill(f.ctx, 0, f.c, f.d.keys, 0, f.P));
+  const int32_t H = f.c.num_kv_heads;
+  // Middle tokens 10..19: a valid observation would change the choice.
+  std::vector<int32_t> pos;
+  for (int32_t t = 10; t < 20; ++t) pos.push_back(t);
+  Sel s = manual_sel(H, pos);
+  std::vector<float> good(static_cast<size_t>(H) * pos.size(), 1.f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+
+  PQ_EXPECT_ERR(pq_observe_attention(f.ctx, kSeq, 0, nullptr, good.data()),
+                PQ_ERR_INVALID_ARGUMENT, "selection");
+  PQ_EXPECT_ERR(pq_observe_attention(f.ctx, kSeq, 0, s.get(), nullptr), PQ_ERR_INVALID_ARGUMENT,
+                "probs");
+  for (float bad : {-0.5f, nan, inf}) {
+    std::vector<float> probs = good;
+    probs.back() = bad;  // the last entry of the last head: nothing may be added before it
+    PQ_EXPECT_ERR(observe(f.ctx, 0, s, probs), PQ_ERR_INVALID_ARGUMENT, "probs");
+  }
+  for (int32_t bad_pos : {-1, static_cast<int32_t>(f.P), 1 << 30}) {
+    Sel b = manual_sel(H, pos);
+    b.positions.back() = bad_pos;
+    PQ_EXPECT_ERR(observe(f.ctx, 0, b, good), PQ_ERR_INVALID_ARGUMENT, "positions");
+  }
+  {
+    Sel b = manual_sel(H, pos);
+    b.counts[0] = static_cast<int32_t>(b.capacity + 1);
+    PQ_EXPECT_ERR(observe(f.ctx, 0, b, good), PQ_ERR_INVALID_ARGUMENT, "counts");
+    pq_selection* ps = b.get();
+    ps->counts = nullptr;
+    PQ_EXPECT_ERR(pq_observe_attention(f.ctx, kSeq, 0, ps, good.data()), PQ_ERR_INVALID_ARGUMENT,
+                  "counts");
+  }
+  PQ_EXPECT_ERR(observe(f.ctx, 5, s, good), PQ_ERR_INVALID_ARGUMENT, "layer");
+  PQ_EXPECT_ERR(pq_observe_attention(f.ctx, kSeq + 9, 0, s.get(), good.data()), PQ_ERR_NOT_FOUND,
+                "seq");
+  // Nothing was accumulated: the cold start (most recent) choice stands.
+  Sel sel = new_sel(f.ctx, 0, f.c);
+  PQ_ASSERT_OK(select(f.ctx, 0, f.c, &sel));
+  Bounds b = bounds(f.P, f.c);
+  std::vector<int32_t> want;
+  for (int64_t p = b.local_begin - f.c.topk_tokens; p < b.local_begin; ++p)
+    want.push_back(static_cast<int32_t>(p));
+  for (int32_t h = 0; h < H; ++h) EXPECT_EQ(middle_of(sel.row(h), b), want);
+
+  // Selectors that do not accumulate attention accept and ignore the call.
+  for (int32_t selector : {PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV, PQ_SELECTOR_EXACT}) {
+    pq_config c = f.c;
+    c.selector = selector;
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, f.d.keys, 0, f.P));
+    PQ_EXPECT_OK(observe(ctx, 0, s, good));
+    std::vector<float> neg = good;
+    neg[0] = -1.f;
+    PQ_EXPECT_ERR(observe(ctx, 0, s, neg), PQ_ERR_INVALID_ARGUMENT, "probs");
+  }
+}
+
+}  // namespace
