@@ -55,7 +55,7 @@ def capture(model, tokens: Sequence[int], layers: Sequence[int], queries: int, t
 
     model.prefill(list(tokens), logits="none", capture=hook)
     return trace_io.Trace(MODEL_NAME, text_name, np.asarray(tokens, np.int32), list(layers),
-                          Q, K, V, q_first)
+                          Q, K, V, q_first, model.cfg.n_layer)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 import pqcache
+from pqeval import replay
 
 NEEDS_QUERIES = {"snapkv", "pyramidkv", "scope"}
 NEEDS_ATTENTION = {"h2o", "scope"}
@@ -52,6 +53,10 @@ class LibrarySelection:
                              layout="head_major")
             if self.selector in NEEDS_QUERIES:
                 self.ctx.prefill_queries(0, layer, window_queries[layer])
+            if self.selector == "h2o":
+                replay.seed_h2o(self.ctx, layer, window_queries[layer],
+                                cache.k[layer, :, :n].transpose(1, 0, 2),
+                                1.0 / math.sqrt(cache.k.shape[-1]))
 
     def select(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray):
         p = k.shape[1] - 1  # the current token, just written to the cache

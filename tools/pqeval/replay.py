@@ -84,24 +84,30 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
         V = np.asarray(t.values[layer])
         Q = np.asarray(t.queries[layer])
         dtype = "f16" if K.dtype == np.float16 else "f32"
-        ctx = pqcache.Context(1, q_heads, kv_heads, head_dim, dtype, **opts)
-        oracle = pqcache.Context(1, q_heads, kv_heads, head_dim, dtype,
+        # One context per layer, as deep as the model, so that layer-dependent
+        # budgets (PyramidKV) see the real layer index; only `layer` is used.
+        depth = max(t.model_layers, layer + 1)
+        ctx = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype, **opts)
+        oracle = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype,
                                  **{**opts, "selector": "exact"})
         lr = LayerResult(layer)
         try:
             for c in (ctx, oracle):
                 c.add_sequence(0)
-                c.prefill(0, 0, K[:prompt], V[:prompt])
+                c.prefill(0, layer, K[:prompt], V[:prompt])
+            window_q = Q[prompt - t.q_first - window: prompt - t.q_first]
             if selector in NEEDS_QUERIES:
-                ctx.prefill_queries(0, 0, Q[prompt - t.q_first - window: prompt - t.q_first])
+                ctx.prefill_queries(0, layer, window_q)
+            if selector == "h2o":
+                seed_h2o(ctx, layer, window_q, K[:prompt], scale)
             Kf = K.astype(np.float32)
             Vf = V.astype(np.float32)
             for p in range(prompt, last):
                 for c in (ctx, oracle):
-                    c.append(0, 0, K[p:p + 1], V[p:p + 1])
+                    c.append(0, layer, K[p:p + 1], V[p:p + 1])
                 q = Q[p - t.q_first]
-                sel = ctx.select(0, 0, q)
-                ref = oracle.select(0, 0, q)
+                sel = ctx.select(0, layer, q)
+                ref = oracle.select(0, layer, q)
                 qf = q.astype(np.float32)
                 logits = (qf.reshape(kv_heads, group, head_dim) @
                           Kf[: p + 1].transpose(1, 2, 0)) * scale  # [kv][g][p+1]
@@ -128,8 +134,8 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
                     lr.selected += len(pos)
                     observed[h, : len(pos)] = sub.sum(axis=0)
                 if selector in NEEDS_ATTENTION:
-                    ctx.observe_attention(0, 0, sel, observed)
-                lr.select_bytes += ctx.layer_info(0, 0)["last_select_bytes"]
+                    ctx.observe_attention(0, layer, sel, observed)
+                lr.select_bytes += ctx.layer_info(0, layer)["last_select_bytes"]
                 lr.steps += 1
         finally:
             ctx.close()
@@ -143,6 +149,28 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
         result.layers.append(lr)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def seed_h2o(ctx: "pqcache.Context", layer: int, window_q: np.ndarray, keys: np.ndarray,
+             scale: float) -> None:
+    """Seeds H2O's accumulators with the prompt's attention column sums,
+    from the observation-window queries (the full prompt attention matrix is
+    what FlashAttention never materialises; the window is what a server has)."""
+    w, q_heads, dim = window_q.shape
+    p, kv_heads, _ = keys.shape
+    group = q_heads // kv_heads
+    qf = window_q.astype(np.float32).reshape(w, kv_heads, group, dim)
+    kf = keys.astype(np.float32)
+    sums = np.zeros((kv_heads, p), np.float32)
+    for i in range(w):
+        visible = p - w + i + 1  # causal: window query i sits at position p - w + i
+        for h in range(kv_heads):
+            logits = qf[i, h] @ kf[:visible, h].T * scale  # [group][visible]
+            sums[h, :visible] += _softmax_rows(logits).sum(axis=0)
+    sel = pqcache.SelectionResult(kv_heads, p)
+    sel.positions[:] = np.arange(p, dtype=np.int32)
+    sel.counts[:] = p
+    ctx.observe_attention(0, layer, sel, sums)
 
 
 def ctx_sink(opts: Dict) -> int:

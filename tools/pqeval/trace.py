@@ -25,6 +25,7 @@ class Trace:
     keys: Dict[int, np.ndarray]        # layer -> [N][kv_heads][head_dim]
     values: Dict[int, np.ndarray]      # layer -> [N][kv_heads][head_dim]
     q_first: int = 0
+    model_layers: int = 0              # the model's depth (0: unknown)
 
     @property
     def tokens(self) -> int:
@@ -49,6 +50,8 @@ def write(path: str | Path, trace: Trace, dtype: str = "f16") -> None:
         f"kv_heads {kv_heads}", f"head_dim {head_dim}",
         "layers " + " ".join(str(l) for l in trace.layers),
     ]
+    if trace.model_layers:
+        lines.append(f"model_layers {trace.model_layers}")
     header = "\n".join(lines) + "\n"
     # data_offset must itself appear in the header: size it with a fixed width.
     offset = _align64(len(header) + len("data_offset 0000000000\nend\n"))
@@ -104,5 +107,6 @@ def read(path: str | Path) -> Trace:
         queries[layer] = take((n - f) * qh * hd, dtype, (n - f, qh, hd))
         keys[layer] = take(n * kvh * hd, dtype, (n, kvh, hd))
         values[layer] = take(n * kvh * hd, dtype, (n, kvh, hd))
+    depth = int(meta.get("model_layers", max(layers) + 1))
     return Trace(meta.get("model", ""), meta.get("text", ""), ids, layers, queries, keys,
-                 values, f)
+                 values, f, depth)
