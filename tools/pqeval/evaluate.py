@@ -153,6 +153,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--out", default=str(REPO / "docs"))
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--continuation", type=int, default=256)
+    ap.add_argument("--needle-lengths", default="2048,4096")
+    ap.add_argument("--depths", default="0,0.25,0.5,0.75,1")
+    ap.add_argument("--trace-layers", default="0,3,6,9,12,15,18,21,24,27,29")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +171,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         model = capture.load_model()
         text = (Path("/work/shared/data/sotu") / TEXTS[2]).read_text(encoding="utf-8")
         tokens = model.tokenizer.encode(text)[: args.context]
-        t = capture.capture(model, tokens, list(range(0, 30, 3)), 512, TEXTS[2])
+        t = capture.capture(model, tokens, [int(x) for x in args.trace_layers.split(",")], 512,
+                            TEXTS[2])
         del model
     steps = 64 if args.quick else None
     lines += [f"## Attention traces ({t.model}, {t.text}, {t.tokens} tokens, layers {t.layers}, "
@@ -183,7 +187,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     pq_config_table(t, steps, lines)
     if not args.quick:
         model_sections(lines, out, args.context, args.continuation,
-                       needle_lengths=[2048, 4096], depths=[0.0, 0.25, 0.5, 0.75, 1.0])
+                       needle_lengths=[int(x) for x in args.needle_lengths.split(",")],
+                       depths=[float(x) for x in args.depths.split(",")])
     lines += ["", f"Evaluation time: {time.perf_counter() - start:.0f} s."]
     target = out / ("quality-quick.md" if args.quick else "quality.md")
     target.write_text("\n".join(lines) + "\n")
