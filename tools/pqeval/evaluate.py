@@ -100,7 +100,7 @@ def plot_trace(results: Dict, path: Path) -> Optional[str]:
 
 
 def model_sections(lines: List[str], out: Path, context: int, continuation: int,
-                   needle_lengths: List[int], depths: List[float]) -> None:
+                   needle_lengths: List[int], depths: List[float], summary: Dict) -> None:
     from pqeval import capture, e2e
 
     model = capture.load_model()
@@ -114,12 +114,14 @@ def model_sections(lines: List[str], out: Path, context: int, continuation: int,
               "| selector | 1/5 | 1/10 |", "|---|---:|---:|"]
     pre = e2e.prefill_once(model, tokens[:context])
     full = e2e.perplexity(model, tokens, context, None, prefilled=pre)
+    summary["ppl"] = {"full": full}
     lines.append(f"| full attention | {full:.3f} | {full:.3f} |")
     for name in SELECTORS:
         row = []
         for fraction in (0.2, 0.1):
             ppl = e2e.perplexity(model, tokens, context, name, budget(name, fraction),
                                  prefilled=pre)
+            summary["ppl"][(name, fraction)] = ppl
             row.append(f"{ppl:.3f} ({(ppl / full - 1) * 100:+.2f}%)")
         lines.append(f"| {name} | {row[0]} | {row[1]} |")
         print(lines[-1], flush=True)
@@ -135,15 +137,50 @@ def model_sections(lines: List[str], out: Path, context: int, continuation: int,
                  for n in needle_lengths for i, d in enumerate(depths)]
         prefilled = [e2e.prefill_once(model, c.tokens, extra=16) for c in cases]
         ok = sum(e2e.answer(model, c, None, prefilled=p) for c, p in zip(cases, prefilled))
+        summary["needle", where, "full"] = ok
         lines.append(f"| full attention | {ok}/{len(cases)} | {ok}/{len(cases)} |")
         for name in SELECTORS:
             row = []
             for fraction in (0.2, 0.1):
                 hits = sum(e2e.answer(model, c, name, budget(name, fraction), prefilled=p)
                            for c, p in zip(cases, prefilled))
+                summary["needle", where, name, fraction] = hits
                 row.append(f"{hits}/{len(cases)}")
             lines.append(f"| {name} | {row[0]} | {row[1]} |")
             print(lines[-1], flush=True)
+
+
+def aims(results: Dict, summary: Dict, lines: List[str]) -> None:
+    """The issue's targets, checked against this run's figures."""
+    pq5, pq10 = results[("pq", 0.2)], results[("pq", 0.1)]
+    lines += ["", "## Against the aims", "", "| aim | measured | met |", "|---|---|---|"]
+
+    def row(aim: str, measured: str, ok: bool) -> None:
+        lines.append(f"| {aim} | {measured} | {'yes' if ok else 'no'} |")
+
+    row("attention-mass recall >= 0.95 at 1/5", f"{pq5.mean('mass'):.3f}",
+        pq5.mean("mass") >= 0.95)
+    for fraction in (0.2, 0.1):
+        others = [s for s in SELECTORS if s not in ("pq", "exact")]
+        best = max(others, key=lambda s: results[(s, fraction)].mean("mass"))
+        row(f"PQ closer to the oracle than every other selector at 1/{round(1 / fraction)} "
+            "(attention mass)",
+            f"PQ {results[('pq', fraction)].mean('mass'):.3f}, best other {best} "
+            f"{results[(best, fraction)].mean('mass'):.3f}",
+            results[("pq", fraction)].mean("mass") >= results[(best, fraction)].mean("mass"))
+    if "ppl" in summary:
+        full = summary["ppl"]["full"]
+        for fraction, limit in ((0.2, 0.5), (0.1, 1.5)):
+            ppl = summary["ppl"][("pq", fraction)]
+            delta = (ppl / full - 1) * 100
+            row(f"perplexity within {limit}% of full attention at 1/{round(1 / fraction)}",
+                f"{delta:+.2f}% ({ppl:.3f} vs {full:.3f})", delta <= limit)
+        for where in ("last", "first"):
+            if ("needle", where, "full") in summary:
+                full_ok = summary["needle", where, "full"]
+                got = summary["needle", where, "pq", 0.2]
+                row(f"needle accuracy equal to full attention at 1/5, question {where}",
+                    f"{got} vs {full_ok}", got >= full_ok)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -185,10 +222,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     if png:
         lines += ["", f"![selectors on the trace]({png})"]
     pq_config_table(t, steps, lines)
+    summary: Dict = {}
     if not args.quick:
         model_sections(lines, out, args.context, args.continuation,
                        needle_lengths=[int(x) for x in args.needle_lengths.split(",")],
-                       depths=[float(x) for x in args.depths.split(",")])
+                       depths=[float(x) for x in args.depths.split(",")], summary=summary)
+    aims(results, summary, lines)
     lines += ["", f"Evaluation time: {time.perf_counter() - start:.0f} s."]
     target = out / ("quality-quick.md" if args.quick else "quality.md")
     target.write_text("\n".join(lines) + "\n")
