@@ -33,6 +33,70 @@ typedef struct pq_cuda_plugin_v1 {
   int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
 } pq_cuda_plugin_v1;
 
+/* Version 2: version 1's fields, in the same order and with the same types
+ * (so that a v2 table read through a v1 pointer stays valid), plus the
+ * device memory helpers and the PQ scoring and top-k kernels. The entry
+ * returns it, cast to `const pq_cuda_plugin_v1*`, when asked for version 2;
+ * check abi_version == 2 and struct_size >= sizeof(pq_cuda_plugin_v2) before
+ * casting back. Version 1 is still served unchanged when asked for 1.
+ *
+ * Kernels are stream-ordered: they enqueue on `stream` (a cudaStream_t, NULL
+ * for the legacy default stream) and return without synchronising; the
+ * caller synchronises (stream_synchronize) before reading results on the
+ * host. An error return covers argument checks and launch errors; a fault
+ * during execution shows up at the next synchronisation. All pointers named
+ * d_* are device memory of the current device. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION_2 2u
+
+typedef struct pq_cuda_plugin_v2 {
+  uint32_t abi_version; /* PQ_CUDA_PLUGIN_ABI_VERSION_2 */
+  uint32_t struct_size; /* sizeof(pq_cuda_plugin_v2) */
+  /* --- version 1, unchanged --- */
+  int (*device_count)(void);
+  int (*device_name)(int device, char* buf, size_t len);
+  int (*set_device)(int device, char* err, size_t err_len);
+  int (*is_device_pointer)(const void* ptr);
+  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
+  /* --- version 2 --- */
+  /* cudaMalloc / cudaFree on the current device (libpqcache and its tests do
+   * not link cudart). *ptr is NULL for bytes == 0. Freeing NULL is a no-op. */
+  int (*device_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
+  int (*device_free)(void* ptr, char* err, size_t err_len);
+  /* cudaStreamSynchronize(stream); reports faults of earlier kernels. */
+  int (*stream_synchronize)(void* stream, char* err, size_t err_len);
+
+  /* PQ scoring of the middle tokens of one layer, every kv head in one call.
+   *   d_lut    float [kv_heads][group_size][subspaces][centroids]: query
+   *            sub-vector x centroid dot products (paper section 3.4)
+   *   d_codes  uint8 [kv_heads][codes_stride][subspaces], token-major per head
+   *   tokens [begin, end) of every head are scored; n = end - begin
+   *   d_scores float [kv_heads][n]: the group's raw sums combined by
+   *            `combine` (pq_gqa_combine) with logits raw * scale, exactly as
+   *            the CPU's combine_group_scores does
+   * centroids is a power of two <= 256. SUM_SOFTMAX with group_size > 1 needs
+   * pq_scan_workspace_size(...) bytes of device workspace (other modes: 0). */
+  size_t (*pq_scan_workspace_size)(int32_t kv_heads, int32_t group_size, int32_t subspaces,
+                                   int64_t n, int32_t combine);
+  int (*pq_scan)(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads,
+                 int32_t group_size, int32_t subspaces, int32_t centroids, int64_t codes_stride,
+                 int64_t begin, int64_t end, int32_t combine, float scale, float* d_scores,
+                 void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                 size_t err_len);
+
+  /* Top k of each of `rows` rows of d_scores (float [rows][n]), with the
+   * CPU's select_top_k semantics: the k highest scores, ties to the larger
+   * position, positions (first + index) written ascending into d_out
+   * (int32 [rows][k], row stride k). For k >= n every row gets its n
+   * positions (first .. first+n-1) and the rest of the row is untouched.
+   * rows <= 65535, n <= INT32_MAX, positions must fit in int32. */
+  size_t (*topk_workspace_size)(int32_t rows, int64_t n, int64_t k);
+  int (*topk)(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first,
+              int32_t* d_out, void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+              size_t err_len);
+} pq_cuda_plugin_v2;
+
+/* Returns the table of the asked version (v1 or v2, see above), or NULL for
+ * a version the plug-in does not serve. Works without a device. */
 typedef const pq_cuda_plugin_v1* (*pq_cuda_plugin_entry_fn)(uint32_t abi_version);
 
 #ifdef __cplusplus

@@ -1,0 +1,481 @@
+// The plug-in's PQ scoring and top-k kernels (ABI v2) against the CPU code
+// they replace: select_top_k and combine_group_scores (src/topk.cpp) and the
+// CPU backend's pq_scores. The plug-in is opened with dlopen from the path
+// the build passes in PQ_CUDA_PLUGIN_FILE, exactly as libpqcache.so opens it,
+// and device memory goes through the plug-in's own helpers. Without a GPU
+// every device test reports SKIPPED with the reason; the ABI tests run
+// everywhere (the entry point needs no device).
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <cstdlib>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "cuda_plugin_abi.h"
+#include "pqcache.h"
+#include "scratch.h"
+#include "topk.h"
+
+#ifndef PQ_CUDA_PLUGIN_FILE
+#error "the build passes the plug-in's path as PQ_CUDA_PLUGIN_FILE"
+#endif
+
+namespace {
+
+// $PQCACHE_CUDA_PLUGIN overrides the built path (a build tree copied to a GPU
+// machine lives elsewhere).
+const char* plugin_file() {
+  const char* env = std::getenv("PQCACHE_CUDA_PLUGIN");
+  return env != nullptr && env[0] != '\0' ? env : PQ_CUDA_PLUGIN_FILE;
+}
+
+pq_cuda_plugin_entry_fn plugin_entry() {
+  static void* handle = dlopen(plugin_file(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return nullptr;
+  return reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(handle, PQ_CUDA_PLUGIN_ENTRY));
+}
+
+const pq_cuda_plugin_v2* plugin_v2() {
+  pq_cuda_plugin_entry_fn entry = plugin_entry();
+  if (entry == nullptr) return nullptr;
+  const pq_cuda_plugin_v1* t = entry(PQ_CUDA_PLUGIN_ABI_VERSION_2);
+  if (t == nullptr || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION_2 ||
+      t->struct_size < sizeof(pq_cuda_plugin_v2))
+    return nullptr;
+  return reinterpret_cast<const pq_cuda_plugin_v2*>(t);
+}
+
+// Why there is no device, or "" when there is one.
+std::string no_device_reason() {
+  const pq_cuda_plugin_v2* p = plugin_v2();
+  if (p == nullptr) return std::string("cannot open the plug-in ") + plugin_file();
+  if (p->device_count() > 0) return "";
+  int n = 0;
+  cudaError_t s = cudaGetDeviceCount(&n);
+  if (s != cudaSuccess)
+    return std::string("no CUDA device: ") + cudaGetErrorName(s) + ": " + cudaGetErrorString(s);
+  return "no CUDA device: cudaGetDeviceCount reports 0 devices";
+}
+
+#define REQUIRE_DEVICE()                                    \
+  do {                                                      \
+    std::string why_ = no_device_reason();                  \
+    if (!why_.empty()) GTEST_SKIP() << why_;                \
+  } while (0)
+
+// Device memory through the plug-in (this test never calls cudaMalloc).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v2()->device_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
+  }
+  ~DeviceBuffer() {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v2()->device_free(ptr_, err, sizeof err), 0) << err;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+template <typename T>
+void upload(const DeviceBuffer& d, const std::vector<T>& h, size_t offset_bytes = 0) {
+  char err[256] = "";
+  ASSERT_LE(offset_bytes + h.size() * sizeof(T), d.bytes());
+  ASSERT_EQ(plugin_v2()->copy(static_cast<char*>(d.get()) + offset_bytes, h.data(),
+                              h.size() * sizeof(T), PQ_COPY_HOST_TO_DEVICE, err, sizeof err),
+            0)
+      << err;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& d, size_t count) {
+  char err[256] = "";
+  std::vector<T> h(count);
+  EXPECT_EQ(plugin_v2()->copy(h.data(), d.get(), count * sizeof(T), PQ_COPY_DEVICE_TO_HOST, err,
+                              sizeof err),
+            0)
+      << err;
+  return h;
+}
+
+void sync() {
+  char err[256] = "";
+  ASSERT_EQ(plugin_v2()->stream_synchronize(nullptr, err, sizeof err), 0) << err;
+}
+
+// ---------------------------------------------------------------------------
+// ABI: runs without a GPU.
+// ---------------------------------------------------------------------------
+
+TEST(CudaPluginAbi, Version1IsUnchangedAndVersion2ExtendsIt) {
+  pq_cuda_plugin_entry_fn entry = plugin_entry();
+  ASSERT_NE(entry, nullptr) << dlerror();
+  const pq_cuda_plugin_v1* v1 = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
+  ASSERT_NE(v1, nullptr);
+  EXPECT_EQ(v1->abi_version, 1u);
+  EXPECT_EQ(v1->struct_size, sizeof(pq_cuda_plugin_v1));
+  ASSERT_TRUE(v1->device_count && v1->device_name && v1->set_device && v1->is_device_pointer &&
+              v1->copy);
+  EXPECT_GE(v1->device_count(), 0);  // callable without a device: 0 there
+  int stack_value = 0;
+  EXPECT_EQ(v1->is_device_pointer(&stack_value), 0);
+
+  const pq_cuda_plugin_v1* t2 = entry(PQ_CUDA_PLUGIN_ABI_VERSION_2);
+  ASSERT_NE(t2, nullptr);
+  EXPECT_EQ(t2->abi_version, 2u);  // read through the v1 prefix, as a loader would
+  ASSERT_EQ(t2->struct_size, sizeof(pq_cuda_plugin_v2));
+  const auto* v2 = reinterpret_cast<const pq_cuda_plugin_v2*>(t2);
+  EXPECT_EQ(v2->device_count, v1->device_count);
+  EXPECT_EQ(v2->device_name, v1->device_name);
+  EXPECT_EQ(v2->set_device, v1->set_device);
+  EXPECT_EQ(v2->is_device_pointer, v1->is_device_pointer);
+  EXPECT_EQ(v2->copy, v1->copy);
+  EXPECT_TRUE(v2->device_alloc && v2->device_free && v2->stream_synchronize &&
+              v2->pq_scan_workspace_size && v2->pq_scan && v2->topk_workspace_size && v2->topk);
+
+  EXPECT_EQ(entry(0), nullptr);
+  EXPECT_EQ(entry(3), nullptr);
+}
+
+TEST(CudaPluginAbi, WorkspaceSizesAndArgumentChecksNeedNoDevice) {
+  const pq_cuda_plugin_v2* p = plugin_v2();
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->topk_workspace_size(4, 1000, 1000), 0u);  // k >= n: no select
+  EXPECT_EQ(p->topk_workspace_size(4, 1000, 0), 0u);
+  EXPECT_GE(p->topk_workspace_size(4, 1 << 20, 100), 4u * 4 * 256 * sizeof(uint32_t));
+  EXPECT_EQ(p->pq_scan_workspace_size(8, 4, 2, 1 << 17, PQ_GQA_MAX), 0u);
+  EXPECT_EQ(p->pq_scan_workspace_size(8, 1, 2, 1 << 17, PQ_GQA_SUM_SOFTMAX), 0u);
+  EXPECT_GT(p->pq_scan_workspace_size(8, 4, 2, 1 << 17, PQ_GQA_SUM_SOFTMAX), 0u);
+
+  // Argument errors come back before any CUDA call, with a message.
+  char err[256] = "";
+  int32_t out = 0;
+  EXPECT_NE(p->topk(nullptr, -1, 10, 1, 0, &out, nullptr, 0, nullptr, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("rows"), std::string::npos) << err;
+  EXPECT_NE(p->topk(nullptr, 1, 10, 1, int64_t{INT32_MAX}, &out, nullptr, 0, nullptr, err,
+                    sizeof err),
+            0);
+  EXPECT_NE(std::string(err).find("int32"), std::string::npos) << err;
+  EXPECT_EQ(p->topk(nullptr, 0, 10, 1, 0, nullptr, nullptr, 0, nullptr, err, sizeof err), 0);
+  EXPECT_NE(p->pq_scan(nullptr, nullptr, 1, 1, 2, 3, 10, 0, 10, PQ_GQA_MAX, 1.f, nullptr, nullptr,
+                       0, nullptr, err, sizeof err),
+            0);
+  EXPECT_NE(std::string(err).find("centroids"), std::string::npos) << err;
+  EXPECT_NE(p->pq_scan(nullptr, nullptr, 1, 1, 2, 4, 10, 5, 11, PQ_GQA_MAX, 1.f, nullptr, nullptr,
+                       0, nullptr, err, sizeof err),
+            0);
+  EXPECT_NE(std::string(err).find("token range"), std::string::npos) << err;
+  EXPECT_NE(p->pq_scan(nullptr, nullptr, 1, 4, 2, 4, 10, 0, 10, PQ_GQA_SUM_SOFTMAX, 1.f,
+                       reinterpret_cast<float*>(16), nullptr, 0, nullptr, err, sizeof err),
+            0);  // NULL lut
+}
+
+// ---------------------------------------------------------------------------
+// Top-k
+// ---------------------------------------------------------------------------
+
+// Runs the GPU top-k over `rows` rows of n scores and compares every row
+// with the CPU's select_top_k.
+void check_topk(const std::vector<float>& scores, int32_t rows, int64_t n, int64_t k,
+                int64_t first, const std::string& what) {
+  const pq_cuda_plugin_v2* p = plugin_v2();
+  const int64_t width = std::min(k, n);  // positions written per row
+  DeviceBuffer d_scores(scores.size() * sizeof(float));
+  DeviceBuffer d_out(static_cast<size_t>(rows) * static_cast<size_t>(std::max<int64_t>(k, 1)) *
+                     sizeof(int32_t));
+  DeviceBuffer d_ws(std::max<size_t>(p->topk_workspace_size(rows, n, k), 1));
+  upload(d_scores, scores);
+  char err[256] = "";
+  ASSERT_EQ(p->topk(d_scores.as<float>(), rows, n, k, first, d_out.as<int32_t>(), d_ws.get(),
+                    d_ws.bytes(), nullptr, err, sizeof err),
+            0)
+      << what << ": " << err;
+  sync();
+  std::vector<int32_t> gpu = download<int32_t>(d_out, static_cast<size_t>(rows) * std::max<int64_t>(k, 1));
+  pq::SelectScratch scratch;
+  for (int32_t r = 0; r < rows; ++r) {
+    std::vector<int32_t> cpu(static_cast<size_t>(width));
+    pq::select_top_k(scores.data() + static_cast<size_t>(r) * n, n, k, first, cpu.data(), scratch);
+    std::vector<int32_t> row(gpu.begin() + static_cast<ptrdiff_t>(r * k),
+                             gpu.begin() + static_cast<ptrdiff_t>(r * k + width));
+    ASSERT_EQ(row, cpu) << what << ", row " << r << " of " << rows << ", n = " << n
+                        << ", k = " << k;
+  }
+}
+
+std::vector<int64_t> k_values(int64_t n) {
+  std::vector<int64_t> ks = {1, 100, n / 10, n / 5, 65536, n - 1, n};
+  std::vector<int64_t> out;
+  for (int64_t k : ks)
+    if (k >= 1 && k <= n && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  return out;
+}
+
+TEST(CudaTopK, MatchesCpuOnRandomRows) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{100}, int64_t{1000},
+                    int64_t{4095}, int64_t{4097}, int64_t{65539}, int64_t{300001},
+                    int64_t{1} << 20}) {
+    const int32_t rows = n >= (1 << 20) ? 2 : 3;
+    std::vector<float> s(static_cast<size_t>(rows * n));
+    for (float& x : s) x = normal(rng);
+    for (int64_t k : k_values(n))
+      check_topk(s, rows, n, k, 1000, "random normal");
+  }
+}
+
+TEST(CudaTopK, MassiveTiesGoToTheLargerPositions) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(12);
+  const int64_t n = 200003;
+  const int32_t rows = 4;
+  std::vector<float> s(static_cast<size_t>(rows * n));
+  for (int32_t r = 0; r < rows; ++r) {
+    std::uniform_int_distribution<int> value(0, r);  // row 0: all equal; row 3: 4 values
+    for (int64_t i = 0; i < n; ++i) s[static_cast<size_t>(r * n + i)] = static_cast<float>(value(rng));
+  }
+  for (int64_t k : k_values(n)) check_topk(s, rows, n, k, 0, "few distinct values");
+  for (int64_t k : {int64_t{3}, int64_t{4096}, int64_t{4097}, n / 2}) check_topk(s, rows, n, k, 7, "few distinct values");
+}
+
+TEST(CudaTopK, NegativeZerosInfinitiesAndSignedZeroTies) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(13);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float pool[] = {-0.0f, 0.0f, -1.0f, 1.0f, -1e-30f, 1e-30f, -3.0e38f, 3.0e38f,
+                        -inf,  inf,  -2.5f, -1e-45f /* denormal */};
+  std::uniform_int_distribution<int> pick(0, static_cast<int>(sizeof pool / sizeof pool[0]) - 1);
+  std::normal_distribution<float> normal(-5.f, 1.f);  // all negative, mostly
+  for (int64_t n : {int64_t{33}, int64_t{5000}, int64_t{70001}}) {
+    const int32_t rows = 3;
+    std::vector<float> s(static_cast<size_t>(rows * n));
+    for (int64_t i = 0; i < n; ++i) {
+      s[static_cast<size_t>(i)] = pool[pick(rng)];                            // row 0: the pool
+      s[static_cast<size_t>(n + i)] = (i % 2) ? -0.0f : 0.0f;                // row 1: +-0 only
+      s[static_cast<size_t>(2 * n + i)] = -std::fabs(normal(rng)) - 1e-3f;   // row 2: negative
+    }
+    for (int64_t k : k_values(n)) check_topk(s, rows, n, k, 5, "signed zeros and negatives");
+  }
+}
+
+TEST(CudaTopK, ManyRowsPerLaunch) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(14);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t n = 9000;
+  const int32_t rows = 37;
+  std::vector<float> s(static_cast<size_t>(rows * n));
+  for (float& x : s) x = std::round(u(rng) * 50.f) / 50.f;  // some ties inside each row
+  for (int64_t k : {int64_t{1}, int64_t{900}, int64_t{4096}, int64_t{8999}})
+    check_topk(s, rows, n, k, 123, "37 rows");
+}
+
+// ---------------------------------------------------------------------------
+// PQ scoring
+// ---------------------------------------------------------------------------
+
+struct ScanCase {
+  int32_t kv_heads, group, m, bits;
+  int64_t stride, begin, end;
+  int32_t combine;
+  bool integer_lut;      // exact regime: integer LUT entries, power-of-two scale
+  size_t codes_offset;   // bytes: a non-zero offset misaligns the codes (byte path)
+};
+
+std::string describe(const ScanCase& c) {
+  return "kv_heads " + std::to_string(c.kv_heads) + ", group " + std::to_string(c.group) +
+         ", m " + std::to_string(c.m) + ", b " + std::to_string(c.bits) + ", tokens [" +
+         std::to_string(c.begin) + ", " + std::to_string(c.end) + ") of " +
+         std::to_string(c.stride) + ", combine " + std::to_string(c.combine) +
+         (c.integer_lut ? ", integer LUT" : "") +
+         (c.codes_offset ? ", codes offset " + std::to_string(c.codes_offset) : "");
+}
+
+void check_scan(const ScanCase& c, uint32_t seed) {
+  const pq_cuda_plugin_v2* p = plugin_v2();
+  const std::string what = describe(c);
+  const int32_t C = 1 << c.bits;
+  const int64_t n = c.end - c.begin;
+  std::mt19937 rng(seed);
+  std::vector<float> lut(static_cast<size_t>(c.kv_heads) * c.group * c.m * C);
+  if (c.integer_lut) {
+    std::uniform_int_distribution<int> v(-8, 8);
+    for (float& x : lut) x = static_cast<float>(v(rng));
+  } else {
+    std::normal_distribution<float> v(0.f, 2.f);
+    for (float& x : lut) x = v(rng);
+  }
+  std::vector<uint8_t> codes(static_cast<size_t>(c.kv_heads * c.stride * c.m));
+  std::uniform_int_distribution<int> code(0, C - 1);
+  for (uint8_t& x : codes) x = static_cast<uint8_t>(code(rng));
+  const float scale = c.integer_lut ? 0.5f : 1.0f / std::sqrt(128.0f);
+
+  // CPU: the backend's LUT scan, then the combine, per kv head.
+  std::unique_ptr<pq::Backend> cpu = pq::make_cpu_backend();
+  pq::SelectScratch scratch;
+  std::vector<float> expected(static_cast<size_t>(c.kv_heads * n));
+  std::vector<float> raw(static_cast<size_t>(c.group * n));
+  for (int32_t h = 0; h < c.kv_heads; ++h) {
+    cpu->pq_scores(lut.data() + static_cast<size_t>(h) * c.group * c.m * C, c.group, c.m, C,
+                   codes.data() + static_cast<size_t>(h * c.stride + c.begin) * c.m, n,
+                   raw.data());
+    pq::combine_group_scores(raw.data(), c.group, n, c.combine, scale,
+                             expected.data() + static_cast<size_t>(h) * n, scratch);
+  }
+
+  DeviceBuffer d_lut(lut.size() * sizeof(float));
+  DeviceBuffer d_codes(codes.size() + c.codes_offset);
+  DeviceBuffer d_scores(std::max<size_t>(expected.size(), 1) * sizeof(float));
+  const size_t ws = p->pq_scan_workspace_size(c.kv_heads, c.group, c.m, n, c.combine);
+  DeviceBuffer d_ws(std::max<size_t>(ws, 1));
+  upload(d_lut, lut);
+  upload(d_codes, codes, c.codes_offset);
+  char err[256] = "";
+  ASSERT_EQ(p->pq_scan(d_lut.as<float>(), d_codes.as<uint8_t>() + c.codes_offset, c.kv_heads,
+                       c.group, c.m, C, c.stride, c.begin, c.end, c.combine, scale,
+                       d_scores.as<float>(), d_ws.get(), ws, nullptr, err, sizeof err),
+            0)
+      << what << ": " << err;
+  sync();
+  std::vector<float> got = download<float>(d_scores, expected.size());
+
+  // MAX and MEAN repeat the CPU's operations in its order: bit-identical.
+  // SUM_SOFTMAX sums the exponentials in another order: float tolerance.
+  const bool exact = c.combine != PQ_GQA_SUM_SOFTMAX || c.group == 1;
+  // The CPU adds n exponentials in 8 sequential lanes; its own rounding grows
+  // with n, so long rows get a little more room than 1e-5.
+  const double rel = n > 20000 ? 3e-5 : 1e-5;
+  int reported = 0;
+  for (size_t i = 0; i < expected.size() && reported < 5; ++i) {
+    if (exact) {
+      if (got[i] != expected[i]) {
+        ADD_FAILURE() << what << ": score " << i << " is " << got[i] << ", CPU " << expected[i];
+        ++reported;
+      }
+    } else if (!(std::fabs(got[i] - expected[i]) <= rel * std::fabs(expected[i]) + 1e-37)) {
+      ADD_FAILURE() << what << ": score " << i << " is " << got[i] << ", CPU " << expected[i]
+                    << " (relative tolerance " << rel << ")";
+      ++reported;
+    }
+  }
+}
+
+TEST(CudaPqScan, MatchesCpuOverSubspacesBitsGroupsAndModes) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 100;
+  for (int32_t m : {1, 2, 4, 8})
+    for (int32_t bits : {2, 6, 8})
+      for (int32_t group : {1, 3, 4})
+        for (int32_t combine : {PQ_GQA_SUM_SOFTMAX, PQ_GQA_MAX, PQ_GQA_MEAN}) {
+          // 3 kv heads, an odd begin (the first slot of each head is partial)
+          // and a count that is not a multiple of any vector width.
+          check_scan({3, group, m, bits, 1201, 3, 3 + 1001, combine, false, 0}, seed++);
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(CudaPqScan, ExactRegimeIsBitIdenticalForMaxAndMean) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 200;
+  for (int32_t m : {1, 2, 4, 8})
+    for (int32_t group : {1, 3, 4})
+      for (int32_t combine : {PQ_GQA_MAX, PQ_GQA_MEAN, PQ_GQA_SUM_SOFTMAX})
+        check_scan({2, group, m, 8, 5000, 17, 4990, combine, true, 0}, seed++);
+}
+
+TEST(CudaPqScan, LongRowsUseManyBlocksPerHead) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 300;
+  // Several blocks per head: the softmax partials are reduced across blocks.
+  for (int32_t combine : {PQ_GQA_SUM_SOFTMAX, PQ_GQA_MAX, PQ_GQA_MEAN}) {
+    check_scan({8, 4, 2, 8, 70003, 5, 70003, combine, false, 0}, seed++);
+    check_scan({2, 3, 1, 6, 140001, 0, 139999, combine, false, 0}, seed++);
+  }
+}
+
+TEST(CudaPqScan, OtherShapesAndFallbackPaths) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 400;
+  for (int32_t combine : {PQ_GQA_SUM_SOFTMAX, PQ_GQA_MAX, PQ_GQA_MEAN}) {
+    // Misaligned codes: the byte path for a vector-friendly m.
+    check_scan({3, 4, 2, 8, 3001, 1, 2999, combine, false, 3}, seed++);
+    // m that does not divide 16 (byte path) and m = 16 (one token per uint4).
+    check_scan({2, 3, 3, 8, 2000, 2, 1999, combine, false, 0}, seed++);
+    check_scan({2, 4, 16, 4, 2000, 0, 1777, combine, false, 0}, seed++);
+    // A group whose LUT does not fit in shared memory at once (8 x 8 x 256
+    // floats): query heads in chunks.
+    check_scan({2, 8, 8, 8, 9000, 9, 8999, combine, false, 0}, seed++);
+    // One head's LUT above the shared budget (40 x 256 floats): global LUT.
+    check_scan({2, 2, 40, 8, 600, 1, 555, combine, false, 0}, seed++);
+    // A single token, and an empty range.
+    check_scan({2, 4, 2, 8, 100, 50, 51, combine, false, 0}, seed++);
+    check_scan({2, 4, 2, 8, 100, 50, 50, combine, false, 0}, seed++);
+  }
+}
+
+// Scoring then top-k on the device gives the CPU's selection (MAX and MEAN
+// scores are bit-identical, so the sets match exactly).
+TEST(CudaPqScan, ScoreThenTopKSelectsWhatTheCpuSelects) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin_v2* p = plugin_v2();
+  const int32_t kv = 8, group = 4, m = 2, C = 256;
+  const int64_t stride = 32768, begin = 4, end = 32768 - 64, n = end - begin, k = n / 10;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> v(0.f, 1.f);
+  std::vector<float> lut(static_cast<size_t>(kv) * group * m * C);
+  for (float& x : lut) x = v(rng);
+  std::vector<uint8_t> codes(static_cast<size_t>(kv * stride * m));
+  for (uint8_t& x : codes) x = static_cast<uint8_t>(rng() & 255u);
+  const float scale = 1.0f / std::sqrt(128.0f);
+  for (int32_t combine : {PQ_GQA_MAX, PQ_GQA_MEAN}) {
+    DeviceBuffer d_lut(lut.size() * 4), d_codes(codes.size()), d_scores(kv * n * 4),
+        d_out(kv * k * 4), d_ws(p->topk_workspace_size(kv, n, k));
+    upload(d_lut, lut);
+    upload(d_codes, codes);
+    char err[256] = "";
+    ASSERT_EQ(p->pq_scan(d_lut.as<float>(), d_codes.as<uint8_t>(), kv, group, m, C, stride, begin,
+                         end, combine, scale, d_scores.as<float>(), nullptr, 0, nullptr, err,
+                         sizeof err),
+              0)
+        << err;
+    ASSERT_EQ(p->topk(d_scores.as<float>(), kv, n, k, begin, d_out.as<int32_t>(), d_ws.get(),
+                      d_ws.bytes(), nullptr, err, sizeof err),
+              0)
+        << err;
+    sync();
+    std::vector<int32_t> got = download<int32_t>(d_out, static_cast<size_t>(kv * k));
+    std::unique_ptr<pq::Backend> cpu = pq::make_cpu_backend();
+    pq::SelectScratch scratch;
+    std::vector<float> raw(static_cast<size_t>(group * n)), combined(static_cast<size_t>(n));
+    std::vector<int32_t> want(static_cast<size_t>(k));
+    for (int32_t h = 0; h < kv; ++h) {
+      cpu->pq_scores(lut.data() + static_cast<size_t>(h) * group * m * C, group, m, C,
+                     codes.data() + static_cast<size_t>(h * stride + begin) * m, n, raw.data());
+      pq::combine_group_scores(raw.data(), group, n, combine, scale, combined.data(), scratch);
+      pq::select_top_k(combined.data(), n, k, begin, want.data(), scratch);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + h * k))
+          << "kv head " << h << ", combine " << combine;
+    }
+  }
+}
+
+}  // namespace
