@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "blocks.h"
 #include "selector.h"
 #include "topk.h"
 #include "vector_math.h"
@@ -120,38 +121,6 @@ void extend_head(const KvStore& store, int32_t dtype, int32_t d, int32_t head, i
   }
 }
 
-// Takes whole blocks of the middle in the order of `score` (descending, ties:
-// the later block) until r.k tokens are taken; the last one is cut to its
-// highest positions. Writes the positions ascending.
-void take_blocks(const SelectionRequest& r, int32_t B, const float* score, int64_t nb,
-                 int32_t* out) {
-  std::vector<int64_t> order(static_cast<size_t>(nb));
-  for (int64_t j = 0; j < nb; ++j) order[static_cast<size_t>(j)] = j;
-  auto key = [score](int64_t j) {
-    float s = score[j];
-    return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
-  };
-  std::sort(order.begin(), order.end(), [&key](int64_t a, int64_t b) {
-    float sa = key(a), sb = key(b);
-    return sa != sb ? sa > sb : a > b;
-  });
-  const int64_t first_block = r.mid_begin / B;
-  auto block_begin = [&](int64_t j) { return std::max((first_block + j) * B, r.mid_begin); };
-  auto block_end = [&](int64_t j) { return std::min((first_block + j + 1) * B, r.mid_end); };
-  std::vector<int64_t> taken(static_cast<size_t>(nb), 0);
-  int64_t left = r.k;
-  for (int64_t j : order) {
-    if (left == 0) break;
-    int64_t t = std::min(left, block_end(j) - block_begin(j));
-    taken[static_cast<size_t>(j)] = t;
-    left -= t;
-  }
-  int64_t w = 0;
-  for (int64_t j = 0; j < nb; ++j)
-    for (int64_t p = block_end(j) - taken[static_cast<size_t>(j)]; p < block_end(j); ++p)
-      out[w++] = static_cast<int32_t>(p);
-}
-
 class InfllmSelector final : public Selector {
  public:
   const char* name() const override { return "infllm"; }
@@ -166,8 +135,7 @@ class InfllmSelector final : public Selector {
     if (s == nullptr) return;
     // The middle as the core computes it (Context::regions); select_middle
     // checks that it matches and falls back to summarising on the fly if not.
-    const int64_t mid_begin = std::min<int64_t>(c.sink_tokens, n);
-    const int64_t mid_end = std::max(mid_begin, n - static_cast<int64_t>(c.local_tokens));
+    const auto [mid_begin, mid_end] = middle_of(n, c);
     if (mid_end == mid_begin) return;
     if (s->mid_begin != mid_begin || s->block_tokens != c.block_tokens ||
         s->representatives != c.block_representatives || s->covered_end > mid_end) {

@@ -1,0 +1,55 @@
+// Block-granular selection shared by InfLLM and Quest: both score aligned
+// blocks of block_tokens tokens and take whole blocks, best first.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "selector.h"
+
+namespace pq {
+
+// The middle [begin, end) of a layer of n tokens, as Context::regions
+// computes it: selector state is kept per middle, before a request exists.
+inline std::pair<int64_t, int64_t> middle_of(int64_t n, const pq_config& c) {
+  const int64_t begin = std::min<int64_t>(c.sink_tokens, n);
+  return {begin, std::max(begin, n - static_cast<int64_t>(c.local_tokens))};
+}
+
+// Takes whole blocks of the middle in the order of `score` (descending, ties:
+// the later block) until r.k tokens are taken; the last one is cut to its
+// highest positions. Writes the positions ascending.
+inline void take_blocks(const SelectionRequest& r, int32_t B, const float* score, int64_t nb,
+                 int32_t* out) {
+  std::vector<int64_t> order(static_cast<size_t>(nb));
+  for (int64_t j = 0; j < nb; ++j) order[static_cast<size_t>(j)] = j;
+  auto key = [score](int64_t j) {
+    float s = score[j];
+    return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
+  };
+  std::sort(order.begin(), order.end(), [&key](int64_t a, int64_t b) {
+    float sa = key(a), sb = key(b);
+    return sa != sb ? sa > sb : a > b;
+  });
+  const int64_t first_block = r.mid_begin / B;
+  auto block_begin = [&](int64_t j) { return std::max((first_block + j) * B, r.mid_begin); };
+  auto block_end = [&](int64_t j) { return std::min((first_block + j + 1) * B, r.mid_end); };
+  std::vector<int64_t> taken(static_cast<size_t>(nb), 0);
+  int64_t left = r.k;
+  for (int64_t j : order) {
+    if (left == 0) break;
+    int64_t t = std::min(left, block_end(j) - block_begin(j));
+    taken[static_cast<size_t>(j)] = t;
+    left -= t;
+  }
+  int64_t w = 0;
+  for (int64_t j = 0; j < nb; ++j)
+    for (int64_t p = block_end(j) - taken[static_cast<size_t>(j)]; p < block_end(j); ++p)
+      out[w++] = static_cast<int32_t>(p);
+}
+
+}  // namespace pq
