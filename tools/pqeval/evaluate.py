@@ -218,7 +218,7 @@ def main(argv: Optional[List[str]] = None) -> None:
               "top-k of the middle tokens + 128 local tokens; drop methods get 1/128 more "
               "(compensation).", ""]
     results = trace_tables(t, steps, lines)
-    png = plot_trace(results, out / "quality-trace.png")
+    png = plot_trace(results, out / ("quality-quick-trace.png" if args.quick else "quality-trace.png"))
     if png:
         lines += ["", f"![selectors on the trace]({png})"]
     pq_config_table(t, steps, lines)
