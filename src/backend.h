@@ -34,6 +34,18 @@ class Backend {
   virtual void pq_scores(const float* lut, int32_t queries, int32_t subspaces,
                          int32_t centroids, const uint8_t* codes, int64_t tokens,
                          float* out) const = 0;
+
+  // The whole PQ selection of one kv head on the backend's device, when it
+  // has one: scores through the LUT ([queries][m][centroids]), the GQA
+  // combine (pq_gqa_combine, logits raw * scale) and the top k, positions
+  // first + i written ascending into out. Returns false when the backend
+  // has no such path (the caller then runs the host code), throws on
+  // failure. Same semantics as the host path (ties to the larger position).
+  virtual bool pq_select(const float* lut, int32_t queries, int32_t subspaces,
+                         int32_t centroids, const uint8_t* codes, int64_t tokens, int32_t combine,
+                         float scale, int64_t k, int64_t first, int32_t* out) const {
+    return false;
+  }
 };
 
 // The built-in host backend.

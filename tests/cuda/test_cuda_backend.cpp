@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <pqcache.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,6 +156,63 @@ TEST(CudaBackend, DeviceTensorsMatchTheCpuBackend) {
     cudaFree(p);
   pq_destroy(cpu);
   pq_destroy(gpu);
+}
+
+}  // namespace
+
+namespace {
+
+// PQ selection through the plug-in's kernels (scan, GQA combine, radix top-k
+// on the GPU) against the CPU backend on the same data: with MAX the scores
+// are bit-identical, so the sets must be equal; with the softmax combine the
+// sums differ in order, so near ties may swap.
+TEST(CudaBackend, PqSelectionOnTheGpuMatchesTheCpu) {
+  std::string why;
+  if (cuda_devices(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  constexpr int kKv = 4, kQ = 16, kDim = 64, kN = 20000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys(static_cast<size_t>(kN) * kKv * kDim);
+  for (auto& x : keys) x = normal(rng);
+  std::vector<float> query(static_cast<size_t>(kQ) * kDim);
+  for (auto& x : query) x = normal(rng);
+  pq_tensor k, q;
+  pq_tensor_init(&k, keys.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kN, kKv, kDim);
+  pq_tensor_init(&q, query.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQ, kDim);
+  for (int32_t combine : {PQ_GQA_MAX, PQ_GQA_MEAN, PQ_GQA_SUM_SOFTMAX}) {
+    std::vector<std::vector<int32_t>> rows[2];
+    for (int32_t backend : {PQ_BACKEND_CPU, PQ_BACKEND_CUDA}) {
+      pq_config c;
+      pq_config_default(&c);
+      c.num_layers = 1, c.num_q_heads = kQ, c.num_kv_heads = kKv, c.head_dim = kDim;
+      c.dtype = PQ_DTYPE_F32, c.kmeans_iterations = 4, c.gqa_combine = combine;
+      c.backend = backend;
+      pq_context* ctx = nullptr;
+      ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+      ASSERT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+      ASSERT_EQ(pq_prefill_layer(ctx, 1, 0, &k, &k), PQ_OK) << pq_last_error();
+      int64_t cap = 0;
+      ASSERT_EQ(pq_selection_capacity(ctx, 1, 0, &cap), PQ_OK);
+      std::vector<int32_t> pos(kKv * cap), cnt(kKv);
+      pq_selection sel{pos.data(), cnt.data(), cap};
+      ASSERT_EQ(pq_decode_select(ctx, 1, 0, &q, &sel), PQ_OK) << pq_last_error();
+      for (int h = 0; h < kKv; ++h)
+        rows[backend == PQ_BACKEND_CUDA].emplace_back(pos.begin() + h * cap,
+                                                      pos.begin() + h * cap + cnt[h]);
+      pq_destroy(ctx);
+    }
+    for (int h = 0; h < kKv; ++h) {
+      ASSERT_EQ(rows[0][h].size(), rows[1][h].size());
+      if (combine != PQ_GQA_SUM_SOFTMAX) {
+        EXPECT_EQ(rows[0][h], rows[1][h]) << "combine " << combine << " head " << h;
+      } else {
+        std::vector<int32_t> common;
+        std::set_intersection(rows[0][h].begin(), rows[0][h].end(), rows[1][h].begin(),
+                              rows[1][h].end(), std::back_inserter(common));
+        EXPECT_GE(common.size(), rows[0][h].size() * 995 / 1000) << "head " << h;
+      }
+    }
+  }
 }
 
 }  // namespace
