@@ -486,7 +486,8 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
     invalid("out->capacity is " + str(out->capacity) + "; this selection needs " +
             str(r.count()) + " entries per kv head (see pq_selection_capacity)");
   if (selector_->needs_index()) code_tokens(layer, r.mid_end);
-  selector_->update_state(layer.selector_state.get(), layer.store, r.n, config_);
+  selector_->update_state(layer.selector_state.get(), layer.store, r.n, r.sink_end, r.mid_end,
+                          config_);
 
   const int32_t kv_heads = config_.num_kv_heads;
   std::vector<uint64_t> bytes(static_cast<size_t>(kv_heads), 0);

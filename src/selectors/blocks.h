@@ -6,19 +6,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <utility>
 #include <vector>
 
 #include "selector.h"
 
 namespace pq {
-
-// The middle [begin, end) of a layer of n tokens, as Context::regions
-// computes it: selector state is kept per middle, before a request exists.
-inline std::pair<int64_t, int64_t> middle_of(int64_t n, const pq_config& c) {
-  const int64_t begin = std::min<int64_t>(c.sink_tokens, n);
-  return {begin, std::max(begin, n - static_cast<int64_t>(c.local_tokens))};
-}
 
 // Takes whole blocks of the middle in the order of `score` (descending, ties:
 // the later block) until r.k tokens are taken; the last one is cut to its

@@ -38,7 +38,7 @@ class H2oSelector final : public Selector {
     return std::make_unique<H2oState>(c.num_kv_heads);
   }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t n,
+  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     if (state) static_cast<H2oState*>(state)->attention.grow(n);
   }

@@ -38,6 +38,7 @@
 
 #include "dtype.h"
 #include "blocks.h"
+#include "error.h"
 #include "selector.h"
 #include "topk.h"
 #include "vector_math.h"
@@ -129,13 +130,10 @@ class InfllmSelector final : public Selector {
     return std::make_unique<InfllmState>();
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t n,
-                    const pq_config& c) const override {
+  void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
+                    int64_t mid_end, const pq_config& c) const override {
     auto* s = dynamic_cast<InfllmState*>(state);
     if (s == nullptr) return;
-    // The middle as the core computes it (Context::regions); select_middle
-    // checks that it matches and falls back to summarising on the fly if not.
-    const auto [mid_begin, mid_end] = middle_of(n, c);
     if (mid_end == mid_begin) return;
     if (s->mid_begin != mid_begin || s->block_tokens != c.block_tokens ||
         s->representatives != c.block_representatives || s->covered_end > mid_end) {
@@ -164,17 +162,10 @@ class InfllmSelector final : public Selector {
     const int32_t d = r.head_dim, G = r.group_size;
     const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
     const auto* s = dynamic_cast<const InfllmState*>(r.state);
-    const int32_t* reps = nullptr;
-    std::vector<int32_t> local;
-    if (s != nullptr && s->mid_begin == r.mid_begin && s->covered_end == r.mid_end &&
-        s->block_tokens == B && s->representatives == R) {
-      reps = s->reps[static_cast<size_t>(r.kv_head)].data();
-    } else {  // not the middle update_state saw: summarise this head now
-      SummaryScratch scratch;
-      extend_head(r.store, r.dtype, d, r.kv_head, r.mid_begin, r.mid_begin, r.mid_end, B, R,
-                  local, scratch);
-      reps = local.data();
-    }
+    // The core calls update_state with this very middle just before.
+    if (s == nullptr || s->mid_begin != r.mid_begin || s->covered_end != r.mid_end)
+      fail(PQ_ERR_INTERNAL, "infllm: block summaries do not cover the middle being selected");
+    const int32_t* reps = s->reps[static_cast<size_t>(r.kv_head)].data();
 
     std::vector<float>& raw = r.scratch.raw;
     raw.assign(static_cast<size_t>(G) * nb, -std::numeric_limits<float>::infinity());

@@ -157,7 +157,7 @@ class PromptScoreSelector : public Selector {
 
   // The core calls this before it writes any output, so failing here keeps
   // pq_decode_select's promise that *out is written only on success.
-  void update_state(SelectorState* state, const KvStore&, int64_t,
+  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
     auto* s = static_cast<PromptState*>(state);
     if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), s ? s->layer : -1);

@@ -26,6 +26,7 @@
 
 #include "dtype.h"
 #include "blocks.h"
+#include "error.h"
 #include "selector.h"
 #include "topk.h"
 
@@ -81,13 +82,10 @@ class QuestSelector final : public Selector {
     return std::make_unique<QuestState>();
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t n,
-                    const pq_config& c) const override {
+  void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
+                    int64_t mid_end, const pq_config& c) const override {
     auto* s = dynamic_cast<QuestState*>(state);
     if (s == nullptr) return;
-    // The middle as the core computes it (Context::regions); select_middle
-    // checks that it matches and falls back to summarising on the fly if not.
-    const auto [mid_begin, mid_end] = middle_of(n, c);
     if (mid_end == mid_begin) return;
     if (s->mid_begin != mid_begin || s->block_tokens != c.block_tokens ||
         s->covered_end > mid_end) {
@@ -113,17 +111,10 @@ class QuestSelector final : public Selector {
     const int32_t B = r.config.block_tokens, d = r.head_dim, G = r.group_size;
     const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
     const auto* s = dynamic_cast<const QuestState*>(r.state);
-    const float* mm = nullptr;
-    std::vector<float> local;
-    if (s != nullptr && s->mid_begin == r.mid_begin && s->covered_end == r.mid_end &&
-        s->block_tokens == B) {
-      mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
-    } else {  // not the middle update_state saw: summarise this head now
-      std::vector<float> key;
-      extend_head(r.store, r.dtype, d, r.kv_head, r.mid_begin, r.mid_begin, r.mid_end, B, local,
-                  key);
-      mm = local.data();
-    }
+    // The core calls update_state with this very middle just before.
+    if (s == nullptr || s->mid_begin != r.mid_begin || s->covered_end != r.mid_end)
+      fail(PQ_ERR_INTERNAL, "quest: block summaries do not cover the middle being selected");
+    const float* mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
 
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(G) * nb);

@@ -31,8 +31,8 @@ class RandomSelector final : public Selector {
     return std::make_unique<RandomState>();
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t n,
-                    const pq_config& c) const override {
+  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
+                    const pq_config&) const override {
     if (auto* s = dynamic_cast<RandomState*>(state)) ++s->step;
   }
 

@@ -54,7 +54,7 @@ class ScopeSelector final : public Selector {
   }
 
   // Runs before the core writes any output (see PromptScoreSelector).
-  void update_state(SelectorState* state, const KvStore&, int64_t n,
+  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     auto* s = static_cast<ScopeState*>(state);
     if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), s ? s->layer : -1);

@@ -64,10 +64,12 @@ class Selector {
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
     return nullptr;
   }
-  // Brings the state up to the store's first n tokens before a selection
-  // (e.g. summaries of blocks that filled up). The layer lock is held.
+  // Brings the state up to the store's first n tokens, whose middle is
+  // [mid_begin, mid_end) (the core's regions), before the selection that
+  // uses that middle (e.g. summaries of blocks that filled up). The layer
+  // lock is held.
   virtual void update_state(SelectorState* state, const KvStore& store, int64_t n,
-                            const pq_config& c) const {}
+                            int64_t mid_begin, int64_t mid_end, const pq_config& c) const {}
   // pq_prefill_queries: queries[t][q_head][dim] for the last w prompt tokens.
   virtual void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
                                int64_t w, const pq_config& c) const {}
