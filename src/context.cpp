@@ -50,6 +50,41 @@ StagedTensor stage_input(Backend& backend, const pq_tensor& t) {
   return s;
 }
 
+// Checks a caller's selection (pointers, capacity, counts) and returns its
+// largest count. positions may be NULL only when capacity is 0.
+int64_t check_selection(const pq_selection* sel, int32_t kv_heads) {
+  if (sel == nullptr) invalid("selection is NULL");
+  if (sel->counts == nullptr) invalid("selection->counts is NULL");
+  if (sel->capacity < 0) invalid("selection->capacity is " + str(sel->capacity));
+  if (sel->positions == nullptr && sel->capacity > 0) invalid("selection->positions is NULL");
+  int64_t max_count = 0;
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    if (sel->counts[h] < 0 || sel->counts[h] > sel->capacity)
+      invalid("selection->counts[" + str(h) + "] is " + str(sel->counts[h]) + "; expected 0.." +
+              str(sel->capacity));
+    max_count = std::max<int64_t>(max_count, sel->counts[h]);
+  }
+  return max_count;
+}
+
+// Checks every selected position against the layer's n tokens.
+void check_positions(const pq_selection* sel, int32_t kv_heads, int64_t n, int32_t layer) {
+  for (int32_t h = 0; h < kv_heads; ++h)
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      int32_t p = sel->positions[h * sel->capacity + i];
+      if (p < 0 || p >= n)
+        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
+                "; layer " + str(layer) + " holds " + str(n) + " tokens");
+    }
+}
+
+// PQ_ERR_BAD_STATE unless the layer has been prefilled; `call` needs it.
+void require_prefill(const Layer& layer, uint64_t id, int32_t layer_index, const char* call) {
+  if (layer.prefill_tokens == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
+                               " has no prefill yet; call pq_prefill_layer before " + call);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -277,10 +312,7 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
 
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
-  if (!is_prefill && layer.prefill_tokens == 0)
-    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
-                               " has no prefill yet; call pq_prefill_layer before "
-                               "pq_decode_append");
+  if (!is_prefill) require_prefill(layer, id, layer_index, "pq_decode_append");
   layer.store.append(k.view, v.view);
   if (!layer.selector_state) layer.selector_state = selector_->make_state(config_, layer_index);
   if (is_prefill) {
@@ -384,9 +416,7 @@ void Context::run_build(BuildTask& task, const KvStore::Snapshot& snap, int32_t 
 }
 
 void Context::require_index(Layer& layer, uint64_t id, int32_t layer_index) {
-  if (layer.prefill_tokens == 0)
-    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
-                               " has no prefill yet; call pq_prefill_layer first");
+  require_prefill(layer, id, layer_index, "reading the index");
   layer.finish_build();
   if (!layer.index)
     fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
@@ -475,10 +505,8 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
   std::lock_guard<std::mutex> lock(layer.mutex);
   if (selector_->needs_index()) {
     require_index(layer, id, layer_index);
-  } else if (layer.prefill_tokens == 0) {
-    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
-                               " has no prefill yet; call pq_prefill_layer first");
   } else {
+    require_prefill(layer, id, layer_index, "pq_decode_select");
     layer.poll_build();
   }
   Regions r = regions(layer.store.tokens(), layer_index);
@@ -533,18 +561,8 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
 void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
                     const pq_tensor* out_keys, const pq_tensor* out_values) {
   check_layer(layer_index);
-  if (sel == nullptr) invalid("selection is NULL");
-  if (sel->positions == nullptr) invalid("selection->positions is NULL");
-  if (sel->counts == nullptr) invalid("selection->counts is NULL");
-  if (sel->capacity < 0) invalid("selection->capacity is " + str(sel->capacity));
   const int32_t kv_heads = config_.num_kv_heads;
-  int64_t max_count = 0;
-  for (int32_t h = 0; h < kv_heads; ++h) {
-    if (sel->counts[h] < 0 || sel->counts[h] > sel->capacity)
-      invalid("selection->counts[" + str(h) + "] is " + str(sel->counts[h]) + "; expected 0.." +
-              str(sel->capacity));
-    max_count = std::max<int64_t>(max_count, sel->counts[h]);
-  }
+  const int64_t max_count = check_selection(sel, kv_heads);
   validate_tensor(out_keys,
                   {"out_keys", kv_heads, config_.head_dim, config_.dtype, max_count, -1});
   validate_tensor(out_values,
@@ -558,14 +576,7 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
   ScopedTimer timer(&counters_.fetch_ns, &seq->counters->fetch_ns);
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
-  const int64_t n = layer.store.tokens();
-  for (int32_t h = 0; h < kv_heads; ++h)
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      int32_t p = sel->positions[h * sel->capacity + i];
-      if (p < 0 || p >= n)
-        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
-                "; layer " + str(layer_index) + " holds " + str(n) + " tokens");
-    }
+  check_positions(sel, kv_heads, layer.store.tokens(), layer_index);
   // Device outputs are staged through host memory: read the span first so
   // that bytes between the rows the caller did not ask for are preserved.
   StagedTensor k = stage_input(*backend_, *out_keys);
@@ -630,26 +641,17 @@ void Context::prefill_queries(uint64_t id, int32_t layer_index, const pq_tensor*
                f.data() + (static_cast<size_t>(t) * heads + h) * hd);
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
-  if (layer.prefill_tokens == 0)
-    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index) + " of seq_id " + std::to_string(id) +
-                               " has no prefill yet; call pq_prefill_layer before "
-                               "pq_prefill_queries");
+  require_prefill(layer, id, layer_index, "pq_prefill_queries");
   selector_->observe_queries(layer.selector_state.get(), layer.store, f.data(), w, config_);
 }
 
 void Context::observe_attention(uint64_t id, int32_t layer_index, const pq_selection* sel,
                                 const float* probs) {
   check_layer(layer_index);
-  if (sel == nullptr) invalid("selection is NULL");
-  if (sel->counts == nullptr) invalid("selection->counts is NULL");
-  if (sel->capacity < 0) invalid("selection->capacity is " + str(sel->capacity));
-  if (sel->positions == nullptr && sel->capacity > 0) invalid("selection->positions is NULL");
-  if (probs == nullptr && sel->capacity > 0) invalid("probs is NULL");
   const int32_t kv_heads = config_.num_kv_heads;
+  check_selection(sel, kv_heads);
+  if (probs == nullptr && sel->capacity > 0) invalid("probs is NULL");
   for (int32_t h = 0; h < kv_heads; ++h) {
-    if (sel->counts[h] < 0 || sel->counts[h] > sel->capacity)
-      invalid("selection->counts[" + str(h) + "] is " + str(sel->counts[h]) + "; expected 0.." +
-              str(sel->capacity));
     for (int32_t i = 0; i < sel->counts[h]; ++i) {
       float p = probs[h * sel->capacity + i];
       if (!std::isfinite(p) || p < 0.f)
@@ -660,14 +662,7 @@ void Context::observe_attention(uint64_t id, int32_t layer_index, const pq_selec
   auto seq = find(id);
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
-  const int64_t n = layer.store.tokens();
-  for (int32_t h = 0; h < kv_heads; ++h)
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      int32_t p = sel->positions[h * sel->capacity + i];
-      if (p < 0 || p >= n)
-        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
-                "; layer " + str(layer_index) + " holds " + str(n) + " tokens");
-    }
+  check_positions(sel, kv_heads, layer.store.tokens(), layer_index);
   for (int32_t h = 0; h < kv_heads; ++h)
     selector_->observe_attention(layer.selector_state.get(), h,
                                  sel->positions + h * sel->capacity,
