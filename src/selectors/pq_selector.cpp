@@ -14,23 +14,28 @@ class PqSelector final : public Selector {
   const char* name() const override { return "pq"; }
   bool needs_index() const override { return true; }
 
-  // A backend with a device (CUDA) scores, combines and selects there; the
-  // host path is the default select_middle.
+  // One LUT per call: a backend with a device (CUDA) scores, combines and
+  // selects there; otherwise the host scans the codes through it.
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     const int64_t m = r.middle();
-    if (r.k > 0 && r.k < m) {
-      std::vector<float> lut = build_lut(r);
-      const PqCodebook& cb = r.index->codebook;
-      const uint8_t* codes =
-          r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
-      if (r.backend.pq_select(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,
-                              r.combine, r.scale, r.k, r.mid_begin, out))
-        return static_cast<uint64_t>(m) * cb.subspaces;
-    }
-    return Selector::select_middle(r, out);
+    if (r.k == 0 || r.k == m) return Selector::select_middle(r, out);  // nothing to score
+    const PqCodebook& cb = r.index->codebook;
+    const std::vector<float> lut = build_lut(r);
+    const uint8_t* codes =
+        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
+    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
+    if (r.backend.pq_select(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,
+                            r.combine, r.scale, r.k, r.mid_begin, out))
+      return bytes;
+    std::vector<float>& raw = r.scratch.raw;
+    raw.resize(static_cast<size_t>(r.group_size) * m);
+    r.backend.pq_scores(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,
+                        raw.data());
+    select_from_raw(r, raw.data(), out);
+    return bytes;
   }
 
- protected:
+ private:
   // lut[g][j][c] = q_g[j*sd : (j+1)*sd] . centroid[head][j][c]
   static std::vector<float> build_lut(const SelectionRequest& r) {
     const PqCodebook& cb = r.index->codebook;
@@ -44,16 +49,6 @@ class PqSelector final : public Selector {
         for (int32_t ci = 0; ci < k; ++ci) l[ci] = dot(q, c + static_cast<size_t>(ci) * sd, sd);
       }
     return lut;
-  }
-
-  uint64_t score(const SelectionRequest& r, float* raw) const override {
-    const PqCodebook& cb = r.index->codebook;
-    const int32_t m = cb.subspaces, k = cb.centroids;
-    std::vector<float> lut = build_lut(r);
-    const uint8_t* codes =
-        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * m;
-    r.backend.pq_scores(lut.data(), r.group_size, m, k, codes, r.middle(), raw);
-    return static_cast<uint64_t>(r.middle()) * m;  // one byte per code
   }
 };
 

@@ -37,12 +37,16 @@ uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const 
   std::vector<float>& raw = r.scratch.raw;
   raw.resize(static_cast<size_t>(r.group_size) * m);
   uint64_t bytes = score(r, raw.data());
+  select_from_raw(r, raw.data(), out);
+  return bytes;
+}
+
+void Selector::select_from_raw(const SelectionRequest& r, const float* raw, int32_t* out) const {
+  const int64_t m = r.middle();
   std::vector<float>& combined = r.scratch.combined;
   combined.resize(static_cast<size_t>(m));
-  combine_group_scores(raw.data(), r.group_size, m, r.combine, r.scale, combined.data(),
-                       r.scratch);
+  combine_group_scores(raw, r.group_size, m, r.combine, r.scale, combined.data(), r.scratch);
   select_top_k(combined.data(), m, r.k, r.mid_begin, out, r.scratch);
-  return bytes;
 }
 
 }  // namespace pq

@@ -81,6 +81,8 @@ class Selector {
   // Raw dot-product estimates, raw[g * middle + i] for query head g of the
   // group and token mid_begin + i. Returns bytes read.
   virtual uint64_t score(const SelectionRequest& r, float* raw) const;
+  // The GQA combine of raw scores ([group][middle]) and the top k into out.
+  void select_from_raw(const SelectionRequest& r, const float* raw, int32_t* out) const;
 };
 
 // The selector for a pq_selector value, or null if there is none.
