@@ -68,11 +68,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 2
+#define PQ_VERSION_MINOR 3
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.2.0"
+#define PQ_VERSION_STRING "0.3.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -196,6 +196,15 @@ typedef enum pq_backend {
   /* CUDA if the plug-in loads and a device is present, else CPU. */
   PQ_BACKEND_AUTO = 2
 } pq_backend;
+
+/* Which block the GPU block cache (paper section 3.4) evicts when full. */
+typedef enum pq_cache_policy {
+  /* Least recently used: the block whose last top-k use is oldest. */
+  PQ_CACHE_LRU = 0,
+  /* Least frequently used: the block used at the fewest steps (ties: the
+   * least recently used of them). */
+  PQ_CACHE_LFU = 1
+} pq_cache_policy;
 
 /* Memory layout presets for pq_tensor_init. */
 typedef enum pq_layout {
@@ -345,6 +354,19 @@ typedef struct pq_config {
   /* SCOPE: share of the top-k budget for decode tokens, in [0, 1]. Default
    * 0.5. */
   float scope_decode_share;
+
+  /* --- Block cache (appended in 0.3; paper section 3.4) ---------------- */
+  /* Capacity of the block cache of each (sequence, layer), in tokens; it
+   * holds cache_tokens / cache_block_tokens whole blocks of all kv heads'
+   * K and V. 0 (default) turns it off. With the CUDA backend the blocks
+   * live in device memory and pq_fetch_kv copies hits device to device;
+   * with the CPU backend the cache is bookkeeping only (the data comes
+   * from host memory either way), so its hit rate can be measured. */
+  int64_t cache_tokens;
+  /* Tokens per cache block, >= 1. Default 128 (the paper's block). */
+  int32_t cache_block_tokens;
+  /* pq_cache_policy; default PQ_CACHE_LRU. */
+  int32_t cache_policy;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -400,6 +422,16 @@ PQ_API pq_status pq_sequence_length(const pq_context* ctx, uint64_t seq_id,
 
 /* Number of sequences in the context. Thread-safe. */
 PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
+
+/* Orders the device work of seq_id's calls on cuda_stream, a cudaStream_t
+ * passed as an opaque pointer (NULL: the context's own stream, the
+ * default). The library never synchronises the device; a call waits on the
+ * stream only where its result must reach the host (pq_decode_select's
+ * positions). The stream must outlive its use: set NULL before destroying
+ * it. Errors: PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED (a non-NULL stream on
+ * the CPU backend). Threading: must not race with calls on seq_id. */
+PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,
+                                        void* cuda_stream);
 
 /* ------------------------------------------------------------------------ */
 /* Prefill and decode                                                       */
@@ -567,6 +599,11 @@ typedef struct pq_stats {
   double fetch_seconds;      /* wall time in pq_fetch_kv */
   uint64_t bytes_scored;     /* bytes read to score (codes, or keys) */
   uint64_t bytes_fetched;    /* K/V bytes copied by pq_fetch_kv */
+  /* Block cache (appended in 0.3), in selected middle tokens per kv head
+   * that pq_fetch_kv found in a cached block (hits) or not (misses). Sink
+   * and local tokens are not counted. Hit rate: hits / (hits + misses). */
+  uint64_t cache_hits;
+  uint64_t cache_misses;
 } pq_stats;
 
 /* Context-wide statistics, including removed sequences' counters but only

@@ -21,6 +21,17 @@ packages=(
   "binutils|readelf"       # nm, readelf: the export and NEEDED checks in tests/
   "pkg-config|pkg-config"  # dependency lookup
   "python3|python3"        # scripts/bench.sh formats its table with it
+  "swig|swig"              # bindings/swig: the Go, Java and Python bindings
+  "golang-go|go"           # bindings/go (Go 1.19, no module downloads)
+  "openjdk-17-jdk-headless|javac"  # bindings/java (javac, JNI headers)
+  "junit5|"                # bindings/java tests (JUnit 5 console launcher)
+  "rpm|rpmbuild"           # packaging: CPack's RPM generator, rpm2cpio
+  "cpio|cpio"              # packaging tests unpack the .rpm
+  "dpkg-dev|dpkg-shlibdeps"  # packaging: shlibs for the .deb
+  "lintian|lintian"        # packaging: checks the .deb files
+  "abi-dumper|abi-dumper"  # packaging/abi: dumps the built library's ABI
+  "abi-compliance-checker|abi-compliance-checker"  # compares it with the baseline
+  "universal-ctags|ctags"  # abi-dumper needs ctags to list the public symbols
 )
 
 missing=()

@@ -120,6 +120,9 @@ void pq_config_default(pq_config* c) {
   c->pooling_kernel = 7;
   c->pyramid_ratio = 0.25f;
   c->scope_decode_share = 0.5f;
+  c->cache_tokens = 0;
+  c->cache_block_tokens = 128;
+  c->cache_policy = PQ_CACHE_LRU;
 }
 
 pq_status pq_create(const pq_config* config, pq_context** out) {
@@ -179,6 +182,10 @@ pq_status pq_sequence_count(const pq_context* ctx, int64_t* out) {
     const pq::Context& c = ctx_of(ctx);
     *require_out(out, "out_count") = c.sequence_count();
   });
+}
+
+pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id, void* cuda_stream) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_set_stream(seq_id, cuda_stream); });
 }
 
 pq_status pq_prefill_layer(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* keys,

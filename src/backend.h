@@ -19,6 +19,9 @@ class Backend {
   virtual pq_backend kind() const = 0;
   virtual const char* name() const = 0;
 
+  // Whether pq_sequence_set_stream may name a device stream.
+  virtual bool supports_streams() const { return false; }
+
   // Whether tensors in this memory kind can be read and written.
   virtual bool supports_memory(int32_t memory) const = 0;
 

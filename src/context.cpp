@@ -168,6 +168,11 @@ pq_config resolve_config(const pq_config* in) {
   if (!(c.scope_decode_share >= 0.f && c.scope_decode_share <= 1.f))
     invalid("config.scope_decode_share is " + std::to_string(c.scope_decode_share) +
             "; expected a value in [0, 1]");
+  require_range("cache_tokens", c.cache_tokens, int64_t{0}, int64_t{1} << 40);
+  require_range("cache_block_tokens", c.cache_block_tokens, 1, 1 << 20);
+  if (c.cache_policy != PQ_CACHE_LRU && c.cache_policy != PQ_CACHE_LFU)
+    invalid("config.cache_policy is " + str(c.cache_policy) +
+            "; expected PQ_CACHE_LRU (0) or PQ_CACHE_LFU (1)");
   c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
   return c;
 }
@@ -275,6 +280,14 @@ int64_t Context::sequence_length(uint64_t id, int32_t layer) const {
 int64_t Context::sequence_count() const {
   std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
   return static_cast<int64_t>(sequences_.size());
+}
+
+void Context::sequence_set_stream(uint64_t id, void* stream) {
+  std::shared_ptr<Sequence> s = find(id);
+  if (stream != nullptr && !backend_->supports_streams())
+    fail(PQ_ERR_UNSUPPORTED, std::string("cuda_stream is non-NULL but the context uses the ") +
+                                 backend_->name() + " backend, which has no streams");
+  s->stream.store(stream);
 }
 
 // ---------------------------------------------------------------------------

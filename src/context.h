@@ -2,6 +2,7 @@
 // the selector. The C API in api.cpp validates pointers and forwards here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,9 @@ struct Sequence {
   uint64_t id;
   std::vector<std::unique_ptr<Layer>> layers;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
+  // The caller's cudaStream_t for this sequence's device work (NULL: the
+  // backend's own stream). Set by pq_sequence_set_stream.
+  std::atomic<void*> stream{nullptr};
 };
 
 // Positions of the three regions of a layer of n tokens.
@@ -53,6 +57,7 @@ class Context {
   void sequence_remove(uint64_t id);
   int64_t sequence_length(uint64_t id, int32_t layer) const;
   int64_t sequence_count() const;
+  void sequence_set_stream(uint64_t id, void* stream);
 
   void prefill(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values);
   void decode_append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values);

@@ -129,6 +129,8 @@ class CudaBackend final : public Backend {
 
   pq_backend kind() const override { return PQ_BACKEND_CUDA; }
   const char* name() const override { return "cuda"; }
+  bool supports_streams() const override { return true; }
+
   bool supports_memory(int32_t memory) const override {
     return memory == PQ_MEMORY_HOST || memory == PQ_MEMORY_DEVICE;
   }

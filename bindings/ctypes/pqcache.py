@@ -69,6 +69,8 @@ class Config(ctypes.Structure):
         ("block_representatives", ctypes.c_int32), ("observation_window", ctypes.c_int32),
         ("pooling_kernel", ctypes.c_int32), ("pyramid_ratio", ctypes.c_float),
         ("scope_decode_share", ctypes.c_float),
+        ("cache_tokens", ctypes.c_int64), ("cache_block_tokens", ctypes.c_int32),
+        ("cache_policy", ctypes.c_int32),
     ]
 
 
@@ -101,6 +103,7 @@ class Stats(ctypes.Structure):
         ("build_seconds", ctypes.c_double), ("select_seconds", ctypes.c_double),
         ("fetch_seconds", ctypes.c_double), ("bytes_scored", ctypes.c_uint64),
         ("bytes_fetched", ctypes.c_uint64),
+        ("cache_hits", ctypes.c_uint64), ("cache_misses", ctypes.c_uint64),
     ]
 
 

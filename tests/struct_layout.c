@@ -1,6 +1,7 @@
 /* Prints the size of every public struct and the offset of each field, one
- * "struct field offset" line each, so that bindings written by hand (ctypes,
- * Rust) can be checked against what the C compiler lays out. */
+ * "struct field offset" line each, so that bindings written by hand (Rust,
+ * Python's ctypes) can be checked against what the C compiler lays out.
+ * A field added to a public struct must be added here too. */
 #include <stddef.h>
 #include <stdio.h>
 
@@ -30,6 +31,8 @@ int main(void) {
   FIELD(pq_config, sparq_dims); FIELD(pq_config, block_tokens); FIELD(pq_config, block_representatives);
   FIELD(pq_config, observation_window); FIELD(pq_config, pooling_kernel);
   FIELD(pq_config, pyramid_ratio); FIELD(pq_config, scope_decode_share);
+  FIELD(pq_config, cache_tokens); FIELD(pq_config, cache_block_tokens);
+  FIELD(pq_config, cache_policy);
 
   SIZE(pq_selection);
   FIELD(pq_selection, positions); FIELD(pq_selection, counts); FIELD(pq_selection, capacity);
@@ -47,5 +50,6 @@ int main(void) {
   FIELD(pq_stats, builds_cancelled); FIELD(pq_stats, kmeans_iterations); FIELD(pq_stats, select_calls);
   FIELD(pq_stats, fetch_calls); FIELD(pq_stats, build_seconds); FIELD(pq_stats, select_seconds);
   FIELD(pq_stats, fetch_seconds); FIELD(pq_stats, bytes_scored); FIELD(pq_stats, bytes_fetched);
+  FIELD(pq_stats, cache_hits); FIELD(pq_stats, cache_misses);
   return 0;
 }
