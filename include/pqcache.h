@@ -328,7 +328,8 @@ typedef struct pq_config {
   int32_t backend;   /* pq_backend; default PQ_BACKEND_CPU */
   int32_t device_id; /* CUDA device ordinal; default 0 */
   /* Path of the CUDA plug-in file, or NULL (default) for the search order:
-   * $PQCACHE_CUDA_PLUGIN, the directory of libpqcache.so, then the dynamic
+   * $PQCACHE_CUDA_PLUGIN, the directory of libpqcache.so, its pqcache/
+   * subdirectory (where the packages install the plug-in), then the dynamic
    * loader's path. The string is read during pq_create only. */
   const char* cuda_plugin_path;
 
