@@ -183,8 +183,12 @@ pq_config resolve_config(const pq_config* in) {
 
 Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget) : id(seq_id) {
   layers.reserve(static_cast<size_t>(c.num_layers));
-  for (int32_t l = 0; l < c.num_layers; ++l)
+  for (int32_t l = 0; l < c.num_layers; ++l) {
     layers.push_back(std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget));
+    if (c.cache_tokens > 0)
+      layers.back()->cache =
+          std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy);
+  }
 }
 
 namespace {
@@ -623,10 +627,37 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
     backend_->copy_from_host(out_values->data, v.buffer.data(), v.buffer.size(),
                              out_values->memory);
   }
+  const CacheCount cached = layer.cache ? update_cache(layer, layer_index, sel) : CacheCount{};
   for (Counters* c : {&counters_, seq->counters.get()}) {
     c->fetch_calls.fetch_add(1);
     c->bytes_fetched.fetch_add(rows * rb * 2);
+    c->cache_hits.fetch_add(cached.hits);
+    c->cache_misses.fetch_add(cached.misses);
   }
+}
+
+// Counts the fetched middle tokens the block cache held, then updates it
+// with them (paper section 3.4: after the fetch, off its critical path).
+// Sinks and the local window are resident anyway and not counted.
+Context::CacheCount Context::update_cache(Layer& layer, int32_t layer_index,
+                                          const pq_selection* sel) {
+  const int64_t n = layer.store.tokens();
+  const Regions r = regions(n, layer_index);
+  CacheCount count;
+  std::vector<int64_t> middle;
+  for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
+    const int32_t* pos = sel->positions + h * sel->capacity;
+    for (int32_t i = 0; i < sel->counts[h]; ++i) {
+      if (pos[i] < r.sink_end || pos[i] >= r.mid_end) continue;
+      middle.push_back(pos[i]);
+      if (layer.cache->lookup(pos[i]) >= 0)
+        ++count.hits;
+      else
+        ++count.misses;
+    }
+  }
+  layer.cache->update(middle, n);
+  return count;
 }
 
 // ---------------------------------------------------------------------------

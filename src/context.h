@@ -84,6 +84,13 @@ class Context {
   Layer& layer_of(Sequence& s, int32_t layer) const;
   void check_layer(int32_t layer) const;
   Regions regions(int64_t n, int32_t layer) const;
+  struct CacheCount {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+  };
+  // Counts the block cache's hits for a fetched selection, then updates the
+  // cache with it. Layer mutex held.
+  CacheCount update_cache(Layer& layer, int32_t layer_index, const pq_selection* sel);
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
   void schedule_build(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq);

@@ -21,6 +21,8 @@ struct Counters {
   std::atomic<uint64_t> fetch_ns{0};
   std::atomic<uint64_t> bytes_scored{0};
   std::atomic<uint64_t> bytes_fetched{0};
+  std::atomic<uint64_t> cache_hits{0};
+  std::atomic<uint64_t> cache_misses{0};
 
   void add_to(pq_stats* s) const {
     s->builds_finished += builds_finished.load();
@@ -33,6 +35,8 @@ struct Counters {
     s->fetch_seconds += fetch_ns.load() * 1e-9;
     s->bytes_scored += bytes_scored.load();
     s->bytes_fetched += bytes_fetched.load();
+    s->cache_hits += cache_hits.load();
+    s->cache_misses += cache_misses.load();
   }
 };
 

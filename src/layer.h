@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "block_cache.h"
 #include "kv_store.h"
 #include "pq_index.h"
 #include "selectors/selector.h"
@@ -36,6 +37,7 @@ struct Layer {
   std::future<void> pending_done;      // carries the build's exception, if any
   std::unique_ptr<PqIndex> index;
   std::unique_ptr<SelectorState> selector_state;  // the selector's, if it keeps one
+  std::unique_ptr<BlockCache> cache;  // null when config.cache_tokens is 0
   uint64_t last_select_bytes = 0;
   std::string build_error;  // why the last build failed, if it did
   int32_t last_iterations = 0;

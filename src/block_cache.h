@@ -1,0 +1,70 @@
+// Bookkeeping of the block-level cache of one (sequence, layer), paper
+// section 3.4. Token positions are grouped in blocks of block_tokens; the
+// cache holds up to capacity_tokens / block_tokens whole blocks (all kv
+// heads' K and V of those positions) in numbered slots. After each fetch it
+// is updated with the blocks that hold the most of the fetched tokens (the
+// paper's top-k_cache blocks, k_cache = the number of slots, the setting the
+// paper found best): blocks already cached are touched, the others replace
+// the least recently (LRU) or least frequently (LFU) used block that was not
+// among them.
+//
+// This class only decides; it holds no K/V. The CUDA backend copies each
+// admitted block into its slot in device memory; the CPU backend keeps the
+// bookkeeping alone so that hit rates can be measured without a GPU. Not
+// thread-safe: the owner serialises calls (the layer's mutex).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pq {
+
+class BlockCache {
+ public:
+  // policy: pq_cache_policy. capacity_tokens < block_tokens gives no slots
+  // (a disabled cache: every lookup misses, update admits nothing).
+  BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy);
+
+  int32_t slot_count() const { return static_cast<int32_t>(slots_.size()); }
+  int32_t block_tokens() const { return block_tokens_; }
+
+  // The slot holding the block of `position`, or -1.
+  int32_t lookup(int64_t position) const;
+
+  // The block held by `slot`, or -1 for a free slot.
+  int64_t block_in(int32_t slot) const { return slots_[static_cast<size_t>(slot)].block; }
+
+  struct Admission {
+    int64_t block;  // positions [block * block_tokens, (block + 1) * block_tokens)
+    int32_t slot;
+    int64_t evicted;  // the block it replaced, or -1
+  };
+
+  // One update after a fetch of `positions` (the fetched middle tokens of
+  // every kv head, in any order, repeats counted once per head). Blocks are
+  // ranked by how many of the positions they hold (ties: the later block
+  // first); the top slot_count() are kept. Only blocks whose every position
+  // is below complete_tokens are admitted (a partial block would miss the
+  // tokens appended later). Returns the admissions, in rank order.
+  std::vector<Admission> update(const std::vector<int64_t>& positions, int64_t complete_tokens);
+
+  // Updates so far (the clock of LRU).
+  uint64_t steps() const { return step_; }
+
+ private:
+  struct Slot {
+    int64_t block = -1;
+    uint64_t last_use = 0;  // step of the last update that ranked it
+    uint64_t uses = 0;      // updates that ranked it while cached (LFU)
+  };
+  int32_t victim(uint64_t step) const;
+
+  int32_t block_tokens_;
+  int32_t policy_;
+  uint64_t step_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> slot_of_block_;  // indexed by block; -1 when not cached
+};
+
+}  // namespace pq
