@@ -9,9 +9,48 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
+#include "block_cache.h"
+#include "kv_store.h"
 #include "pqcache.h"
 
 namespace pq {
+
+// Device-side state of one (sequence, layer): the resident PQ codes and the
+// block cache's slots. Opaque to the core; owned by the Layer.
+class DeviceLayer {
+ public:
+  virtual ~DeviceLayer() = default;
+};
+
+struct PqSelectArgs {
+  DeviceLayer* device;       // the layer's device state; may be null
+  uint64_t index_generation; // changes when the layer's index is rebuilt
+  int32_t kv_head;
+  const float* lut;          // [queries][subspaces][centroids]
+  int32_t queries;           // query heads of the GQA group
+  int32_t subspaces;
+  int32_t centroids;
+  const uint8_t* codes;      // host codes of this head, tokens [0, coded_tokens)
+  int64_t coded_tokens;
+  int64_t begin, end;        // the middle tokens to score, end <= coded_tokens
+  int32_t combine;           // pq_gqa_combine, logits raw * scale
+  float scale;
+  int64_t k;
+  void* stream;              // the sequence's stream, or null
+};
+
+struct DeviceFetchArgs {
+  DeviceLayer* device;
+  const KvStore& store;
+  const pq_selection& selection;
+  const pq_tensor& out_keys;   // device memory
+  const pq_tensor& out_values; // device memory
+  const BlockCache* cache;     // null when off; lookups only
+  int64_t mid_begin, mid_end;  // only middle tokens can be cache hits
+  void* stream;
+};
 
 class Backend {
  public:
@@ -39,16 +78,30 @@ class Backend {
                          float* out) const = 0;
 
   // The whole PQ selection of one kv head on the backend's device, when it
-  // has one: scores through the LUT ([queries][m][centroids]), the GQA
-  // combine (pq_gqa_combine, logits raw * scale) and the top k, positions
-  // first + i written ascending into out. Returns false when the backend
-  // has no such path (the caller then runs the host code), throws on
-  // failure. Same semantics as the host path (ties to the larger position).
-  virtual bool pq_select(const float* lut, int32_t queries, int32_t subspaces,
-                         int32_t centroids, const uint8_t* codes, int64_t tokens, int32_t combine,
-                         float scale, int64_t k, int64_t first, int32_t* out) const {
-    return false;
+  // has one: scores through the LUT, the GQA combine and the top k, the
+  // positions written ascending into out. Returns false when the backend has
+  // no such path (the caller then runs the host code), throws on failure.
+  // Same semantics as the host path (ties to the larger position).
+  virtual bool pq_select(const PqSelectArgs& args, int32_t* out) const { return false; }
+
+  // The device-side state of one (sequence, layer), or null for a backend
+  // without a device. Created with the layer, destroyed with it.
+  virtual std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& config) const {
+    return nullptr;
   }
+
+  // pq_fetch_kv into device tensors, entirely on the device: block-cache
+  // hits copied device to device, misses gathered from the host store into
+  // pinned memory and sent in one copy. Returns false when the backend has
+  // no such path (the caller stages through host memory).
+  virtual bool fetch_to_device(const DeviceFetchArgs& args) const { return false; }
+
+  // Copies the blocks the block cache just admitted into their device slots
+  // (stream-ordered, after the fetch that decided them). No-op without a
+  // device.
+  virtual void fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+                                 const std::vector<BlockCache::Admission>& admissions,
+                                 int32_t block_tokens, void* stream) const {}
 };
 
 // The built-in host backend.

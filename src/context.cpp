@@ -181,13 +181,16 @@ pq_config resolve_config(const pq_config* in) {
 // Context and sequences
 // ---------------------------------------------------------------------------
 
-Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget) : id(seq_id) {
+Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget,
+                   const Backend& backend)
+    : id(seq_id) {
   layers.reserve(static_cast<size_t>(c.num_layers));
   for (int32_t l = 0; l < c.num_layers; ++l) {
     layers.push_back(std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget));
     if (c.cache_tokens > 0)
       layers.back()->cache =
           std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy);
+    layers.back()->device = backend.make_device_layer(c);
   }
 }
 
@@ -251,7 +254,7 @@ Layer& Context::layer_of(Sequence& s, int32_t layer) const {
 }
 
 void Context::sequence_add(uint64_t id) {
-  auto seq = std::make_shared<Sequence>(id, config_, &budget_);
+  auto seq = std::make_shared<Sequence>(id, config_, &budget_, *backend_);
   std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
   if (!sequences_.emplace(id, std::move(seq)).second)
     invalid("seq_id " + std::to_string(id) + " already exists in this context");
@@ -549,7 +552,8 @@ void Context::decode_select(uint64_t id, int32_t layer_index, const pq_tensor* q
                          group_size_, hd, config_.dtype,
                          queries.data() + static_cast<size_t>(h) * group_size_ * hd,
                          r.sink_end, r.mid_end, r.k, config_.gqa_combine, scale_, *scratch,
-                         layer.selector_state.get(), config_, layer_index};
+                         layer.selector_state.get(), config_, layer_index,
+                         layer.device.get(), layer.index_generation, seq->stream.load()};
     bytes[static_cast<size_t>(h)] = selector_->select_middle(req, row + w);
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
@@ -594,14 +598,36 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
   check_positions(sel, kv_heads, layer.store.tokens(), layer_index);
-  // Device outputs are staged through host memory: read the span first so
-  // that bytes between the rows the caller did not ask for are preserved.
+  const Regions r = regions(layer.store.tokens(), layer_index);
+  const size_t rb = layer.store.row_bytes();
+  uint64_t rows = 0;
+  for (int32_t h = 0; h < kv_heads; ++h) rows += static_cast<uint64_t>(sel->counts[h]);
+  void* stream = seq->stream.load();
+  const bool on_device =
+      out_keys->memory == PQ_MEMORY_DEVICE && out_values->memory == PQ_MEMORY_DEVICE &&
+      backend_->fetch_to_device(DeviceFetchArgs{layer.device.get(), layer.store, *sel, *out_keys,
+                                                *out_values, layer.cache.get(), r.sink_end,
+                                                r.mid_end, stream});
+  if (!on_device) gather_on_host(layer, sel, out_keys, out_values, rows);
+  const CacheCount cached = layer.cache ? update_cache(layer, r, sel, stream) : CacheCount{};
+  for (Counters* c : {&counters_, seq->counters.get()}) {
+    c->fetch_calls.fetch_add(1);
+    c->bytes_fetched.fetch_add(rows * rb * 2);
+    c->cache_hits.fetch_add(cached.hits);
+    c->cache_misses.fetch_add(cached.misses);
+  }
+}
+
+// pq_fetch_kv's gather into host memory; device outputs are staged through
+// host memory (the span is read first so that bytes between the rows the
+// caller did not ask for are preserved). Layer mutex held.
+void Context::gather_on_host(Layer& layer, const pq_selection* sel, const pq_tensor* out_keys,
+                             const pq_tensor* out_values, uint64_t rows) {
+  const int32_t kv_heads = config_.num_kv_heads;
   StagedTensor k = stage_input(*backend_, *out_keys);
   StagedTensor v = stage_input(*backend_, *out_values);
   const size_t es = dtype_size(config_.dtype);
   const size_t rb = layer.store.row_bytes();
-  uint64_t rows = 0;
-  for (int32_t h = 0; h < kv_heads; ++h) rows += static_cast<uint64_t>(sel->counts[h]);
   // A gather of scattered rows is bound by memory latency, not bandwidth:
   // prefetch a few rows ahead, and split large gathers across the pool.
   constexpr int32_t kPrefetchAhead = 8;
@@ -627,22 +653,13 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
     backend_->copy_from_host(out_values->data, v.buffer.data(), v.buffer.size(),
                              out_values->memory);
   }
-  const CacheCount cached = layer.cache ? update_cache(layer, layer_index, sel) : CacheCount{};
-  for (Counters* c : {&counters_, seq->counters.get()}) {
-    c->fetch_calls.fetch_add(1);
-    c->bytes_fetched.fetch_add(rows * rb * 2);
-    c->cache_hits.fetch_add(cached.hits);
-    c->cache_misses.fetch_add(cached.misses);
-  }
 }
 
 // Counts the fetched middle tokens the block cache held, then updates it
 // with them (paper section 3.4: after the fetch, off its critical path).
 // Sinks and the local window are resident anyway and not counted.
-Context::CacheCount Context::update_cache(Layer& layer, int32_t layer_index,
-                                          const pq_selection* sel) {
-  const int64_t n = layer.store.tokens();
-  const Regions r = regions(n, layer_index);
+Context::CacheCount Context::update_cache(Layer& layer, const Regions& r,
+                                          const pq_selection* sel, void* stream) {
   CacheCount count;
   std::vector<int64_t> middle;
   for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
@@ -656,7 +673,9 @@ Context::CacheCount Context::update_cache(Layer& layer, int32_t layer_index,
         ++count.misses;
     }
   }
-  layer.cache->update(middle, n);
+  const std::vector<BlockCache::Admission> admitted = layer.cache->update(middle, r.n);
+  backend_->fill_cache_blocks(layer.device.get(), layer.store, admitted,
+                              layer.cache->block_tokens(), stream);
   return count;
 }
 

@@ -26,7 +26,7 @@ namespace pq {
 pq_config resolve_config(const pq_config* config);
 
 struct Sequence {
-  Sequence(uint64_t id, const pq_config& c, MemoryBudget* budget);
+  Sequence(uint64_t id, const pq_config& c, MemoryBudget* budget, const Backend& backend);
   uint64_t id;
   std::vector<std::unique_ptr<Layer>> layers;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
@@ -89,8 +89,11 @@ class Context {
     uint64_t misses = 0;
   };
   // Counts the block cache's hits for a fetched selection, then updates the
-  // cache with it. Layer mutex held.
-  CacheCount update_cache(Layer& layer, int32_t layer_index, const pq_selection* sel);
+  // cache with it and has the backend fill the admitted blocks. Layer mutex
+  // held.
+  CacheCount update_cache(Layer& layer, const Regions& r, const pq_selection* sel, void* stream);
+  void gather_on_host(Layer& layer, const pq_selection* sel, const pq_tensor* out_keys,
+                      const pq_tensor* out_values, uint64_t rows);
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
   void schedule_build(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq);

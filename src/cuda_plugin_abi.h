@@ -95,8 +95,80 @@ typedef struct pq_cuda_plugin_v2 {
               size_t err_len);
 } pq_cuda_plugin_v2;
 
-/* Returns the table of the asked version (v1 or v2, see above), or NULL for
- * a version the plug-in does not serve. Works without a device. */
+/* Version 3: version 2's fields, in the same order and with the same types
+ * (so that a v3 table read through a v2 or v1 pointer stays valid), plus
+ * mapped pinned host memory, streams and events, asynchronous copies, the row
+ * gather of pq_fetch_kv and PQ encoding. The entry returns it, cast to
+ * `const pq_cuda_plugin_v1*`, when asked for version 3; check
+ * abi_version == 3 and struct_size >= sizeof(pq_cuda_plugin_v3) before
+ * casting back. Versions 1 and 2 are still served unchanged when asked for.
+ * Stream-ordered like version 2: `stream` is a stream from stream_create or
+ * NULL for the legacy default stream. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION_3 3u
+
+typedef struct pq_cuda_plugin_v3 {
+  uint32_t abi_version; /* PQ_CUDA_PLUGIN_ABI_VERSION_3 */
+  uint32_t struct_size; /* sizeof(pq_cuda_plugin_v3) */
+  /* --- version 1, unchanged --- */
+  int (*device_count)(void);
+  int (*device_name)(int device, char* buf, size_t len);
+  int (*set_device)(int device, char* err, size_t err_len);
+  int (*is_device_pointer)(const void* ptr);
+  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
+  /* --- version 2, unchanged --- */
+  int (*device_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
+  int (*device_free)(void* ptr, char* err, size_t err_len);
+  int (*stream_synchronize)(void* stream, char* err, size_t err_len);
+  size_t (*pq_scan_workspace_size)(int32_t kv_heads, int32_t group_size, int32_t subspaces,
+                                   int64_t n, int32_t combine);
+  int (*pq_scan)(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads,
+                 int32_t group_size, int32_t subspaces, int32_t centroids, int64_t codes_stride,
+                 int64_t begin, int64_t end, int32_t combine, float scale, float* d_scores,
+                 void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                 size_t err_len);
+  size_t (*topk_workspace_size)(int32_t rows, int64_t n, int64_t k);
+  int (*topk)(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first,
+              int32_t* d_out, void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+              size_t err_len);
+  /* --- version 3 --- */
+  /* Page-locked host memory mapped into the device address space (cudaHostAlloc with
+     cudaHostAllocPortable | cudaHostAllocMapped): the host K/V store lives in it, so copies from it
+     run at full PCIe speed and kernels read it directly (UVA: the device address is the host one).
+     *ptr is NULL for bytes == 0. Freeing NULL is a no-op. */
+  int (*host_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
+  int (*host_free)(void* ptr, char* err, size_t err_len);
+  /* Streams (cudaStreamNonBlocking) and events (cudaEventDisableTiming).
+     Destroying NULL is a no-op. */
+  int (*stream_create)(void** stream, char* err, size_t err_len);
+  int (*stream_destroy)(void* stream, char* err, size_t err_len);
+  int (*event_create)(void** event, char* err, size_t err_len);
+  int (*event_destroy)(void* event, char* err, size_t err_len);
+  int (*event_record)(void* event, void* stream, char* err, size_t err_len);
+  int (*event_synchronize)(void* event, char* err, size_t err_len);
+  int (*stream_wait_event)(void* stream, void* event, char* err, size_t err_len);
+  /* cudaMemcpyAsync with cudaMemcpyDefault (any direction, UVA) on stream. */
+  int (*copy_async)(void* dst, const void* src, size_t bytes, void* stream, char* err, size_t err_len);
+  /* Row gather, the fetch kernel: for i < rows, copies row_bytes from srcs[i] to dsts[i]. d_srcs and
+     d_dsts are DEVICE arrays of pointers; a source may be device memory or mapped pinned host memory,
+     a destination device memory. Vector loads (16 bytes) when every pointer and row_bytes allow it. */
+  int (*gather_rows)(const void* const* d_srcs, void* const* d_dsts, int64_t rows, size_t row_bytes,
+                     void* stream, char* err, size_t err_len);
+  /* The baseline gather_rows is measured against: consecutive rows whose sources and destinations are
+     both contiguous are merged, and each run becomes one cudaMemcpyAsync (cudaMemcpyDefault). srcs and
+     dsts are HOST arrays of pointers. */
+  int (*copy_rows)(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
+                   void* stream, char* err, size_t err_len);
+  /* PQ encoding on the GPU: codes of `tokens` keys with the CPU's nearest-centroid rule.
+       d_keys      float [tokens][key_stride] (a key's head_dim = subspaces * sub_dim floats at the row start)
+       d_centroids float [subspaces][centroids][sub_dim]
+       d_codes     uint8, code of token t, subspace j at d_codes[t * code_stride + j] */
+  int (*encode)(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
+                int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,
+                int64_t code_stride, void* stream, char* err, size_t err_len);
+} pq_cuda_plugin_v3;
+
+/* Returns the table of the asked version (v1, v2 or v3, see above), or NULL
+ * for a version the plug-in does not serve. Works without a device. */
 typedef const pq_cuda_plugin_v1* (*pq_cuda_plugin_entry_fn)(uint32_t abi_version);
 
 #ifdef __cplusplus

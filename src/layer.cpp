@@ -28,6 +28,7 @@ void Layer::finish_build() {
     fail(PQ_ERR_BAD_STATE, build_error);
   }
   index = std::move(task->result);
+  ++index_generation;
   build_error.clear();
   last_iterations = index->iterations;
   last_budget = index->budget;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "backend.h"
 #include "block_cache.h"
 #include "kv_store.h"
 #include "pq_index.h"
@@ -38,6 +39,8 @@ struct Layer {
   std::unique_ptr<PqIndex> index;
   std::unique_ptr<SelectorState> selector_state;  // the selector's, if it keeps one
   std::unique_ptr<BlockCache> cache;  // null when config.cache_tokens is 0
+  std::unique_ptr<DeviceLayer> device;  // the backend's state (CUDA); may be null
+  uint64_t index_generation = 0;        // bumped at every installed build
   uint64_t last_select_bytes = 0;
   std::string build_error;  // why the last build failed, if it did
   int32_t last_iterations = 0;

@@ -21,12 +21,14 @@ class PqSelector final : public Selector {
     if (r.k == 0 || r.k == m) return Selector::select_middle(r, out);  // nothing to score
     const PqCodebook& cb = r.index->codebook;
     const std::vector<float> lut = build_lut(r);
-    const uint8_t* codes =
-        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
+    const uint8_t* head_codes = r.index->codes[static_cast<size_t>(r.kv_head)].data();
+    const uint8_t* codes = head_codes + r.mid_begin * cb.subspaces;
     const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
-    if (r.backend.pq_select(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,
-                            r.combine, r.scale, r.k, r.mid_begin, out))
-      return bytes;
+    const PqSelectArgs device_args{r.device,      r.index_generation, r.kv_head,     lut.data(),
+                                   r.group_size,  cb.subspaces,       cb.centroids,  head_codes,
+                                   r.index->coded_tokens, r.mid_begin, r.mid_end,    r.combine,
+                                   r.scale,       r.k,                r.stream};
+    if (r.backend.pq_select(device_args, out)) return bytes;
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(r.group_size) * m);
     r.backend.pq_scores(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,

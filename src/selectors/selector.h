@@ -40,6 +40,9 @@ struct SelectionRequest {
   SelectorState* state;      // from make_state(); may be null
   const pq_config& config;   // the context's resolved configuration
   int32_t layer;
+  DeviceLayer* device;        // the layer's device state (CUDA); may be null
+  uint64_t index_generation;  // the layer's, for device-resident codes
+  void* stream;               // the sequence's CUDA stream, or null
   int64_t middle() const { return mid_end - mid_begin; }
 };
 

@@ -1,0 +1,435 @@
+// The CUDA backend: the core's Backend over the plug-in's C table
+// (cuda_plugin_abi.h). libpqcache.so never links CUDA; every CUDA call goes
+// through the plug-in that plugin_loader.cpp opened.
+//
+// Device work is stream-ordered on the sequence's stream (pq_sequence_set_
+// stream) or the backend's own non-blocking stream; the host waits only
+// where a result must reach it (the selected positions).
+#include "backend_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "error.h"
+
+namespace pq {
+
+namespace {
+
+// Throws PQ_ERR_BACKEND "<what>: <plug-in message>" for a failed call.
+void check(int rc, const char* what, const char* err) {
+  if (rc != 0) fail(PQ_ERR_BACKEND, std::string(what) + ": " + err);
+}
+
+// Device buffers reused across calls, grown on demand (never shrunk).
+class DeviceArena {
+ public:
+  explicit DeviceArena(const pq_cuda_plugin_v3* k) : k_(k) {}
+  ~DeviceArena() {
+    char err[256];
+    for (auto& b : buffers_) k_->device_free(b.ptr, err, sizeof err);
+  }
+  void* get(size_t slot, size_t bytes) {
+    if (buffers_.size() <= slot) buffers_.resize(slot + 1);
+    Buffer& b = buffers_[slot];
+    if (b.bytes < bytes) {
+      char err[512] = {0};
+      k_->device_free(b.ptr, err, sizeof err);
+      b = Buffer{};
+      if (k_->device_alloc(&b.ptr, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation failed: ") + err);
+      b.bytes = bytes;
+    }
+    return b.ptr;
+  }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  const pq_cuda_plugin_v3* k_;
+  std::vector<Buffer> buffers_;
+};
+
+// Page-locked host memory for staging copies, with the event of the last
+// copy that reads it: it is rewritten only after that copy has run.
+class PinnedStaging {
+ public:
+  explicit PinnedStaging(const pq_cuda_plugin_v3* k) : k_(k) {}
+  ~PinnedStaging() {
+    char err[256];
+    k_->host_free(ptr_, err, sizeof err);
+    k_->event_destroy(event_, err, sizeof err);
+  }
+  // Waits until the previous copy from the buffer is done, then returns at
+  // least `bytes` of it.
+  uint8_t* acquire(size_t bytes) {
+    char err[512] = {0};
+    if (recorded_) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
+    recorded_ = false;
+    if (bytes_ < bytes) {
+      k_->host_free(ptr_, err, sizeof err);
+      ptr_ = nullptr;
+      bytes_ = 0;
+      const size_t grown = std::max(bytes, bytes_ * 2);
+      if (k_->host_alloc(&ptr_, grown, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation failed: ") + err);
+      bytes_ = grown;
+    }
+    return static_cast<uint8_t*>(ptr_);
+  }
+  // Marks the copies enqueued on `stream` so far as the buffer's readers.
+  void release(void* stream) {
+    char err[512] = {0};
+    if (event_ == nullptr) check(k_->event_create(&event_, err, sizeof err), "event create", err);
+    check(k_->event_record(event_, stream, err, sizeof err), "event record", err);
+    recorded_ = true;
+  }
+
+ private:
+  const pq_cuda_plugin_v3* k_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  void* event_ = nullptr;
+  bool recorded_ = false;
+};
+
+// The device state of one (sequence, layer).
+class CudaLayer final : public DeviceLayer {
+ public:
+  CudaLayer(const pq_cuda_plugin_v3* k, const pq_config& c)
+      : k_(k),
+        codes(static_cast<size_t>(c.num_kv_heads)),
+        kv_heads(c.num_kv_heads),
+        row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
+        block_tokens(c.cache_block_tokens),
+        slot_count(c.cache_tokens / c.cache_block_tokens),
+        fill_staging(k) {}
+  ~CudaLayer() override {
+    char err[256];
+    for (auto& c : codes) k_->device_free(c.d, err, sizeof err);
+    k_->device_free(d_slots, err, sizeof err);
+    k_->event_destroy(fill_event, err, sizeof err);
+  }
+  // One slot: K then V, each [kv_head][block_tokens][row_bytes].
+  size_t slot_bytes() const { return 2 * static_cast<size_t>(kv_heads) * block_tokens * row_bytes; }
+  uint8_t* slot_row(int32_t slot, bool value, int32_t head, int64_t offset) const {
+    return static_cast<uint8_t*>(d_slots) + static_cast<size_t>(slot) * slot_bytes() +
+           ((static_cast<size_t>(value ? kv_heads : 0) + head) * block_tokens + offset) * row_bytes;
+  }
+
+  // PQ codes of one kv head resident on the device: tokens [0, uploaded)
+  // of index `generation` (a rebuilt index starts over).
+  struct Codes {
+    void* d = nullptr;
+    int64_t capacity = 0;  // tokens
+    int64_t uploaded = 0;
+    uint64_t generation = 0;
+  };
+
+  const pq_cuda_plugin_v3* k_;
+  std::vector<Codes> codes;
+  const int32_t kv_heads;
+  const size_t row_bytes;
+  const int32_t block_tokens;
+  const int64_t slot_count;
+  void* d_slots = nullptr;            // allocated at the first admission
+  std::vector<int64_t> slot_block;    // block whose data a slot holds, -1 none
+  void* fill_event = nullptr;         // recorded after the last slot fill
+  bool fill_recorded = false;
+  PinnedStaging fill_staging;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const pq_cuda_plugin_v1* plugin, const pq_cuda_plugin_v3* kernels, int32_t device)
+      : plugin_(plugin), k_(kernels), device_(device), host_(make_cpu_backend()) {
+    if (k_) {
+      arena_ = std::make_unique<DeviceArena>(k_);
+      fetch_staging_ = std::make_unique<PinnedStaging>(k_);
+      char err[512] = {0};
+      check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+      check(k_->stream_create(&own_stream_, err, sizeof err), "stream create", err);
+    }
+  }
+  ~CudaBackend() override {
+    if (k_ == nullptr) return;
+    char err[256];
+    k_->stream_synchronize(own_stream_, err, sizeof err);
+    fetch_staging_.reset();
+    arena_.reset();
+    k_->stream_destroy(own_stream_, err, sizeof err);
+  }
+
+  pq_backend kind() const override { return PQ_BACKEND_CUDA; }
+  const char* name() const override { return "cuda"; }
+  bool supports_streams() const override { return true; }
+  bool supports_memory(int32_t memory) const override {
+    return memory == PQ_MEMORY_HOST || memory == PQ_MEMORY_DEVICE;
+  }
+
+  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory) override {
+    if (src_memory == PQ_MEMORY_HOST) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    device_copy(dst, src, bytes, PQ_COPY_DEVICE_TO_HOST);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory) override {
+    if (dst_memory == PQ_MEMORY_HOST) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    device_copy(dst, src, bytes, PQ_COPY_HOST_TO_DEVICE);
+  }
+
+  // Host scoring, for selectors other than PQ's device path.
+  void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
+                 const uint8_t* codes, int64_t tokens, float* out) const override {
+    host_->pq_scores(lut, queries, subspaces, centroids, codes, tokens, out);
+  }
+
+  std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& c) const override {
+    if (k_ == nullptr) return nullptr;
+    return std::make_unique<CudaLayer>(k_, c);
+  }
+
+  // PQ selection on the GPU: the LUT goes up, the codes stay resident (only
+  // tokens coded since the last call go up), scan + GQA combine + radix
+  // top-k run there, k positions come back.
+  bool pq_select(const PqSelectArgs& a, int32_t* out) const override {
+    if (k_ == nullptr) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    char err[512] = {0};
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    void* s = stream_for(a.stream);
+    const int64_t n = a.end - a.begin;
+    const int32_t m = a.subspaces;
+    const size_t lut_bytes = static_cast<size_t>(a.queries) * m * a.centroids * sizeof(float);
+    const size_t scan_ws = k_->pq_scan_workspace_size(1, a.queries, m, n, a.combine);
+    const size_t topk_ws = k_->topk_workspace_size(1, n, a.k);
+    void* d_lut = arena_->get(0, lut_bytes);
+    void* d_scores = arena_->get(2, static_cast<size_t>(n) * sizeof(float));
+    void* d_out = arena_->get(3, static_cast<size_t>(a.k) * sizeof(int32_t));
+    void* d_scan_ws = scan_ws ? arena_->get(4, scan_ws) : nullptr;
+    void* d_topk_ws = topk_ws ? arena_->get(5, topk_ws) : nullptr;
+    check(k_->copy_async(d_lut, a.lut, lut_bytes, s, err, sizeof err), "LUT upload", err);
+
+    const uint8_t* d_codes = nullptr;
+    int64_t begin = a.begin, end = a.end;
+    if (auto* layer = static_cast<CudaLayer*>(a.device)) {
+      d_codes = resident_codes(*layer, a, s);
+    } else {  // no device state: the middle's codes go up at every call
+      void* d = arena_->get(1, static_cast<size_t>(n) * m);
+      check(k_->copy_async(d, a.codes + a.begin * m, static_cast<size_t>(n) * m, s, err,
+                           sizeof err),
+            "codes upload", err);
+      d_codes = static_cast<const uint8_t*>(d);
+      begin = 0;
+      end = n;
+    }
+    check(k_->pq_scan(static_cast<const float*>(d_lut), d_codes, 1, a.queries, m, a.centroids,
+                      end, begin, end, a.combine, a.scale, static_cast<float*>(d_scores),
+                      d_scan_ws, scan_ws, s, err, sizeof err),
+          "pq_scan", err);
+    check(k_->topk(static_cast<const float*>(d_scores), 1, n, a.k, a.begin,
+                   static_cast<int32_t*>(d_out), d_topk_ws, topk_ws, s, err, sizeof err),
+          "topk", err);
+    check(k_->copy_async(out, d_out, static_cast<size_t>(a.k) * sizeof(int32_t), s, err,
+                         sizeof err),
+          "positions download", err);
+    // The positions must reach the host: the one wait of the decode step.
+    check(k_->stream_synchronize(s, err, sizeof err), "selection", err);
+    return true;
+  }
+
+  bool fetch_to_device(const DeviceFetchArgs& a) const override {
+    if (k_ == nullptr) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    char err[512] = {0};
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    for (const pq_tensor* t : {&a.out_keys, &a.out_values})
+      if (!plugin_->is_device_pointer(t->data))
+        fail(PQ_ERR_INVALID_ARGUMENT, std::string(t == &a.out_keys ? "out_keys" : "out_values") +
+                                          " is marked PQ_MEMORY_DEVICE but points to memory "
+                                          "CUDA does not know as device memory");
+    void* s = stream_for(a.stream);
+    auto* layer = static_cast<CudaLayer*>(a.device);
+    const int32_t kv_heads = a.out_keys.heads;
+    const size_t rb = a.store.row_bytes();
+    const size_t es = dtype_size(a.out_keys.dtype);
+    int64_t rows = 0;
+    for (int32_t h = 0; h < kv_heads; ++h) rows += a.selection.counts[h];
+    if (rows == 0) return true;
+
+    // Pinned layout: misses' K rows, misses' V rows, then the plan:
+    // K sources, K destinations, V sources, V destinations (rows each).
+    const size_t data_bytes = 2 * static_cast<size_t>(rows) * rb;
+    const size_t plan_bytes = 4 * static_cast<size_t>(rows) * sizeof(void*);
+    uint8_t* staging = fetch_staging_->acquire(data_bytes + plan_bytes);
+    uint8_t* d_data = static_cast<uint8_t*>(arena_->get(6, data_bytes));
+    void** d_plan = static_cast<void**>(arena_->get(7, plan_bytes));
+    uint8_t* miss_k = staging;
+    uint8_t* miss_v = staging + static_cast<size_t>(rows) * rb;
+    void** plan = reinterpret_cast<void**>(staging + data_bytes);
+    void** src_k = plan;
+    void** dst_k = plan + rows;
+    void** src_v = plan + 2 * rows;
+    void** dst_v = plan + 3 * rows;
+
+    const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
+    if (use_cache && layer->fill_recorded)  // slot fills of earlier fetches, maybe on another stream
+      check(k_->stream_wait_event(s, layer->fill_event, err, sizeof err), "cache wait", err);
+    int64_t row = 0, misses = 0;
+    for (int32_t h = 0; h < kv_heads; ++h) {
+      const int32_t* pos = a.selection.positions + h * a.selection.capacity;
+      for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++row) {
+        const int64_t p = pos[i];
+        dst_k[row] = static_cast<uint8_t*>(a.out_keys.data) +
+                     (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
+        dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
+                     (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
+        int32_t slot = -1;
+        if (use_cache && p >= a.mid_begin && p < a.mid_end) slot = a.cache->lookup(p);
+        if (slot >= 0 && layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
+          const int64_t offset = p % layer->block_tokens;
+          src_k[row] = layer->slot_row(slot, false, h, offset);
+          src_v[row] = layer->slot_row(slot, true, h, offset);
+          continue;
+        }
+        std::memcpy(miss_k + misses * rb, a.store.key_row(p, h), rb);
+        std::memcpy(miss_v + misses * rb, a.store.value_row(p, h), rb);
+        src_k[row] = d_data + misses * rb;
+        src_v[row] = d_data + (rows + misses) * rb;
+        ++misses;
+      }
+    }
+    if (misses > 0) {
+      check(k_->copy_async(d_data, miss_k, static_cast<size_t>(misses) * rb, s, err, sizeof err),
+            "fetch upload (K)", err);
+      check(k_->copy_async(d_data + rows * rb, miss_v, static_cast<size_t>(misses) * rb, s, err,
+                           sizeof err),
+            "fetch upload (V)", err);
+    }
+    check(k_->copy_async(d_plan, plan, plan_bytes, s, err, sizeof err), "fetch plan upload", err);
+    check(k_->gather_rows(const_cast<const void* const*>(d_plan), d_plan + rows, rows, rb, s, err,
+                          sizeof err),
+          "gather (K)", err);
+    check(k_->gather_rows(const_cast<const void* const*>(d_plan + 2 * rows), d_plan + 3 * rows,
+                          rows, rb, s, err, sizeof err),
+          "gather (V)", err);
+    // After the gathers: the next fetch reuses the staging and the device
+    // plan only once these have run, whatever stream it is on.
+    fetch_staging_->release(s);
+    return true;
+  }
+
+  void fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+                         const std::vector<BlockCache::Admission>& admissions,
+                         int32_t block_tokens, void* stream) const override {
+    auto* layer = static_cast<CudaLayer*>(device);
+    if (k_ == nullptr || layer == nullptr || admissions.empty()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    char err[512] = {0};
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    void* s = stream_for(stream);
+    if (layer->d_slots == nullptr) {
+      const size_t bytes = static_cast<size_t>(layer->slot_count) * layer->slot_bytes();
+      if (k_->device_alloc(&layer->d_slots, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, "the block cache's " + std::to_string(bytes) +
+                                       " device bytes could not be allocated: " + err);
+      layer->slot_block.assign(static_cast<size_t>(layer->slot_count), -1);
+    }
+    const size_t rb = layer->row_bytes;
+    const size_t slot_bytes = layer->slot_bytes();
+    uint8_t* staging = layer->fill_staging.acquire(admissions.size() * slot_bytes);
+    for (size_t a = 0; a < admissions.size(); ++a) {
+      const BlockCache::Admission& adm = admissions[a];
+      uint8_t* block = staging + a * slot_bytes;
+      for (int32_t v = 0; v < 2; ++v)
+        for (int32_t h = 0; h < layer->kv_heads; ++h)
+          for (int32_t t = 0; t < block_tokens; ++t) {
+            const int64_t p = adm.block * block_tokens + t;
+            std::memcpy(block + ((static_cast<size_t>(v) * layer->kv_heads + h) * block_tokens + t) * rb,
+                        v ? store.value_row(p, h) : store.key_row(p, h), rb);
+          }
+      check(k_->copy_async(layer->slot_row(adm.slot, false, 0, 0), block, slot_bytes, s, err,
+                           sizeof err),
+            "cache fill", err);
+      layer->slot_block[static_cast<size_t>(adm.slot)] = adm.block;
+    }
+    layer->fill_staging.release(s);
+    if (layer->fill_event == nullptr)
+      check(k_->event_create(&layer->fill_event, err, sizeof err), "event create", err);
+    check(k_->event_record(layer->fill_event, s, err, sizeof err), "event record", err);
+    layer->fill_recorded = true;
+  }
+
+ private:
+  void* stream_for(void* sequence_stream) const {
+    return sequence_stream != nullptr ? sequence_stream : own_stream_;
+  }
+
+  // The layer's codes of head a.kv_head on the device, tokens [0, a.end)
+  // present: uploads only what was coded since the last call (a rebuilt
+  // index, or a grown buffer, uploads everything again).
+  const uint8_t* resident_codes(CudaLayer& layer, const PqSelectArgs& a, void* s) const {
+    char err[512] = {0};
+    CudaLayer::Codes& c = layer.codes[static_cast<size_t>(a.kv_head)];
+    const int32_t m = a.subspaces;
+    if (c.generation != a.index_generation) {
+      c.generation = a.index_generation;
+      c.uploaded = 0;
+    }
+    if (c.capacity < a.end) {
+      const int64_t grown = std::max<int64_t>({a.end, 2 * c.capacity, 4096});
+      k_->device_free(c.d, err, sizeof err);
+      c = CudaLayer::Codes{nullptr, 0, 0, a.index_generation};
+      if (k_->device_alloc(&c.d, static_cast<size_t>(grown) * m, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation for PQ codes failed: ") + err);
+      c.capacity = grown;
+    }
+    if (c.uploaded < a.end) {
+      check(k_->copy_async(static_cast<uint8_t*>(c.d) + c.uploaded * m, a.codes + c.uploaded * m,
+                           static_cast<size_t>(a.end - c.uploaded) * m, s, err, sizeof err),
+            "codes upload", err);
+      c.uploaded = a.end;
+    }
+    return static_cast<const uint8_t*>(c.d);
+  }
+
+  void device_copy(void* dst, const void* src, size_t bytes, int direction) {
+    char err[512] = {0};
+    const void* device_ptr = direction == PQ_COPY_DEVICE_TO_HOST ? src : dst;
+    if (!plugin_->is_device_pointer(device_ptr))
+      fail(PQ_ERR_INVALID_ARGUMENT,
+           "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device memory");
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    check(plugin_->copy(dst, src, bytes, direction, err, sizeof err), "device copy", err);
+  }
+
+  const pq_cuda_plugin_v1* plugin_;
+  const pq_cuda_plugin_v3* k_;  // null for a plug-in older than ABI v3
+  int32_t device_;
+  std::unique_ptr<Backend> host_;
+  std::unique_ptr<DeviceArena> arena_;
+  std::unique_ptr<PinnedStaging> fetch_staging_;
+  void* own_stream_ = nullptr;
+  // One decode step's device work at a time: the arena and staging buffers
+  // are shared by all sequences.
+  mutable std::mutex mutex_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin_v1* plugin,
+                                           const pq_cuda_plugin_v3* kernels, int32_t device) {
+  return std::make_unique<CudaBackend>(plugin, kernels, device);
+}
+
+}  // namespace pq
