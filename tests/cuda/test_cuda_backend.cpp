@@ -216,3 +216,100 @@ TEST(CudaBackend, PqSelectionOnTheGpuMatchesTheCpu) {
 }
 
 }  // namespace
+
+namespace {
+
+// Decode steps on the GPU path with everything ABI v3 adds: resident codes
+// extended as tokens leave the local window, the caller's stream, and
+// pq_fetch_kv into device memory through the block cache. Every step's
+// selection must equal the CPU backend's (MAX combine: identical scores),
+// every fetched row must equal the appended data, and the cache must hit.
+TEST(CudaBackend, DecodeStepsWithResidentCodesStreamAndBlockCache) {
+  std::string why;
+  if (cuda_devices(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  constexpr int kKv = 2, kQ = 8, kDim = 64, kPrompt = 4096, kSteps = 40;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  const int total = kPrompt + kSteps;
+  std::vector<float> keys(static_cast<size_t>(total) * kKv * kDim), values(keys.size());
+  for (auto& x : keys) x = normal(rng);
+  for (auto& x : values) x = normal(rng);
+  std::vector<float> query(static_cast<size_t>(kQ) * kDim);
+  for (auto& x : query) x = normal(rng);
+
+  pq_context* ctx[2] = {nullptr, nullptr};
+  for (int b = 0; b < 2; ++b) {
+    pq_config c;
+    pq_config_default(&c);
+    c.num_layers = 1, c.num_q_heads = kQ, c.num_kv_heads = kKv, c.head_dim = kDim;
+    c.dtype = PQ_DTYPE_F32, c.kmeans_iterations = 4, c.gqa_combine = PQ_GQA_MAX;
+    c.local_tokens = 16, c.cache_tokens = 1024, c.cache_block_tokens = 128;
+    c.backend = b ? PQ_BACKEND_CUDA : PQ_BACKEND_CPU;
+    ASSERT_EQ(pq_create(&c, &ctx[b]), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_sequence_add(ctx[b], 1), PQ_OK);
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(pq_sequence_set_stream(ctx[1], 1, stream), PQ_OK) << pq_last_error();
+
+  pq_tensor k, v, q;
+  pq_tensor_init(&k, keys.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kPrompt, kKv, kDim);
+  pq_tensor_init(&v, values.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kPrompt, kKv, kDim);
+  pq_tensor_init(&q, query.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQ, kDim);
+  for (pq_context* c : ctx) ASSERT_EQ(pq_prefill_layer(c, 1, 0, &k, &v), PQ_OK) << pq_last_error();
+
+  for (int step = 0; step < kSteps; ++step) {
+    const size_t at = static_cast<size_t>(kPrompt + step) * kKv * kDim;
+    pq_tensor k1, v1;
+    pq_tensor_init(&k1, keys.data() + at, PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kKv, kDim);
+    pq_tensor_init(&v1, values.data() + at, PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kKv, kDim);
+    int64_t cap = 0;
+    std::vector<int32_t> pos[2], cnt[2];
+    for (int b = 0; b < 2; ++b) {
+      ASSERT_EQ(pq_decode_append(ctx[b], 1, 0, &k1, &v1), PQ_OK) << pq_last_error();
+      ASSERT_EQ(pq_selection_capacity(ctx[b], 1, 0, &cap), PQ_OK);
+      pos[b].assign(kKv * cap, -1);
+      cnt[b].assign(kKv, 0);
+      pq_selection sel{pos[b].data(), cnt[b].data(), cap};
+      ASSERT_EQ(pq_decode_select(ctx[b], 1, 0, &q, &sel), PQ_OK) << pq_last_error();
+    }
+    ASSERT_EQ(pos[0], pos[1]) << "step " << step;
+
+    std::vector<float> out(static_cast<size_t>(kKv) * cap * kDim);
+    float* d_k = nullptr;
+    float* d_v = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_k, out.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_v, out.size() * 4), cudaSuccess);
+    pq_tensor ok, ov;
+    pq_tensor_init(&ok, d_k, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, cap, kKv, kDim);
+    pq_tensor_init(&ov, d_v, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, cap, kKv, kDim);
+    ok.memory = ov.memory = PQ_MEMORY_DEVICE;
+    pq_selection sel{pos[1].data(), cnt[1].data(), cap};
+    ASSERT_EQ(pq_fetch_kv(ctx[1], 1, 0, &sel, &ok, &ov), PQ_OK) << pq_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> got_k(out.size()), got_v(out.size());
+    ASSERT_EQ(cudaMemcpy(got_k.data(), d_k, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_v.data(), d_v, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int h = 0; h < kKv; ++h)
+      for (int i = 0; i < cnt[1][h]; ++i) {
+        const size_t src = (static_cast<size_t>(pos[1][h * cap + i]) * kKv + h) * kDim;
+        const size_t dst = (static_cast<size_t>(h) * cap + i) * kDim;
+        ASSERT_EQ(std::memcmp(got_k.data() + dst, keys.data() + src, kDim * 4), 0)
+            << "step " << step << " head " << h << " row " << i;
+        ASSERT_EQ(std::memcmp(got_v.data() + dst, values.data() + src, kDim * 4), 0)
+            << "step " << step << " head " << h << " row " << i;
+      }
+    cudaFree(d_k);
+    cudaFree(d_v);
+  }
+  pq_stats s;
+  std::memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  ASSERT_EQ(pq_stats_get(ctx[1], &s), PQ_OK);
+  EXPECT_GT(s.cache_hits, 0u) << "the same query every step must hit the cache";
+  ASSERT_EQ(pq_sequence_set_stream(ctx[1], 1, nullptr), PQ_OK);
+  cudaStreamDestroy(stream);
+  for (pq_context* c : ctx) pq_destroy(c);
+}
+
+}  // namespace
