@@ -1,8 +1,10 @@
 // libpqcache_cuda.so: the CUDA backend plug-in. libpqcache.so opens it with
 // dlopen at run time, so the core never links cudart. ABI version 1 moves
 // tensors between device and host memory; version 2 adds device memory
-// helpers and the PQ scoring (pq_scan.cu) and top-k (topk.cu) kernels. The
-// fetch kernels and the GPU block cache come later with the CUDA backend issue.
+// helpers and the PQ scoring (pq_scan.cu) and top-k (topk.cu) kernels;
+// version 3 adds mapped pinned host memory, streams, events and copies
+// (memory.cu), the row gather of pq_fetch_kv (gather.cu) and PQ encoding
+// (encode.cu).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -129,27 +131,73 @@ const pq_cuda_plugin_v2 kPluginV2 = {
     pqcuda::topk,
 };
 
-// A v2 table is read through a v1 pointer until the caller checks the
-// version: the common fields must sit at the same offsets.
-#define PQ_SAME_OFFSET(field) \
-  static_assert(offsetof(pq_cuda_plugin_v1, field) == offsetof(pq_cuda_plugin_v2, field), #field)
-PQ_SAME_OFFSET(abi_version);
-PQ_SAME_OFFSET(struct_size);
-PQ_SAME_OFFSET(device_count);
-PQ_SAME_OFFSET(device_name);
-PQ_SAME_OFFSET(set_device);
-PQ_SAME_OFFSET(is_device_pointer);
-PQ_SAME_OFFSET(copy);
+const pq_cuda_plugin_v3 kPluginV3 = {
+    PQ_CUDA_PLUGIN_ABI_VERSION_3,
+    sizeof(pq_cuda_plugin_v3),
+    device_count,
+    device_name,
+    set_device,
+    is_device_pointer,
+    copy,
+    device_alloc,
+    device_free,
+    stream_synchronize,
+    pqcuda::pq_scan_workspace_size,
+    pqcuda::pq_scan,
+    pqcuda::topk_workspace_size,
+    pqcuda::topk,
+    pqcuda::host_alloc,
+    pqcuda::host_free,
+    pqcuda::stream_create,
+    pqcuda::stream_destroy,
+    pqcuda::event_create,
+    pqcuda::event_destroy,
+    pqcuda::event_record,
+    pqcuda::event_synchronize,
+    pqcuda::stream_wait_event,
+    pqcuda::copy_async,
+    pqcuda::gather_rows,
+    pqcuda::copy_rows,
+    pqcuda::encode,
+};
+
+// A v2 or v3 table is read through a v1 pointer until the caller checks the
+// version, and a v3 table may be read through a v2 pointer: the common fields
+// must sit at the same offsets.
+#define PQ_SAME_OFFSET(older, newer, field) \
+  static_assert(offsetof(older, field) == offsetof(newer, field), #newer "." #field)
+#define PQ_SAME_V1_FIELDS(newer)                      \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, abi_version);  \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, struct_size);  \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, device_count); \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, device_name);  \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, set_device);   \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, is_device_pointer); \
+  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, copy)
+PQ_SAME_V1_FIELDS(pq_cuda_plugin_v2);
+PQ_SAME_V1_FIELDS(pq_cuda_plugin_v3);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, device_alloc);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, device_free);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, stream_synchronize);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, pq_scan_workspace_size);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, pq_scan);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, topk_workspace_size);
+PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, topk);
+static_assert(sizeof(pq_cuda_plugin_v2) == offsetof(pq_cuda_plugin_v3, host_alloc),
+              "version 3 appends to version 2");
+#undef PQ_SAME_V1_FIELDS
 #undef PQ_SAME_OFFSET
 
 }  // namespace
 
-// Serves version 1 (what plugin_loader.cpp asks for) and version 2; needs no
-// device, so a caller can inspect the table on a machine without a GPU.
+// Serves versions 1, 2 and 3; needs no device, so a caller can inspect the
+// table on a machine without a GPU.
 extern "C" __attribute__((visibility("default"))) const pq_cuda_plugin_v1* pq_cuda_plugin_entry(
     uint32_t abi_version) {
   if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION) return &kPluginV1;
   if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION_2)
     return reinterpret_cast<const pq_cuda_plugin_v1*>(&kPluginV2);
+  if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION_3)
+    return reinterpret_cast<const pq_cuda_plugin_v1*>(&kPluginV3);
   return nullptr;
 }

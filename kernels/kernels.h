@@ -28,4 +28,28 @@ size_t topk_workspace_size(int32_t rows, int64_t n, int64_t k);
 int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first, int32_t* d_out,
          void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
+// memory.cu: mapped pinned host memory, streams, events, asynchronous copies
+// and the cudaMemcpyAsync-per-run row copy (the baseline of gather_rows).
+int host_alloc(void** ptr, size_t bytes, char* err, size_t err_len);
+int host_free(void* ptr, char* err, size_t err_len);
+int stream_create(void** stream, char* err, size_t err_len);
+int stream_destroy(void* stream, char* err, size_t err_len);
+int event_create(void** event, char* err, size_t err_len);
+int event_destroy(void* event, char* err, size_t err_len);
+int event_record(void* event, void* stream, char* err, size_t err_len);
+int event_synchronize(void* event, char* err, size_t err_len);
+int stream_wait_event(void* stream, void* event, char* err, size_t err_len);
+int copy_async(void* dst, const void* src, size_t bytes, void* stream, char* err, size_t err_len);
+int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
+              void* stream, char* err, size_t err_len);
+
+// gather.cu: the row gather kernel of pq_fetch_kv.
+int gather_rows(const void* const* d_srcs, void* const* d_dsts, int64_t rows, size_t row_bytes,
+                void* stream, char* err, size_t err_len);
+
+// encode.cu: PQ codes with the CPU's nearest-centroid rule.
+int encode(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
+           int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,
+           int64_t code_stride, void* stream, char* err, size_t err_len);
+
 }  // namespace pqcuda

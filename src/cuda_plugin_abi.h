@@ -161,7 +161,9 @@ typedef struct pq_cuda_plugin_v3 {
   /* PQ encoding on the GPU: codes of `tokens` keys with the CPU's nearest-centroid rule.
        d_keys      float [tokens][key_stride] (a key's head_dim = subspaces * sub_dim floats at the row start)
        d_centroids float [subspaces][centroids][sub_dim]
-       d_codes     uint8, code of token t, subspace j at d_codes[t * code_stride + j] */
+       d_codes     uint8, code of token t, subspace j at d_codes[t * code_stride + j]
+     centroids in 1..256, sub_dim >= 1, key_stride >= subspaces * sub_dim, code_stride >= subspaces;
+     other bytes of a code row are left untouched. Ties go to the lowest index, as on the CPU. */
   int (*encode)(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
                 int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,
                 int64_t code_stride, void* stream, char* err, size_t err_len);

@@ -1,6 +1,8 @@
-// The plug-in's PQ scoring and top-k kernels (ABI v2) against the CPU code
-// they replace: select_top_k and combine_group_scores (src/topk.cpp) and the
-// CPU backend's pq_scores. The plug-in is opened with dlopen from the path
+// The plug-in's kernels against the CPU code they replace: PQ scoring and
+// top-k (ABI v2) against select_top_k and combine_group_scores (src/topk.cpp)
+// and the CPU backend's pq_scores; the row gather and the per-run copies
+// (ABI v3) against a host memcpy gather; PQ encoding (ABI v3) against the
+// CPU's encode_tokens and nearest_centroid (src/kmeans.cpp). The plug-in is opened with dlopen from the path
 // the build passes in PQ_CUDA_PLUGIN_FILE, exactly as libpqcache.so opens it,
 // and device memory goes through the plug-in's own helpers. Without a GPU
 // every device test reports SKIPPED with the reason; the ABI tests run
@@ -12,14 +14,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
 #include "cuda_plugin_abi.h"
+#include "kmeans.h"
 #include "pqcache.h"
 #include "scratch.h"
 #include "topk.h"
@@ -51,6 +56,16 @@ const pq_cuda_plugin_v2* plugin_v2() {
       t->struct_size < sizeof(pq_cuda_plugin_v2))
     return nullptr;
   return reinterpret_cast<const pq_cuda_plugin_v2*>(t);
+}
+
+const pq_cuda_plugin_v3* plugin_v3() {
+  pq_cuda_plugin_entry_fn entry = plugin_entry();
+  if (entry == nullptr) return nullptr;
+  const pq_cuda_plugin_v1* t = entry(PQ_CUDA_PLUGIN_ABI_VERSION_3);
+  if (t == nullptr || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION_3 ||
+      t->struct_size < sizeof(pq_cuda_plugin_v3))
+    return nullptr;
+  return reinterpret_cast<const pq_cuda_plugin_v3*>(t);
 }
 
 // Why there is no device, or "" when there is one.
@@ -151,7 +166,124 @@ TEST(CudaPluginAbi, Version1IsUnchangedAndVersion2ExtendsIt) {
               v2->pq_scan_workspace_size && v2->pq_scan && v2->topk_workspace_size && v2->topk);
 
   EXPECT_EQ(entry(0), nullptr);
-  EXPECT_EQ(entry(3), nullptr);
+  EXPECT_EQ(entry(4), nullptr);
+}
+
+TEST(CudaPluginAbi, Version3ExtendsVersion2) {
+  pq_cuda_plugin_entry_fn entry = plugin_entry();
+  ASSERT_NE(entry, nullptr) << dlerror();
+  const pq_cuda_plugin_v1* t3 = entry(PQ_CUDA_PLUGIN_ABI_VERSION_3);
+  ASSERT_NE(t3, nullptr);
+  EXPECT_EQ(t3->abi_version, 3u);  // read through the v1 prefix, as a loader would
+  ASSERT_EQ(t3->struct_size, sizeof(pq_cuda_plugin_v3));
+  const auto* v3 = reinterpret_cast<const pq_cuda_plugin_v3*>(t3);
+  // Read through a v2 pointer, the v3 table is a valid v2 table (with the v3
+  // version number): the same functions at the same places.
+  const auto* as_v2 = reinterpret_cast<const pq_cuda_plugin_v2*>(t3);
+  const pq_cuda_plugin_v2* v2 = plugin_v2();
+  ASSERT_NE(v2, nullptr);
+  EXPECT_EQ(as_v2->device_count, v2->device_count);
+  EXPECT_EQ(as_v2->device_name, v2->device_name);
+  EXPECT_EQ(as_v2->set_device, v2->set_device);
+  EXPECT_EQ(as_v2->is_device_pointer, v2->is_device_pointer);
+  EXPECT_EQ(as_v2->copy, v2->copy);
+  EXPECT_EQ(as_v2->device_alloc, v2->device_alloc);
+  EXPECT_EQ(as_v2->device_free, v2->device_free);
+  EXPECT_EQ(as_v2->stream_synchronize, v2->stream_synchronize);
+  EXPECT_EQ(as_v2->pq_scan_workspace_size, v2->pq_scan_workspace_size);
+  EXPECT_EQ(as_v2->pq_scan, v2->pq_scan);
+  EXPECT_EQ(as_v2->topk_workspace_size, v2->topk_workspace_size);
+  EXPECT_EQ(as_v2->topk, v2->topk);
+  EXPECT_TRUE(v3->host_alloc && v3->host_free && v3->stream_create && v3->stream_destroy &&
+              v3->event_create && v3->event_destroy && v3->event_record &&
+              v3->event_synchronize && v3->stream_wait_event && v3->copy_async &&
+              v3->gather_rows && v3->copy_rows && v3->encode);
+  // Asking for version 2 still gives the version 2 table.
+  EXPECT_EQ(entry(PQ_CUDA_PLUGIN_ABI_VERSION_2)->abi_version, 2u);
+  EXPECT_EQ(entry(PQ_CUDA_PLUGIN_ABI_VERSION_2)->struct_size, sizeof(pq_cuda_plugin_v2));
+}
+
+// Every argument check of version 3 answers before any CUDA call, with a
+// message naming the argument, so these run without a device.
+TEST(CudaPluginAbi, Version3ArgumentChecksNeedNoDevice) {
+  const pq_cuda_plugin_v3* p = plugin_v3();
+  ASSERT_NE(p, nullptr);
+  char err[256] = "";
+  auto says = [&err](const char* word) {
+    return std::string(err).find(word) != std::string::npos;
+  };
+
+  // Nothing to do: success whatever the pointers.
+  EXPECT_EQ(p->gather_rows(nullptr, nullptr, 0, 256, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->gather_rows(nullptr, nullptr, 5, 0, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->copy_rows(nullptr, nullptr, 0, 256, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->copy_rows(nullptr, nullptr, 5, 0, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->copy_async(nullptr, nullptr, 0, nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->encode(nullptr, 0, 128, nullptr, 2, 64, 64, nullptr, 2, nullptr, err, sizeof err),
+            0);
+  EXPECT_EQ(p->host_free(nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->stream_destroy(nullptr, err, sizeof err), 0);
+  EXPECT_EQ(p->event_destroy(nullptr, err, sizeof err), 0);
+
+  EXPECT_NE(p->gather_rows(nullptr, nullptr, -1, 256, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("rows")) << err;
+  EXPECT_NE(p->gather_rows(nullptr, nullptr, 3, 256, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("NULL")) << err;
+  EXPECT_NE(p->gather_rows(nullptr, nullptr, INT64_MAX / 2, 256, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("overflow")) << err;
+  EXPECT_NE(p->copy_rows(nullptr, nullptr, -1, 256, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("rows")) << err;
+  EXPECT_NE(p->copy_rows(nullptr, nullptr, 3, 256, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("NULL")) << err;
+  {
+    char a[512], b[512];
+    const void* srcs[3] = {a, nullptr, a + 256};
+    void* dsts[3] = {b, b + 256, b};
+    EXPECT_NE(p->copy_rows(srcs, dsts, 3, 256, nullptr, err, sizeof err), 0);
+    EXPECT_TRUE(says("row 1")) << err;
+  }
+  EXPECT_NE(p->copy_async(nullptr, err, 16, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("NULL")) << err;
+
+  float f = 0.f;
+  uint8_t code = 0;
+  struct EncodeCase {
+    int64_t tokens, key_stride;
+    int32_t subspaces, centroids, sub_dim;
+    int64_t code_stride;
+    const char* word;
+  };
+  const EncodeCase bad[] = {
+      {-1, 128, 2, 64, 64, 2, "tokens"},       {1, 128, 0, 64, 64, 2, "subspaces"},
+      {1, 128, 2, 0, 64, 2, "centroids"},      {1, 128, 2, 257, 64, 2, "centroids"},
+      {1, 128, 2, 64, 0, 2, "sub_dim"},        {1, 127, 2, 64, 64, 2, "key_stride"},
+      {1, 128, 2, 64, 64, 1, "code_stride"},   {INT64_MAX / 64, 128, 2, 64, 64, 2, "overflow"},
+  };
+  for (const EncodeCase& c : bad) {
+    err[0] = '\0';
+    EXPECT_NE(p->encode(&f, c.tokens, c.key_stride, &f, c.subspaces, c.centroids, c.sub_dim, &code,
+                        c.code_stride, nullptr, err, sizeof err),
+              0)
+        << c.word;
+    EXPECT_TRUE(says(c.word)) << "expected '" << c.word << "' in: " << err;
+  }
+  EXPECT_NE(p->encode(nullptr, 4, 128, &f, 2, 64, 64, &code, 2, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("NULL")) << err;
+  EXPECT_NE(p->encode(&f, 4, 128, &f, 2, 64, 64, nullptr, 2, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("NULL")) << err;
+
+  EXPECT_NE(p->host_alloc(nullptr, 16, err, sizeof err), 0);
+  EXPECT_TRUE(says("ptr")) << err;
+  EXPECT_NE(p->stream_create(nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("stream")) << err;
+  EXPECT_NE(p->event_create(nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("event")) << err;
+  EXPECT_NE(p->event_record(nullptr, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("event")) << err;
+  EXPECT_NE(p->event_synchronize(nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("event")) << err;
+  EXPECT_NE(p->stream_wait_event(nullptr, nullptr, err, sizeof err), 0);
+  EXPECT_TRUE(says("event")) << err;
 }
 
 TEST(CudaPluginAbi, WorkspaceSizesAndArgumentChecksNeedNoDevice) {
@@ -476,6 +608,393 @@ TEST(CudaPqScan, ScoreThenTopKSelectsWhatTheCpuSelects) {
           << "kv head " << h << ", combine " << combine;
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// Version 3: pinned host memory, streams and events
+// ---------------------------------------------------------------------------
+
+// Mapped pinned host memory through the plug-in.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) : bytes_(bytes) {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v3()->host_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
+  }
+  ~PinnedBuffer() {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v3()->host_free(ptr_, err, sizeof err), 0) << err;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  char* get() const { return static_cast<char*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+// A non-blocking stream through the plug-in.
+class Stream {
+ public:
+  Stream() {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v3()->stream_create(&stream_, err, sizeof err), 0) << err;
+    EXPECT_NE(stream_, nullptr);
+  }
+  ~Stream() {
+    char err[256] = "";
+    EXPECT_EQ(plugin_v3()->stream_destroy(stream_, err, sizeof err), 0) << err;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void* get() const { return stream_; }
+  void sync() const {
+    char err[256] = "";
+    ASSERT_EQ(plugin_v3()->stream_synchronize(stream_, err, sizeof err), 0) << err;
+  }
+
+ private:
+  void* stream_ = nullptr;
+};
+
+TEST(CudaMemory, PinnedMemoryStreamsAndEventsRoundTrip) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin_v3* p = plugin_v3();
+  char err[256] = "";
+  void* empty = reinterpret_cast<void*>(16);
+  ASSERT_EQ(p->host_alloc(&empty, 0, err, sizeof err), 0) << err;
+  EXPECT_EQ(empty, nullptr);
+
+  const size_t bytes = (size_t{3} << 20) + 5;  // not a multiple of anything
+  PinnedBuffer in(bytes), out(bytes);
+  DeviceBuffer middle(bytes);
+  ASSERT_NE(in.get(), nullptr);
+  ASSERT_NE(out.get(), nullptr);
+  EXPECT_EQ(p->is_device_pointer(in.get()), 0);  // host memory, even though mapped
+  std::mt19937 rng(21);
+  for (size_t i = 0; i < bytes; ++i) in.get()[i] = static_cast<char>(rng());
+  std::memset(out.get(), 0, bytes);
+
+  // in -> device on stream a; stream b waits for it, then device -> out.
+  Stream a, b;
+  void* copied = nullptr;
+  void* done = nullptr;
+  ASSERT_EQ(p->event_create(&copied, err, sizeof err), 0) << err;
+  ASSERT_EQ(p->event_create(&done, err, sizeof err), 0) << err;
+  ASSERT_EQ(p->copy_async(middle.get(), in.get(), bytes, a.get(), err, sizeof err), 0) << err;
+  ASSERT_EQ(p->event_record(copied, a.get(), err, sizeof err), 0) << err;
+  ASSERT_EQ(p->stream_wait_event(b.get(), copied, err, sizeof err), 0) << err;
+  ASSERT_EQ(p->copy_async(out.get(), middle.get(), bytes, b.get(), err, sizeof err), 0) << err;
+  ASSERT_EQ(p->event_record(done, b.get(), err, sizeof err), 0) << err;
+  ASSERT_EQ(p->event_synchronize(done, err, sizeof err), 0) << err;
+  EXPECT_EQ(std::memcmp(in.get(), out.get(), bytes), 0);
+
+  // Pinned -> pinned and device -> device go through the same entry (UVA).
+  PinnedBuffer again(bytes);
+  DeviceBuffer middle2(bytes);
+  ASSERT_EQ(p->copy_async(middle2.get(), middle.get(), bytes, nullptr, err, sizeof err), 0) << err;
+  ASSERT_EQ(p->copy_async(again.get(), middle2.get(), bytes, nullptr, err, sizeof err), 0) << err;
+  sync();
+  EXPECT_EQ(std::memcmp(in.get(), again.get(), bytes), 0);
+
+  EXPECT_EQ(p->event_destroy(copied, err, sizeof err), 0) << err;
+  EXPECT_EQ(p->event_destroy(done, err, sizeof err), 0) << err;
+}
+
+// ---------------------------------------------------------------------------
+// Version 3: row gather (gather_rows kernel and copy_rows baseline)
+// ---------------------------------------------------------------------------
+
+enum class RowSource { kDevice, kPinned, kMixed };
+
+struct GatherCase {
+  RowSource source;
+  size_t row_bytes;
+  int64_t rows;
+  size_t src_offset;   // bytes added to every source pool address (misalignment)
+  size_t dst_offset;   // likewise for the destination
+  bool scattered_dsts; // destinations in a random order instead of one after another
+};
+
+std::string describe(const GatherCase& c) {
+  const char* source = c.source == RowSource::kDevice   ? "device"
+                       : c.source == RowSource::kPinned ? "pinned host"
+                                                        : "mixed device and pinned host";
+  return std::string(source) + " sources, " + std::to_string(c.rows) + " rows of " +
+         std::to_string(c.row_bytes) + " bytes, offsets " + std::to_string(c.src_offset) + "/" +
+         std::to_string(c.dst_offset) + (c.scattered_dsts ? ", scattered destinations" : "");
+}
+
+// Gathers with gather_rows and with copy_rows and compares every byte of the
+// destination buffer (the rows and what lies between and around them) with
+// a host memcpy gather.
+void check_gather(const GatherCase& c, uint32_t seed) {
+  const pq_cuda_plugin_v3* p = plugin_v3();
+  const std::string what = describe(c);
+  std::mt19937 rng(seed);
+  const int64_t pool_rows = c.rows * 3 + 5;
+  const size_t pool_bytes = static_cast<size_t>(pool_rows) * c.row_bytes + c.src_offset;
+  std::vector<char> pool(pool_bytes);
+  for (char& x : pool) x = static_cast<char>(rng());
+  PinnedBuffer pinned_pool(pool_bytes);
+  DeviceBuffer device_pool(pool_bytes);
+  std::memcpy(pinned_pool.get(), pool.data(), pool_bytes);
+  upload(device_pool, pool);
+
+  // Source rows: runs of consecutive rows (which copy_rows merges) between
+  // random jumps; repeats are allowed.
+  std::vector<int64_t> index(static_cast<size_t>(c.rows));
+  std::uniform_int_distribution<int64_t> any_row(0, pool_rows - 1);
+  for (int64_t i = 0; i < c.rows; ++i)
+    index[i] = (i > 0 && index[i - 1] + 1 < pool_rows && rng() % 2 == 0) ? index[i - 1] + 1
+                                                                          : any_row(rng);
+  std::vector<int64_t> slot(static_cast<size_t>(c.rows));
+  for (int64_t i = 0; i < c.rows; ++i) slot[i] = i;
+  if (c.scattered_dsts) std::shuffle(slot.begin(), slot.end(), rng);
+
+  // The destination has a sentinel row before and after the gathered rows.
+  const size_t dst_bytes = c.dst_offset + static_cast<size_t>(c.rows + 2) * c.row_bytes;
+  DeviceBuffer dst(dst_bytes);
+  std::vector<char> expected(dst_bytes, static_cast<char>(0xA5));
+  std::vector<const void*> srcs(static_cast<size_t>(c.rows));
+  std::vector<void*> dsts(static_cast<size_t>(c.rows));
+  for (int64_t i = 0; i < c.rows; ++i) {
+    const size_t src_at = c.src_offset + static_cast<size_t>(index[i]) * c.row_bytes;
+    const size_t dst_at = c.dst_offset + static_cast<size_t>(slot[i] + 1) * c.row_bytes;
+    const bool from_pinned = c.source == RowSource::kPinned ||
+                             (c.source == RowSource::kMixed && i % 2 == 1);
+    srcs[i] = from_pinned ? static_cast<const void*>(pinned_pool.get() + src_at)
+                          : static_cast<const void*>(device_pool.as<char>() + src_at);
+    dsts[i] = dst.as<char>() + dst_at;
+    std::memcpy(expected.data() + dst_at, pool.data() + src_at, c.row_bytes);
+  }
+  DeviceBuffer d_srcs(std::max<size_t>(srcs.size(), 1) * sizeof(void*));
+  DeviceBuffer d_dsts(std::max<size_t>(dsts.size(), 1) * sizeof(void*));
+  upload(d_srcs, srcs);
+  upload(d_dsts, dsts);
+
+  Stream stream;
+  char err[256] = "";
+  for (const char* method : {"gather_rows", "copy_rows"}) {
+    upload(dst, std::vector<char>(dst_bytes, static_cast<char>(0xA5)));
+    const int rc =
+        std::strcmp(method, "gather_rows") == 0
+            ? p->gather_rows(static_cast<const void* const*>(d_srcs.get()),
+                             static_cast<void* const*>(d_dsts.get()), c.rows, c.row_bytes,
+                             stream.get(), err, sizeof err)
+            : p->copy_rows(srcs.data(), dsts.data(), c.rows, c.row_bytes, stream.get(), err,
+                           sizeof err);
+    ASSERT_EQ(rc, 0) << method << ", " << what << ": " << err;
+    stream.sync();
+    std::vector<char> got = download<char>(dst, dst_bytes);
+    size_t first_difference = dst_bytes;
+    for (size_t i = 0; i < dst_bytes && first_difference == dst_bytes; ++i)
+      if (got[i] != expected[i]) first_difference = i;
+    EXPECT_EQ(first_difference, dst_bytes)
+        << method << ", " << what << ": first wrong byte at " << first_difference << " (row "
+        << (first_difference - c.dst_offset) / c.row_bytes << " of the destination)";
+  }
+}
+
+TEST(CudaGatherRows, MatchesHostGatherForAlignedAndUnalignedRows) {
+  REQUIRE_DEVICE();
+  // Source/destination misalignments: none, byte, byte, 8 (4-byte words,
+  // no uint4), 4/12 (4-byte words).
+  using Offsets = std::pair<size_t, size_t>;
+  const Offsets kOffsets[] = {{0, 0}, {3, 0}, {0, 5}, {8, 8}, {4, 12}};
+  uint32_t seed = 500;
+  for (RowSource source : {RowSource::kDevice, RowSource::kPinned, RowSource::kMixed})
+    for (size_t row_bytes : {size_t{256}, size_t{16}, size_t{4}, size_t{1}, size_t{7},
+                             size_t{100}, size_t{260}, size_t{1000}})
+      for (const Offsets& offsets : kOffsets)
+        for (bool scattered : {false, true}) {
+          check_gather({source, row_bytes, 777, offsets.first, offsets.second, scattered},
+                       seed++);
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(CudaGatherRows, OneRowAndManyRows) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 600;
+  for (RowSource source : {RowSource::kDevice, RowSource::kPinned}) {
+    check_gather({source, 256, 1, 0, 0, false}, seed++);
+    check_gather({source, 13, 1, 1, 2, false}, seed++);
+    // A fetch of pq_fetch_kv's size: 8 kv heads x 25000 rows of 256 bytes.
+    check_gather({source, 256, 200000, 0, 0, true}, seed++);
+  }
+}
+
+TEST(CudaGatherRows, NoRowsIsANoOp) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin_v3* p = plugin_v3();
+  char err[256] = "";
+  Stream stream;
+  EXPECT_EQ(p->gather_rows(nullptr, nullptr, 0, 256, stream.get(), err, sizeof err), 0) << err;
+  EXPECT_EQ(p->copy_rows(nullptr, nullptr, 0, 256, stream.get(), err, sizeof err), 0) << err;
+  stream.sync();
+}
+
+// ---------------------------------------------------------------------------
+// Version 3: PQ encoding
+// ---------------------------------------------------------------------------
+
+enum class KeyData { kNormal, kSmallIntegers, kDuplicateCentroids, kKeysAreCentroids, kTiny, kNaN };
+
+struct EncodeCase {
+  int64_t tokens;
+  int32_t subspaces, centroids, sub_dim;
+  int64_t key_padding;   // floats after head_dim in each key row
+  int64_t code_padding;  // bytes after the codes of each token
+  KeyData data;
+};
+
+std::string describe(const EncodeCase& c) {
+  static const char* kData[] = {"normal",        "small integers (exact ties)",
+                                "duplicate centroids", "keys equal to centroids",
+                                "tiny (subnormal squares)", "some NaN keys"};
+  return std::to_string(c.tokens) + " tokens, m " + std::to_string(c.subspaces) + ", " +
+         std::to_string(c.centroids) + " centroids, sub_dim " + std::to_string(c.sub_dim) +
+         ", key padding " + std::to_string(c.key_padding) + ", code padding " +
+         std::to_string(c.code_padding) + ", " + kData[static_cast<int>(c.data)];
+}
+
+// Encodes on the GPU and compares every code with the CPU's encode_tokens
+// (the code path the GPU replaces) and with nearest_centroid; the padding
+// bytes of the code rows must stay untouched.
+void check_encode(const EncodeCase& c, uint32_t seed) {
+  const pq_cuda_plugin_v3* p = plugin_v3();
+  const std::string what = describe(c);
+  const int32_t m = c.subspaces, k = c.centroids, dim = c.sub_dim;
+  const int32_t head_dim = m * dim;
+  const int64_t key_stride = head_dim + c.key_padding;
+  const int64_t code_stride = m + c.code_padding;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> small(-2, 2);
+
+  pq::PqCodebook book;
+  book.heads = 1;
+  book.subspaces = m;
+  book.centroids = k;
+  book.sub_dim = dim;
+  book.data.resize(static_cast<size_t>(m) * k * dim);
+  std::vector<float> keys(static_cast<size_t>(c.tokens * key_stride));
+  switch (c.data) {
+    case KeyData::kSmallIntegers:
+      for (float& x : book.data) x = static_cast<float>(small(rng));
+      for (float& x : keys) x = static_cast<float>(small(rng));
+      break;
+    case KeyData::kTiny:
+      for (float& x : book.data) x = normal(rng) * 1e-21f;
+      for (float& x : keys) x = normal(rng) * 1e-21f;
+      break;
+    default:
+      for (float& x : book.data) x = normal(rng);
+      for (float& x : keys) x = normal(rng);
+  }
+  if (c.data == KeyData::kDuplicateCentroids)  // centroid i + k/2 repeats centroid i
+    for (int32_t j = 0; j < m; ++j)
+      for (int32_t i = k / 2; i < k; ++i)
+        std::memcpy(book.at(0, j) + static_cast<size_t>(i) * dim,
+                    book.at(0, j) + static_cast<size_t>(i - k / 2) * dim, dim * sizeof(float));
+  if (c.data == KeyData::kKeysAreCentroids || c.data == KeyData::kDuplicateCentroids)
+    for (int64_t t = 0; t < c.tokens; ++t)
+      for (int32_t j = 0; j < m; ++j)
+        if (t % 2 == 0)  // half the keys sit exactly on a (possibly repeated) centroid
+          std::memcpy(&keys[static_cast<size_t>(t * key_stride + j * dim)],
+                      book.at(0, j) + static_cast<size_t>(rng() % k) * dim, dim * sizeof(float));
+  if (c.data == KeyData::kNaN)
+    for (int64_t t = 0; t < c.tokens; t += 7)
+      keys[static_cast<size_t>(t * key_stride + rng() % head_dim)] = std::nanf("");
+
+  // CPU: encode_tokens over a gather of the (strided) keys.
+  std::vector<uint8_t> want(static_cast<size_t>(c.tokens * m));
+  pq::KeyGather gather = [&](int32_t, const int64_t* rows, int64_t count, float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(out + i * head_dim, &keys[static_cast<size_t>(rows[i] * key_stride)],
+                  head_dim * sizeof(float));
+  };
+  uint8_t* code_rows[1] = {want.data()};
+  pq::encode_tokens(book, head_dim, 0, c.tokens, gather, nullptr, code_rows);
+
+  DeviceBuffer d_keys(std::max<size_t>(keys.size(), 1) * sizeof(float));
+  DeviceBuffer d_book(book.data.size() * sizeof(float));
+  const size_t code_bytes = static_cast<size_t>(c.tokens * code_stride);
+  DeviceBuffer d_codes(std::max<size_t>(code_bytes, 1));
+  upload(d_keys, keys);
+  upload(d_book, book.data);
+  upload(d_codes, std::vector<uint8_t>(code_bytes, 0xEE));
+  char err[256] = "";
+  Stream stream;
+  ASSERT_EQ(p->encode(d_keys.as<float>(), c.tokens, key_stride, d_book.as<float>(), m, k, dim,
+                      d_codes.as<uint8_t>(), code_stride, stream.get(), err, sizeof err),
+            0)
+      << what << ": " << err;
+  stream.sync();
+  std::vector<uint8_t> got = download<uint8_t>(d_codes, code_bytes);
+
+  int reported = 0;
+  for (int64_t t = 0; t < c.tokens && reported < 5; ++t) {
+    for (int32_t j = 0; j < m; ++j) {
+      const int gpu = got[static_cast<size_t>(t * code_stride + j)];
+      const int cpu = want[static_cast<size_t>(t * m + j)];
+      const int nearest = pq::nearest_centroid(
+          book.at(0, j), k, dim, &keys[static_cast<size_t>(t * key_stride + j * dim)]);
+      if (gpu != cpu || cpu != nearest) {
+        ADD_FAILURE() << what << ": token " << t << ", subspace " << j << ": GPU " << gpu
+                      << ", encode_tokens " << cpu << ", nearest_centroid " << nearest;
+        ++reported;
+      }
+    }
+    for (int64_t b = m; b < code_stride; ++b)
+      if (got[static_cast<size_t>(t * code_stride + b)] != 0xEE) {
+        ADD_FAILURE() << what << ": token " << t << " padding byte " << b << " was written";
+        ++reported;
+      }
+  }
+}
+
+TEST(CudaEncode, MatchesCpuCodesOverShapes) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 700;
+  const EncodeCase cases[] = {
+      {1, 2, 64, 64, 0, 0, KeyData::kNormal},      // one decode token, the defaults
+      {4096, 2, 64, 64, 0, 0, KeyData::kNormal},   // a prefill chunk
+      {1000, 2, 256, 64, 0, 0, KeyData::kNormal},  // 8 bits
+      {777, 4, 16, 32, 5, 3, KeyData::kNormal},    // padded key and code rows
+      {500, 8, 256, 16, 0, 0, KeyData::kNormal},
+      {300, 3, 5, 7, 1, 1, KeyData::kNormal},      // sub_dim < 8: the tail only; k not 2^b
+      {300, 5, 33, 9, 0, 2, KeyData::kNormal},     // 8 lanes plus a tail of 1
+      {300, 1, 256, 128, 0, 0, KeyData::kNormal},  // m = 1
+      {100, 16, 2, 8, 0, 0, KeyData::kNormal},
+      {200, 2, 1, 13, 0, 0, KeyData::kNormal},     // one centroid: every code is 0
+      {20000, 2, 64, 64, 0, 0, KeyData::kNormal},  // many warps per block and blocks
+  };
+  for (const EncodeCase& c : cases) {
+    check_encode(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaEncode, ExactTiesGoToTheLowestIndexAsOnTheCpu) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 800;
+  for (KeyData data : {KeyData::kSmallIntegers, KeyData::kDuplicateCentroids,
+                       KeyData::kKeysAreCentroids}) {
+    check_encode({2000, 2, 64, 4, 0, 0, data}, seed++);   // 4 small dims: ties everywhere
+    check_encode({2000, 4, 256, 3, 1, 0, data}, seed++);
+    check_encode({1000, 2, 64, 64, 0, 0, data}, seed++);
+    check_encode({1000, 1, 256, 16, 0, 1, data}, seed++);
+  }
+}
+
+TEST(CudaEncode, SubnormalAndNaNInputsAsOnTheCpu) {
+  REQUIRE_DEVICE();
+  check_encode({2000, 2, 64, 64, 0, 0, KeyData::kTiny}, 900);
+  check_encode({2000, 4, 32, 8, 0, 0, KeyData::kNaN}, 901);
 }
 
 }  // namespace
