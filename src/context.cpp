@@ -609,7 +609,11 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
                                                 *out_values, layer.cache.get(), r.sink_end,
                                                 r.mid_end, stream});
   if (!on_device) gather_on_host(layer, sel, out_keys, out_values, rows);
-  const CacheCount cached = layer.cache ? update_cache(layer, r, sel, stream) : CacheCount{};
+  // Device slots are filled only for device fetches: a host fetch never
+  // reads them, so it should not pay their PCIe traffic.
+  const CacheCount cached =
+      layer.cache ? update_cache(layer, r, sel, on_device ? stream : nullptr, on_device)
+                  : CacheCount{};
   for (Counters* c : {&counters_, seq->counters.get()}) {
     c->fetch_calls.fetch_add(1);
     c->bytes_fetched.fetch_add(rows * rb * 2);
@@ -659,7 +663,8 @@ void Context::gather_on_host(Layer& layer, const pq_selection* sel, const pq_ten
 // with them (paper section 3.4: after the fetch, off its critical path).
 // Sinks and the local window are resident anyway and not counted.
 Context::CacheCount Context::update_cache(Layer& layer, const Regions& r,
-                                          const pq_selection* sel, void* stream) {
+                                          const pq_selection* sel, void* stream,
+                                          bool fill_device) {
   CacheCount count;
   std::vector<int64_t> middle;
   for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
@@ -674,8 +679,9 @@ Context::CacheCount Context::update_cache(Layer& layer, const Regions& r,
     }
   }
   const std::vector<BlockCache::Admission> admitted = layer.cache->update(middle, r.n);
-  backend_->fill_cache_blocks(layer.device.get(), layer.store, admitted,
-                              layer.cache->block_tokens(), stream);
+  if (fill_device)
+    backend_->fill_cache_blocks(layer.device.get(), layer.store, admitted,
+                                layer.cache->block_tokens(), stream);
   return count;
 }
 

@@ -91,7 +91,8 @@ class Context {
   // Counts the block cache's hits for a fetched selection, then updates the
   // cache with it and has the backend fill the admitted blocks. Layer mutex
   // held.
-  CacheCount update_cache(Layer& layer, const Regions& r, const pq_selection* sel, void* stream);
+  CacheCount update_cache(Layer& layer, const Regions& r, const pq_selection* sel, void* stream,
+                          bool fill_device);
   void gather_on_host(Layer& layer, const pq_selection* sel, const pq_tensor* out_keys,
                       const pq_tensor* out_values, uint64_t rows);
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
