@@ -1,0 +1,260 @@
+package pqcache
+
+import (
+	"math"
+
+	"pqcache/internal/pqswig"
+)
+
+// DType is the element type of K, V and Q buffers (pq_dtype).
+type DType int32
+
+const (
+	DTypeF32  DType = 0 // float32, passed as []float32
+	DTypeF16  DType = 1 // IEEE binary16, raw bits in []uint16
+	DTypeBF16 DType = 2 // bfloat16, raw bits in []uint16
+)
+
+// Layout is the memory layout of a dense tensor (pq_layout).
+type Layout int32
+
+const (
+	TokenMajor Layout = 0 // [tokens][heads][head_dim]
+	HeadMajor  Layout = 1 // [heads][tokens][head_dim]
+)
+
+// Selector is how middle tokens are picked (pq_selector).
+type Selector int32
+
+const (
+	SelectorPQ        Selector = 0
+	SelectorExact     Selector = 1
+	SelectorWindow    Selector = 2
+	SelectorSparQ     Selector = 3
+	SelectorInfLLM    Selector = 4
+	SelectorQuest     Selector = 5
+	SelectorRandom    Selector = 6
+	SelectorH2O       Selector = 7
+	SelectorSCOPE     Selector = 8
+	SelectorSnapKV    Selector = 9
+	SelectorPyramidKV Selector = 10
+)
+
+// GQACombine is how the query heads of a group combine their scores
+// (pq_gqa_combine).
+type GQACombine int32
+
+const (
+	GQASumSoftmax GQACombine = 0
+	GQAMax        GQACombine = 1
+	GQAMean       GQACombine = 2
+)
+
+// KMeansInit is the K-Means initialisation (pq_kmeans_init).
+type KMeansInit int32
+
+const (
+	KMeansInitRandom   KMeansInit = 0
+	KMeansInitKMeansPP KMeansInit = 1
+)
+
+// Backend is the compute backend (pq_backend).
+type Backend int32
+
+const (
+	BackendCPU  Backend = 0
+	BackendCUDA Backend = 1
+	BackendAuto Backend = 2
+)
+
+// CachePolicy is the eviction policy of the block cache (pq_cache_policy).
+type CachePolicy int32
+
+const (
+	CacheLRU CachePolicy = 0
+	CacheLFU CachePolicy = 1
+)
+
+// Config mirrors pq_config; include/pqcache.h documents every field. Start
+// from DefaultConfig and set the geometry (NumLayers, NumQHeads,
+// NumKVHeads, HeadDim), which has no default.
+type Config struct {
+	NumLayers  int
+	NumQHeads  int
+	NumKVHeads int
+	HeadDim    int
+	DType      DType
+
+	PQSubspaces int // m
+	PQBits      int // b
+
+	KMeansIterations           int // > 0: fixed; 0: adaptive
+	KMeansMinIterations        int
+	KMeansMaxIterations        int
+	KMeansTolerance            float32
+	KMeansInit                 KMeansInit
+	KMeansMaxPointsPerCentroid int
+	Seed                       uint64
+
+	ComputeAlpha    float64
+	ComputeBeta     float64
+	ComputeGamma    float64
+	LayerTimeBudget float64
+
+	WorkerThreads int // 0: the number of hardware threads
+
+	Selector     Selector
+	SinkTokens   int
+	LocalTokens  int
+	TopKTokens   int // > 0 overrides TopKFraction
+	TopKFraction float32
+	GQACombine   GQACombine
+
+	HostMemoryLimit uint64 // bytes of K/V; 0: unlimited
+	Backend         Backend
+	DeviceID        int
+	CUDAPluginPath  string // "": the library's search order
+
+	SparQDims            int
+	BlockTokens          int
+	BlockRepresentatives int
+	ObservationWindow    int
+	PoolingKernel        int
+	PyramidRatio         float32
+	ScopeDecodeShare     float32
+
+	CacheTokens      int64
+	CacheBlockTokens int
+	CachePolicy      CachePolicy
+}
+
+// DefaultConfig returns the library's defaults (pq_config_default); the
+// geometry fields are 0 and must be set.
+func DefaultConfig() Config {
+	cc := pqswig.NewPq_config()
+	defer pqswig.DeletePq_config(cc)
+	pqswig.Pq_config_default(cc)
+	return configFromC(cc)
+}
+
+func configFromC(cc pqswig.Pq_config) Config {
+	return Config{
+		NumLayers:  cc.GetNum_layers(),
+		NumQHeads:  cc.GetNum_q_heads(),
+		NumKVHeads: cc.GetNum_kv_heads(),
+		HeadDim:    cc.GetHead_dim(),
+		DType:      DType(cc.GetDtype()),
+
+		PQSubspaces: cc.GetPq_subspaces(),
+		PQBits:      cc.GetPq_bits(),
+
+		KMeansIterations:           cc.GetKmeans_iterations(),
+		KMeansMinIterations:        cc.GetKmeans_min_iterations(),
+		KMeansMaxIterations:        cc.GetKmeans_max_iterations(),
+		KMeansTolerance:            cc.GetKmeans_tolerance(),
+		KMeansInit:                 KMeansInit(cc.GetKmeans_init()),
+		KMeansMaxPointsPerCentroid: cc.GetKmeans_max_points_per_centroid(),
+		Seed:                       cc.GetSeed(),
+
+		ComputeAlpha:    cc.GetCompute_alpha(),
+		ComputeBeta:     cc.GetCompute_beta(),
+		ComputeGamma:    cc.GetCompute_gamma(),
+		LayerTimeBudget: cc.GetLayer_time_budget(),
+
+		WorkerThreads: cc.GetWorker_threads(),
+
+		Selector:     Selector(cc.GetSelector()),
+		SinkTokens:   cc.GetSink_tokens(),
+		LocalTokens:  cc.GetLocal_tokens(),
+		TopKTokens:   cc.GetTopk_tokens(),
+		TopKFraction: cc.GetTopk_fraction(),
+		GQACombine:   GQACombine(cc.GetGqa_combine()),
+
+		HostMemoryLimit: cc.GetHost_memory_limit(),
+		Backend:         Backend(cc.GetBackend()),
+		DeviceID:        cc.GetDevice_id(),
+		CUDAPluginPath:  cc.GetCuda_plugin_path(),
+
+		SparQDims:            cc.GetSparq_dims(),
+		BlockTokens:          cc.GetBlock_tokens(),
+		BlockRepresentatives: cc.GetBlock_representatives(),
+		ObservationWindow:    cc.GetObservation_window(),
+		PoolingKernel:        cc.GetPooling_kernel(),
+		PyramidRatio:         cc.GetPyramid_ratio(),
+		ScopeDecodeShare:     cc.GetScope_decode_share(),
+
+		CacheTokens:      cc.GetCache_tokens(),
+		CacheBlockTokens: cc.GetCache_block_tokens(),
+		CachePolicy:      CachePolicy(cc.GetCache_policy()),
+	}
+}
+
+// toC fills a C pq_config (freed by the caller with DeletePq_config) from
+// c. It starts from pq_config_default, so struct_size is this header's. An
+// int that does not fit the C field's int32 is an error here: the C cast
+// would silently wrap it into a different, maybe valid, value.
+// cuda_plugin_path is left NULL: NewContext sets it.
+func (c *Config) toC() (pqswig.Pq_config, error) {
+	var bad error
+	i32 := func(field string, v int) int {
+		if (v < math.MinInt32 || v > math.MaxInt32) && bad == nil {
+			bad = invalid("pq_create", "Config.%s = %d does not fit in an int32", field, v)
+		}
+		return v
+	}
+	cc := pqswig.NewPq_config()
+	pqswig.Pq_config_default(cc)
+
+	cc.SetNum_layers(i32("NumLayers", c.NumLayers))
+	cc.SetNum_q_heads(i32("NumQHeads", c.NumQHeads))
+	cc.SetNum_kv_heads(i32("NumKVHeads", c.NumKVHeads))
+	cc.SetHead_dim(i32("HeadDim", c.HeadDim))
+	cc.SetDtype(int(c.DType))
+
+	cc.SetPq_subspaces(i32("PQSubspaces", c.PQSubspaces))
+	cc.SetPq_bits(i32("PQBits", c.PQBits))
+
+	cc.SetKmeans_iterations(i32("KMeansIterations", c.KMeansIterations))
+	cc.SetKmeans_min_iterations(i32("KMeansMinIterations", c.KMeansMinIterations))
+	cc.SetKmeans_max_iterations(i32("KMeansMaxIterations", c.KMeansMaxIterations))
+	cc.SetKmeans_tolerance(c.KMeansTolerance)
+	cc.SetKmeans_init(int(c.KMeansInit))
+	cc.SetKmeans_max_points_per_centroid(i32("KMeansMaxPointsPerCentroid", c.KMeansMaxPointsPerCentroid))
+	cc.SetSeed(c.Seed)
+
+	cc.SetCompute_alpha(c.ComputeAlpha)
+	cc.SetCompute_beta(c.ComputeBeta)
+	cc.SetCompute_gamma(c.ComputeGamma)
+	cc.SetLayer_time_budget(c.LayerTimeBudget)
+
+	cc.SetWorker_threads(i32("WorkerThreads", c.WorkerThreads))
+
+	cc.SetSelector(int(c.Selector))
+	cc.SetSink_tokens(i32("SinkTokens", c.SinkTokens))
+	cc.SetLocal_tokens(i32("LocalTokens", c.LocalTokens))
+	cc.SetTopk_tokens(i32("TopKTokens", c.TopKTokens))
+	cc.SetTopk_fraction(c.TopKFraction)
+	cc.SetGqa_combine(int(c.GQACombine))
+
+	cc.SetHost_memory_limit(c.HostMemoryLimit)
+	cc.SetBackend(int(c.Backend))
+	cc.SetDevice_id(i32("DeviceID", c.DeviceID))
+
+	cc.SetSparq_dims(i32("SparQDims", c.SparQDims))
+	cc.SetBlock_tokens(i32("BlockTokens", c.BlockTokens))
+	cc.SetBlock_representatives(i32("BlockRepresentatives", c.BlockRepresentatives))
+	cc.SetObservation_window(i32("ObservationWindow", c.ObservationWindow))
+	cc.SetPooling_kernel(i32("PoolingKernel", c.PoolingKernel))
+	cc.SetPyramid_ratio(c.PyramidRatio)
+	cc.SetScope_decode_share(c.ScopeDecodeShare)
+
+	cc.SetCache_tokens(c.CacheTokens)
+	cc.SetCache_block_tokens(i32("CacheBlockTokens", c.CacheBlockTokens))
+	cc.SetCache_policy(int(c.CachePolicy))
+
+	if bad != nil {
+		pqswig.DeletePq_config(cc)
+		return nil, bad
+	}
+	return cc, nil
+}

@@ -1,0 +1,3 @@
+module pqcache
+
+go 1.19

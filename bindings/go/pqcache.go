@@ -1,0 +1,296 @@
+package pqcache
+
+// #include <stdlib.h>
+// #include "pqcache.h"
+import "C"
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"pqcache/internal/pqswig"
+)
+
+// Version is the version of the library loaded at run time,
+// "MAJOR.MINOR.PATCH".
+func Version() string { return pqswig.Pq_version_string() }
+
+// VersionNumber is the same as MAJOR*10000 + MINOR*100 + PATCH.
+func VersionNumber() int { return pqswig.Pq_version_number() }
+
+// Context is a pq_context: the KV cache and PQ indexes of any number of
+// sequences. It is safe for concurrent use (see the package comment).
+type Context struct {
+	// Close takes mu for writing and every other method for reading:
+	// pq_destroy must not race with another call on the context. Holding
+	// mu across a call also keeps the Context reachable, so the finalizer
+	// cannot run in the middle of it.
+	mu     sync.RWMutex
+	handle pqswig.Struct_SS_pq_context // nil once closed
+	config Config                      // the effective configuration
+}
+
+// NewContext creates a context (pq_create). Errors are *Error:
+// ErrInvalidArgument names the bad field, ErrUnsupported and ErrNotFound
+// (CUDA backend without plug-in or device) as documented in pqcache.h.
+func NewContext(cfg Config) (*Context, error) {
+	cc, err := cfg.toC()
+	if err != nil {
+		return nil, err
+	}
+	defer pqswig.DeletePq_config(cc)
+	if cfg.CUDAPluginPath != "" {
+		// pq_create reads the path and does not keep it.
+		path := C.CString(cfg.CUDAPluginPath)
+		defer C.free(unsafe.Pointer(path))
+		cConfig(cc).cuda_plugin_path = path
+	}
+
+	out := pqswig.New_contextOut()
+	defer pqswig.Delete_contextOut(out)
+	if err := call("pq_create", func() Status { return Status(pqswig.Pq_create(cc, out)) }); err != nil {
+		return nil, err
+	}
+	c := &Context{handle: pqswig.ContextOut_value(out)}
+
+	effective := pqswig.NewPq_config()
+	defer pqswig.DeletePq_config(effective)
+	pqswig.Pq_config_default(effective) // sets struct_size
+	if err := call("pq_get_config", func() Status {
+		return Status(pqswig.Pq_get_config(c.handle, effective))
+	}); err != nil {
+		pqswig.Pq_destroy(c.handle)
+		return nil, err
+	}
+	c.config = configFromC(effective)
+
+	// A safety net only: the collector may run it late or never.
+	runtime.SetFinalizer(c, func(c *Context) { c.Close() })
+	return c, nil
+}
+
+// Close frees the context (pq_destroy), after waiting for the calls in
+// progress on other goroutines. It is idempotent and always returns nil;
+// later calls return ErrBadState.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.handle != nil {
+		pqswig.Pq_destroy(c.handle)
+		c.handle = nil
+		runtime.SetFinalizer(c, nil)
+	}
+	return nil
+}
+
+// Config returns the effective configuration: defaults resolved (for
+// example WorkerThreads), CUDAPluginPath not kept.
+func (c *Context) Config() Config { return c.config }
+
+// do runs one library call on the open context.
+func (c *Context) do(op string, f func(h pqswig.Struct_SS_pq_context) Status) error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.handle == nil {
+		return &Error{Op: op, Status: ErrBadState, Message: op + ": the Context is closed"}
+	}
+	return call(op, func() Status { return f(c.handle) })
+}
+
+// Backend is the backend in use (pq_get_backend).
+func (c *Context) Backend() (Backend, error) {
+	out := make([]int, 1)
+	err := c.do("pq_get_backend", func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_get_backend(h, out))
+	})
+	return Backend(out[0]), err
+}
+
+// AddSequence adds an empty sequence named by the caller's id
+// (pq_sequence_add). An id in use is ErrInvalidArgument.
+func (c *Context) AddSequence(seq uint64) error {
+	return c.do("pq_sequence_add", func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_sequence_add(h, seq))
+	})
+}
+
+// RemoveSequence frees a sequence (pq_sequence_remove); an unknown id is
+// ErrNotFound.
+func (c *Context) RemoveSequence(seq uint64) error {
+	return c.do("pq_sequence_remove", func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_sequence_remove(h, seq))
+	})
+}
+
+// SequenceLength is the number of tokens stored for (seq, layer).
+func (c *Context) SequenceLength(seq uint64, layer int) (int64, error) {
+	const op = "pq_sequence_length"
+	if err := checkLayer(op, layer); err != nil {
+		return 0, err
+	}
+	out := make([]int64, 1)
+	err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_sequence_length(h, seq, layer, out))
+	})
+	return out[0], err
+}
+
+// SequenceCount is the number of sequences in the context.
+func (c *Context) SequenceCount() (int64, error) {
+	out := make([]int64, 1)
+	err := c.do("pq_sequence_count", func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_sequence_count(h, out))
+	})
+	return out[0], err
+}
+
+// SelectionCapacity is the number of positions per kv head that
+// DecodeSelect needs for (seq, layer) at its current length.
+func (c *Context) SelectionCapacity(seq uint64, layer int) (int, error) {
+	const op = "pq_selection_capacity"
+	if err := checkLayer(op, layer); err != nil {
+		return 0, err
+	}
+	out := make([]int64, 1)
+	err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_selection_capacity(h, seq, layer, out))
+	})
+	return int(out[0]), err
+}
+
+// WaitBuilds blocks until every index build queued so far has finished.
+func (c *Context) WaitBuilds() error {
+	return c.do("pq_wait_builds", func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_wait_builds(h))
+	})
+}
+
+// Stats mirrors pq_stats, with the seconds as durations.
+type Stats struct {
+	Sequences        int64
+	Tokens           int64
+	KVBytes          uint64
+	IndexBytes       uint64
+	BuildsFinished   uint64
+	BuildsCancelled  uint64
+	KMeansIterations uint64
+	SelectCalls      uint64
+	FetchCalls       uint64
+	BuildTime        time.Duration // in builds, summed over worker threads
+	SelectTime       time.Duration
+	FetchTime        time.Duration
+	BytesScored      uint64
+	BytesFetched     uint64
+	CacheHits        uint64
+	CacheMisses      uint64
+}
+
+// Stats returns the context-wide statistics (pq_stats_get).
+func (c *Context) Stats() (Stats, error) {
+	return c.stats("pq_stats_get", func(h pqswig.Struct_SS_pq_context, s pqswig.Pq_stats) Status {
+		return Status(pqswig.Pq_stats_get(h, s))
+	})
+}
+
+// SequenceStats returns the statistics of one sequence
+// (pq_sequence_stats_get).
+func (c *Context) SequenceStats(seq uint64) (Stats, error) {
+	return c.stats("pq_sequence_stats_get", func(h pqswig.Struct_SS_pq_context, s pqswig.Pq_stats) Status {
+		return Status(pqswig.Pq_sequence_stats_get(h, seq, s))
+	})
+}
+
+func (c *Context) stats(op string, get func(pqswig.Struct_SS_pq_context, pqswig.Pq_stats) Status) (Stats, error) {
+	s := pqswig.NewPq_stats()
+	defer pqswig.DeletePq_stats(s)
+	s.SetStruct_size(uint(C.sizeof_pq_stats))
+	if err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status { return get(h, s) }); err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Sequences:        s.GetSequences(),
+		Tokens:           s.GetTokens(),
+		KVBytes:          s.GetKv_bytes(),
+		IndexBytes:       s.GetIndex_bytes(),
+		BuildsFinished:   s.GetBuilds_finished(),
+		BuildsCancelled:  s.GetBuilds_cancelled(),
+		KMeansIterations: s.GetKmeans_iterations(),
+		SelectCalls:      s.GetSelect_calls(),
+		FetchCalls:       s.GetFetch_calls(),
+		BuildTime:        seconds(s.GetBuild_seconds()),
+		SelectTime:       seconds(s.GetSelect_seconds()),
+		FetchTime:        seconds(s.GetFetch_seconds()),
+		BytesScored:      s.GetBytes_scored(),
+		BytesFetched:     s.GetBytes_fetched(),
+		CacheHits:        s.GetCache_hits(),
+		CacheMisses:      s.GetCache_misses(),
+	}, nil
+}
+
+// LayerInfo mirrors pq_layer_info: the state of one (sequence, layer).
+type LayerInfo struct {
+	Tokens           int64
+	PrefillTokens    int64
+	MiddleTokens     int64
+	CodedTokens      int64
+	BuildPending     bool
+	KMeansIterations int // of the last finished build
+	KMeansBudget     int
+	IndexReady       bool
+	BuildTime        time.Duration // of the last finished build
+	LastSelectBytes  uint64
+}
+
+// LayerInfo describes (seq, layer) without waiting for builds
+// (pq_layer_info_get).
+func (c *Context) LayerInfo(seq uint64, layer int) (LayerInfo, error) {
+	const op = "pq_layer_info_get"
+	if err := checkLayer(op, layer); err != nil {
+		return LayerInfo{}, err
+	}
+	li := pqswig.NewPq_layer_info()
+	defer pqswig.DeletePq_layer_info(li)
+	li.SetStruct_size(uint(C.sizeof_pq_layer_info))
+	if err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_layer_info_get(h, seq, layer, li))
+	}); err != nil {
+		return LayerInfo{}, err
+	}
+	return LayerInfo{
+		Tokens:           li.GetTokens(),
+		PrefillTokens:    li.GetPrefill_tokens(),
+		MiddleTokens:     li.GetMiddle_tokens(),
+		CodedTokens:      li.GetCoded_tokens(),
+		BuildPending:     li.GetBuild_pending() != 0,
+		KMeansIterations: li.GetKmeans_iterations(),
+		KMeansBudget:     li.GetKmeans_budget(),
+		IndexReady:       li.GetIndex_ready() != 0,
+		BuildTime:        seconds(li.GetBuild_seconds()),
+		LastSelectBytes:  li.GetLast_select_bytes(),
+	}, nil
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// checkLayer refuses a layer the int32_t parameter cannot hold: the
+// conversion would wrap it into another, maybe valid, layer.
+func checkLayer(op string, layer int) error {
+	if layer < math.MinInt32 || layer > math.MaxInt32 {
+		return invalid(op, "layer = %d does not fit in an int32", layer)
+	}
+	return nil
+}
+
+// The generated layer and this package's cgo code see the same C objects
+// under different Go types; these convert the SWIG handles (C pointers held
+// as uintptr, never Go memory) for the calls written in cgo.
+func cContext(h pqswig.Struct_SS_pq_context) *C.pq_context {
+	return (*C.pq_context)(unsafe.Pointer(h.Swigcptr()))
+}
+
+func cConfig(cc pqswig.Pq_config) *C.pq_config {
+	return (*C.pq_config)(unsafe.Pointer(cc.Swigcptr()))
+}

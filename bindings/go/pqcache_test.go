@@ -1,0 +1,300 @@
+package pqcache
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"pqcache/internal/pqswig"
+)
+
+func newRefContext(t *testing.T) *Context {
+	t.Helper()
+	ctx, err := NewContext(refConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Close() })
+	return ctx
+}
+
+// wantError checks that err is an *Error with the status and a message
+// containing each of the fragments.
+func wantError(t *testing.T, err error, status Status, fragments ...string) {
+	t.Helper()
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("want *Error with %v, got %T %v", status, err, err)
+	}
+	if !errors.Is(err, status) || e.Status != status {
+		t.Fatalf("want status %d, got %d: %v", status, e.Status, err)
+	}
+	if e.Message == "" || !strings.Contains(err.Error(), e.Message) {
+		t.Fatalf("the error should carry the message: %q", err.Error())
+	}
+	for _, f := range fragments {
+		if !strings.Contains(e.Message, f) {
+			t.Errorf("message %q does not mention %q", e.Message, f)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if Version() != pqswig.PQ_VERSION_STRING {
+		t.Errorf("Version() = %q, header says %q", Version(), pqswig.PQ_VERSION_STRING)
+	}
+	if VersionNumber() != pqswig.PQ_VERSION_NUMBER {
+		t.Errorf("VersionNumber() = %d, header says %d", VersionNumber(), pqswig.PQ_VERSION_NUMBER)
+	}
+}
+
+// The Go constants are written out (Go constants cannot come from C at run
+// time); they must stay equal to the header's values.
+func TestConstantsMatchHeader(t *testing.T) {
+	pairs := []struct {
+		name      string
+		got, want int
+	}{
+		{"OK", int(OK), int(pqswig.PQ_OK)},
+		{"ErrInvalidArgument", int(ErrInvalidArgument), int(pqswig.PQ_ERR_INVALID_ARGUMENT)},
+		{"ErrOutOfMemory", int(ErrOutOfMemory), int(pqswig.PQ_ERR_OUT_OF_MEMORY)},
+		{"ErrBadState", int(ErrBadState), int(pqswig.PQ_ERR_BAD_STATE)},
+		{"ErrNotFound", int(ErrNotFound), int(pqswig.PQ_ERR_NOT_FOUND)},
+		{"ErrUnsupported", int(ErrUnsupported), int(pqswig.PQ_ERR_UNSUPPORTED)},
+		{"ErrBackend", int(ErrBackend), int(pqswig.PQ_ERR_BACKEND)},
+		{"ErrInternal", int(ErrInternal), int(pqswig.PQ_ERR_INTERNAL)},
+		{"DTypeF32", int(DTypeF32), int(pqswig.PQ_DTYPE_F32)},
+		{"DTypeF16", int(DTypeF16), int(pqswig.PQ_DTYPE_F16)},
+		{"DTypeBF16", int(DTypeBF16), int(pqswig.PQ_DTYPE_BF16)},
+		{"TokenMajor", int(TokenMajor), int(pqswig.PQ_LAYOUT_TOKEN_MAJOR)},
+		{"HeadMajor", int(HeadMajor), int(pqswig.PQ_LAYOUT_HEAD_MAJOR)},
+		{"SelectorPQ", int(SelectorPQ), int(pqswig.PQ_SELECTOR_PQ)},
+		{"SelectorExact", int(SelectorExact), int(pqswig.PQ_SELECTOR_EXACT)},
+		{"SelectorWindow", int(SelectorWindow), int(pqswig.PQ_SELECTOR_WINDOW)},
+		{"SelectorSparQ", int(SelectorSparQ), int(pqswig.PQ_SELECTOR_SPARQ)},
+		{"SelectorInfLLM", int(SelectorInfLLM), int(pqswig.PQ_SELECTOR_INFLLM)},
+		{"SelectorQuest", int(SelectorQuest), int(pqswig.PQ_SELECTOR_QUEST)},
+		{"SelectorRandom", int(SelectorRandom), int(pqswig.PQ_SELECTOR_RANDOM)},
+		{"SelectorH2O", int(SelectorH2O), int(pqswig.PQ_SELECTOR_H2O)},
+		{"SelectorSCOPE", int(SelectorSCOPE), int(pqswig.PQ_SELECTOR_SCOPE)},
+		{"SelectorSnapKV", int(SelectorSnapKV), int(pqswig.PQ_SELECTOR_SNAPKV)},
+		{"SelectorPyramidKV", int(SelectorPyramidKV), int(pqswig.PQ_SELECTOR_PYRAMIDKV)},
+		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
+		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
+		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},
+		{"KMeansInitRandom", int(KMeansInitRandom), int(pqswig.PQ_KMEANS_INIT_RANDOM)},
+		{"KMeansInitKMeansPP", int(KMeansInitKMeansPP), int(pqswig.PQ_KMEANS_INIT_KMEANSPP)},
+		{"BackendCPU", int(BackendCPU), int(pqswig.PQ_BACKEND_CPU)},
+		{"BackendCUDA", int(BackendCUDA), int(pqswig.PQ_BACKEND_CUDA)},
+		{"BackendAuto", int(BackendAuto), int(pqswig.PQ_BACKEND_AUTO)},
+		{"CacheLRU", int(CacheLRU), int(pqswig.PQ_CACHE_LRU)},
+		{"CacheLFU", int(CacheLFU), int(pqswig.PQ_CACHE_LFU)},
+	}
+	for _, p := range pairs {
+		if p.got != p.want {
+			t.Errorf("%s = %d, header says %d", p.name, p.got, p.want)
+		}
+	}
+	if !strings.HasPrefix(ErrNotFound.Error(), "PQ_ERR_NOT_FOUND") {
+		t.Errorf("ErrNotFound.Error() = %q", ErrNotFound.Error())
+	}
+}
+
+func TestDefaultConfig(t *testing.T) {
+	c := DefaultConfig()
+	// The documented defaults, read through the generated layer.
+	if c.DType != DTypeF16 || c.PQSubspaces != 2 || c.PQBits != 6 || c.SinkTokens != 4 ||
+		c.LocalTokens != 128 || c.TopKFraction != 0.2 || c.Selector != SelectorPQ ||
+		c.Seed != 0x5eed || c.NumLayers != 0 {
+		t.Errorf("DefaultConfig() = %+v", c)
+	}
+}
+
+func TestCreateAndClose(t *testing.T) {
+	ctx, err := NewContext(refConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eff := ctx.Config()
+	if eff.NumKVHeads != refKVHeads || eff.TopKTokens != 16 || eff.WorkerThreads != 1 {
+		t.Errorf("effective config: %+v", eff)
+	}
+	if b, err := ctx.Backend(); err != nil || b != BackendCPU {
+		t.Errorf("Backend() = %v, %v", b, err)
+	}
+	if err := ctx.AddSequence(7); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ctx.SequenceCount(); err != nil || n != 1 {
+		t.Errorf("SequenceCount = %d, %v", n, err)
+	}
+	if err := ctx.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	wantError(t, ctx.AddSequence(8), ErrBadState, "closed")
+	_, err = ctx.Stats()
+	wantError(t, err, ErrBadState, "closed")
+}
+
+func TestCreateErrors(t *testing.T) {
+	c := refConfig()
+	c.NumQHeads = 3 // not a multiple of NumKVHeads = 2
+	_, err := NewContext(c)
+	wantError(t, err, ErrInvalidArgument, "num_q_heads")
+	if e := err.(*Error); e.Op != "pq_create" {
+		t.Errorf("Op = %q", e.Op)
+	}
+
+	_, err = NewContext(DefaultConfig()) // geometry not set
+	wantError(t, err, ErrInvalidArgument)
+
+	c = refConfig()
+	c.PQBits = 9
+	_, err = NewContext(c)
+	wantError(t, err, ErrUnsupported, "pq_bits")
+
+	// Caught in Go: the int32 field would wrap around to 0.
+	c = refConfig()
+	c.NumLayers = 1 << 32
+	_, err = NewContext(c)
+	wantError(t, err, ErrInvalidArgument, "NumLayers")
+}
+
+func TestCallErrors(t *testing.T) {
+	ctx := newRefContext(t)
+
+	wantError(t, ctx.RemoveSequence(42), ErrNotFound)
+	_, err := ctx.SelectionCapacity(42, 0)
+	wantError(t, err, ErrNotFound)
+
+	if err := ctx.AddSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, ctx.AddSequence(1), ErrInvalidArgument)
+
+	query := TensorF32(make([]float32, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
+	_, err = ctx.DecodeSelect(1, 0, query)
+	wantError(t, err, ErrBadState)
+
+	row := make([]float32, refKVHeads*refHeadDim)
+	one := TensorF32(row, 1, refKVHeads, refHeadDim)
+	wantError(t, ctx.DecodeAppend(1, 0, one, one), ErrBadState)
+	wantError(t, ctx.PrefillLayer(1, 5, one, one), ErrInvalidArgument, "layer")
+	wantError(t, ctx.PrefillLayer(1, 1<<33, one, one), ErrInvalidArgument, "layer")
+
+	// A slice shorter than its shape is refused before the library reads it.
+	short := TensorF32(row[:refHeadDim], 1, refKVHeads, refHeadDim)
+	wantError(t, ctx.PrefillLayer(1, 0, short, one), ErrInvalidArgument, "keys", "slice of 16 elements")
+	empty := TensorF32(nil, 4, refKVHeads, refHeadDim)
+	wantError(t, ctx.PrefillLayer(1, 0, one, empty), ErrInvalidArgument, "values")
+	negative := TensorF32(row, -1, refKVHeads, refHeadDim)
+	wantError(t, ctx.PrefillLayer(1, 0, negative, one), ErrInvalidArgument, "negative")
+
+	// Shapes and types the library refuses, with its own message.
+	three := TensorF32(make([]float32, 3*refHeadDim), 1, 3, refHeadDim)
+	wantError(t, ctx.PrefillLayer(1, 0, three, three), ErrInvalidArgument)
+	half := TensorF16(make([]uint16, refKVHeads*refHeadDim), 1, refKVHeads, refHeadDim)
+	wantError(t, ctx.PrefillLayer(1, 0, half, half), ErrInvalidArgument)
+
+	// After a valid prefill, a hand-made selection that overstates its
+	// counts is refused on the Go side (the library would read past it).
+	kv := make([]float32, 64*refKVHeads*refHeadDim)
+	for i := range kv {
+		kv[i] = refValue(9, uint32(i))
+	}
+	data := TensorF32(kv, 64, refKVHeads, refHeadDim)
+	if err := ctx.PrefillLayer(1, 0, data, data); err != nil {
+		t.Fatal(err)
+	}
+	q := make([]float32, refQHeads*refHeadDim)
+	for i := range q {
+		q[i] = refValue(10, uint32(i))
+	}
+	sel, err := ctx.DecodeSelect(1, 0, TensorF32(q, 1, refQHeads, refHeadDim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, refKVHeads*sel.Capacity*refHeadDim)
+	dst := TensorF32(out, sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	bad := *sel
+	bad.Counts = []int32{int32(sel.Capacity + 1), 0}
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument, "Counts[0]")
+	bad.Counts = sel.Counts[:1]
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument, "selection")
+	wantError(t, ctx.FetchKV(1, 0, nil, dst, dst), ErrInvalidArgument, "selection")
+	// A position past the sequence: the library's check.
+	bad = *sel
+	bad.Positions = append([]int32(nil), sel.Positions...)
+	bad.Positions[0] = 1000
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument)
+	// The untouched selection still works.
+	if err := ctx.FetchKV(1, 0, sel, dst, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// f16 and bf16 data travel as raw bits in []uint16, and fetch returns the
+// stored bits exactly.
+func TestHalfPrecisionRoundTrip(t *testing.T) {
+	for _, dtype := range []DType{DTypeF16, DTypeBF16} {
+		c := refConfig()
+		c.DType = dtype
+		ctx, err := NewContext(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ctx.Close()
+		const tokens = 64
+		make16 := func(stream uint32, n int) []uint16 {
+			out := make([]uint16, n)
+			for i := range out {
+				// Small finite values in both formats: sign, a middle
+				// exponent, random mantissa bits.
+				out[i] = uint16(refValue(stream, uint32(i))*4096)&0x83ff | 0x3400
+			}
+			return out
+		}
+		view := TensorF16
+		if dtype == DTypeBF16 {
+			view = TensorBF16
+		}
+		keys := make16(1, tokens*refKVHeads*refHeadDim)
+		values := make16(2, tokens*refKVHeads*refHeadDim)
+		if err := ctx.AddSequence(1); err != nil {
+			t.Fatal(err)
+		}
+		if err := ctx.PrefillLayer(1, 0, view(keys, tokens, refKVHeads, refHeadDim),
+			view(values, tokens, refKVHeads, refHeadDim)); err != nil {
+			t.Fatal(err)
+		}
+		sel, err := ctx.DecodeSelect(1, 0, view(make16(3, refQHeads*refHeadDim), 1, refQHeads, refHeadDim))
+		if err != nil {
+			t.Fatal(err)
+		}
+		outK := make([]uint16, refKVHeads*sel.Capacity*refHeadDim)
+		outV := make([]uint16, len(outK))
+		if err := ctx.FetchKV(1, 0, sel, view(outK, sel.Capacity, refKVHeads, refHeadDim).HeadMajor(),
+			view(outV, sel.Capacity, refKVHeads, refHeadDim).HeadMajor()); err != nil {
+			t.Fatal(err)
+		}
+		checked := 0
+		for h := 0; h < sel.Heads(); h++ {
+			for i, p := range sel.Head(h) {
+				for d := 0; d < refHeadDim; d++ {
+					got := outK[(h*sel.Capacity+i)*refHeadDim+d]
+					want := keys[(int(p)*refKVHeads+h)*refHeadDim+d]
+					if got != want || outV[(h*sel.Capacity+i)*refHeadDim+d] != values[(int(p)*refKVHeads+h)*refHeadDim+d] {
+						t.Fatalf("dtype %d: head %d token %d dim %d: fetched %#04x, stored %#04x", dtype, h, p, d, got, want)
+					}
+					checked++
+				}
+			}
+		}
+		if checked == 0 {
+			t.Fatalf("dtype %d: nothing selected", dtype)
+		}
+	}
+}

@@ -1,0 +1,295 @@
+package pqcache
+
+/*
+#cgo LDFLAGS: -lpqcache
+#include "pqcache.h"
+
+// The calls that take the caller's buffers, written here rather than
+// through SWIG so that Go slices reach the library without a copy. cgo
+// allows a Go pointer as an argument but not a Go pointer stored in memory
+// that C reads (a pq_tensor or pq_selection built in Go), so the data
+// pointers travel as arguments and the descriptors are built here, on the C
+// stack. The library keeps none of these pointers after the call.
+
+typedef struct go_pq_shape {
+  int32_t dtype, layout;
+  int64_t tokens;
+  int32_t heads, head_dim;
+} go_pq_shape;
+
+static pq_status go_pq_tensor(pq_tensor* t, void* data, go_pq_shape s) {
+  return pq_tensor_init(t, data, s.dtype, s.layout, s.tokens, s.heads, s.head_dim);
+}
+
+static pq_status go_pq_store(pq_context* ctx, uint64_t seq, int32_t layer, int append,
+                             void* k, go_pq_shape ks, void* v, go_pq_shape vs) {
+  pq_tensor tk, tv;
+  pq_status st = go_pq_tensor(&tk, k, ks);
+  if (st == PQ_OK) st = go_pq_tensor(&tv, v, vs);
+  if (st != PQ_OK) return st;
+  return append ? pq_decode_append(ctx, seq, layer, &tk, &tv)
+                : pq_prefill_layer(ctx, seq, layer, &tk, &tv);
+}
+
+static pq_status go_pq_select(pq_context* ctx, uint64_t seq, int32_t layer, void* q,
+                              go_pq_shape qs, int32_t* positions, int32_t* counts,
+                              int64_t capacity) {
+  pq_tensor tq;
+  pq_selection sel;
+  pq_status st = go_pq_tensor(&tq, q, qs);
+  if (st != PQ_OK) return st;
+  sel.positions = positions;
+  sel.counts = counts;
+  sel.capacity = capacity;
+  return pq_decode_select(ctx, seq, layer, &tq, &sel);
+}
+
+static pq_status go_pq_fetch(pq_context* ctx, uint64_t seq, int32_t layer, int32_t* positions,
+                             int32_t* counts, int64_t capacity, void* k, go_pq_shape ks,
+                             void* v, go_pq_shape vs) {
+  pq_tensor tk, tv;
+  pq_selection sel;
+  pq_status st = go_pq_tensor(&tk, k, ks);
+  if (st == PQ_OK) st = go_pq_tensor(&tv, v, vs);
+  if (st != PQ_OK) return st;
+  sel.positions = positions;
+  sel.counts = counts;
+  sel.capacity = capacity;
+  return pq_fetch_kv(ctx, seq, layer, &sel, &tk, &tv);
+}
+*/
+import "C"
+
+import (
+	"math"
+	"unsafe"
+
+	"pqcache/internal/pqswig"
+)
+
+// Tensor is a view of a Go slice as a dense tokens x heads x headDim tensor
+// (pq_tensor), in one of the preset layouts. Make one with TensorF32,
+// TensorF16 or TensorBF16; the slice is neither copied nor kept by the
+// library.
+type Tensor struct {
+	data    unsafe.Pointer // &slice[0], or nil for an empty slice
+	length  int            // elements in the slice
+	dtype   DType
+	layout  Layout
+	tokens  int
+	heads   int
+	headDim int
+}
+
+// TensorF32 views data as a token-major [tokens][heads][headDim] float32
+// tensor.
+func TensorF32(data []float32, tokens, heads, headDim int) Tensor {
+	return Tensor{data: slicePointer(data), length: len(data), dtype: DTypeF32,
+		layout: TokenMajor, tokens: tokens, heads: heads, headDim: headDim}
+}
+
+// TensorF16 views data, IEEE binary16 bit patterns, as a token-major
+// [tokens][heads][headDim] tensor.
+func TensorF16(data []uint16, tokens, heads, headDim int) Tensor {
+	return Tensor{data: slicePointer(data), length: len(data), dtype: DTypeF16,
+		layout: TokenMajor, tokens: tokens, heads: heads, headDim: headDim}
+}
+
+// TensorBF16 views data, bfloat16 bit patterns, as a token-major
+// [tokens][heads][headDim] tensor.
+func TensorBF16(data []uint16, tokens, heads, headDim int) Tensor {
+	t := TensorF16(data, tokens, heads, headDim)
+	t.dtype = DTypeBF16
+	return t
+}
+
+// HeadMajor returns the same view laid out [heads][tokens][headDim]. With
+// tokens = the selection's capacity it is the layout FetchKV fills for
+// attention: each kv head's rows contiguous.
+func (t Tensor) HeadMajor() Tensor {
+	t.layout = HeadMajor
+	return t
+}
+
+// DType, Tokens, Heads and HeadDim describe the view.
+func (t Tensor) DType() DType { return t.dtype }
+func (t Tensor) Tokens() int  { return t.tokens }
+func (t Tensor) Heads() int   { return t.heads }
+func (t Tensor) HeadDim() int { return t.headDim }
+
+// slicePointer is &s[0], or nil for an empty slice (where &s[0] would
+// panic; the library accepts NULL for 0 tokens, and rejects it otherwise).
+func slicePointer[E float32 | uint16 | int32](s []E) unsafe.Pointer {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&s[0])
+}
+
+func int32Pointer(s []int32) *C.int32_t { return (*C.int32_t)(slicePointer(s)) }
+
+// shape checks that the slice holds the whole shape (the library trusts the
+// descriptor and would read or write past a short slice) and converts it.
+// The library checks the rest: heads and headDim against the config, the
+// dtype.
+func (t Tensor) shape(op, name string) (C.go_pq_shape, error) {
+	if t.tokens < 0 || t.heads < 0 || t.headDim < 0 {
+		return C.go_pq_shape{}, invalid(op, "%s: negative shape %d x %d x %d", name, t.tokens, t.heads, t.headDim)
+	}
+	if t.heads > math.MaxInt32 || t.headDim > math.MaxInt32 {
+		return C.go_pq_shape{}, invalid(op, "%s: heads %d or head_dim %d does not fit in an int32", name, t.heads, t.headDim)
+	}
+	need, ok := product(t.tokens, t.heads, t.headDim)
+	if !ok || need > t.length {
+		return C.go_pq_shape{}, invalid(op, "%s: a %d x %d x %d tensor does not fit in a slice of %d elements",
+			name, t.tokens, t.heads, t.headDim, t.length)
+	}
+	return C.go_pq_shape{
+		dtype: C.int32_t(t.dtype), layout: C.int32_t(t.layout), tokens: C.int64_t(t.tokens),
+		heads: C.int32_t(t.heads), head_dim: C.int32_t(t.headDim),
+	}, nil
+}
+
+// product multiplies non-negative sizes; ok is false on overflow.
+func product(a, b, c int) (n int, ok bool) {
+	if a == 0 || b == 0 || c == 0 {
+		return 0, true
+	}
+	if a > math.MaxInt/b || a*b > math.MaxInt/c {
+		return 0, false
+	}
+	return a * b * c, true
+}
+
+// PrefillLayer appends the prompt's keys and values for one layer
+// (tokens x NumKVHeads x HeadDim each, the config's dtype) and schedules
+// the layer's index build (pq_prefill_layer). The slices may be reused when
+// it returns.
+func (c *Context) PrefillLayer(seq uint64, layer int, keys, values Tensor) error {
+	return c.store("pq_prefill_layer", seq, layer, false, keys, values)
+}
+
+// DecodeAppend appends decode tokens' keys and values to a prefilled layer
+// without a rebuild (pq_decode_append); before any prefill it is
+// ErrBadState.
+func (c *Context) DecodeAppend(seq uint64, layer int, keys, values Tensor) error {
+	return c.store("pq_decode_append", seq, layer, true, keys, values)
+}
+
+func (c *Context) store(op string, seq uint64, layer int, appendTokens bool, keys, values Tensor) error {
+	if err := checkLayer(op, layer); err != nil {
+		return err
+	}
+	ks, err := keys.shape(op, "keys")
+	if err != nil {
+		return err
+	}
+	vs, err := values.shape(op, "values")
+	if err != nil {
+		return err
+	}
+	mode := C.int(0)
+	if appendTokens {
+		mode = 1
+	}
+	return c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(C.go_pq_store(cContext(h), C.uint64_t(seq), C.int32_t(layer), mode,
+			keys.data, ks, values.data, vs))
+	})
+}
+
+// Selection is the result of DecodeSelect: per kv head, ascending unique
+// token positions. Row h is Positions[h*Capacity : h*Capacity+Counts[h]].
+type Selection struct {
+	Capacity  int     // entries per kv head
+	Counts    []int32 // valid entries per kv head
+	Positions []int32 // NumKVHeads x Capacity
+}
+
+// Heads is the number of kv heads in the selection.
+func (s *Selection) Heads() int { return len(s.Counts) }
+
+// Head returns the selected positions of kv head h (a subslice of
+// Positions, not a copy).
+func (s *Selection) Head(h int) []int32 {
+	return s.Positions[h*s.Capacity : h*s.Capacity+int(s.Counts[h])]
+}
+
+// MaxCount is the largest per-head count: the tokens FetchKV's outputs need.
+func (s *Selection) MaxCount() int {
+	m := 0
+	for _, n := range s.Counts {
+		if int(n) > m {
+			m = int(n)
+		}
+	}
+	return m
+}
+
+// DecodeSelect selects, per kv head, the sink tokens, the top-k middle
+// tokens for the query (1 token x NumQHeads x HeadDim, the config's dtype)
+// and the local tokens (pq_decode_select). Calls that change the same
+// (seq, layer) from another goroutine meanwhile must be ordered by the
+// caller, as for any decode step.
+func (c *Context) DecodeSelect(seq uint64, layer int, query Tensor) (*Selection, error) {
+	const op = "pq_decode_select"
+	capacity, err := c.SelectionCapacity(seq, layer)
+	if err != nil {
+		return nil, err
+	}
+	qs, err := query.shape(op, "query")
+	if err != nil {
+		return nil, err
+	}
+	heads := c.config.NumKVHeads
+	sel := &Selection{
+		Capacity:  capacity,
+		Counts:    make([]int32, heads),
+		Positions: make([]int32, heads*capacity),
+	}
+	err = c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(C.go_pq_select(cContext(h), C.uint64_t(seq), C.int32_t(layer), query.data, qs,
+			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(capacity)))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sel, nil
+}
+
+// FetchKV gathers the keys and values of a selection into the caller's
+// tensors (pq_fetch_kv): NumKVHeads heads and at least sel.MaxCount()
+// tokens, the config's dtype; selected token i of kv head h goes to row
+// (i, h). TensorF32(buf, sel.Capacity, heads, dim).HeadMajor() gives
+// [kv_head][capacity][head_dim].
+func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Tensor) error {
+	const op = "pq_fetch_kv"
+	if err := checkLayer(op, layer); err != nil {
+		return err
+	}
+	// The library reads NumKVHeads counts and, per head, counts[h] positions
+	// from row h*Capacity: a selection built or edited by hand must hold them.
+	heads := c.config.NumKVHeads
+	if sel == nil || len(sel.Counts) != heads || sel.Capacity < 0 ||
+		len(sel.Positions) < heads*sel.Capacity {
+		return invalid(op, "selection: want %d counts and %d x Capacity positions", heads, heads)
+	}
+	for h, n := range sel.Counts {
+		if n < 0 || int(n) > sel.Capacity {
+			return invalid(op, "selection: Counts[%d] = %d is outside [0, Capacity = %d]", h, n, sel.Capacity)
+		}
+	}
+	ks, err := keys.shape(op, "keys")
+	if err != nil {
+		return err
+	}
+	vs, err := values.shape(op, "values")
+	if err != nil {
+		return err
+	}
+	return c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(C.go_pq_fetch(cContext(h), C.uint64_t(seq), C.int32_t(layer),
+			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(sel.Capacity),
+			keys.data, ks, values.data, vs))
+	})
+}

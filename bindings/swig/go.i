@@ -1,0 +1,42 @@
+/* go.i - the Go-specific part of pqcache.i (included under SWIGGO).
+ *
+ * The generated package (pqswig, internal to the Go module in bindings/go)
+ * gives the structs, the enum constants and the simple calls. The idiomatic
+ * package on top of it (bindings/go/*.go) is the public API. */
+
+/* The wrapper links the library; CGO_LDFLAGS supplies its directory. */
+%insert(cgo_comment_typedefs) %{
+#cgo LDFLAGS: -lpqcache
+%}
+
+/* Integer out-parameters become one-element Go slices: Pq_sequence_length(ctx,
+ * seq, layer, out) with out := make([]int64, 1). */
+%include <typemaps.i>
+%apply long long *OUTPUT { int64_t* out_tokens, int64_t* out_count, int64_t* out_capacity };
+%apply int *OUTPUT { int32_t* out_backend };
+
+/* pq_create's pq_context** out: New_contextOut() allocates the slot,
+ * ContextOut_value() reads the handle, Delete_contextOut() frees the slot. */
+%include <cpointer.i>
+%pointer_functions(pq_context*, contextOut);
+
+/* A setter for a const char* member would store a pointer to memory that
+ * SWIG's Go string conversion frees after the call; the Go layer sets this
+ * field itself with C.CString, for the duration of pq_create. */
+%immutable pq_config::cuda_plugin_path;
+
+/* Calls that take the caller's buffers are written in cgo in the idiomatic
+ * layer (bindings/go/tensor.go): SWIG would pass the data pointers as
+ * uintptr, which cgo's pointer rules forbid for Go memory, so the Go slices
+ * could not be passed without copying. Ignored here so that nobody uses the
+ * unsafe versions by mistake. */
+%ignore pq_tensor_init;
+%ignore pq_prefill_layer;
+%ignore pq_decode_append;
+%ignore pq_decode_select;
+%ignore pq_fetch_kv;
+%ignore pq_prefill_queries;
+%ignore pq_observe_attention;
+%ignore pq_index_codes;
+%ignore pq_index_centroids;
+%ignore pq_sequence_set_stream;

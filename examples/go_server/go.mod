@@ -1,0 +1,3 @@
+module pqcache_go_server
+
+go 1.19
