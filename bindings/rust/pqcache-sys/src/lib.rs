@@ -1,0 +1,424 @@
+//! Raw declarations of libpqcache's C API (`include/pqcache.h`), written by
+//! hand: every function, struct, enum constant and macro value of the header.
+//!
+//! Two ways to reach the library:
+//! - feature `link` (default): the functions are linked at build time and
+//!   [`LINKED`] is an [`Api`] table of them; `build.rs` finds the library.
+//! - [`dynamic::Library::open`]: `dlopen` at run time, for servers that must
+//!   start (and say why) when libpqcache is absent. Nothing is linked when
+//!   the `link` feature is off.
+//!
+//! Both give the same [`Api`] (a struct of function pointers), so code
+//! written against `&Api` works in either mode; the safe `pqcache` crate
+//! does exactly that.
+//!
+//! Enumerations travel as `int32_t` in the header, so they are `i32` type
+//! aliases with constants here, never Rust enums: an unknown value coming
+//! back from C is then just a number, not undefined behaviour.
+//!
+//! `tests/header.rs` checks every struct's size, every field's offset and C
+//! type, every constant and the list of functions against the C compiler's
+//! view of the header, so these declarations cannot drift silently.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::marker::{PhantomData, PhantomPinned};
+
+pub mod dynamic;
+
+// ---------------------------------------------------------------------------
+// Versions
+// ---------------------------------------------------------------------------
+
+pub const PQ_VERSION_MAJOR: c_int = 0;
+pub const PQ_VERSION_MINOR: c_int = 3;
+pub const PQ_VERSION_PATCH: c_int = 0;
+pub const PQ_VERSION_NUMBER: c_int =
+    PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
+pub const PQ_VERSION_STRING: &CStr = c"0.3.0";
+
+/// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
+pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
+
+// ---------------------------------------------------------------------------
+// Enumerations (int32_t in the header)
+// ---------------------------------------------------------------------------
+
+/// `pq_status`: every function's return value. Kept an integer because the
+/// library may return codes this declaration does not know.
+pub type pq_status = c_int;
+pub const PQ_OK: pq_status = 0;
+pub const PQ_ERR_INVALID_ARGUMENT: pq_status = -1;
+pub const PQ_ERR_OUT_OF_MEMORY: pq_status = -2;
+pub const PQ_ERR_BAD_STATE: pq_status = -3;
+pub const PQ_ERR_NOT_FOUND: pq_status = -4;
+pub const PQ_ERR_UNSUPPORTED: pq_status = -5;
+pub const PQ_ERR_BACKEND: pq_status = -6;
+pub const PQ_ERR_INTERNAL: pq_status = -7;
+
+pub type pq_dtype = i32;
+pub const PQ_DTYPE_F32: pq_dtype = 0;
+pub const PQ_DTYPE_F16: pq_dtype = 1;
+pub const PQ_DTYPE_BF16: pq_dtype = 2;
+
+pub type pq_memory = i32;
+pub const PQ_MEMORY_HOST: pq_memory = 0;
+pub const PQ_MEMORY_DEVICE: pq_memory = 1;
+
+pub type pq_selector = i32;
+pub const PQ_SELECTOR_PQ: pq_selector = 0;
+pub const PQ_SELECTOR_EXACT: pq_selector = 1;
+pub const PQ_SELECTOR_WINDOW: pq_selector = 2;
+pub const PQ_SELECTOR_SPARQ: pq_selector = 3;
+pub const PQ_SELECTOR_INFLLM: pq_selector = 4;
+pub const PQ_SELECTOR_QUEST: pq_selector = 5;
+pub const PQ_SELECTOR_RANDOM: pq_selector = 6;
+pub const PQ_SELECTOR_H2O: pq_selector = 7;
+pub const PQ_SELECTOR_SCOPE: pq_selector = 8;
+pub const PQ_SELECTOR_SNAPKV: pq_selector = 9;
+pub const PQ_SELECTOR_PYRAMIDKV: pq_selector = 10;
+
+pub type pq_gqa_combine = i32;
+pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
+pub const PQ_GQA_MAX: pq_gqa_combine = 1;
+pub const PQ_GQA_MEAN: pq_gqa_combine = 2;
+
+pub type pq_kmeans_init = i32;
+pub const PQ_KMEANS_INIT_RANDOM: pq_kmeans_init = 0;
+pub const PQ_KMEANS_INIT_KMEANSPP: pq_kmeans_init = 1;
+
+pub type pq_backend = i32;
+pub const PQ_BACKEND_CPU: pq_backend = 0;
+pub const PQ_BACKEND_CUDA: pq_backend = 1;
+pub const PQ_BACKEND_AUTO: pq_backend = 2;
+
+pub type pq_cache_policy = i32;
+pub const PQ_CACHE_LRU: pq_cache_policy = 0;
+pub const PQ_CACHE_LFU: pq_cache_policy = 1;
+
+pub type pq_layout = i32;
+pub const PQ_LAYOUT_TOKEN_MAJOR: pq_layout = 0;
+pub const PQ_LAYOUT_HEAD_MAJOR: pq_layout = 1;
+
+// ---------------------------------------------------------------------------
+// Structs
+// ---------------------------------------------------------------------------
+
+/// The C type name of a struct field as the header spells it; the layout
+/// test compares it with what the C compiler says (`_Generic`).
+pub trait CTypeName {
+    const C_TYPE: &'static str;
+}
+macro_rules! c_type_names {
+    ($($rust:ty => $c:literal),* $(,)?) => { $(impl CTypeName for $rust { const C_TYPE: &'static str = $c; })* };
+}
+c_type_names! {
+    i32 => "int32_t", u32 => "uint32_t", i64 => "int64_t", u64 => "uint64_t",
+    f32 => "float", f64 => "double",
+    *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
+}
+
+/// One field of a C struct: name, byte offset, C type name.
+pub type FieldInfo = (&'static str, usize, &'static str);
+
+/// Declares a `#[repr(C)]` struct and its `FIELDS` table (for the layout test).
+macro_rules! c_struct {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name { $($(#[$fmeta])* pub $field: $ty,)* }
+        impl $name {
+            /// Every field with its offset and C type, in declaration order.
+            pub const FIELDS: &'static [FieldInfo] = &[
+                $((stringify!($field), std::mem::offset_of!($name, $field), <$ty as CTypeName>::C_TYPE),)*
+            ];
+        }
+    };
+}
+
+c_struct! {
+    /// A view of the caller's K, V or Q buffer (element (t, h, d) at
+    /// `data + (t * token_stride + h * head_stride + d) * element_size`).
+    pub struct pq_tensor {
+        pub data: *mut c_void,
+        /// pq_dtype
+        pub dtype: i32,
+        /// pq_memory
+        pub memory: i32,
+        pub tokens: i64,
+        pub heads: i32,
+        pub head_dim: i32,
+        pub token_stride: i64,
+        pub head_stride: i64,
+    }
+}
+
+c_struct! {
+    /// Context configuration; start from `pq_config_default`.
+    pub struct pq_config {
+        pub struct_size: u32,
+        pub num_layers: i32,
+        pub num_q_heads: i32,
+        pub num_kv_heads: i32,
+        pub head_dim: i32,
+        pub dtype: i32,
+        pub pq_subspaces: i32,
+        pub pq_bits: i32,
+        pub kmeans_iterations: i32,
+        pub kmeans_min_iterations: i32,
+        pub kmeans_max_iterations: i32,
+        pub kmeans_tolerance: f32,
+        pub kmeans_init: i32,
+        pub kmeans_max_points_per_centroid: i32,
+        pub seed: u64,
+        pub compute_alpha: f64,
+        pub compute_beta: f64,
+        pub compute_gamma: f64,
+        pub layer_time_budget: f64,
+        pub worker_threads: i32,
+        pub selector: i32,
+        pub sink_tokens: i32,
+        pub local_tokens: i32,
+        pub topk_tokens: i32,
+        pub topk_fraction: f32,
+        pub gqa_combine: i32,
+        pub host_memory_limit: u64,
+        pub backend: i32,
+        pub device_id: i32,
+        /// Read during pq_create only.
+        pub cuda_plugin_path: *const c_char,
+        pub sparq_dims: i32,
+        pub block_tokens: i32,
+        pub block_representatives: i32,
+        pub observation_window: i32,
+        pub pooling_kernel: i32,
+        pub pyramid_ratio: f32,
+        pub scope_decode_share: f32,
+        pub cache_tokens: i64,
+        pub cache_block_tokens: i32,
+        pub cache_policy: i32,
+    }
+}
+
+c_struct! {
+    /// Per kv head, ascending token positions; row h starts at
+    /// `positions[h * capacity]` and holds `counts[h]` entries.
+    pub struct pq_selection {
+        pub positions: *mut i32,
+        pub counts: *mut i32,
+        pub capacity: i64,
+    }
+}
+
+c_struct! {
+    /// Index state of one (sequence, layer); set `struct_size` first.
+    pub struct pq_layer_info {
+        pub struct_size: u32,
+        pub tokens: i64,
+        pub prefill_tokens: i64,
+        pub middle_tokens: i64,
+        pub coded_tokens: i64,
+        pub build_pending: i32,
+        pub kmeans_iterations: i32,
+        pub kmeans_budget: i32,
+        pub index_ready: i32,
+        pub build_seconds: f64,
+        pub last_select_bytes: u64,
+    }
+}
+
+c_struct! {
+    /// Context or sequence statistics; set `struct_size` first.
+    pub struct pq_stats {
+        pub struct_size: u32,
+        pub sequences: i64,
+        pub tokens: i64,
+        pub kv_bytes: u64,
+        pub index_bytes: u64,
+        pub builds_finished: u64,
+        pub builds_cancelled: u64,
+        pub kmeans_iterations: u64,
+        pub select_calls: u64,
+        pub fetch_calls: u64,
+        pub build_seconds: f64,
+        pub select_seconds: f64,
+        pub fetch_seconds: f64,
+        pub bytes_scored: u64,
+        pub bytes_fetched: u64,
+        pub cache_hits: u64,
+        pub cache_misses: u64,
+    }
+}
+
+/// The structs whose layout `tests/header.rs` checks, by C name.
+pub const STRUCTS: &[(&str, usize, &[FieldInfo])] = &[
+    (
+        "pq_tensor",
+        std::mem::size_of::<pq_tensor>(),
+        pq_tensor::FIELDS,
+    ),
+    (
+        "pq_config",
+        std::mem::size_of::<pq_config>(),
+        pq_config::FIELDS,
+    ),
+    (
+        "pq_selection",
+        std::mem::size_of::<pq_selection>(),
+        pq_selection::FIELDS,
+    ),
+    (
+        "pq_layer_info",
+        std::mem::size_of::<pq_layer_info>(),
+        pq_layer_info::FIELDS,
+    ),
+    (
+        "pq_stats",
+        std::mem::size_of::<pq_stats>(),
+        pq_stats::FIELDS,
+    ),
+];
+
+impl pq_layer_info {
+    /// Zeroed, with `struct_size` set as the library expects.
+    pub fn new() -> Self {
+        // SAFETY: every field is an integer or a float, for which zero is valid.
+        let mut info: Self = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<Self>() as u32;
+        info
+    }
+}
+
+impl pq_stats {
+    /// Zeroed, with `struct_size` set as the library expects.
+    pub fn new() -> Self {
+        // SAFETY: every field is an integer or a float, for which zero is valid.
+        let mut stats: Self = unsafe { std::mem::zeroed() };
+        stats.struct_size = std::mem::size_of::<Self>() as u32;
+        stats
+    }
+}
+
+impl Default for pq_layer_info {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Default for pq_stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Opaque context handle (the Rustonomicon's idiom: not constructible, not
+/// Send/Sync/Unpin by itself).
+#[repr(C)]
+pub struct pq_context {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+// ---------------------------------------------------------------------------
+// Functions
+// ---------------------------------------------------------------------------
+
+/// Declares every function once and derives from that one list: the
+/// `extern "C"` block (feature `link`), the [`Api`] table of function
+/// pointers, [`LINKED`], and the loader that fills an [`Api`] with `dlsym`.
+macro_rules! pq_functions {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        #[cfg(feature = "link")]
+        extern "C" {
+            $($(#[$doc])* pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
+        }
+
+        /// Every function of the C API as a function pointer, filled either
+        /// with the linked symbols ([`LINKED`]) or by `dlsym`
+        /// ([`dynamic::Library`]). Field names are the C names.
+        #[derive(Clone, Copy)]
+        pub struct Api {
+            $($(#[$doc])* pub $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+        }
+
+        /// The linked functions as an [`Api`] table.
+        #[cfg(feature = "link")]
+        pub static LINKED: Api = Api { $($name,)* };
+
+        impl Api {
+            /// The C names of every function, in header order.
+            pub const FUNCTION_NAMES: &'static [&'static str] = &[$(stringify!($name),)*];
+
+            /// Fills the table by looking up each name (NUL-terminated) with
+            /// `lookup`; the first error stops the load.
+            ///
+            /// # Safety
+            /// `lookup` must return the address of a function with exactly
+            /// the declared signature for each name.
+            pub(crate) unsafe fn load_with<E>(
+                mut lookup: impl FnMut(&'static CStr) -> Result<*mut c_void, E>,
+            ) -> Result<Api, E> {
+                Ok(Api {
+                    $($name: {
+                        let name = CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes())
+                            .expect("a function name has no interior NUL");
+                        let address = lookup(name)?;
+                        std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) $(-> $ret)?>(address)
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+pq_functions! {
+    fn pq_version_number() -> c_int;
+    fn pq_version_string() -> *const c_char;
+    fn pq_status_string(status: i32) -> *const c_char;
+    fn pq_last_error() -> *const c_char;
+    fn pq_tensor_init(tensor: *mut pq_tensor, data: *mut c_void, dtype: i32, layout: i32,
+                      tokens: i64, heads: i32, head_dim: i32) -> pq_status;
+    fn pq_config_default(config: *mut pq_config);
+    fn pq_create(config: *const pq_config, out: *mut *mut pq_context) -> pq_status;
+    fn pq_destroy(ctx: *mut pq_context);
+    fn pq_get_config(ctx: *const pq_context, out: *mut pq_config) -> pq_status;
+    fn pq_get_backend(ctx: *const pq_context, out_backend: *mut i32) -> pq_status;
+    fn pq_sequence_add(ctx: *mut pq_context, seq_id: u64) -> pq_status;
+    fn pq_sequence_remove(ctx: *mut pq_context, seq_id: u64) -> pq_status;
+    fn pq_sequence_length(ctx: *const pq_context, seq_id: u64, layer: i32,
+                          out_tokens: *mut i64) -> pq_status;
+    fn pq_sequence_count(ctx: *const pq_context, out_count: *mut i64) -> pq_status;
+    fn pq_sequence_set_stream(ctx: *mut pq_context, seq_id: u64, cuda_stream: *mut c_void) -> pq_status;
+    fn pq_prefill_layer(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
+                        values: *const pq_tensor) -> pq_status;
+    fn pq_decode_append(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
+                        values: *const pq_tensor) -> pq_status;
+    fn pq_selection_capacity(ctx: *const pq_context, seq_id: u64, layer: i32,
+                             out_capacity: *mut i64) -> pq_status;
+    fn pq_decode_select(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
+                        out: *mut pq_selection) -> pq_status;
+    fn pq_fetch_kv(ctx: *mut pq_context, seq_id: u64, layer: i32, selection: *const pq_selection,
+                   out_keys: *const pq_tensor, out_values: *const pq_tensor) -> pq_status;
+    fn pq_prefill_queries(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                          queries: *const pq_tensor) -> pq_status;
+    fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                            selection: *const pq_selection, probs: *const f32) -> pq_status;
+    fn pq_layer_info_get(ctx: *const pq_context, seq_id: u64, layer: i32,
+                         out: *mut pq_layer_info) -> pq_status;
+    fn pq_index_codes(ctx: *mut pq_context, seq_id: u64, layer: i32, kv_head: i32, first: i64,
+                      count: i64, out: *mut u8) -> pq_status;
+    fn pq_index_centroids(ctx: *mut pq_context, seq_id: u64, layer: i32, kv_head: i32,
+                          out: *mut f32, out_floats: i64) -> pq_status;
+    fn pq_stats_get(ctx: *const pq_context, out: *mut pq_stats) -> pq_status;
+    fn pq_sequence_stats_get(ctx: *const pq_context, seq_id: u64, out: *mut pq_stats) -> pq_status;
+    fn pq_wait_builds(ctx: *mut pq_context) -> pq_status;
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("functions", &Self::FUNCTION_NAMES.len())
+            .finish_non_exhaustive()
+    }
+}

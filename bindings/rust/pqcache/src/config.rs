@@ -1,0 +1,245 @@
+use std::path::{Path, PathBuf};
+
+use pqcache_sys as sys;
+
+/// Declares a `#[repr(i32)]` enum over the header's constants, with
+/// `TryFrom<i32>` for values coming back from the library.
+macro_rules! c_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $value:path,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(i32)]
+        pub enum $name { $($(#[$vmeta])* $variant = $value,)* }
+
+        impl TryFrom<i32> for $name {
+            type Error = i32;
+            /// The variant of a C value, or the value back if unknown.
+            fn try_from(value: i32) -> Result<Self, i32> {
+                match value {
+                    $($value => Ok($name::$variant),)*
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+
+c_enum! {
+    /// Element type of K/V/Q buffers (the cache stores K/V in it).
+    pub enum DType {
+        F32 = sys::PQ_DTYPE_F32,
+        /// IEEE 754 binary16, passed as `u16` bits.
+        F16 = sys::PQ_DTYPE_F16,
+        /// bfloat16 (the top 16 bits of an f32), passed as `u16` bits.
+        Bf16 = sys::PQ_DTYPE_BF16,
+    }
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+}
+
+c_enum! {
+    /// How the middle tokens are selected (see pqcache.h for each method).
+    pub enum Selector {
+        /// PQCache: PQ codes and a lookup table.
+        Pq = sys::PQ_SELECTOR_PQ,
+        /// Exact q.k over every middle key (the oracle).
+        Exact = sys::PQ_SELECTOR_EXACT,
+        /// StreamingLLM: sinks plus a longer local window.
+        Window = sys::PQ_SELECTOR_WINDOW,
+        SparQ = sys::PQ_SELECTOR_SPARQ,
+        InfLlm = sys::PQ_SELECTOR_INFLLM,
+        Quest = sys::PQ_SELECTOR_QUEST,
+        Random = sys::PQ_SELECTOR_RANDOM,
+        H2o = sys::PQ_SELECTOR_H2O,
+        Scope = sys::PQ_SELECTOR_SCOPE,
+        SnapKv = sys::PQ_SELECTOR_SNAPKV,
+        PyramidKv = sys::PQ_SELECTOR_PYRAMIDKV,
+    }
+}
+
+c_enum! {
+    /// How a GQA group's query heads combine into one score per kv head.
+    pub enum GqaCombine {
+        SumSoftmax = sys::PQ_GQA_SUM_SOFTMAX,
+        Max = sys::PQ_GQA_MAX,
+        Mean = sys::PQ_GQA_MEAN,
+    }
+}
+
+c_enum! {
+    /// K-Means initialisation.
+    pub enum KmeansInit {
+        Random = sys::PQ_KMEANS_INIT_RANDOM,
+        KmeansPlusPlus = sys::PQ_KMEANS_INIT_KMEANSPP,
+    }
+}
+
+c_enum! {
+    /// Compute backend of a context.
+    pub enum Backend {
+        Cpu = sys::PQ_BACKEND_CPU,
+        /// The CUDA plug-in; `create` fails with NotFound without it or a device.
+        Cuda = sys::PQ_BACKEND_CUDA,
+        /// CUDA when available, else CPU.
+        Auto = sys::PQ_BACKEND_AUTO,
+    }
+}
+
+c_enum! {
+    /// Eviction policy of the block cache.
+    pub enum CachePolicy {
+        Lru = sys::PQ_CACHE_LRU,
+        Lfu = sys::PQ_CACHE_LFU,
+    }
+}
+
+/// A context configuration: the library's defaults (`pq_config_default`)
+/// plus what the builder methods set. The model geometry (`num_layers`,
+/// `num_q_heads`, `num_kv_heads`, `head_dim`) has no default and must be set.
+///
+/// Setters are named after the C fields; `pqcache.h` documents each one and
+/// [`crate::Library::create`] validates them (an invalid one is an
+/// `InvalidArgument` error naming the field). [`Config::as_raw_mut`] reaches
+/// any field directly.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Always holds a NULL cuda_plugin_path: the path lives in `plugin_path`
+    /// and is lent to the library during pq_create only.
+    raw: sys::pq_config,
+    plugin_path: Option<PathBuf>,
+}
+
+// SAFETY: the only pointer in the raw struct, cuda_plugin_path, is kept NULL
+// (see the field's comment); everything else is plain data.
+unsafe impl Send for Config {}
+unsafe impl Sync for Config {}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty $(=> $conv:expr)?;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, value: $ty) -> Self {
+                self.raw.$field = setters!(@convert value $(, $conv)?);
+                self
+            }
+        )*
+    };
+    (@convert $value:ident) => { $value };
+    (@convert $value:ident, $conv:expr) => { ($conv)($value) };
+}
+
+impl Config {
+    /// The linked library's defaults.
+    #[cfg(feature = "link")]
+    pub fn new() -> Config {
+        crate::Library::linked().default_config()
+    }
+
+    pub(crate) fn from_raw(mut raw: sys::pq_config) -> Config {
+        raw.cuda_plugin_path = std::ptr::null();
+        Config {
+            raw,
+            plugin_path: None,
+        }
+    }
+
+    /// The C struct (cuda_plugin_path is NULL here; see [`Config::cuda_plugin_path`]).
+    pub fn as_raw(&self) -> &sys::pq_config {
+        &self.raw
+    }
+
+    /// Any field, for settings without a builder method. A pointer written
+    /// into `cuda_plugin_path` here is ignored: use [`Config::cuda_plugin_path`].
+    pub fn as_raw_mut(&mut self) -> &mut sys::pq_config {
+        &mut self.raw
+    }
+
+    pub(crate) fn cuda_plugin_path_ref(&self) -> Option<&Path> {
+        self.plugin_path.as_deref()
+    }
+
+    /// The four geometry fields at once: layers, query heads, kv heads, head_dim.
+    pub fn geometry(
+        self,
+        num_layers: i32,
+        num_q_heads: i32,
+        num_kv_heads: i32,
+        head_dim: i32,
+    ) -> Self {
+        self.num_layers(num_layers)
+            .num_q_heads(num_q_heads)
+            .num_kv_heads(num_kv_heads)
+            .head_dim(head_dim)
+    }
+
+    /// The CUDA plug-in file (default: the library's search order).
+    pub fn cuda_plugin_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugin_path = Some(path.into());
+        self
+    }
+
+    setters! {
+        num_layers: i32;
+        num_q_heads: i32;
+        num_kv_heads: i32;
+        head_dim: i32;
+        /// Element type of K/V/Q (default F16).
+        dtype: DType => |d: DType| d as i32;
+        /// m, subspaces per head (default 2).
+        pq_subspaces: i32;
+        /// b, bits per code, 1..=8 (default 6).
+        pq_bits: i32;
+        /// A fixed K-Means iteration count (0: adaptive, the default).
+        kmeans_iterations: i32;
+        kmeans_min_iterations: i32;
+        kmeans_max_iterations: i32;
+        kmeans_tolerance: f32;
+        kmeans_init: KmeansInit => |k: KmeansInit| k as i32;
+        kmeans_max_points_per_centroid: i32;
+        /// K-Means seed: the same seed gives the same index.
+        seed: u64;
+        compute_alpha: f64;
+        compute_beta: f64;
+        compute_gamma: f64;
+        layer_time_budget: f64;
+        /// Index build threads (0: one per hardware thread).
+        worker_threads: i32;
+        selector: Selector => |s: Selector| s as i32;
+        sink_tokens: i32;
+        local_tokens: i32;
+        /// Middle tokens per kv head (> 0 overrides topk_fraction).
+        topk_tokens: i32;
+        topk_fraction: f32;
+        gqa_combine: GqaCombine => |g: GqaCombine| g as i32;
+        /// Bytes of K/V the context may hold (0: unlimited).
+        host_memory_limit: u64;
+        backend: Backend => |b: Backend| b as i32;
+        device_id: i32;
+        sparq_dims: i32;
+        block_tokens: i32;
+        block_representatives: i32;
+        observation_window: i32;
+        pooling_kernel: i32;
+        pyramid_ratio: f32;
+        scope_decode_share: f32;
+        /// Block cache capacity in tokens (0: off).
+        cache_tokens: i64;
+        cache_block_tokens: i32;
+        cache_policy: CachePolicy => |p: CachePolicy| p as i32;
+    }
+}
+
+#[cfg(feature = "link")]
+impl Default for Config {
+    fn default() -> Config {
+        Config::new()
+    }
+}

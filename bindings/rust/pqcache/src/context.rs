@@ -1,0 +1,504 @@
+use std::ffi::c_void;
+use std::fmt;
+use std::ptr::NonNull;
+
+use pqcache_sys as sys;
+
+use crate::{Backend, Config, DType, Error, Library, Result, Selection, Status, Tensor, TensorMut};
+
+/// A libpqcache context (`pq_context`): the KV cache and PQ indexes of any
+/// number of sequences, named by the caller's `u64` ids. Dropping it waits
+/// for the index builds in flight and frees everything (`pq_destroy`).
+///
+/// # Threading
+/// `Context` is `Send` and `Sync`, and every method takes `&self`, because
+/// pqcache.h's threading contract makes a `pq_context` thread-safe: calls on
+/// different sequences run concurrently, calls on the same sequence and
+/// different layers too, and calls on the same (sequence, layer) are
+/// serialised by the library. The contract's exceptions are kept by Rust:
+/// `pq_destroy` must not race with any call (it runs in `Drop`, which needs
+/// ownership), and `pq_sequence_set_stream` must not race with calls on its
+/// sequence (so [`Context::set_cuda_stream`] is `unsafe`). Share a context
+/// between threads with `&Context` (e.g. `std::thread::scope`) or `Arc`.
+pub struct Context {
+    ctx: NonNull<sys::pq_context>,
+    library: Library,
+    /// The effective configuration (pq_get_config), cuda_plugin_path NULL.
+    config: sys::pq_config,
+}
+
+// SAFETY: see "Threading" above; `config` is plain data (its one pointer is
+// NULL) and `library` is Send + Sync.
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+fn to_i32(value: usize, what: &str) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i32")))
+}
+
+fn to_i64(value: usize, what: &str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i64")))
+}
+
+/// A count the library returned (never negative on success).
+fn to_usize(value: i64) -> usize {
+    usize::try_from(value).expect("the library returned a negative count")
+}
+
+impl Context {
+    /// Creates a context on the linked library (`pq_create`).
+    #[cfg(feature = "link")]
+    pub fn new(config: &Config) -> Result<Context> {
+        Library::linked().create(config)
+    }
+
+    /// # Safety
+    /// `ctx` must be a live context of `library` that nothing else owns.
+    pub(crate) unsafe fn from_raw(
+        library: Library,
+        ctx: NonNull<sys::pq_context>,
+    ) -> Result<Context> {
+        let mut config = library.default_config().as_raw().to_owned();
+        let mut context = Context {
+            ctx,
+            library,
+            config,
+        };
+        // pq_get_config copies up to struct_size bytes, which
+        // pq_config_default set. On failure `context` drops and destroys ctx.
+        context.library.check((context.api().pq_get_config)(
+            context.ctx.as_ptr(),
+            &mut config,
+        ))?;
+        config.cuda_plugin_path = std::ptr::null(); // pointed at the caller's string during create
+        context.config = config;
+        Ok(context)
+    }
+
+    fn api(&self) -> &sys::Api {
+        self.library.api()
+    }
+
+    fn ptr(&self) -> *mut sys::pq_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The library this context lives in.
+    pub fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// The effective configuration (defaults resolved, e.g. worker_threads).
+    pub fn config(&self) -> Config {
+        Config::from_raw(self.config)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.config.num_layers as usize
+    }
+
+    pub fn num_q_heads(&self) -> usize {
+        self.config.num_q_heads as usize
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.config.num_kv_heads as usize
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.config.head_dim as usize
+    }
+
+    pub fn dtype(&self) -> DType {
+        DType::try_from(self.config.dtype).expect("pq_create accepted the dtype")
+    }
+
+    /// The backend actually in use (Auto resolves to Cpu or Cuda).
+    pub fn backend(&self) -> Result<Backend> {
+        let mut backend = 0;
+        // SAFETY (this and every call below): the context is live for &self;
+        // out-pointers are locals or borrowed buffers whose sizes were
+        // checked against what the header says the call touches.
+        self.library
+            .check(unsafe { (self.api().pq_get_backend)(self.ptr(), &mut backend) })?;
+        Backend::try_from(backend)
+            .map_err(|b| Error::new(Status::Internal, format!("unknown backend {b}")))
+    }
+
+    /// Adds an empty sequence; an existing id is InvalidArgument.
+    pub fn add_sequence(&self, seq_id: u64) -> Result<()> {
+        self.library
+            .check(unsafe { (self.api().pq_sequence_add)(self.ptr(), seq_id) })
+    }
+
+    /// Removes a sequence and frees its memory (NotFound if absent). Calls on
+    /// it from other threads finish on their data or fail with NotFound.
+    pub fn remove_sequence(&self, seq_id: u64) -> Result<()> {
+        self.library
+            .check(unsafe { (self.api().pq_sequence_remove)(self.ptr(), seq_id) })
+    }
+
+    /// Tokens stored for (sequence, layer).
+    pub fn sequence_length(&self, seq_id: u64, layer: usize) -> Result<usize> {
+        let mut tokens = 0;
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_sequence_length)(self.ptr(), seq_id, layer, &mut tokens)
+        })?;
+        Ok(to_usize(tokens))
+    }
+
+    /// Sequences in the context.
+    pub fn sequence_count(&self) -> Result<usize> {
+        let mut count = 0;
+        self.library
+            .check(unsafe { (self.api().pq_sequence_count)(self.ptr(), &mut count) })?;
+        Ok(to_usize(count))
+    }
+
+    /// Orders the sequence's device work on a CUDA stream (`cudaStream_t`;
+    /// NULL: the context's own). The CPU backend rejects a non-NULL stream.
+    ///
+    /// # Safety
+    /// No other call on `seq_id` may run concurrently (pqcache.h), and the
+    /// stream must stay valid until it is replaced by NULL.
+    pub unsafe fn set_cuda_stream(&self, seq_id: u64, stream: *mut c_void) -> Result<()> {
+        self.library.check((self.api().pq_sequence_set_stream)(
+            self.ptr(),
+            seq_id,
+            stream,
+        ))
+    }
+
+    /// Appends a prompt chunk's keys and values (tokens x kv heads x
+    /// head_dim) to one layer and schedules its index build. The data is
+    /// copied before this returns.
+    pub fn prefill(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        keys: &Tensor<'_>,
+        values: &Tensor<'_>,
+    ) -> Result<()> {
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_prefill_layer)(self.ptr(), seq_id, layer, keys.as_raw(), values.as_raw())
+        })
+    }
+
+    /// Appends decode tokens' keys and values (usually one token) to a
+    /// prefilled layer, without a rebuild.
+    pub fn append(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        keys: &Tensor<'_>,
+        values: &Tensor<'_>,
+    ) -> Result<()> {
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_decode_append)(self.ptr(), seq_id, layer, keys.as_raw(), values.as_raw())
+        })
+    }
+
+    /// Positions per kv head a selection needs at the layer's current length.
+    pub fn selection_capacity(&self, seq_id: u64, layer: usize) -> Result<usize> {
+        let mut capacity = 0;
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_selection_capacity)(self.ptr(), seq_id, layer, &mut capacity)
+        })?;
+        Ok(to_usize(capacity))
+    }
+
+    /// Selects, per kv head, the sink, top-k and local tokens for `query`
+    /// (1 token x q heads x head_dim) into `out`, growing it if it is too
+    /// small for the layer's current length.
+    pub fn select(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        out: &mut Selection,
+    ) -> Result<()> {
+        let capacity = self.selection_capacity(seq_id, layer)?;
+        // The library writes num_kv_heads counts and rows: size them here.
+        out.reserve(self.num_kv_heads(), capacity);
+        let layer = to_i32(layer, "layer")?;
+        let mut raw = out.as_raw();
+        self.library.check(unsafe {
+            (self.api().pq_decode_select)(self.ptr(), seq_id, layer, query.as_raw(), &mut raw)
+        })
+    }
+
+    /// Gathers the K and V rows of `selection` into the caller's buffers:
+    /// selected token i of kv head h goes to row (i, h). The tensors need
+    /// num_kv_heads heads and at least `selection.max_count()` tokens.
+    pub fn fetch(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        selection: &Selection,
+        keys: &mut TensorMut<'_>,
+        values: &mut TensorMut<'_>,
+    ) -> Result<()> {
+        self.check_selection(selection)?;
+        let layer = to_i32(layer, "layer")?;
+        let raw = selection.as_raw_const();
+        self.library.check(unsafe {
+            (self.api().pq_fetch_kv)(
+                self.ptr(),
+                seq_id,
+                layer,
+                &raw,
+                keys.as_raw(),
+                values.as_raw(),
+            )
+        })
+    }
+
+    /// The last prompt queries of a layer, for selectors that score the
+    /// prompt from an observation window (SnapKV, PyramidKV, SCOPE).
+    pub fn prefill_queries(&self, seq_id: u64, layer: usize, queries: &Tensor<'_>) -> Result<()> {
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_prefill_queries)(self.ptr(), seq_id, layer, queries.as_raw())
+        })
+    }
+
+    /// Attention probabilities over `selection`'s tokens (H2O, SCOPE):
+    /// `probs[h * selection.capacity() + i]` belongs to `selection.head(h)[i]`.
+    pub fn observe_attention(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        selection: &Selection,
+        probs: &[f32],
+    ) -> Result<()> {
+        self.check_selection(selection)?;
+        let needed = selection.kv_heads() * selection.capacity();
+        if probs.len() < needed {
+            return Err(Error::invalid(format!(
+                "probs has {} values, the selection needs {needed} ({} kv heads x capacity {})",
+                probs.len(),
+                selection.kv_heads(),
+                selection.capacity()
+            )));
+        }
+        let layer = to_i32(layer, "layer")?;
+        let raw = selection.as_raw_const();
+        self.library.check(unsafe {
+            (self.api().pq_observe_attention)(self.ptr(), seq_id, layer, &raw, probs.as_ptr())
+        })
+    }
+
+    /// The library reads num_kv_heads counts and rows of a selection.
+    fn check_selection(&self, selection: &Selection) -> Result<()> {
+        if selection.kv_heads() != self.num_kv_heads() {
+            return Err(Error::invalid(format!(
+                "selection has {} kv heads, the context has {}",
+                selection.kv_heads(),
+                self.num_kv_heads()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Index state of (sequence, layer), without waiting for builds.
+    pub fn layer_info(&self, seq_id: u64, layer: usize) -> Result<LayerInfo> {
+        let mut info = sys::pq_layer_info::new();
+        let layer = to_i32(layer, "layer")?;
+        self.library.check(unsafe {
+            (self.api().pq_layer_info_get)(self.ptr(), seq_id, layer, &mut info)
+        })?;
+        Ok(LayerInfo::from(info))
+    }
+
+    /// PQ codes of tokens `first..first + out.len() / pq_subspaces` of one
+    /// kv head, token-major, one byte per subspace. Waits for the build.
+    pub fn index_codes(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        kv_head: usize,
+        first: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let subspaces = self.config.pq_subspaces as usize;
+        if out.len() % subspaces != 0 {
+            return Err(Error::invalid(format!(
+                "out has {} bytes, not a multiple of pq_subspaces {subspaces}",
+                out.len()
+            )));
+        }
+        let count = to_i64(out.len() / subspaces, "count")?;
+        let (layer, kv_head, first) = (
+            to_i32(layer, "layer")?,
+            to_i32(kv_head, "kv_head")?,
+            to_i64(first, "first")?,
+        );
+        self.library.check(unsafe {
+            (self.api().pq_index_codes)(
+                self.ptr(),
+                seq_id,
+                layer,
+                kv_head,
+                first,
+                count,
+                out.as_mut_ptr(),
+            )
+        })
+    }
+
+    /// Centroids of one kv head: pq_subspaces x 2^pq_bits x
+    /// (head_dim / pq_subspaces) floats. Waits for the build.
+    pub fn index_centroids(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        kv_head: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (layer, kv_head, len) = (
+            to_i32(layer, "layer")?,
+            to_i32(kv_head, "kv_head")?,
+            to_i64(out.len(), "out")?,
+        );
+        self.library.check(unsafe {
+            (self.api().pq_index_centroids)(
+                self.ptr(),
+                seq_id,
+                layer,
+                kv_head,
+                out.as_mut_ptr(),
+                len,
+            )
+        })
+    }
+
+    /// The number of floats [`Context::index_centroids`] writes.
+    pub fn centroid_floats(&self) -> usize {
+        let c = &self.config;
+        (1usize << c.pq_bits) * c.head_dim as usize
+    }
+
+    /// Context-wide statistics.
+    pub fn stats(&self) -> Result<Stats> {
+        let mut stats = sys::pq_stats::new();
+        self.library
+            .check(unsafe { (self.api().pq_stats_get)(self.ptr(), &mut stats) })?;
+        Ok(Stats::from(stats))
+    }
+
+    /// Statistics of one sequence.
+    pub fn sequence_stats(&self, seq_id: u64) -> Result<Stats> {
+        let mut stats = sys::pq_stats::new();
+        self.library
+            .check(unsafe { (self.api().pq_sequence_stats_get)(self.ptr(), seq_id, &mut stats) })?;
+        Ok(Stats::from(stats))
+    }
+
+    /// Blocks until every index build queued so far has finished.
+    pub fn wait_builds(&self) -> Result<()> {
+        self.library
+            .check(unsafe { (self.api().pq_wait_builds)(self.ptr()) })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: &mut self: no other call on this context can be running.
+        unsafe { (self.api().pq_destroy)(self.ptr()) }
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("layers", &self.num_layers())
+            .field("q_heads", &self.num_q_heads())
+            .field("kv_heads", &self.num_kv_heads())
+            .field("head_dim", &self.head_dim())
+            .field("dtype", &self.dtype())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Index state of one (sequence, layer) (`pq_layer_info`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerInfo {
+    pub tokens: i64,
+    pub prefill_tokens: i64,
+    pub middle_tokens: i64,
+    pub coded_tokens: i64,
+    /// A build is queued or running.
+    pub build_pending: bool,
+    pub kmeans_iterations: i32,
+    pub kmeans_budget: i32,
+    /// A build has finished (only the PQ selector builds one).
+    pub index_ready: bool,
+    pub build_seconds: f64,
+    /// Bytes the selector read at the last select (all kv heads).
+    pub last_select_bytes: u64,
+}
+
+impl From<sys::pq_layer_info> for LayerInfo {
+    fn from(i: sys::pq_layer_info) -> LayerInfo {
+        LayerInfo {
+            tokens: i.tokens,
+            prefill_tokens: i.prefill_tokens,
+            middle_tokens: i.middle_tokens,
+            coded_tokens: i.coded_tokens,
+            build_pending: i.build_pending != 0,
+            kmeans_iterations: i.kmeans_iterations,
+            kmeans_budget: i.kmeans_budget,
+            index_ready: i.index_ready != 0,
+            build_seconds: i.build_seconds,
+            last_select_bytes: i.last_select_bytes,
+        }
+    }
+}
+
+/// Context or sequence statistics (`pq_stats`); pqcache.h documents each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    pub sequences: i64,
+    pub tokens: i64,
+    pub kv_bytes: u64,
+    pub index_bytes: u64,
+    pub builds_finished: u64,
+    pub builds_cancelled: u64,
+    pub kmeans_iterations: u64,
+    pub select_calls: u64,
+    pub fetch_calls: u64,
+    pub build_seconds: f64,
+    pub select_seconds: f64,
+    pub fetch_seconds: f64,
+    pub bytes_scored: u64,
+    pub bytes_fetched: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+impl From<sys::pq_stats> for Stats {
+    fn from(s: sys::pq_stats) -> Stats {
+        Stats {
+            sequences: s.sequences,
+            tokens: s.tokens,
+            kv_bytes: s.kv_bytes,
+            index_bytes: s.index_bytes,
+            builds_finished: s.builds_finished,
+            builds_cancelled: s.builds_cancelled,
+            kmeans_iterations: s.kmeans_iterations,
+            select_calls: s.select_calls,
+            fetch_calls: s.fetch_calls,
+            build_seconds: s.build_seconds,
+            select_seconds: s.select_seconds,
+            fetch_seconds: s.fetch_seconds,
+            bytes_scored: s.bytes_scored,
+            bytes_fetched: s.bytes_fetched,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+        }
+    }
+}

@@ -1,0 +1,160 @@
+use std::ffi::{CStr, CString, OsStr};
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use pqcache_sys as sys;
+
+use crate::{Config, Context, Error, Result, Status};
+
+/// A way to reach libpqcache: linked at build time ([`Library::linked`],
+/// feature `link`) or loaded at run time ([`Library::load`]). Everything in
+/// this crate works the same on either; contexts keep their `Library` (a
+/// cheap clone), so a loaded library stays loaded while a context lives.
+#[derive(Clone)]
+pub struct Library {
+    source: Source,
+}
+
+#[derive(Clone)]
+enum Source {
+    #[cfg(feature = "link")]
+    Linked,
+    Loaded(Arc<sys::dynamic::Library>),
+}
+
+impl Library {
+    /// The library linked into this program.
+    #[cfg(feature = "link")]
+    pub fn linked() -> Library {
+        Library {
+            source: Source::Linked,
+        }
+    }
+
+    /// Loads libpqcache with `dlopen`: a file path, or a soname such as
+    /// [`SONAME`](crate::SONAME) that the dynamic loader searches for. A
+    /// missing file or function is [`Status::NotFound`] with the loader's
+    /// message; a library of another ABI major is [`Status::Unsupported`].
+    pub fn load(path: impl AsRef<OsStr>) -> Result<Library> {
+        let loaded = sys::dynamic::Library::open(path)?;
+        Ok(Library {
+            source: Source::Loaded(Arc::new(loaded)),
+        })
+    }
+
+    /// The function table of this library.
+    pub(crate) fn api(&self) -> &sys::Api {
+        match &self.source {
+            #[cfg(feature = "link")]
+            Source::Linked => &sys::LINKED,
+            Source::Loaded(library) => library.api(),
+        }
+    }
+
+    /// The version of the library (`pq_version_number`), which may be newer
+    /// than the header these bindings were written for.
+    pub fn version(&self) -> Version {
+        // SAFETY: no arguments; thread-safe.
+        Version::from_number(unsafe { (self.api().pq_version_number)() })
+    }
+
+    /// The defaults of this library (`pq_config_default`); set the model
+    /// geometry, then pass the config to [`Library::create`].
+    pub fn default_config(&self) -> Config {
+        let mut raw = std::mem::MaybeUninit::<sys::pq_config>::zeroed();
+        // SAFETY: pq_config_default fills the whole struct; zeroed is a valid
+        // pq_config anyway (integers, floats and a NULL pointer).
+        unsafe {
+            (self.api().pq_config_default)(raw.as_mut_ptr());
+            Config::from_raw(raw.assume_init())
+        }
+    }
+
+    /// Creates a context (`pq_create`).
+    pub fn create(&self, config: &Config) -> Result<Context> {
+        let mut raw = *config.as_raw();
+        let plugin_path = match config.cuda_plugin_path_ref() {
+            Some(path) => Some(CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+                Error::invalid(format!(
+                    "cuda_plugin_path {} contains a NUL byte",
+                    path.display()
+                ))
+            })?),
+            None => None,
+        };
+        // The library reads the path during pq_create only.
+        raw.cuda_plugin_path = plugin_path
+            .as_ref()
+            .map_or(std::ptr::null(), |p| p.as_ptr());
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: raw is a complete pq_config whose struct_size came from
+        // pq_config_default; ctx is written only on success.
+        self.check(unsafe { (self.api().pq_create)(&raw, &mut ctx) })?;
+        let ctx = NonNull::new(ctx).ok_or_else(|| {
+            Error::new(Status::Internal, "pq_create returned PQ_OK and no context")
+        })?;
+        // SAFETY: ctx is a fresh context that only this call knows.
+        unsafe { Context::from_raw(self.clone(), ctx) }
+    }
+
+    /// `Ok` for `PQ_OK`, else the error with this thread's `pq_last_error()`.
+    pub(crate) fn check(&self, status: sys::pq_status) -> Result<()> {
+        match Status::from_code(status) {
+            None => Ok(()),
+            Some(status) => {
+                // SAFETY: pq_last_error returns a valid C string (thread-local,
+                // valid until this thread's next failing call: copied now).
+                let message = unsafe { CStr::from_ptr((self.api().pq_last_error)()) };
+                Err(Error::new(status, message.to_string_lossy().into_owned()))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Library {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match &self.source {
+            #[cfg(feature = "link")]
+            Source::Linked => "linked",
+            Source::Loaded(_) => "loaded",
+        };
+        f.debug_struct("Library")
+            .field("mode", &mode)
+            .field("version", &self.version())
+            .finish()
+    }
+}
+
+/// A library version, `MAJOR.MINOR.PATCH`; the major is the ABI (soname) number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub major: i32,
+    pub minor: i32,
+    pub patch: i32,
+}
+
+impl Version {
+    /// The version these bindings were written for (the header's).
+    pub const HEADER: Version = Version::from_number(sys::PQ_VERSION_NUMBER);
+
+    /// From `MAJOR * 10000 + MINOR * 100 + PATCH`.
+    pub const fn from_number(number: i32) -> Version {
+        Version {
+            major: number / 10000,
+            minor: number / 100 % 100,
+            patch: number % 100,
+        }
+    }
+
+    pub const fn number(self) -> i32 {
+        self.major * 10000 + self.minor * 100 + self.patch
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}

@@ -1,0 +1,273 @@
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use pqcache_sys as sys;
+
+use crate::{DType, Error, Result};
+
+/// Where each (token, head) row of `head_dim` elements starts in a buffer,
+/// in elements: row (t, h) starts at `t * token_stride + h * head_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub token_stride: usize,
+    pub head_stride: usize,
+}
+
+impl Shape {
+    /// `[tokens][heads][head_dim]`, dense (vLLM's block layout).
+    pub fn token_major(tokens: usize, heads: usize, head_dim: usize) -> Shape {
+        Shape {
+            tokens,
+            heads,
+            head_dim,
+            token_stride: heads * head_dim,
+            head_stride: head_dim,
+        }
+    }
+
+    /// `[heads][tokens][head_dim]`, dense (Hugging Face's layout; with
+    /// `tokens = selection capacity`, what a fetch for attention wants).
+    pub fn head_major(tokens: usize, heads: usize, head_dim: usize) -> Shape {
+        Shape {
+            tokens,
+            heads,
+            head_dim,
+            token_stride: head_dim,
+            head_stride: tokens * head_dim,
+        }
+    }
+
+    /// Any strides (in elements), e.g. a view of a larger buffer.
+    pub fn strided(
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        token_stride: usize,
+        head_stride: usize,
+    ) -> Shape {
+        Shape {
+            tokens,
+            heads,
+            head_dim,
+            token_stride,
+            head_stride,
+        }
+    }
+
+    /// Elements from the first to the end of the last row (0 if empty),
+    /// or None on overflow.
+    pub fn span(&self) -> Option<usize> {
+        if self.tokens == 0 || self.heads == 0 {
+            return Some(0);
+        }
+        (self.tokens - 1)
+            .checked_mul(self.token_stride)?
+            .checked_add((self.heads - 1).checked_mul(self.head_stride)?)?
+            .checked_add(self.head_dim)
+    }
+
+    /// Whether distinct (token, head) rows never share an element: one axis
+    /// must step over whole rows and the other over the first axis' extent.
+    fn rows_disjoint(&self) -> bool {
+        let d = self.head_dim;
+        let (t, h, ts, hs) = (self.tokens, self.heads, self.token_stride, self.head_stride);
+        let heads_inside_tokens = (h <= 1 || hs >= d) && (t <= 1 || ts >= (h - 1) * hs + d);
+        let tokens_inside_heads = (t <= 1 || ts >= d) && (h <= 1 || hs >= (t - 1) * ts + d);
+        t == 0 || h == 0 || heads_inside_tokens || tokens_inside_heads
+    }
+
+    /// Checks this shape against a slice of `len` elements and fills a
+    /// pq_tensor; the library then only touches elements inside the slice.
+    fn describe(&self, data: *mut c_void, len: usize, dtype: DType) -> Result<sys::pq_tensor> {
+        let span = self
+            .span()
+            .ok_or_else(|| Error::invalid(format!("tensor shape {self:?} overflows")))?;
+        if span > len {
+            return Err(Error::invalid(format!(
+                "tensor of {} tokens x {} heads x {} (strides {}, {}) spans {span} elements, the slice has {len}",
+                self.tokens, self.heads, self.head_dim, self.token_stride, self.head_stride
+            )));
+        }
+        if !self.rows_disjoint() {
+            return Err(Error::invalid(format!("tensor rows overlap: {self:?}")));
+        }
+        let narrow = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| Error::invalid(format!("tensor {what} {v} exceeds i32")))
+        };
+        let wide = |v: usize, what: &str| {
+            i64::try_from(v).map_err(|_| Error::invalid(format!("tensor {what} {v} exceeds i64")))
+        };
+        Ok(sys::pq_tensor {
+            data,
+            dtype: dtype as i32,
+            memory: sys::PQ_MEMORY_HOST,
+            tokens: wide(self.tokens, "tokens")?,
+            heads: narrow(self.heads, "heads")?,
+            head_dim: narrow(self.head_dim, "head_dim")?,
+            token_stride: wide(self.token_stride, "token_stride")?,
+            head_stride: wide(self.head_stride, "head_stride")?,
+        })
+    }
+}
+
+/// A read-only view of host K, V or Q data for the library (prefill, append,
+/// select, prefill queries). The shape is checked against the slice here,
+/// before any C call; the library checks it against the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'a> {
+    raw: sys::pq_tensor,
+    _data: PhantomData<&'a [u8]>,
+}
+
+/// A writable view of host memory that [`crate::Context::fetch`] fills.
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    raw: sys::pq_tensor,
+    _data: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the views behave like the slices they borrow (&[T] and &mut [T]
+// are Send and Sync for these element types).
+unsafe impl Send for Tensor<'_> {}
+unsafe impl Sync for Tensor<'_> {}
+unsafe impl Send for TensorMut<'_> {}
+unsafe impl Sync for TensorMut<'_> {}
+
+impl<'a> Tensor<'a> {
+    pub fn f32(data: &'a [f32], shape: Shape) -> Result<Tensor<'a>> {
+        Self::new(data.as_ptr().cast(), data.len(), DType::F32, shape)
+    }
+
+    /// IEEE binary16 elements as their bits.
+    pub fn f16(data: &'a [u16], shape: Shape) -> Result<Tensor<'a>> {
+        Self::new(data.as_ptr().cast(), data.len(), DType::F16, shape)
+    }
+
+    /// bfloat16 elements as their bits.
+    pub fn bf16(data: &'a [u16], shape: Shape) -> Result<Tensor<'a>> {
+        Self::new(data.as_ptr().cast(), data.len(), DType::Bf16, shape)
+    }
+
+    fn new(data: *const c_void, len: usize, dtype: DType, shape: Shape) -> Result<Tensor<'a>> {
+        // The library takes inputs as const pq_tensor* and never writes them.
+        let raw = shape.describe(data.cast_mut(), len, dtype)?;
+        Ok(Tensor {
+            raw,
+            _data: PhantomData,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        DType::try_from(self.raw.dtype).expect("set from a DType")
+    }
+
+    pub(crate) fn as_raw(&self) -> &sys::pq_tensor {
+        &self.raw
+    }
+}
+
+impl<'a> TensorMut<'a> {
+    pub fn f32(data: &'a mut [f32], shape: Shape) -> Result<TensorMut<'a>> {
+        Self::new(data.as_mut_ptr().cast(), data.len(), DType::F32, shape)
+    }
+
+    pub fn f16(data: &'a mut [u16], shape: Shape) -> Result<TensorMut<'a>> {
+        Self::new(data.as_mut_ptr().cast(), data.len(), DType::F16, shape)
+    }
+
+    pub fn bf16(data: &'a mut [u16], shape: Shape) -> Result<TensorMut<'a>> {
+        Self::new(data.as_mut_ptr().cast(), data.len(), DType::Bf16, shape)
+    }
+
+    fn new(data: *mut c_void, len: usize, dtype: DType, shape: Shape) -> Result<TensorMut<'a>> {
+        let raw = shape.describe(data, len, dtype)?;
+        Ok(TensorMut {
+            raw,
+            _data: PhantomData,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        DType::try_from(self.raw.dtype).expect("set from a DType")
+    }
+
+    pub(crate) fn as_raw(&mut self) -> &sys::pq_tensor {
+        &self.raw
+    }
+}
+
+/// The positions a [`crate::Context::select`] chose: per kv head, ascending
+/// token positions. Reusable across steps (the buffers are kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    positions: Vec<i32>,
+    counts: Vec<i32>,
+    capacity: usize,
+}
+
+impl Selection {
+    /// Room for `capacity` positions per kv head (see
+    /// [`crate::Context::selection_capacity`]).
+    pub fn new(kv_heads: usize, capacity: usize) -> Selection {
+        Selection {
+            positions: vec![0; kv_heads * capacity],
+            counts: vec![0; kv_heads],
+            capacity,
+        }
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Positions per kv head this selection can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The selected positions of kv head `h` (ascending).
+    pub fn head(&self, h: usize) -> &[i32] {
+        let count = usize::try_from(self.counts[h])
+            .unwrap_or(0)
+            .min(self.capacity);
+        &self.positions[h * self.capacity..h * self.capacity + count]
+    }
+
+    /// Every kv head's positions, in head order.
+    pub fn heads(&self) -> impl ExactSizeIterator<Item = &[i32]> + '_ {
+        (0..self.kv_heads()).map(|h| self.head(h))
+    }
+
+    /// The longest head's count: the rows a fetch needs.
+    pub fn max_count(&self) -> usize {
+        self.heads().map(<[i32]>::len).max().unwrap_or(0)
+    }
+
+    /// Grows the buffers to `capacity` per head (never shrinks).
+    pub(crate) fn reserve(&mut self, kv_heads: usize, capacity: usize) {
+        if self.counts.len() != kv_heads || self.capacity < capacity {
+            *self = Selection::new(kv_heads, capacity.max(self.capacity));
+        }
+    }
+
+    /// The C view. Its pointers are valid while `self` is borrowed.
+    pub(crate) fn as_raw(&mut self) -> sys::pq_selection {
+        sys::pq_selection {
+            positions: self.positions.as_mut_ptr(),
+            counts: self.counts.as_mut_ptr(),
+            capacity: self.capacity as i64,
+        }
+    }
+
+    /// The C view for calls that only read it (const pq_selection*).
+    pub(crate) fn as_raw_const(&self) -> sys::pq_selection {
+        sys::pq_selection {
+            positions: self.positions.as_ptr().cast_mut(),
+            counts: self.counts.as_ptr().cast_mut(),
+            capacity: self.capacity as i64,
+        }
+    }
+}

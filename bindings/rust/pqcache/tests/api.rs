@@ -1,0 +1,457 @@
+//! The safe API against the real library: the reference cycle compared with
+//! the C program's output, errors, two threads on one context, and the
+//! dlopen mode. CTest passes $PQ_REFERENCE_CYCLE (the C program) and
+//! $PQCACHE_LIB (the library file); by hand they default to build/.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use pqcache::{
+    Config, Context, DType, Error, Library, Selection, Shape, Status, Tensor, TensorMut, Version,
+};
+
+// ---------------------------------------------------------------------------
+// The reference cycle of tests/reference_cycle.c (its header comment is the spec)
+// ---------------------------------------------------------------------------
+
+const TOKENS: usize = 256;
+const Q_HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 16;
+
+/// The generator every binding reproduces bit for bit (32-bit wrapping).
+fn value(stream: u32, i: u32) -> f32 {
+    let mut h = i
+        .wrapping_mul(2654435761)
+        .wrapping_add(stream.wrapping_mul(97531));
+    h ^= h >> 15;
+    h = h.wrapping_mul(2246822519);
+    h ^= h >> 13;
+    (h >> 8) as f32 / 16777216.0 - 0.5
+}
+
+fn generate(stream: u32, n: usize) -> Vec<f32> {
+    (0..n as u32).map(|i| value(stream, i)).collect()
+}
+
+fn fnv1a(mut hash: u64, data: &[f32]) -> u64 {
+    for byte in data.iter().flat_map(|x| x.to_ne_bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x100000001b3);
+    }
+    hash
+}
+
+fn reference_config(library: &Library) -> Config {
+    library
+        .default_config()
+        .dtype(DType::F32)
+        .geometry(1, Q_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32)
+        .pq_subspaces(2)
+        .pq_bits(4)
+        .kmeans_iterations(8)
+        .sink_tokens(4)
+        .local_tokens(16)
+        .topk_tokens(16)
+        .seed(7)
+        .worker_threads(1)
+}
+
+/// Runs the cycle on `seq` with data streams shifted by `stream_offset`
+/// (0 is the reference) and prints it as reference_cycle.c does.
+fn run_cycle(ctx: &Context, seq: u64, stream_offset: u32) -> Result<String, Error> {
+    let s = |n: u32| n + stream_offset;
+    ctx.add_sequence(seq)?;
+    let kv = Shape::token_major(TOKENS, KV_HEADS, HEAD_DIM);
+    let (k, v) = (
+        generate(s(1), TOKENS * KV_HEADS * HEAD_DIM),
+        generate(s(2), TOKENS * KV_HEADS * HEAD_DIM),
+    );
+    ctx.prefill(seq, 0, &Tensor::f32(&k, kv)?, &Tensor::f32(&v, kv)?)?;
+    let one = Shape::token_major(1, KV_HEADS, HEAD_DIM);
+    let (k1, v1) = (
+        generate(s(3), KV_HEADS * HEAD_DIM),
+        generate(s(4), KV_HEADS * HEAD_DIM),
+    );
+    ctx.append(seq, 0, &Tensor::f32(&k1, one)?, &Tensor::f32(&v1, one)?)?;
+
+    let capacity = ctx.selection_capacity(seq, 0)?;
+    let mut selection = Selection::new(KV_HEADS, capacity);
+    let q = generate(s(5), Q_HEADS * HEAD_DIM);
+    ctx.select(
+        seq,
+        0,
+        &Tensor::f32(&q, Shape::token_major(1, Q_HEADS, HEAD_DIM))?,
+        &mut selection,
+    )?;
+    assert_eq!(
+        selection.capacity(),
+        capacity,
+        "a selection of the right capacity is not regrown"
+    );
+
+    let rows = Shape::head_major(capacity, KV_HEADS, HEAD_DIM);
+    let mut out_k = vec![0f32; KV_HEADS * capacity * HEAD_DIM];
+    let mut out_v = out_k.clone();
+    ctx.fetch(
+        seq,
+        0,
+        &selection,
+        &mut TensorMut::f32(&mut out_k, rows)?,
+        &mut TensorMut::f32(&mut out_v, rows)?,
+    )?;
+
+    let mut text = format!("capacity {capacity}\n");
+    let (mut hk, mut hv) = (0xcbf29ce484222325u64, 0xcbf29ce484222325u64);
+    for (h, positions) in selection.heads().enumerate() {
+        let list: String = positions.iter().map(|p| format!(" {p}")).collect();
+        text += &format!("head {h} count {} positions{list}\n", positions.len());
+        let rows = h * capacity * HEAD_DIM..(h * capacity + positions.len()) * HEAD_DIM;
+        hk = fnv1a(hk, &out_k[rows.clone()]);
+        hv = fnv1a(hv, &out_v[rows]);
+    }
+    text += &format!("keys_fnv1a 0x{hk:016x}\nvalues_fnv1a 0x{hv:016x}\n");
+    Ok(text)
+}
+
+fn build_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build")
+}
+
+fn c_reference_output() -> String {
+    let program = std::env::var_os("PQ_REFERENCE_CYCLE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| build_dir().join("tests/pq_reference_cycle"));
+    let output = Command::new(&program).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {} ({e}); build it or set $PQ_REFERENCE_CYCLE",
+            program.display()
+        )
+    });
+    assert!(
+        output.status.success(),
+        "{} failed: {output:?}",
+        program.display()
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn library_file() -> PathBuf {
+    std::env::var_os("PQCACHE_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| build_dir().join("libpqcache.so"))
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[test]
+fn reference_cycle_matches_the_c_program() {
+    let ctx = Context::new(&reference_config(&Library::linked())).unwrap();
+    let rust = run_cycle(&ctx, 1, 0).unwrap();
+    assert_eq!(rust, c_reference_output());
+    // What the cycle did, seen through stats and layer info.
+    let stats = ctx.stats().unwrap();
+    assert_eq!(
+        (
+            stats.sequences,
+            stats.tokens,
+            stats.select_calls,
+            stats.fetch_calls
+        ),
+        (1, 257, 1, 1)
+    );
+    let info = ctx.layer_info(1, 0).unwrap();
+    assert_eq!((info.tokens, info.prefill_tokens), (257, 256));
+    assert!(
+        info.index_ready && !info.build_pending && info.kmeans_iterations <= 8,
+        "{info:?}"
+    );
+    assert_eq!(ctx.sequence_length(1, 0).unwrap(), 257);
+    assert_eq!(ctx.sequence_count().unwrap(), 1);
+}
+
+#[test]
+fn dlopen_mode_runs_the_same_cycle() {
+    let library = Library::load(library_file()).unwrap();
+    assert_eq!(library.version(), Version::HEADER);
+    let ctx = library.create(&reference_config(&library)).unwrap();
+    assert_eq!(run_cycle(&ctx, 1, 0).unwrap(), c_reference_output());
+    // The context keeps the library loaded after the handle is dropped.
+    drop(library);
+    ctx.remove_sequence(1).unwrap();
+    assert_eq!(ctx.sequence_count().unwrap(), 0);
+}
+
+#[test]
+fn missing_library_is_a_clear_error() {
+    let err = Library::load("/nonexistent/dir/libpqcache.so.0").unwrap_err();
+    assert_eq!(err.status, Status::NotFound);
+    assert!(
+        err.message.contains("/nonexistent/dir/libpqcache.so.0"),
+        "{err}"
+    );
+    assert!(
+        err.message.contains("No such file"),
+        "the loader's own text: {err}"
+    );
+}
+
+#[test]
+fn library_without_the_functions_is_a_clear_error() {
+    // libm is a real shared library, just not libpqcache.
+    let err = Library::load("libm.so.6").unwrap_err();
+    assert_eq!(err.status, Status::NotFound);
+    assert!(
+        err.message.contains("pq_version_number") && err.message.contains("undefined symbol"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_arguments_carry_the_library_status_and_message() {
+    let library = Library::linked();
+    // Configuration errors name the field.
+    let err = Context::new(&reference_config(&library).num_kv_heads(3)).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(
+        err.message.contains("num_kv_heads") || err.message.contains("num_q_heads"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("PQ_ERR_INVALID_ARGUMENT: "),
+        "{err}"
+    );
+    let err = Context::new(&reference_config(&library).pq_bits(9)).unwrap_err();
+    assert_eq!(err.status, Status::Unsupported, "{err}");
+
+    let ctx = Context::new(&reference_config(&library)).unwrap();
+    let kv = vec![0.25f32; 8 * KV_HEADS * HEAD_DIM];
+    let shape = Shape::token_major(8, KV_HEADS, HEAD_DIM);
+    let tensor = Tensor::f32(&kv, shape).unwrap();
+    let err = ctx.prefill(42, 0, &tensor, &tensor).unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+
+    ctx.add_sequence(42).unwrap();
+    assert_eq!(
+        ctx.add_sequence(42).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    let err = ctx.prefill(42, 1, &tensor, &tensor).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("layer"), "{err}");
+
+    // A query before any prefill: the call is valid, but not now.
+    let q = vec![0.5f32; Q_HEADS * HEAD_DIM];
+    let query = Tensor::f32(&q, Shape::token_major(1, Q_HEADS, HEAD_DIM)).unwrap();
+    let err = ctx
+        .select(42, 0, &query, &mut Selection::new(KV_HEADS, 8))
+        .unwrap_err();
+    assert_eq!(err.status, Status::BadState, "{err}");
+
+    // The library checks shapes against the configuration...
+    let narrow = Tensor::f32(&kv, Shape::token_major(8, KV_HEADS, HEAD_DIM / 2)).unwrap();
+    let err = ctx.prefill(42, 0, &narrow, &narrow).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("head_dim"), "{err}");
+    // ...and the dtype, here f16 bits into an f32 cache.
+    let bits = vec![0u16; 8 * KV_HEADS * HEAD_DIM];
+    let half = Tensor::f16(&bits, shape).unwrap();
+    assert_eq!(
+        ctx.prefill(42, 0, &half, &half).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    // NaN is rejected with the token named; nothing is stored.
+    let mut bad = kv.clone();
+    bad[3 * KV_HEADS * HEAD_DIM] = f32::NAN;
+    let err = ctx
+        .prefill(42, 0, &Tensor::f32(&bad, shape).unwrap(), &tensor)
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert_eq!(ctx.sequence_length(42, 0).unwrap(), 0);
+
+    // Slices too short for their shape never reach the library.
+    let err = Tensor::f32(&kv[1..], shape).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("the slice has 255"), "{err}");
+    let err = Tensor::f32(
+        &kv,
+        Shape::strided(8, KV_HEADS, HEAD_DIM, HEAD_DIM, HEAD_DIM),
+    )
+    .unwrap_err();
+    assert!(err.message.contains("overlap"), "{err}");
+
+    // A selection for another geometry is refused before the call.
+    let mut out = vec![0f32; 16 * 3 * HEAD_DIM];
+    let mut out_t = TensorMut::f32(&mut out, Shape::head_major(16, 3, HEAD_DIM)).unwrap();
+    let mut out2 = vec![0f32; 16 * 3 * HEAD_DIM];
+    let mut out_t2 = TensorMut::f32(&mut out2, Shape::head_major(16, 3, HEAD_DIM)).unwrap();
+    let err = ctx
+        .fetch(42, 0, &Selection::new(3, 16), &mut out_t, &mut out_t2)
+        .unwrap_err();
+    assert!(err.message.contains("kv heads"), "{err}");
+    assert_eq!(ctx.remove_sequence(7).unwrap_err().status, Status::NotFound);
+}
+
+#[test]
+fn two_sequences_from_two_threads_match_sequential_runs() {
+    let library = Library::linked();
+    // Each sequence alone in its own context, one after the other...
+    let expected: Vec<String> = (0..2u32)
+        .map(|i| {
+            run_cycle(
+                &Context::new(&reference_config(&library)).unwrap(),
+                1,
+                10 * i,
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_ne!(
+        expected[0], expected[1],
+        "the two sequences see different data"
+    );
+    // ...then both in one context at the same time (1 worker thread, so
+    // the index builds of both queue on the same pool).
+    let ctx = Context::new(&reference_config(&library)).unwrap();
+    let results: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2u32)
+            .map(|i| {
+                let ctx = &ctx;
+                scope.spawn(move || run_cycle(ctx, 100 + u64::from(i), 10 * i))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    assert_eq!(results, expected);
+    assert_eq!(ctx.stats().unwrap().sequences, 2);
+    assert_eq!(ctx.stats().unwrap().select_calls, 2);
+}
+
+#[test]
+fn f16_cache_returns_the_stored_bits_and_exposes_its_index() {
+    // f16 bits of small values; fetch copies rows exactly as stored.
+    let (tokens, kv_heads, q_heads, dim) = (300usize, 2usize, 4usize, 16usize);
+    let to_f16 = |x: f32| -> u16 {
+        // |x| < 0.5 and not tiny: exponent and 10 mantissa bits, truncated.
+        let bits = x.to_bits();
+        let sign = ((bits >> 16) & 0x8000) as u16;
+        let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+        if exp <= 0 {
+            sign
+        } else {
+            sign | ((exp as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
+        }
+    };
+    let k: Vec<u16> = generate(11, tokens * kv_heads * dim)
+        .into_iter()
+        .map(to_f16)
+        .collect();
+    let v: Vec<u16> = generate(12, tokens * kv_heads * dim)
+        .into_iter()
+        .map(to_f16)
+        .collect();
+    let q: Vec<u16> = generate(13, q_heads * dim)
+        .into_iter()
+        .map(to_f16)
+        .collect();
+
+    let config = Config::new()
+        .geometry(1, q_heads as i32, kv_heads as i32, dim as i32)
+        .dtype(DType::F16)
+        .seed(3)
+        .worker_threads(1);
+    let ctx = Context::new(&config).unwrap();
+    assert_eq!(ctx.dtype(), DType::F16);
+    assert_eq!(ctx.config().as_raw().worker_threads, 1);
+    ctx.add_sequence(5).unwrap();
+    let kv = Shape::token_major(tokens, kv_heads, dim);
+    ctx.prefill(
+        5,
+        0,
+        &Tensor::f16(&k, kv).unwrap(),
+        &Tensor::f16(&v, kv).unwrap(),
+    )
+    .unwrap();
+    ctx.wait_builds().unwrap();
+
+    let mut selection = Selection::new(kv_heads, 0);
+    ctx.select(
+        5,
+        0,
+        &Tensor::f16(&q, Shape::token_major(1, q_heads, dim)).unwrap(),
+        &mut selection,
+    )
+    .unwrap();
+    assert_eq!(
+        selection.capacity(),
+        ctx.selection_capacity(5, 0).unwrap(),
+        "select grew the selection"
+    );
+    let rows = Shape::head_major(selection.max_count(), kv_heads, dim);
+    let mut out_k = vec![0u16; rows.span().unwrap()];
+    let mut out_v = out_k.clone();
+    ctx.fetch(
+        5,
+        0,
+        &selection,
+        &mut TensorMut::f16(&mut out_k, rows).unwrap(),
+        &mut TensorMut::f16(&mut out_v, rows).unwrap(),
+    )
+    .unwrap();
+    for (h, positions) in selection.heads().enumerate() {
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "ascending and unique"
+        );
+        for (i, &p) in positions.iter().enumerate() {
+            let stored = (p as usize * kv_heads + h) * dim..(p as usize * kv_heads + h) * dim + dim;
+            let fetched = (h * rows.tokens + i) * dim..(h * rows.tokens + i) * dim + dim;
+            assert_eq!(
+                out_k[fetched.clone()],
+                k[stored.clone()],
+                "keys of token {p}, head {h}"
+            );
+            assert_eq!(out_v[fetched], v[stored], "values of token {p}, head {h}");
+        }
+    }
+
+    // The index: one code per subspace and token (2 subspaces by default),
+    // each below 2^pq_bits.
+    let raw = *ctx.config().as_raw();
+    let middle = ctx.layer_info(5, 0).unwrap().coded_tokens as usize;
+    assert!(middle > 0);
+    let mut codes = vec![0xffu8; 10 * raw.pq_subspaces as usize];
+    ctx.index_codes(5, 0, 1, raw.sink_tokens as usize, &mut codes)
+        .unwrap();
+    assert!(
+        codes.iter().all(|&c| u32::from(c) < 1 << raw.pq_bits),
+        "{codes:?}"
+    );
+    let mut centroids = vec![f32::NAN; ctx.centroid_floats()];
+    ctx.index_centroids(5, 0, 0, &mut centroids).unwrap();
+    assert!(centroids.iter().all(|c| c.is_finite()));
+    let err = ctx
+        .index_centroids(5, 0, 0, &mut centroids[1..])
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert_eq!(ctx.sequence_stats(5).unwrap().fetch_calls, 1);
+}
+
+#[test]
+fn versions_agree() {
+    assert_eq!(pqcache::version(), Version::HEADER);
+    assert_eq!(
+        Version::HEADER.to_string(),
+        pqcache::sys::PQ_VERSION_STRING.to_str().unwrap()
+    );
+    assert_eq!(pqcache::SONAME, pqcache::sys::PQ_SONAME.to_str().unwrap());
+    assert_eq!(Status::from_code(-1), Some(Status::InvalidArgument));
+    assert_eq!(Status::from_code(-99), Some(Status::Unknown(-99)));
+    assert_eq!(Status::from_code(0), None);
+    assert_eq!(Status::Backend.code(), pqcache::sys::PQ_ERR_BACKEND);
+}
