@@ -1,0 +1,37 @@
+package io.pqcache;
+
+/** How middle tokens are selected ({@code pq_selector}); see pqcache.h for each one. */
+public enum Selector {
+  PQ(0),
+  EXACT(1),
+  WINDOW(2),
+  SPARQ(3),
+  INFLLM(4),
+  QUEST(5),
+  RANDOM(6),
+  H2O(7),
+  SCOPE(8),
+  SNAPKV(9),
+  PYRAMIDKV(10);
+
+  private final int code;
+
+  Selector(int code) {
+    this.code = code;
+  }
+
+  /** The value the C API uses. */
+  public int code() {
+    return code;
+  }
+
+  /** The constant with this C value; IllegalArgumentException if there is none. */
+  public static Selector fromCode(int code) {
+    for (Selector value : values()) {
+      if (value.code == code) {
+        return value;
+      }
+    }
+    throw new IllegalArgumentException("no Selector with code " + code);
+  }
+}

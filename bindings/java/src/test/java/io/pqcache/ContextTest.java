@@ -1,0 +1,143 @@
+package io.pqcache;
+
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.pqcache.swig.pq_status;
+import io.pqcache.swig.pqcache;
+import org.junit.jupiter.api.Test;
+
+/** Lifecycle, errors and the enums' agreement with the C header. */
+class ContextTest {
+  @Test
+  void createReportsTheEffectiveGeometry() {
+    try (PqContext ctx = new PqContext(ReferenceCycle.config())) {
+      assertFalse(ctx.isClosed());
+      assertEquals(1, ctx.layers());
+      assertEquals(4, ctx.queryHeads());
+      assertEquals(2, ctx.kvHeads());
+      assertEquals(16, ctx.headDim());
+      assertEquals(DType.F32, ctx.dtype());
+      assertEquals(Backend.CPU, ctx.backend());
+      assertEquals(0, ctx.sequenceCount());
+    }
+  }
+
+  @Test
+  void closeTwiceIsHarmlessAndUseAfterCloseThrows() {
+    PqContext ctx = new PqContext(ReferenceCycle.config());
+    ctx.addSequence(1);
+    ctx.close();
+    assertTrue(ctx.isClosed());
+    assertDoesNotThrow(ctx::close);
+    IllegalStateException e = assertThrows(IllegalStateException.class, () -> ctx.addSequence(2));
+    assertTrue(e.getMessage().contains("closed"), e.getMessage());
+    assertThrows(IllegalStateException.class, ctx::stats);
+    assertThrows(IllegalStateException.class, () -> ctx.selectionCapacity(1, 0));
+  }
+
+  @Test
+  void badConfigurationThrowsWithStatusAndLibraryMessage() {
+    Config bad = Config.builder().layers(1).queryHeads(4).kvHeads(2).headDim(0).build();
+    PqException e = assertThrows(PqException.class, () -> new PqContext(bad));
+    assertEquals(Status.INVALID_ARGUMENT, e.status());
+    assertEquals(-1, e.code());
+    assertTrue(e.libraryMessage().contains("head_dim"),
+        "the library's message names the field: " + e.libraryMessage());
+    assertTrue(e.getMessage().startsWith("INVALID_ARGUMENT"), e.getMessage());
+    assertTrue(e.getMessage().contains(e.libraryMessage()), e.getMessage());
+  }
+
+  @Test
+  void unsupportedBitsThrowUnsupported() {
+    Config tooWide = Config.builder().layers(1).queryHeads(4).kvHeads(2).headDim(16)
+        .pqBits(9).build();
+    PqException e = assertThrows(PqException.class, () -> new PqContext(tooWide));
+    assertEquals(Status.UNSUPPORTED, e.status());
+    assertFalse(e.libraryMessage().isEmpty());
+  }
+
+  @Test
+  void sequenceErrorsCarryTheirStatus() {
+    try (PqContext ctx = new PqContext(ReferenceCycle.config())) {
+      ctx.addSequence(7);
+      PqException duplicate = assertThrows(PqException.class, () -> ctx.addSequence(7));
+      assertEquals(Status.INVALID_ARGUMENT, duplicate.status());
+
+      PqException missing = assertThrows(PqException.class, () -> ctx.removeSequence(8));
+      assertEquals(Status.NOT_FOUND, missing.status());
+      assertFalse(missing.libraryMessage().isEmpty());
+
+      float[] query = new float[ctx.queryHeads() * ctx.headDim()];
+      PqException early = assertThrows(PqException.class, () -> ctx.decodeSelect(7, 0, query));
+      assertEquals(Status.BAD_STATE, early.status());
+
+      PqException badLayer = assertThrows(PqException.class, () -> ctx.sequenceLength(7, 5));
+      assertEquals(Status.INVALID_ARGUMENT, badLayer.status());
+
+      // Unsigned ids: the full 64-bit range is usable.
+      ctx.addSequence(-1L); // 0xffffffffffffffff
+      assertEquals(2, ctx.sequenceCount());
+      ctx.removeSequence(-1L);
+      ctx.removeSequence(7);
+      assertEquals(0, ctx.sequenceCount());
+    }
+  }
+
+  @Test
+  void nonFiniteKeysAreRejectedByTheLibrary() {
+    try (PqContext ctx = new PqContext(ReferenceCycle.config())) {
+      ctx.addSequence(1);
+      float[] keys = new float[ctx.kvHeads() * ctx.headDim()];
+      float[] values = new float[keys.length];
+      keys[3] = Float.NaN;
+      PqException e = assertThrows(PqException.class,
+          () -> ctx.prefillLayer(1, 0, 1, keys, values));
+      assertEquals(Status.INVALID_ARGUMENT, e.status());
+      assertEquals(0, ctx.sequenceLength(1, 0), "nothing is stored on error");
+    }
+  }
+
+  @Test
+  void versionIsTheLoadedLibrarys() {
+    String version = PqContext.version();
+    assertTrue(version.matches("\\d+\\.\\d+\\.\\d+"), version);
+    String[] parts = version.split("\\.");
+    int number = Integer.parseInt(parts[0]) * 10000 + Integer.parseInt(parts[1]) * 100
+        + Integer.parseInt(parts[2]);
+    assertEquals(number, PqContext.versionNumber());
+  }
+
+  @Test
+  void enumsMirrorTheHeader() {
+    assertEquals(pq_status.PQ_OK, Status.OK.code());
+    assertEquals(pq_status.PQ_ERR_INVALID_ARGUMENT, Status.INVALID_ARGUMENT.code());
+    assertEquals(pq_status.PQ_ERR_OUT_OF_MEMORY, Status.OUT_OF_MEMORY.code());
+    assertEquals(pq_status.PQ_ERR_BAD_STATE, Status.BAD_STATE.code());
+    assertEquals(pq_status.PQ_ERR_NOT_FOUND, Status.NOT_FOUND.code());
+    assertEquals(pq_status.PQ_ERR_UNSUPPORTED, Status.UNSUPPORTED.code());
+    assertEquals(pq_status.PQ_ERR_BACKEND, Status.BACKEND.code());
+    assertEquals(pq_status.PQ_ERR_INTERNAL, Status.INTERNAL.code());
+    // The library's own names agree with the Java constants.
+    for (Status status : Status.values()) {
+      if (status != Status.UNKNOWN && status != Status.OK) {
+        String name = pqcache.pq_status_string(status.code());
+        assertTrue(name.startsWith("PQ_ERR_" + status.name()), status + " vs " + name);
+      }
+    }
+    assertEquals(Status.UNKNOWN, Status.fromCode(-1000));
+
+    assertEquals(io.pqcache.swig.pq_dtype.PQ_DTYPE_BF16, DType.BF16.code());
+    assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_PYRAMIDKV, Selector.PYRAMIDKV.code());
+    assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_H2O, Selector.H2O.code());
+    assertEquals(io.pqcache.swig.pq_gqa_combine.PQ_GQA_MEAN, GqaCombine.MEAN.code());
+    assertEquals(io.pqcache.swig.pq_kmeans_init.PQ_KMEANS_INIT_KMEANSPP,
+        KMeansInit.KMEANS_PLUS_PLUS.code());
+    assertEquals(io.pqcache.swig.pq_backend.PQ_BACKEND_AUTO, Backend.AUTO.code());
+    assertEquals(io.pqcache.swig.pq_cache_policy.PQ_CACHE_LFU, CachePolicy.LFU.code());
+    assertEquals(Selector.values().length, 11);
+  }
+}

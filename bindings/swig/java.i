@@ -1,0 +1,160 @@
+/* java.i - the Java part of pqcache.i (included under SWIGJAVA).
+ *
+ * The generated classes (package io.pqcache.swig) are the binding's private
+ * layer; bindings/java/src/main/java/io/pqcache wraps them in the idiomatic
+ * API. What this file changes from SWIG's defaults, and why:
+ *
+ *  - pq_status results throw io.pqcache.PqException(status, pq_last_error())
+ *    from native code, so the thread-local message is read in the same
+ *    native call that failed: nothing can run on the thread in between.
+ *  - pq_context* travels as a Java long (the idiomatic PqContext owns it and
+ *    guards its lifetime); pq_create's pq_context** out is a long[1].
+ *  - Tensor data and selection arrays are direct NIO buffers, passed by
+ *    address (GetDirectBufferAddress): no copy. Heap buffers are rejected
+ *    with IllegalArgumentException; their sizes are checked in Java, where
+ *    the tensor geometry is known.
+ *  - uint64_t is a Java long (bit pattern kept; ids and counters are
+ *    unsigned in C), not java.math.BigInteger.
+ *  - Enums are plain int constants: the idiomatic layer has its own enums.
+ */
+
+%include <enumtypeunsafe.swg>
+%javaconst(1);
+
+/* Load the JNI library (java.library.path first, else the copy bundled in
+ * the jar) before any native method runs. */
+%pragma(java) jniclasscode=%{
+  static {
+    NativeLoader.load();
+  }
+%}
+
+/* ---- scalar outputs as one-element arrays --------------------------------- */
+%include <typemaps.i>
+%apply long long* OUTPUT { int64_t* out_capacity, int64_t* out_tokens, int64_t* out_count };
+%apply int* OUTPUT { int32_t* out_backend };
+
+/* ---- uint64_t as long ---------------------------------------------------- */
+%apply long long { uint64_t };
+%apply const long long & { const uint64_t & };
+
+/* ---- pq_status: throw on error ------------------------------------------ */
+%{
+/* Throws io.pqcache.PqException(int status, String message); JNI ignores
+ * Java access rules, so the constructor can stay package-private. */
+static void pqj_throw_status(JNIEnv* jenv, int status) {
+  jclass cls = (*jenv)->FindClass(jenv, "io/pqcache/PqException");
+  jmethodID ctor;
+  jstring message;
+  jobject exception;
+  if (cls == NULL) return; /* NoClassDefFoundError is pending */
+  ctor = (*jenv)->GetMethodID(jenv, cls, "<init>", "(ILjava/lang/String;)V");
+  if (ctor == NULL) return;
+  message = (*jenv)->NewStringUTF(jenv, pq_last_error());
+  if (message == NULL) return; /* OutOfMemoryError is pending */
+  exception = (*jenv)->NewObject(jenv, cls, ctor, (jint)status, message);
+  if (exception != NULL) (*jenv)->Throw(jenv, (jthrowable)exception);
+}
+%}
+%typemap(out) pq_status %{
+  if ($1 != PQ_OK) {
+    pqj_throw_status(jenv, (int)$1);
+    return $null;
+  }
+  $result = (jint)$1;
+%}
+
+/* ---- pq_context as a long handle ---------------------------------------- */
+%typemap(jni) pq_context*, const pq_context* "jlong"
+%typemap(jtype) pq_context*, const pq_context* "long"
+%typemap(jstype) pq_context*, const pq_context* "long"
+%typemap(javain) pq_context*, const pq_context* "$javainput"
+%typemap(in) pq_context*, const pq_context* %{ $1 = ($1_ltype)(intptr_t)$input; %}
+
+%typemap(jni) pq_context** out "jlongArray"
+%typemap(jtype) pq_context** out "long[]"
+%typemap(jstype) pq_context** out "long[]"
+%typemap(javain) pq_context** out "$javainput"
+%typemap(in) pq_context** out (pq_context* handle = NULL) %{
+  if ($input == NULL || (*jenv)->GetArrayLength(jenv, $input) < 1) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "out must be a long[1]");
+    return $null;
+  }
+  $1 = &handle;
+%}
+%typemap(argout) pq_context** out %{
+  {
+    jlong value = (jlong)(intptr_t)handle$argnum;
+    (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &value);
+  }
+%}
+
+/* ---- direct NIO buffers by address --------------------------------------- */
+%typemap(jni) void* DIRECT_BUFFER "jobject"
+%typemap(jtype) void* DIRECT_BUFFER "java.nio.Buffer"
+%typemap(jstype) void* DIRECT_BUFFER "java.nio.Buffer"
+%typemap(javain) void* DIRECT_BUFFER "$javainput"
+%typemap(in) void* DIRECT_BUFFER %{
+  $1 = NULL;
+  if ($input != NULL) {
+    $1 = (*jenv)->GetDirectBufferAddress(jenv, $input);
+    if ($1 == NULL) {
+      SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException,
+                              "$1_name must be a direct buffer (ByteBuffer.allocateDirect), not a heap buffer");
+      return $null;
+    }
+  }
+%}
+%apply void* DIRECT_BUFFER { void* data };
+
+/* pq_tensor.data is set through pq_tensor_init only: a getter would hand
+ * out a raw address the JVM cannot track. */
+%ignore pq_tensor::data;
+
+/* A selection's arrays are the caller's buffers; attach them by address. */
+%ignore pq_selection::positions;
+%ignore pq_selection::counts;
+%apply void* DIRECT_BUFFER { void* positions, void* counts };
+%extend pq_selection {
+  void attach(void* positions, void* counts, int64_t capacity) {
+    $self->positions = (int32_t*)positions;
+    $self->counts = (int32_t*)counts;
+    $self->capacity = capacity;
+  }
+}
+
+/* pq_observe_attention's probabilities: a direct buffer as well. */
+%apply void* DIRECT_BUFFER { const float* probs };
+/* pq_index_codes / pq_index_centroids outputs. */
+%apply void* DIRECT_BUFFER { uint8_t* out, float* out };
+
+/* The plug-in path is a borrowed const char* the generated setter would
+ * leak; the Java binding leaves it to $PQCACHE_CUDA_PLUGIN and the default
+ * search order. */
+%ignore pq_config::cuda_plugin_path;
+/* pq_sequence_set_stream's cudaStream_t has no Java counterpart. */
+%ignore pq_sequence_set_stream;
+
+/* Structs the library reads a struct_size from come out of Java's `new`
+ * ready to use (zeroed, struct_size = sizeof as this binding was built). */
+%extend pq_stats {
+  pq_stats() {
+    pq_stats* stats = (pq_stats*)calloc(1, sizeof *stats);
+    if (stats != NULL) stats->struct_size = (uint32_t)sizeof *stats;
+    return stats;
+  }
+}
+%extend pq_layer_info {
+  pq_layer_info() {
+    pq_layer_info* info = (pq_layer_info*)calloc(1, sizeof *info);
+    if (info != NULL) info->struct_size = (uint32_t)sizeof *info;
+    return info;
+  }
+}
+%extend pq_config {
+  pq_config() {
+    pq_config* config = (pq_config*)calloc(1, sizeof *config);
+    if (config != NULL) pq_config_default(config);
+    return config;
+  }
+}
