@@ -3,8 +3,8 @@
 // through the plug-in that plugin_loader.cpp opened.
 //
 // Device work is stream-ordered on the sequence's stream (pq_sequence_set_
-// stream) or the backend's own non-blocking stream; the host waits only
-// where a result must reach it (the selected positions).
+// stream) or the legacy default stream; the host waits only where a result
+// must reach it (the selected positions).
 #include "backend_cuda.h"
 
 #include <algorithm>
@@ -152,18 +152,7 @@ class CudaBackend final : public Backend {
     if (k_) {
       arena_ = std::make_unique<DeviceArena>(k_);
       fetch_staging_ = std::make_unique<PinnedStaging>(k_);
-      char err[512] = {0};
-      check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
-      check(k_->stream_create(&own_stream_, err, sizeof err), "stream create", err);
     }
-  }
-  ~CudaBackend() override {
-    if (k_ == nullptr) return;
-    char err[256];
-    k_->stream_synchronize(own_stream_, err, sizeof err);
-    fetch_staging_.reset();
-    arena_.reset();
-    k_->stream_destroy(own_stream_, err, sizeof err);
   }
 
   pq_backend kind() const override { return PQ_BACKEND_CUDA; }
@@ -371,9 +360,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  void* stream_for(void* sequence_stream) const {
-    return sequence_stream != nullptr ? sequence_stream : own_stream_;
-  }
+  // The sequence's stream, or NULL: the legacy default stream, which orders
+  // the work after (and before) the caller's default-stream kernels, as the
+  // synchronous copies of a stream-unaware caller expect.
+  static void* stream_for(void* sequence_stream) { return sequence_stream; }
 
   // The layer's codes of head a.kv_head on the device, tokens [0, a.end)
   // present: uploads only what was coded since the last call (a rebuilt
@@ -419,7 +409,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Backend> host_;
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<PinnedStaging> fetch_staging_;
-  void* own_stream_ = nullptr;
   // One decode step's device work at a time: the arena and staging buffers
   // are shared by all sequences.
   mutable std::mutex mutex_;
