@@ -17,6 +17,6 @@ build_dir=${PQ_BUILD_DIR:-build}
 "$root/scripts/fetch-model.sh"
 
 cd "$root/tools"
-PQCACHE_LIB="$build_dir/libpqcache.so" \
-PYTHONPATH="$root/tools:$root/bindings/ctypes${PYTHONPATH:+:$PYTHONPATH}" \
+# The build stages the Python binding (package pqcache) in $build_dir/python.
+PYTHONPATH="$root/tools:$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
   python3 -m pqeval.evaluate --out "$root/docs" "$@"

@@ -1,0 +1,141 @@
+"""The idiomatic API over a full cycle: prefill / select / fetch checked
+against numpy, the configuration, statistics and index introspection."""
+import numpy as np
+import pytest
+
+import pqcache
+
+
+def test_version_and_enumerations():
+    assert pqcache.version().count(".") == 2
+    assert pqcache.version() == pqcache.pqcache_swig.PQ_VERSION_STRING
+    assert pqcache.STATUS_NAMES[-1] == "PQ_ERR_INVALID_ARGUMENT"
+    assert pqcache.SELECTORS["pq"] == 0 and pqcache.SELECTORS["pyramidkv"] == 10
+
+
+def test_config_defaults_and_named_options():
+    with pqcache.Context(2, 4, 2, 16, "f16", selector="quest", gqa_combine="max",
+                         kmeans_init="random", cache_policy="lfu", worker_threads=0) as ctx:
+        config = ctx.config()
+        assert (config["pq_subspaces"], config["pq_bits"], config["sink_tokens"]) == (2, 6, 4)
+        assert config["selector"] == pqcache.SELECTORS["quest"]
+        assert config["gqa_combine"] == pqcache.GQA_COMBINE["max"]
+        assert config["cache_policy"] == pqcache.CACHE_POLICIES["lfu"]
+        assert config["worker_threads"] >= 1  # 0 resolved to the hardware threads
+        assert config["cuda_plugin_path"] is None
+        assert ctx.backend() == "cpu"
+        assert ctx.dtype == "f16"
+
+
+def test_cuda_plugin_path_is_copied_into_the_config():
+    config = pqcache.pqcache_swig.pq_config()
+    config.cuda_plugin_path = "/nonexistent/libpqcache_cuda.so"
+    config.cuda_plugin_path = "/elsewhere/libpqcache_cuda.so"  # the old copy is freed
+    assert config.cuda_plugin_path == "/elsewhere/libpqcache_cuda.so"
+    config.cuda_plugin_path = None
+    assert config.cuda_plugin_path is None
+    with pytest.raises(pqcache.PQError) as e:
+        pqcache.Context(1, 2, 2, 16, backend="cuda",
+                        cuda_plugin_path="/nonexistent/libpqcache_cuda.so")
+    assert e.value.status_name == "PQ_ERR_NOT_FOUND"
+
+
+def test_prefill_select_fetch_round_trip_against_numpy():
+    rng = np.random.default_rng(1)
+    tokens, kv, q_heads, dim = 600, 2, 4, 32
+    keys = rng.standard_normal((tokens, kv, dim)).astype(np.float16)
+    values = rng.standard_normal((tokens, kv, dim)).astype(np.float16)
+    with pqcache.Context(1, q_heads, kv, dim, "f16", local_tokens=16, selector="exact") as ctx:
+        ctx.add_sequence(3)
+        ctx.prefill(3, 0, keys, values)
+        assert ctx.length(3, 0) == tokens
+        query = rng.standard_normal((q_heads, dim)).astype(np.float16)
+        selection = ctx.select(3, 0, query)
+        k_out, v_out = ctx.fetch(3, 0, selection)
+        assert k_out.dtype == np.float16 and k_out.shape == (kv, selection.capacity, dim)
+        for h, positions in enumerate(selection.heads()):
+            assert np.all(np.diff(positions) > 0)
+            assert list(positions[:4]) == [0, 1, 2, 3]
+            assert list(positions[-16:]) == list(range(tokens - 16, tokens))
+            np.testing.assert_array_equal(k_out[h, : len(positions)], keys[positions, h])
+            np.testing.assert_array_equal(v_out[h, : len(positions)], values[positions, h])
+            # EXACT with the default combine: per query head softmax over the
+            # middle tokens, summed over the group; the top-k of that score.
+            group = query[h * 2:(h + 1) * 2].astype(np.float32)
+            middle = np.arange(4, tokens - 16)
+            logits = group @ keys[middle, h].astype(np.float32).T / np.sqrt(dim)
+            p = np.exp(logits - logits.max(axis=1, keepdims=True))
+            score = (p / p.sum(axis=1, keepdims=True)).sum(axis=0)
+            k = len(positions) - 4 - 16
+            want = set(middle[np.argsort(-score, kind="stable")[:k]])
+            assert len(set(positions[4:-16]) & want) >= k - 2  # f16 rounding near ties
+
+
+def test_decode_append_stats_and_layer_info():
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((400, 2, 16)).astype(np.float32)
+    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=3, local_tokens=8) as ctx:
+        ctx.add_sequence(9)
+        ctx.prefill(9, 0, keys[:399], keys[:399])
+        ctx.append(9, 0, keys[399:], keys[399:])
+        ctx.wait_builds()
+        info = ctx.layer_info(9, 0)
+        assert info["tokens"] == 400 and info["prefill_tokens"] == 399
+        assert info["index_ready"] == 1 and info["kmeans_iterations"] == 3
+        assert "struct_size" not in info
+        selection = ctx.select(9, 0, np.ones((2, 16), np.float32))
+        ctx.fetch(9, 0, selection)
+        stats = ctx.stats()
+        assert stats["select_calls"] == 1 and stats["fetch_calls"] == 1
+        assert stats["sequences"] == 1 and stats["tokens"] == 400
+        assert ctx.sequence_stats(9)["select_calls"] == 1
+        codes = ctx.codes(9, 0, 1, 0, 100)
+        assert codes.dtype == np.uint8 and codes.shape == (100, 2) and codes.max() < 64
+        centroids = ctx.centroids(9, 0, 1)
+        assert centroids.shape == (2, 64, 8) and np.isfinite(centroids).all()
+        ctx.remove_sequence(9)
+        assert ctx.sequence_count() == 0
+
+
+def test_bf16_is_passed_as_uint16_bits():
+    rng = np.random.default_rng(6)
+    as_f32 = rng.standard_normal((50, 2, 16)).astype(np.float32)
+    bits = (as_f32.view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 by truncation
+    with pqcache.Context(1, 2, 2, 16, "bf16", selector="window", local_tokens=8) as ctx:
+        ctx.add_sequence(1)
+        ctx.prefill(1, 0, bits, bits)
+        query = (np.ones((2, 16), np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        selection = ctx.select(1, 0, query)
+        k_out, _ = ctx.fetch(1, 0, selection)
+        assert k_out.dtype == np.uint16
+        for h, positions in enumerate(selection.heads()):
+            np.testing.assert_array_equal(k_out[h, : len(positions)], bits[positions, h])
+
+
+def test_h2o_learns_from_observed_attention():
+    rng = np.random.default_rng(7)
+    keys = rng.standard_normal((200, 2, 16)).astype(np.float32)
+    with pqcache.Context(1, 2, 2, 16, "f32", selector="h2o", local_tokens=8,
+                         topk_tokens=4) as ctx:
+        ctx.add_sequence(1)
+        ctx.prefill(1, 0, keys, keys)
+        everything = pqcache.SelectionResult(2, 200)
+        everything.positions[:] = np.arange(200, dtype=np.int32)
+        everything.counts[:] = 200
+        probs = np.zeros((2, 200), np.float32)
+        probs[:, [50, 60, 70, 80]] = 1.0  # the heavy hitters
+        ctx.observe_attention(1, 0, everything, probs)
+        selection = ctx.select(1, 0, np.ones((2, 16), np.float32))
+        for positions in selection.heads():
+            assert {50, 60, 70, 80} <= set(positions)
+
+
+def test_cuda_stream_argument():
+    with pqcache.Context(1, 2, 2, 16, "f32") as ctx:
+        ctx.add_sequence(1)
+        ctx.set_stream(1, None)  # the context's own stream
+        with pytest.raises(pqcache.PQError) as e:
+            ctx.set_stream(1, 0x1234)  # a stream on the CPU backend
+        assert e.value.status_name == "PQ_ERR_UNSUPPORTED"
+        with pytest.raises(TypeError):
+            ctx.set_stream(1, "stream")

@@ -1,0 +1,160 @@
+"""Bad input raises, never crashes: library errors as pqcache.PQError with the
+library's status and message, malformed arrays as TypeError / ValueError
+before the library is called (so it cannot read or write out of bounds)."""
+import numpy as np
+import pytest
+
+import pqcache
+from pqcache import pqcache_swig as raw
+
+
+@pytest.fixture
+def ctx():
+    with pqcache.Context(2, 4, 2, 16, "f32", selector="exact", local_tokens=8) as context:
+        context.add_sequence(1)
+        yield context
+
+
+def prefilled(ctx, tokens=64):
+    data = np.random.default_rng(0).standard_normal((tokens, 2, 16)).astype(np.float32)
+    ctx.prefill(1, 0, data, data)
+    return data
+
+
+def test_library_errors_carry_status_name_and_message(ctx):
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.length(42, 0)
+    assert e.value.status == raw.PQ_ERR_NOT_FOUND == -4
+    assert e.value.status_name == "PQ_ERR_NOT_FOUND"
+    assert "42" in e.value.message
+    assert str(e.value) == f"PQ_ERR_NOT_FOUND: {e.value.message}"
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.length(1, 5)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "layer" in e.value.message
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.add_sequence(1)
+    assert e.value.status == raw.PQ_ERR_INVALID_ARGUMENT
+
+
+def test_nan_and_wrong_dtype_are_the_library_s_invalid_argument(ctx):
+    bad = np.full((10, 2, 16), np.nan, np.float32)
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.prefill(1, 0, bad, bad)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "NaN" in e.value.message
+    half = np.zeros((10, 2, 16), np.float16)  # the context stores f32
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.prefill(1, 0, half, half)
+    assert "dtype" in e.value.message and "f32" in e.value.message
+    wrong_heads = np.zeros((10, 3, 16), np.float32)
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.prefill(1, 0, wrong_heads, wrong_heads)
+    assert "heads" in e.value.message
+
+
+def test_select_before_prefill_is_bad_state(ctx):
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.select(1, 1, np.zeros((4, 16), np.float32), out=pqcache.SelectionResult(2, 8))
+    assert e.value.status_name == "PQ_ERR_BAD_STATE"
+
+
+def test_configuration_errors():
+    with pytest.raises(pqcache.PQError) as e:
+        pqcache.Context(1, 3, 2, 16)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "num_q_heads" in e.value.message
+    with pytest.raises(pqcache.PQError) as e:
+        pqcache.Context(1, 2, 2, 16, pq_bits=9)
+    assert e.value.status_name == "PQ_ERR_UNSUPPORTED"
+    with pytest.raises(TypeError, match="no_such_field"):
+        pqcache.Context(1, 2, 2, 16, no_such_field=1)
+    with pytest.raises(ValueError, match="selector"):
+        pqcache.Context(1, 2, 2, 16, selector="nope")
+    with pytest.raises(ValueError, match="dtype"):
+        pqcache.Context(1, 2, 2, 16, "f64")
+    with pytest.raises(OverflowError):
+        pqcache.Context(1, 2, 2, 16, sink_tokens=2**40)
+
+
+def test_malformed_tensors_are_rejected_before_the_call(ctx):
+    good = np.zeros((10, 2, 16), np.float32)
+    with pytest.raises(TypeError, match="buffer protocol"):
+        ctx.prefill(1, 0, [[[0.0] * 16] * 2] * 10, good)
+    with pytest.raises(TypeError, match="unsupported element format 'd'"):
+        ctx.prefill(1, 0, good.astype(np.float64), good)
+    with pytest.raises(ValueError, match="3-D"):
+        ctx.prefill(1, 0, good.reshape(20, 16), good)
+    with pytest.raises(ValueError, match="last axis"):
+        ctx.prefill(1, 0, np.zeros((10, 2, 32), np.float32)[:, :, ::2], good)
+    with pytest.raises(ValueError, match="non-negative"):
+        ctx.prefill(1, 0, good[::-1], good)
+    with pytest.raises(TypeError, match="byte order|format"):
+        ctx.prefill(1, 0, good.astype(">f4"), good)
+
+
+def test_malformed_selections_are_rejected(ctx):
+    prefilled(ctx)
+    query = np.zeros((1, 4, 16), np.float32)
+    counts = np.zeros(2, np.int32)
+    # One row for two kv heads would let the library write past the arrays.
+    with pytest.raises(ValueError, match="kv heads"):
+        raw.pq_decode_select(ctx._ctx, 1, 0, query, (np.zeros((1, 64), np.int32),
+                                                     np.zeros(1, np.int32)))
+    with pytest.raises(ValueError, match="rows"):
+        raw.pq_decode_select(ctx._ctx, 1, 0, query, (np.zeros((2, 64), np.int32),
+                                                     np.zeros(3, np.int32)))
+    with pytest.raises(TypeError, match="int32"):
+        raw.pq_decode_select(ctx._ctx, 1, 0, query, (np.zeros((2, 64), np.int64), counts))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        raw.pq_decode_select(ctx._ctx, 1, 0, query,
+                             (np.zeros((2, 128), np.int32)[:, ::2], counts))
+    with pytest.raises(TypeError, match="positions, counts"):
+        raw.pq_decode_select(ctx._ctx, 1, 0, query, np.zeros((2, 64), np.int32))
+    with pytest.raises(ValueError, match="read-only"):
+        positions = np.zeros((2, 64), np.int32)
+        positions.flags.writeable = False
+        raw.pq_decode_select(ctx._ctx, 1, 0, query, (positions, counts))
+    # Too small a capacity is the library's check.
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.select(1, 0, query[0], out=pqcache.SelectionResult(2, 3))
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "capacity" in e.value.message
+
+
+def test_bad_fetch_and_observe_arguments(ctx):
+    prefilled(ctx)
+    selection = ctx.select(1, 0, np.ones((4, 16), np.float32))
+    small = np.zeros((2, 3, 16), np.float32)  # fewer rows than selected
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.fetch(1, 0, selection, out=(small, small.copy()))
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    with pytest.raises(ValueError, match="shape"):
+        ctx.observe_attention(1, 0, selection, np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="probs"):
+        raw.pq_observe_attention(ctx._ctx, 1, 0, selection.arrays, np.zeros(5, np.float32))
+    selection.positions[0, 0] = 10_000  # past the sequence
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.fetch(1, 0, selection)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+
+
+def test_index_buffers_are_checked():
+    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=2) as pq:
+        pq.add_sequence(1)
+        data = np.random.default_rng(1).standard_normal((300, 2, 16)).astype(np.float32)
+        pq.prefill(1, 0, data, data)
+        with pytest.raises(ValueError, match="codes"):
+            raw.pq_index_codes(pq._ctx, 1, 0, 0, 0, 10, np.zeros(19, np.uint8))
+        with pytest.raises(pqcache.PQError):
+            raw.pq_index_centroids(pq._ctx, 1, 0, 0, np.zeros(3, np.float32))
+        assert pq.codes(1, 0, 0, 0, 10).shape == (10, 2)
+        assert pq.centroids(1, 0, 0).shape == (2, 64, 8)
+
+
+def test_a_closed_or_null_context_raises(ctx):
+    ctx.close()
+    ctx.close()  # idempotent
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.length(1, 0)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    with pytest.raises(pqcache.PQError):
+        raw.pq_decode_select(None, 1, 0, np.zeros((1, 4, 16), np.float32),
+                             (np.zeros((2, 8), np.int32), np.zeros(2, np.int32)))

@@ -1,0 +1,475 @@
+/* python.i - what the Python module pqcache_swig adds to bindings/swig/pqcache.i.
+ *
+ * The generated module is the raw C API with Python types; the package
+ * pqcache (bindings/python/pqcache) is the idiomatic layer on top.
+ *
+ *  - Arrays cross without copies: every tensor, selection, probability and
+ *    index buffer parameter takes any object with the buffer protocol (numpy
+ *    arrays, memoryviews), checked for dtype, shape and a contiguous last
+ *    axis; the library reads or writes the caller's memory in place.
+ *    Tensors are 3-D [tokens][heads][head_dim] with any non-negative strides
+ *    (a head-major array passes as its transposed view). f32 is float32, f16
+ *    float16, bf16 the raw bits as uint16. A selection is a pair (positions,
+ *    counts): int32 arrays [kv_heads][capacity] and [kv_heads], C-contiguous.
+ *  - A failing pq_status raises pqcache_swig.PQError (status, status_name,
+ *    message from pq_last_error); functions returning only a status return
+ *    None, and out-parameters become return values. Malformed buffers raise
+ *    TypeError or ValueError before the library is called.
+ *  - Every library call runs with the GIL released, so Python threads
+ *    prefill, select and fetch concurrently (the library is thread-safe; the
+ *    buffers stay exported, so they cannot be freed or resized meanwhile).
+ *
+ * SWIG names the converted C arguments arg1..argN in the wrapper; the few
+ * checks that need another argument (the context, the selection) use them.
+ */
+
+%{
+#include <stdlib.h>
+#include <string.h>
+
+/* pqcache_swig.PQError, created when the module is imported. */
+static PyObject* pq_py_error_type = NULL;
+
+/* Raises PQError for a failed call. Runs right after the call, on the same
+ * thread, before any other library call: pq_last_error() is thread-local. */
+static void pq_py_raise(pq_status status) {
+  const char* described = pq_status_string(status); /* "NAME: description" */
+  const char* colon = strchr(described, ':');
+  const char* message = pq_last_error();
+  PyObject* name = colon ? PyUnicode_FromStringAndSize(described, colon - described)
+                         : PyUnicode_FromString(described);
+  PyObject* text = PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
+  PyObject* code = PyLong_FromLong((long)status);
+  PyObject* summary = (name && text) ? PyUnicode_FromFormat("%U: %U", name, text) : NULL;
+  PyObject* error = summary ? PyObject_CallFunctionObjArgs(pq_py_error_type, summary, NULL) : NULL;
+  if (error && code && name && text && PyObject_SetAttrString(error, "status", code) == 0 &&
+      PyObject_SetAttrString(error, "status_name", name) == 0 &&
+      PyObject_SetAttrString(error, "message", text) == 0) {
+    PyErr_SetObject(pq_py_error_type, error);
+  } else if (!PyErr_Occurred()) {
+    PyErr_NoMemory();
+  }
+  Py_XDECREF(error);
+  Py_XDECREF(summary);
+  Py_XDECREF(code);
+  Py_XDECREF(text);
+  Py_XDECREF(name);
+}
+
+/* The element code of a buffer format ("f", "<f", "=e", ...), or 0 when the
+ * byte order is not the machine's. */
+static char pq_py_format_code(const char* format) {
+  static const union { uint16_t word; unsigned char first; } probe = {1};
+  const int little_endian = probe.first == 1;
+  if (format == NULL) return 'B'; /* the buffer protocol's default: bytes */
+  switch (format[0]) {
+    case '@': case '=': return format[1] != '\0' && format[2] == '\0' ? format[1] : 0;
+    case '<': return little_endian && format[1] != '\0' && format[2] == '\0' ? format[1] : 0;
+    case '>': case '!': return !little_endian && format[1] != '\0' && format[2] == '\0' ? format[1] : 0;
+    default: return format[1] == '\0' ? format[0] : 0;
+  }
+}
+
+/* Exports input's buffer into *view (released by the caller with
+ * PyBuffer_Release, also on failure). Raises TypeError for an object without
+ * the buffer protocol, ValueError for a read-only one when writable. */
+static int pq_py_get_buffer(PyObject* input, const char* name, int writable, Py_buffer* view) {
+  if (!PyObject_CheckBuffer(input)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: expected an array with the buffer protocol (numpy.ndarray, memoryview), "
+                 "got %s", name, Py_TYPE(input)->tp_name);
+    return -1;
+  }
+  int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(input, view, flags) != 0) {
+    if (writable) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError,
+                   "%s: the library writes into this array, but it is read-only", name);
+    }
+    return -1;
+  }
+  return 0;
+}
+
+/* A pq_tensor over a 3-D [tokens][heads][head_dim] buffer, without a copy. */
+static int pq_py_tensor(PyObject* input, const char* name, int writable, Py_buffer* view,
+                        pq_tensor* tensor) {
+  if (pq_py_get_buffer(input, name, writable, view) != 0) return -1;
+  if (view->ndim != 3) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: expected a 3-D array [tokens][heads][head_dim], got %d dimensions", name,
+                 view->ndim);
+    return -1;
+  }
+  int32_t dtype;
+  Py_ssize_t item = view->itemsize;
+  switch (pq_py_format_code(view->format)) {
+    case 'f': dtype = PQ_DTYPE_F32; break;
+    case 'e': dtype = PQ_DTYPE_F16; break;
+    case 'H': dtype = PQ_DTYPE_BF16; break; /* bfloat16 as its raw uint16 bits */
+    default:
+      PyErr_Format(PyExc_TypeError,
+                   "%s: unsupported element format '%s'; expected float32 (f32), float16 (f16) "
+                   "or uint16 holding bfloat16 bits (bf16), in native byte order",
+                   name, view->format ? view->format : "B");
+      return -1;
+  }
+  if (item != (dtype == PQ_DTYPE_F32 ? 4 : 2)) {
+    PyErr_Format(PyExc_TypeError, "%s: element size %zd does not match its format '%s'", name,
+                 item, view->format);
+    return -1;
+  }
+  /* A dimension of extent 1 has no meaningful stride (numpy may store any). */
+  Py_ssize_t strides[3];
+  for (int d = 0; d < 3; ++d) {
+    strides[d] = view->shape[d] > 1 ? view->strides[d] : (d == 2 ? item : 0);
+    if (strides[d] < 0 || strides[d] % item != 0) {
+      PyErr_Format(PyExc_ValueError,
+                   "%s: stride %zd bytes of axis %d is not a non-negative multiple of the "
+                   "element size %zd (reversed or misaligned view); use numpy.ascontiguousarray",
+                   name, view->strides[d], d, item);
+      return -1;
+    }
+  }
+  if (strides[2] != item) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: the last axis (head_dim) must be contiguous, but its stride is %zd bytes "
+                 "for %zd-byte elements; use numpy.ascontiguousarray", name, view->strides[2],
+                 item);
+    return -1;
+  }
+  if (view->shape[1] > INT32_MAX || view->shape[2] > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "%s: heads and head_dim must fit in int32", name);
+    return -1;
+  }
+  tensor->data = view->buf;
+  tensor->dtype = dtype;
+  tensor->memory = PQ_MEMORY_HOST;
+  tensor->tokens = (int64_t)view->shape[0];
+  tensor->heads = (int32_t)view->shape[1];
+  tensor->head_dim = (int32_t)view->shape[2];
+  tensor->token_stride = (int64_t)(strides[0] / item);
+  tensor->head_stride = (int64_t)(strides[1] / item);
+  return 0;
+}
+
+/* A C-contiguous buffer of int32 (format 'i', or 'l' where long has 4 bytes)
+ * or float32 ('f') with the given number of dimensions (-1: any). */
+static int pq_py_dense(PyObject* input, const char* name, int writable, char kind, int ndim,
+                       Py_buffer* view) {
+  if (pq_py_get_buffer(input, name, writable, view) != 0) return -1;
+  char code = pq_py_format_code(view->format);
+  int ok = view->itemsize == 4 &&
+           (kind == 'f' ? code == 'f' : (code == 'i' || (code == 'l' && sizeof(long) == 4)));
+  if (!ok) {
+    PyErr_Format(PyExc_TypeError, "%s: expected %s elements in native byte order, got format "
+                 "'%s'", name, kind == 'f' ? "float32" : "int32", view->format ? view->format : "B");
+    return -1;
+  }
+  if (ndim >= 0 && view->ndim != ndim) {
+    PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions, got %d", name, ndim, view->ndim);
+    return -1;
+  }
+  if (!PyBuffer_IsContiguous(view, 'C')) {
+    PyErr_Format(PyExc_ValueError, "%s: must be C-contiguous; use numpy.ascontiguousarray",
+                 name);
+    return -1;
+  }
+  return 0;
+}
+
+/* A selection over the caller's (positions, counts) arrays. The pq_selection
+ * comes first so that a pq_selection* points at the whole struct. */
+typedef struct pq_py_selection {
+  pq_selection selection;
+  Py_buffer positions; /* int32 [rows][capacity] */
+  Py_buffer counts;    /* int32 [rows] */
+} pq_py_selection;
+
+static int pq_py_selection_from(PyObject* input, const char* name, int writable,
+                                pq_py_selection* out) {
+  if (!PyTuple_Check(input) || PyTuple_GET_SIZE(input) != 2) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: expected a (positions, counts) tuple of int32 arrays, got %s", name,
+                 Py_TYPE(input)->tp_name);
+    return -1;
+  }
+  if (pq_py_dense(PyTuple_GET_ITEM(input, 0), "positions", writable, 'i', 2, &out->positions) ||
+      pq_py_dense(PyTuple_GET_ITEM(input, 1), "counts", writable, 'i', 1, &out->counts))
+    return -1;
+  if (out->counts.shape[0] != out->positions.shape[0]) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: positions has %zd rows but counts has %zd entries; both need one per "
+                 "kv head", name, out->positions.shape[0], out->counts.shape[0]);
+    return -1;
+  }
+  out->selection.positions = (int32_t*)out->positions.buf;
+  out->selection.counts = (int32_t*)out->counts.buf;
+  out->selection.capacity = (int64_t)out->positions.shape[1];
+  return 0;
+}
+
+static void pq_py_selection_release(pq_py_selection* s) {
+  PyBuffer_Release(&s->positions);
+  PyBuffer_Release(&s->counts);
+}
+
+/* The library reads or writes one row per kv head: fewer rows would overrun
+ * the caller's arrays, so they are checked against the context. */
+static int pq_py_check_selection_rows(const pq_context* ctx, const pq_py_selection* s) {
+  pq_config config;
+  if (ctx == NULL) return 0; /* the library reports the NULL context */
+  pq_config_default(&config);
+  pq_status status = pq_get_config(ctx, &config);
+  if (status != PQ_OK) {
+    pq_py_raise(status);
+    return -1;
+  }
+  if (s->positions.shape[0] != config.num_kv_heads) {
+    PyErr_Format(PyExc_ValueError,
+                 "selection: positions and counts have %zd rows; the context has %d kv heads",
+                 s->positions.shape[0], (int)config.num_kv_heads);
+    return -1;
+  }
+  return 0;
+}
+
+/* pq_index_codes writes count * pq_subspaces bytes. */
+static int pq_py_check_codes_size(const pq_context* ctx, int64_t count, const Py_buffer* out) {
+  pq_config config;
+  if (ctx == NULL || count < 0) return 0; /* the library reports these */
+  pq_config_default(&config);
+  pq_status status = pq_get_config(ctx, &config);
+  if (status != PQ_OK) {
+    pq_py_raise(status);
+    return -1;
+  }
+  if (out->len < count * (int64_t)config.pq_subspaces) {
+    PyErr_Format(PyExc_ValueError,
+                 "out: %zd bytes cannot hold the codes of %lld tokens x %d subspaces", out->len,
+                 (long long)count, (int)config.pq_subspaces);
+    return -1;
+  }
+  return 0;
+}
+%}
+
+%init %{
+  pq_py_error_type = PyErr_NewExceptionWithDoc(
+      "pqcache_swig.PQError",
+      "A libpqcache call failed: .status (the pq_status, negative), .status_name\n"
+      "(\"PQ_ERR_...\") and .message (pq_last_error() of the failing call).",
+      PyExc_RuntimeError, NULL);
+  if (pq_py_error_type == NULL || PyModule_AddObject(m, "PQError", pq_py_error_type) != 0)
+    return NULL;
+  Py_INCREF(pq_py_error_type); /* PyModule_AddObject stole one reference */
+%}
+
+%pythoncode %{
+PQError = _pqcache_swig.PQError
+%}
+
+/* The library calls run without the GIL; the typemaps around them hold it. */
+%exception {
+  Py_BEGIN_ALLOW_THREADS
+  $action
+  Py_END_ALLOW_THREADS
+}
+
+/* Statuses become exceptions; success returns None (or the out-parameters). */
+%typemap(out) pq_status {
+  if ($1 != PQ_OK) {
+    pq_py_raise($1);
+    SWIG_fail;
+  }
+  $result = SWIG_Py_Void();
+}
+
+/* --- tensors ------------------------------------------------------------- */
+%typemap(in) const pq_tensor* keys (Py_buffer view = {0}, pq_tensor tensor),
+             const pq_tensor* values (Py_buffer view = {0}, pq_tensor tensor),
+             const pq_tensor* query (Py_buffer view = {0}, pq_tensor tensor),
+             const pq_tensor* queries (Py_buffer view = {0}, pq_tensor tensor) {
+  if (pq_py_tensor($input, "$1_name", 0, &view, &tensor) != 0) SWIG_fail;
+  $1 = &tensor;
+}
+%typemap(in) const pq_tensor* out_keys (Py_buffer view = {0}, pq_tensor tensor),
+             const pq_tensor* out_values (Py_buffer view = {0}, pq_tensor tensor) {
+  if (pq_py_tensor($input, "$1_name", 1, &view, &tensor) != 0) SWIG_fail;
+  $1 = &tensor;
+}
+%typemap(freearg) const pq_tensor* keys, const pq_tensor* values, const pq_tensor* query,
+                  const pq_tensor* queries, const pq_tensor* out_keys,
+                  const pq_tensor* out_values {
+  PyBuffer_Release(&view$argnum);
+}
+/* Python passes arrays where C passes pq_tensor and pq_selection structs:
+ * the structs, and pq_tensor_init's void*, have no use there. */
+%ignore pq_tensor;
+%ignore pq_tensor_init;
+
+/* --- selections: (positions, counts) ------------------------------------- */
+%ignore pq_selection;
+%typemap(in) pq_selection* out (pq_py_selection arrays = {{0}, {0}, {0}}) {
+  if (pq_py_selection_from($input, "out", 1, &arrays) != 0) SWIG_fail;
+  $1 = &arrays.selection;
+}
+%typemap(in) const pq_selection* selection (pq_py_selection arrays = {{0}, {0}, {0}}) {
+  if (pq_py_selection_from($input, "selection", 0, &arrays) != 0) SWIG_fail;
+  $1 = &arrays.selection;
+}
+%typemap(check) pq_selection* out, const pq_selection* selection {
+  if (pq_py_check_selection_rows(arg1, &arrays$argnum) != 0) SWIG_fail;
+}
+%typemap(freearg) pq_selection* out, const pq_selection* selection {
+  pq_py_selection_release(&arrays$argnum);
+}
+
+/* pq_observe_attention: one float32 per selection entry, [kv_heads][capacity]. */
+%typemap(in) const float* probs (Py_buffer view = {0}) {
+  if (pq_py_dense($input, "probs", 0, 'f', -1, &view) != 0) SWIG_fail;
+  $1 = (float*)view.buf;
+}
+%typemap(check) const float* probs {
+  /* arg4 is the selection, already checked against the context's kv heads. */
+  const pq_py_selection* selection = (const pq_py_selection*)arg4;
+  if (view$argnum.len != selection->positions.len) {
+    PyErr_Format(PyExc_ValueError,
+                 "probs: %zd float32 values for a selection of %zd kv heads x capacity %zd; "
+                 "expected one per position", view$argnum.len / 4,
+                 selection->positions.shape[0], selection->positions.shape[1]);
+    SWIG_fail;
+  }
+}
+%typemap(freearg) const float* probs {
+  PyBuffer_Release(&view$argnum);
+}
+
+/* --- index introspection --------------------------------------------------- */
+%typemap(in) uint8_t* out (Py_buffer view = {0}) {
+  if (pq_py_get_buffer($input, "out", 1, &view) != 0) SWIG_fail;
+  if (!PyBuffer_IsContiguous(&view, 'C')) {
+    PyErr_SetString(PyExc_ValueError, "out: must be C-contiguous");
+    SWIG_fail;
+  }
+  $1 = (uint8_t*)view.buf;
+}
+%typemap(check) uint8_t* out {
+  /* pq_index_codes(ctx = arg1, ..., count = arg6, out) */
+  if (pq_py_check_codes_size(arg1, arg6, &view$argnum) != 0) SWIG_fail;
+}
+%typemap(freearg) uint8_t* out {
+  PyBuffer_Release(&view$argnum);
+}
+/* pq_index_centroids: the buffer gives both the pointer and its size. */
+%typemap(in) (float* out, int64_t out_floats) (Py_buffer view = {0}) {
+  if (pq_py_dense($input, "out", 1, 'f', -1, &view) != 0) SWIG_fail;
+  $1 = (float*)view.buf;
+  $2 = (int64_t)(view.len / 4);
+}
+%typemap(freearg) (float* out, int64_t out_floats) {
+  PyBuffer_Release(&view$argnum);
+}
+
+/* --- out-parameters become return values ---------------------------------- */
+%typemap(in, numinputs=0) int64_t* out_tokens (int64_t value = 0),
+                          int64_t* out_capacity (int64_t value = 0),
+                          int64_t* out_count (int64_t value = 0) {
+  $1 = &value;
+}
+%typemap(argout) int64_t* out_tokens, int64_t* out_capacity, int64_t* out_count {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLongLong((long long)*$1));
+}
+%typemap(in, numinputs=0) int32_t* out_backend (int32_t value = 0) {
+  $1 = &value;
+}
+%typemap(argout) int32_t* out_backend {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
+}
+
+%typemap(in, numinputs=0) pq_context** out (pq_context* created = NULL) {
+  $1 = &created;
+}
+%typemap(argout) pq_context** out {
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $*1_descriptor, 0));
+}
+
+/* Structs the library fills: struct_size is set here, where sizeof is known,
+ * and the result is a new object the caller owns. */
+%typemap(in, numinputs=0) pq_layer_info* out (pq_layer_info info) {
+  memset(&info, 0, sizeof info);
+  info.struct_size = (uint32_t)sizeof info;
+  $1 = &info;
+}
+%typemap(in, numinputs=0) pq_stats* out (pq_stats stats) {
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = (uint32_t)sizeof stats;
+  $1 = &stats;
+}
+%typemap(in, numinputs=0) pq_config* out (pq_config config) {
+  pq_config_default(&config);
+  $1 = &config;
+}
+%typemap(argout) pq_layer_info* out, pq_stats* out {
+  $*1_ltype* copy = ($*1_ltype*)malloc(sizeof *copy);
+  if (copy == NULL) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = *$1;
+  $result = SWIG_Python_AppendOutput($result,
+                                     SWIG_NewPointerObj(copy, $1_descriptor, SWIG_POINTER_OWN));
+}
+/* The effective configuration's plug-in path is the pointer the caller gave
+ * pq_create, maybe freed since: the copy does not carry it. */
+%typemap(argout) pq_config* out {
+  pq_config* copy = (pq_config*)malloc(sizeof *copy);
+  if (copy == NULL) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = *$1;
+  copy->cuda_plugin_path = NULL;
+  $result = SWIG_Python_AppendOutput($result,
+                                     SWIG_NewPointerObj(copy, $1_descriptor, SWIG_POINTER_OWN));
+}
+
+/* --- pq_config ------------------------------------------------------------- */
+/* A new pq_config starts from the library's defaults (so pq_config_default,
+ * which would also drop the struct's plug-in path copy, is not wrapped).
+ * cuda_plugin_path is a copy owned by the struct; the library reads it
+ * during pq_create only. */
+%ignore pq_config_default;
+%extend pq_config {
+  pq_config() {
+    pq_config* config = (pq_config*)calloc(1, sizeof *config);
+    if (config != NULL) pq_config_default(config);
+    return config;
+  }
+  ~pq_config() {
+    free((char*)$self->cuda_plugin_path);
+    free($self);
+  }
+}
+%typemap(memberin) const char* cuda_plugin_path {
+  free((char*)$1);
+  $1 = NULL;
+  if ($input != NULL) {
+    size_t size = strlen($input) + 1;
+    char* copy = (char*)malloc(size);
+    if (copy != NULL) $1 = (const char*)memcpy(copy, $input, size);
+  }
+}
+
+/* --- CUDA streams ---------------------------------------------------------- */
+/* A cudaStream_t as an integer (torch.cuda.Stream.cuda_stream, cupy's .ptr)
+ * or None for the context's own stream. */
+%typemap(in) void* cuda_stream {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    $1 = PyLong_AsVoidPtr($input);
+    if ($1 == NULL && PyErr_Occurred()) SWIG_fail;
+  }
+}
