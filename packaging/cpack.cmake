@@ -1,0 +1,219 @@
+# CPack configuration: .deb and .rpm packages split the way distributions
+# split a library (docs/packaging.md). Included by pq_configure_cpack() at the
+# end of the top-level directory, once every install rule exists; runs in
+# that function's scope, so nothing here leaks into the project.
+include(GNUInstallDirs)  # its variables are directory-scoped: set them here too
+include(${PQ_PACKAGING_DIR}/names.cmake)
+
+# ---- Which components become packages ------------------------------------------
+# Only the components something installs into (the CUDA plug-in and the
+# bindings are optional). Anything else that installs is reported, not packaged.
+get_cmake_property(_pq_defined_components COMPONENTS)
+set(_pq_components "")
+foreach(_comp IN LISTS PQ_PACKAGE_COMPONENTS)
+  if(_comp IN_LIST _pq_defined_components)
+    list(APPEND _pq_components ${_comp})
+  endif()
+endforeach()
+set(_pq_unpackaged ${_pq_defined_components})
+list(REMOVE_ITEM _pq_unpackaged ${PQ_PACKAGE_COMPONENTS})
+if(_pq_unpackaged)
+  message(WARNING "packaging: install components not packaged by CPack: ${_pq_unpackaged} "
+                  "(add them to PQ_PACKAGE_COMPONENTS in packaging/names.cmake)")
+endif()
+message(STATUS "packaging: CPack components: ${_pq_components}")
+
+# Debian's copyright and changelog in every package (Debian policy 12.5, 12.7).
+foreach(_comp IN LISTS _pq_components)
+  install(FILES ${PQ_PACKAGING_BINARY_DIR}/debian/copyright ${PQ_PACKAGING_BINARY_DIR}/debian/changelog.gz
+    DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/${PQ_DEB_NAME_${_comp}} COMPONENT ${_comp})
+endforeach()
+
+# ---- Common -----------------------------------------------------------------------
+set(CPACK_PACKAGE_NAME libpqcache)
+set(CPACK_PACKAGE_VENDOR "The libpqcache authors")
+set(CPACK_PACKAGE_CONTACT "${PQ_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES ON)  # lintian: unstripped-binary-or-object
+set(CPACK_COMPONENTS_ALL ${_pq_components})
+set(CPACK_COMPONENTS_GROUPING IGNORE)  # one package per component
+find_program(PQ_RPMBUILD rpmbuild)
+if(NOT DEFINED CPACK_GENERATOR)
+  set(CPACK_GENERATOR DEB)
+  if(PQ_RPMBUILD)
+    list(APPEND CPACK_GENERATOR RPM)
+  endif()
+endif()
+set(CPACK_PROJECT_CONFIG_FILE ${PQ_PACKAGING_DIR}/cpack-project-config.cmake)
+set(CPACK_SOURCE_GENERATOR TGZ)
+set(CPACK_SOURCE_IGNORE_FILES "/\\\\.git/" "/build[^/]*/" "/__pycache__/" "/target/")
+
+# Per component: summary (RPM Summary, first line of the Debian Description),
+# description, Debian section and RPM group.
+set(_pq_summary_runtime "PQCache KV-cache selection library for LLM inference")
+set(_pq_summary_cuda "PQCache KV-cache selection library - CUDA plug-in")
+set(_pq_summary_dev "PQCache KV-cache selection library - development files")
+set(_pq_summary_java "PQCache KV-cache selection library - Java binding")
+set(_pq_summary_python "PQCache KV-cache selection library - Python 3 binding")
+set(_pq_intro
+  "libpqcache keeps the KV cache of long prompts in host memory, builds a\n"
+  "product-quantization index of the keys of every layer and head, and at\n"
+  "each decode step selects the past tokens that matter for the current\n"
+  "query (PQCache, SIGMOD 2025).\n"
+  ".\n")
+string(CONCAT _pq_desc_runtime ${_pq_intro}
+  "This package holds the shared library with the CPU backend. The CUDA\n"
+  "backend is a separate plug-in package, loaded at run time when present.")
+string(CONCAT _pq_desc_cuda ${_pq_intro}
+  "This package holds the CUDA plug-in libpqcache_cuda.so, which\n"
+  "libpqcache loads from its pqcache/ directory for PQ_BACKEND_CUDA and\n"
+  "PQ_BACKEND_AUTO. The CUDA runtime is linked in statically; the plug-in\n"
+  "needs only the NVIDIA driver's libcuda.so.1 (driver 580 or newer, for\n"
+  "CUDA 13) at run time; without it, libpqcache reports no usable device.")
+string(CONCAT _pq_desc_dev ${_pq_intro}
+  "This package holds the C header pqcache.h, the pkg-config file and the\n"
+  "CMake package (find_package(pqcache), target pqcache::pqcache).")
+string(CONCAT _pq_desc_java ${_pq_intro}
+  "This package holds the Java binding: pqcache.jar (package io.pqcache)\n"
+  "and its JNI module libpqcache_jni.so.")
+string(CONCAT _pq_desc_python ${_pq_intro}
+  "This package holds the Python 3 binding (module pqcache).")
+set(_pq_deb_section_runtime libs)
+set(_pq_deb_section_cuda libs)
+set(_pq_deb_section_dev libdevel)
+set(_pq_deb_section_java java)
+set(_pq_deb_section_python python)
+set(_pq_rpm_group_runtime "System Environment/Libraries")
+set(_pq_rpm_group_cuda "System Environment/Libraries")
+set(_pq_rpm_group_dev "Development/Libraries")
+set(_pq_rpm_group_java "Development/Libraries")
+set(_pq_rpm_group_python "Development/Libraries")
+
+# ---- Debian -------------------------------------------------------------------------
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${PQ_PACKAGE_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_VERSION ${PQ_DEB_VERSION})
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_PACKAGE_SOURCE libpqcache)
+# dpkg-shlibdeps computes the C/C++ runtime dependencies of every ELF file;
+# GENERATE_SHLIBS writes the runtime package's shlibs file and the ldconfig
+# postinst/postrm (toolchain notes 8, pitfall 1).
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+set(_pq_runtime_dep "${PQ_DEB_NAME_runtime} (= ${PQ_DEB_VERSION})")
+foreach(_comp IN LISTS _pq_components)
+  string(TOUPPER ${_comp} _COMP)
+  set(CPACK_DEBIAN_${_COMP}_PACKAGE_NAME ${PQ_DEB_NAME_${_comp}})
+  set(CPACK_DEBIAN_${_COMP}_PACKAGE_SECTION ${_pq_deb_section_${_comp}})
+  set(CPACK_DEBIAN_${_COMP}_DESCRIPTION "${_pq_summary_${_comp}}\n${_pq_desc_${_comp}}")
+endforeach()
+# The JNI and Python modules NEED libpqcache.so.N, which is not installed on
+# the build machine: dpkg-shlibdeps finds it in the build tree, and the
+# dependency on the runtime package is written explicitly below.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR})
+# ldconfig through dpkg's trigger (lintian: lacks-ldconfig-trigger, an
+# error) rather than from maintainer scripts. CPack writes a postinst and a
+# postrm calling ldconfig for any shared object under /usr/lib, even in a
+# private subdirectory (the plug-in, the JNI module); a script of our own with
+# the same name stops that (lintian: maintscript-calls-ldconfig).
+set(_pq_no_ldconfig_scripts ${PQ_PACKAGING_DIR}/debian/noscripts/postinst
+                            ${PQ_PACKAGING_DIR}/debian/noscripts/postrm)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
+foreach(_COMP CUDA JAVA)
+  set(CPACK_DEBIAN_${_COMP}_PACKAGE_CONTROL_EXTRA ${_pq_no_ldconfig_scripts})
+endforeach()
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+set(CPACK_DEBIAN_CUDA_PACKAGE_DEPENDS "${_pq_runtime_dep}")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_pq_runtime_dep}")
+# Debian's Java policy: a library does not depend on a JRE (lintian:
+# needless-dependency-on-jre); the application that uses it does.
+set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS "${_pq_runtime_dep}")
+# The SWIG extension module is built for one CPython minor version
+# (_pqcache_swig.cpython-3XY-*.so): depend on exactly that one.
+if("python" IN_LIST _pq_components)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  set(_pq_py "${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}")
+  math(EXPR _pq_py_next "${Python3_VERSION_MINOR} + 1")
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
+      "${_pq_runtime_dep}, python3 (>= ${_pq_py}), python3 (<< ${Python3_VERSION_MAJOR}.${_pq_py_next}), python3-numpy")
+  set(CPACK_RPM_PYTHON_PACKAGE_REQUIRES "python(abi) = ${_pq_py}, python3-numpy")
+endif()
+# The plug-in's ELF NEEDs only libc, libstdc++ and libgcc_s (cudart is
+# static); the NVIDIA driver's libcuda.so.1 is dlopened by cudart on first
+# use. It is a Recommends, not a Depends: in containers the driver comes from
+# the host (nvidia-container-toolkit) and no package provides it. Debian calls
+# the package libcuda1 (non-free); Ubuntu's libnvidia-compute-<branch>
+# Provides libcuda1 with the driver version. CUDA 13 needs driver >= 580.
+set(CPACK_DEBIAN_CUDA_PACKAGE_RECOMMENDS "libcuda1 (>= 580)")
+set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
+
+# ---- RPM ------------------------------------------------------------------------------
+set(CPACK_RPM_COMPONENT_INSTALL ON)
+set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
+set(CPACK_PACKAGE_RELOCATABLE OFF)  # as distributions' packages: fixed paths
+set(CPACK_RPM_PACKAGE_RELEASE ${PQ_RPM_RELEASE})
+set(CPACK_RPM_PACKAGE_LICENSE "Apache-2.0")
+set(CPACK_RPM_PACKAGE_VENDOR "${CPACK_PACKAGE_VENDOR}")
+# CPack 3.25 has no Packager tag; rpmbuild fills it from the %packager macro.
+set(CPACK_RPM_SPEC_MORE_DEFINE "%define packager ${PQ_PACKAGE_MAINTAINER}")
+# rpmbuild's automatic Requires/Provides (libc.so.6(GLIBC_2.34)(64bit),
+# libpqcache.so.0()(64bit), ...) are the RPM way and are kept.
+set(CPACK_RPM_PACKAGE_AUTOREQPROV ON)
+set(_pq_rpm_runtime_dep "${PQ_RPM_NAME_runtime} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}")
+foreach(_comp IN LISTS _pq_components)
+  string(TOUPPER ${_comp} _COMP)
+  set(CPACK_RPM_${_COMP}_PACKAGE_NAME ${PQ_RPM_NAME_${_comp}})
+  set(CPACK_RPM_${_COMP}_PACKAGE_SUMMARY "${_pq_summary_${_comp}}")
+  string(REPLACE "\n.\n" "\n\n" _pq_rpm_desc "${_pq_desc_${_comp}}")
+  set(CPACK_RPM_${_COMP}_PACKAGE_DESCRIPTION "${_pq_rpm_desc}")
+  set(CPACK_RPM_${_COMP}_PACKAGE_GROUP "${_pq_rpm_group_${_comp}}")
+endforeach()
+set(CPACK_RPM_RUNTIME_POST_INSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfig.sh)
+set(CPACK_RPM_RUNTIME_POST_UNINSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfig.sh)
+# Shared objects are 0755 on RPM systems (rpmlint: shared-library-not-
+# executable) but 0644 under Debian policy, which is what CMake installs on a
+# Debian build machine (CMAKE_INSTALL_SO_NO_EXE): set the mode for the RPMs.
+set(CPACK_RPM_RUNTIME_USER_FILELIST
+    "%attr(0755,root,root) /usr/${CMAKE_INSTALL_LIBDIR}/libpqcache.so.${PROJECT_VERSION}")
+set(CPACK_RPM_CUDA_USER_FILELIST "%attr(0755,root,root) /usr/${CMAKE_INSTALL_LIBDIR}/pqcache/libpqcache_cuda.so")
+# What Fedora's pkgconfig and cmake dependency generators would add (this
+# build machine's rpmbuild has neither): `dnf install 'pkgconfig(pqcache)'`.
+set(CPACK_RPM_DEV_PACKAGE_PROVIDES "pkgconfig(pqcache) = ${PROJECT_VERSION}, cmake(pqcache) = ${PROJECT_VERSION}")
+set(CPACK_RPM_CUDA_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}")
+set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}")
+set(CPACK_RPM_JAVA_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}, java-headless >= 1:17")
+string(PREPEND CPACK_RPM_PYTHON_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}, ")
+# CPack 3.25 writes Suggests but not Recommends for RPM. The driver library is
+# named by its soname, which NVIDIA's and RPM Fusion's driver packages provide.
+if(CMAKE_SIZEOF_VOID_P EQUAL 8)
+  set(CPACK_RPM_CUDA_PACKAGE_SUGGESTS "libcuda.so.1()(64bit)")
+else()
+  set(CPACK_RPM_CUDA_PACKAGE_SUGGESTS "libcuda.so.1")
+endif()
+# Directories a package must not claim (toolchain notes 8, pitfall 2): every
+# parent of an install directory that belongs to the filesystem or to other
+# packages. The package's own directories (lib/pqcache, lib/cmake/pqcache,
+# the Python package) stay owned.
+set(_pq_shared_dirs
+  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${CMAKE_INSTALL_LIBDIR}/jni
+  ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc)
+if(DEFINED PQ_PYTHON_INSTALL_DIR)
+  list(APPEND _pq_shared_dirs ${PQ_PYTHON_INSTALL_DIR})
+else()
+  list(APPEND _pq_shared_dirs lib/python3/dist-packages)
+endif()
+set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION "")
+foreach(_dir IN LISTS _pq_shared_dirs)
+  while(_dir AND NOT _dir STREQUAL "/" AND NOT _dir STREQUAL ".")
+    list(APPEND CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION /usr/${_dir})
+    get_filename_component(_dir "${_dir}" DIRECTORY)
+  endwhile()
+endforeach()
+list(REMOVE_DUPLICATES CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION)
+
+include(CPack)

@@ -1,0 +1,32 @@
+# Package names and versions, shared by packaging/CMakeLists.txt (tests,
+# Debian files) and cpack.cmake. Needs PQ_ABI_MAJOR and PROJECT_VERSION.
+
+# The components that become packages, in dependency order. Each is packaged
+# only when something installs into it (cuda needs the plug-in target, java and
+# python need their bindings).
+set(PQ_PACKAGE_COMPONENTS runtime cuda dev java python)
+
+# Debian names. The runtime package carries the SONAME major (Debian policy
+# 8.1), and so does the plug-in, which is loaded by that library only.
+set(PQ_DEB_NAME_runtime libpqcache${PQ_ABI_MAJOR})
+set(PQ_DEB_NAME_cuda libpqcache${PQ_ABI_MAJOR}-cuda)
+set(PQ_DEB_NAME_dev libpqcache-dev)
+set(PQ_DEB_NAME_java libpqcache-java)
+set(PQ_DEB_NAME_python python3-pqcache)
+# RPM names as openSUSE's shared library policy (and rpmlint) want them: the
+# runtime package carries the SONAME major there too.
+set(PQ_RPM_NAME_runtime libpqcache${PQ_ABI_MAJOR})
+set(PQ_RPM_NAME_cuda libpqcache${PQ_ABI_MAJOR}-cuda)
+set(PQ_RPM_NAME_dev libpqcache-devel)
+set(PQ_RPM_NAME_java libpqcache-java)
+set(PQ_RPM_NAME_python python3-pqcache)
+
+# A native Debian version (no revision), so that "(= version)" dependencies
+# between the split packages match the version field exactly.
+set(PQ_DEB_VERSION ${PROJECT_VERSION})
+set(PQ_RPM_RELEASE 1)
+
+if(NOT DEFINED PQ_PACKAGE_MAINTAINER)
+  set(PQ_PACKAGE_MAINTAINER "libpqcache maintainers <maintainers@users.noreply.a-seed-5eb96a62.example>"
+      CACHE STRING "Maintainer of the .deb/.rpm packages (Name <email>)")
+endif()

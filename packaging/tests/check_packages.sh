@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# CTest packaging_deb_rpm: cpack -G "DEB;RPM" from the build tree into a
+# private folder, then
+#   - the .debs: file lists, control fields (Depends, shlibs, ldconfig
+#     trigger), the plug-in's real NEEDED, lintian (no errors);
+#   - decode_loop.c built against the unpacked .debs (dpkg -x), through
+#     pkg-config and find_package, and run; the plug-in found in
+#     <libdir>/pqcache/ with the CUDA package, absent without it;
+#   - the .rpms: rpm -qlp, rpm -qp --requires, no shared directory claimed,
+#     rpm2cpio | cpio gives the same files as the .debs, rpmlint if installed.
+# The folder stays for packaging_deb_system (dpkg -i) and for inspection.
+#
+#   check_packages.sh SCRATCH_DIR
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+scratch=${1:?usage: check_packages.sh SCRATCH_DIR}
+: "${CPACK_COMMAND:?}" "${PQ_DEB_NAME_RUNTIME:?}" "${PQ_DEB_NAME_CUDA:?}" "${PQ_DEB_NAME_DEV:?}" "${PQ_DEB_VERSION:?}"
+fresh_dir "$scratch"
+out=$scratch/out
+config=$PQ_BUILD_DIR/CPackConfig.cmake
+[[ -f $config ]] || fail "$config is missing"
+
+generators=DEB
+if command -v rpmbuild >/dev/null; then
+  generators="DEB;RPM"
+else
+  log "NOTE: rpmbuild not installed (package rpm): the .rpm checks are skipped"
+fi
+start=$SECONDS
+"$CPACK_COMMAND" --config "$config" -G "$generators" -B "$out" >"$scratch/cpack.log" 2>&1 \
+  || { cat "$scratch/cpack.log" >&2; fail "cpack -G $generators"; }
+log "cpack -G \"$generators\": $((SECONDS - start)) s"
+
+components=$(sed -n 's/^set(CPACK_COMPONENTS_ALL "\(.*\)")$/\1/p' "$config" | tr ';' ' ')
+log "components: $components"
+has_component() { [[ " $components " == *" $1 "* ]]; }
+has_component runtime && has_component dev || fail "CPackConfig.cmake lacks the runtime or dev component"
+if ((PQ_WITH_CUDA_PLUGIN)) && ! has_component cuda; then fail "the CUDA plug-in is built but not packaged"; fi
+
+arch=$(dpkg --print-architecture)
+deb() { echo "$out/${1}_${PQ_DEB_VERSION}_${arch}.deb"; }
+debs=("$(deb "$PQ_DEB_NAME_RUNTIME")" "$(deb "$PQ_DEB_NAME_DEV")")
+has_component cuda && debs+=("$(deb "$PQ_DEB_NAME_CUDA")")
+for c in java python; do
+  if has_component $c; then
+    name=$(sed -n "s/^set(CPACK_DEBIAN_${c^^}_PACKAGE_NAME \"\(.*\)\")$/\1/p" "$config")
+    debs+=("$(deb "$name")")
+  fi
+done
+for d in "${debs[@]}"; do [[ -f $d ]] || fail "missing package $d"; done
+
+# ---- .deb contents and control fields ------------------------------------------------
+lib=usr/$PQ_LIBDIR
+field() { dpkg-deb -f "$1" "$2"; }
+contents() { dpkg-deb -c "$1" | awk '{print $6}' | sed 's|^\./||'; }
+for d in "${debs[@]}"; do
+  pkg=$(field "$d" Package)
+  log "$(basename "$d"): Depends: $(field "$d" Depends)"
+  contents "$d" | has -x "usr/share/doc/$pkg/copyright" || fail "$pkg has no /usr/share/doc/$pkg/copyright"
+  [[ -n $(field "$d" Maintainer) && -n $(field "$d" Description) ]] || fail "$pkg lacks Maintainer or Description"
+done
+
+runtime=$(deb "$PQ_DEB_NAME_RUNTIME")
+rfiles=$(contents "$runtime")
+grep -qx "$lib/libpqcache.so.$PQ_VERSION" <<<"$rfiles" || fail "runtime package lacks libpqcache.so.$PQ_VERSION"
+grep -qx "$lib/libpqcache.so.$PQ_ABI_MAJOR" <<<"$rfiles" || fail "runtime package lacks the soname link"
+grep -Eq "libpqcache\.so$|pqcache\.h$|pqcache_cuda" <<<"$rfiles" && fail "runtime package holds dev or CUDA files"
+ctl=$scratch/control-runtime
+dpkg-deb -e "$runtime" "$ctl"
+grep -qx "libpqcache $PQ_ABI_MAJOR $PQ_DEB_NAME_RUNTIME (>= $PQ_DEB_VERSION)" "$ctl/shlibs" \
+  || fail "runtime shlibs is '$(cat "$ctl/shlibs" 2>/dev/null)'"
+grep -qx "activate-noawait ldconfig" "$ctl/triggers" || fail "runtime package does not trigger ldconfig"
+field "$runtime" Depends | has "libc6" || fail "runtime Depends lacks libc6 (dpkg-shlibdeps)"
+
+dev=$(deb "$PQ_DEB_NAME_DEV")
+dfiles=$(contents "$dev")
+for f in "$lib/libpqcache.so" "usr/$PQ_INCLUDEDIR/pqcache.h" "$lib/pkgconfig/pqcache.pc" \
+         "$lib/cmake/pqcache/pqcache-config.cmake" "$lib/cmake/pqcache/pqcache-config-version.cmake"; do
+  grep -qx "$f" <<<"$dfiles" || fail "dev package lacks /$f"
+done
+grep -q "libpqcache\.so\.[0-9]" <<<"$dfiles" && fail "dev package holds the runtime library"
+field "$dev" Depends | has -F "$PQ_DEB_NAME_RUNTIME (= $PQ_DEB_VERSION)" || fail "dev does not depend on the runtime (= version)"
+
+if has_component cuda; then
+  cuda=$(deb "$PQ_DEB_NAME_CUDA")
+  contents "$cuda" | has -x "$lib/pqcache/libpqcache_cuda.so" || fail "CUDA package lacks $lib/pqcache/libpqcache_cuda.so"
+  field "$cuda" Depends | has -F "$PQ_DEB_NAME_RUNTIME (= $PQ_DEB_VERSION)" || fail "CUDA package does not depend on the runtime"
+  field "$cuda" Recommends | has "libcuda1" || fail "CUDA package does not recommend the driver's libcuda1"
+fi
+
+if has_component java; then
+  jfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
+  grep -qx "usr/share/java/pqcache.jar" <<<"$jfiles" || fail "Java package lacks /usr/share/java/pqcache.jar"
+  grep -qx "$lib/jni/libpqcache_jni.so" <<<"$jfiles" || fail "Java package lacks /$lib/jni/libpqcache_jni.so"
+fi
+if has_component python; then
+  pfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
+  grep -q "/pqcache/__init__\.py$" <<<"$pfiles" || fail "Python package lacks pqcache/__init__.py"
+  grep -q "/pqcache/_pqcache_swig.*\.so$" <<<"$pfiles" || fail "Python package lacks its extension module"
+fi
+
+# ---- Unpacked .debs: build and run against them ----------------------------------------
+root=$scratch/root
+for d in "${debs[@]}"; do dpkg-deb -x "$d" "$root"; done
+if has_component cuda; then
+  # What the plug-in really needs: the C/C++ runtime only (cudart is static,
+  # the driver is dlopened); this is what the package declares.
+  needed=$(readelf -d "$root/$lib/pqcache/libpqcache_cuda.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+  log "libpqcache_cuda.so NEEDED: $needed"
+  for n in $needed; do
+    case $n in
+      libc.so.6|libm.so.6|libstdc++.so.6|libgcc_s.so.1|ld-linux-*.so.2|libdl.so.2|libpthread.so.0|librt.so.1) ;;
+      *) fail "the plug-in NEEDs $n, which its package does not declare" ;;
+    esac
+  done
+  plugin=present
+else
+  plugin=absent
+fi
+build_consumers "$root/usr" "$scratch/consumers" "$plugin"
+# The runtime package alone: no plug-in next to the library.
+only_runtime=$scratch/root-runtime-only
+dpkg-deb -x "$runtime" "$only_runtime"
+PQCACHE_CUDA_PLUGIN= LD_LIBRARY_PATH=$only_runtime/$lib "$scratch/consumers/plugin_probe" absent \
+  || fail "with the runtime package alone, the plug-in should be absent"
+
+# ---- lintian ---------------------------------------------------------------------------
+if command -v lintian >/dev/null; then
+  lintian_out=$(lintian --tag-display-limit 0 "${debs[@]}" 2>&1 | grep -v '^running with root privileges' || true)
+  log "lintian:"
+  sed 's/^/  /' <<<"${lintian_out:-(no tags)}"
+  grep -q '^E: ' <<<"$lintian_out" && fail "lintian reports errors"
+else
+  log "NOTE: lintian not installed: the .debs are not linted"
+fi
+
+# ---- .rpm ------------------------------------------------------------------------------
+if [[ $generators == *RPM* ]]; then
+  mapfile -t rpms < <(ls "$out"/*.rpm)
+  ((${#rpms[@]} == ${#debs[@]})) || fail "${#rpms[@]} RPMs for ${#debs[@]} .debs"
+  rpmroot=$scratch/rpmroot
+  mkdir -p "$rpmroot"
+  for r in "${rpms[@]}"; do
+    name=$(rpm -qp --qf '%{NAME}' "$r" 2>/dev/null)
+    log "$(basename "$r"): Requires (not rpmlib/GLIBC): $(rpm -qp --requires "$r" 2>/dev/null | grep -v -e '^rpmlib(' -e '(GLIBC' -e '(GCC_' -e '(CXXABI' -e '(GLIBCXX' | tr '\n' ' ')"
+    # Directories that belong to the filesystem package or to other packages
+    # must not be claimed (toolchain notes 8, pitfall 2).
+    owned=$(rpm -qlp "$r" 2>/dev/null)
+    for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
+                  "/usr/$PQ_LIBDIR" "/usr/$PQ_LIBDIR/pkgconfig" "/usr/$PQ_LIBDIR/cmake" \
+                  /usr/share/java "/usr/$PQ_LIBDIR/jni"; do
+      grep -qx "$shared" <<<"$owned" && fail "$name claims the shared directory $shared"
+    done
+    (cd "$rpmroot" && rpm2cpio "$r" | cpio -idm --quiet) || fail "rpm2cpio | cpio of $r"
+    case $name in
+      libpqcache${PQ_ABI_MAJOR})
+        grep -qx "/$lib/libpqcache.so.$PQ_VERSION" <<<"$owned" || fail "$name lacks the library"
+        rpm -qp --scripts "$r" 2>/dev/null | has ldconfig || fail "$name does not run ldconfig"
+        rpm -qp --provides "$r" 2>/dev/null | has "^libpqcache.so.$PQ_ABI_MAJOR()" || fail "$name does not provide the soname"
+        ;;
+      libpqcache-devel)
+        grep -qx "/$lib/pkgconfig/pqcache.pc" <<<"$owned" || fail "$name lacks pqcache.pc"
+        rpm -qp --requires "$r" 2>/dev/null | has "^libpqcache${PQ_ABI_MAJOR} = $PQ_VERSION" \
+          || fail "$name does not require the runtime = version"
+        ;;
+      libpqcache${PQ_ABI_MAJOR}-cuda)
+        grep -qx "/$lib/pqcache/libpqcache_cuda.so" <<<"$owned" || fail "$name lacks the plug-in"
+        rpm -qp --suggests "$r" 2>/dev/null | has "^libcuda.so.1" || fail "$name does not suggest libcuda.so.1"
+        ;;
+    esac
+  done
+  # Both formats ship the same files (one install tree).
+  diff <(cd "$root" && find . \( -type f -o -type l \) | sort) \
+       <(cd "$rpmroot" && find . \( -type f -o -type l \) | sort) \
+    || fail "the .rpm and .deb file lists differ"
+  log "OK: rpm2cpio gives the same $(cd "$rpmroot" && find . \( -type f -o -type l \) | wc -l) files as the .debs"
+
+  if command -v rpmlint >/dev/null; then
+    # Errors accepted, as policy: no-signature (signing is the distributor's
+    # job), no-binary (the -devel package holds a .so link and lib/ files
+    # but no ELF), missing-hash-section (GNU hash only, the toolchain
+    # default), outside-libdir-files (the Java package: the jar in
+    # /usr/share/java, as Debian has it, next to its arch-specific JNI module),
+    # no-dependency-on python-base 3 (rpmlint reads the Python version from
+    # the path, and the default lib/python3/dist-packages is Debian's; with
+    # -DPQ_PYTHON_INSTALL_DIR=lib64/python3.X/site-packages it is satisfied
+    # by the package's python(abi) = 3.X).
+    rpmlint_out=$(rpmlint "${rpms[@]}" 2>&1 || true)
+    log "rpmlint:"
+    grep -E ': (E|W): ' <<<"$rpmlint_out" | sed 's/^/  /' || true
+    unexpected=$(grep -E ': E: ' <<<"$rpmlint_out" | grep -Ev ': E: (no-signature|no-binary|missing-hash-section|outside-libdir-files|no-dependency-on python-base)( |$)' || true)
+    [[ -z $unexpected ]] || fail "rpmlint errors: $unexpected"
+  else
+    log "NOTE: rpmlint not installed (optional): the .rpms are not linted"
+  fi
+fi
+log "PASS: ${#debs[@]} .debs$([[ $generators == *RPM* ]] && echo " and ${#rpms[@]} .rpms") in $out"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# CTest packaging_deb_system: the .debs of packaging_deb_rpm installed into
+# the real system with dpkg -i (runtime, dev and CUDA plug-in), then
+#   - ldconfig knows libpqcache.so.N (the package's ldconfig trigger ran);
+#   - decode_loop.c builds with the system's `pkg-config --cflags --libs
+#     pqcache` and with find_package(pqcache) without any search path, and
+#     runs without LD_LIBRARY_PATH;
+#   - libpqcache finds the plug-in in /usr/<libdir>/pqcache/;
+# and the packages are purged again (dpkg -P) whatever happens, after which
+# no file and no ldconfig entry may remain.
+# Exits 77 (CTest: skipped) with the reason where the machine does not allow
+# it: not root, no dpkg, PQ_PACKAGING_NO_SYSTEM_INSTALL=1, or a libpqcache
+# already installed that this test must not replace.
+#
+#   check_system_install.sh PACKAGES_SCRATCH_DIR   (packaging_deb_rpm's folder)
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+pkgdir=${1:?usage: check_system_install.sh PACKAGES_SCRATCH_DIR}
+skip() { echo "SKIPPED: $*"; exit 77; }
+
+[[ ${PQ_PACKAGING_NO_SYSTEM_INSTALL:-0} == 1 ]] && skip "PQ_PACKAGING_NO_SYSTEM_INSTALL=1"
+command -v dpkg >/dev/null || skip "no dpkg on this machine (not Debian-based)"
+(($(id -u) == 0)) || skip "dpkg -i needs root (running as $(id -un)); the unpacked-package checks of packaging_deb_rpm still ran"
+[[ -w /var/lib/dpkg ]] || skip "/var/lib/dpkg is not writable (read-only system)"
+
+arch=$(dpkg --print-architecture)
+names=("$PQ_DEB_NAME_RUNTIME" "$PQ_DEB_NAME_DEV")
+((PQ_WITH_CUDA_PLUGIN)) && names+=("$PQ_DEB_NAME_CUDA")
+debs=()
+for n in "${names[@]}"; do
+  d=$pkgdir/out/${n}_${PQ_DEB_VERSION}_${arch}.deb
+  [[ -f $d ]] || fail "$d is missing (packaging_deb_rpm makes it)"
+  debs+=("$d")
+done
+
+# One system install at a time, also across build trees (every engineer's
+# ctest runs this test); dpkg's own lock covers only dpkg itself.
+exec 9>/var/lock/pqcache-packaging-system-test.lock
+flock -w 300 9 || skip "another packaging_deb_system run held the lock for 5 minutes"
+
+for n in "${names[@]}"; do
+  if dpkg-query -W -f '${db:Status-Status}' "$n" 2>/dev/null | has -v '^not-installed$'; then
+    skip "package $n is already installed on this machine; this test will not replace it"
+  fi
+done
+libdir=/usr/$PQ_LIBDIR
+for f in "$libdir/libpqcache.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache.h" "$libdir/pkgconfig/pqcache.pc"; do
+  [[ -e $f ]] && skip "$f exists outside the packages; this test will not overwrite it"
+done
+
+work=$pkgdir/system
+fresh_dir "$work"
+purge() {
+  # Reverse dependency order; -P removes the conffiles and the dpkg records.
+  local n
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do
+    n=${names[i]}
+    dpkg-query -W "$n" >/dev/null 2>&1 && dpkg -P "$n" >>"$work/dpkg.log" 2>&1
+  done
+  return 0
+}
+trap purge EXIT
+
+log "dpkg -i ${names[*]}"
+dpkg -i "${debs[@]}" >"$work/dpkg.log" 2>&1 || { cat "$work/dpkg.log" >&2; fail "dpkg -i"; }
+for n in "${names[@]}"; do
+  [[ $(dpkg-query -W -f '${db:Status-Status}' "$n") == installed ]] || fail "$n is not fully installed"
+done
+# ldconfig may name it through another path on a merged-/usr system
+# (/lib/libpqcache.so.0 for /usr/lib/libpqcache.so.0): compare real paths.
+cached=$(ldconfig -p | awk -v so="libpqcache.so.$PQ_ABI_MAJOR" '$1 == so { print $NF; exit }')
+[[ -n $cached && $(realpath "$cached") == $(realpath "$libdir/libpqcache.so.$PQ_ABI_MAJOR") ]] \
+  || fail "ldconfig does not know $libdir/libpqcache.so.$PQ_ABI_MAJOR after dpkg -i (trigger missing?): '$cached'"
+log "OK: ldconfig -p: $(ldconfig -p | grep -m1 "libpqcache.so.$PQ_ABI_MAJOR")"
+
+# Build with the system's search paths only.
+flags=$(env -u PKG_CONFIG_PATH -u PKG_CONFIG_LIBDIR pkg-config --cflags --libs pqcache) \
+  || fail "pkg-config does not find pqcache after dpkg -i"
+log "pkg-config --cflags --libs pqcache: $flags"
+# shellcheck disable=SC2086
+"$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -o "$work/decode_loop_pc" \
+  "$PQ_SOURCE_DIR/examples/decode_loop.c" $flags -lm || fail "decode_loop.c with the system pkg-config"
+# shellcheck disable=SC2086
+"$PQ_C_COMPILER" -std=c99 -Wall -Werror -o "$work/plugin_probe" "$TESTS_DIR/plugin_probe.c" $flags \
+  || fail "plugin_probe.c with the system pkg-config"
+"$CMAKE_COMMAND" -S "$TESTS_DIR/consumer" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="$PQ_SOURCE_DIR/examples/decode_loop.c" \
+  >"$work/consumer.log" 2>&1 && "$CMAKE_COMMAND" --build "$work/consumer" >>"$work/consumer.log" 2>&1 \
+  || { cat "$work/consumer.log" >&2; fail "find_package(pqcache) from /usr"; }
+for bin in "$work/decode_loop_pc" "$work/consumer/decode_loop"; do
+  env -u LD_LIBRARY_PATH "$bin" --small --min-recall 0.5 >"$work/run.log" 2>&1 \
+    || { cat "$work/run.log" >&2; fail "$bin --small against the installed packages"; }
+  used=$(env -u LD_LIBRARY_PATH ldd "$bin" | awk -v so="libpqcache.so.$PQ_ABI_MAJOR" '$1 == so { print $3 }')
+  [[ -n $used && $(realpath "$used") == $(realpath "$libdir/libpqcache.so.$PQ_ABI_MAJOR") ]] \
+    || fail "$bin does not use $libdir/libpqcache.so.$PQ_ABI_MAJOR (ldd: '$used')"
+  log "OK: $bin --small ran against $libdir/libpqcache.so.$PQ_ABI_MAJOR"
+done
+if ((PQ_WITH_CUDA_PLUGIN)); then
+  PQCACHE_CUDA_PLUGIN= env -u LD_LIBRARY_PATH "$work/plugin_probe" present || fail "plug-in not found in $libdir/pqcache"
+fi
+
+# Remove and purge, then nothing may be left.
+trap - EXIT
+purge
+for n in "${names[@]}"; do
+  dpkg-query -W "$n" >/dev/null 2>&1 && fail "$n is still known to dpkg after dpkg -P"
+done
+for f in "$libdir/libpqcache.so.$PQ_VERSION" "$libdir/libpqcache.so" "/usr/$PQ_INCLUDEDIR/pqcache.h" \
+         "$libdir/pqcache" "$libdir/cmake/pqcache" "$libdir/pkgconfig/pqcache.pc"; do
+  [[ -e $f ]] && fail "$f is left after dpkg -P"
+done
+ldconfig -p | has "libpqcache.so.$PQ_ABI_MAJOR" && fail "ldconfig still lists libpqcache.so.$PQ_ABI_MAJOR after dpkg -P"
+log "PASS: installed, used and purged ${names[*]}"

@@ -1,0 +1,86 @@
+# Shared helpers of the packaging tests (sourced). The tests get their
+# settings from CTest's environment (packaging/CMakeLists.txt).
+set -euo pipefail
+
+: "${PQ_SOURCE_DIR:?set by CTest}" "${PQ_BUILD_DIR:?}" "${PQ_VERSION:?}" "${PQ_ABI_MAJOR:?}"
+: "${PQ_LIBDIR:?}" "${PQ_INCLUDEDIR:?}" "${PQ_C_COMPILER:?}" "${CMAKE_COMMAND:?}"
+TESTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# has GREP-ARGS: grep for a pipeline's output that reads all of it (grep -q
+# stops at the first match, and under pipefail the writer's SIGPIPE would
+# then fail the test at random).
+has() { grep "$@" >/dev/null; }
+
+log() { echo "[$(basename "$0" .sh)] $*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A fresh private scratch folder: every test has its own, so ctest -j never
+# shares a file between two tests.
+fresh_dir() {
+  rm -rf "$1"
+  mkdir -p "$1"
+}
+
+# expect_files ROOT FILE...: each FILE (relative to ROOT) exists.
+expect_files() {
+  local root=$1; shift
+  local f
+  for f in "$@"; do
+    [[ -e $root/$f || -L $root/$f ]] || fail "$root/$f is missing"
+  done
+}
+
+# build_consumers PREFIX OUT PLUGIN(present|absent)
+# Builds examples/decode_loop.c against the installed tree under PREFIX twice,
+# through `pkg-config --cflags --libs pqcache` and through a CMake project
+# using find_package(pqcache) / pqcache::pqcache, and runs both (--small). No
+# path of the source or build tree is given to the compiler: only what the
+# .pc and the CMake package say. Then checks that the library finds the CUDA
+# plug-in in PREFIX/<libdir>/pqcache/ (or that it is absent).
+build_consumers() {
+  local prefix=$1 out=$2 plugin=$3
+  local libdir=$prefix/$PQ_LIBDIR
+  mkdir -p "$out"
+
+  # pkg-config, with the search path limited to the installed tree.
+  local flags
+  flags=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig PKG_CONFIG_PATH= pkg-config --cflags --libs pqcache) \
+    || fail "pkg-config cannot resolve pqcache under $libdir/pkgconfig"
+  log "pkg-config --cflags --libs pqcache: $flags"
+  local version
+  version=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig PKG_CONFIG_PATH= pkg-config --modversion pqcache)
+  [[ $version == "$PQ_VERSION" ]] || fail "pkg-config says version $version, expected $PQ_VERSION"
+  # shellcheck disable=SC2086 # $flags is a list of flags
+  "$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -o "$out/decode_loop_pc" \
+    "$PQ_SOURCE_DIR/examples/decode_loop.c" $flags -lm \
+    || fail "decode_loop.c does not compile with the pkg-config flags"
+  # shellcheck disable=SC2086
+  "$PQ_C_COMPILER" -std=c99 -Wall -Werror -o "$out/plugin_probe" "$TESTS_DIR/plugin_probe.c" $flags \
+    || fail "plugin_probe.c does not compile with the pkg-config flags"
+
+  # find_package(pqcache) from a downstream CMake project.
+  "$CMAKE_COMMAND" -S "$TESTS_DIR/consumer" -B "$out/consumer" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="$PQ_SOURCE_DIR/examples/decode_loop.c" \
+    >"$out/consumer-configure.log" 2>&1 \
+    || { cat "$out/consumer-configure.log" >&2; fail "find_package(pqcache) failed"; }
+  grep 'pqcache .* at ' "$out/consumer-configure.log" | sed "s/^/[$(basename "$0" .sh)] /"
+  grep -q "at $libdir/libpqcache.so" "$out/consumer-configure.log" \
+    || fail "pqcache::pqcache does not point into $libdir"
+  "$CMAKE_COMMAND" --build "$out/consumer" >"$out/consumer-build.log" 2>&1 \
+    || { cat "$out/consumer-build.log" >&2; fail "the find_package consumer does not build"; }
+
+  # Run them against the installed library: LD_LIBRARY_PATH, since the tree
+  # is not in the loader's path (the packages' library is, after dpkg -i).
+  local bin
+  for bin in "$out/decode_loop_pc" "$out/consumer/decode_loop"; do
+    LD_LIBRARY_PATH=$libdir "$bin" --small --min-recall 0.5 >"$out/run.log" 2>&1 \
+      || { cat "$out/run.log" >&2; fail "$bin --small failed"; }
+    # The binary must have used the installed library, not the build tree's.
+    LD_LIBRARY_PATH=$libdir ldd "$bin" | has "libpqcache.so.$PQ_ABI_MAJOR => $libdir/" \
+      || fail "$bin does not load $libdir/libpqcache.so.$PQ_ABI_MAJOR"
+    log "OK: $(basename "$(dirname "$bin")")/$(basename "$bin") --small: PQ recall (1/5, 1/10) $(awk '$1 == "PQ" && NF == 3 {print $2, $3; exit}' "$out/run.log")"
+  done
+  PQCACHE_CUDA_PLUGIN= LD_LIBRARY_PATH=$libdir "$out/plugin_probe" "$plugin" \
+    || fail "the CUDA plug-in is not where libpqcache looks for it"
+}
