@@ -1,6 +1,6 @@
 /* Prints the size of every public struct and the offset of each field, one
- * "struct field offset" line each, so that bindings written by hand (Rust,
- * Python's ctypes) can be checked against what the C compiler lays out.
+ * "struct field offset" line each, so that bindings written by hand (the
+ * Rust crate) can be checked against what the C compiler lays out.
  * A field added to a public struct must be added here too. */
 #include <stddef.h>
 #include <stdio.h>
