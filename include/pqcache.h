@@ -450,6 +450,14 @@ PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,
  * index; the others skip the build.
  * Non-finite values (NaN, Inf) are rejected with PQ_ERR_INVALID_ARGUMENT
  * naming the token and head; nothing is stored then.
+ * Device K/V on the CUDA backend (both tensors PQ_MEMORY_DEVICE): the copy
+ * to host memory is enqueued on the sequence's stream (see
+ * pq_sequence_set_stream) and the call returns without waiting; work the
+ * caller enqueues on that stream afterwards may overwrite the buffers. The
+ * index build starts once the copy has landed. The checks that need the
+ * data (non-finite values, the memory limit) then run at that point, and a
+ * failure is returned, once, by the next call on this (sequence, layer),
+ * with nothing stored. Calls on the layer wait for the copy first.
  * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND (sequence),
  * PQ_ERR_OUT_OF_MEMORY (limit; nothing stored), PQ_ERR_UNSUPPORTED (device
  * memory on the CPU backend).

@@ -52,11 +52,27 @@ struct DeviceFetchArgs {
   void* stream;
 };
 
+// A device-to-host copy in flight into page-locked memory it owns.
+class HostCopy {
+ public:
+  virtual ~HostCopy() = default;
+  // Blocks until the copy has landed; throws PQ_ERR_BACKEND if it failed.
+  virtual void wait() = 0;
+  virtual const void* data() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual pq_backend kind() const = 0;
   virtual const char* name() const = 0;
+
+  // Starts copying `bytes` of device memory at `src` to the host on
+  // `stream`, or returns null when the backend copies synchronously only.
+  virtual std::unique_ptr<HostCopy> copy_to_host_async(const void* src, size_t bytes,
+                                                       void* stream) const {
+    return nullptr;
+  }
 
   // Whether pq_sequence_set_stream may name a device stream.
   virtual bool supports_streams() const { return false; }

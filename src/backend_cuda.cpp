@@ -99,6 +99,39 @@ class PinnedStaging {
   bool recorded_ = false;
 };
 
+// A device-to-host copy into its own pinned buffer, with the event that
+// says it has landed.
+class CudaHostCopy final : public HostCopy {
+ public:
+  CudaHostCopy(const pq_cuda_plugin_v3* k, size_t bytes) : k_(k) {
+    char err[512] = {0};
+    if (k_->host_alloc(&ptr_, bytes, err, sizeof err) != 0)
+      fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation for the prefill copy "
+                                             "failed: ") + err);
+    check(k_->event_create(&event_, err, sizeof err), "event create", err);
+  }
+  ~CudaHostCopy() override {
+    char err[256];
+    k_->event_destroy(event_, err, sizeof err);
+    k_->host_free(ptr_, err, sizeof err);
+  }
+  void start(const void* src, size_t bytes, void* stream) {
+    char err[512] = {0};
+    check(k_->copy_async(ptr_, src, bytes, stream, err, sizeof err), "prefill copy", err);
+    check(k_->event_record(event_, stream, err, sizeof err), "event record", err);
+  }
+  void wait() override {
+    char err[512] = {0};
+    check(k_->event_synchronize(event_, err, sizeof err), "prefill copy", err);
+  }
+  const void* data() const override { return ptr_; }
+
+ private:
+  const pq_cuda_plugin_v3* k_;
+  void* ptr_ = nullptr;
+  void* event_ = nullptr;
+};
+
 // The device state of one (sequence, layer).
 class CudaLayer final : public DeviceLayer {
  public:
@@ -181,6 +214,22 @@ class CudaBackend final : public Backend {
   void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
                  const uint8_t* codes, int64_t tokens, float* out) const override {
     host_->pq_scores(lut, queries, subspaces, centroids, codes, tokens, out);
+  }
+
+  // Prefill from device tensors: the copy into pinned memory is enqueued on
+  // the sequence's stream (after the kernels that produced K/V) and the
+  // call returns; the core ingests it once the event has fired.
+  std::unique_ptr<HostCopy> copy_to_host_async(const void* src, size_t bytes,
+                                               void* stream) const override {
+    if (k_ == nullptr) return nullptr;
+    if (!plugin_->is_device_pointer(src))
+      fail(PQ_ERR_INVALID_ARGUMENT,
+           "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device memory");
+    char err[512] = {0};
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    auto copy = std::make_unique<CudaHostCopy>(k_, bytes);
+    copy->start(src, bytes, stream_for(stream));
+    return copy;
   }
 
   std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& c) const override {

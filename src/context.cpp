@@ -224,7 +224,13 @@ Context::Context(const pq_config& c, const char* plugin_path)
 }
 
 Context::~Context() {
-  // Cancel every build, then join the workers before anything they use goes.
+  // Let asynchronous prefills land (they schedule builds on the pool), then
+  // cancel every build, then join the workers before anything they use goes.
+  {
+    std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+    for (auto& entry : sequences_)
+      for (auto& layer : entry.second->layers) wait_ingests(*layer);
+  }
   {
     std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
     for (auto& entry : sequences_)
@@ -249,8 +255,30 @@ std::shared_ptr<Sequence> Context::find(uint64_t id) const {
   return it->second;
 }
 
+// The layer, once its asynchronous prefills (if any) have been stored; the
+// error of one that failed is thrown here, once. Call without the layer's
+// mutex: an ingest in flight needs it.
 Layer& Context::layer_of(Sequence& s, int32_t layer) const {
-  return *s.layers[static_cast<size_t>(layer)];
+  Layer& l = *s.layers[static_cast<size_t>(layer)];
+  wait_ingests(l);
+  std::lock_guard<std::mutex> lock(l.ingest_mutex);
+  if (l.ingest_status != PQ_OK) {
+    const pq_status status = l.ingest_status;
+    const std::string message = std::move(l.ingest_error);
+    l.ingest_status = PQ_OK;
+    l.ingest_error.clear();
+    fail(status, message);
+  }
+  return l;
+}
+
+void Context::wait_ingests(Layer& layer) {
+  std::shared_future<void> done;
+  {
+    std::lock_guard<std::mutex> lock(layer.ingest_mutex);
+    done = layer.ingest_done;
+  }
+  if (done.valid()) done.wait();
 }
 
 void Context::sequence_add(uint64_t id) {
@@ -325,6 +353,9 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
                                    ".memory is PQ_MEMORY_DEVICE, which the " + backend_->name() +
                                    " backend cannot read (use PQ_BACKEND_CUDA or AUTO)");
   auto seq = find(id);
+  if (is_prefill && keys->memory == PQ_MEMORY_DEVICE && values->memory == PQ_MEMORY_DEVICE &&
+      prefill_async(seq, layer_index, *keys, *values))
+    return;
   StagedTensor k = stage_input(*backend_, *keys);
   StagedTensor v = stage_input(*backend_, *values);
   reject_non_finite(k.view, "keys");
@@ -333,14 +364,71 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
   if (!is_prefill) require_prefill(layer, id, layer_index, "pq_decode_append");
-  layer.store.append(k.view, v.view);
+  store_tokens(layer, layer_index, seq, k.view, v.view, is_prefill);
+}
+
+// Appends checked host K/V to the layer and, for a prefill, schedules the
+// index build over all its tokens. Layer mutex held.
+void Context::store_tokens(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq,
+                           const pq_tensor& keys, const pq_tensor& values, bool is_prefill) {
+  layer.store.append(keys, values);
   if (!layer.selector_state) layer.selector_state = selector_->make_state(config_, layer_index);
   if (is_prefill) {
-    layer.prefill_tokens += keys->tokens;
+    layer.prefill_tokens += keys.tokens;
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
     if (selector_->needs_index()) schedule_build(layer, layer_index, seq);
   }
   layer.update_mirrors();
+}
+
+// Prefill from device memory on a backend that copies asynchronously (paper
+// Algorithm 1): the copies into pinned memory are enqueued on the
+// sequence's stream and the call returns. A pool task waits for them (and
+// for the layer's previous ingest, to keep the order), checks the values,
+// stores them and schedules the build, so K-Means starts once the copy has
+// landed. Calls on the layer wait for the ingest first (layer_of); an
+// ingest that fails is reported by the next one. Returns false when the
+// backend has no asynchronous copy (the caller copies synchronously).
+bool Context::prefill_async(const std::shared_ptr<Sequence>& seq, int32_t layer_index,
+                            const pq_tensor& keys, const pq_tensor& values) {
+  void* stream = seq->stream.load();
+  const size_t es = dtype_size(keys.dtype);
+  std::shared_ptr<HostCopy> k_copy = backend_->copy_to_host_async(
+      keys.data, static_cast<size_t>(tensor_span_elements(keys)) * es, stream);
+  if (!k_copy) return false;
+  std::shared_ptr<HostCopy> v_copy = backend_->copy_to_host_async(
+      values.data, static_cast<size_t>(tensor_span_elements(values)) * es, stream);
+  Layer& layer = *seq->layers[static_cast<size_t>(layer_index)];
+  std::lock_guard<std::mutex> chain(layer.ingest_mutex);
+  std::shared_future<void> previous = layer.ingest_done;
+  pq_tensor k_view = keys, v_view = values;
+  layer.ingest_done =
+      pool_->submit([this, seq, layer_index, k_copy, v_copy, k_view, v_view, previous]() mutable {
+        Layer& l = *seq->layers[static_cast<size_t>(layer_index)];
+        try {
+          if (previous.valid()) previous.wait();
+          k_copy->wait();
+          v_copy->wait();
+          k_view.data = const_cast<void*>(k_copy->data());
+          v_view.data = const_cast<void*>(v_copy->data());
+          k_view.memory = v_view.memory = PQ_MEMORY_HOST;
+          reject_non_finite(k_view, "keys");
+          reject_non_finite(v_view, "values");
+          std::lock_guard<std::mutex> lock(l.mutex);
+          store_tokens(l, layer_index, seq, k_view, v_view, true);
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(l.ingest_mutex);
+          l.ingest_status = e.status();
+          l.ingest_error = "the asynchronous pq_prefill_layer of layer " +
+                           std::to_string(layer_index) + " failed; nothing was stored: " + e.what();
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(l.ingest_mutex);
+          l.ingest_status = PQ_ERR_INTERNAL;
+          l.ingest_error = "the asynchronous pq_prefill_layer of layer " +
+                           std::to_string(layer_index) + " failed: " + e.what();
+        }
+      }).share();
+  return true;
 }
 
 int32_t Context::iteration_budget(int64_t tokens, int64_t training_points) {
@@ -858,6 +946,8 @@ void Context::wait_builds() {
     std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
     for (const auto& entry : sequences_) seqs.push_back(entry.second);
   }
+  for (auto& s : seqs)
+    for (auto& layer : s->layers) wait_ingests(*layer);  // they schedule builds
   std::string first_error;
   pq_status first_status = PQ_OK;
   for (auto& s : seqs)

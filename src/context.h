@@ -97,6 +97,11 @@ class Context {
                       const pq_tensor* out_values, uint64_t rows);
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
+  void store_tokens(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq,
+                    const pq_tensor& keys, const pq_tensor& values, bool is_prefill);
+  bool prefill_async(const std::shared_ptr<Sequence>& seq, int32_t layer_index,
+                     const pq_tensor& keys, const pq_tensor& values);
+  static void wait_ingests(Layer& layer);
   void schedule_build(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq);
   void run_build(BuildTask& task, const KvStore::Snapshot& snapshot, int32_t layer_index,
                  Counters& seq_counters);

@@ -47,6 +47,15 @@ struct Layer {
   int32_t last_budget = 0;
   double last_build_seconds = 0.0;
 
+  // Asynchronous prefills from device memory (CUDA): the last one's
+  // completion (each waits for the one before), and the error of one that
+  // failed, reported by the next call on the layer. Guarded by
+  // ingest_mutex, never by `mutex` (an ingest takes `mutex` to store).
+  std::mutex ingest_mutex;
+  std::shared_future<void> ingest_done;
+  std::string ingest_error;
+  pq_status ingest_status = PQ_OK;
+
   std::atomic<int64_t> tokens_mirror{0};
   std::atomic<uint64_t> kv_bytes_mirror{0};
   std::atomic<uint64_t> index_bytes_mirror{0};

@@ -313,3 +313,41 @@ TEST(CudaBackend, DecodeStepsWithResidentCodesStreamAndBlockCache) {
 }
 
 }  // namespace
+
+namespace {
+
+// An asynchronous prefill from device memory whose keys hold a NaN: the
+// call returns PQ_OK (the copy is in flight), the next call on the layer
+// reports the NaN once, nothing was stored, and the layer stays usable.
+TEST(CudaBackend, AsynchronousPrefillReportsBadDataAtTheNextCall) {
+  std::string why;
+  if (cuda_devices(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  pq_config c = base_config(PQ_BACKEND_CUDA);
+  pq_context* ctx = nullptr;
+  ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+  std::vector<float> keys(static_cast<size_t>(kTokens) * kKvHeads * kHeadDim, 0.5f);
+  keys[12345] = std::nanf("");
+  float* d_keys = device_copy_of(keys);
+  keys[12345] = 0.5f;
+  float* d_good = device_copy_of(keys);
+  pq_tensor k, v;
+  pq_tensor_init(&k, d_keys, PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kTokens, kKvHeads, kHeadDim);
+  pq_tensor_init(&v, d_good, PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kTokens, kKvHeads, kHeadDim);
+  k.memory = v.memory = PQ_MEMORY_DEVICE;
+  ASSERT_EQ(pq_prefill_layer(ctx, 1, 0, &k, &v), PQ_OK) << pq_last_error();
+  int64_t length = -1;
+  EXPECT_EQ(pq_sequence_length(ctx, 1, 0, &length), PQ_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pq_last_error()).find("asynchronous"), std::string::npos) << pq_last_error();
+  ASSERT_EQ(pq_sequence_length(ctx, 1, 0, &length), PQ_OK) << "reported once";
+  EXPECT_EQ(length, 0) << "nothing stored";
+  k.data = d_good;
+  ASSERT_EQ(pq_prefill_layer(ctx, 1, 0, &k, &v), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_sequence_length(ctx, 1, 0, &length), PQ_OK) << pq_last_error();
+  EXPECT_EQ(length, kTokens);
+  cudaFree(d_keys);
+  cudaFree(d_good);
+  pq_destroy(ctx);
+}
+
+}  // namespace
