@@ -368,6 +368,12 @@ typedef struct pq_config {
   int32_t cache_block_tokens;
   /* pq_cache_policy; default PQ_CACHE_LRU. */
   int32_t cache_policy;
+  /* The paper's k_cache: blocks ranked at each update (those holding the
+   * most fetched tokens are touched or admitted). 0 (default): the number
+   * of slots, the paper's best setting, where every cached block the update
+   * does not rank is replaced and the policy rarely matters; fewer blocks
+   * keep some older blocks, chosen by the policy. */
+  int32_t cache_update_blocks;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).

@@ -123,6 +123,7 @@ void pq_config_default(pq_config* c) {
   c->cache_tokens = 0;
   c->cache_block_tokens = 128;
   c->cache_policy = PQ_CACHE_LRU;
+  c->cache_update_blocks = 0;
 }
 
 pq_status pq_create(const pq_config* config, pq_context** out) {

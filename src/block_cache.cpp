@@ -7,10 +7,13 @@
 
 namespace pq {
 
-BlockCache::BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy)
+BlockCache::BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy,
+                       int32_t update_blocks)
     : block_tokens_(block_tokens), policy_(policy) {
   const int64_t slots = block_tokens > 0 ? capacity_tokens / block_tokens : 0;
   slots_.resize(static_cast<size_t>(std::max<int64_t>(0, slots)));
+  update_blocks_ = update_blocks > 0 ? std::min(slots_.size(), static_cast<size_t>(update_blocks))
+                                     : slots_.size();
 }
 
 int32_t BlockCache::lookup(int64_t position) const {
@@ -63,7 +66,7 @@ std::vector<BlockCache::Admission> BlockCache::update(const std::vector<int64_t>
     ranked.emplace_back(static_cast<int64_t>(j - i), blocks[i]);
     i = j;
   }
-  const size_t keep = std::min(ranked.size(), slots_.size());
+  const size_t keep = std::min(ranked.size(), update_blocks_);
   std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
                     ranked.end(), [](const auto& a, const auto& b) { return a > b; });
   ranked.resize(keep);

@@ -3,10 +3,10 @@
 // cache holds up to capacity_tokens / block_tokens whole blocks (all kv
 // heads' K and V of those positions) in numbered slots. After each fetch it
 // is updated with the blocks that hold the most of the fetched tokens (the
-// paper's top-k_cache blocks, k_cache = the number of slots, the setting the
-// paper found best): blocks already cached are touched, the others replace
-// the least recently (LRU) or least frequently (LFU) used block that was not
-// among them.
+// paper's top-k_cache blocks; by default k_cache = the number of slots, the
+// setting the paper found best): blocks already cached are touched, the
+// others replace the least recently (LRU) or least frequently (LFU) used
+// block that was not among them.
 //
 // This class only decides; it holds no K/V. The CUDA backend copies each
 // admitted block into its slot in device memory; the CPU backend keeps the
@@ -22,9 +22,12 @@ namespace pq {
 
 class BlockCache {
  public:
-  // policy: pq_cache_policy. capacity_tokens < block_tokens gives no slots
-  // (a disabled cache: every lookup misses, update admits nothing).
-  BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy);
+  // policy: pq_cache_policy. update_blocks: k_cache, the blocks ranked per
+  // update; 0 or more than the slots means the number of slots.
+  // capacity_tokens < block_tokens gives no slots (a disabled cache: every
+  // lookup misses, update admits nothing).
+  BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy,
+             int32_t update_blocks = 0);
 
   int32_t slot_count() const { return static_cast<int32_t>(slots_.size()); }
   int32_t block_tokens() const { return block_tokens_; }
@@ -44,7 +47,7 @@ class BlockCache {
   // One update after a fetch of `positions` (the fetched middle tokens of
   // every kv head, in any order, repeats counted once per head). Blocks are
   // ranked by how many of the positions they hold (ties: the later block
-  // first); the top slot_count() are kept. Only blocks whose every position
+  // first); the top k_cache are kept. Only blocks whose every position
   // is below complete_tokens are admitted (a partial block would miss the
   // tokens appended later). Returns the admissions, in rank order.
   std::vector<Admission> update(const std::vector<int64_t>& positions, int64_t complete_tokens);
@@ -62,6 +65,7 @@ class BlockCache {
 
   int32_t block_tokens_;
   int32_t policy_;
+  size_t update_blocks_;  // k_cache
   uint64_t step_ = 0;
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_block_;  // indexed by block; -1 when not cached

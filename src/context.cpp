@@ -173,6 +173,7 @@ pq_config resolve_config(const pq_config* in) {
   if (c.cache_policy != PQ_CACHE_LRU && c.cache_policy != PQ_CACHE_LFU)
     invalid("config.cache_policy is " + str(c.cache_policy) +
             "; expected PQ_CACHE_LRU (0) or PQ_CACHE_LFU (1)");
+  require_range("cache_update_blocks", c.cache_update_blocks, 0, INT32_MAX);
   c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
   return c;
 }
@@ -189,7 +190,8 @@ Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget,
     layers.push_back(std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget));
     if (c.cache_tokens > 0)
       layers.back()->cache =
-          std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy);
+          std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
+                                       c.cache_update_blocks);
     layers.back()->device = backend.make_device_layer(c);
   }
 }

@@ -63,6 +63,7 @@
   X(pq_config, cache_tokens) \
   X(pq_config, cache_block_tokens) \
   X(pq_config, cache_policy) \
+  X(pq_config, cache_update_blocks) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

@@ -61,6 +61,7 @@ TEST(ApiCache, DefaultsAreOffWithPaperBlocksAndLru) {
   EXPECT_EQ(c.cache_tokens, 0);
   EXPECT_EQ(c.cache_block_tokens, 128);
   EXPECT_EQ(c.cache_policy, PQ_CACHE_LRU);
+  EXPECT_EQ(c.cache_update_blocks, 0);
 }
 
 TEST(ApiCache, BadSettingsNameTheField) {
@@ -73,6 +74,9 @@ TEST(ApiCache, BadSettingsNameTheField) {
   EXPECT_TRUE(IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"cache_block_tokens"}));
   c = cache_config(-1);
   EXPECT_TRUE(IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"cache_tokens"}));
+  c = cache_config(256);
+  c.cache_update_blocks = -2;
+  EXPECT_TRUE(IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"cache_update_blocks"}));
   EXPECT_EQ(ctx, nullptr);
 }
 

@@ -3,6 +3,7 @@
 // so it is tested here without a GPU.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "block_cache.h"
@@ -142,6 +143,34 @@ TEST(BlockCache, NegativePositionsAreIgnored) {
   BlockCache cache(1 * kBlock, kBlock, PQ_CACHE_LRU);
   EXPECT_TRUE(cache.update({-1, -5}, kAllComplete).empty());
   EXPECT_EQ(cache.lookup(-1), -1);
+}
+
+}  // namespace
+
+namespace {
+
+using pq::BlockCache;
+
+// With k_cache below the slot count, blocks the update does not rank can
+// survive, and the policy picks which: LRU keeps the recent one, LFU the
+// often used one.
+TEST(BlockCache, FewerUpdateBlocksThanSlotsLetThePolicyDecide) {
+  constexpr int32_t kB = 4;
+  auto run = [](int32_t policy) {
+    BlockCache cache(2 * kB, kB, policy, /*update_blocks=*/1);
+    cache.update({0}, 1 << 20);   // block 0 (1 use)
+    cache.update({0}, 1 << 20);   // block 0 (2 uses)
+    cache.update({4}, 1 << 20);   // block 1 (1 use), more recent; both cached
+    cache.update({8}, 1 << 20);   // block 2 evicts 0 (LRU) or 1 (LFU)
+    return std::make_pair(cache.lookup(0) >= 0, cache.lookup(4) >= 0);
+  };
+  EXPECT_EQ(run(PQ_CACHE_LRU), std::make_pair(false, true));
+  EXPECT_EQ(run(PQ_CACHE_LFU), std::make_pair(true, false));
+}
+
+TEST(BlockCache, UpdateBlocksAreClippedToTheSlots) {
+  BlockCache cache(2 * 4, 4, PQ_CACHE_LRU, /*update_blocks=*/10);
+  EXPECT_EQ(cache.update({0, 4, 8}, 1 << 20).size(), 2u);
 }
 
 }  // namespace

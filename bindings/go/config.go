@@ -123,9 +123,10 @@ type Config struct {
 	PyramidRatio         float32
 	ScopeDecodeShare     float32
 
-	CacheTokens      int64
-	CacheBlockTokens int
-	CachePolicy      CachePolicy
+	CacheTokens       int64
+	CacheBlockTokens  int
+	CachePolicy       CachePolicy
+	CacheUpdateBlocks int // the paper's k_cache; 0: all slots
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -183,9 +184,10 @@ func configFromC(cc pqswig.Pq_config) Config {
 		PyramidRatio:         cc.GetPyramid_ratio(),
 		ScopeDecodeShare:     cc.GetScope_decode_share(),
 
-		CacheTokens:      cc.GetCache_tokens(),
-		CacheBlockTokens: cc.GetCache_block_tokens(),
-		CachePolicy:      CachePolicy(cc.GetCache_policy()),
+		CacheTokens:       cc.GetCache_tokens(),
+		CacheBlockTokens:  cc.GetCache_block_tokens(),
+		CachePolicy:       CachePolicy(cc.GetCache_policy()),
+		CacheUpdateBlocks: cc.GetCache_update_blocks(),
 	}
 }
 
@@ -251,6 +253,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetCache_tokens(c.CacheTokens)
 	cc.SetCache_block_tokens(i32("CacheBlockTokens", c.CacheBlockTokens))
 	cc.SetCache_policy(int(c.CachePolicy))
+	cc.SetCache_update_blocks(i32("CacheUpdateBlocks", c.CacheUpdateBlocks))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -198,6 +198,7 @@ c_struct! {
         pub cache_tokens: i64,
         pub cache_block_tokens: i32,
         pub cache_policy: i32,
+        pub cache_update_blocks: i32,
     }
 }
 

@@ -234,6 +234,8 @@ impl Config {
         cache_tokens: i64;
         cache_block_tokens: i32;
         cache_policy: CachePolicy => |p: CachePolicy| p as i32;
+        /// Blocks ranked per cache update (the paper's k_cache; 0: all slots).
+        cache_update_blocks: i32;
     }
 }
 

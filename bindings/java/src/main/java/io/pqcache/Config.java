@@ -245,6 +245,11 @@ public final class Config {
       return set(c -> c.setCache_block_tokens(tokens));
     }
 
+    /** Blocks ranked per cache update (the paper's k_cache); 0 (default) = all slots. */
+    public Builder cacheUpdateBlocks(int blocks) {
+      return set(c -> c.setCache_update_blocks(blocks));
+    }
+
     /** Cache eviction policy; default LRU. */
     public Builder cachePolicy(CachePolicy policy) {
       Objects.requireNonNull(policy, "policy");
