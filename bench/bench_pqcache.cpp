@@ -23,11 +23,25 @@
 //                        over each GQA group, std::nth_element top-k per kv
 //                        head, positions sorted; kv heads split over the
 //                        hardware threads.
-// All times are wall-clock (UseRealTime). scripts/bench.sh turns the JSON
-// output into a table.
+//   prefill_overlap      an 8-layer prefill (same head geometry, 8K and 32K
+//                        tokens, 10 K-Means iterations) where each layer first
+//                        "computes" (sleeps, standing in for the caller's GPU
+//                        work) and then calls pq_prefill_layer. Timed: the
+//                        overlapped schedule (builds run on the worker pool
+//                        while later layers compute; one pq_wait_builds at the
+//                        end). Measured in the same iteration, untimed: the
+//                        sequential schedule (pq_wait_builds after every
+//                        layer). Counters: sequential_ms, overlap_speedup
+//                        (sequential / overlapped), and from the sequential
+//                        run, per layer: compute_ms (the sleep), prefill_ms
+//                        (the pq_prefill_layer call: copy and checks) and
+//                        build_ms (K-Means and encoding on the pool).
+// All times are wall-clock (UseRealTime; prefill_overlap times itself with a
+// steady clock). scripts/bench.sh turns the JSON output into tables.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -46,17 +60,18 @@
 #define PQ_BENCH_X86 1
 #endif
 
+#include "bench_data.h"
 #include "pqcache.h"
 
 namespace {
 
-constexpr int kQHeads = 32;
-constexpr int kKvHeads = 8;
-constexpr int kGroup = kQHeads / kKvHeads;
-constexpr int kHeadDim = 128;
+using pqbench::kGroup;
+using pqbench::kHeadDim;
+using pqbench::kKvHeads;
+using pqbench::kQHeads;
+using pqbench::kTopkFraction;
 constexpr int kClusters = 64;
 constexpr int kQueries = 16;
-constexpr float kTopkFraction = 0.2f;
 constexpr int kKmeansIterations = 10;
 constexpr uint64_t kSeq = 1;
 
@@ -73,61 +88,9 @@ void check(pq_status st, const char* what) {
 // Data
 // ---------------------------------------------------------------------------
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
-  // Approximately N(0, 1): the sum of four uniforms, rescaled (cheap, and
-  // only the clustered shape matters here).
-  float gauss() {
-    return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f;
-  }
-};
-
-uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7FFFFFu;
-  int32_t exp = int32_t((x >> 23) & 0xFFu) - 127 + 15;
-  if (((x >> 23) & 0xFFu) == 0xFFu) return uint16_t(sign | 0x7C00u | (mant ? 0x200u : 0u));
-  if (exp >= 31) return uint16_t(sign | 0x7C00u);
-  if (exp <= 0) {
-    if (exp < -10) return uint16_t(sign);
-    mant |= 0x800000u;
-    uint32_t shift = uint32_t(14 - exp), half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
-    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
-    return uint16_t(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(exp) << 10) | (mant >> 13);
-  if ((mant & 0x1FFFu) > 0x1000u || ((mant & 0x1FFFu) == 0x1000u && (half & 1u))) ++half;
-  return uint16_t(half);
-}
-
-float f16_to_f32(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {  // subnormal
-      exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
-      x = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
-    }
-  } else if (exp == 31) {
-    x = sign | 0x7F800000u | (mant << 13);
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+using pqbench::f16_to_f32;
+using pqbench::f32_to_f16;
+using pqbench::Rng;
 
 // Keys, values ([token][kv_head][head_dim], f16) and queries
 // ([query][q_head][head_dim], f16 and f32) for one context length.
@@ -176,30 +139,20 @@ std::unique_ptr<Trace> make_trace(int64_t tokens) {
 }
 
 pq_config bench_config(int32_t selector, int32_t gqa_combine = PQ_GQA_SUM_SOFTMAX) {
-  pq_config cfg;
-  pq_config_default(&cfg);
-  cfg.num_layers = 1;
-  cfg.num_q_heads = kQHeads;
-  cfg.num_kv_heads = kKvHeads;
-  cfg.head_dim = kHeadDim;
-  cfg.dtype = PQ_DTYPE_F16;
-  cfg.pq_subspaces = 2;
-  cfg.pq_bits = 6;
-  cfg.topk_fraction = kTopkFraction;
-  cfg.kmeans_iterations = kKmeansIterations;
+  pq_config cfg = pqbench::layer_config(kKmeansIterations);
   cfg.kmeans_tolerance = 0.0f;  // no early stop: exactly kKmeansIterations
   cfg.selector = selector;
   cfg.gqa_combine = gqa_combine;
   return cfg;
 }
 
-void prefill(pq_context* ctx, const Trace& t) {
+void prefill(pq_context* ctx, const Trace& t, int32_t layer = 0) {
   pq_tensor k, v;
   CHECK(pq_tensor_init(&k, const_cast<uint16_t*>(t.keys.data()), PQ_DTYPE_F16,
                        PQ_LAYOUT_TOKEN_MAJOR, t.tokens, kKvHeads, kHeadDim));
   CHECK(pq_tensor_init(&v, const_cast<uint16_t*>(t.values.data()), PQ_DTYPE_F16,
                        PQ_LAYOUT_TOKEN_MAJOR, t.tokens, kKvHeads, kHeadDim));
-  CHECK(pq_prefill_layer(ctx, kSeq, 0, &k, &v));
+  CHECK(pq_prefill_layer(ctx, kSeq, layer, &k, &v));
 }
 
 // Traces and prefilled contexts, built once per length and shared by the
@@ -464,6 +417,72 @@ void exact_scan_baseline(benchmark::State& state) {
   state.counters["avx2_f16c"] = have_avx2() ? 1 : 0;
 }
 
+// ---------------------------------------------------------------------------
+// (d) prefill overlapped with the caller's compute (paper section 3.3)
+// ---------------------------------------------------------------------------
+
+constexpr int32_t kOverlapLayers = 8;
+
+// The caller's compute for one layer of a Llama-3-8B-like model over a prompt
+// of s tokens, which the benchmark sleeps for: 2 FLOPs per weight and token
+// (218M weights per layer: 42M in attention, 176M in the MLP) plus causal
+// attention (QK^T and AV over half of the s x s scores: 2 s^2 d, d = 4096),
+// at 500 TFLOP/s (an H100's bf16 at about half of its dense peak). That is
+// 8.2 ms per layer at 8K tokens and 46 ms at 32K.
+double layer_compute_seconds(int64_t s) {
+  constexpr double kWeightsPerLayer = 218e6, kModelDim = 4096, kFlopsPerSecond = 500e12;
+  const double n = double(s);
+  return (2.0 * kWeightsPerLayer * n + 2.0 * kModelDim * n * n) / kFlopsPerSecond;
+}
+
+// Prefills every layer of a fresh context with the trace, each after
+// `compute` seconds of the caller's work; `overlapped` waits for the builds
+// once at the end, otherwise after every layer. Returns the wall time
+// (context creation excluded); adds the time inside pq_prefill_layer and the
+// builds' wall time to *prefill_seconds and *build_seconds.
+double prefill_all_layers(const Trace& t, double compute, bool overlapped, double* prefill_seconds,
+                          double* build_seconds) {
+  pq_config cfg = bench_config(PQ_SELECTOR_PQ);
+  cfg.num_layers = kOverlapLayers;
+  pq_context* ctx = nullptr;
+  CHECK(pq_create(&cfg, &ctx));
+  CHECK(pq_sequence_add(ctx, kSeq));
+  const auto start = std::chrono::steady_clock::now();
+  for (int32_t layer = 0; layer < kOverlapLayers; ++layer) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(compute));
+    const auto call = std::chrono::steady_clock::now();
+    prefill(ctx, t, layer);
+    *prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - call).count();
+    if (!overlapped) CHECK(pq_wait_builds(ctx));
+  }
+  if (overlapped) CHECK(pq_wait_builds(ctx));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  *build_seconds += stats_of(ctx).build_seconds;
+  pq_destroy(ctx);
+  return wall;
+}
+
+void prefill_overlap(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const Trace& t = trace_for(tokens);
+  const double compute = layer_compute_seconds(tokens);
+  double sequential = 0, overlapped = 0, prefill_calls = 0, builds = 0, unused = 0;
+  for (auto _ : state) {
+    // The reference first, in the same process; its builds do not overlap
+    // one another, so their wall time is a layer's build cost.
+    sequential += prefill_all_layers(t, compute, false, &prefill_calls, &builds);
+    const double wall = prefill_all_layers(t, compute, true, &unused, &unused);
+    overlapped += wall;
+    state.SetIterationTime(wall);
+  }
+  const double n = double(state.iterations()), per_layer = 1e3 / n / kOverlapLayers;
+  state.counters["sequential_ms"] = 1e3 * sequential / n;
+  state.counters["overlap_speedup"] = sequential / overlapped;
+  state.counters["compute_ms"] = 1e3 * compute;
+  state.counters["prefill_ms"] = prefill_calls * per_layer;
+  state.counters["build_ms"] = builds * per_layer;
+}
+
 }  // namespace
 
 // Prefill + build: a fixed number of iterations keeps the 128K run affordable.
@@ -474,6 +493,10 @@ BENCHMARK(pq_select_fetch)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::
 BENCHMARK(pq_select_fetch_gqa_max)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(exact_select_fetch)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(exact_scan_baseline)->Arg(8192)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond)->UseRealTime();
+// Each iteration runs both schedules (about 8 s at 8K and 15 s at 32K on 2
+// cores), so few iterations.
+BENCHMARK(prefill_overlap)->Arg(8192)->Iterations(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK(prefill_overlap)->Arg(32768)->Iterations(1)->Unit(benchmark::kMillisecond)->UseManualTime();
 
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("pqcache_version", pq_version_string());

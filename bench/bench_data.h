@@ -1,0 +1,92 @@
+// Synthetic data helpers shared by the benchmark programs: a seeded
+// SplitMix64 generator and f16 rounding (round to nearest even), so that
+// every benchmark builds the same kind of data the same way.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "pqcache.h"
+
+namespace pqbench {
+
+// One layer of a Llama-3-8B-like model: 32 query heads, 8 kv heads (GQA 4),
+// head_dim 128, f16; PQ with m = 2, b = 6; top-k 1/5 of the middle tokens.
+constexpr int kQHeads = 32;
+constexpr int kKvHeads = 8;
+constexpr int kGroup = kQHeads / kKvHeads;
+constexpr int kHeadDim = 128;
+constexpr float kTopkFraction = 0.2f;
+
+inline pq_config layer_config(int32_t kmeans_iterations) {
+  pq_config cfg;
+  pq_config_default(&cfg);
+  cfg.num_layers = 1;
+  cfg.num_q_heads = kQHeads;
+  cfg.num_kv_heads = kKvHeads;
+  cfg.head_dim = kHeadDim;
+  cfg.dtype = PQ_DTYPE_F16;
+  cfg.pq_subspaces = 2;
+  cfg.pq_bits = 6;
+  cfg.topk_fraction = kTopkFraction;
+  cfg.kmeans_iterations = kmeans_iterations;
+  return cfg;
+}
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
+  // Approximately N(0, 1): the sum of four uniforms, rescaled (cheap, and
+  // only the clustered shape matters here).
+  float gauss() {
+    return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f;
+  }
+};
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7FFFFFu;
+  int32_t exp = int32_t((x >> 23) & 0xFFu) - 127 + 15;
+  if (((x >> 23) & 0xFFu) == 0xFFu) return uint16_t(sign | 0x7C00u | (mant ? 0x200u : 0u));
+  if (exp >= 31) return uint16_t(sign | 0x7C00u);
+  if (exp <= 0) {
+    if (exp < -10) return uint16_t(sign);
+    mant |= 0x800000u;
+    uint32_t shift = uint32_t(14 - exp), half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t half = sign | (uint32_t(exp) << 10) | (mant >> 13);
+  if ((mant & 0x1FFFu) > 0x1000u || ((mant & 0x1FFFu) == 0x1000u && (half & 1u))) ++half;
+  return uint16_t(half);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+      x = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+    }
+  } else if (exp == 31) {
+    x = sign | 0x7F800000u | (mant << 13);
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+}  // namespace pqbench
