@@ -436,7 +436,9 @@ PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
  * never synchronises the device; a call waits on the stream only where its
  * result must reach the host (pq_decode_select's positions). Device outputs
  * of pq_fetch_kv are complete once the stream reaches the point of the
- * call. The stream must outlive its use: set NULL before destroying it.
+ * call. Work already enqueued on a previous stream is not waited for:
+ * synchronise it before switching. The stream must outlive its use: set
+ * NULL before destroying it.
  * Errors: PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED (a non-NULL stream on the
  * CPU backend). Threading: must not race with calls on seq_id. */
 PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,

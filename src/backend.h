@@ -112,6 +112,14 @@ class Backend {
   // no such path (the caller stages through host memory).
   virtual bool fetch_to_device(const DeviceFetchArgs& args) const { return false; }
 
+  // Keeps the sink tokens and the local window of a layer on the device
+  // (paper Algorithm 1: they stay on the GPU): called after tokens
+  // [first, first + count) were stored, n tokens in all; the backend copies
+  // the new ones that are sinks or among the last local tokens into its
+  // window, stream-ordered. No-op without a device.
+  virtual void store_window(DeviceLayer* device, const KvStore& store, int64_t first,
+                            int64_t count, void* stream) const {}
+
   // Copies the blocks the block cache just admitted into their device slots
   // (stream-ordered, after the fetch that decided them). No-op without a
   // device.

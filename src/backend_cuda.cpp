@@ -142,11 +142,15 @@ class CudaLayer final : public DeviceLayer {
         row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
         block_tokens(c.cache_block_tokens),
         slot_count(c.cache_tokens / c.cache_block_tokens),
-        fill_staging(k) {}
+        fill_staging(k),
+        sink_tokens(c.sink_tokens),
+        local_tokens(c.local_tokens),
+        window_staging(k) {}
   ~CudaLayer() override {
     char err[256];
     for (auto& c : codes) k_->device_free(c.d, err, sizeof err);
     k_->device_free(d_slots, err, sizeof err);
+    k_->device_free(d_window, err, sizeof err);
     k_->event_destroy(fill_event, err, sizeof err);
   }
   // One slot: K then V, each [kv_head][block_tokens][row_bytes].
@@ -154,6 +158,20 @@ class CudaLayer final : public DeviceLayer {
   uint8_t* slot_row(int32_t slot, bool value, int32_t head, int64_t offset) const {
     return static_cast<uint8_t*>(d_slots) + static_cast<size_t>(slot) * slot_bytes() +
            ((static_cast<size_t>(value ? kv_heads : 0) + head) * block_tokens + offset) * row_bytes;
+  }
+
+  // The window: sink tokens in slots [0, sink_tokens), the last
+  // local_tokens tokens in a ring after them. A slot holds all kv heads'
+  // K rows, then their V rows.
+  int64_t window_slots() const { return static_cast<int64_t>(sink_tokens) + local_tokens; }
+  size_t window_slot_bytes() const { return 2 * static_cast<size_t>(kv_heads) * row_bytes; }
+  int64_t window_slot(int64_t position) const {
+    if (position < sink_tokens) return position;
+    return local_tokens > 0 ? sink_tokens + position % local_tokens : -1;
+  }
+  uint8_t* window_row(int64_t slot, bool value, int32_t head) const {
+    return static_cast<uint8_t*>(d_window) + static_cast<size_t>(slot) * window_slot_bytes() +
+           (static_cast<size_t>(value ? kv_heads : 0) + head) * row_bytes;
   }
 
   // PQ codes of one kv head resident on the device: tokens [0, uploaded)
@@ -176,6 +194,11 @@ class CudaLayer final : public DeviceLayer {
   void* fill_event = nullptr;         // recorded after the last slot fill
   bool fill_recorded = false;
   PinnedStaging fill_staging;
+  const int32_t sink_tokens;
+  const int32_t local_tokens;
+  void* d_window = nullptr;           // allocated at the first store
+  std::vector<int64_t> window_pos;    // position a window slot holds, -1 none
+  PinnedStaging window_staging;
 };
 
 class CudaBackend final : public Backend {
@@ -332,6 +355,14 @@ class CudaBackend final : public Backend {
                      (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
         dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
                      (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
+        if (layer != nullptr && layer->d_window != nullptr && (p < a.mid_begin || p >= a.mid_end)) {
+          const int64_t w = layer->window_slot(p);
+          if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
+            src_k[row] = layer->window_row(w, false, h);
+            src_v[row] = layer->window_row(w, true, h);
+            continue;
+          }
+        }
         int32_t slot = -1;
         if (use_cache && p >= a.mid_begin && p < a.mid_end) slot = a.cache->lookup(p);
         if (slot >= 0 && layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
@@ -365,6 +396,47 @@ class CudaBackend final : public Backend {
     // plan only once these have run, whatever stream it is on.
     fetch_staging_->release(s);
     return true;
+  }
+
+  void store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,
+                    void* stream) const override {
+    auto* layer = static_cast<CudaLayer*>(device);
+    if (k_ == nullptr || layer == nullptr || count <= 0 || layer->window_slots() == 0) return;
+    const int64_t n = first + count;
+    // The new tokens that are sinks, and those among the last local ones.
+    std::vector<int64_t> positions;
+    for (int64_t p = first; p < std::min<int64_t>(n, layer->sink_tokens); ++p) positions.push_back(p);
+    for (int64_t p = std::max<int64_t>({first, n - layer->local_tokens, layer->sink_tokens}); p < n; ++p)
+      positions.push_back(p);
+    if (positions.empty()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    char err[512] = {0};
+    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    void* s = stream_for(stream);
+    const size_t slot_bytes = layer->window_slot_bytes();
+    if (layer->d_window == nullptr) {
+      const size_t bytes = static_cast<size_t>(layer->window_slots()) * slot_bytes;
+      if (k_->device_alloc(&layer->d_window, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(bytes) +
+                                       " device bytes of the sink and local window could not "
+                                       "be allocated: " + err);
+      layer->window_pos.assign(static_cast<size_t>(layer->window_slots()), -1);
+    }
+    const size_t rb = layer->row_bytes;
+    uint8_t* staging = layer->window_staging.acquire(positions.size() * slot_bytes);
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const int64_t p = positions[i];
+      const int64_t w = layer->window_slot(p);
+      uint8_t* slot = staging + i * slot_bytes;
+      for (int32_t h = 0; h < layer->kv_heads; ++h) {
+        std::memcpy(slot + static_cast<size_t>(h) * rb, store.key_row(p, h), rb);
+        std::memcpy(slot + (static_cast<size_t>(layer->kv_heads) + h) * rb, store.value_row(p, h), rb);
+      }
+      check(k_->copy_async(layer->window_row(w, false, 0), slot, slot_bytes, s, err, sizeof err),
+            "window store", err);
+      layer->window_pos[static_cast<size_t>(w)] = p;
+    }
+    layer->window_staging.release(s);
   }
 
   void fill_cache_blocks(DeviceLayer* device, const KvStore& store,

@@ -373,7 +373,9 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
 // index build over all its tokens. Layer mutex held.
 void Context::store_tokens(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq,
                            const pq_tensor& keys, const pq_tensor& values, bool is_prefill) {
+  const int64_t first = layer.store.tokens();
   layer.store.append(keys, values);
+  backend_->store_window(layer.device.get(), layer.store, first, keys.tokens, seq->stream.load());
   if (!layer.selector_state) layer.selector_state = selector_->make_state(config_, layer_index);
   if (is_prefill) {
     layer.prefill_tokens += keys.tokens;
