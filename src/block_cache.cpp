@@ -47,25 +47,33 @@ int32_t BlockCache::victim(uint64_t step) const {
   return best;
 }
 
+bool BlockCache::record(int64_t position) {
+  if (position < 0) return false;
+  const size_t block = static_cast<size_t>(position / block_tokens_);
+  if (block >= fetched_.size()) fetched_.resize(block + 1, 0);
+  if (fetched_[block]++ == 0) touched_.push_back(static_cast<int64_t>(block));
+  return lookup(position) >= 0;
+}
+
 std::vector<BlockCache::Admission> BlockCache::update(const std::vector<int64_t>& positions,
                                                       int64_t complete_tokens) {
+  for (int64_t p : positions) record(p);
+  return commit(complete_tokens);
+}
+
+std::vector<BlockCache::Admission> BlockCache::commit(int64_t complete_tokens) {
+  // (tokens of the fetch in the block, block), ranked: most tokens, then
+  // later block. Counting by block keeps this linear in the fetch.
+  std::vector<std::pair<int64_t, int64_t>> ranked;
+  ranked.reserve(touched_.size());
+  for (int64_t block : touched_) {
+    ranked.emplace_back(fetched_[static_cast<size_t>(block)], block);
+    fetched_[static_cast<size_t>(block)] = 0;
+  }
+  touched_.clear();
   std::vector<Admission> admissions;
   if (slots_.empty()) return admissions;
   const uint64_t step = ++step_;
-
-  // (block, tokens of the fetch in it), ranked: most tokens, then later block.
-  std::vector<int64_t> blocks;
-  blocks.reserve(positions.size());
-  for (int64_t p : positions)
-    if (p >= 0) blocks.push_back(p / block_tokens_);
-  std::sort(blocks.begin(), blocks.end());
-  std::vector<std::pair<int64_t, int64_t>> ranked;  // (count, block)
-  for (size_t i = 0; i < blocks.size();) {
-    size_t j = i;
-    while (j < blocks.size() && blocks[j] == blocks[i]) ++j;
-    ranked.emplace_back(static_cast<int64_t>(j - i), blocks[i]);
-    i = j;
-  }
   const size_t keep = std::min(ranked.size(), update_blocks_);
   std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
                     ranked.end(), [](const auto& a, const auto& b) { return a > b; });

@@ -44,12 +44,19 @@ class BlockCache {
     int64_t evicted;  // the block it replaced, or -1
   };
 
-  // One update after a fetch of `positions` (the fetched middle tokens of
-  // every kv head, in any order, repeats counted once per head). Blocks are
+  // Records one fetched middle token (of any kv head; a token fetched for
+  // several heads is recorded once per head) for the next commit(); returns
+  // whether its block is cached, i.e. whether the fetch hit.
+  bool record(int64_t position);
+
+  // One update after a fetch whose middle tokens were record()ed. Blocks are
   // ranked by how many of the positions they hold (ties: the later block
   // first); the top k_cache are kept. Only blocks whose every position
   // is below complete_tokens are admitted (a partial block would miss the
   // tokens appended later). Returns the admissions, in rank order.
+  std::vector<Admission> commit(int64_t complete_tokens);
+
+  // record() of every position, then commit().
   std::vector<Admission> update(const std::vector<int64_t>& positions, int64_t complete_tokens);
 
   // Updates so far (the clock of LRU).
@@ -69,6 +76,8 @@ class BlockCache {
   uint64_t step_ = 0;
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_block_;  // indexed by block; -1 when not cached
+  std::vector<int64_t> fetched_;        // recorded tokens per block, since the last commit
+  std::vector<int64_t> touched_;        // blocks with a non-zero fetched_ entry
 };
 
 }  // namespace pq

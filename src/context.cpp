@@ -758,19 +758,17 @@ Context::CacheCount Context::update_cache(Layer& layer, const Regions& r,
                                           const pq_selection* sel, void* stream,
                                           bool fill_device) {
   CacheCount count;
-  std::vector<int64_t> middle;
   for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
     const int32_t* pos = sel->positions + h * sel->capacity;
     for (int32_t i = 0; i < sel->counts[h]; ++i) {
       if (pos[i] < r.sink_end || pos[i] >= r.mid_end) continue;
-      middle.push_back(pos[i]);
-      if (layer.cache->lookup(pos[i]) >= 0)
+      if (layer.cache->record(pos[i]))
         ++count.hits;
       else
         ++count.misses;
     }
   }
-  const std::vector<BlockCache::Admission> admitted = layer.cache->update(middle, r.n);
+  const std::vector<BlockCache::Admission> admitted = layer.cache->commit(r.n);
   if (fill_device)
     backend_->fill_cache_blocks(layer.device.get(), layer.store, admitted,
                                 layer.cache->block_tokens(), stream);
