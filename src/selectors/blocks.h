@@ -12,6 +12,37 @@
 
 namespace pq {
 
+// Blocks of B tokens aligned to absolute positions that hold part of the
+// middle [mid_begin, mid_end).
+inline int64_t block_count(int64_t mid_begin, int64_t mid_end, int32_t B) {
+  return mid_end > mid_begin ? (mid_end - 1) / B - mid_begin / B + 1 : 0;
+}
+
+// Which middle the per-block summaries of InfLLM and Quest cover, and with
+// which settings: they are extended as tokens join the middle and rebuilt
+// when the middle moves or the settings change.
+struct BlockCoverage {
+  int32_t block_tokens = 0;
+  int32_t representatives = 0;  // InfLLM's; 0 for Quest
+  int64_t mid_begin = -1;
+  int64_t covered_end = -1;
+
+  // Returns true (and starts over, covering nothing) when the summaries
+  // cannot be extended to [mid_begin, mid_end) with these settings.
+  bool restart_if_stale(int64_t begin, int64_t end, int32_t B, int32_t R) {
+    if (mid_begin == begin && block_tokens == B && representatives == R && covered_end <= end)
+      return false;
+    mid_begin = begin;
+    covered_end = begin;
+    block_tokens = B;
+    representatives = R;
+    return true;
+  }
+  bool covers(int64_t begin, int64_t end) const {
+    return mid_begin == begin && covered_end == end;
+  }
+};
+
 // Takes whole blocks of the middle in the order of `score` (descending, ties:
 // the later block) until r.k tokens are taken; the last one is cut to its
 // highest positions. Writes the positions ascending.

@@ -17,8 +17,8 @@ class PqSelector final : public Selector {
   // One LUT per call: a backend with a device (CUDA) scores, combines and
   // selects there; otherwise the host scans the codes through it.
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
+    if (select_without_scoring(r, out)) return 0;
     const int64_t m = r.middle();
-    if (r.k == 0 || r.k == m) return Selector::select_middle(r, out);  // nothing to score
     const PqCodebook& cb = r.index->codebook;
     const std::vector<float> lut = build_lut(r);
     const uint8_t* head_codes = r.index->codes[static_cast<size_t>(r.kv_head)].data();

@@ -35,18 +35,11 @@ namespace pq {
 namespace {
 
 // Summaries of the middle [mid_begin, covered_end) of every kv head.
-struct QuestState final : SelectorState {
-  int32_t block_tokens = 0;
-  int64_t mid_begin = -1;
-  int64_t covered_end = -1;
+struct QuestState final : SelectorState, BlockCoverage {
   // per kv head: [block][2][head_dim], min row then max row; block j is the
   // absolute block mid_begin / B + j.
   std::vector<std::vector<float>> minmax;
 };
-
-int64_t block_count(int64_t mid_begin, int64_t mid_end, int32_t B) {
-  return mid_end > mid_begin ? (mid_end - 1) / B - mid_begin / B + 1 : 0;
-}
 
 // Extends one head's summaries with tokens [from, to) of the middle that
 // starts at mid_begin. key is head_dim floats of scratch.
@@ -87,13 +80,8 @@ class QuestSelector final : public Selector {
     auto* s = dynamic_cast<QuestState*>(state);
     if (s == nullptr) return;
     if (mid_end == mid_begin) return;
-    if (s->mid_begin != mid_begin || s->block_tokens != c.block_tokens ||
-        s->covered_end > mid_end) {
-      s->mid_begin = mid_begin;
-      s->covered_end = mid_begin;
-      s->block_tokens = c.block_tokens;
+    if (s->restart_if_stale(mid_begin, mid_end, c.block_tokens, 0))
       s->minmax.assign(static_cast<size_t>(c.num_kv_heads), {});
-    }
     std::vector<float> key;
     for (int32_t h = 0; h < c.num_kv_heads; ++h)
       extend_head(store, c.dtype, c.head_dim, h, mid_begin, s->covered_end, mid_end,
@@ -102,17 +90,12 @@ class QuestSelector final : public Selector {
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    const int64_t m = r.middle();
-    if (r.k == 0) return 0;
-    if (r.k == m) {
-      for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
-      return 0;
-    }
+    if (select_without_scoring(r, out)) return 0;
     const int32_t B = r.config.block_tokens, d = r.head_dim, G = r.group_size;
     const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
     const auto* s = dynamic_cast<const QuestState*>(r.state);
     // The core calls update_state with this very middle just before.
-    if (s == nullptr || s->mid_begin != r.mid_begin || s->covered_end != r.mid_end)
+    if (s == nullptr || !s->covers(r.mid_begin, r.mid_end))
       fail(PQ_ERR_INTERNAL, "quest: block summaries do not cover the middle being selected");
     const float* mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
 

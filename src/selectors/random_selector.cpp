@@ -37,12 +37,8 @@ class RandomSelector final : public Selector {
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
+    if (select_without_scoring(r, out)) return 0;
     const int64_t m = r.middle();
-    if (r.k == 0) return 0;
-    if (r.k == m) {
-      for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
-      return 0;
-    }
     const auto* s = dynamic_cast<const RandomState*>(r.state);
     const uint64_t step = s != nullptr ? s->step : 0;
     uint64_t seed = mix_seed(r.config.seed ^ kSalt, static_cast<uint64_t>(r.layer));

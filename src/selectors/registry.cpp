@@ -27,13 +27,16 @@ uint64_t Selector::score(const SelectionRequest&, float*) const {
   fail(PQ_ERR_INTERNAL, std::string("selector ") + name() + " has no score()");
 }
 
+bool Selector::select_without_scoring(const SelectionRequest& r, int32_t* out) {
+  const int64_t m = r.middle();
+  if (r.k != 0 && r.k != m) return false;
+  for (int64_t i = 0; i < r.k; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
+  return true;
+}
+
 uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const {
-  int64_t m = r.middle();
-  if (r.k == 0) return 0;
-  if (r.k == m) {  // everything: no need to score
-    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
-    return 0;
-  }
+  const int64_t m = r.middle();
+  if (select_without_scoring(r, out)) return 0;
   std::vector<float>& raw = r.scratch.raw;
   raw.resize(static_cast<size_t>(r.group_size) * m);
   uint64_t bytes = score(r, raw.data());

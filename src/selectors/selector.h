@@ -86,6 +86,10 @@ class Selector {
   virtual uint64_t score(const SelectionRequest& r, float* raw) const;
   // The GQA combine of raw scores ([group][middle]) and the top k into out.
   void select_from_raw(const SelectionRequest& r, const float* raw, int32_t* out) const;
+
+  // k == 0 (nothing) and k == middle (every middle token, ascending) need no
+  // scoring: handles them and returns true, else returns false.
+  static bool select_without_scoring(const SelectionRequest& r, int32_t* out);
 };
 
 // The selector for a pq_selector value, or null if there is none.
