@@ -85,14 +85,7 @@ struct Plan {
 constexpr Plan kPlans[] = {{8192, 256}, {32768, 256}, {131072, 64}, {int64_t{1} << 20, 16}};
 constexpr int64_t kCacheTokens[] = {0, 4096, 8192};
 
-void check(pq_status st, const char* what) {
-  if (st != PQ_OK) {
-    std::fprintf(stderr, "bench_cuda_decode: %s: %s: %s\n", what, pq_status_string(st),
-                 pq_last_error());
-    std::exit(1);
-  }
-}
-#define CHECK(call) check((call), #call)
+#define CHECK(call) pqbench::check_status("bench_cuda_decode", (call), #call)
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {

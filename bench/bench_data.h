@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "pqcache.h"
@@ -17,6 +19,14 @@ constexpr int kKvHeads = 8;
 constexpr int kGroup = kQHeads / kKvHeads;
 constexpr int kHeadDim = 128;
 constexpr float kTopkFraction = 0.2f;
+
+// A benchmark cannot go on after a failed call: says which and exits.
+inline void check_status(const char* program, pq_status st, const char* what) {
+  if (st != PQ_OK) {
+    std::fprintf(stderr, "%s: %s: %s: %s\n", program, what, pq_status_string(st), pq_last_error());
+    std::exit(1);
+  }
+}
 
 inline pq_config layer_config(int32_t kmeans_iterations) {
   pq_config cfg;

@@ -75,14 +75,7 @@ constexpr int kQueries = 16;
 constexpr int kKmeansIterations = 10;
 constexpr uint64_t kSeq = 1;
 
-void check(pq_status st, const char* what) {
-  if (st != PQ_OK) {
-    std::fprintf(stderr, "bench_pqcache: %s: %s: %s\n", what, pq_status_string(st),
-                 pq_last_error());
-    std::exit(1);
-  }
-}
-#define CHECK(call) check((call), #call)
+#define CHECK(call) pqbench::check_status("bench_pqcache", (call), #call)
 
 // ---------------------------------------------------------------------------
 // Data
