@@ -128,6 +128,27 @@ std::pair<int64_t, int64_t> block_range(int64_t b, int32_t B, const Regions& r) 
   return {std::max<int64_t>(b * B, r.sink_end), std::min<int64_t>((b + 1) * B, r.local_begin)};
 }
 
+// The block rule the test expects of InfLLM and Quest: blocks by score
+// (ties: the later block), whole until r.k tokens are taken, the last one cut
+// to its highest positions; positions ascending. order: (score, block).
+std::vector<int32_t> take_blocks_by_score(std::vector<std::pair<double, int64_t>> order,
+                                          int32_t B, const Regions& r) {
+  std::sort(order.begin(), order.end(), [](auto& x, auto& y) {
+    return x.first != y.first ? x.first > y.first : x.second > y.second;
+  });
+  std::vector<int32_t> want;
+  int64_t left = r.k;
+  for (auto& [s, b] : order) {
+    if (left == 0) break;
+    auto [begin, end] = block_range(b, B, r);
+    int64_t take = std::min(left, end - begin);
+    for (int64_t p = end - take; p < end; ++p) want.push_back(static_cast<int32_t>(p));
+    left -= take;
+  }
+  std::sort(want.begin(), want.end());
+  return want;
+}
+
 // Whole blocks: every block the middle positions touch is taken entirely,
 // except at most one, of which a suffix (its highest positions) is taken.
 ::testing::AssertionResult whole_blocks(const std::vector<int32_t>& mid, int32_t B,
@@ -497,20 +518,8 @@ TEST(ApiInfllm, AllTokensRepresentativesRankBlocksByMax) {
         }
       std::vector<std::pair<double, int64_t>> order;
       for (auto& [b, s] : best) order.push_back({s, b});
-      std::sort(order.begin(), order.end(), [](auto& x, auto& y) {
-        return x.first != y.first ? x.first > y.first : x.second > y.second;
-      });
-      std::vector<int32_t> want;
-      int64_t left = r.k;
-      for (auto& [s, b] : order) {
-        if (left == 0) break;
-        auto [begin, end] = block_range(b, B, r);
-        int64_t take = std::min(left, end - begin);
-        for (int64_t p = end - take; p < end; ++p) want.push_back(static_cast<int32_t>(p));
-        left -= take;
-      }
-      std::sort(want.begin(), want.end());
-      EXPECT_EQ(middle_of(got[static_cast<size_t>(h)], r), want) << "kv head " << h;
+      EXPECT_EQ(middle_of(got[static_cast<size_t>(h)], r), take_blocks_by_score(order, B, r))
+          << "kv head " << h;
     }
   }
 }
@@ -556,20 +565,8 @@ TEST(ApiQuest, RanksBlocksByTheMinMaxBound) {
         }
         order.push_back({best, b});
       }
-      std::sort(order.begin(), order.end(), [](auto& x, auto& y) {
-        return x.first != y.first ? x.first > y.first : x.second > y.second;
-      });
-      std::vector<int32_t> want;
-      int64_t left = r.k;
-      for (auto& [s, b] : order) {
-        if (left == 0) break;
-        auto [begin, end] = block_range(b, B, r);
-        int64_t take = std::min(left, end - begin);
-        for (int64_t p = end - take; p < end; ++p) want.push_back(static_cast<int32_t>(p));
-        left -= take;
-      }
-      std::sort(want.begin(), want.end());
-      EXPECT_EQ(middle_of(got[static_cast<size_t>(h)], r), want) << "kv head " << h;
+      EXPECT_EQ(middle_of(got[static_cast<size_t>(h)], r), take_blocks_by_score(order, B, r))
+          << "kv head " << h;
     }
   }
 }
