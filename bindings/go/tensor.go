@@ -21,11 +21,17 @@ static pq_status go_pq_tensor(pq_tensor* t, void* data, go_pq_shape s) {
   return pq_tensor_init(t, data, s.dtype, s.layout, s.tokens, s.heads, s.head_dim);
 }
 
+// The keys and values descriptors of a store or a fetch.
+static pq_status go_pq_kv(pq_tensor* tk, void* k, go_pq_shape ks, pq_tensor* tv, void* v,
+                          go_pq_shape vs) {
+  pq_status st = go_pq_tensor(tk, k, ks);
+  return st == PQ_OK ? go_pq_tensor(tv, v, vs) : st;
+}
+
 static pq_status go_pq_store(pq_context* ctx, uint64_t seq, int32_t layer, int append,
                              void* k, go_pq_shape ks, void* v, go_pq_shape vs) {
   pq_tensor tk, tv;
-  pq_status st = go_pq_tensor(&tk, k, ks);
-  if (st == PQ_OK) st = go_pq_tensor(&tv, v, vs);
+  pq_status st = go_pq_kv(&tk, k, ks, &tv, v, vs);
   if (st != PQ_OK) return st;
   return append ? pq_decode_append(ctx, seq, layer, &tk, &tv)
                 : pq_prefill_layer(ctx, seq, layer, &tk, &tv);
@@ -35,12 +41,9 @@ static pq_status go_pq_select(pq_context* ctx, uint64_t seq, int32_t layer, void
                               go_pq_shape qs, int32_t* positions, int32_t* counts,
                               int64_t capacity) {
   pq_tensor tq;
-  pq_selection sel;
+  pq_selection sel = {positions, counts, capacity};
   pq_status st = go_pq_tensor(&tq, q, qs);
   if (st != PQ_OK) return st;
-  sel.positions = positions;
-  sel.counts = counts;
-  sel.capacity = capacity;
   return pq_decode_select(ctx, seq, layer, &tq, &sel);
 }
 
@@ -48,13 +51,9 @@ static pq_status go_pq_fetch(pq_context* ctx, uint64_t seq, int32_t layer, int32
                              int32_t* counts, int64_t capacity, void* k, go_pq_shape ks,
                              void* v, go_pq_shape vs) {
   pq_tensor tk, tv;
-  pq_selection sel;
-  pq_status st = go_pq_tensor(&tk, k, ks);
-  if (st == PQ_OK) st = go_pq_tensor(&tv, v, vs);
+  pq_selection sel = {positions, counts, capacity};
+  pq_status st = go_pq_kv(&tk, k, ks, &tv, v, vs);
   if (st != PQ_OK) return st;
-  sel.positions = positions;
-  sel.counts = counts;
-  sel.capacity = capacity;
   return pq_fetch_kv(ctx, seq, layer, &sel, &tk, &tv);
 }
 */
@@ -150,6 +149,15 @@ func (t Tensor) shape(op, name string) (C.go_pq_shape, error) {
 	}, nil
 }
 
+// kvShapes checks and converts the keys and values of a store or a fetch.
+func kvShapes(op string, keys, values Tensor) (ks, vs C.go_pq_shape, err error) {
+	if ks, err = keys.shape(op, "keys"); err != nil {
+		return ks, vs, err
+	}
+	vs, err = values.shape(op, "values")
+	return ks, vs, err
+}
+
 // product multiplies non-negative sizes; ok is false on overflow.
 func product(a, b, c int) (n int, ok bool) {
 	if a == 0 || b == 0 || c == 0 {
@@ -180,11 +188,7 @@ func (c *Context) store(op string, seq uint64, layer int, appendTokens bool, key
 	if err := checkLayer(op, layer); err != nil {
 		return err
 	}
-	ks, err := keys.shape(op, "keys")
-	if err != nil {
-		return err
-	}
-	vs, err := values.shape(op, "values")
+	ks, vs, err := kvShapes(op, keys, values)
 	if err != nil {
 		return err
 	}
@@ -279,11 +283,7 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 			return invalid(op, "selection: Counts[%d] = %d is outside [0, Capacity = %d]", h, n, sel.Capacity)
 		}
 	}
-	ks, err := keys.shape(op, "keys")
-	if err != nil {
-		return err
-	}
-	vs, err := values.shape(op, "values")
+	ks, vs, err := kvShapes(op, keys, values)
 	if err != nil {
 		return err
 	}

@@ -397,15 +397,11 @@ PQError = _pqcache_swig.PQError
 
 /* Structs the library fills: struct_size is set here, where sizeof is known,
  * and the result is a new object the caller owns. */
-%typemap(in, numinputs=0) pq_layer_info* out (pq_layer_info info) {
-  memset(&info, 0, sizeof info);
-  info.struct_size = (uint32_t)sizeof info;
-  $1 = &info;
-}
-%typemap(in, numinputs=0) pq_stats* out (pq_stats stats) {
-  memset(&stats, 0, sizeof stats);
-  stats.struct_size = (uint32_t)sizeof stats;
-  $1 = &stats;
+%typemap(in, numinputs=0) pq_layer_info* out ($*1_ltype filled),
+                          pq_stats* out ($*1_ltype filled) {
+  memset(&filled, 0, sizeof filled);
+  filled.struct_size = (uint32_t)sizeof filled;
+  $1 = &filled;
 }
 %typemap(in, numinputs=0) pq_config* out (pq_config config) {
   pq_config_default(&config);

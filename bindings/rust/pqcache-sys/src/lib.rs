@@ -252,66 +252,41 @@ c_struct! {
     }
 }
 
+/// `(C name, size, fields)` of each struct: the name is the type's own, so
+/// the table cannot pair a name with another struct's layout.
+macro_rules! struct_table {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), std::mem::size_of::<$name>(), $name::FIELDS),)*]
+    };
+}
+
 /// The structs whose layout `tests/header.rs` checks, by C name.
-pub const STRUCTS: &[(&str, usize, &[FieldInfo])] = &[
-    (
-        "pq_tensor",
-        std::mem::size_of::<pq_tensor>(),
-        pq_tensor::FIELDS,
-    ),
-    (
-        "pq_config",
-        std::mem::size_of::<pq_config>(),
-        pq_config::FIELDS,
-    ),
-    (
-        "pq_selection",
-        std::mem::size_of::<pq_selection>(),
-        pq_selection::FIELDS,
-    ),
-    (
-        "pq_layer_info",
-        std::mem::size_of::<pq_layer_info>(),
-        pq_layer_info::FIELDS,
-    ),
-    (
-        "pq_stats",
-        std::mem::size_of::<pq_stats>(),
-        pq_stats::FIELDS,
-    ),
-];
+pub const STRUCTS: &[(&str, usize, &[FieldInfo])] =
+    struct_table![pq_tensor, pq_config, pq_selection, pq_layer_info, pq_stats];
 
-impl pq_layer_info {
-    /// Zeroed, with `struct_size` set as the library expects.
-    pub fn new() -> Self {
-        // SAFETY: every field is an integer or a float, for which zero is valid.
-        let mut info: Self = unsafe { std::mem::zeroed() };
-        info.struct_size = std::mem::size_of::<Self>() as u32;
-        info
-    }
+/// `new()` and `Default` for the structs the library fills after reading
+/// their `struct_size` (the caller's ABI version of the struct).
+macro_rules! sized_output_structs {
+    ($($name:ident),* $(,)?) => {$(
+        impl $name {
+            /// Zeroed, with `struct_size` set as the library expects.
+            pub fn new() -> Self {
+                // SAFETY: every field is an integer or a float, for which zero is valid.
+                let mut out: Self = unsafe { std::mem::zeroed() };
+                out.struct_size = std::mem::size_of::<Self>() as u32;
+                out
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+    )*};
 }
 
-impl pq_stats {
-    /// Zeroed, with `struct_size` set as the library expects.
-    pub fn new() -> Self {
-        // SAFETY: every field is an integer or a float, for which zero is valid.
-        let mut stats: Self = unsafe { std::mem::zeroed() };
-        stats.struct_size = std::mem::size_of::<Self>() as u32;
-        stats
-    }
-}
-
-impl Default for pq_layer_info {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Default for pq_stats {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+sized_output_structs!(pq_layer_info, pq_stats);
 
 /// Opaque context handle (the Rustonomicon's idiom: not constructible, not
 /// Send/Sync/Unpin by itself).

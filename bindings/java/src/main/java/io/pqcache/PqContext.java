@@ -210,14 +210,7 @@ public final class PqContext implements AutoCloseable {
    * x headDim} each) and schedules the layer's index build.
    */
   public void prefillLayer(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
-    ByteBuffer k = input(keys, "keys", tokens, kvHeads);
-    ByteBuffer v = input(values, "values", tokens, kvHeads);
-    run(h -> {
-      try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
-          NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
-        pqcache.pq_prefill_layer(h, seqId, layer, tk.tensor, tv.tensor);
-      }
-    });
+    store(pqcache::pq_prefill_layer, seqId, layer, tokens, keys, values);
   }
 
   /** {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
@@ -228,14 +221,7 @@ public final class PqContext implements AutoCloseable {
 
   /** Appends decode tokens' keys and values (usually 1 token) to a prefilled layer. */
   public void decodeAppend(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
-    ByteBuffer k = input(keys, "keys", tokens, kvHeads);
-    ByteBuffer v = input(values, "values", tokens, kvHeads);
-    run(h -> {
-      try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
-          NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
-        pqcache.pq_decode_append(h, seqId, layer, tk.tensor, tv.tensor);
-      }
-    });
+    store(pqcache::pq_decode_append, seqId, layer, tokens, keys, values);
   }
 
   /** {@link #decodeAppend(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
@@ -434,6 +420,24 @@ public final class PqContext implements AutoCloseable {
     call(h -> {
       op.accept(h);
       return null;
+    });
+  }
+
+  /** pq_prefill_layer or pq_decode_append: the same arguments, K and V token-major. */
+  @FunctionalInterface
+  private interface StoreCall {
+    void apply(long context, long seqId, int layer, pq_tensor keys, pq_tensor values);
+  }
+
+  private void store(StoreCall call, long seqId, int layer, int tokens, ByteBuffer keys,
+      ByteBuffer values) {
+    ByteBuffer k = input(keys, "keys", tokens, kvHeads);
+    ByteBuffer v = input(values, "values", tokens, kvHeads);
+    run(h -> {
+      try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
+          NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
+        call.apply(h, seqId, layer, tk.tensor, tv.tensor);
+      }
     });
   }
 
