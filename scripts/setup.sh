@@ -3,10 +3,25 @@
 # missing. Idempotent: a package already installed is never reinstalled, and
 # `apt-get update` runs only when something has to be installed.
 #
+#   scripts/setup.sh [--eval]
+#
+# --eval also installs requirements-eval.txt (torch, transformers, gguf: the
+# transformers integration, its tests and the evaluation; about 4 GB from
+# PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
+#
 # Debian 12 (bookworm). Runs as root, or through sudo when it is available.
 # The CUDA toolkit (nvcc) is not an apt package here; it is optional: without
 # it the build simply leaves out the CUDA plug-in (libpqcache_cuda.so).
 set -euo pipefail
+
+eval_requirements=0
+for arg in "$@"; do
+  case "$arg" in
+    --eval) eval_requirements=1 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 
 # "Debian package|command": the package counts as present when dpkg has it
 # installed, or when its command is already on PATH (a cmake or python3 that
@@ -64,9 +79,12 @@ else
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# Python packages (requirements.txt): pip installs only when an import fails,
-# so a machine that has them never touches the network.
+# Python packages (requirements.txt, and requirements-eval.txt with --eval):
+# pip installs only when an import fails, so a machine that has them never
+# touches the network.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+requirement_files=("$root/requirements.txt")
+((eval_requirements)) && requirement_files+=("$root/requirements-eval.txt")
 python_missing=()
 while read -r module requirement; do
   if python3 -c "import $module" >/dev/null 2>&1; then
@@ -74,11 +92,14 @@ while read -r module requirement; do
   else
     python_missing+=("$requirement")
   fi
-done < <(sed -n 's/^\([A-Za-z0-9_-]*\)\([<>=!].*\)\{0,1\}$/\1 &/p' "$root/requirements.txt" |
+done < <(cat "${requirement_files[@]}" |
+         sed -n 's/^\([A-Za-z0-9_-]*\)\([<>=!].*\)\{0,1\}$/\1 &/p' |
          awk '{m=$1; gsub("-","_",m); print tolower(m), $2}')
 if ((${#python_missing[@]} > 0)); then
   echo "setup: pip installing ${python_missing[*]}"
+  started=$SECONDS
   python3 -m pip install --quiet --disable-pip-version-check "${python_missing[@]}"
+  echo "setup: pip took $((SECONDS - started)) s"
 fi
 
 # Commands the scripts call directly.

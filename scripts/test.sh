@@ -25,6 +25,9 @@ if ((sanitize)); then
   build_dir=${build_dir:-build-asan}
   "$root/scripts/build.sh" --sanitize "$build_dir"
 else
+  # torch and transformers for the transformers integration's tests and the
+  # reduced long-context evaluation (the sanitizer build has no bindings).
+  "$root/scripts/setup.sh" --eval
   build_dir=${build_dir:-build}
   "$root/scripts/build.sh" "$build_dir"
 fi

@@ -1,0 +1,79 @@
+"""What some selectors need from the caller besides keys, values and the query.
+
+- SnapKV, PyramidKV and SCOPE score the prompt once from its last queries
+  (the observation window): pass them with Context.prefill_queries after the
+  layer's prefill.
+- H2O and SCOPE accumulate the attention the model paid: pass it after every
+  decode step with Context.observe_attention. H2O also starts from the
+  prompt's attention; seed_h2o gives it the column sums of the observation
+  window's attention (the full prompt attention matrix is what
+  FlashAttention never materialises; the window is what a server has).
+
+The tools (tools/pqeval) and the transformers integration
+(pqcache.transformers) both feed selectors through these helpers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope"})
+ATTENTION_SELECTORS = frozenset({"h2o", "scope"})
+
+
+def selector_name(selector) -> str:
+    """The name ("pq", "h2o", ...) of a selector given by name or pq_selector value."""
+    from . import SELECTORS  # the package imports this module first
+
+    if isinstance(selector, str):
+        if selector not in SELECTORS:
+            raise ValueError(f"unknown selector {selector!r}; expected one of {sorted(SELECTORS)}")
+        return selector
+    for name, value in SELECTORS.items():
+        if value == selector:
+            return name
+    raise ValueError(f"unknown selector value {selector!r}")
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def prompt_attention_sums(window_queries: np.ndarray, keys: np.ndarray,
+                          scale: float) -> np.ndarray:
+    """Column sums of the causal attention of the prompt's last queries.
+
+    window_queries: [w][q_heads][head_dim], the queries of prompt positions
+    p - w .. p - 1; keys: [p][kv_heads][head_dim]. Returns float32
+    [kv_heads][p]: per kv head, the softmax probabilities of its query heads
+    summed over the group and the window."""
+    w, q_heads, dim = window_queries.shape
+    p, kv_heads, _ = keys.shape
+    if w > p:
+        raise ValueError(f"{w} window queries for a prompt of {p} tokens")
+    group = q_heads // kv_heads
+    qf = np.asarray(window_queries, np.float32).reshape(w, kv_heads, group, dim)
+    kf = np.asarray(keys, np.float32)
+    sums = np.zeros((kv_heads, p), np.float32)
+    for i in range(w):
+        visible = p - w + i + 1  # causal: window query i sits at position p - w + i
+        for h in range(kv_heads):
+            logits = qf[i, h] @ kf[:visible, h].T * scale  # [group][visible]
+            sums[h, :visible] += _softmax_rows(logits).sum(axis=0)
+    return sums
+
+
+def seed_h2o(ctx, seq: int, layer: int, window_queries: np.ndarray, keys: np.ndarray,
+             scale: float) -> None:
+    """Seeds H2O's accumulators for (seq, layer) with prompt_attention_sums,
+    observed over a selection of every prompt token."""
+    from . import SelectionResult
+
+    sums = prompt_attention_sums(window_queries, keys, scale)
+    kv_heads, p = sums.shape
+    sel = SelectionResult(kv_heads, p)
+    sel.positions[:] = np.arange(p, dtype=np.int32)
+    sel.counts[:] = p
+    ctx.observe_attention(seq, layer, sel, sums)

@@ -1,0 +1,553 @@
+"""libpqcache inside Hugging Face transformers: selective attention for
+`model.generate` and any forward pass.
+
+    import pqcache.transformers as pqt
+
+    with pqt.Session(model, selector="pq", topk_fraction=0.2) as session:
+        out = model.generate(input_ids, max_new_tokens=64, do_sample=False,
+                             past_key_values=session.cache())
+
+A Session registers the attention implementation "pqcache" (transformers'
+AttentionInterface) and switches the model to it. In every layer that
+attends over the whole sequence:
+
+- a prompt (or a prompt chunk) runs full attention (SDPA), as PQCache's
+  prefill does, and its keys and values are handed to the library
+  (pq_prefill_layer), which copies them to host memory and builds the PQ
+  index in the background;
+- each decode token is appended to the library (pq_decode_append), the
+  library selects the sink tokens, the top-k middle tokens and the local
+  window for the token's query (pq_decode_select), fetches their keys and
+  values (pq_fetch_kv), and the token attends over those rows only.
+
+Sliding-window layers (Gemma-3's local layers) keep their own attention and
+cache: selection applies to the global layers. Llama, Qwen2, Mistral (with
+sliding_window None) and Gemma-3 are tested; any decoder whose attention
+goes through AttentionInterface and passes position_ids should work.
+
+Caches. `session.cache()` returns a LibraryCache: its selecting layers hold
+no keys or values at all (the library's host store holds them, which is the
+point of PQCache), its sliding layers are transformers' own. A DynamicCache
+or StaticCache works too (then the model keeps a full copy as well).
+
+Batches. Row b of the batch is sequence b of one context, or, with
+`rows=[{...}, {...}]`, row b gets a context of its own configured by
+rows[b] (compare selectors in one batched forward). Rows must not be padded:
+all rows of a call have the same positions.
+
+Key order. With rope_pairs=True the library gets each head's key and query
+dimensions reordered so that both halves of every rotary pair (x_i and
+x_{i+D/2} in transformers' rotate-half RoPE: Llama, Qwen2, Mistral, Gemma-3)
+fall into the same PQ subspace. q.k is unchanged, so only which tokens PQ
+picks changes; docs/quality.md measures the effect. Do not use it for
+models with interleaved or partial rotary embeddings.
+
+A multi-token forward after the prompt (a new turn, chunked prefill) is
+another prompt chunk by default (chunk_mode="prefill": full attention, the
+index rebuilt over all tokens). With chunk_mode="decode" each of its tokens
+is a decode step with its own selection, exactly as if the tokens came one
+at a time: teacher-forced scoring and speculative-decoding verification in
+one forward.
+
+Requires torch and transformers (5.x); `import pqcache` alone does not.
+Device tensors work but cross host memory: the Python binding hands the
+library host buffers (the CUDA backend's device path is the C API's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin,
+                                      get_layer_types_and_kwargs)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from . import Context, SelectionResult
+from .selector_inputs import (ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS,
+                              prompt_attention_sums, selector_name)
+
+__all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward"]
+
+ATTENTION_NAME = "pqcache"
+CHUNK_MODES = ("prefill", "decode")
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}
+
+
+def register() -> None:
+    """Registers the "pqcache" attention function and its mask (SDPA's) with
+    transformers. Idempotent; Session calls it."""
+    AttentionInterface.register(ATTENTION_NAME, attention_forward)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                      scaling: Optional[float] = None, dropout: float = 0.0, **kwargs):
+    """The registered attention function. query [B, q_heads, T, D], key and
+    value [B, kv_heads, L, D]; returns ([B, T, q_heads, D], None)."""
+    session = getattr(module, "_pqcache_session", None)
+    if session is None:
+        raise RuntimeError(
+            f"attention implementation {ATTENTION_NAME!r} on a module without a "
+            "pqcache.transformers.Session: create one with Session(model, ...) first")
+    return session._attend(module, query, key, value, attention_mask, scaling, dropout, kwargs)
+
+
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a tensor on the host (a copy only for device tensors);
+    bf16 as its uint16 bits, the binding's convention."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _from_host(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+@dataclass
+class _Row:
+    """One batch row: a sequence of a context, and what the session knows of it."""
+    ctx: Context
+    seq: int
+    selector: str
+    lengths: List[int]                       # tokens the library holds, per library layer
+    order: Optional[torch.Tensor] = None     # rope_pairs: head_dim order the library sees
+    # The last queries of the latest prompt chunk, per library layer, handed
+    # to SnapKV-style selectors and to H2O's seed at the first decode step
+    # (only then is it known which chunk ended the prompt).
+    pending_window: Dict[int, np.ndarray] = field(default_factory=dict)
+    selection: Dict[int, SelectionResult] = field(default_factory=dict)
+    fetched: Dict[int, tuple] = field(default_factory=dict)
+
+    def to_library(self, t: torch.Tensor) -> torch.Tensor:
+        """Keys or queries [..., head_dim] in the order the library sees."""
+        return t if self.order is None else t.index_select(-1, self.order.to(t.device))
+
+    def from_library(self, t: torch.Tensor) -> torch.Tensor:
+        """Keys fetched from the library, back in the model's order."""
+        if self.order is None:
+            return t
+        return t.index_select(-1, torch.argsort(self.order).to(t.device))
+
+
+class _LibraryLayer(CacheLayerMixin):
+    """A cache layer that keeps no keys or values: the library's host store
+    holds them. update() returns just the new tokens' K/V; the attention
+    function gets everything else from the library."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self):
+        super().__init__()
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.length += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int):
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("pqcache.transformers.LibraryCache does not support beam "
+                                  "search (its keys and values live in the library)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("pqcache.transformers.LibraryCache cannot drop tokens yet "
+                                  "(the library has no truncate): start a new cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("pqcache.transformers.LibraryCache cannot repeat rows "
+                                  "(num_return_sequences > 1, beam search)")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("pqcache.transformers.LibraryCache cannot select rows")
+
+
+class LibraryCache(Cache):
+    """A transformers Cache for a Session's model: the selecting layers keep
+    nothing (the library does), the others are transformers' dynamic layers
+    of their type (sliding-window layers keep their window)."""
+
+    def __init__(self, session: "Session"):
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(session.text_config)
+        layers = [_LibraryLayer() if i in session.library_layer
+                  else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
+                  for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))]
+        super().__init__(layers=layers)
+
+
+class Session:
+    """Binds libpqcache contexts to a model's attention layers.
+
+    model: a transformers causal LM (float32, float16 or bfloat16 weights).
+    config: pq_config fields by name (selector, topk_fraction, sink_tokens,
+        local_tokens, pq_subspaces, ...); one context for every batch row.
+    rows: instead, one dict of fields per batch row, each row its own context
+        (fields in `config` are the defaults of every row; a row may also
+        set rope_pairs).
+    rope_pairs: reorder key and query dimensions by rotary pair for the
+        library (see the module doc). Default False.
+    chunk_mode: what a multi-token forward after the prompt is: "prefill"
+        (default) or "decode" (every token selects; see the module doc).
+
+    Threading: a Session serves one forward at a time, like the model.
+    """
+
+    def __init__(self, model, *, rows: Optional[Sequence[dict]] = None,
+                 chunk_mode: str = "prefill", rope_pairs: bool = False, **config):
+        if chunk_mode not in CHUNK_MODES:
+            raise ValueError(f"chunk_mode {chunk_mode!r}; expected one of {CHUNK_MODES}")
+        if rows is not None and len(rows) == 0:
+            raise ValueError("rows is empty: give one dict of pq_config fields per batch row")
+        text_config = model.config.get_text_config(decoder=True)
+        layer_types, _ = get_layer_types_and_kwargs(text_config)
+        selecting = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+        if not selecting:
+            raise ValueError(
+                f"no layer of this model attends over the whole sequence (layer types "
+                f"{sorted(set(layer_types))}): nothing for pqcache to select. A Mistral-style "
+                "config with sliding_window set makes every layer local; set it to None")
+        dtype = getattr(model, "dtype", torch.float32)
+        if dtype not in _DTYPES:
+            raise ValueError(f"model dtype {dtype}: expected float32, float16 or bfloat16")
+        q_heads = text_config.num_attention_heads
+        kv_heads = getattr(text_config, "num_key_value_heads", None) or q_heads
+        head_dim = (getattr(text_config, "head_dim", None)
+                    or text_config.hidden_size // text_config.num_attention_heads)
+        self.model = model
+        self.text_config = text_config
+        self.chunk_mode = chunk_mode
+        self.dtype = dtype
+        self.num_q_heads, self.num_kv_heads, self.head_dim = q_heads, kv_heads, head_dim
+        # model layer index -> library layer index (only selecting layers).
+        self.library_layer = {layer: j for j, layer in enumerate(selecting)}
+        self._geometry = (len(selecting), q_heads, kv_heads, head_dim, _DTYPES[dtype])
+        self._config = dict(config, rope_pairs=rope_pairs)
+        self._rows: List[_Row] = []
+        self._shared: Optional[Context] = None
+        self._per_row = rows is not None
+        self._broadcast = False  # prefill_all_rows: batch row 0's prompt goes to every row
+        self._contexts: List[Context] = []
+        try:
+            if rows is None:
+                self._shared = self._new_context(self._config)
+            else:
+                for fields in rows:
+                    ctx = self._new_context({**self._config, **fields})
+                    ctx.add_sequence(0)
+                    self._rows.append(self._row(ctx, 0, {**self._config, **fields}))
+        except BaseException:
+            self._close_contexts()
+            raise
+        register()
+        self._previous_attention = model.config._attn_implementation
+        model.set_attn_implementation(ATTENTION_NAME)
+        self._modules = [m for m in model.modules()
+                         if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+        for m in self._modules:
+            m._pqcache_session = self
+
+    # --- lifetime ----------------------------------------------------------
+
+    def _new_context(self, fields: dict) -> Context:
+        fields = {k: v for k, v in fields.items() if k != "rope_pairs"}  # the Session's own
+        ctx = Context(*self._geometry, **fields)
+        self._contexts.append(ctx)
+        return ctx
+
+    def _row(self, ctx: Context, seq: int, fields: dict) -> _Row:
+        order = None
+        if fields.get("rope_pairs"):
+            if self.head_dim % 2:
+                raise ValueError(f"rope_pairs needs an even head_dim, not {self.head_dim}")
+            half = self.head_dim // 2
+            order = torch.stack([torch.arange(half), torch.arange(half) + half], 1).reshape(-1)
+        return _Row(ctx, seq, selector_name(fields.get("selector", "pq")),
+                    [0] * len(self.library_layer), order)
+
+    def _close_contexts(self) -> None:
+        for ctx in self._contexts:
+            ctx.close()
+        self._contexts = []
+
+    def close(self) -> None:
+        """Restores the model's previous attention implementation and frees
+        the contexts. Idempotent."""
+        for m in self._modules:
+            if getattr(m, "_pqcache_session", None) is self:
+                del m._pqcache_session
+        self._modules = []
+        if self._contexts:
+            self.model.set_attn_implementation(self._previous_attention)
+        self._close_contexts()
+        self._rows = []
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- what callers use ---------------------------------------------------
+
+    def cache(self) -> LibraryCache:
+        """A new LibraryCache for one generate call (or one forward series)."""
+        return LibraryCache(self)
+
+    def context(self, row: int = 0) -> Context:
+        """The context serving batch row `row`."""
+        return self._rows[row].ctx if self._per_row else self._shared
+
+    def sequence(self, row: int = 0) -> int:
+        """The library sequence id of batch row `row` within context(row)."""
+        return self._rows[row].seq if self._per_row else row
+
+    def length(self, row: int = 0) -> int:
+        """Tokens the library holds for batch row `row` (0 before its prompt)."""
+        return self._rows[row].lengths[0] if row < len(self._rows) else 0
+
+    def prefill_all_rows(self, input_ids: torch.Tensor, chunk_tokens: int = 2048):
+        """Runs one prompt once (batch 1, full attention, in chunks of
+        chunk_tokens) and hands its keys and values to the context of every
+        row, so that all rows (all selectors of `rows=`) continue from the
+        same prompt without each paying its prefill. Returns the
+        LibraryCache for a batch of all rows and the logits of the prompt's
+        last token [vocab]."""
+        if not self._per_row:
+            raise ValueError("prefill_all_rows needs a Session made with rows=[...]")
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+            raise ValueError(f"prefill_all_rows takes one prompt, got input_ids of shape "
+                             f"{tuple(input_ids.shape)}")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens {chunk_tokens}: expected >= 1")
+        for row in self._rows:
+            self._reset(row)
+        cache = LibraryCache(self)
+        self._broadcast = True
+        try:
+            for start in range(0, input_ids.shape[1], chunk_tokens):
+                with torch.no_grad():  # no autograd graph across chunks
+                    out = self.model(input_ids[:, start:start + chunk_tokens],
+                                     past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            self._broadcast = False
+        for layer in cache.layers:
+            if not isinstance(layer, _LibraryLayer) and layer.is_initialized:
+                layer.batch_repeat_interleave(len(self._rows))
+        return cache, out.logits[0, -1]
+
+    # --- the attention function's work -----------------------------------
+
+    def _row_state(self, b: int) -> _Row:
+        while b >= len(self._rows):
+            if self._per_row:
+                raise ValueError(f"batch row {b}: this Session has {len(self._rows)} rows "
+                                 "(one per dict in rows=)")
+            seq = len(self._rows)
+            self._shared.add_sequence(seq)
+            self._rows.append(self._row(self._shared, seq, self._config))
+        return self._rows[b]
+
+    def _reset(self, row: _Row) -> None:
+        """A new prompt on this row: the library forgets the old sequence."""
+        row.ctx.remove_sequence(row.seq)
+        row.ctx.add_sequence(row.seq)
+        row.lengths = [0] * len(row.lengths)
+        row.pending_window.clear()
+
+    def _attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
+        if module.layer_idx not in self.library_layer:  # a sliding-window layer stays local
+            return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                          dropout=dropout, scaling=scaling, **kwargs)
+        if module.training and dropout > 0:
+            raise ValueError("pqcache attention is for inference: call model.eval()")
+        if kwargs.get("softcap") is not None:
+            raise ValueError("pqcache attention does not support attention logit soft-capping")
+        layer = self.library_layer[module.layer_idx]
+        scaling = self.head_dim ** -0.5 if scaling is None else scaling
+        batch, _, tokens, _ = query.shape
+        position_ids = kwargs.get("position_ids")
+        out = torch.empty(batch, tokens, self.num_q_heads, self.head_dim,
+                          dtype=query.dtype, device=query.device)
+        for b in range(batch):
+            row = self._row_state(b)
+            held = row.lengths[layer]
+            start = held if position_ids is None else int(position_ids[min(b, len(position_ids) - 1), 0])
+            if start == 0 and held > 0:
+                if layer != 0:
+                    raise RuntimeError(f"batch row {b}: layer {module.layer_idx} starts a new "
+                                       "prompt but the first layer did not")
+                self._reset(row)
+                held = 0
+            elif start != held:
+                raise ValueError(
+                    f"batch row {b}, layer {module.layer_idx}: the model is at position {start} "
+                    f"but the library holds {held} tokens of this sequence; pqcache cannot drop "
+                    "tokens (no truncate yet) and rows must not be padded: use a new cache "
+                    "for a new prompt")
+            if key.shape[2] == tokens:            # LibraryCache, or a first prompt chunk
+                new_k, new_v = key[b, :, :tokens], value[b, :, :tokens]
+                full = held == 0
+            elif key.shape[2] >= held + tokens:   # a DynamicCache or StaticCache
+                new_k, new_v = key[b, :, held:held + tokens], value[b, :, held:held + tokens]
+                full = True
+            else:
+                raise ValueError(f"layer {module.layer_idx}: the cache returned {key.shape[2]} "
+                                 f"keys for {tokens} new tokens at position {held}")
+            mask = None
+            if attention_mask is not None:
+                mask = attention_mask[b:b + 1] if attention_mask.shape[0] > 1 else attention_mask
+            if held == 0 or (tokens > 1 and self.chunk_mode == "prefill"):
+                if full:
+                    k_all, v_all = key[b:b + 1], value[b:b + 1]
+                else:  # earlier tokens live only in the library
+                    k_old, v_old = self._fetch_all(row, layer, held, key.dtype, key.device)
+                    k_all = torch.cat([k_old, new_k], dim=1)[None]
+                    v_all = torch.cat([v_old, new_v], dim=1)[None]
+                _check_unpadded(mask, held + tokens, b)
+                out[b] = sdpa_attention_forward(module, query[b:b + 1], k_all, v_all, mask,
+                                                dropout=0.0, scaling=scaling, **kwargs)[0][0]
+                for target in (self._rows if self._broadcast else [row]):
+                    self._prefill(target, layer, query[b], new_k, new_v)
+            else:
+                self._hand_over_window(row, layer, scaling)
+                for i in range(tokens):
+                    out[b, i] = self._decode_token(row, layer, query[b, :, i], new_k[:, i:i + 1],
+                                                   new_v[:, i:i + 1], scaling)
+        return out, None
+
+    def _prefill(self, row: _Row, layer: int, query, new_k, new_v) -> None:
+        row.ctx.prefill(row.seq, layer, _host_array(row.to_library(new_k)), _host_array(new_v),
+                        layout="head_major")
+        row.lengths[layer] += new_k.shape[1]
+        if row.selector in PROMPT_QUERY_SELECTORS or row.selector == "h2o":
+            window = int(row.ctx.config()["observation_window"])
+            # [q_heads, T, D] -> the last queries as [w, q_heads, D]; a short
+            # last chunk borrows the rest from the chunk before it.
+            latest = _host_array(row.to_library(query[:, -window:].transpose(0, 1)))
+            earlier = row.pending_window.get(layer)
+            if earlier is not None and len(latest) < window:
+                latest = np.concatenate([earlier, latest])[-window:]
+            row.pending_window[layer] = np.ascontiguousarray(latest)
+
+    def _hand_over_window(self, row: _Row, layer: int, scaling: float) -> None:
+        window = row.pending_window.pop(layer, None)
+        if window is None:
+            return
+        if row.selector in PROMPT_QUERY_SELECTORS:
+            row.ctx.prefill_queries(row.seq, layer, window)
+        if row.selector == "h2o":
+            n = row.lengths[layer]
+            # window and keys both in the library's order: q.k does not depend on it
+            keys, _ = self._fetch_all(row, layer, n, torch.float32, torch.device("cpu"),
+                                      model_order=False)
+            sums = prompt_attention_sums(window.astype(np.float32),
+                                         _host_array(keys.transpose(0, 1)), scaling)
+            everything = _all_positions(self.num_kv_heads, n)
+            row.ctx.observe_attention(row.seq, layer, everything, sums)
+
+    def _fetch_all(self, row: _Row, layer: int, n: int, dtype, device, model_order: bool = True):
+        """Every stored token's K and V of (row, layer): [kv_heads, n, D] each,
+        the keys in the model's dimension order unless model_order is False."""
+        k, v = row.ctx.fetch(row.seq, layer, _all_positions(self.num_kv_heads, n))
+        k = _from_host(k, self.dtype)
+        return ((row.from_library(k) if model_order else k).to(device=device, dtype=dtype),
+                _from_host(v, self.dtype).to(device=device, dtype=dtype))
+
+    def _buffers(self, row: _Row, layer: int):
+        """The (reused) selection and fetch buffers of (row, layer), grown to
+        the capacity the next select needs."""
+        need = row.ctx.capacity(row.seq, layer)
+        sel = row.selection.get(layer)
+        if sel is None or sel.capacity < need:
+            capacity = max(need, 2 * sel.capacity if sel is not None else need)
+            sel = SelectionResult(self.num_kv_heads, capacity)
+            shape = (self.num_kv_heads, capacity, self.head_dim)
+            np_dtype = _NUMPY_DTYPES[self.dtype]
+            row.selection[layer] = sel
+            row.fetched[layer] = (np.zeros(shape, np_dtype), np.zeros(shape, np_dtype))
+        return sel, row.fetched[layer]
+
+    def _decode_token(self, row: _Row, layer: int, q, k1, v1, scaling: float) -> torch.Tensor:
+        """One decode step of one row in one layer: q [q_heads, D], k1 and v1
+        [kv_heads, 1, D]. Returns the attention output [q_heads, D]."""
+        ctx, seq = row.ctx, row.seq
+        ctx.append(seq, layer, _host_array(row.to_library(k1)), _host_array(v1),
+                   layout="head_major")
+        row.lengths[layer] += 1
+        q = row.to_library(q)  # the fetched keys are in the library's order too
+        sel, (k_buf, v_buf) = self._buffers(row, layer)
+        ctx.select(seq, layer, _host_array(q), out=sel)
+        ctx.fetch(seq, layer, sel, out=(k_buf, v_buf))
+        counts = sel.counts
+        n = int(counts.max())
+        keys = _from_host(k_buf[:, :n], self.dtype).to(q.device, torch.float32)
+        values = _from_host(v_buf[:, :n], self.dtype).to(q.device, torch.float32)
+        group = self.num_q_heads // self.num_kv_heads
+        logits = torch.matmul(q.float().reshape(self.num_kv_heads, group, self.head_dim),
+                              keys.transpose(1, 2)) * scaling          # [kv, group, n]
+        if int(counts.min()) < n:
+            invalid = torch.arange(n) >= torch.from_numpy(counts.astype(np.int64))[:, None]
+            logits.masked_fill_(invalid.to(q.device)[:, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if row.selector in ATTENTION_SELECTORS:
+            observed = np.zeros(sel.positions.shape, np.float32)
+            observed[:, :n] = probs.sum(dim=1).cpu().numpy()
+            ctx.observe_attention(seq, layer, sel, observed)
+        return torch.matmul(probs, values).reshape(self.num_q_heads, self.head_dim).to(q.dtype)
+
+    # --- introspection ----------------------------------------------------
+
+    def stats(self, row: int = 0) -> Dict[str, object]:
+        """pq_sequence_stats of batch row `row` (selects, fetches, bytes, builds)."""
+        return self.context(row).sequence_stats(self.sequence(row))
+
+
+def _all_positions(kv_heads: int, n: int) -> SelectionResult:
+    sel = SelectionResult(kv_heads, n)
+    sel.positions[:] = np.arange(n, dtype=np.int32)
+    sel.counts[:] = n
+    return sel
+
+
+def _check_unpadded(mask: Optional[torch.Tensor], visible: int, row: int) -> None:
+    """A prompt's last query must see every earlier token: a padded row does not."""
+    if mask is None:
+        return
+    last = mask[0, 0, -1, :visible]
+    ok = bool(last.all()) if last.dtype == torch.bool else bool((last == 0).all())
+    if not ok:
+        raise ValueError(f"batch row {row} is padded (its mask hides earlier tokens): pqcache "
+                         "rows must not be padded; run prompts of different lengths as "
+                         "separate calls")

@@ -1,0 +1,313 @@
+"""pqcache.transformers: the library as the attention of Hugging Face
+transformers models, checked on small random Llama, Qwen2, Mistral and
+Gemma-3 models (no download). The real-model checks (SmolLM2) live in
+tools/pqeval/tests/test_transformers_real.py.
+
+The reference is transformers' own SDPA attention: with every token
+selected (EXACT, topk_fraction 1.0) the integration must give the same
+logits within float rounding, for every cache kind and architecture."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh installs it)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                   "(scripts/setup.sh installs it)")
+from transformers import (DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, StaticCache)
+
+import pqcache  # noqa: E402
+import pqcache.transformers as pqt  # noqa: E402
+
+VOCAB = 320
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)
+SMALL = dict(sink_tokens=4, local_tokens=16)
+
+
+def _model(arch: str):
+    torch.manual_seed(0)
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**COMMON, num_hidden_layers=3)).eval()
+    if arch == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**COMMON, num_hidden_layers=2)).eval()
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**COMMON, num_hidden_layers=2,
+                                                sliding_window=None)).eval()
+    if arch == "gemma3":  # two local layers of 32 tokens around each global one
+        types = ["sliding_attention", "full_attention", "sliding_attention"] * 2
+        return Gemma3ForCausalLM(Gemma3TextConfig(**COMMON, num_hidden_layers=6, head_dim=32,
+                                                  sliding_window=32, layer_types=types)).eval()
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "qwen2", "mistral", "gemma3"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_model(request):
+    return request.param, _model(request.param)
+
+
+def _ids(n: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, n), generator=g)  # no pad, bos or eos
+
+
+def _cache(kind: str, session, model):
+    if kind == "library":
+        return session.cache()
+    if kind == "dynamic":
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=512)
+
+
+@pytest.mark.parametrize("cache_kind", ["library", "dynamic", "static"])
+def test_every_token_selected_gives_sdpa_logits(arch_model, cache_kind):
+    """k = everything: prompt, then 24 decode tokens one at a time; every
+    step's logits equal full attention's within float rounding."""
+    _, model = arch_model
+    ids = _ids(224)
+    with torch.no_grad():
+        reference = model(ids).logits  # SDPA over the whole sequence
+        with pqt.Session(model, selector="exact", topk_fraction=1.0, **SMALL) as session:
+            cache = _cache(cache_kind, session, model)
+            got = [model(ids[:, :200], past_key_values=cache).logits]
+            for p in range(200, 224):
+                got.append(model(ids[:, p:p + 1], past_key_values=cache).logits)
+            assert session.length() == 224
+            assert session.stats()["select_calls"] == 24 * len(session.library_layer)
+    got = torch.cat(got, dim=1)
+    assert torch.allclose(got, reference, atol=2e-5, rtol=0), (got - reference).abs().max()
+
+
+def test_generate_equals_generate_with_sdpa(arch_model):
+    arch, model = arch_model
+    ids = _ids(300, batch=2)
+    with torch.no_grad():
+        reference = model.generate(ids, max_new_tokens=16, do_sample=False)
+        with pqt.Session(model, selector="exact", topk_fraction=1.0, **SMALL) as session:
+            out = model.generate(ids, max_new_tokens=16, do_sample=False,
+                                 past_key_values=session.cache())
+            assert model.config._attn_implementation == pqt.ATTENTION_NAME
+    assert torch.equal(out, reference)
+    assert model.config._attn_implementation != pqt.ATTENTION_NAME  # close() restored it
+
+
+def test_only_global_layers_select_on_gemma3():
+    model = _model("gemma3")
+    with pqt.Session(model, selector="pq", **SMALL) as session:
+        assert sorted(session.library_layer) == [1, 4]  # the full_attention layers
+        assert session.context().config()["num_layers"] == 2
+        with torch.no_grad():
+            model.generate(_ids(200), max_new_tokens=5, do_sample=False,
+                           past_key_values=session.cache())
+        assert session.stats()["select_calls"] == 4 * 2
+
+
+@pytest.mark.parametrize("selector", sorted(pqcache.SELECTORS))
+def test_every_selector_runs_generate(selector):
+    model = _model("llama")
+    ids = _ids(400)
+    with pqt.Session(model, selector=selector, topk_fraction=0.2, **SMALL) as session:
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False,
+                                 past_key_values=session.cache())
+        stats = session.stats()
+        info = session.context().layer_info(0, 0)
+        capacity = session.context().capacity(0, 0)
+    assert out.shape == (1, 406)
+    # H2O's seed reads the prompt's keys back once per layer
+    assert stats["select_calls"] == 5 * 3
+    assert stats["fetch_calls"] == 5 * 3 + (3 if selector == "h2o" else 0)
+    assert info["tokens"] == 405
+    if selector == "pq":
+        assert info["index_ready"] == 1 and info["coded_tokens"] > 0
+    topk = math.ceil(0.2 * (405 - 4 - 16))
+    if selector == "pyramidkv":  # the bottom layer gets the pyramid's largest budget
+        assert capacity > 4 + 16 + topk
+    else:
+        assert capacity == 4 + 16 + topk  # sinks + top-k + local: a subset of the 405
+
+
+@pytest.mark.parametrize("selector", ["pq", "h2o", "scope", "snapkv"])
+def test_decode_chunk_equals_one_token_at_a_time(selector):
+    """chunk_mode="decode": a 12-token forward gives the logits of 12
+    single-token forwards (teacher forcing, speculative verification)."""
+    model = _model("llama")
+    ids = _ids(412)
+    logits = {}
+    with torch.no_grad():
+        for mode in ("chunk", "steps"):
+            with pqt.Session(model, selector=selector, topk_fraction=0.2, chunk_mode="decode",
+                             **SMALL) as session:
+                cache = session.cache()
+                model(ids[:, :400], past_key_values=cache)
+                if mode == "chunk":
+                    logits[mode] = model(ids[:, 400:], past_key_values=cache).logits
+                else:
+                    logits[mode] = torch.cat([model(ids[:, p:p + 1], past_key_values=cache).logits
+                                              for p in range(400, 412)], dim=1)
+    assert torch.allclose(logits["chunk"], logits["steps"], atol=1e-5, rtol=0)
+
+
+def test_prefill_chunks_in_prefill_mode_attend_fully():
+    """A multi-token forward after the prompt is another prompt chunk by
+    default: full attention, and the library appends it."""
+    model = _model("llama")
+    ids = _ids(300)
+    with torch.no_grad():
+        reference = model(ids).logits
+        with pqt.Session(model, selector="pq", topk_fraction=0.1, **SMALL) as session:
+            cache = session.cache()
+            got = torch.cat([model(ids[:, :100], past_key_values=cache).logits,
+                             model(ids[:, 100:250], past_key_values=cache).logits,
+                             model(ids[:, 250:], past_key_values=cache).logits], dim=1)
+            assert session.length() == 300
+            assert session.context().layer_info(0, 0)["prefill_tokens"] == 300
+    assert torch.allclose(got, reference, atol=2e-5, rtol=0)
+
+
+def test_rows_each_with_its_own_selector_match_separate_runs():
+    """Session(rows=...) + prefill_all_rows: one prompt run once, then every
+    row decodes as if it had been prefilled on its own."""
+    model = _model("llama")
+    ids = _ids(500)
+    selectors = ["pq", "h2o", "snapkv", "window"]
+    separate = []
+    with torch.no_grad():
+        for s in selectors:
+            with pqt.Session(model, selector=s, topk_fraction=0.2, **SMALL) as session:
+                out = model.generate(ids, max_new_tokens=8, do_sample=False,
+                                     past_key_values=session.cache())
+                separate.append(out[0, 500:])
+        with pqt.Session(model, rows=[{"selector": s} for s in selectors], topk_fraction=0.2,
+                         **SMALL) as session:
+            cache, logits = session.prefill_all_rows(ids, chunk_tokens=128)
+            assert [session.length(r) for r in range(4)] == [500] * 4
+            nxt = logits.argmax().repeat(4)
+            batched = [nxt]
+            for _ in range(7):
+                nxt = model(nxt[:, None], past_key_values=cache).logits[:, -1].argmax(-1)
+                batched.append(nxt)
+            batched = torch.stack(batched, dim=1)
+            for r, s in enumerate(selectors):
+                assert session.context(r).config()["selector"] == pqcache.SELECTORS[s]
+    for r in range(len(selectors)):
+        assert torch.equal(batched[r], separate[r]), selectors[r]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models(dtype):
+    model = _model("llama").to(dtype)
+    ids = _ids(200)
+    with torch.no_grad():
+        reference = model(ids).logits.float()
+        with pqt.Session(model, selector="exact", topk_fraction=1.0, **SMALL) as session:
+            assert session.context().dtype == {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+            cache = session.cache()
+            got = [model(ids[:, :190], past_key_values=cache).logits]
+            got += [model(ids[:, p:p + 1], past_key_values=cache).logits for p in range(190, 200)]
+    got = torch.cat(got, dim=1).float()
+    assert (got - reference).abs().max() < 0.05 * reference.abs().max()
+
+
+def test_a_new_prompt_on_a_row_starts_a_new_sequence():
+    model = _model("llama")
+    with torch.no_grad(), pqt.Session(model, selector="pq", **SMALL) as session:
+        model.generate(_ids(300, seed=1), max_new_tokens=4, do_sample=False,
+                       past_key_values=session.cache())
+        assert session.length() == 303
+        model.generate(_ids(120, seed=2), max_new_tokens=4, do_sample=False,
+                       past_key_values=session.cache())
+        assert session.length() == 123
+        assert session.context().sequence_count() == 1
+
+
+# --- errors ------------------------------------------------------------------
+
+def test_attention_without_a_session_is_a_clear_error():
+    model = _model("llama")
+    pqt.register()
+    model.set_attn_implementation(pqt.ATTENTION_NAME)
+    with pytest.raises(RuntimeError, match="without a pqcache.transformers.Session"):
+        model(_ids(8))
+
+
+def test_padded_rows_are_refused():
+    model = _model("llama")
+    ids = _ids(64, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding on row 1
+    with pqt.Session(model, selector="pq", **SMALL), pytest.raises(ValueError, match="padded"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+
+
+def test_dropping_tokens_is_refused_not_silently_wrong():
+    model = _model("llama")
+    with torch.no_grad(), pqt.Session(model, selector="pq", **SMALL) as session:
+        cache = DynamicCache(config=model.config)
+        model(_ids(100), past_key_values=cache)
+        cache.crop(-10)  # a server rolling back rejected tokens
+        with pytest.raises(ValueError, match="position 90 but the library holds 100"):
+            model(_ids(1), past_key_values=cache)
+        with pytest.raises(NotImplementedError, match="cannot drop tokens"):
+            session.cache().crop(-1)
+
+
+def test_beam_search_is_refused_with_a_library_cache():
+    model = _model("llama")
+    with pqt.Session(model, selector="pq", **SMALL) as session, \
+            pytest.raises(NotImplementedError, match="beam search|repeat rows"):
+        model.generate(_ids(50), max_new_tokens=3, num_beams=2, do_sample=False,
+                       past_key_values=session.cache())
+
+
+def test_bad_session_arguments():
+    model = _model("llama")
+    with pytest.raises(ValueError, match="chunk_mode"):
+        pqt.Session(model, chunk_mode="sometimes")
+    with pytest.raises(ValueError, match="rows is empty"):
+        pqt.Session(model, rows=[])
+    with pytest.raises(pqcache.PQError, match="topk_fraction"):
+        pqt.Session(model, topk_fraction=2.5)
+    with pytest.raises(ValueError, match="unknown selector"):
+        pqt.Session(model, rows=[{"selector": "oracle"}])
+    with pqt.Session(model, selector="pq") as session, \
+            pytest.raises(ValueError, match="needs a Session made with rows"):
+        session.prefill_all_rows(_ids(10))
+    local = MistralForCausalLM(MistralConfig(**COMMON, num_hidden_layers=1, sliding_window=64))
+    with pytest.raises(ValueError, match="nothing for pqcache to select"):
+        pqt.Session(local)
+    assert model.config._attn_implementation != pqt.ATTENTION_NAME
+
+
+@pytest.mark.parametrize("selector", ["exact", "pq", "h2o", "snapkv"])
+def test_rope_pairs_reorders_only_what_the_library_sees(selector):
+    """rope_pairs: the library holds keys with each rotary pair in one
+    subspace; attention is unchanged at k = everything, the stored keys are
+    the model's keys permuted, and later prompt chunks still attend fully."""
+    model = _model("llama")
+    ids = _ids(330)
+    fraction = 1.0 if selector == "exact" else 0.2
+    with torch.no_grad():
+        reference = model(ids).logits
+        with pqt.Session(model, selector=selector, topk_fraction=fraction, rope_pairs=True,
+                         **SMALL) as session:
+            cache = session.cache()
+            got = [model(ids[:, :150], past_key_values=cache).logits,
+                   model(ids[:, 150:300], past_key_values=cache).logits]  # chunk 2: fetched K
+            got += [model(ids[:, p:p + 1], past_key_values=cache).logits for p in range(300, 330)]
+            stored = session.context().fetch(0, 0, pqt._all_positions(2, 4))[0]  # [kv, 4, D]
+        plain = DynamicCache(config=model.config)
+        model(ids[:, :4], past_key_values=plain)
+    prompt = torch.cat(got[:2], dim=1)
+    assert torch.allclose(prompt, reference[:, :300], atol=2e-5, rtol=0)
+    if selector == "exact":
+        assert torch.allclose(torch.cat(got, dim=1), reference, atol=2e-5, rtol=0)
+    keys = plain.layers[0].keys[0]  # [kv, 4, D]
+    half = keys.shape[-1] // 2
+    assert torch.equal(torch.from_numpy(stored[..., 0::2]), keys[..., :half])
+    assert torch.equal(torch.from_numpy(stored[..., 1::2]), keys[..., half:])
