@@ -13,7 +13,14 @@ causal attention over [0, p]:
 - mass: the share of each query head's full softmax mass that falls on the
   selected tokens (sinks and local window included), averaged over heads;
 - error: ||o_sel - o_full|| / ||o_full|| for the attention output of each
-  query head, o_sel using softmax over the selected tokens only.
+  query head, o_sel using softmax over the selected tokens only;
+- fixed_mass: the mass on the sink and local tokens alone, which every
+  selector keeps: the part of `mass` no selector can take credit for;
+- mid_mass: of each query head's mass on the middle tokens (neither sink nor
+  local), the share on the selected middle tokens;
+- head_recall: per query head, |selected middle ∩ that head's own exact
+  top-k middle| / k (k: the oracle's count), against the head's own scores
+  rather than the GQA-combined ones PQ and the oracle rank by.
 
 Selectors that learn from attention (H2O, SCOPE) are fed the probabilities of
 the attention they were given, after every step, as a model would.
@@ -30,11 +37,10 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 
 import pqcache
+from pqcache.selector_inputs import ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, seed_h2o
 from pqeval import trace as trace_io
 
 OBSERVATION_WINDOW = 32
-NEEDS_QUERIES = {"snapkv", "pyramidkv", "scope"}
-NEEDS_ATTENTION = {"h2o", "scope"}
 
 
 @dataclass
@@ -44,6 +50,9 @@ class LayerResult:
     recall: float = 0.0
     mass: float = 0.0
     error: float = 0.0
+    fixed_mass: float = 0.0
+    mid_mass: float = 0.0
+    head_recall: float = 0.0
     selected: float = 0.0           # mean tokens attended per kv head
     select_bytes: float = 0.0       # mean bytes the selector read per step
 
@@ -96,10 +105,10 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
                 c.add_sequence(0)
                 c.prefill(0, layer, K[:prompt], V[:prompt])
             window_q = Q[prompt - t.q_first - window: prompt - t.q_first]
-            if selector in NEEDS_QUERIES:
+            if selector in PROMPT_QUERY_SELECTORS:
                 ctx.prefill_queries(0, layer, window_q)
             if selector == "h2o":
-                seed_h2o(ctx, layer, window_q, K[:prompt], scale)
+                seed_h2o(ctx, 0, layer, window_q, K[:prompt], scale)
             Kf = K.astype(np.float32)
             Vf = V.astype(np.float32)
             for p in range(prompt, last):
@@ -123,17 +132,29 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
                     out = sub @ Vf[pos, h]                            # [g][dim]
                     err = np.linalg.norm(out - full_out[h], axis=1) / \
                         np.maximum(np.linalg.norm(full_out[h], axis=1), 1e-30)
-                    # recall of the middle choice against the oracle's
+                    # the middle tokens [sink, mid_end): neither sink nor local
                     sink = min(ctx_sink(opts), p + 1)
-                    mid_sel = set(pos[(pos >= sink) & (pos < p + 1 - ctx_local(opts, p + 1, sink))])
+                    mid_end = p + 1 - ctx_local(opts, p + 1, sink)
+                    mid_pos = pos[(pos >= sink) & (pos < mid_end)]
                     rp = ref_heads[h]
-                    mid_ref = set(rp[(rp >= sink) & (rp < p + 1 - ctx_local(opts, p + 1, sink))])
-                    lr.recall += len(mid_sel & mid_ref) / max(len(mid_ref), 1)
+                    mid_ref = rp[(rp >= sink) & (rp < mid_end)]
+                    k = max(len(mid_ref), 1)
+                    lr.recall += len(np.intersect1d(mid_pos, mid_ref)) / k
                     lr.mass += float(mass.mean())
                     lr.error += float(err.mean())
+                    mid_probs = probs[h][:, sink:mid_end]                  # [g][middle]
+                    lr.fixed_mass += float(mass.mean() - probs[h][:, mid_pos].sum(axis=1).mean())
+                    mid_total = mid_probs.sum(axis=1)
+                    lr.mid_mass += float(np.mean(probs[h][:, mid_pos].sum(axis=1) /
+                                                 np.maximum(mid_total, 1e-30)))
+                    if mid_end > sink:
+                        own = np.argpartition(-logits[h][:, sink:mid_end],
+                                              min(k, mid_end - sink) - 1, axis=1)[:, :k] + sink
+                        lr.head_recall += float(np.mean([len(np.intersect1d(mid_pos, o)) / k
+                                                         for o in own]))
                     lr.selected += len(pos)
                     observed[h, : len(pos)] = sub.sum(axis=0)
-                if selector in NEEDS_ATTENTION:
+                if selector in ATTENTION_SELECTORS:
                     ctx.observe_attention(0, layer, sel, observed)
                 lr.select_bytes += ctx.layer_info(0, layer)["last_select_bytes"]
                 lr.steps += 1
@@ -144,33 +165,14 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
         lr.recall /= n * kv_heads
         lr.mass /= n * kv_heads
         lr.error /= n * kv_heads
+        lr.fixed_mass /= n * kv_heads
+        lr.mid_mass /= n * kv_heads
+        lr.head_recall /= n * kv_heads
         lr.selected /= n * kv_heads
         lr.select_bytes /= n
         result.layers.append(lr)
     result.seconds = time.perf_counter() - start
     return result
-
-
-def seed_h2o(ctx: "pqcache.Context", layer: int, window_q: np.ndarray, keys: np.ndarray,
-             scale: float) -> None:
-    """Seeds H2O's accumulators with the prompt's attention column sums,
-    from the observation-window queries (the full prompt attention matrix is
-    what FlashAttention never materialises; the window is what a server has)."""
-    w, q_heads, dim = window_q.shape
-    p, kv_heads, _ = keys.shape
-    group = q_heads // kv_heads
-    qf = window_q.astype(np.float32).reshape(w, kv_heads, group, dim)
-    kf = keys.astype(np.float32)
-    sums = np.zeros((kv_heads, p), np.float32)
-    for i in range(w):
-        visible = p - w + i + 1  # causal: window query i sits at position p - w + i
-        for h in range(kv_heads):
-            logits = qf[i, h] @ kf[:visible, h].T * scale  # [group][visible]
-            sums[h, :visible] += _softmax_rows(logits).sum(axis=0)
-    sel = pqcache.SelectionResult(kv_heads, p)
-    sel.positions[:] = np.arange(p, dtype=np.int32)
-    sel.counts[:] = p
-    ctx.observe_attention(0, layer, sel, sums)
 
 
 def ctx_sink(opts: Dict) -> int:
@@ -190,13 +192,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     t = trace_io.read(args.trace)
     print(f"trace {args.trace}: {t.model}, {t.text}, {t.tokens} tokens, layers {t.layers}")
-    print("| selector | budget | recall | mass | output error | tokens/head | bytes/step |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| selector | budget | recall | per-head recall | mass | fixed mass | middle mass "
+          "| output error | tokens/head | bytes/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fraction in (float(f) for f in args.fractions.split(",")):
         for name in args.selectors.split(","):
             r = replay(t, name, fraction, steps=args.steps)
             print(f"| {name} | 1/{round(1 / fraction)} | {r.mean('recall'):.3f} | "
-                  f"{r.mean('mass'):.3f} | {r.mean('error'):.4f} | {r.mean('selected'):.0f} | "
+                  f"{r.mean('head_recall'):.3f} | {r.mean('mass'):.3f} | "
+                  f"{r.mean('fixed_mass'):.3f} | {r.mean('mid_mass'):.3f} | "
+                  f"{r.mean('error'):.4f} | {r.mean('selected'):.0f} | "
                   f"{r.mean('select_bytes'):.0f} |")
 
 
