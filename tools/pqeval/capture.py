@@ -58,6 +58,63 @@ def capture(model, tokens: Sequence[int], layers: Sequence[int], queries: int, t
                           Q, K, V, q_first, model.cfg.n_layer)
 
 
+def capture_transformers(model, tokens: Sequence[int], layers: Sequence[int], queries: int,
+                         model_name: str, text_name: str, chunk_tokens: int = 2048,
+                         dtype=np.float16) -> trace_io.Trace:
+    """The same trace from a transformers model (pqeval.hf): the prompt runs
+    in chunks with SDPA through a recording attention function, which keeps
+    the chosen layers' queries of the last `queries` positions; keys and
+    values come from the DynamicCache at the end (after RoPE, as attention
+    saw them)."""
+    import torch
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    n = len(tokens)
+    q_first = max(0, n - queries)
+    wanted = set(layers)
+    recorded: dict = {layer: [] for layer in layers}
+    done = [0]  # tokens before the current chunk
+
+    def record(module, query, key, value, attention_mask, **kwargs):
+        if module.layer_idx in wanted:
+            t = query.shape[2]
+            lo = max(q_first - done[0], 0)
+            if lo < t:  # [1, q_heads, T, D] -> [T', q_heads, D]
+                recorded[module.layer_idx].append(
+                    query[0, :, lo:].transpose(0, 1).to(torch.float32).numpy())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("pqeval_capture", record)
+    AttentionMaskInterface.register("pqeval_capture", sdpa_mask)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("pqeval_capture")
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([list(tokens)])
+    try:
+        with torch.no_grad():
+            for start in range(0, n, chunk_tokens):
+                model(ids[:, start:start + chunk_tokens], past_key_values=cache, use_cache=True,
+                      logits_to_keep=1)
+                done[0] = min(n, start + chunk_tokens)
+    finally:
+        model.set_attn_implementation(previous)
+    Q, K, V = {}, {}, {}
+    for layer in layers:
+        Q[layer] = np.ascontiguousarray(np.concatenate(recorded[layer]), dtype=dtype)
+        K[layer] = np.ascontiguousarray(cache.layers[layer].keys[0].transpose(0, 1).numpy(),
+                                        dtype=dtype)
+        V[layer] = np.ascontiguousarray(cache.layers[layer].values[0].transpose(0, 1).numpy(),
+                                        dtype=dtype)
+        if K[layer].shape[0] != n:
+            raise ValueError(f"layer {layer} keeps {K[layer].shape[0]} of {n} tokens: a "
+                             "sliding-window layer cannot be traced")
+    text_config = model.config.get_text_config(decoder=True)
+    return trace_io.Trace(model_name, text_name, np.asarray(tokens, np.int32), list(layers),
+                          Q, K, V, q_first, text_config.num_hidden_layers)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("text")

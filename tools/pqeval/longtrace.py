@@ -1,0 +1,114 @@
+"""Attention traces at long context from the transformers models, and what
+the report measures on them: every selector's recall and mass, the
+middle-only metrics per layer, and a sweep of PQ settings.
+
+- SmolLM2-135M over the first 8192 tokens of perplexity document 0, all 30
+  layers; Gemma-3-270M over its first 32768 tokens, its 3 global layers.
+  Queries are kept for the last 160 positions: 32 for the observation window
+  SnapKV-style selectors read, 128 decode steps replayed.
+- Traces are cached next to the models ($PQCACHE_MODEL_DIR/traces), never
+  committed (tens to hundreds of MiB); the figures go to the report's data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from pqeval import replay, trace as trace_io
+
+QUERIES = 160      # observation window (32) + decode steps replayed (128)
+TRACES = {
+    "smollm2-135m": dict(tokens=8192, layers=list(range(30))),
+    "gemma3-270m": dict(tokens=32768, layers=[5, 11, 17]),
+}
+METRICS = ["recall", "head_recall", "mass", "fixed_mass", "mid_mass", "error", "selected",
+           "select_bytes"]
+
+# PQ settings at 1/5: (label, pq_config fields, dimension order of the keys)
+SETTINGS = [
+    ("2x6 (default)", {}, "model"),
+    ("2x8", {"pq_bits": 8}, "model"),
+    ("4x4", {"pq_subspaces": 4, "pq_bits": 4}, "model"),
+    ("8x2", {"pq_subspaces": 8, "pq_bits": 2}, "model"),
+    ("4x8", {"pq_subspaces": 4, "pq_bits": 8}, "model"),
+    ("2x6, 1 K-Means iteration", {"kmeans_iterations": 1}, "model"),
+    ("2x6, 3 iterations", {"kmeans_iterations": 3}, "model"),
+    ("2x6, 10 iterations", {"kmeans_iterations": 10}, "model"),
+    ("2x6, GQA max", {"gqa_combine": "max"}, "model"),
+    ("2x6, GQA mean", {"gqa_combine": "mean"}, "model"),
+    ("2x6, rotary pairs", {}, "pairs"),
+    ("2x8, rotary pairs", {"pq_bits": 8}, "pairs"),
+]
+
+
+def trace_path(model_name: str) -> Path:
+    base = Path(os.environ.get("PQCACHE_MODEL_DIR", Path.home() / ".cache" / "pqcache"))
+    return base / "traces" / f"{model_name}-{TRACES[model_name]['tokens']}.pqtrace"
+
+
+def capture(model_name: str, model=None, tokenizer=None, log=print) -> trace_io.Trace:
+    """The model's long trace, from the cache or captured now."""
+    from pqeval import capture as capture_mod, hf, tasks
+
+    path = trace_path(model_name)
+    if path.exists():
+        return trace_io.read(path)
+    spec = TRACES[model_name]
+    if model is None:
+        model, tokenizer = hf.load(model_name)
+    ids = hf.encode(hf.MODELS[model_name], tokenizer, tasks.perplexity_text(0))[: spec["tokens"]]
+    name = "+".join(tasks.PERPLEXITY_DOCUMENTS[0])
+    t = capture_mod.capture_transformers(model, ids, spec["layers"], QUERIES,
+                                         hf.MODELS[model_name].display.split(" ")[0], name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    trace_io.write(tmp, t)
+    tmp.replace(path)
+    log(f"captured {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return t
+
+
+def rotary_pairs(t: trace_io.Trace) -> trace_io.Trace:
+    """The trace with each head's dimensions reordered from transformers'
+    rotate-half layout (x_i pairs with x_{i+D/2}) to adjacent rotary pairs
+    (as llama.cpp stores them): q.k is unchanged, but each PQ subspace then
+    holds whole rotary pairs, whose rotation with position stays inside it."""
+    d = t.geometry[2]
+    order = np.stack([np.arange(d // 2), np.arange(d // 2) + d // 2], axis=1).reshape(-1)
+    def reorder(arrays):
+        return {l: np.ascontiguousarray(a[..., order]) for l, a in arrays.items()}
+
+    return trace_io.Trace(t.model, t.text, t.token_ids, t.layers, reorder(t.queries),
+                          reorder(t.keys), t.values, t.q_first, t.model_layers)
+
+
+def _layers(r: replay.Result) -> List[Dict[str, float]]:
+    return [{"layer": l.layer, **{m: float(getattr(l, m)) for m in METRICS}} for l in r.layers]
+
+
+def study(t: trace_io.Trace, selectors: List[str], fractions=(0.2, 0.1),
+          steps: Optional[int] = None, log=print) -> Dict:
+    """Every selector at every budget on every layer of the trace, then the
+    PQ settings at 1/5. Returns plain data for the report (JSON)."""
+    from pqeval.longctx import budget
+
+    out: Dict = {"model": t.model, "text": t.text, "tokens": t.tokens, "layers": t.layers,
+                 "steps": (t.tokens - t.q_first - replay.OBSERVATION_WINDOW
+                           if steps is None else steps),
+                 "selectors": {}, "settings": {}}
+    for fraction in fractions:
+        for name in selectors:
+            r = replay.replay(t, name, budget(name, fraction), steps=steps)
+            out["selectors"][f"{name}@1/{round(1 / fraction)}"] = _layers(r)
+            log(f"  {name} 1/{round(1 / fraction)}: middle mass {r.mean('mid_mass'):.3f} "
+                f"({r.seconds:.0f} s)")
+    paired = rotary_pairs(t)
+    for label, fields, order in SETTINGS:
+        r = replay.replay(paired if order == "pairs" else t, "pq", 0.2, steps=steps, **fields)
+        out["settings"][label] = {"fields": fields, "order": order, "layers": _layers(r)}
+        log(f"  setting {label}: middle mass {r.mean('mid_mass'):.3f}")
+    return out

@@ -1,0 +1,255 @@
+"""docs/quality.md from the evaluation's recorded results: tables with
+intervals, plots, and a statement for every cell of where PQ is and is not
+ahead. Nothing here measures; everything comes from the data files."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from pqeval import stats
+from pqeval.longctx import DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS
+
+BUDGETS = {"1/5": 0.2, "1/10": 0.1}
+OTHERS = [s for s in SELECTORS if s not in ("exact", "pq")]   # the non-oracle competition
+
+
+def _name(s: str) -> str:
+    return f"{s} (variant)" if s in PQ_VARIANTS else s
+TASK_LABELS = {"niah_single": "single", "niah_multikey": "multi-key",
+               "niah_multivalue": "multi-value", "niah_multiquery": "multi-query",
+               "vt": "var. tracking", "cwe": "common words", "fwe": "frequent words",
+               "qa": "QA"}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _ci(m: float, lo: float, hi: float, scale: float = 100, digits: int = 1,
+        sign: bool = False) -> str:
+    f = f"{{:{'+' if sign else ''}.{digits}f}}"
+    return f"{f.format(scale * m)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
+
+
+def task_cells(records: List[dict]) -> Dict[tuple, List[dict]]:
+    """(model, length) -> records."""
+    cells: Dict[tuple, List[dict]] = defaultdict(list)
+    for r in records:
+        cells[(r["model"], r["length"])].append(r)
+    return dict(sorted(cells.items(), key=lambda kv: (kv[0][0] != "smollm2-135m", kv[0][1])))
+
+
+def scores(records: List[dict], label: str) -> np.ndarray:
+    return np.array([r["rows"][label]["score"] for r in records])
+
+
+def agreement(records: List[dict], label: str) -> float:
+    """Share of prompts where the row answered exactly as full attention."""
+    return float(np.mean([r["rows"][label]["output"].strip() == r["rows"][FULL]["output"].strip()
+                          for r in records]))
+
+
+def cell_summary(records: List[dict]) -> Dict[str, dict]:
+    """Per row label: accuracy CI, paired difference to full attention, agreement."""
+    full = scores(records, FULL)
+    out = {FULL: {"acc": stats.mean_ci(full), "diff": (0.0, 0.0, 0.0), "agree": 1.0}}
+    for label in records[0]["rows"]:
+        if label == FULL:
+            continue
+        s = scores(records, label)
+        out[label] = {"acc": stats.mean_ci(s), "diff": stats.paired_diff_ci(s, full),
+                      "agree": agreement(records, label)}
+    return out
+
+
+def task_table(records: List[dict], lines: List[str]) -> Dict[str, dict]:
+    summary = cell_summary(records)
+    lines += ["| selector | 1/5 accuracy | 1/5 vs full | 1/5 same answer | 1/10 accuracy "
+              "| 1/10 vs full | 1/10 same answer |", "|---|---:|---:|---:|---:|---:|---:|"]
+    f = summary[FULL]
+    lines.append(f"| full attention | {_ci(*f['acc'])} | | | {_ci(*f['acc'])} | | |")
+    for s in NAMES:
+        if f"{s}@1/5" not in summary:
+            continue
+        cols = []
+        for b in BUDGETS:
+            c = summary[f"{s}@{b}"]
+            cols += [_ci(*c["acc"]), _ci(*c["diff"], sign=True), f"{100 * c['agree']:.0f}%"]
+        lines.append(f"| {_name(s)} | " + " | ".join(cols) + " |")
+    return summary
+
+
+def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -> None:
+    tasks_ = [t for t in TASK_LABELS if any(r["task"] == t for r in records)]
+    head = [TASK_LABELS[t] for t in tasks_] + ["question last", "question first"]
+    lines += ["| selector | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+
+    def group(label: str) -> List[str]:
+        cells = []
+        for t in tasks_:
+            rs = [r for r in records if r["task"] == t]
+            cells.append(_pct(scores(rs, label).mean()))
+        for p in ("last", "first"):
+            rs = [r for r in records if r["placement"] == p]
+            cells.append(_pct(scores(rs, label).mean()) if rs else "")
+        return cells
+
+    lines.append("| full attention | " + " | ".join(group(FULL)) + " |")
+    for s in NAMES:
+        if f"{s}@{budget}" in records[0]["rows"]:
+            lines.append(f"| {_name(s)} | " + " | ".join(group(f"{s}@{budget}")) + " |")
+    per_task = len(records) // max(len(tasks_), 1)
+    lines += ["", f"({per_task} prompts per task, {len(records)} in all; accuracy in points, "
+              "RULER's partial credit for multi-answer tasks.)"]
+
+
+def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
+    labels = list(records[0]["nll"])
+    nll = {label: np.array([r["nll"][label] for r in records]) for label in labels}
+    full = nll[FULL]
+    out = {FULL: (stats.perplexity_ci(full), (0.0, 0.0, 0.0))}
+    lines += ["| selector | 1/5 perplexity | 1/5 vs full | 1/10 perplexity | 1/10 vs full |",
+              "|---|---:|---:|---:|---:|"]
+    p = out[FULL][0]
+    lines.append(f"| full attention | {_ci(*p, scale=1, digits=3)} | | "
+                 f"{_ci(*p, scale=1, digits=3)} | |")
+    for s in NAMES:
+        if f"{s}@1/5" not in nll:
+            continue
+        cols = []
+        for b in BUDGETS:
+            label = f"{s}@{b}"
+            out[label] = (stats.perplexity_ci(nll[label]),
+                          stats.perplexity_change_ci(nll[label], full))
+            cols += [_ci(*out[label][0], scale=1, digits=3),
+                     _ci(*out[label][1], scale=1, digits=2, sign=True) + "%"]
+        lines.append(f"| {_name(s)} | " + " | ".join(cols) + " |")
+    return out
+
+
+def _layer_mean(layers: List[dict], metric: str) -> float:
+    return float(np.mean([l[metric] for l in layers]))
+
+
+def trace_table(study: Dict, lines: List[str]) -> None:
+    lines += ["| selector | budget | exact top-k recall | per-head recall | attention mass "
+              "| sinks + local alone | middle mass | output error | tokens per kv head |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in BUDGETS:
+        for s in SELECTORS:
+            layers = study["selectors"][f"{s}@{b}"]
+            m = {k: _layer_mean(layers, k) for k in ("recall", "head_recall", "mass",
+                                                     "fixed_mass", "mid_mass", "error",
+                                                     "selected")}
+            lines.append(f"| {s} | {b} | {m['recall']:.3f} | {m['head_recall']:.3f} | "
+                         f"{m['mass']:.3f} | {m['fixed_mass']:.3f} | {m['mid_mass']:.3f} | "
+                         f"{m['error']:.4f} | {m['selected']:.0f} |")
+
+
+def settings_table(study: Dict, lines: List[str]) -> None:
+    """PQ settings at 1/5. Codes are stored one byte per subspace, so the
+    bytes a selection reads per token and kv head are m, whatever b is."""
+    lines += ["| PQ setting (m x b) | code bits | bytes read per token | exact top-k recall "
+              "| per-head recall | middle mass | middle mass per byte |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, setting in study["settings"].items():
+        m = setting["fields"].get("pq_subspaces", 2)
+        bits = m * setting["fields"].get("pq_bits", 6)
+        layers = setting["layers"]
+        mid = _layer_mean(layers, "mid_mass")
+        lines.append(f"| {label} | {bits} | {m} | {_layer_mean(layers, 'recall'):.3f} | "
+                     f"{_layer_mean(layers, 'head_recall'):.3f} | {mid:.3f} | {mid / m:.3f} |")
+
+
+def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    models = sorted({m for m, _ in cells}, key=lambda m: m != "smollm2-135m")
+    fig, axes = plt.subplots(1, len(models) * 2, figsize=(5.2 * len(models) * 2, 4),
+                             squeeze=False)
+    for i, model in enumerate(models):
+        lengths = sorted(l for m, l in cells if m == model)
+        for j, b in enumerate(BUDGETS):
+            ax = axes[0][2 * i + j]
+            series = [FULL] + [f"{s}@{b}" for s in NAMES
+                               if f"{s}@{b}" in cells[(model, lengths[0])][0]["rows"]]
+            for label in series:
+                y = [100 * scores(cells[(model, l)], label).mean() for l in lengths]
+                style = dict(lw=2.5, color="black") if label == FULL else (
+                    dict(lw=2.5, color="tab:red") if label.startswith("pq@") else (
+                        dict(lw=1.5, color="tab:red", ls="--") if label.startswith("pq-")
+                        else dict(lw=1)))
+                ax.plot(lengths, y, marker="o", label=label.split("@")[0], **style)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [f"{l // 1024}K" for l in lengths])
+            ax.set_ylim(-2, 102)
+            ax.set_title(f"{model}, budget {b}")
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("task accuracy (points)")
+    axes[0][-1].legend(fontsize=7, ncol=2, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4), squeeze=False)
+    for ax, (model, study) in zip(axes[0], studies.items()):
+        for s in ["exact", "pq", "h2o", "snapkv", "quest", "sparq", "window"]:
+            layers = study["selectors"][f"{s}@1/5"]
+            style = dict(lw=2.5, color="tab:red") if s == "pq" else (
+                dict(lw=2.5, color="black") if s == "exact" else dict(lw=1))
+            ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], marker="o",
+                    label=s, **style)
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{model}: {study['tokens']} tokens, budget 1/5")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("middle-only attention-mass recall")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def best_other(summary: Dict[str, dict], budget: str, key: str = "acc") -> str:
+    return max(OTHERS, key=lambda s: summary[f"{s}@{budget}"][key][0])
+
+
+def cell_statements(model: str, length: int, summary: Dict[str, dict],
+                    lines: List[str]) -> None:
+    """One sentence per budget: PQ against full attention and the field."""
+    for b in BUDGETS:
+        pq = summary[f"pq@{b}"]
+        rival = best_other(summary, b)
+        drop = max(DROP, key=lambda s: summary[f"{s}@{b}"]["acc"][0])
+        gap = pq["acc"][0] - summary[f"{rival}@{b}"]["acc"][0]
+        dgap = pq["acc"][0] - summary[f"{drop}@{b}"]["acc"][0]
+        lines.append(
+            f"- {model} {length // 1024}K, {b}: PQ {_pct(pq['acc'][0])} against full "
+            f"attention's {_pct(summary[FULL]['acc'][0])} ({_ci(*pq['diff'], sign=True)} points, "
+            f"same answer on {100 * pq['agree']:.0f}% of prompts); "
+            f"{'ahead of' if gap > 0 else ('level with' if gap == 0 else 'behind')} the best "
+            f"other selector ({rival}, {_pct(summary[f'{rival}@{b}']['acc'][0])}) by "
+            f"{100 * abs(gap):.1f}; {'ahead of' if dgap > 0 else ('level with' if dgap == 0 else 'behind')} "
+            f"the best drop method ({drop}) by {100 * abs(dgap):.1f}.")
+        variants = [f"{v} {_pct(summary[f'{v}@{b}']['acc'][0])} "
+                    f"({_ci(*summary[f'{v}@{b}']['diff'], sign=True)})"
+                    for v in PQ_VARIANTS if f"{v}@{b}" in summary]
+        if variants:
+            lines.append(f"  PQ variants: {'; '.join(variants)}.")
