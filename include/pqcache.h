@@ -68,11 +68,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 3
+#define PQ_VERSION_MINOR 4
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.3.0"
+#define PQ_VERSION_STRING "0.4.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -221,9 +221,19 @@ typedef enum pq_layout {
 /* A view of the caller's K, V or Q buffer; the library never takes
  * ownership. Element (t, h, d) is at
  *   data + (t * token_stride + h * head_stride + d) * element_size(dtype)
- * i.e. the head_dim elements of one (token, head) are contiguous. Strides are
- * in elements and must be non-negative; the rows of distinct (token, head)
- * pairs must not overlap. */
+ * i.e. the head_dim elements of one (token, head) are contiguous. Rules,
+ * each checked (PQ_ERR_INVALID_ARGUMENT naming the tensor):
+ *  - strides are in elements and non-negative, and the span they address
+ *    ((tokens - 1) * token_stride + (heads - 1) * head_stride + head_dim
+ *    elements) fits in int64 bytes and, added to data, in the address space;
+ *  - outputs (pq_fetch_kv) give every (token, head) row its own place:
+ *    sorting the strides of the dimensions with more than one element, the
+ *    smaller is >= head_dim and the larger >= the smaller * (its count - 1)
+ *    + head_dim; out_keys and out_values do not overlap either (they may
+ *    share a buffer when their rows interleave, same strides, shifted);
+ *  - inputs may repeat rows: a zero stride broadcasts one row.
+ * No alignment is required: data may start at any byte (elements are read
+ * and written as bytes). */
 typedef struct pq_tensor {
   void* data;           /* host or device pointer, see memory */
   int32_t dtype;        /* pq_dtype */
@@ -322,8 +332,23 @@ typedef struct pq_config {
   int32_t gqa_combine; /* pq_gqa_combine; default PQ_GQA_SUM_SOFTMAX */
 
   /* --- Resources ------------------------------------------------------ */
-  /* Bytes of K/V the host store of the whole context may hold; 0 means
-   * unlimited (default). Over it: PQ_ERR_OUT_OF_MEMORY, nothing changed. */
+  /* Host bytes the sequences of the context may hold; 0 means unlimited
+   * (default). It counts, as upper bounds:
+   *  - per sequence, from pq_sequence_add until it is freed, the fixed state
+   *    of its num_layers layers: the layer itself, the selector's state, the
+   *    PQ centroids (twice: a rebuild's new index while the old one serves)
+   *    and the block cache's slots (cache_tokens / cache_block_tokens);
+   *  - per layer, in whole chunks of 256 tokens (held from the call that
+   *    opens a chunk), the K/V and what grows with the tokens: PQ codes,
+   *    accumulated attention or prompt scores (H2O, SCOPE, SnapKV,
+   *    PyramidKV), block summaries (InfLLM, Quest), block-cache maps. A
+   *    1-token prefill takes a whole chunk; the next 255 tokens take none.
+   * pq_stats.host_bytes reports what is held. A call that would pass the
+   * limit returns PQ_ERR_OUT_OF_MEMORY and holds nothing, not even for a
+   * moment another thread could observe. pq_create refuses (INVALID_ARGUMENT)
+   * a limit smaller than one sequence's fixed state. Not counted: working
+   * memory of one call or build (selection scores, the K-Means sample),
+   * which is freed when it returns. */
   uint64_t host_memory_limit;
   int32_t backend;   /* pq_backend; default PQ_BACKEND_CPU */
   int32_t device_id; /* CUDA device ordinal; default 0 */
@@ -583,9 +608,12 @@ PQ_API pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id,
 
 /* Copies the PQ codes of tokens [first, first+count) of one kv head into
  * out (count * pq_subspaces bytes, token-major). Waits for the layer's
- * build. Tokens not yet coded (still in the local window) are
- * PQ_ERR_INVALID_ARGUMENT; a layer without index (never prefilled, or a
- * selector other than PQ) is PQ_ERR_BAD_STATE.
+ * build. A build codes every token it covers (the prefill's local window
+ * too); tokens appended since are coded when they leave the local window.
+ * A range reaching a token without codes yet is PQ_ERR_INVALID_ARGUMENT
+ * (first and count are checked without first + count overflowing); a layer
+ * without index (never prefilled, or a selector other than PQ) is
+ * PQ_ERR_BAD_STATE.
  * Thread-safe. */
 PQ_API pq_status pq_index_codes(pq_context* ctx, uint64_t seq_id,
                                 int32_t layer, int32_t kv_head, int64_t first,
@@ -623,6 +651,9 @@ typedef struct pq_stats {
    * and local tokens are not counted. Hit rate: hits / (hits + misses). */
   uint64_t cache_hits;
   uint64_t cache_misses;
+  /* Host bytes counted against config.host_memory_limit (appended in 0.4):
+   * context-wide, everything held; per sequence, its own share. */
+  uint64_t host_bytes;
 } pq_stats;
 
 /* Context-wide statistics, including removed sequences' counters but only

@@ -7,6 +7,7 @@
 #include "context.h"
 #include "dtype.h"
 #include "error.h"
+#include "tensor.h"
 
 struct pq_context {
   explicit pq_context(const pq_config& c, const char* plugin_path) : impl(c, plugin_path) {}
@@ -77,13 +78,22 @@ pq_status pq_tensor_init(pq_tensor* t, void* data, int32_t dtype, int32_t layout
     v.tokens = tokens;
     v.heads = heads;
     v.head_dim = head_dim;
+    bool overflow = false;
     if (layout == PQ_LAYOUT_TOKEN_MAJOR) {
       v.token_stride = static_cast<int64_t>(heads) * head_dim;
       v.head_stride = head_dim;
     } else {
       v.token_stride = head_dim;
-      v.head_stride = tokens * head_dim;
+      overflow = __builtin_mul_overflow(tokens, static_cast<int64_t>(head_dim), &v.head_stride);
     }
+    int64_t bytes = 0;
+    if (overflow || !pq::tensor_span_bytes(v, &bytes))
+      pq::fail(PQ_ERR_INVALID_ARGUMENT,
+               "tokens " + std::to_string(tokens) + " x heads " + std::to_string(heads) +
+                   " x head_dim " + std::to_string(head_dim) + " of " +
+                   std::to_string(pq::dtype_size(dtype)) +
+                   "-byte elements overflows (the tensor must fit in int64 bytes and in the "
+                   "address space after data)");
     *t = v;
   });
 }

@@ -7,6 +7,9 @@
 
 namespace pq {
 
+const size_t BlockCache::kSlotBytes = sizeof(BlockCache::Slot);
+const size_t BlockCache::kBlockBytes = sizeof(int32_t) + sizeof(int64_t) + sizeof(int64_t);
+
 BlockCache::BlockCache(int64_t capacity_tokens, int32_t block_tokens, int32_t policy,
                        int32_t update_blocks)
     : block_tokens_(block_tokens), policy_(policy) {
@@ -47,6 +50,15 @@ int32_t BlockCache::victim(uint64_t step) const {
   return best;
 }
 
+void BlockCache::reserve(int64_t tokens) {
+  const size_t blocks = static_cast<size_t>((tokens + block_tokens_ - 1) / block_tokens_);
+  if (fetched_.size() < blocks) fetched_.resize(blocks, 0);
+  if (slot_of_block_.size() < blocks) slot_of_block_.resize(blocks, -1);
+  touched_.reserve(blocks);
+  ranked_.reserve(blocks);
+  admissions_.reserve(std::min(blocks, slots_.size()));
+}
+
 bool BlockCache::record(int64_t position) {
   if (position < 0) return false;
   const size_t block = static_cast<size_t>(position / block_tokens_);
@@ -61,17 +73,19 @@ std::vector<BlockCache::Admission> BlockCache::update(const std::vector<int64_t>
   return commit(complete_tokens);
 }
 
-std::vector<BlockCache::Admission> BlockCache::commit(int64_t complete_tokens) {
+const std::vector<BlockCache::Admission>& BlockCache::commit(int64_t complete_tokens) {
   // (tokens of the fetch in the block, block), ranked: most tokens, then
   // later block. Counting by block keeps this linear in the fetch.
-  std::vector<std::pair<int64_t, int64_t>> ranked;
+  std::vector<std::pair<int64_t, int64_t>>& ranked = ranked_;
+  ranked.clear();
   ranked.reserve(touched_.size());
   for (int64_t block : touched_) {
     ranked.emplace_back(fetched_[static_cast<size_t>(block)], block);
     fetched_[static_cast<size_t>(block)] = 0;
   }
   touched_.clear();
-  std::vector<Admission> admissions;
+  std::vector<Admission>& admissions = admissions_;
+  admissions.clear();
   if (slots_.empty()) return admissions;
   const uint64_t step = ++step_;
   const size_t keep = std::min(ranked.size(), update_blocks_);

@@ -35,6 +35,12 @@ class BlockCache {
   // The slot holding the block of `position`, or -1.
   int32_t lookup(int64_t position) const;
 
+  // Makes room for the blocks of positions [0, tokens), so that record()
+  // and commit() of those positions allocate nothing: a fetch reserves
+  // before it writes any output, and a failing allocation then changes
+  // nothing. Throws std::bad_alloc; the cache stays as it was.
+  void reserve(int64_t tokens);
+
   // The block held by `slot`, or -1 for a free slot.
   int64_t block_in(int32_t slot) const { return slots_[static_cast<size_t>(slot)].block; }
 
@@ -53,14 +59,21 @@ class BlockCache {
   // ranked by how many of the positions they hold (ties: the later block
   // first); the top k_cache are kept. Only blocks whose every position
   // is below complete_tokens are admitted (a partial block would miss the
-  // tokens appended later). Returns the admissions, in rank order.
-  std::vector<Admission> commit(int64_t complete_tokens);
+  // tokens appended later). Returns the admissions, in rank order (valid
+  // until the next commit).
+  const std::vector<Admission>& commit(int64_t complete_tokens);
 
   // record() of every position, then commit().
   std::vector<Admission> update(const std::vector<int64_t>& positions, int64_t complete_tokens);
 
   // Updates so far (the clock of LRU).
   uint64_t steps() const { return step_; }
+
+  // Host bytes per slot (allocated with the cache) and per block of
+  // positions (the block map and fetch counts grow with the tokens), for
+  // the host memory limit (memory_cost.h).
+  static const size_t kSlotBytes;
+  static const size_t kBlockBytes;
 
  private:
   struct Slot {
@@ -78,6 +91,8 @@ class BlockCache {
   std::vector<int32_t> slot_of_block_;  // indexed by block; -1 when not cached
   std::vector<int64_t> fetched_;        // recorded tokens per block, since the last commit
   std::vector<int64_t> touched_;        // blocks with a non-zero fetched_ entry
+  std::vector<std::pair<int64_t, int64_t>> ranked_;  // commit's working list
+  std::vector<Admission> admissions_;                // commit's result
 };
 
 }  // namespace pq

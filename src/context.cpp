@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -183,11 +184,12 @@ pq_config resolve_config(const pq_config* in) {
 // ---------------------------------------------------------------------------
 
 Sequence::Sequence(uint64_t seq_id, const pq_config& c, MemoryBudget* budget,
-                   const Backend& backend)
-    : id(seq_id) {
+                   const MemoryCost& cost, Reservation fixed_state, const Backend& backend)
+    : id(seq_id), fixed(std::move(fixed_state)) {
   layers.reserve(static_cast<size_t>(c.num_layers));
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    layers.push_back(std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget));
+    layers.push_back(
+        std::make_unique<Layer>(c.num_kv_heads, c.head_dim, c.dtype, budget, cost.chunk));
     if (c.cache_tokens > 0)
       layers.back()->cache =
           std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
@@ -220,9 +222,15 @@ Context::Context(const pq_config& c, const char* plugin_path)
       budget_(c.host_memory_limit),
       backend_(make_backend(c, plugin_path)),
       selector_(make_selector(c.selector)),
+      cost_(selector_ ? memory_cost(c, *selector_) : MemoryCost{}),
       pool_(std::make_unique<ThreadPool>(c.worker_threads)) {
   if (!selector_)
     fail(PQ_ERR_UNSUPPORTED, "config.selector " + str(c.selector) + " is not built into this library");
+  const uint64_t fixed = cost_.sequence_fixed(c.num_layers);
+  if (c.host_memory_limit != 0 && fixed > c.host_memory_limit)
+    invalid("config.host_memory_limit is " + std::to_string(c.host_memory_limit) +
+            " bytes, but one sequence's fixed state alone takes " + std::to_string(fixed) +
+            " (" + cost_.explain(c) + "); raise the limit or shrink the configuration");
 }
 
 Context::~Context() {
@@ -241,7 +249,9 @@ Context::~Context() {
         if (layer->pending) layer->pending->cancel.store(true);
       }
   }
-  pool_.reset();
+  // Join while every member is alive: a cancelled build may still be inside
+  // an iteration that uses pool_ (resetting the pointer first raced with it).
+  pool_->shutdown();
 }
 
 void Context::check_layer(int32_t layer) const {
@@ -284,7 +294,11 @@ void Context::wait_ingests(Layer& layer) {
 }
 
 void Context::sequence_add(uint64_t id) {
-  auto seq = std::make_shared<Sequence>(id, config_, &budget_, *backend_);
+  Reservation fixed = budget_.reserve(cost_.sequence_fixed(config_.num_layers),
+                                      "pq_sequence_add (the fixed state of a sequence: " +
+                                          cost_.explain(config_) + ")");
+  auto seq =
+      std::make_shared<Sequence>(id, config_, &budget_, cost_, std::move(fixed), *backend_);
   std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
   if (!sequences_.emplace(id, std::move(seq)).second)
     invalid("seq_id " + std::to_string(id) + " already exists in this context");
@@ -373,15 +387,19 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
 // index build over all its tokens. Layer mutex held.
 void Context::store_tokens(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq,
                            const pq_tensor& keys, const pq_tensor& values, bool is_prefill) {
-  const int64_t first = layer.store.tokens();
-  layer.store.append(keys, values);
-  backend_->store_window(layer.device.get(), layer.store, first, keys.tokens, seq->stream.load());
   if (!layer.selector_state) layer.selector_state = selector_->make_state(config_, layer_index);
-  if (is_prefill) {
-    layer.prefill_tokens += keys.tokens;
+  const int64_t first = layer.store.tokens();
+  layer.store.append(keys, values);  // all or nothing
+  try {
+    backend_->store_window(layer.device.get(), layer.store, first, keys.tokens,
+                           seq->stream.load());
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
-    if (selector_->needs_index()) schedule_build(layer, layer_index, seq);
+    if (is_prefill && selector_->needs_index()) schedule_build(layer, layer_index, seq);
+  } catch (...) {
+    layer.store.truncate(first);  // the call fails as a whole: as if it never came
+    throw;
   }
+  if (is_prefill) layer.prefill_tokens += keys.tokens;
   layer.update_mirrors();
 }
 
@@ -457,14 +475,17 @@ int32_t Context::iteration_budget(int64_t tokens, int64_t training_points) {
 
 void Context::schedule_build(Layer& layer, int32_t layer_index,
                              const std::shared_ptr<Sequence>& seq) {
-  if (layer.pending) layer.pending->cancel.store(true);  // superseded: it covers fewer tokens
   auto task = std::make_shared<BuildTask>();
   auto snapshot = std::make_shared<KvStore::Snapshot>(layer.store.snapshot());
   task->tokens = snapshot->tokens;
   std::shared_ptr<Counters> seq_counters = seq->counters;
-  layer.pending_done = pool_->submit([this, task, snapshot, layer_index, seq_counters] {
+  std::future<void> done = pool_->submit([this, task, snapshot, layer_index, seq_counters] {
     run_build(*task, *snapshot, layer_index, *seq_counters);
   });
+  // Only now, with the new build queued, is the old one superseded (it
+  // covers fewer tokens): nothing below can fail.
+  if (layer.pending) layer.pending->cancel.store(true);
+  layer.pending_done = std::move(done);
   layer.pending = std::move(task);
 }
 
@@ -551,7 +572,12 @@ void Context::code_tokens(Layer& layer, int64_t end) {
       to_float(store.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
   };
   std::vector<uint8_t*> heads(index.codes.size());
+  // Capacity in whole chunks, never more: the memory limit counts the codes
+  // per chunk of the store (memory_cost.h), which resize's doubling passes.
+  const size_t chunked = static_cast<size_t>((end + KvStore::kChunkTokens - 1) /
+                                             KvStore::kChunkTokens * KvStore::kChunkTokens) * m;
   for (size_t h = 0; h < heads.size(); ++h) {
+    index.codes[h].reserve(chunked);
     index.codes[h].resize(static_cast<size_t>(end) * m);
     heads[h] = index.codes[h].data() + index.coded_tokens * m;
   }
@@ -685,16 +711,27 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
       fail(PQ_ERR_UNSUPPORTED, std::string(t == out_keys ? "out_keys" : "out_values") +
                                    ".memory is PQ_MEMORY_DEVICE, which the " +
                                    backend_->name() + " backend cannot write");
+  require_disjoint_rows(*out_keys, "out_keys");
+  require_disjoint_rows(*out_values, "out_values");
+  require_disjoint_outputs(*out_keys, "out_keys", *out_values, "out_values");
   auto seq = find(id);
   ScopedTimer timer(&counters_.fetch_ns, &seq->counters->fetch_ns);
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
+  require_prefill(layer, id, layer_index, "pq_fetch_kv");
   check_positions(sel, kv_heads, layer.store.tokens(), layer_index);
   const Regions r = regions(layer.store.tokens(), layer_index);
   const size_t rb = layer.store.row_bytes();
   uint64_t rows = 0;
   for (int32_t h = 0; h < kv_heads; ++h) rows += static_cast<uint64_t>(sel->counts[h]);
   void* stream = seq->stream.load();
+  // Every allocation the cache's update needs happens here, before any
+  // output is written: past this point the fetch cannot fail halfway.
+  std::vector<int32_t> sorted_scratch;
+  if (layer.cache) {
+    layer.cache->reserve(r.n);
+    sorted_scratch.reserve(static_cast<size_t>(max_count));
+  }
   const bool on_device =
       out_keys->memory == PQ_MEMORY_DEVICE && out_values->memory == PQ_MEMORY_DEVICE &&
       backend_->fetch_to_device(DeviceFetchArgs{layer.device.get(), layer.store, *sel, *out_keys,
@@ -704,7 +741,8 @@ void Context::fetch(uint64_t id, int32_t layer_index, const pq_selection* sel,
   // Device slots are filled only for device fetches: a host fetch never
   // reads them, so it should not pay their PCIe traffic.
   const CacheCount cached =
-      layer.cache ? update_cache(layer, r, sel, on_device ? stream : nullptr, on_device)
+      layer.cache ? update_cache(layer, r, sel, on_device ? stream : nullptr, on_device,
+                                 sorted_scratch)
                   : CacheCount{};
   for (Counters* c : {&counters_, seq->counters.get()}) {
     c->fetch_calls.fetch_add(1);
@@ -756,19 +794,27 @@ void Context::gather_on_host(Layer& layer, const pq_selection* sel, const pq_ten
 // Sinks and the local window are resident anyway and not counted.
 Context::CacheCount Context::update_cache(Layer& layer, const Regions& r,
                                           const pq_selection* sel, void* stream,
-                                          bool fill_device) {
+                                          bool fill_device, std::vector<int32_t>& sorted) {
   CacheCount count;
   for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
     const int32_t* pos = sel->positions + h * sel->capacity;
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      if (pos[i] < r.sink_end || pos[i] >= r.mid_end) continue;
+    const int32_t n = sel->counts[h];
+    // A caller's selection may repeat a position: a token is fetched (and
+    // counted) once per kv head. pq_decode_select's are ascending already.
+    if (std::adjacent_find(pos, pos + n, std::greater_equal<int32_t>()) != pos + n) {
+      sorted.assign(pos, pos + n);
+      std::sort(sorted.begin(), sorted.end());
+      pos = sorted.data();
+    }
+    for (int32_t i = 0; i < n; ++i) {
+      if (pos[i] < r.sink_end || pos[i] >= r.mid_end || (i > 0 && pos[i] == pos[i - 1])) continue;
       if (layer.cache->record(pos[i]))
         ++count.hits;
       else
         ++count.misses;
     }
   }
-  const std::vector<BlockCache::Admission> admitted = layer.cache->commit(r.n);
+  const std::vector<BlockCache::Admission>& admitted = layer.cache->commit(r.n);
   if (fill_device)
     backend_->fill_cache_blocks(layer.device.get(), layer.store, admitted,
                                 layer.cache->block_tokens(), stream);
@@ -821,6 +867,7 @@ void Context::observe_attention(uint64_t id, int32_t layer_index, const pq_selec
   auto seq = find(id);
   Layer& layer = layer_of(*seq, layer_index);
   std::lock_guard<std::mutex> lock(layer.mutex);
+  require_prefill(layer, id, layer_index, "pq_observe_attention");
   check_positions(sel, kv_heads, layer.store.tokens(), layer_index);
   for (int32_t h = 0; h < kv_heads; ++h)
     selector_->observe_attention(layer.selector_state.get(), h,
@@ -874,10 +921,11 @@ void Context::index_codes(uint64_t id, int32_t layer_index, int32_t kv_head, int
   std::lock_guard<std::mutex> lock(layer.mutex);
   require_index(layer, id, layer_index);
   code_tokens(layer, regions(layer.store.tokens(), layer_index).mid_end);
-  int64_t coded = layer.index->coded_tokens;
-  if (first + count > coded)
-    invalid("tokens [" + str(first) + ", " + str(first + count) + ") are not all coded: " +
-            str(coded) + " tokens have codes (the local window is coded when it is left)");
+  const int64_t coded = layer.index->coded_tokens;
+  if (first > coded || count > coded - first)  // no first + count: it may overflow
+    invalid("first " + str(first) + " and count " + str(count) + " reach past the coded tokens: " +
+            "tokens [0, " + str(coded) + ") have codes (a build codes every token it covers; "
+            "decode tokens are coded when they leave the local window)");
   const int32_t m = config_.pq_subspaces;
   if (count > 0)
     std::memcpy(out, layer.index->codes[static_cast<size_t>(kv_head)].data() + first * m,
@@ -903,10 +951,12 @@ void Context::index_centroids(uint64_t id, int32_t layer_index, int32_t kv_head,
 
 void Context::add_sequence_sizes(const Sequence& s, pq_stats* out) const {
   out->sequences += 1;
+  out->host_bytes += s.fixed.bytes();
   for (const auto& layer : s.layers) {
     out->tokens += layer->tokens_mirror.load();
     out->kv_bytes += layer->kv_bytes_mirror.load();
     out->index_bytes += layer->index_bytes_mirror.load();
+    out->host_bytes += layer->charged_bytes_mirror.load();
   }
 }
 
@@ -928,6 +978,8 @@ void Context::stats(pq_stats* out) const {
     std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
     for (const auto& entry : sequences_) add_sequence_sizes(*entry.second, &s);
   }
+  // Also what removed sequences' builds still hold until they stop.
+  s.host_bytes = budget_.used();
   counters_.add_to(&s);
   std::memcpy(out, &s, out->struct_size);
 }

@@ -15,6 +15,8 @@
 #include "counters.h"
 #include "kv_store.h"
 #include "layer.h"
+#include "memory_budget.h"
+#include "memory_cost.h"
 #include "scratch.h"
 #include "selectors/selector.h"
 #include "thread_pool.h"
@@ -26,8 +28,11 @@ namespace pq {
 pq_config resolve_config(const pq_config* config);
 
 struct Sequence {
-  Sequence(uint64_t id, const pq_config& c, MemoryBudget* budget, const Backend& backend);
+  // fixed: the budget held for its layers' fixed state (memory_cost.h).
+  Sequence(uint64_t id, const pq_config& c, MemoryBudget* budget, const MemoryCost& cost,
+           Reservation fixed, const Backend& backend);
   uint64_t id;
+  Reservation fixed;
   std::vector<std::unique_ptr<Layer>> layers;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
   // The caller's cudaStream_t for this sequence's device work (NULL: the
@@ -89,10 +94,11 @@ class Context {
     uint64_t misses = 0;
   };
   // Counts the block cache's hits for a fetched selection, then updates the
-  // cache with it and has the backend fill the admitted blocks. Layer mutex
-  // held.
+  // cache with it and has the backend fill the admitted blocks. Allocates
+  // nothing after layer.cache->reserve(r.n) and with `sorted` holding room
+  // for the largest count. Layer mutex held.
   CacheCount update_cache(Layer& layer, const Regions& r, const pq_selection* sel, void* stream,
-                          bool fill_device);
+                          bool fill_device, std::vector<int32_t>& sorted);
   void gather_on_host(Layer& layer, const pq_selection* sel, const pq_tensor* out_keys,
                       const pq_tensor* out_values, uint64_t rows);
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
@@ -119,6 +125,7 @@ class Context {
   Counters counters_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Selector> selector_;
+  const MemoryCost cost_;  // what the budget counts per layer and chunk
 
   mutable std::shared_mutex sequences_mutex_;
   std::unordered_map<uint64_t, std::shared_ptr<Sequence>> sequences_;

@@ -90,16 +90,27 @@ uint16_t float_to_bf16(float f) {
 
 namespace {
 
+// Element i of a caller's buffer, which need not be aligned (a numpy view at
+// any byte offset): memcpy is the defined way, and compiles to one load.
+template <typename T>
+inline T load(const void* base, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(sizeof(T)),
+              sizeof(T));
+  return v;
+}
+
 // F16C converts eight halves per instruction, exactly; the exact scan and
 // K-Means read every key through here. The portable loop is the fallback.
-__attribute__((target("avx,f16c"))) void halves_to_float_f16c(const uint16_t* h, int64_t count,
+__attribute__((target("avx,f16c"))) void halves_to_float_f16c(const void* h, int64_t count,
                                                              float* out) {
   int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+  const unsigned char* bytes = static_cast<const unsigned char*>(h);
+  for (; i + 8 <= count; i += 8) {  // loadu: no alignment needed
+    __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 2 * i));
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(packed));
   }
-  for (; i < count; ++i) out[i] = half_to_float(h[i]);
+  for (; i < count; ++i) out[i] = half_to_float(load<uint16_t>(h, i));
 }
 
 bool cpu_has_f16c() {
@@ -114,43 +125,33 @@ void to_float(const void* src, int32_t dtype, int64_t count, float* out) {
     case PQ_DTYPE_F32:
       std::memcpy(out, src, static_cast<size_t>(count) * 4);
       break;
-    case PQ_DTYPE_F16: {
-      const uint16_t* h = static_cast<const uint16_t*>(src);
+    case PQ_DTYPE_F16:
       if (cpu_has_f16c()) {
-        halves_to_float_f16c(h, count, out);
+        halves_to_float_f16c(src, count, out);
       } else {
-        for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(h[i]);
+        for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(load<uint16_t>(src, i));
       }
       break;
-    }
-    default: {
-      const uint16_t* b = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(b[i]);
+    default:
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(load<uint16_t>(src, i));
       break;
-    }
   }
 }
 
 int64_t find_non_finite(const void* src, int32_t dtype, int64_t count) {
   switch (dtype) {
-    case PQ_DTYPE_F32: {
-      const uint32_t* p = static_cast<const uint32_t*>(src);
+    case PQ_DTYPE_F32:
       for (int64_t i = 0; i < count; ++i)
-        if ((p[i] & 0x7f800000u) == 0x7f800000u) return i;
+        if ((load<uint32_t>(src, i) & 0x7f800000u) == 0x7f800000u) return i;
       return -1;
-    }
-    case PQ_DTYPE_F16: {
-      const uint16_t* p = static_cast<const uint16_t*>(src);
+    case PQ_DTYPE_F16:
       for (int64_t i = 0; i < count; ++i)
-        if ((p[i] & 0x7c00u) == 0x7c00u) return i;
+        if ((load<uint16_t>(src, i) & 0x7c00u) == 0x7c00u) return i;
       return -1;
-    }
-    default: {
-      const uint16_t* p = static_cast<const uint16_t*>(src);
+    default:
       for (int64_t i = 0; i < count; ++i)
-        if ((p[i] & 0x7f80u) == 0x7f80u) return i;
+        if ((load<uint16_t>(src, i) & 0x7f80u) == 0x7f80u) return i;
       return -1;
-    }
   }
 }
 

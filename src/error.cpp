@@ -5,12 +5,29 @@ namespace pq {
 namespace {
 // The one piece of thread-local state: each thread sees its own message.
 thread_local std::string t_last_error;
+// What pq_last_error says when the message itself could not be stored.
+thread_local const char* t_fallback = nullptr;
 }  // namespace
 
 void fail(pq_status status, const std::string& message) { throw Error(status, message); }
 
-void set_last_error(const std::string& message) { t_last_error = message; }
+void set_last_error(const std::string& message) noexcept {
+  try {
+    t_last_error = message;
+    t_fallback = nullptr;
+  } catch (...) {  // out of memory for the message: say so without allocating
+    t_fallback = "out of host memory (the message could not be stored)";
+  }
+}
 
-const char* last_error() { return t_last_error.c_str(); }
+void report_error(const char* function, const char* what, const char* prefix) noexcept {
+  try {
+    set_last_error(std::string(function) + ": " + prefix + what);
+  } catch (...) {
+    t_fallback = "out of host memory (the message could not be stored)";
+  }
+}
+
+const char* last_error() { return t_fallback != nullptr ? t_fallback : t_last_error.c_str(); }
 
 }  // namespace pq

@@ -23,8 +23,11 @@ class Error : public std::runtime_error {
 // Throws Error(status, message) built from the streamed arguments.
 [[noreturn]] void fail(pq_status status, const std::string& message);
 
-// Records the calling thread's last error message.
-void set_last_error(const std::string& message);
+// Records the calling thread's last error message. Never throws: without
+// memory for the message, pq_last_error() says that instead.
+void set_last_error(const std::string& message) noexcept;
+// set_last_error("<function>: <prefix><what>"), as noexcept.
+void report_error(const char* function, const char* what, const char* prefix = "") noexcept;
 
 // Runs body() and converts any exception into a status plus message.
 template <typename Body>

@@ -10,36 +10,24 @@
 
 namespace pq {
 
-void MemoryBudget::reserve(uint64_t bytes) {
-  uint64_t before = used_.fetch_add(bytes);
-  if (limit_ != 0 && before + bytes > limit_) {
-    used_.fetch_sub(bytes);
-    fail(PQ_ERR_OUT_OF_MEMORY, "the host memory limit of " + std::to_string(limit_) +
-                                   " bytes would be exceeded: " + std::to_string(before) +
-                                   " held, " + std::to_string(bytes) + " more needed");
-  }
-}
-
-KvStore::Chunk::Chunk(size_t bytes_per_tensor, MemoryBudget* b)
-    : bytes(2 * bytes_per_tensor), budget(b) {
-  budget->reserve(bytes);
+KvStore::Chunk::Chunk(size_t bytes_per_tensor, Reservation c) : charge(std::move(c)) {
   try {
     keys.reset(new uint8_t[bytes_per_tensor]);
     values.reset(new uint8_t[bytes_per_tensor]);
   } catch (const std::bad_alloc&) {
-    budget->release(bytes);
-    fail(PQ_ERR_OUT_OF_MEMORY, "allocating " + std::to_string(bytes) + " bytes of K/V failed");
+    fail(PQ_ERR_OUT_OF_MEMORY,
+         "allocating " + std::to_string(2 * bytes_per_tensor) + " bytes of K/V failed");
   }
 }
 
-KvStore::Chunk::~Chunk() { budget->release(bytes); }
-
-KvStore::KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget)
+KvStore::KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
+                 uint64_t chunk_charge)
     : heads_(heads),
       head_dim_(head_dim),
       dtype_(dtype),
       element_size_(dtype_size(dtype)),
-      budget_(budget) {}
+      budget_(budget),
+      chunk_charge_(chunk_charge) {}
 
 const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   const Chunk& c = *chunks_[static_cast<size_t>(token / kChunkTokens)];
@@ -56,11 +44,21 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values) {
                                       std::to_string(tokens_) + " stored, " +
                                       std::to_string(count) + " more given");
   size_t needed = static_cast<size_t>((tokens_ + count + kChunkTokens - 1) / kChunkTokens);
-  // Allocate every new chunk first so that a failure leaves the store as it was.
+  const size_t opening = needed > chunks_.size() ? needed - chunks_.size() : 0;
+  // The whole charge at once, then every new chunk, so that a failure
+  // leaves the store (and the budget) as they were.
+  Reservation charge;
+  if (opening > 0)
+    charge = budget_->reserve(
+        opening * chunk_charge_,
+        "storing " + std::to_string(count) + " more tokens (" + std::to_string(opening) +
+            " new chunks)",
+        "; K/V and the state that grows with them are counted in whole 256-token chunks of " +
+            std::to_string(chunk_charge_) + " bytes per layer");
   std::vector<std::shared_ptr<Chunk>> fresh;
-  fresh.reserve(needed > chunks_.size() ? needed - chunks_.size() : 0);
-  while (chunks_.size() + fresh.size() < needed)
-    fresh.push_back(std::make_shared<Chunk>(tensor_bytes_per_chunk(), budget_));
+  fresh.reserve(opening);
+  while (fresh.size() < opening)
+    fresh.push_back(std::make_shared<Chunk>(tensor_bytes_per_chunk(), charge.split(chunk_charge_)));
   chunks_.reserve(needed);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
 
@@ -76,6 +74,12 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values) {
     }
   }
   tokens_ += count;
+}
+
+void KvStore::truncate(int64_t tokens) noexcept {
+  if (tokens >= tokens_) return;
+  chunks_.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
+  tokens_ = tokens;
 }
 
 KvStore::Snapshot KvStore::snapshot() const {

@@ -8,24 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include "memory_budget.h"
 #include "pqcache.h"
 
 namespace pq {
-
-// Bytes the K/V stores of a context may hold; shared by all its stores.
-class MemoryBudget {
- public:
-  explicit MemoryBudget(uint64_t limit) : limit_(limit) {}
-  // Throws PQ_ERR_OUT_OF_MEMORY (and reserves nothing) if over the limit.
-  void reserve(uint64_t bytes);
-  void release(uint64_t bytes) { used_.fetch_sub(bytes); }
-  uint64_t used() const { return used_.load(); }
-  uint64_t limit() const { return limit_; }
-
- private:
-  const uint64_t limit_;  // 0 = unlimited
-  std::atomic<uint64_t> used_{0};
-};
 
 class KvStore {
  public:
@@ -33,13 +19,13 @@ class KvStore {
 
   // One chunk: keys and values, each laid out [head][token in chunk][dim],
   // so one head's rows are contiguous (K-Means and scoring read by head).
+  // It holds its share of the budget (its K/V and the state that grows with
+  // its tokens elsewhere: codes, selector and cache state) while it lives.
   struct Chunk {
-    Chunk(size_t bytes_per_tensor, MemoryBudget* budget);
-    ~Chunk();
+    Chunk(size_t bytes_per_tensor, Reservation charge);
     std::unique_ptr<uint8_t[]> keys;
     std::unique_ptr<uint8_t[]> values;
-    size_t bytes;  // keys + values
-    MemoryBudget* budget;
+    Reservation charge;
   };
 
   // A read-only view of the first `tokens` tokens, valid while held.
@@ -52,14 +38,17 @@ class KvStore {
     const uint8_t* key_row(int64_t token, int32_t head) const;
   };
 
-  KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget);
+  // chunk_charge: the budget bytes each chunk holds (>= its K/V).
+  KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
+          uint64_t chunk_charge);
 
   int64_t tokens() const { return tokens_; }
   uint64_t bytes_held() const { return chunks_.size() * chunk_bytes(); }
+  uint64_t bytes_charged() const { return chunks_.size() * chunk_charge_; }
 
   // Appends keys.tokens tokens from host tensors (already validated: same
   // token count, heads, head_dim, dtype). All or nothing: on an error
-  // (memory limit, allocation) nothing is appended.
+  // (memory limit, allocation) nothing is appended and nothing is held.
   void append(const pq_tensor& keys, const pq_tensor& values);
 
   const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
@@ -67,6 +56,10 @@ class KvStore {
   size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }
 
   Snapshot snapshot() const;
+
+  // Drops the tokens from `tokens` on (and the chunks they alone used):
+  // undoes an append whose call failed afterwards. Never throws.
+  void truncate(int64_t tokens) noexcept;
 
  private:
   size_t chunk_bytes() const { return 2 * tensor_bytes_per_chunk(); }
@@ -80,6 +73,7 @@ class KvStore {
   int32_t dtype_;
   size_t element_size_;
   MemoryBudget* budget_;
+  uint64_t chunk_charge_;
   int64_t tokens_ = 0;
   std::vector<std::shared_ptr<Chunk>> chunks_;
 };

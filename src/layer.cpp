@@ -44,6 +44,7 @@ void Layer::poll_build() {
 void Layer::update_mirrors() {
   tokens_mirror.store(store.tokens());
   kv_bytes_mirror.store(store.bytes_held());
+  charged_bytes_mirror.store(store.bytes_charged());
   index_bytes_mirror.store(index ? index->bytes() : 0);
 }
 

@@ -28,8 +28,9 @@ struct BuildTask {
 };
 
 struct Layer {
-  Layer(int32_t kv_heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget)
-      : store(kv_heads, head_dim, dtype, budget) {}
+  Layer(int32_t kv_heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
+        uint64_t chunk_charge)
+      : store(kv_heads, head_dim, dtype, budget, chunk_charge) {}
 
   std::mutex mutex;
   KvStore store;
@@ -58,6 +59,7 @@ struct Layer {
 
   std::atomic<int64_t> tokens_mirror{0};
   std::atomic<uint64_t> kv_bytes_mirror{0};
+  std::atomic<uint64_t> charged_bytes_mirror{0};  // the store's chunks' budget charge
   std::atomic<uint64_t> index_bytes_mirror{0};
 
   // Waits for the pending build, if any, and installs its result. Throws

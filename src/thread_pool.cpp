@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <new>
 
 namespace pq {
 
@@ -13,9 +14,12 @@ ThreadPool::ThreadPool(int threads) {
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { shutdown(); }
+
+void ThreadPool::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
     stopping_ = true;
   }
   cv_.notify_all();
@@ -84,7 +88,14 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     }
   };
   int64_t helpers = std::min<int64_t>(n - 1, size());
-  for (int64_t h = 0; h < helpers; ++h) submit(run);
+  for (int64_t h = 0; h < helpers; ++h) {
+    try {
+      submit(run);
+    } catch (const std::bad_alloc&) {
+      break;  // out of memory for a helper: fewer threads do the work, and
+              // we must not leave while the helpers queued so far run
+    }
+  }
   run();
   std::unique_lock<std::mutex> lock(state->mutex);
   state->done_cv.wait(lock, [&] { return state->completed == n; });

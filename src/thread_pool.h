@@ -18,7 +18,12 @@ namespace pq {
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);  // threads >= 1
-  ~ThreadPool();                     // finishes queued tasks, then joins
+  ~ThreadPool();                     // shutdown()
+
+  // Finishes the queued tasks, then joins the workers. Idempotent. The
+  // pool stays a valid object: a task still running may call
+  // parallel_for(), which then runs on the calling thread alone.
+  void shutdown();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 

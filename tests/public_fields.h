@@ -94,6 +94,7 @@
   X(pq_stats, bytes_scored) \
   X(pq_stats, bytes_fetched) \
   X(pq_stats, cache_hits) \
-  X(pq_stats, cache_misses)
+  X(pq_stats, cache_misses) \
+  X(pq_stats, host_bytes)
 
 #endif

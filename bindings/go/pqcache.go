@@ -186,6 +186,7 @@ type Stats struct {
 	BytesFetched     uint64
 	CacheHits        uint64
 	CacheMisses      uint64
+	HostBytes        uint64 // counted against Config.HostMemoryLimit
 }
 
 // Stats returns the context-wide statistics (pq_stats_get).
@@ -227,6 +228,7 @@ func (c *Context) stats(op string, get func(pqswig.Struct_SS_pq_context, pqswig.
 		BytesFetched:     s.GetBytes_fetched(),
 		CacheHits:        s.GetCache_hits(),
 		CacheMisses:      s.GetCache_misses(),
+		HostBytes:        s.GetHost_bytes(),
 	}, nil
 }
 

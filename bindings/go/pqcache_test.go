@@ -218,20 +218,24 @@ func TestCallErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := make([]float32, refKVHeads*sel.Capacity*refHeadDim)
+	outV := make([]float32, len(out))
 	dst := TensorF32(out, sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	dstV := TensorF32(outV, sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
 	bad := *sel
 	bad.Counts = []int32{int32(sel.Capacity + 1), 0}
-	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument, "Counts[0]")
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dstV), ErrInvalidArgument, "Counts[0]")
 	bad.Counts = sel.Counts[:1]
-	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument, "selection")
-	wantError(t, ctx.FetchKV(1, 0, nil, dst, dst), ErrInvalidArgument, "selection")
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dstV), ErrInvalidArgument, "selection")
+	wantError(t, ctx.FetchKV(1, 0, nil, dst, dstV), ErrInvalidArgument, "selection")
+	// Keys and values into the same buffer: the library's overlap check.
+	wantError(t, ctx.FetchKV(1, 0, sel, dst, dst), ErrInvalidArgument, "overlap")
 	// A position past the sequence: the library's check.
 	bad = *sel
 	bad.Positions = append([]int32(nil), sel.Positions...)
 	bad.Positions[0] = 1000
-	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dst), ErrInvalidArgument)
+	wantError(t, ctx.FetchKV(1, 0, &bad, dst, dstV), ErrInvalidArgument, "positions")
 	// The untouched selection still works.
-	if err := ctx.FetchKV(1, 0, sel, dst, dst); err != nil {
+	if err := ctx.FetchKV(1, 0, sel, dst, dstV); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -34,6 +34,7 @@ struct AttentionAccumulator {
   explicit AttentionAccumulator(int32_t kv_heads)
       : score(static_cast<size_t>(kv_heads)), dropped(static_cast<size_t>(kv_heads)) {}
 
+  static constexpr uint64_t kBytesPerToken = sizeof(float) + sizeof(uint8_t);  // per kv head
   std::vector<std::vector<float>> score;      // [kv_head][token]
   std::vector<std::vector<uint8_t>> dropped;  // [kv_head][token]: 1 = dropped for good
 

@@ -37,6 +37,9 @@ class H2oSelector final : public Selector {
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t) const override {
     return std::make_unique<H2oState>(c.num_kv_heads);
   }
+  StateCost state_cost(const pq_config& c) const override {
+    return {sizeof(H2oState), per_token_cost(c, AttentionAccumulator::kBytesPerToken)};
+  }
 
   void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {

@@ -121,6 +121,11 @@ class InfllmSelector final : public Selector {
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
     return std::make_unique<InfllmState>();
   }
+  StateCost state_cost(const pq_config& c) const override {  // representatives per block
+    return {sizeof(InfllmState),
+            per_block_cost(c, c.block_tokens,
+                           static_cast<uint64_t>(c.block_representatives) * sizeof(int32_t))};
+  }
 
   void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {

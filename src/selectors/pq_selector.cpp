@@ -13,6 +13,16 @@ class PqSelector final : public Selector {
  public:
   const char* name() const override { return "pq"; }
   bool needs_index() const override { return true; }
+  // The index: centroids (kv heads x 2^b x head_dim floats) and one code
+  // byte per subspace, token and kv head; twice, for a rebuild's new index
+  // while the old one serves.
+  StateCost state_cost(const pq_config& c) const override {
+    const uint64_t centroids = static_cast<uint64_t>(c.num_kv_heads) * (uint64_t{1} << c.pq_bits) *
+                               c.head_dim * sizeof(float);
+    const uint64_t codes = static_cast<uint64_t>(KvStore::kChunkTokens) * c.num_kv_heads *
+                           c.pq_subspaces;
+    return {2 * (sizeof(PqIndex) + centroids), 2 * codes};
+  }
 
   // One LUT per call: a backend with a device (CUDA) scores, combines and
   // selects there; otherwise the host scans the codes through it.

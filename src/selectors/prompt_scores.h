@@ -31,6 +31,7 @@
 namespace pq {
 
 struct PromptScores {
+  static constexpr uint64_t kBytesPerToken = sizeof(float);  // per kv head
   // score[kv_head][t] for the prompt tokens t < prompt_tokens.
   std::vector<std::vector<float>> score;
   // Tokens stored at the last pq_prefill_queries; -1 before the first one.
@@ -148,6 +149,9 @@ class PromptScoreSelector : public Selector {
  public:
   std::unique_ptr<SelectorState> make_state(const pq_config&, int32_t layer) const override {
     return std::make_unique<PromptState>(layer);
+  }
+  StateCost state_cost(const pq_config& c) const override {
+    return {sizeof(PromptState), per_token_cost(c, PromptScores::kBytesPerToken)};
   }
 
   void observe_queries(SelectorState* state, const KvStore& store, const float* queries,

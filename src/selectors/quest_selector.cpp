@@ -74,6 +74,10 @@ class QuestSelector final : public Selector {
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
     return std::make_unique<QuestState>();
   }
+  StateCost state_cost(const pq_config& c) const override {  // a min and a max row per block
+    return {sizeof(QuestState),
+            per_block_cost(c, c.block_tokens, 2 * static_cast<uint64_t>(c.head_dim) * sizeof(float))};
+  }
 
   void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {

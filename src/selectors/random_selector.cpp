@@ -30,6 +30,7 @@ class RandomSelector final : public Selector {
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
     return std::make_unique<RandomState>();
   }
+  StateCost state_cost(const pq_config&) const override { return {sizeof(RandomState), 0}; }
 
   void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {

@@ -47,6 +47,10 @@ class ScopeSelector final : public Selector {
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
     return std::make_unique<ScopeState>(c.num_kv_heads, layer);
   }
+  StateCost state_cost(const pq_config& c) const override {
+    return {sizeof(ScopeState), per_token_cost(c, AttentionAccumulator::kBytesPerToken +
+                                                      PromptScores::kBytesPerToken)};
+  }
 
   void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
                        int64_t w, const pq_config& c) const override {

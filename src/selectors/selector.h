@@ -22,6 +22,35 @@ class SelectorState {
   virtual ~SelectorState() = default;
 };
 
+// Host bytes a selector's state and index may take for one (sequence,
+// layer), for the host memory limit (memory_cost.h): an upper bound, with
+// room for a vector's geometric growth where the state grows by resizing.
+struct StateCost {
+  uint64_t per_layer = 0;   // held from pq_sequence_add
+  uint64_t per_chunk = 0;   // per KvStore::kChunkTokens tokens stored
+};
+
+// State that grows by resize() may hold twice what it uses.
+constexpr uint64_t kGrowthRoom = 2;
+
+// Per-token state of `bytes_per_token` for every kv head, per chunk.
+inline uint64_t per_token_cost(const pq_config& c, uint64_t bytes_per_token) {
+  return kGrowthRoom * static_cast<uint64_t>(KvStore::kChunkTokens) * c.num_kv_heads *
+         bytes_per_token;
+}
+
+// Blocks of block_tokens a chunk of tokens can open: kChunkTokens /
+// block_tokens, rounded up, plus one for a block that straddles chunks.
+inline uint64_t blocks_per_chunk(int32_t block_tokens) {
+  return (KvStore::kChunkTokens + block_tokens - 1) / block_tokens + 1;
+}
+
+// Per-block state of `bytes_per_block` for every kv head, per chunk.
+inline uint64_t per_block_cost(const pq_config& c, int32_t block_tokens,
+                               uint64_t bytes_per_block) {
+  return kGrowthRoom * blocks_per_chunk(block_tokens) * c.num_kv_heads * bytes_per_block;
+}
+
 struct SelectionRequest {
   const KvStore& store;
   const PqIndex* index;      // non-null when the selector needs_index()
@@ -67,6 +96,8 @@ class Selector {
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
     return nullptr;
   }
+  // What make_state's state (and the PQ index, for PQ) may hold.
+  virtual StateCost state_cost(const pq_config& c) const { return {}; }
   // Brings the state up to the store's first n tokens, whose middle is
   // [mid_begin, mid_end) (the core's regions), before the selection that
   // uses that middle (e.g. summaries of blocks that filled up). The layer

@@ -478,6 +478,8 @@ pub struct Stats {
     pub bytes_fetched: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Host bytes counted against the configured host_memory_limit.
+    pub host_bytes: u64,
 }
 
 impl From<sys::pq_stats> for Stats {
@@ -499,6 +501,7 @@ impl From<sys::pq_stats> for Stats {
             bytes_fetched: s.bytes_fetched,
             cache_hits: s.cache_hits,
             cache_misses: s.cache_misses,
+            host_bytes: s.host_bytes,
         }
     }
 }

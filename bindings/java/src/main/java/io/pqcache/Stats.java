@@ -23,6 +23,7 @@ import io.pqcache.swig.pq_stats;
  * @param bytesFetched K/V bytes copied by fetchKV
  * @param cacheHits selected middle tokens found in the block cache
  * @param cacheMisses selected middle tokens not found in it
+ * @param hostBytes host bytes counted against the configured host memory limit
  */
 public record Stats(
     long sequences,
@@ -40,13 +41,14 @@ public record Stats(
     long bytesScored,
     long bytesFetched,
     long cacheHits,
-    long cacheMisses) {
+    long cacheMisses,
+    long hostBytes) {
 
   static Stats of(pq_stats s) {
     return new Stats(s.getSequences(), s.getTokens(), s.getKv_bytes(), s.getIndex_bytes(),
         s.getBuilds_finished(), s.getBuilds_cancelled(), s.getKmeans_iterations(),
         s.getSelect_calls(), s.getFetch_calls(), s.getBuild_seconds(), s.getSelect_seconds(),
         s.getFetch_seconds(), s.getBytes_scored(), s.getBytes_fetched(), s.getCache_hits(),
-        s.getCache_misses());
+        s.getCache_misses(), s.getHost_bytes());
   }
 }
