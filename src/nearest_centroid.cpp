@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cstring>
 
+#include "cpu_dispatch.h"
 #include "kmeans.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -13,14 +14,15 @@
 
 namespace pq {
 
+namespace {
+
 // The reference squared distance: eight partial sums (lane l takes the
 // dimensions l, l + 8, ...), combined in a fixed order, then the tail. Every
 // caller (nearest_centroid, the tie re-check, k-means++) runs this one
-// function, so they all get bit-identical values; the AVX2 clone computes
+// function, so they all get bit-identical values; the AVX2 build computes
 // the same lanes in the same order (no FMA), so results do not depend on
 // the CPU either. It is exactly 0 for equal vectors.
-__attribute__((noinline, target_clones("avx2", "default"))) float squared_distance(
-    const float* a, const float* b, int32_t dim) {
+PQ_ALWAYS_INLINE float squared_distance_body(const float* a, const float* b, int32_t dim) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int32_t d = 0;
   for (; d + 8 <= dim; d += 8) {
@@ -38,12 +40,28 @@ __attribute__((noinline, target_clones("avx2", "default"))) float squared_distan
   return sum;
 }
 
+PQ_TARGET_AVX2 float squared_distance_avx2(const float* a, const float* b, int32_t dim) {
+  return squared_distance_body(a, b, dim);
+}
+float squared_distance_portable(const float* a, const float* b, int32_t dim) {
+  return squared_distance_body(a, b, dim);
+}
+
+}  // namespace
+
+__attribute__((noinline)) float squared_distance(const float* a, const float* b, int32_t dim) {
+  static const auto impl = cpu_has_avx2() ? squared_distance_avx2 : squared_distance_portable;
+  return impl(a, b, dim);
+}
+
+namespace {
+
 // weights[i] = min(weights[i], squared_distance(point i, centroid)) for the
 // points with a positive weight: the k-means++ D^2 update. Four points at a
 // time, each with squared_distance's exact lane order (bit-identical
 // values), so the four dependency chains overlap.
-__attribute__((target_clones("avx2", "default"))) void update_min_distances(
-    const float* points, int64_t n, int32_t dim, const float* centroid, float* weights) {
+PQ_ALWAYS_INLINE void update_min_distances_body(const float* points, int64_t n, int32_t dim,
+                                                const float* centroid, float* weights) {
   int64_t i = 0;
   if (dim % 8 == 0) {
     typedef float Lanes __attribute__((vector_size(32)));  // lane l = element l
@@ -72,6 +90,24 @@ __attribute__((target_clones("avx2", "default"))) void update_min_distances(
   for (; i < n; ++i)
     if (weights[i] > 0.0f)
       weights[i] = std::min(weights[i], squared_distance(points + i * dim, centroid, dim));
+}
+
+PQ_TARGET_AVX2 void update_min_distances_avx2(const float* points, int64_t n, int32_t dim,
+                                              const float* centroid, float* weights) {
+  update_min_distances_body(points, n, dim, centroid, weights);
+}
+void update_min_distances_portable(const float* points, int64_t n, int32_t dim,
+                                   const float* centroid, float* weights) {
+  update_min_distances_body(points, n, dim, centroid, weights);
+}
+
+}  // namespace
+
+void update_min_distances(const float* points, int64_t n, int32_t dim, const float* centroid,
+                          float* weights) {
+  static const auto impl =
+      cpu_has_avx2() ? update_min_distances_avx2 : update_min_distances_portable;
+  impl(points, n, dim, centroid, weights);
 }
 
 // ||x||^2 with eight partial sums (vectorised); only feeds error margins and

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_dispatch.h"
 #include "pqcache.h"
 
 namespace pq {
@@ -17,7 +18,7 @@ namespace {
 // vectorise; libm's expf does not, and it dominated the decode step. The
 // clamp to [-87, 0] works on the bits (|x| as an integer, then the sign set)
 // with a plain ternary: a float compare, or std::min's references, keep GCC
-// 12 from vectorising inside a target_clones function (checked in objdump).
+// 12 from vectorising inside the AVX2 build (checked in objdump).
 inline float exp_nonpositive(float x) {
   int32_t magnitude;
   std::memcpy(&magnitude, &x, sizeof magnitude);
@@ -49,9 +50,8 @@ inline float exp_nonpositive(float x) {
 constexpr int kLanes = 8;
 
 // out[i] += exp(logit[i] * scale - max) / sum, for one query head.
-__attribute__((target_clones("avx2", "default")))
-void accumulate_softmax(const float* __restrict raw, int64_t n, float scale,
-                        float* __restrict tmp, float* __restrict out) {
+PQ_ALWAYS_INLINE void accumulate_softmax_body(const float* __restrict raw, int64_t n, float scale,
+                                             float* __restrict tmp, float* __restrict out) {
   const int64_t whole = n - n % kLanes;
   float lane_max[kLanes];
   for (int l = 0; l < kLanes; ++l) lane_max[l] = -std::numeric_limits<float>::infinity();
@@ -76,6 +76,20 @@ void accumulate_softmax(const float* __restrict raw, int64_t n, float scale,
 
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) out[i] += tmp[i] * inv;
+}
+
+PQ_TARGET_AVX2 void accumulate_softmax_avx2(const float* __restrict raw, int64_t n, float scale,
+                                            float* __restrict tmp, float* __restrict out) {
+  accumulate_softmax_body(raw, n, scale, tmp, out);
+}
+void accumulate_softmax_portable(const float* __restrict raw, int64_t n, float scale,
+                                 float* __restrict tmp, float* __restrict out) {
+  accumulate_softmax_body(raw, n, scale, tmp, out);
+}
+
+void accumulate_softmax(const float* raw, int64_t n, float scale, float* tmp, float* out) {
+  static const auto impl = cpu_has_avx2() ? accumulate_softmax_avx2 : accumulate_softmax_portable;
+  impl(raw, n, scale, tmp, out);
 }
 
 // Maps a float to a uint32 whose unsigned order is the float's order.

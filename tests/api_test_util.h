@@ -22,6 +22,14 @@
 
 namespace pqt {
 
+// Whether a sanitizer replaced malloc: then glibc's heap figures
+// (mallinfo2) say nothing about what the library allocated.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerHeap = true;
+#else
+constexpr bool kSanitizerHeap = false;
+#endif
+
 // ---------------------------------------------------------------------------
 // Status assertions
 // ---------------------------------------------------------------------------
