@@ -47,6 +47,8 @@ packages=(
   "abi-dumper|abi-dumper"  # packaging/abi: dumps the built library's ABI
   "abi-compliance-checker|abi-compliance-checker"  # compares it with the baseline
   "universal-ctags|ctags"  # abi-dumper needs ctags to list the public symbols
+  "clang|clang++"          # scripts/fuzz.sh: libFuzzer needs clang
+  "libclang-rt-14-dev|"    # libFuzzer, and FuzzedDataProvider.h for the fuzz_replay test
 )
 
 missing=()

@@ -2,20 +2,24 @@
 # Builds libpqcache (scripts/build.sh) and runs every CTest test: the
 # GoogleTest suites, the C99 header and export checks, and the example.
 #
-#   scripts/test.sh [--sanitize] [build-dir]
+#   scripts/test.sh [--sanitize | --tsan] [build-dir]
 #
 # --sanitize builds into build-asan/ with ASan + UBSan and runs the tests with
-# LeakSanitizer on (see below).
+# LeakSanitizer on (see below). --tsan builds into build-tsan/ with
+# ThreadSanitizer and runs the C++ tests (the stress test among them); any
+# data race fails them.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 sanitize=0
+tsan=0
 build_dir=""
 for arg in "$@"; do
   case "$arg" in
     --sanitize) sanitize=1 ;;
-    -h|--help) sed -n '2,8p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --tsan) tsan=1 ;;
+    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
     *) build_dir=$arg ;;
   esac
@@ -24,6 +28,11 @@ done
 if ((sanitize)); then
   build_dir=${build_dir:-build-asan}
   "$root/scripts/build.sh" --sanitize "$build_dir"
+elif ((tsan)); then
+  build_dir=${build_dir:-build-tsan}
+  "$root/scripts/build.sh" --tsan "$build_dir"
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+  echo "test: TSAN_OPTIONS=$TSAN_OPTIONS"
 else
   # torch and transformers for the transformers integration's tests and the
   # reduced long-context evaluation (the sanitizer build has no bindings).

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 namespace pq {
@@ -113,8 +114,13 @@ __attribute__((target("avx,f16c"))) void halves_to_float_f16c(const void* h, int
   for (; i < count; ++i) out[i] = half_to_float(load<uint16_t>(h, i));
 }
 
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports has no "f16c").
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 &&
+           __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 

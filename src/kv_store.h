@@ -70,7 +70,6 @@ class KvStore {
 
   int32_t heads_;
   int32_t head_dim_;
-  int32_t dtype_;
   size_t element_size_;
   MemoryBudget* budget_;
   uint64_t chunk_charge_;

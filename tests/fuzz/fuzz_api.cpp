@@ -1,0 +1,335 @@
+// libFuzzer target for the whole C API: the input bytes become a context
+// configuration and a sequence of up to 64 calls (sequences added and
+// removed, prefills and appends with ordinary and hostile tensors, selects,
+// fetches, observations, index reads, statistics), then pq_destroy with
+// builds in flight. Built with ASan + UBSan (scripts/fuzz.sh); any crash,
+// sanitizer report or broken promise below is a finding:
+//  - every call returns a known pq_status, and a message when it fails;
+//  - a tensor whose span overflows is refused (the harness gives it a
+//    one-element buffer, so accepting it would read out of bounds);
+//  - a selection that succeeded is ascending, in range, within capacity;
+//  - outputs are written only inside the buffers the harness allocated to
+//    the exact span of their tensors (ASan checks every byte).
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "pqcache.h"
+
+namespace {
+
+[[noreturn]] void finding(const char* what) {
+  std::fprintf(stderr, "fuzz_api: %s (last error: %s)\n", what, pq_last_error());
+  std::abort();
+}
+
+void check(pq_status st) {
+  if (st > PQ_OK || st < PQ_ERR_INTERNAL) finding("unknown pq_status");
+  if (st == PQ_ERR_INTERNAL) finding("PQ_ERR_INTERNAL");
+  if (st != PQ_OK && pq_last_error()[0] == '\0') finding("an error without a message");
+}
+
+int64_t element_size(int32_t dtype) { return dtype == PQ_DTYPE_F32 ? 4 : 2; }
+
+// The span in bytes a tensor addresses, or -1 when it overflows.
+int64_t span_bytes(const pq_tensor& t) {
+  if (t.tokens <= 0 || t.heads <= 0) return 0;
+  int64_t a, b, s, bytes;
+  if (__builtin_mul_overflow(t.tokens - 1, t.token_stride, &a) ||
+      __builtin_mul_overflow(static_cast<int64_t>(t.heads) - 1, t.head_stride, &b) ||
+      __builtin_add_overflow(a, b, &s) || __builtin_add_overflow(s, int64_t{t.head_dim}, &s) ||
+      __builtin_mul_overflow(s, element_size(t.dtype), &bytes))
+    return -1;
+  return bytes;
+}
+
+// A tensor and the buffer behind it, sized to its exact span (so ASan sees
+// every read or write outside it), or one element when the span overflows.
+struct Tensor {
+  pq_tensor t{};
+  std::vector<unsigned char> bytes;
+  bool overflows = false;
+};
+
+constexpr int64_t kMaxSpan = int64_t{1} << 22;  // bytes the harness will allocate
+
+Tensor make_tensor(FuzzedDataProvider& in, int32_t dtype, int64_t tokens, int32_t heads,
+                   int32_t head_dim, bool allow_hostile) {
+  Tensor x;
+  x.t.dtype = dtype;
+  x.t.memory = PQ_MEMORY_HOST;
+  x.t.tokens = tokens;
+  x.t.heads = heads;
+  x.t.head_dim = head_dim;
+  const int32_t shape = allow_hostile ? in.ConsumeIntegralInRange(0, 9) : in.ConsumeIntegralInRange(0, 3);
+  switch (shape) {
+    case 0:  // token-major
+      x.t.token_stride = int64_t{heads} * head_dim;
+      x.t.head_stride = head_dim;
+      break;
+    case 1:  // head-major
+      x.t.token_stride = head_dim;
+      x.t.head_stride = tokens * head_dim;
+      break;
+    case 2:  // padded token-major
+      x.t.head_stride = head_dim + in.ConsumeIntegralInRange(0, 3);
+      x.t.token_stride = heads * x.t.head_stride + in.ConsumeIntegralInRange(0, 5);
+      break;
+    case 3:  // broadcast: every token the same rows
+      x.t.token_stride = 0;
+      x.t.head_stride = head_dim;
+      break;
+    case 4:  // overlapping rows
+      x.t.token_stride = in.ConsumeIntegralInRange<int64_t>(0, 2);
+      x.t.head_stride = in.ConsumeIntegralInRange<int64_t>(0, 2);
+      break;
+    case 5:  // strides past INT64_MAX / 2: with two or more tokens the span overflows
+      x.t.token_stride = std::numeric_limits<int64_t>::max() / 2 + in.ConsumeIntegralInRange(1, 64);
+      x.t.head_stride = head_dim;
+      break;
+    case 6:
+      x.t.token_stride = int64_t{heads} * head_dim;
+      x.t.head_stride = std::numeric_limits<int64_t>::max() / 2 + in.ConsumeIntegralInRange(1, 64);
+      break;
+    case 7:  // negative strides
+      x.t.token_stride = -in.ConsumeIntegralInRange<int64_t>(1, 64);
+      x.t.head_stride = head_dim;
+      break;
+    case 8:  // a wrong shape field
+      x.t.token_stride = int64_t{heads} * head_dim;
+      x.t.head_stride = head_dim;
+      x.t.heads = in.ConsumeIntegralInRange(-1, 5);
+      x.t.head_dim = in.ConsumeIntegralInRange(-1, 20);
+      x.t.dtype = in.ConsumeIntegralInRange(-1, 3);
+      break;
+    default:  // anything small
+      x.t.token_stride = in.ConsumeIntegralInRange<int64_t>(0, 64);
+      x.t.head_stride = in.ConsumeIntegralInRange<int64_t>(0, 64);
+      break;
+  }
+  const bool valid_shape = x.t.heads > 0 && x.t.head_dim > 0 && x.t.dtype >= 0 && x.t.dtype <= 2 &&
+                           x.t.token_stride >= 0 && x.t.head_stride >= 0;
+  int64_t bytes = valid_shape ? span_bytes(x.t) : -1;
+  if (bytes > kMaxSpan) {  // valid, but more than the harness can back: token-major
+    x.t.token_stride = int64_t{x.t.heads} * x.t.head_dim;
+    x.t.head_stride = x.t.head_dim;
+    bytes = span_bytes(x.t);
+  }
+  // The library must refuse a span that overflows: the harness backs it
+  // with 4 bytes, which it would read past otherwise.
+  x.overflows = valid_shape && bytes < 0;
+  x.bytes.assign(static_cast<size_t>(bytes >= 0 ? std::max<int64_t>(bytes, 1) : 4), 0);
+  // Values: mostly small numbers, sometimes NaN or Inf.
+  const float special = in.ConsumeBool() ? NAN : (in.ConsumeBool() ? INFINITY : 0.f);
+  const bool poison = in.ConsumeIntegralInRange(0, 15) == 0;
+  for (size_t i = 0; i + 1 < x.bytes.size(); i += 2) {
+    const float v = poison && i == 0 ? special : static_cast<float>((i * 2654435761u) % 97) / 13.f;
+    if (x.t.dtype == PQ_DTYPE_F32) {
+      if (i % 4 == 0 && i + 4 <= x.bytes.size()) std::memcpy(&x.bytes[i], &v, 4);
+    } else {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      const uint16_t h = static_cast<uint16_t>(u >> 16);  // a bf16-like pattern for both
+      std::memcpy(&x.bytes[i], &h, 2);
+    }
+  }
+  x.t.data = x.bytes.data();
+  return x;
+}
+
+struct State {
+  pq_context* ctx = nullptr;
+  pq_config config{};
+  std::vector<int32_t> positions, counts;
+  int64_t capacity = 0;
+};
+
+uint64_t seq_id(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange<uint64_t>(0, 3); }
+int32_t layer_of(FuzzedDataProvider& in, const pq_config& c) {
+  return in.ConsumeIntegralInRange(-1, c.num_layers);
+}
+
+void prefill_or_append(FuzzedDataProvider& in, State& s, bool append) {
+  const pq_config& c = s.config;
+  const int64_t tokens = append ? in.ConsumeIntegralInRange<int64_t>(0, 3)
+                                : in.ConsumeIntegralInRange<int64_t>(0, 300);
+  Tensor k = make_tensor(in, c.dtype, tokens, c.num_kv_heads, c.head_dim, true);
+  Tensor v = make_tensor(in, c.dtype, tokens, c.num_kv_heads, c.head_dim, false);
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, c);
+  const pq_status st = append ? pq_decode_append(s.ctx, seq, layer, &k.t, &v.t)
+                              : pq_prefill_layer(s.ctx, seq, layer, &k.t, &v.t);
+  check(st);
+  if (st == PQ_OK && k.overflows) finding("an overflowing span was accepted");
+}
+
+void select(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, c);
+  int64_t needed = 0;
+  check(pq_selection_capacity(s.ctx, seq, layer, &needed));
+  s.capacity = std::max<int64_t>(0, std::min<int64_t>(needed + in.ConsumeIntegralInRange(-2, 2), 4096));
+  s.positions.assign(static_cast<size_t>(std::max<int64_t>(1, c.num_kv_heads * s.capacity)), -1);
+  s.counts.assign(static_cast<size_t>(c.num_kv_heads), -1);
+  Tensor q = make_tensor(in, c.dtype, 1, c.num_q_heads, c.head_dim, in.ConsumeBool());
+  pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
+  const pq_status st = pq_decode_select(s.ctx, seq, layer, &q.t, &sel);
+  check(st);
+  if (st != PQ_OK) return;
+  int64_t length = 0;
+  check(pq_sequence_length(s.ctx, seq, layer, &length));
+  for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+    if (s.counts[static_cast<size_t>(h)] < 0 || s.counts[static_cast<size_t>(h)] > s.capacity)
+      finding("a count outside the capacity");
+    for (int32_t i = 0; i < s.counts[static_cast<size_t>(h)]; ++i) {
+      const int32_t p = s.positions[static_cast<size_t>(h * s.capacity + i)];
+      if (p < 0 || p >= length) finding("a selected position outside the sequence");
+      if (i > 0 && p <= s.positions[static_cast<size_t>(h * s.capacity + i - 1)])
+        finding("a selection not strictly ascending");
+    }
+  }
+}
+
+void mangle_selection(FuzzedDataProvider& in, State& s) {
+  if (s.positions.empty() || !in.ConsumeBool()) return;
+  const size_t i = in.ConsumeIntegralInRange<size_t>(0, s.positions.size() - 1);
+  s.positions[i] = in.ConsumeIntegralInRange<int32_t>(-3, 400);
+  if (!s.counts.empty() && in.ConsumeBool())
+    s.counts[in.ConsumeIntegralInRange<size_t>(0, s.counts.size() - 1)] =
+        in.ConsumeIntegralInRange<int32_t>(-1, static_cast<int32_t>(s.capacity) + 1);
+}
+
+void fetch(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  if (s.counts.empty()) return;
+  mangle_selection(in, s);
+  pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
+  const int64_t rows = std::max<int64_t>(1, s.capacity);
+  Tensor k = make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, true);
+  Tensor v = make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, in.ConsumeBool());
+  const pq_status st = pq_fetch_kv(s.ctx, seq_id(in), layer_of(in, c), &sel,
+                                   in.ConsumeBool() ? &k.t : &v.t, &v.t);
+  check(st);
+  if (st == PQ_OK && (k.overflows || v.overflows)) finding("an overflowing output was accepted");
+}
+
+void observe(FuzzedDataProvider& in, State& s) {
+  if (s.counts.empty()) return;
+  mangle_selection(in, s);
+  std::vector<float> probs(s.positions.size(), in.ConsumeFloatingPointInRange<float>(-1.f, 2.f));
+  if (in.ConsumeBool() && !probs.empty()) probs[0] = NAN;
+  pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
+  check(pq_observe_attention(s.ctx, seq_id(in), layer_of(in, s.config), &sel, probs.data()));
+}
+
+void read_index(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  const int64_t extremes[] = {0, 1, 2, 255, std::numeric_limits<int64_t>::max(),
+                              std::numeric_limits<int64_t>::max() / 2, -1};
+  const int64_t first = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 400)
+                                         : extremes[in.ConsumeIntegralInRange(0, 6)];
+  const int64_t count = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 400)
+                                         : extremes[in.ConsumeIntegralInRange(0, 6)];
+  // A buffer for count codes when count is reasonable; else one byte, which
+  // is fine as long as the library refuses (it has far fewer tokens).
+  std::vector<uint8_t> out(static_cast<size_t>(
+      count >= 0 && count <= 400 ? std::max<int64_t>(1, count * c.pq_subspaces) : 1));
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, c);
+  const int32_t head = in.ConsumeIntegralInRange(-1, c.num_kv_heads);
+  const pq_status st = pq_index_codes(s.ctx, seq, layer, head, first, count, out.data());
+  check(st);
+  if (st == PQ_OK && (count < 0 || count > 400)) finding("pq_index_codes took an absurd count");
+  std::vector<float> centroids(static_cast<size_t>(c.head_dim) << std::max(c.pq_bits, 0));
+  const int64_t floats = static_cast<int64_t>(centroids.size()) - in.ConsumeIntegralInRange(0, 1);
+  check(pq_index_centroids(s.ctx, seq, layer, head, centroids.data(), floats));
+}
+
+void introspect(FuzzedDataProvider& in, State& s) {
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, s.config);
+  pq_layer_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = in.ConsumeBool() ? sizeof info : in.ConsumeIntegralInRange<uint32_t>(0, 200);
+  check(pq_layer_info_get(s.ctx, seq, layer, &info));
+  pq_stats st;
+  std::memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  check(pq_stats_get(s.ctx, &st));
+  check(pq_sequence_stats_get(s.ctx, seq, &st));
+  int64_t n = 0;
+  check(pq_sequence_length(s.ctx, seq, layer, &n));
+  check(pq_sequence_count(s.ctx, &n));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  State s;
+  pq_config& c = s.config;
+  pq_config_default(&c);
+  c.num_layers = in.ConsumeIntegralInRange(1, 3);
+  c.num_kv_heads = in.ConsumeIntegralInRange(1, 3);
+  c.num_q_heads = c.num_kv_heads * in.ConsumeIntegralInRange(1, 3);
+  const int32_t dims[] = {1, 2, 3, 4, 8, 16};
+  c.head_dim = dims[in.ConsumeIntegralInRange(0, 5)];
+  c.dtype = in.ConsumeIntegralInRange(0, 2);
+  c.pq_subspaces = in.ConsumeIntegralInRange(1, 4);
+  c.pq_bits = in.ConsumeIntegralInRange(1, 9);
+  c.kmeans_iterations = in.ConsumeIntegralInRange(0, 3);
+  c.kmeans_max_iterations = in.ConsumeIntegralInRange(2, 4);
+  c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
+  c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
+  c.worker_threads = in.ConsumeIntegralInRange(1, 2);
+  c.selector = in.ConsumeIntegralInRange(-1, 11);
+  c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
+  c.local_tokens = in.ConsumeIntegralInRange(0, 40);
+  c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
+  c.topk_fraction = in.ConsumeFloatingPointInRange<float>(-0.1f, 1.2f);
+  c.gqa_combine = in.ConsumeIntegralInRange(0, 3);
+  c.sparq_dims = in.ConsumeIntegralInRange(0, 4);
+  c.block_tokens = in.ConsumeIntegralInRange(0, 64);
+  c.block_representatives = in.ConsumeIntegralInRange(1, 3);
+  c.observation_window = in.ConsumeIntegralInRange(1, 40);
+  c.pooling_kernel = in.ConsumeIntegralInRange(1, 9);
+  if (in.ConsumeBool()) {
+    c.cache_tokens = in.ConsumeIntegralInRange<int64_t>(0, 512);
+    c.cache_block_tokens = in.ConsumeIntegralInRange(0, 64);
+    c.cache_policy = in.ConsumeIntegralInRange(0, 2);
+    c.cache_update_blocks = in.ConsumeIntegralInRange(0, 8);
+  }
+  if (in.ConsumeBool()) c.host_memory_limit = in.ConsumeIntegralInRange<uint64_t>(0, 1u << 22);
+
+  pq_status st = pq_create(&c, &s.ctx);
+  check(st);
+  if (st != PQ_OK) return 0;
+  for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
+    switch (in.ConsumeIntegralInRange(0, 10)) {
+      case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
+      case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
+      case 2: prefill_or_append(in, s, false); break;
+      case 3: prefill_or_append(in, s, true); break;
+      case 4: select(in, s); break;
+      case 5: fetch(in, s); break;
+      case 6: observe(in, s); break;
+      case 7: {
+        Tensor q = make_tensor(in, c.dtype, in.ConsumeIntegralInRange<int64_t>(0, 40),
+                               c.num_q_heads, c.head_dim, in.ConsumeBool());
+        check(pq_prefill_queries(s.ctx, seq_id(in), layer_of(in, c), &q.t));
+        break;
+      }
+      case 8: read_index(in, s); break;
+      case 9: introspect(in, s); break;
+      default: check(pq_wait_builds(s.ctx)); break;
+    }
+  }
+  pq_destroy(s.ctx);  // builds may still run
+  return 0;
+}
