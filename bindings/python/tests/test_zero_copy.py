@@ -115,3 +115,32 @@ def test_buffers_are_released_after_success_and_failure(ctx):
     with pytest.raises(pqcache.PQError):
         ctx.fetch(1, 0, selection, out=(out[:, :1], out[:, :1]))
     assert [sys.getrefcount(a) for a in arrays] == before
+
+
+def misaligned(array):
+    """The same values in a buffer that starts one byte off (numpy accepts
+    such views; the library reads elements as bytes)."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    view = np.frombuffer(raw.data, dtype=array.dtype, count=array.size, offset=1)
+    view = view.reshape(array.shape)
+    view[...] = array
+    assert not view.flags.aligned
+    return view
+
+
+def test_misaligned_arrays_work_like_aligned_ones():
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((200, KV, DIM)).astype(np.float32)
+    query = rng.standard_normal((Q, DIM)).astype(np.float32)
+    results = []
+    for k, q in ((keys, query), (misaligned(keys), misaligned(query))):
+        with pqcache.Context(1, Q, KV, DIM, "f32", selector="pq", pq_bits=4,
+                             kmeans_iterations=3, local_tokens=8) as c:
+            c.add_sequence(1)
+            c.prefill(1, 0, k, k)
+            selection = c.select(1, 0, q)
+            out = misaligned(np.zeros((KV, selection.capacity, DIM), np.float32))
+            c.fetch(1, 0, selection, out=(out, np.zeros_like(out)))
+            results.append((selection.positions.copy(), np.array(out)))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
