@@ -86,8 +86,8 @@ PQ_API const char* pq_version_string(void);
 
 typedef enum pq_status {
   PQ_OK = 0,
-  /* An argument is NULL, out of range, inconsistent with the configuration,
-   * or a buffer is too small. The message names it. */
+  /* An argument is NULL, out of range or inconsistent with the
+   * configuration. The message names it. */
   PQ_ERR_INVALID_ARGUMENT = -1,
   /* An allocation failed or the host memory limit of the context would be
    * exceeded. The call had no effect; the context and sequence stay usable. */
@@ -101,7 +101,11 @@ typedef enum pq_status {
   /* The compute backend (for example the CUDA plug-in) reported an error. */
   PQ_ERR_BACKEND = -6,
   /* A bug in libpqcache. Please report it with the message. */
-  PQ_ERR_INTERNAL = -7
+  PQ_ERR_INTERNAL = -7,
+  /* An output buffer is too small; the call wrote the size it needs (see
+   * the function) and nothing else. Added in 0.4: before, the same case
+   * returned PQ_ERR_INVALID_ARGUMENT. */
+  PQ_ERR_BUFFER_TOO_SMALL = -8
 } pq_status;
 
 /* A static, human-readable name for a status ("PQ_ERR_INVALID_ARGUMENT: ...").
@@ -527,13 +531,24 @@ typedef struct pq_selection {
 PQ_API pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id,
                                        int32_t layer, int64_t* out_capacity);
 
+/* The capacity per kv head that pq_decode_select needs at `layer` for a
+ * sequence of `tokens` tokens, without a sequence (added in 0.4). It never
+ * decreases as tokens grow, so the capacity for the longest sequence a
+ * server admits sizes every selection buffer once. Errors:
+ * PQ_ERR_INVALID_ARGUMENT (layer, tokens < 0). Thread-safe. */
+PQ_API pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer,
+                                           int64_t tokens,
+                                           int64_t* out_capacity);
+
 /* Selects, per kv head, the sink tokens, the top-k middle tokens for the
  * query (1 token x num_q_heads x head_dim, config dtype) and the local
  * tokens, writing them ascending into *out. With the PQ selector it waits
  * for this layer's build if it is still running (other layers do not wait),
  * and codes any tokens that left the local window since the last call.
- * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, capacity too small, NaN in
- * the query), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
+ * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, NaN in the query),
+ * PQ_ERR_BUFFER_TOO_SMALL (out->capacity below the capacity needed, which
+ * is written to every out->counts[h]; positions are not touched),
+ * PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
  * Threading: serialised with other calls on the same (sequence, layer). */
 PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
                                   int32_t layer, const pq_tensor* query,
@@ -551,6 +566,47 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                              const pq_selection* selection,
                              const pq_tensor* out_keys,
                              const pq_tensor* out_values);
+
+/* --- One layer for a batch of sequences (added in 0.4) -------------------
+ * A serving engine runs a layer for every request of its batch at once:
+ * these calls take the whole batch, so a decode step costs O(layers) calls
+ * rather than O(batch x layers), and the library spreads the items over
+ * its worker pool (the calling thread works too).
+ *
+ * Each item is the argument list of the per-sequence call, and succeeds or
+ * fails on its own: item.status receives PQ_OK or the status the
+ * per-sequence call would have returned, and outputs are written exactly as
+ * that call writes them. The call returns PQ_OK when every item succeeded;
+ * else the status of the first failing item, with pq_last_error() naming it
+ * ("items[3] (seq_id 42): ..."). A seq_id may appear once per batch.
+ * Call-level errors (ctx or items NULL with count > 0, count < 0, a bad
+ * layer, a repeated seq_id, outputs of two items that overlap) return
+ * PQ_ERR_INVALID_ARGUMENT before any item runs; no item status is written.
+ * Threading: as the per-sequence calls, item by item; items of one batch
+ * run concurrently, so they must not share outputs. */
+
+typedef struct pq_select_item {
+  uint64_t seq_id;
+  pq_tensor query;      /* as pq_decode_select's query */
+  pq_selection out;     /* as pq_decode_select's out */
+  pq_status status;     /* written by the call */
+} pq_select_item;
+
+/* pq_decode_select for every item, at one layer. */
+PQ_API pq_status pq_decode_select_batch(pq_context* ctx, int32_t layer,
+                                        pq_select_item* items, int64_t count);
+
+typedef struct pq_fetch_item {
+  uint64_t seq_id;
+  pq_selection selection; /* as pq_fetch_kv's selection (not written) */
+  pq_tensor out_keys;     /* as pq_fetch_kv's */
+  pq_tensor out_values;
+  pq_status status;       /* written by the call */
+} pq_fetch_item;
+
+/* pq_fetch_kv for every item, at one layer. */
+PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
+                                   pq_fetch_item* items, int64_t count);
 
 /* ------------------------------------------------------------------------ */
 /* Inputs some selectors need                                               */

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "config.h"
 #include "context.h"
 #include "dtype.h"
 #include "error.h"
@@ -51,6 +52,8 @@ const char* pq_status_string(int32_t status) {
     case PQ_ERR_UNSUPPORTED: return "PQ_ERR_UNSUPPORTED: not supported by this build or backend";
     case PQ_ERR_BACKEND: return "PQ_ERR_BACKEND: the compute backend failed";
     case PQ_ERR_INTERNAL: return "PQ_ERR_INTERNAL: internal error in libpqcache";
+    case PQ_ERR_BUFFER_TOO_SMALL:
+      return "PQ_ERR_BUFFER_TOO_SMALL: an output buffer is too small (its needed size was written)";
   }
   return "unknown pq_status";
 }
@@ -99,41 +102,7 @@ pq_status pq_tensor_init(pq_tensor* t, void* data, int32_t dtype, int32_t layout
 }
 
 void pq_config_default(pq_config* c) {
-  if (c == nullptr) return;
-  std::memset(c, 0, sizeof *c);
-  c->struct_size = sizeof(pq_config);
-  c->dtype = PQ_DTYPE_F16;
-  c->pq_subspaces = 2;
-  c->pq_bits = 6;
-  c->kmeans_iterations = 0;
-  c->kmeans_min_iterations = 2;
-  c->kmeans_max_iterations = 25;
-  c->kmeans_tolerance = 1e-4f;
-  c->kmeans_init = PQ_KMEANS_INIT_KMEANSPP;
-  c->kmeans_max_points_per_centroid = 256;
-  c->seed = 0x5eed;
-  c->worker_threads = 0;
-  c->selector = PQ_SELECTOR_PQ;
-  c->sink_tokens = 4;
-  c->local_tokens = 128;
-  c->topk_tokens = 0;
-  c->topk_fraction = 0.2f;
-  c->gqa_combine = PQ_GQA_SUM_SOFTMAX;
-  c->host_memory_limit = 0;
-  c->backend = PQ_BACKEND_CPU;
-  c->device_id = 0;
-  c->cuda_plugin_path = nullptr;
-  c->sparq_dims = 0;
-  c->block_tokens = 128;
-  c->block_representatives = 1;
-  c->observation_window = 32;
-  c->pooling_kernel = 7;
-  c->pyramid_ratio = 0.25f;
-  c->scope_decode_share = 0.5f;
-  c->cache_tokens = 0;
-  c->cache_block_tokens = 128;
-  c->cache_policy = PQ_CACHE_LRU;
-  c->cache_update_blocks = 0;
+  if (c != nullptr) pq::fill_config_defaults(c);
 }
 
 pq_status pq_create(const pq_config* config, pq_context** out) {
@@ -216,6 +185,25 @@ pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id, int32_t 
     require_out(out, "out_capacity");
     *out = c.selection_capacity(seq_id, layer);
   });
+}
+
+pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer, int64_t tokens,
+                                    int64_t* out) {
+  return pq::guarded(__func__, [&] {
+    const pq::Context& c = ctx_of(ctx);
+    require_out(out, "out_capacity");
+    *out = c.selection_capacity_for(layer, tokens);
+  });
+}
+
+pq_status pq_decode_select_batch(pq_context* ctx, int32_t layer, pq_select_item* items,
+                                 int64_t count) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_select_batch(layer, items, count); });
+}
+
+pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer, pq_fetch_item* items,
+                            int64_t count) {
+  return pq::guarded(__func__, [&] { ctx_of(ctx).fetch_batch(layer, items, count); });
 }
 
 pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,

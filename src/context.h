@@ -1,37 +1,32 @@
-// pq_context: configuration, sequences, the worker pool, the backend and
-// the selector. The C API in api.cpp validates pointers and forwards here.
+// pq_context: the sequences and the dispatch of every call to a layer. The
+// C API in api.cpp checks pointers and forwards here; Context checks what
+// needs no layer (layer index, tensor shapes, selections), finds the
+// sequence and calls its Layer, which does the rest under its own lock.
+//
+// context.cpp holds the sequences, the per-sequence calls and statistics;
+// context_batch.cpp the calls over a batch of sequences.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
-#include "adaptive_budget.h"
-#include "backend.h"
-#include "counters.h"
-#include "kv_store.h"
+#include "context_shared.h"
 #include "layer.h"
 #include "memory_budget.h"
-#include "memory_cost.h"
-#include "scratch.h"
-#include "selectors/selector.h"
-#include "thread_pool.h"
+#include "pqcache.h"
 
 namespace pq {
 
-// Throws PQ_ERR_INVALID_ARGUMENT / PQ_ERR_UNSUPPORTED naming the field.
-// Returns the configuration with defaults resolved (worker_threads).
-pq_config resolve_config(const pq_config* config);
-
 struct Sequence {
   // fixed: the budget held for its layers' fixed state (memory_cost.h).
-  Sequence(uint64_t id, const pq_config& c, MemoryBudget* budget, const MemoryCost& cost,
-           Reservation fixed, const Backend& backend);
-  uint64_t id;
+  Sequence(uint64_t id, ContextShared& shared, Reservation fixed);
+  SequenceInfo info() const { return SequenceInfo{id, counters, stream.load()}; }
+
+  const uint64_t id;
   Reservation fixed;
   std::vector<std::unique_ptr<Layer>> layers;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
@@ -40,23 +35,14 @@ struct Sequence {
   std::atomic<void*> stream{nullptr};
 };
 
-// Positions of the three regions of a layer of n tokens.
-struct Regions {
-  int64_t sink_end;    // sinks are [0, sink_end)
-  int64_t mid_end;     // middle is [sink_end, mid_end), local is [mid_end, n)
-  int64_t n;
-  int64_t k;           // middle tokens to select
-  int64_t count() const { return sink_end + k + (n - mid_end); }
-};
-
 class Context {
  public:
   // plugin_path: the caller's cuda_plugin_path (resolve_config drops it).
   Context(const pq_config& resolved, const char* plugin_path);
   ~Context();
 
-  const pq_config& config() const { return config_; }
-  const Backend& backend() const { return *backend_; }
+  const pq_config& config() const { return shared_.config; }
+  const Backend& backend() const { return *shared_.backend; }
 
   void sequence_add(uint64_t id);
   void sequence_remove(uint64_t id);
@@ -67,9 +53,15 @@ class Context {
   void prefill(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values);
   void decode_append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values);
   int64_t selection_capacity(uint64_t id, int32_t layer) const;
+  int64_t selection_capacity_for(int32_t layer, int64_t tokens) const;
   void decode_select(uint64_t id, int32_t layer, const pq_tensor* query, pq_selection* out);
   void fetch(uint64_t id, int32_t layer, const pq_selection* selection, const pq_tensor* keys,
              const pq_tensor* values);
+
+  // The batched calls (context_batch.cpp): every item's status is written;
+  // the first failing item's error is thrown, naming it, after all ran.
+  void decode_select_batch(int32_t layer, pq_select_item* items, int64_t count);
+  void fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count);
 
   void prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queries);
   void observe_attention(uint64_t id, int32_t layer, const pq_selection* selection,
@@ -86,58 +78,22 @@ class Context {
 
  private:
   std::shared_ptr<Sequence> find(uint64_t id) const;
-  Layer& layer_of(Sequence& s, int32_t layer) const;
   void check_layer(int32_t layer) const;
-  Regions regions(int64_t n, int32_t layer) const;
-  struct CacheCount {
-    uint64_t hits = 0;
-    uint64_t misses = 0;
-  };
-  // Counts the block cache's hits for a fetched selection, then updates the
-  // cache with it and has the backend fill the admitted blocks. Allocates
-  // nothing after layer.cache->reserve(r.n) and with `sorted` holding room
-  // for the largest count. Layer mutex held.
-  CacheCount update_cache(Layer& layer, const Regions& r, const pq_selection* sel, void* stream,
-                          bool fill_device, std::vector<int32_t>& sorted);
-  void gather_on_host(Layer& layer, const pq_selection* sel, const pq_tensor* out_keys,
-                      const pq_tensor* out_values, uint64_t rows);
+  void check_kv_head(int32_t kv_head) const;
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
-  void store_tokens(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq,
-                    const pq_tensor& keys, const pq_tensor& values, bool is_prefill);
-  bool prefill_async(const std::shared_ptr<Sequence>& seq, int32_t layer_index,
-                     const pq_tensor& keys, const pq_tensor& values);
-  static void wait_ingests(Layer& layer);
-  void schedule_build(Layer& layer, int32_t layer_index, const std::shared_ptr<Sequence>& seq);
-  void run_build(BuildTask& task, const KvStore::Snapshot& snapshot, int32_t layer_index,
-                 Counters& seq_counters);
-  // Codes tokens [index->coded_tokens, end) with the layer's centroids.
-  void code_tokens(Layer& layer, int64_t end);
-  // Waits for the build and makes sure an index exists. Mutex held.
-  void require_index(Layer& layer, uint64_t id, int32_t layer_index);
-  int32_t iteration_budget(int64_t tokens, int64_t training_points);
-  void add_sequence_sizes(const Sequence& s, pq_stats* out) const;
+  // The checks of pq_decode_select that need no sequence; returns the query
+  // heads as floats.
+  std::vector<float> select_args(const pq_tensor* query, const pq_selection* out) const;
+  // The checks of pq_fetch_kv that need no sequence; returns the
+  // selection's largest count.
+  int64_t fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
+                     const pq_tensor* out_values) const;
 
-  const pq_config config_;
-  const int32_t group_size_;
-  const float scale_;
-  MemoryBudget budget_;
-  Counters counters_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Selector> selector_;
-  const MemoryCost cost_;  // what the budget counts per layer and chunk
-
+  // First: the layers refer to it, and it outlives them.
+  ContextShared shared_;
   mutable std::shared_mutex sequences_mutex_;
   std::unordered_map<uint64_t, std::shared_ptr<Sequence>> sequences_;
-
-  ScratchPool scratch_pool_;
-
-  std::once_flag profile_once_;
-  ClusterTimeModel cluster_model_;
-
-  // Declared last so that it is destroyed first: its destructor joins the
-  // workers, which may still reference the members above.
-  std::unique_ptr<ThreadPool> pool_;
 };
 
 }  // namespace pq

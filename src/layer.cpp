@@ -1,51 +1,208 @@
+// A layer's storing, its asynchronous ingests and its introspection.
 #include "layer.h"
 
-#include <chrono>
+#include <algorithm>
+#include <cstring>
+#include <string>
 
+#include "dtype.h"
 #include "error.h"
+#include "tensor.h"
 
 namespace pq {
 
-void Layer::finish_build() {
-  if (!pending) return;
-  std::shared_ptr<BuildTask> task = std::move(pending);
-  std::future<void> done = std::move(pending_done);
-  pending.reset();
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+Layer::Layer(ContextShared& shared, int32_t index)
+    : shared_(shared),
+      layer_index_(index),
+      store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
+             &shared.budget, shared.cost.chunk) {
+  const pq_config& c = shared.config;
+  if (c.cache_tokens > 0)
+    cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
+                                          c.cache_update_blocks);
+  device_ = shared.backend->make_device_layer(c);
+}
+
+Layer::~Layer() { cancel_build(); }
+
+void Layer::require_prefill(uint64_t seq_id, const char* call) const {
+  if (prefill_tokens_ == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index_) + " of seq_id " + std::to_string(seq_id) +
+                               " has no prefill yet; call pq_prefill_layer before " + call);
+}
+
+// ---------------------------------------------------------------------------
+// Storing
+// ---------------------------------------------------------------------------
+
+void Layer::append(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                   const SequenceInfo& seq) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!is_prefill) require_prefill(seq.id, "pq_decode_append");
+  store_tokens(keys, values, is_prefill, seq);
+}
+
+// Appends checked host K/V and, for a prefill, schedules the index build
+// over all the layer's tokens; as a whole or not at all.
+void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                         const SequenceInfo& seq) {
+  if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
+  const int64_t first = store_.tokens();
+  store_.append(keys, values);  // all or nothing
   try {
-    done.get();
-  } catch (const Error& e) {
-    build_error = e.what();
+    shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+    // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
+    if (is_prefill && shared_.selector->needs_index()) schedule_build(seq);
+  } catch (...) {
+    store_.truncate(first);  // the call fails as a whole: as if it never came
     throw;
-  } catch (const std::bad_alloc&) {
-    build_error = "the index build ran out of memory";
-    fail(PQ_ERR_OUT_OF_MEMORY, build_error);
-  } catch (const std::exception& e) {
-    build_error = std::string("the index build failed: ") + e.what();
-    fail(PQ_ERR_INTERNAL, build_error);
   }
-  if (!task->result) {
-    build_error = "the index build was cancelled";
-    fail(PQ_ERR_BAD_STATE, build_error);
-  }
-  index = std::move(task->result);
-  ++index_generation;
-  build_error.clear();
-  last_iterations = index->iterations;
-  last_budget = index->budget;
-  last_build_seconds = index->seconds;
+  if (is_prefill) prefill_tokens_ += keys.tokens;
   update_mirrors();
 }
 
-void Layer::poll_build() {
-  if (pending && pending_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
-    finish_build();
+// Prefill from device memory on a backend that copies asynchronously (paper
+// Algorithm 1): the copies into pinned memory are enqueued on the sequence's
+// stream and the call returns. A pool task waits for them (and for the
+// layer's previous ingest, to keep the order), checks the values, stores
+// them and schedules the build, so K-Means starts once the copy has landed.
+bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
+                         std::shared_ptr<void> owner) {
+  const size_t es = dtype_size(keys.dtype);
+  std::shared_ptr<HostCopy> k_copy = shared_.backend->copy_to_host_async(
+      keys.data, static_cast<size_t>(tensor_span_elements(keys)) * es, seq.stream);
+  if (!k_copy) return false;
+  std::shared_ptr<HostCopy> v_copy = shared_.backend->copy_to_host_async(
+      values.data, static_cast<size_t>(tensor_span_elements(values)) * es, seq.stream);
+  std::lock_guard<std::mutex> chain(ingest_mutex_);
+  std::shared_future<void> previous = ingest_done_;
+  ingest_done_ =
+      shared_.pool
+          ->submit([this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values,
+                    previous]() mutable {
+            try {
+              if (previous.valid()) previous.wait();
+              k_copy->wait();
+              v_copy->wait();
+              k_view.data = const_cast<void*>(k_copy->data());
+              v_view.data = const_cast<void*>(v_copy->data());
+              k_view.memory = v_view.memory = PQ_MEMORY_HOST;
+              reject_non_finite(k_view, "keys");
+              reject_non_finite(v_view, "values");
+              std::lock_guard<std::mutex> lock(mutex_);
+              store_tokens(k_view, v_view, true, seq);
+            } catch (const Error& e) {
+              std::lock_guard<std::mutex> lock(ingest_mutex_);
+              ingest_status_ = e.status();
+              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
+                              " failed; nothing was stored: " + e.what();
+            } catch (const std::exception& e) {
+              std::lock_guard<std::mutex> lock(ingest_mutex_);
+              ingest_status_ = PQ_ERR_INTERNAL;
+              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
+                              " failed: " + e.what();
+            }
+          })
+          .share();
+  return true;
+}
+
+void Layer::wait_ingests() {
+  std::shared_future<void> done;
+  {
+    std::lock_guard<std::mutex> lock(ingest_mutex_);
+    done = ingest_done_;
+  }
+  if (done.valid()) done.wait();
+}
+
+void Layer::settle() {
+  wait_ingests();
+  std::lock_guard<std::mutex> lock(ingest_mutex_);
+  if (ingest_status_ != PQ_OK) {
+    const pq_status status = ingest_status_;
+    const std::string message = std::move(ingest_error_);
+    ingest_status_ = PQ_OK;
+    ingest_error_.clear();
+    fail(status, message);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+// ---------------------------------------------------------------------------
+
+int64_t Layer::capacity() const {
+  return shared_.regions(tokens_mirror_.load(), layer_index_).count();
+}
+
+void Layer::info(pq_layer_info* out) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    poll_build();
+  } catch (const Error&) {
+    // A failed build is reported by the next select; info stays readable.
+  }
+  pq_layer_info info{};
+  info.struct_size = out->struct_size;
+  info.tokens = store_.tokens();
+  info.prefill_tokens = prefill_tokens_;
+  const Regions r = shared_.regions(info.tokens, layer_index_);
+  info.middle_tokens = r.mid_end - r.sink_end;
+  info.coded_tokens = index_ ? index_->coded_tokens : 0;
+  info.build_pending = pending_ ? 1 : 0;
+  info.kmeans_iterations = last_iterations_;
+  info.kmeans_budget = last_budget_;
+  info.index_ready = index_ ? 1 : 0;
+  info.build_seconds = last_build_seconds_;
+  info.last_select_bytes = last_select_bytes_;
+  std::memcpy(out, &info, out->struct_size);
+}
+
+void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_index(seq_id);
+  code_tokens(shared_.regions(store_.tokens(), layer_index_).mid_end);
+  const int64_t coded = index_->coded_tokens;
+  if (first > coded || count > coded - first)  // no first + count: it may overflow
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "first " + str(first) + " and count " + str(count) +
+             " reach past the coded tokens: tokens [0, " + str(coded) +
+             ") have codes (a build codes every token it covers; decode tokens are coded when "
+             "they leave the local window)");
+  const int32_t m = shared_.config.pq_subspaces;
+  if (count > 0)
+    std::memcpy(out, index_->codes[static_cast<size_t>(kv_head)].data() + first * m,
+                static_cast<size_t>(count) * m);
+}
+
+void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_index(seq_id);
+  const int64_t floats = (int64_t{1} << shared_.config.pq_bits) * shared_.config.head_dim;
+  std::memcpy(out, index_->codebook.at(kv_head, 0), static_cast<size_t>(floats) * sizeof(float));
+}
+
+void Layer::add_sizes(pq_stats* out) const {
+  out->tokens += tokens_mirror_.load();
+  out->kv_bytes += kv_bytes_mirror_.load();
+  out->index_bytes += index_bytes_mirror_.load();
+  out->host_bytes += charged_bytes_mirror_.load();
 }
 
 void Layer::update_mirrors() {
-  tokens_mirror.store(store.tokens());
-  kv_bytes_mirror.store(store.bytes_held());
-  charged_bytes_mirror.store(store.bytes_charged());
-  index_bytes_mirror.store(index ? index->bytes() : 0);
+  tokens_mirror_.store(store_.tokens());
+  kv_bytes_mirror_.store(store_.bytes_held());
+  charged_bytes_mirror_.store(store_.bytes_charged());
+  index_bytes_mirror_.store(index_ ? index_->bytes() : 0);
 }
 
 }  // namespace pq

@@ -1,6 +1,13 @@
-// The state of one (sequence, layer): its K/V store, its PQ index and the
-// build in flight. Every member is guarded by `mutex` except the atomics,
-// which mirror sizes for lock-free statistics.
+// One (sequence, layer) and everything done to it, under its own lock: its
+// K/V store, its PQ index and the build in flight, its selector's state,
+// its block-cache bookkeeping and device state, and the asynchronous
+// prefills from device memory. The Context checks the arguments that need
+// no layer, finds the layer and calls it; the Layer does the rest.
+//
+// The methods are spread over files by concept: layer.cpp (stores,
+// ingests, introspection), layer_build.cpp (the index build and coding),
+// layer_select.cpp (selection and the inputs selectors learn from),
+// layer_fetch.cpp (the fetch and the block cache).
 #pragma once
 
 #include <atomic>
@@ -9,9 +16,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "block_cache.h"
+#include "context_shared.h"
+#include "counters.h"
 #include "kv_store.h"
 #include "pq_index.h"
 #include "selectors/selector.h"
@@ -23,52 +33,130 @@ namespace pq {
 // future's shared state, so holding the future here would be a cycle.
 struct BuildTask {
   std::atomic<bool> cancel{false};
-  std::unique_ptr<PqIndex> result; // set by the task when it finished
+  std::unique_ptr<PqIndex> result;  // set by the task when it finished
   int64_t tokens = 0;
 };
 
-struct Layer {
-  Layer(int32_t kv_heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
-        uint64_t chunk_charge)
-      : store(kv_heads, head_dim, dtype, budget, chunk_charge) {}
+// What a call on a layer knows of its sequence.
+struct SequenceInfo {
+  uint64_t id;
+  std::shared_ptr<Counters> counters;  // shared: a build may outlive the sequence
+  void* stream;                        // the caller's cudaStream_t, or null
+};
 
-  std::mutex mutex;
-  KvStore store;
-  int64_t prefill_tokens = 0;
-  std::shared_ptr<BuildTask> pending;  // null when no build is in flight
-  std::future<void> pending_done;      // carries the build's exception, if any
-  std::unique_ptr<PqIndex> index;
-  std::unique_ptr<SelectorState> selector_state;  // the selector's, if it keeps one
-  std::unique_ptr<BlockCache> cache;  // null when config.cache_tokens is 0
-  std::unique_ptr<DeviceLayer> device;  // the backend's state (CUDA); may be null
-  uint64_t index_generation = 0;        // bumped at every installed build
-  uint64_t last_select_bytes = 0;
-  std::string build_error;  // why the last build failed, if it did
-  int32_t last_iterations = 0;
-  int32_t last_budget = 0;
-  double last_build_seconds = 0.0;
+class Layer {
+ public:
+  Layer(ContextShared& shared, int32_t index);
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
 
-  // Asynchronous prefills from device memory (CUDA): the last one's
-  // completion (each waits for the one before), and the error of one that
-  // failed, reported by the next call on the layer. Guarded by
-  // ingest_mutex, never by `mutex` (an ingest takes `mutex` to store).
-  std::mutex ingest_mutex;
-  std::shared_future<void> ingest_done;
-  std::string ingest_error;
-  pq_status ingest_status = PQ_OK;
+  // --- storing (layer.cpp) ------------------------------------------------
+  // Appends checked host K/V: a prefill (index rebuilt) or decode tokens.
+  // All or nothing.
+  void append(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+              const SequenceInfo& seq);
+  // A prefill from device memory, copied on the sequence's stream and
+  // stored by a pool task once it landed; `owner` keeps the layer alive
+  // until then. False when the backend copies synchronously only.
+  bool append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
+                    std::shared_ptr<void> owner);
+  // Waits for the asynchronous prefills in flight and throws the error of
+  // one that failed (once). Every call on the layer starts with it; call it
+  // without the lock (an ingest in flight takes it).
+  void settle();
+  void wait_ingests();
 
-  std::atomic<int64_t> tokens_mirror{0};
-  std::atomic<uint64_t> kv_bytes_mirror{0};
-  std::atomic<uint64_t> charged_bytes_mirror{0};  // the store's chunks' budget charge
-  std::atomic<uint64_t> index_bytes_mirror{0};
+  // --- reading (layer.cpp) ------------------------------------------------
+  int64_t tokens() const { return tokens_mirror_.load(); }
+  // Entries per kv head a selection at the current length needs.
+  int64_t capacity() const;
+  void info(pq_layer_info* out);
+  void codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id);
+  void centroids(int32_t kv_head, float* out, uint64_t seq_id);
+  // Adds this layer's sizes to statistics (lock-free mirrors).
+  void add_sizes(pq_stats* out) const;
 
-  // Waits for the pending build, if any, and installs its result. Throws
-  // the build's error. Call with mutex held.
+  // --- builds (layer_build.cpp) -------------------------------------------
+  // Cancels the build in flight (the sequence is going); it stops at its
+  // next iteration.
+  void cancel_build();
+  // Waits for the build in flight and installs it; throws its error.
   void finish_build();
-  // finish_build() only if the pending build is already done.
+
+  // --- selection (layer_select.cpp) ---------------------------------------
+  // pq_decode_select: queries [q_heads][head_dim] as floats. Returns the
+  // entries written per kv head.
+  int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
+  // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
+  void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
+  // pq_observe_attention, after check_selection.
+  void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
+
+  // --- fetch (layer_fetch.cpp) --------------------------------------------
+  // pq_fetch_kv, after check_selection and the output tensors' checks.
+  void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
+             const pq_tensor& out_values, const SequenceInfo& seq);
+
+ private:
+  // Under mutex_ from here on.
+  void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                    const SequenceInfo& seq);
+  void require_prefill(uint64_t seq_id, const char* call) const;
+  void require_index(uint64_t seq_id);
+  void schedule_build(const SequenceInfo& seq);
+  // The build itself, on a worker thread; touches no Layer member.
+  static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snapshot,
+                        int32_t layer_index, Counters& seq_counters);
   void poll_build();
-  // Re-reads the sizes into the mirrors. Call with mutex held.
+  void install_build();
+  // Codes tokens [index_->coded_tokens, end) with the layer's centroids.
+  void code_tokens(int64_t end);
+  // Bookkeeping of the block cache after a fetch; allocates nothing after
+  // cache_->reserve(r.n) and with `sorted` holding room for the largest count.
+  struct CacheCount {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+  };
+  CacheCount update_cache(const Regions& r, const pq_selection* sel, void* stream,
+                          bool fill_device, std::vector<int32_t>& sorted);
+  void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
+                      const pq_tensor& out_values, uint64_t rows);
   void update_mirrors();
+
+  ContextShared& shared_;
+  const int32_t layer_index_;
+
+  std::mutex mutex_;
+  KvStore store_;
+  int64_t prefill_tokens_ = 0;
+  std::shared_ptr<BuildTask> pending_;  // null when no build is in flight
+  std::future<void> pending_done_;      // carries the build's exception, if any
+  std::unique_ptr<PqIndex> index_;
+  std::unique_ptr<SelectorState> selector_state_;
+  std::unique_ptr<BlockCache> cache_;     // null when config.cache_tokens is 0
+  std::unique_ptr<DeviceLayer> device_;   // the backend's state (CUDA); may be null
+  uint64_t index_generation_ = 0;         // bumped at every installed build
+  uint64_t last_select_bytes_ = 0;
+  std::string build_error_;               // why the last build failed, if it did
+  int32_t last_iterations_ = 0;
+  int32_t last_budget_ = 0;
+  double last_build_seconds_ = 0.0;
+
+  // Asynchronous prefills from device memory: the last one's completion
+  // (each waits for the one before), and the error of one that failed,
+  // reported by the next call on the layer. Guarded by ingest_mutex_, never
+  // by mutex_ (an ingest takes mutex_ to store).
+  std::mutex ingest_mutex_;
+  std::shared_future<void> ingest_done_;
+  std::string ingest_error_;
+  pq_status ingest_status_ = PQ_OK;
+
+  // Sizes for lock-free statistics.
+  std::atomic<int64_t> tokens_mirror_{0};
+  std::atomic<uint64_t> kv_bytes_mirror_{0};
+  std::atomic<uint64_t> charged_bytes_mirror_{0};
+  std::atomic<uint64_t> index_bytes_mirror_{0};
 };
 
 }  // namespace pq

@@ -495,15 +495,49 @@ TEST_F(ApiErrorsCtx, SelectionCapacityTooSmall) {
   PQ_ASSERT_OK(pq_selection_capacity(ctx_, kSeq, 0, &cap));
   // 40 tokens, sink 2 + topk 4 + local 4.
   EXPECT_EQ(cap, 10);
+  // Too small: the status says so, counts carry the capacity needed and
+  // positions are not touched.
   Sel small(kKvHeads, cap - 1);
-  PQ_EXPECT_ERR(pq_decode_select(ctx_, kSeq, 0, Q_.get(), small.get()), PQ_ERR_INVALID_ARGUMENT,
-                "capacity");
-  EXPECT_EQ(small.counts[0], -1);
+  PQ_EXPECT_ERR(pq_decode_select(ctx_, kSeq, 0, Q_.get(), small.get()), PQ_ERR_BUFFER_TOO_SMALL,
+                "needs 10 entries");
+  for (int32_t h = 0; h < kKvHeads; ++h) EXPECT_EQ(small.counts[h], cap);
+  for (int32_t p : small.positions) EXPECT_EQ(p, -1);
   Sel zero(kKvHeads, 0);
-  PQ_EXPECT_ERR(pq_decode_select(ctx_, kSeq, 0, Q_.get(), zero.get()), PQ_ERR_INVALID_ARGUMENT,
+  PQ_EXPECT_ERR(pq_decode_select(ctx_, kSeq, 0, Q_.get(), zero.get()), PQ_ERR_BUFFER_TOO_SMALL,
                 "capacity");
+  EXPECT_EQ(zero.counts[0], cap);
   Sel exact(kKvHeads, cap);
   PQ_EXPECT_OK(pq_decode_select(ctx_, kSeq, 0, Q_.get(), exact.get()));
+}
+
+TEST_F(ApiErrorsCtx, SelectionCapacityOverflowingTheAddressSpace) {
+  Sel sel(kKvHeads, 10);
+  pq_selection huge = *sel.get();
+  huge.capacity = INT64_MAX / 2;
+  PQ_EXPECT_ERR(pq_decode_select(ctx_, kSeq, 0, Q_.get(), &huge), PQ_ERR_INVALID_ARGUMENT,
+                "overflow the address space");
+}
+
+TEST_F(ApiErrorsCtx, SelectionCapacityForALength) {
+  int64_t cap = -1;
+  PQ_ASSERT_OK(pq_selection_capacity_for(ctx_, 0, 40, &cap));
+  int64_t current = 0;
+  PQ_ASSERT_OK(pq_selection_capacity(ctx_, kSeq, 0, &current));
+  EXPECT_EQ(cap, current);  // the sequence holds 40 tokens
+  // It never decreases with the length: one size for the longest sequence
+  // covers every shorter one.
+  int64_t previous = 0;
+  for (int64_t tokens = 0; tokens <= 5000; tokens += 7) {
+    PQ_ASSERT_OK(pq_selection_capacity_for(ctx_, 0, tokens, &cap));
+    EXPECT_GE(cap, previous) << tokens;
+    EXPECT_LE(cap, tokens);
+    previous = cap;
+  }
+  PQ_EXPECT_ERR(pq_selection_capacity_for(ctx_, 0, -1, &cap), PQ_ERR_INVALID_ARGUMENT, "tokens");
+  PQ_EXPECT_ERR(pq_selection_capacity_for(ctx_, 99, 10, &cap), PQ_ERR_INVALID_ARGUMENT, "layer");
+  PQ_EXPECT_ERR(pq_selection_capacity_for(ctx_, 0, 10, nullptr), PQ_ERR_INVALID_ARGUMENT,
+                "out_capacity");
+  PQ_EXPECT_ERR(pq_selection_capacity_for(nullptr, 0, 10, &cap), PQ_ERR_INVALID_ARGUMENT, "ctx");
 }
 
 TEST_F(ApiErrorsCtx, FetchBadSelection) {

@@ -75,6 +75,21 @@ PY
 )
 [[ -n $problems ]] && { echo "abi_check: changes the checker reports:"; sed 's/^/  /' <<<"$problems"; }
 
+# Parameter_Changed_Register is read from the DWARF location of a parameter,
+# which with -Og says where the optimiser keeps the value after entry (the
+# 0.3.0 baseline has pq_config_default's `c` "in rdx"); the registers that
+# carry a C function's arguments are fixed by its prototype (System V
+# x86-64 ABI), which the checker compares on its own. Such reports are not
+# incompatibilities: when they are all the checker objects to, it passes.
+if ((rc == 1)); then
+  others=$(grep -v -e '^binary Low ' -e '^binary Safe ' -e '^source Low ' -e '^source Safe ' \
+             -e ' Parameter_Changed_Register: ' <<<"$problems" | grep -c . || true)
+  if ((others == 0)); then
+    echo "abi_check: the checker's only objections are parameter registers read from DWARF (see above); ignored"
+    rc=0
+  fi
+fi
+
 # The project's rule for grown structs (struct_growth.py), which the
 # checker rates as Low warnings only.
 growth_rc=0

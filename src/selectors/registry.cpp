@@ -6,21 +6,27 @@
 
 namespace pq {
 
+const std::vector<SelectorInfo>& selector_registry() {
+  static const std::vector<SelectorInfo> registry = {
+      {PQ_SELECTOR_PQ, "pq", "PQ_SELECTOR_PQ", make_pq_selector},
+      {PQ_SELECTOR_EXACT, "exact", "PQ_SELECTOR_EXACT", make_exact_selector},
+      {PQ_SELECTOR_WINDOW, "window", "PQ_SELECTOR_WINDOW", make_window_selector},
+      {PQ_SELECTOR_SPARQ, "sparq", "PQ_SELECTOR_SPARQ", make_sparq_selector},
+      {PQ_SELECTOR_INFLLM, "infllm", "PQ_SELECTOR_INFLLM", make_infllm_selector},
+      {PQ_SELECTOR_QUEST, "quest", "PQ_SELECTOR_QUEST", make_quest_selector},
+      {PQ_SELECTOR_RANDOM, "random", "PQ_SELECTOR_RANDOM", make_random_selector},
+      {PQ_SELECTOR_H2O, "h2o", "PQ_SELECTOR_H2O", make_h2o_selector},
+      {PQ_SELECTOR_SCOPE, "scope", "PQ_SELECTOR_SCOPE", make_scope_selector},
+      {PQ_SELECTOR_SNAPKV, "snapkv", "PQ_SELECTOR_SNAPKV", make_snapkv_selector},
+      {PQ_SELECTOR_PYRAMIDKV, "pyramidkv", "PQ_SELECTOR_PYRAMIDKV", make_pyramidkv_selector},
+  };
+  return registry;
+}
+
 std::unique_ptr<Selector> make_selector(int32_t kind) {
-  switch (kind) {
-    case PQ_SELECTOR_PQ: return make_pq_selector();
-    case PQ_SELECTOR_EXACT: return make_exact_selector();
-    case PQ_SELECTOR_WINDOW: return make_window_selector();
-    case PQ_SELECTOR_SPARQ: return make_sparq_selector();
-    case PQ_SELECTOR_INFLLM: return make_infllm_selector();
-    case PQ_SELECTOR_QUEST: return make_quest_selector();
-    case PQ_SELECTOR_RANDOM: return make_random_selector();
-    case PQ_SELECTOR_H2O: return make_h2o_selector();
-    case PQ_SELECTOR_SCOPE: return make_scope_selector();
-    case PQ_SELECTOR_SNAPKV: return make_snapkv_selector();
-    case PQ_SELECTOR_PYRAMIDKV: return make_pyramidkv_selector();
-    default: return nullptr;
-  }
+  for (const SelectorInfo& s : selector_registry())
+    if (s.value == kind) return s.make();
+  return nullptr;
 }
 
 uint64_t Selector::score(const SelectionRequest&, float*) const {
@@ -32,6 +38,34 @@ bool Selector::select_without_scoring(const SelectionRequest& r, int32_t* out) {
   if (r.k != 0 && r.k != m) return false;
   for (int64_t i = 0; i < r.k; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
   return true;
+}
+
+SelectionRequest LayerSelection::head(int32_t h, SelectScratch& s) const {
+  return SelectionRequest{store,      index,   backend, h,      group_size, head_dim,
+                          dtype,      queries + static_cast<size_t>(h) * group_size * head_dim,
+                          mid_begin,  mid_end, k,       combine, scale,     s,
+                          state,      config,  layer,   device, index_generation, stream};
+}
+
+void LayerSelection::for_each_head(const std::function<void(int64_t)>& fn) const {
+  // A large middle: heads in parallel (the caller's thread works too, so a
+  // pool busy with builds cannot stall the decode step).
+  if (pool != nullptr && kv_heads > 1 && middle() >= 4096)
+    pool->parallel_for(kv_heads, fn);
+  else
+    for (int32_t h = 0; h < kv_heads; ++h) fn(h);
+}
+
+uint64_t Selector::select_layer(const LayerSelection& r, int32_t* out) const {
+  std::vector<uint64_t> bytes(static_cast<size_t>(r.kv_heads), 0);
+  r.for_each_head([&](int64_t h) {
+    ScratchLease scratch(r.scratch);
+    bytes[static_cast<size_t>(h)] =
+        select_middle(r.head(static_cast<int32_t>(h), *scratch), out + h * r.k);
+  });
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  return total;
 }
 
 uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const {

@@ -5,13 +5,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend.h"
+#include "error.h"
 #include "pqcache.h"
 #include "kv_store.h"
 #include "pq_index.h"
 #include "scratch.h"
+#include "thread_pool.h"
 
 namespace pq {
 
@@ -21,6 +26,18 @@ class SelectorState {
  public:
   virtual ~SelectorState() = default;
 };
+
+// A selector's own state, typed: the layer made it with the selector's
+// make_state, so a missing or foreign state is a bug, and it says so
+// instead of a downcast that silently does nothing or misreads memory.
+template <typename State>
+State& state_of(SelectorState* state, const char* selector) {
+  auto* typed = dynamic_cast<State*>(state);
+  if (typed == nullptr)
+    fail(PQ_ERR_INTERNAL, std::string("selector ") + selector + ": its state is " +
+                              (state ? "of another type" : "missing"));
+  return *typed;
+}
 
 // Host bytes a selector's state and index may take for one (sequence,
 // layer), for the host memory limit (memory_cost.h): an upper bound, with
@@ -75,6 +92,39 @@ struct SelectionRequest {
   int64_t middle() const { return mid_end - mid_begin; }
 };
 
+// One layer's selection for every kv head: what Selector::select_layer
+// needs. The per-head requests it makes share everything but the head, the
+// queries and the scratch.
+struct LayerSelection {
+  const KvStore& store;
+  const PqIndex* index;      // non-null when the selector needs_index()
+  const Backend& backend;
+  int32_t kv_heads;
+  int32_t group_size;
+  int32_t head_dim;
+  int32_t dtype;
+  const float* queries;      // [kv_heads][group_size][head_dim]
+  int64_t mid_begin;
+  int64_t mid_end;
+  int64_t k;
+  int32_t combine;
+  float scale;
+  ScratchPool& scratch;
+  SelectorState* state;
+  const pq_config& config;
+  int32_t layer;
+  DeviceLayer* device;
+  uint64_t index_generation;
+  void* stream;
+  ThreadPool* pool;          // large layers spread their heads over it; may be null
+  int64_t middle() const { return mid_end - mid_begin; }
+  // The request of kv head h, working in `scratch`.
+  SelectionRequest head(int32_t h, SelectScratch& scratch) const;
+  // Runs fn(h) for every kv head: on the pool for a large middle (the
+  // caller's thread works too), else in turn on the caller's thread.
+  void for_each_head(const std::function<void(int64_t)>& fn) const;
+};
+
 class Selector {
  public:
   virtual ~Selector() = default;
@@ -86,6 +136,14 @@ class Selector {
   // default scores every middle token with score(), combines the GQA group
   // and takes the top k (ties: the larger position).
   virtual uint64_t select_middle(const SelectionRequest& r, int32_t* out) const;
+
+  // The layer-level seam: the middle positions of every kv head of a layer,
+  // k per head at out[h * k], ascending per head; returns the bytes read.
+  // The default runs select_middle head by head (heads in parallel for a
+  // large layer); a selector that does better over a whole layer overrides
+  // it (PQ: the lookup tables of all heads, and on a device one scan, one
+  // top-k and one wait for all of them).
+  virtual uint64_t select_layer(const LayerSelection& r, int32_t* out) const;
 
   // Middle tokens to select at `layer`, given the configured k and the
   // number of middle tokens (PyramidKV varies it by layer). At most middle.
@@ -122,6 +180,16 @@ class Selector {
   // scoring: handles them and returns true, else returns false.
   static bool select_without_scoring(const SelectionRequest& r, int32_t* out);
 };
+
+// The built-in selectors, once: their pq_selector value, names and factory.
+// make_selector and the validation of config.selector read it.
+struct SelectorInfo {
+  int32_t value;          // pq_selector
+  const char* name;       // "pq", "h2o", ...
+  const char* enum_name;  // "PQ_SELECTOR_PQ", ...
+  std::unique_ptr<Selector> (*make)();
+};
+const std::vector<SelectorInfo>& selector_registry();
 
 // The selector for a pq_selector value, or null if there is none.
 std::unique_ptr<Selector> make_selector(int32_t kind);

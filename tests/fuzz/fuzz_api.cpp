@@ -29,7 +29,7 @@ namespace {
 }
 
 void check(pq_status st) {
-  if (st > PQ_OK || st < PQ_ERR_INTERNAL) finding("unknown pq_status");
+  if (st > PQ_OK || st < PQ_ERR_BUFFER_TOO_SMALL) finding("unknown pq_status");
   if (st == PQ_ERR_INTERNAL) finding("PQ_ERR_INTERNAL");
   if (st != PQ_OK && pq_last_error()[0] == '\0') finding("an error without a message");
 }

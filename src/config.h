@@ -1,0 +1,25 @@
+// The configuration of a context: defaults, validation and the names of the
+// enumerations, all from the one table in config_fields.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pqcache.h"
+
+namespace pq {
+
+// Fills every field with its default (geometry 0), struct_size included.
+void fill_config_defaults(pq_config* config);
+
+// Checks a caller's configuration (an older caller's smaller struct gets the
+// defaults of the fields it does not know) and returns it with the defaults
+// resolved (worker_threads 0 = the hardware's threads) and cuda_plugin_path
+// dropped (read during pq_create only). Throws PQ_ERR_INVALID_ARGUMENT or
+// PQ_ERR_UNSUPPORTED naming the field, its value and what was expected.
+pq_config resolve_config(const pq_config* config);
+
+// "PQ_SELECTOR_H2O" for 7, and so on; "(unknown)" for a value no table has.
+std::string selector_value_name(int32_t selector);
+
+}  // namespace pq

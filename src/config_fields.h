@@ -1,0 +1,56 @@
+// Every pq_config field, once: its default, its bounds and its kind.
+// pq_config_default, the checks of resolve_config and their error text all
+// come from this table (config.cpp); only the checks that tie several fields
+// together are written out after it.
+//
+//   INT(field, default, lo, hi)         an integer in [lo, hi]; a bound may
+//                                       name an earlier field as c.<field>
+//   REAL(field, default, lo, hi, open)  finite, in [lo, hi]; open: (lo, hi]
+//   ENUM(field, default, names)         one of the values a names table lists
+//   FREE(field, default)                any value: ids, limits, pointers, and
+//                                       fields whose check needs another field
+//
+// The order is the struct's: a bound may only name a field checked before.
+#pragma once
+
+#define PQ_CONFIG_FIELDS(INT, REAL, ENUM, FREE)                              \
+  INT(num_layers, 0, 1, 1 << 20)                                             \
+  INT(num_q_heads, 0, 1, 1 << 16)                                            \
+  INT(num_kv_heads, 0, 1, 1 << 16)                                           \
+  INT(head_dim, 0, 1, 1 << 16)                                               \
+  ENUM(dtype, PQ_DTYPE_F16, kDtypeNames)                                     \
+  INT(pq_subspaces, 2, 1, c.head_dim)                                        \
+  INT(pq_bits, 6, 1, 8)                                                      \
+  INT(kmeans_iterations, 0, 0, 100000)                                       \
+  INT(kmeans_min_iterations, 2, 0, 100000)                                   \
+  INT(kmeans_max_iterations, 25, c.kmeans_min_iterations, 100000)            \
+  REAL(kmeans_tolerance, 1e-4f, 0.0, 1e300, false)                           \
+  ENUM(kmeans_init, PQ_KMEANS_INIT_KMEANSPP, kKmeansInitNames)               \
+  INT(kmeans_max_points_per_centroid, 256, 1, 1 << 24)                       \
+  FREE(seed, 0x5eed)                                                         \
+  REAL(compute_alpha, 0.0, 0.0, 1e300, false)                                \
+  REAL(compute_beta, 0.0, 0.0, 1e300, false)                                 \
+  REAL(compute_gamma, 0.0, 0.0, 1e300, false)                                \
+  REAL(layer_time_budget, 0.0, 0.0, 1e300, false)                            \
+  INT(worker_threads, 0, 0, 1024)                                            \
+  ENUM(selector, PQ_SELECTOR_PQ, kSelectorNames)                             \
+  INT(sink_tokens, 4, 0, INT32_MAX)                                          \
+  INT(local_tokens, 128, 0, INT32_MAX)                                       \
+  INT(topk_tokens, 0, 0, INT32_MAX)                                          \
+  FREE(topk_fraction, 0.2f)                                                  \
+  ENUM(gqa_combine, PQ_GQA_SUM_SOFTMAX, kGqaCombineNames)                    \
+  FREE(host_memory_limit, 0)                                                 \
+  ENUM(backend, PQ_BACKEND_CPU, kBackendNames)                               \
+  INT(device_id, 0, 0, 1 << 16)                                              \
+  FREE(cuda_plugin_path, nullptr)                                            \
+  INT(sparq_dims, 0, 0, c.head_dim)                                          \
+  INT(block_tokens, 128, 1, 1 << 20)                                         \
+  INT(block_representatives, 1, 1, c.block_tokens)                          \
+  INT(observation_window, 32, 1, 1 << 20)                                   \
+  INT(pooling_kernel, 7, 1, 1025)                                            \
+  REAL(pyramid_ratio, 0.25f, 0.0, 1.0, true)                                 \
+  REAL(scope_decode_share, 0.5f, 0.0, 1.0, false)                            \
+  INT(cache_tokens, 0, 0, int64_t{1} << 40)                                  \
+  INT(cache_block_tokens, 128, 1, 1 << 20)                                   \
+  ENUM(cache_policy, PQ_CACHE_LRU, kCachePolicyNames)                        \
+  INT(cache_update_blocks, 0, 0, INT32_MAX)

@@ -1,0 +1,205 @@
+// The calls over a batch of sequences at one layer (pq_decode_select_batch,
+// pq_fetch_kv_batch): the per-sequence calls' checks item by item, then the
+// items on the worker pool, each succeeding or failing on its own.
+#include <algorithm>
+#include <new>
+#include <string>
+#include <unordered_set>
+
+#include "call_args.h"
+#include "context.h"
+#include "error.h"
+#include "tensor.h"
+
+namespace pq {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
+
+// What one item came to: its status and, on failure, the message.
+struct Outcome {
+  pq_status status = PQ_OK;
+  std::string message;
+};
+
+// Runs fn, turning its exception into the outcome as pq::guarded does.
+template <typename Fn>
+void run_item(Outcome& outcome, Fn&& fn) noexcept {
+  try {
+    fn();
+    return;
+  } catch (const Error& e) {
+    outcome.status = e.status();
+    try {
+      outcome.message = e.what();
+    } catch (...) {
+    }
+  } catch (const std::bad_alloc&) {
+    outcome.status = PQ_ERR_OUT_OF_MEMORY;
+  } catch (...) {
+    outcome.status = PQ_ERR_INTERNAL;
+  }
+  if (outcome.message.empty()) {
+    try {
+      outcome.message = outcome.status == PQ_ERR_OUT_OF_MEMORY
+                            ? "out of host memory (allocation failed)"
+                            : "internal error";
+    } catch (...) {
+    }
+  }
+}
+
+void check_batch(const void* items, int64_t count) {
+  if (count < 0) invalid("count is " + str(count) + "; expected >= 0");
+  if (items == nullptr && count > 0) invalid("items is NULL with count " + str(count));
+}
+
+// A seq_id may appear once: its items would race on one layer's state.
+template <typename Item>
+void require_unique_ids(const Item* items, int64_t count) {
+  std::unordered_set<uint64_t> seen;
+  seen.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i)
+    if (!seen.insert(items[i].seq_id).second) {
+      int64_t first = 0;
+      while (items[first].seq_id != items[i].seq_id) ++first;
+      invalid("items[" + str(i) + "].seq_id " + std::to_string(items[i].seq_id) +
+              " repeats items[" + str(first) + "]'s; a sequence may appear once per batch");
+    }
+}
+
+// The bytes an item writes, for the check that items do not share outputs.
+struct OutputSpan {
+  uintptr_t begin, end;
+  int32_t memory;
+  int64_t item;
+  const pq_tensor* tensor;  // null for a plain array
+  std::string name;
+};
+
+// Items run concurrently, so no two may write the same bytes. Spans that
+// overlap are allowed only for two tensors whose rows interleave without
+// touching (require_disjoint_outputs).
+void require_disjoint_items(std::vector<OutputSpan>& spans) {
+  std::sort(spans.begin(), spans.end(),
+            [](const OutputSpan& a, const OutputSpan& b) { return a.begin < b.begin; });
+  std::vector<const OutputSpan*> active;
+  for (const OutputSpan& s : spans) {
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](const OutputSpan* a) { return a->end <= s.begin; }),
+                 active.end());
+    for (const OutputSpan* a : active) {
+      if (a->item == s.item || a->memory != s.memory) continue;
+      if (a->tensor == nullptr || s.tensor == nullptr)
+        invalid(a->name + " and " + s.name + " overlap; items of a batch run concurrently and "
+                "must not share outputs");
+      require_disjoint_outputs(*a->tensor, a->name.c_str(), *s.tensor, s.name.c_str());
+    }
+    active.push_back(&s);
+  }
+}
+
+std::string item_name(int64_t i, const char* field) {
+  return "items[" + str(i) + "]." + field;
+}
+
+// Writes every item's status and throws the first failure, naming it.
+template <typename Item>
+void finish_batch(Item* items, const std::vector<Outcome>& outcomes) {
+  const Outcome* first = nullptr;
+  int64_t first_index = 0;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    items[i].status = outcomes[i].status;
+    if (outcomes[i].status != PQ_OK && first == nullptr) {
+      first = &outcomes[i];
+      first_index = static_cast<int64_t>(i);
+    }
+  }
+  if (first != nullptr)
+    fail(first->status, "items[" + str(first_index) + "] (seq_id " +
+                            std::to_string(items[first_index].seq_id) + "): " + first->message);
+}
+
+}  // namespace
+
+void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t count) {
+  check_batch(items, count);
+  check_layer(layer);
+  require_unique_ids(items, count);
+  const size_t n = static_cast<size_t>(count);
+  const int32_t kv_heads = shared_.config.num_kv_heads;
+  std::vector<Outcome> outcomes(n);
+  std::vector<std::vector<float>> queries(n);
+  std::vector<OutputSpan> spans;
+  spans.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    run_item(outcomes[i], [&] { queries[i] = select_args(&items[i].query, &items[i].out); });
+    if (outcomes[i].status != PQ_OK) continue;
+    const pq_selection& out = items[i].out;
+    const auto positions = reinterpret_cast<uintptr_t>(out.positions);
+    const auto counts = reinterpret_cast<uintptr_t>(out.counts);
+    spans.push_back({positions, positions + sizeof(int32_t) * kv_heads * out.capacity,
+                     PQ_MEMORY_HOST, static_cast<int64_t>(i), nullptr,
+                     item_name(static_cast<int64_t>(i), "out.positions")});
+    spans.push_back({counts, counts + sizeof(int32_t) * kv_heads, PQ_MEMORY_HOST,
+                     static_cast<int64_t>(i), nullptr,
+                     item_name(static_cast<int64_t>(i), "out.counts")});
+  }
+  require_disjoint_items(spans);
+  shared_.pool->parallel_for(count, [&](int64_t i) {
+    Outcome& outcome = outcomes[static_cast<size_t>(i)];
+    if (outcome.status != PQ_OK) return;
+    run_item(outcome, [&] {
+      std::shared_ptr<Sequence> seq = find(items[i].seq_id);
+      ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
+      seq->layers[static_cast<size_t>(layer)]->select(queries[static_cast<size_t>(i)],
+                                                      &items[i].out, seq->info());
+    });
+  });
+  finish_batch(items, outcomes);
+}
+
+void Context::fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
+  check_batch(items, count);
+  check_layer(layer);
+  require_unique_ids(items, count);
+  const size_t n = static_cast<size_t>(count);
+  std::vector<Outcome> outcomes(n);
+  std::vector<int64_t> max_counts(n, 0);
+  std::vector<OutputSpan> spans;
+  spans.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    pq_fetch_item& item = items[i];
+    run_item(outcomes[i], [&] {
+      max_counts[i] = fetch_args(&item.selection, &item.out_keys, &item.out_values);
+    });
+    if (outcomes[i].status != PQ_OK) continue;
+    for (const pq_tensor* t : {&item.out_keys, &item.out_values}) {
+      int64_t bytes = 0;
+      tensor_span_bytes(*t, &bytes);  // fetch_args checked that it fits
+      const auto begin = reinterpret_cast<uintptr_t>(t->data);
+      spans.push_back({begin, begin + static_cast<uintptr_t>(bytes), t->memory,
+                       static_cast<int64_t>(i), t,
+                       item_name(static_cast<int64_t>(i),
+                                 t == &item.out_keys ? "out_keys" : "out_values")});
+    }
+  }
+  require_disjoint_items(spans);
+  shared_.pool->parallel_for(count, [&](int64_t i) {
+    Outcome& outcome = outcomes[static_cast<size_t>(i)];
+    if (outcome.status != PQ_OK) return;
+    const pq_fetch_item& item = items[i];
+    run_item(outcome, [&] {
+      std::shared_ptr<Sequence> seq = find(item.seq_id);
+      ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
+      seq->layers[static_cast<size_t>(layer)]->fetch(&item.selection,
+                                                     max_counts[static_cast<size_t>(i)],
+                                                     item.out_keys, item.out_values, seq->info());
+    });
+  });
+  finish_batch(items, outcomes);
+}
+
+}  // namespace pq

@@ -1,0 +1,181 @@
+// A layer's PQ index: the build on the worker pool (K-Means over every
+// token, paper section 3.3), its installation, and the coding of the tokens
+// that leave the local window.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "dtype.h"
+#include "error.h"
+#include "kmeans.h"
+#include "layer.h"
+#include "nearest_centroid.h"
+
+namespace pq {
+
+void Layer::cancel_build() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_) pending_->cancel.store(true);
+}
+
+void Layer::finish_build() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  install_build();
+}
+
+void Layer::poll_build() {
+  if (pending_ && pending_done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+    install_build();
+}
+
+// Waits for the pending build, if any, and installs its result. Throws the
+// build's error.
+void Layer::install_build() {
+  if (!pending_) return;
+  std::shared_ptr<BuildTask> task = std::move(pending_);
+  std::future<void> done = std::move(pending_done_);
+  pending_.reset();
+  try {
+    done.get();
+  } catch (const Error& e) {
+    build_error_ = e.what();
+    throw;
+  } catch (const std::bad_alloc&) {
+    build_error_ = "the index build ran out of memory";
+    fail(PQ_ERR_OUT_OF_MEMORY, build_error_);
+  } catch (const std::exception& e) {
+    build_error_ = std::string("the index build failed: ") + e.what();
+    fail(PQ_ERR_INTERNAL, build_error_);
+  }
+  if (!task->result) {
+    build_error_ = "the index build was cancelled";
+    fail(PQ_ERR_BAD_STATE, build_error_);
+  }
+  index_ = std::move(task->result);
+  ++index_generation_;
+  build_error_.clear();
+  last_iterations_ = index_->iterations;
+  last_budget_ = index_->budget;
+  last_build_seconds_ = index_->seconds;
+  update_mirrors();
+}
+
+void Layer::require_index(uint64_t seq_id) {
+  require_prefill(seq_id, "reading the index");
+  install_build();
+  if (!index_)
+    fail(PQ_ERR_BAD_STATE, "layer " + std::to_string(layer_index_) + " of seq_id " +
+                               std::to_string(seq_id) + " has no index: " +
+                               (build_error_.empty() ? "no build finished" : build_error_) +
+                               "; call pq_prefill_layer again to rebuild");
+}
+
+void Layer::schedule_build(const SequenceInfo& seq) {
+  auto task = std::make_shared<BuildTask>();
+  auto snapshot = std::make_shared<KvStore::Snapshot>(store_.snapshot());
+  task->tokens = snapshot->tokens;
+  ContextShared& shared = shared_;
+  const int32_t layer_index = layer_index_;
+  std::shared_ptr<Counters> seq_counters = seq.counters;
+  std::future<void> done = shared_.pool->submit([&shared, task, snapshot, layer_index, seq_counters] {
+    run_build(shared, *task, *snapshot, layer_index, *seq_counters);
+  });
+  // Only now, with the new build queued, is the old one superseded (it
+  // covers fewer tokens): nothing below can fail.
+  if (pending_) pending_->cancel.store(true);
+  pending_done_ = std::move(done);
+  pending_ = std::move(task);
+}
+
+void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snap,
+                      int32_t layer_index, Counters& seq_counters) {
+  if (task.cancel.load()) {
+    shared.counters.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  const pq_config& config = shared.config;
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t dtype = config.dtype;
+  const int32_t head_dim = config.head_dim;
+  KeyGather gather = [&snap, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
+                                              float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(snap.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  };
+  KMeansParams params;
+  params.subspaces = config.pq_subspaces;
+  params.bits = config.pq_bits;
+  params.tolerance = config.kmeans_tolerance;
+  params.init = config.kmeans_init;
+  params.max_points_per_centroid = config.kmeans_max_points_per_centroid;
+  params.seed = config.seed;
+  params.layer = layer_index;
+  const int64_t centroids = int64_t{1} << config.pq_bits;
+  const int64_t training =
+      std::min<int64_t>(snap.tokens, centroids * params.max_points_per_centroid);
+  params.max_iterations = shared.iteration_budget(snap.tokens, training);
+
+  auto index = std::make_unique<PqIndex>();
+  const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens, gather,
+                                             params, *shared.pool, &task.cancel, &index->codebook);
+  if (report.cancelled || task.cancel.load()) {
+    shared.counters.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  const int32_t m = config.pq_subspaces;
+  index->codes.resize(static_cast<size_t>(config.num_kv_heads));
+  std::vector<uint8_t*> heads(index->codes.size());
+  for (size_t h = 0; h < heads.size(); ++h) {
+    index->codes[h].resize(static_cast<size_t>(snap.tokens) * m);
+    heads[h] = index->codes[h].data();
+  }
+  encode_tokens(index->codebook, head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
+  index->coded_tokens = snap.tokens;
+  index->iterations = report.iterations;
+  index->budget = params.max_iterations;
+  index->training_points = report.training_points;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  index->seconds = ns * 1e-9;
+  task.result = std::move(index);
+  for (Counters* c : {&shared.counters, &seq_counters}) {
+    c->builds_finished.fetch_add(1);
+    c->kmeans_iterations.fetch_add(static_cast<uint64_t>(report.iterations));
+    c->build_ns.fetch_add(static_cast<uint64_t>(ns));
+  }
+}
+
+void Layer::code_tokens(int64_t end) {
+  PqIndex& index = *index_;
+  if (index.coded_tokens >= end) return;
+  const int32_t m = shared_.config.pq_subspaces;
+  const int32_t dtype = shared_.config.dtype;
+  const int32_t head_dim = shared_.config.head_dim;
+  const KvStore& store = store_;
+  KeyGather gather = [&store, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
+                                               float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(store.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  };
+  std::vector<uint8_t*> heads(index.codes.size());
+  // Capacity in whole chunks, never more: the memory limit counts the codes
+  // per chunk of the store (memory_cost.h), which resize's doubling passes.
+  const size_t chunked = static_cast<size_t>((end + KvStore::kChunkTokens - 1) /
+                                             KvStore::kChunkTokens * KvStore::kChunkTokens) * m;
+  for (size_t h = 0; h < heads.size(); ++h) {
+    index.codes[h].reserve(chunked);
+    index.codes[h].resize(static_cast<size_t>(end) * m);
+    heads[h] = index.codes[h].data() + index.coded_tokens * m;
+  }
+  const int64_t count = end - index.coded_tokens;
+  // A decode step codes one token: not worth waking the pool.
+  encode_tokens(index.codebook, head_dim, index.coded_tokens, count, gather,
+                count >= 4096 ? shared_.pool.get() : nullptr, heads.data());
+  index.coded_tokens = end;
+  update_mirrors();
+}
+
+}  // namespace pq
