@@ -43,18 +43,17 @@ class H2oSelector final : public Selector {
 
   void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
-    if (state) static_cast<H2oState*>(state)->attention.grow(n);
+    state_of<H2oState>(state, "h2o").attention.grow(n);
   }
 
   void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
                          const float* probs, int64_t count) const override {
-    if (state) static_cast<H2oState*>(state)->attention.add(kv_head, positions, probs, count);
+    state_of<H2oState>(state, "h2o").attention.add(kv_head, positions, probs, count);
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    auto* s = static_cast<H2oState*>(r.state);
-    if (!s) fail(PQ_ERR_INTERNAL, "h2o selector has no state");
-    s->attention.select_and_drop(r, r.mid_begin, r.mid_end, r.k, out);
+    state_of<H2oState>(r.state, "h2o").attention.select_and_drop(r, r.mid_begin, r.mid_end, r.k,
+                                                                 out);
     return 0;
   }
 };

@@ -129,8 +129,7 @@ class InfllmSelector final : public Selector {
 
   void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {
-    auto* s = dynamic_cast<InfllmState*>(state);
-    if (s == nullptr) return;
+    InfllmState* s = &state_of<InfllmState>(state, "infllm");
     if (mid_end == mid_begin) return;
     if (s->restart_if_stale(mid_begin, mid_end, c.block_tokens, c.block_representatives))
       s->reps.assign(static_cast<size_t>(c.num_kv_heads), {});
@@ -147,9 +146,9 @@ class InfllmSelector final : public Selector {
     const int32_t B = r.config.block_tokens, R = r.config.block_representatives;
     const int32_t d = r.head_dim, G = r.group_size;
     const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
-    const auto* s = dynamic_cast<const InfllmState*>(r.state);
+    const InfllmState* s = &state_of<const InfllmState>(r.state, "infllm");
     // The core calls update_state with this very middle just before.
-    if (s == nullptr || !s->covers(r.mid_begin, r.mid_end))
+    if (!s->covers(r.mid_begin, r.mid_end))
       fail(PQ_ERR_INTERNAL, "infllm: block summaries do not cover the middle being selected");
     const int32_t* reps = s->reps[static_cast<size_t>(r.kv_head)].data();
 

@@ -156,21 +156,21 @@ class PromptScoreSelector : public Selector {
 
   void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
-    if (state) static_cast<PromptState*>(state)->prompt.compute(store, queries, w, c);
+    state_of<PromptState>(state, name()).prompt.compute(store, queries, w, c);
   }
 
   // The core calls this before it writes any output, so failing here keeps
   // pq_decode_select's promise that *out is written only on success.
   void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
-    auto* s = static_cast<PromptState*>(state);
-    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), s ? s->layer : -1);
+    const PromptState& s = state_of<PromptState>(state, name());
+    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), s.layer);
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    auto* s = static_cast<PromptState*>(r.state);
-    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
-    s->prompt.select(r, r.mid_begin, r.mid_end, r.k, out);
+    PromptState& s = state_of<PromptState>(r.state, name());
+    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
+    s.prompt.select(r, r.mid_begin, r.mid_end, r.k, out);
     return 0;  // the prompt keys were read once, at pq_prefill_queries
   }
 };

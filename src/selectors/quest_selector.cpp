@@ -81,8 +81,7 @@ class QuestSelector final : public Selector {
 
   void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {
-    auto* s = dynamic_cast<QuestState*>(state);
-    if (s == nullptr) return;
+    QuestState* s = &state_of<QuestState>(state, "quest");
     if (mid_end == mid_begin) return;
     if (s->restart_if_stale(mid_begin, mid_end, c.block_tokens, 0))
       s->minmax.assign(static_cast<size_t>(c.num_kv_heads), {});
@@ -97,9 +96,9 @@ class QuestSelector final : public Selector {
     if (select_without_scoring(r, out)) return 0;
     const int32_t B = r.config.block_tokens, d = r.head_dim, G = r.group_size;
     const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
-    const auto* s = dynamic_cast<const QuestState*>(r.state);
+    const QuestState* s = &state_of<const QuestState>(r.state, "quest");
     // The core calls update_state with this very middle just before.
-    if (s == nullptr || !s->covers(r.mid_begin, r.mid_end))
+    if (!s->covers(r.mid_begin, r.mid_end))
       fail(PQ_ERR_INTERNAL, "quest: block summaries do not cover the middle being selected");
     const float* mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
 

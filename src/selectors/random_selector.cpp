@@ -34,14 +34,13 @@ class RandomSelector final : public Selector {
 
   void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
-    if (auto* s = dynamic_cast<RandomState*>(state)) ++s->step;
+    ++state_of<RandomState>(state, "random").step;
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
     const int64_t m = r.middle();
-    const auto* s = dynamic_cast<const RandomState*>(r.state);
-    const uint64_t step = s != nullptr ? s->step : 0;
+    const uint64_t step = state_of<const RandomState>(r.state, "random").step;
     uint64_t seed = mix_seed(r.config.seed ^ kSalt, static_cast<uint64_t>(r.layer));
     seed = mix_seed(seed, static_cast<uint64_t>(r.kv_head));
     seed = mix_seed(seed, step);

@@ -54,25 +54,25 @@ class ScopeSelector final : public Selector {
 
   void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
-    if (state) static_cast<ScopeState*>(state)->prompt.compute(store, queries, w, c);
+    state_of<ScopeState>(state, "scope").prompt.compute(store, queries, w, c);
   }
 
   // Runs before the core writes any output (see PromptScoreSelector).
   void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
-    auto* s = static_cast<ScopeState*>(state);
-    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), s ? s->layer : -1);
-    s->attention.grow(n);
+    ScopeState& s = state_of<ScopeState>(state, "scope");
+    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), s.layer);
+    s.attention.grow(n);
   }
 
   void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
                          const float* probs, int64_t count) const override {
-    if (state) static_cast<ScopeState*>(state)->attention.add(kv_head, positions, probs, count);
+    state_of<ScopeState>(state, "scope").attention.add(kv_head, positions, probs, count);
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    auto* s = static_cast<ScopeState*>(r.state);
-    if (!s || !s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
+    ScopeState* s = &state_of<ScopeState>(r.state, "scope");
+    if (!s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
     const int64_t k = r.k;
     // Prompt middle: [mid_begin, split); decode middle: [split, mid_end).
     const int64_t split = std::clamp(s->prompt.prompt_tokens, r.mid_begin, r.mid_end);
