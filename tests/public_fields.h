@@ -11,6 +11,8 @@
   S(pq_tensor) \
   S(pq_config) \
   S(pq_selection) \
+  S(pq_select_item) \
+  S(pq_fetch_item) \
   S(pq_layer_info) \
   S(pq_stats)
 
@@ -67,6 +69,15 @@
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \
+  X(pq_select_item, seq_id) \
+  X(pq_select_item, query) \
+  X(pq_select_item, out) \
+  X(pq_select_item, status) \
+  X(pq_fetch_item, seq_id) \
+  X(pq_fetch_item, selection) \
+  X(pq_fetch_item, out_keys) \
+  X(pq_fetch_item, out_values) \
+  X(pq_fetch_item, status) \
   X(pq_layer_info, struct_size) \
   X(pq_layer_info, tokens) \
   X(pq_layer_info, prefill_tokens) \

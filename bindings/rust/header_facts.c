@@ -16,7 +16,8 @@
 #define C_TYPE(x)                                                                         \
   _Generic((x), int32_t: "int32_t", uint32_t: "uint32_t", int64_t: "int64_t",              \
            uint64_t: "uint64_t", float: "float", double: "double", void*: "void*",          \
-           const char*: "const char*", int32_t*: "int32_t*", default: "unknown")
+           const char*: "const char*", int32_t*: "int32_t*", pq_tensor: "pq_tensor",       \
+           pq_selection: "pq_selection", default: "unknown")
 #define FIELD(s, f) printf("field %s %s %s\n", #s, #f, C_TYPE(((s*)0)->f));
 #define CONST(c) printf("const %s %lld\n", #c, (long long)(c))
 
@@ -28,6 +29,7 @@ int main(void) {
 
   CONST(PQ_OK); CONST(PQ_ERR_INVALID_ARGUMENT); CONST(PQ_ERR_OUT_OF_MEMORY); CONST(PQ_ERR_BAD_STATE);
   CONST(PQ_ERR_NOT_FOUND); CONST(PQ_ERR_UNSUPPORTED); CONST(PQ_ERR_BACKEND); CONST(PQ_ERR_INTERNAL);
+  CONST(PQ_ERR_BUFFER_TOO_SMALL);
   CONST(PQ_DTYPE_F32); CONST(PQ_DTYPE_F16); CONST(PQ_DTYPE_BF16);
   CONST(PQ_MEMORY_HOST); CONST(PQ_MEMORY_DEVICE);
   CONST(PQ_SELECTOR_PQ); CONST(PQ_SELECTOR_EXACT); CONST(PQ_SELECTOR_WINDOW); CONST(PQ_SELECTOR_SPARQ);

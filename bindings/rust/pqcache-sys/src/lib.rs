@@ -55,6 +55,8 @@ pub const PQ_ERR_NOT_FOUND: pq_status = -4;
 pub const PQ_ERR_UNSUPPORTED: pq_status = -5;
 pub const PQ_ERR_BACKEND: pq_status = -6;
 pub const PQ_ERR_INTERNAL: pq_status = -7;
+/// Added in 0.4: an output buffer is too small; the needed size was written.
+pub const PQ_ERR_BUFFER_TOO_SMALL: pq_status = -8;
 
 pub type pq_dtype = i32;
 pub const PQ_DTYPE_F32: pq_dtype = 0;
@@ -116,6 +118,7 @@ c_type_names! {
     i32 => "int32_t", u32 => "uint32_t", i64 => "int64_t", u64 => "uint64_t",
     f32 => "float", f64 => "double",
     *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
+    pq_tensor => "pq_tensor", pq_selection => "pq_selection",
 }
 
 /// One field of a C struct: name, byte offset, C type name.
@@ -253,6 +256,31 @@ c_struct! {
     }
 }
 
+c_struct! {
+    /// One sequence of `pq_decode_select_batch` (added in 0.4): the
+    /// arguments of `pq_decode_select`, and the status the call writes.
+    pub struct pq_select_item {
+        pub seq_id: u64,
+        pub query: pq_tensor,
+        pub out: pq_selection,
+        /// pq_status, written by the call
+        pub status: i32,
+    }
+}
+
+c_struct! {
+    /// One sequence of `pq_fetch_kv_batch` (added in 0.4): the arguments of
+    /// `pq_fetch_kv`, and the status the call writes.
+    pub struct pq_fetch_item {
+        pub seq_id: u64,
+        pub selection: pq_selection,
+        pub out_keys: pq_tensor,
+        pub out_values: pq_tensor,
+        /// pq_status, written by the call
+        pub status: i32,
+    }
+}
+
 /// `(C name, size, fields)` of each struct: the name is the type's own, so
 /// the table cannot pair a name with another struct's layout.
 macro_rules! struct_table {
@@ -263,7 +291,15 @@ macro_rules! struct_table {
 
 /// The structs whose layout `tests/header.rs` checks, by C name.
 pub const STRUCTS: &[(&str, usize, &[FieldInfo])] =
-    struct_table![pq_tensor, pq_config, pq_selection, pq_layer_info, pq_stats];
+    struct_table![
+        pq_tensor,
+        pq_config,
+        pq_selection,
+        pq_select_item,
+        pq_fetch_item,
+        pq_layer_info,
+        pq_stats
+    ];
 
 /// `new()` and `Default` for the structs the library fills after reading
 /// their `struct_size` (the caller's ABI version of the struct).
@@ -373,10 +409,16 @@ pq_functions! {
                         values: *const pq_tensor) -> pq_status;
     fn pq_selection_capacity(ctx: *const pq_context, seq_id: u64, layer: i32,
                              out_capacity: *mut i64) -> pq_status;
+    fn pq_selection_capacity_for(ctx: *const pq_context, layer: i32, tokens: i64,
+                                 out_capacity: *mut i64) -> pq_status;
     fn pq_decode_select(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
                         out: *mut pq_selection) -> pq_status;
     fn pq_fetch_kv(ctx: *mut pq_context, seq_id: u64, layer: i32, selection: *const pq_selection,
                    out_keys: *const pq_tensor, out_values: *const pq_tensor) -> pq_status;
+    fn pq_decode_select_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_select_item,
+                              count: i64) -> pq_status;
+    fn pq_fetch_kv_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_fetch_item,
+                         count: i64) -> pq_status;
     fn pq_prefill_queries(ctx: *mut pq_context, seq_id: u64, layer: i32,
                           queries: *const pq_tensor) -> pq_status;
     fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,

@@ -167,6 +167,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_ERR_UNSUPPORTED,
         PQ_ERR_BACKEND,
         PQ_ERR_INTERNAL,
+        PQ_ERR_BUFFER_TOO_SMALL,
         PQ_DTYPE_F32,
         PQ_DTYPE_F16,
         PQ_DTYPE_BF16,

@@ -1,6 +1,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pqcache_sys as sys;
 
@@ -25,6 +26,9 @@ pub struct Context {
     library: Library,
     /// The effective configuration (pq_get_config), cuda_plugin_path NULL.
     config: sys::pq_config,
+    /// Per layer, the largest selection capacity the library asked for so
+    /// far: [`Context::select_batch`] sizes new selections with it.
+    capacity_hints: Vec<AtomicUsize>,
 }
 
 // SAFETY: see "Threading" above; `config` is plain data (its one pointer is
@@ -32,11 +36,11 @@ pub struct Context {
 unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
-fn to_i32(value: usize, what: &str) -> Result<i32> {
+pub(crate) fn to_i32(value: usize, what: &str) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i32")))
 }
 
-fn to_i64(value: usize, what: &str) -> Result<i64> {
+pub(crate) fn to_i64(value: usize, what: &str) -> Result<i64> {
     i64::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i64")))
 }
 
@@ -63,6 +67,7 @@ impl Context {
             ctx,
             library,
             config,
+            capacity_hints: Vec::new(),
         };
         // pq_get_config copies up to struct_size bytes, which
         // pq_config_default set. On failure `context` drops and destroys ctx.
@@ -72,14 +77,17 @@ impl Context {
         ))?;
         config.cuda_plugin_path = std::ptr::null(); // pointed at the caller's string during create
         context.config = config;
+        context.capacity_hints = (0..config.num_layers)
+            .map(|_| AtomicUsize::new(0))
+            .collect();
         Ok(context)
     }
 
-    fn api(&self) -> &sys::Api {
+    pub(crate) fn api(&self) -> &sys::Api {
         self.library.api()
     }
 
-    fn ptr(&self) -> *mut sys::pq_context {
+    pub(crate) fn ptr(&self) -> *mut sys::pq_context {
         self.ctx.as_ptr()
     }
 
@@ -211,9 +219,28 @@ impl Context {
         Ok(to_usize(capacity))
     }
 
+    /// Positions per kv head a selection needs at `layer` for a sequence of
+    /// `tokens` tokens, without a sequence (`pq_selection_capacity_for`). It
+    /// never decreases as `tokens` grows: the capacity for the longest
+    /// sequence admitted sizes every [`Selection`] once.
+    pub fn selection_capacity_for(&self, layer: usize, tokens: usize) -> Result<usize> {
+        let mut capacity = 0;
+        let (layer, tokens) = (to_i32(layer, "layer")?, to_i64(tokens, "tokens")?);
+        self.library.check(unsafe {
+            (self.api().pq_selection_capacity_for)(self.ptr(), layer, tokens, &mut capacity)
+        })?;
+        Ok(to_usize(capacity))
+    }
+
     /// Selects, per kv head, the sink, top-k and local tokens for `query`
-    /// (1 token x q heads x head_dim) into `out`, growing it if it is too
-    /// small for the layer's current length.
+    /// (1 token x q heads x head_dim) into `out` (`pq_decode_select`).
+    ///
+    /// `out` is used as it is when it is large enough (reuse one selection
+    /// per sequence across steps, or size it with
+    /// [`Context::selection_capacity_for`]); when the library answers
+    /// [`Status::BufferTooSmall`], `out` grows to the capacity the library
+    /// asked for and the call is made once more. Errors are the library's
+    /// for `pq_decode_select`; on error `out` holds no positions.
     pub fn select(
         &self,
         seq_id: u64,
@@ -221,14 +248,51 @@ impl Context {
         query: &Tensor<'_>,
         out: &mut Selection,
     ) -> Result<()> {
-        let capacity = self.selection_capacity(seq_id, layer)?;
-        // The library writes num_kv_heads counts and rows: size them here.
-        out.reserve(self.num_kv_heads(), capacity);
         let layer = to_i32(layer, "layer")?;
+        // The library writes num_kv_heads counts (and rows): size them here.
+        out.reserve(self.num_kv_heads(), out.capacity());
+        let mut status = self.decode_select(seq_id, layer, query, out);
+        if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
+            status = self.decode_select_grown(seq_id, layer, query, out);
+        }
+        self.library.check(status)
+    }
+
+    /// One `pq_decode_select` into `out` (sized for this context's kv heads).
+    fn decode_select(
+        &self,
+        seq_id: u64,
+        layer: i32,
+        query: &Tensor<'_>,
+        out: &mut Selection,
+    ) -> sys::pq_status {
         let mut raw = out.as_raw();
-        self.library.check(unsafe {
+        unsafe {
             (self.api().pq_decode_select)(self.ptr(), seq_id, layer, query.as_raw(), &mut raw)
-        })
+        }
+    }
+
+    /// After `PQ_ERR_BUFFER_TOO_SMALL` (the needed capacity is in `out`'s
+    /// counts): grows `out` to it and selects once more. A second
+    /// `PQ_ERR_BUFFER_TOO_SMALL` (another thread appended meanwhile) is
+    /// returned as it is, with `out` cleared.
+    pub(crate) fn decode_select_grown(
+        &self,
+        seq_id: u64,
+        layer: i32,
+        query: &Tensor<'_>,
+        out: &mut Selection,
+    ) -> sys::pq_status {
+        let needed = out.needed_capacity();
+        if let Some(hint) = self.hint_slot(layer) {
+            hint.fetch_max(needed, Ordering::Relaxed);
+        }
+        out.reserve(self.num_kv_heads(), needed);
+        let status = self.decode_select(seq_id, layer, query, out);
+        if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
+            out.clear();
+        }
+        status
     }
 
     /// Gathers the K and V rows of `selection` into the caller's buffers:
@@ -292,8 +356,21 @@ impl Context {
         })
     }
 
+    /// The largest capacity the library asked for at `layer` so far (0 for
+    /// a layer out of range: the library reports it).
+    pub(crate) fn capacity_hint(&self, layer: i32) -> usize {
+        self.hint_slot(layer)
+            .map_or(0, |hint| hint.load(Ordering::Relaxed))
+    }
+
+    fn hint_slot(&self, layer: i32) -> Option<&AtomicUsize> {
+        usize::try_from(layer)
+            .ok()
+            .and_then(|l| self.capacity_hints.get(l))
+    }
+
     /// The library reads num_kv_heads counts and rows of a selection.
-    fn check_selection(&self, selection: &Selection) -> Result<()> {
+    pub(crate) fn check_selection(&self, selection: &Selection) -> Result<()> {
         if selection.kv_heads() != self.num_kv_heads() {
             return Err(Error::invalid(format!(
                 "selection has {} kv heads, the context has {}",

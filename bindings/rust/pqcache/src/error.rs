@@ -5,9 +5,9 @@ use pqcache_sys as sys;
 /// Why a call failed: the library's `pq_status` (never `PQ_OK`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
-    /// An argument is NULL, out of range, inconsistent with the
-    /// configuration, or a buffer is too small. Also used for shape errors
-    /// this crate finds before calling the library.
+    /// An argument is NULL, out of range or inconsistent with the
+    /// configuration. Also used for shape errors this crate finds before
+    /// calling the library.
     InvalidArgument,
     /// An allocation failed or the context's host memory limit would be exceeded.
     OutOfMemory,
@@ -22,6 +22,10 @@ pub enum Status {
     Backend,
     /// A bug in libpqcache.
     Internal,
+    /// An output buffer is too small; the library wrote the size it needs
+    /// (added in 0.4, which returned `InvalidArgument` before). Methods that
+    /// own their buffers ([`crate::Context::select`]) grow them and retry.
+    BufferTooSmall,
     /// A code this crate does not know (a newer library).
     Unknown(i32),
 }
@@ -38,6 +42,7 @@ impl Status {
             sys::PQ_ERR_UNSUPPORTED => Status::Unsupported,
             sys::PQ_ERR_BACKEND => Status::Backend,
             sys::PQ_ERR_INTERNAL => Status::Internal,
+            sys::PQ_ERR_BUFFER_TOO_SMALL => Status::BufferTooSmall,
             other => Status::Unknown(other),
         })
     }
@@ -52,6 +57,7 @@ impl Status {
             Status::Unsupported => sys::PQ_ERR_UNSUPPORTED,
             Status::Backend => sys::PQ_ERR_BACKEND,
             Status::Internal => sys::PQ_ERR_INTERNAL,
+            Status::BufferTooSmall => sys::PQ_ERR_BUFFER_TOO_SMALL,
             Status::Unknown(code) => code,
         }
     }
@@ -66,6 +72,7 @@ impl Status {
             Status::Unsupported => "PQ_ERR_UNSUPPORTED",
             Status::Backend => "PQ_ERR_BACKEND",
             Status::Internal => "PQ_ERR_INTERNAL",
+            Status::BufferTooSmall => "PQ_ERR_BUFFER_TOO_SMALL",
             Status::Unknown(_) => "unknown pq_status",
         }
     }

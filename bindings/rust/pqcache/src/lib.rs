@@ -26,15 +26,20 @@
 //!   [`Status`] and message. Shapes are checked against slices here, before
 //!   the library sees them.
 //! - [`Context`] is `Send + Sync` (the C API's threading contract; see its docs).
+//! - A decode step over many sequences takes one call per layer:
+//!   [`Context::select_batch`] and [`Context::fetch_batch`] take a
+//!   [`SelectItem`] or [`FetchItem`] per sequence, each with its own status.
 //! - The library is linked (feature `link`, the default) or loaded at run
 //!   time with [`Library::load`]; the API is the same on both.
 
+mod batch;
 mod config;
 mod context;
 mod error;
 mod library;
 mod tensor;
 
+pub use batch::{FetchItem, SelectItem};
 pub use config::{Backend, CachePolicy, Config, DType, GqaCombine, KmeansInit, Selector};
 pub use context::{Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};

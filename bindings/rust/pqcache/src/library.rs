@@ -99,6 +99,14 @@ impl Library {
         unsafe { Context::from_raw(self.clone(), ctx) }
     }
 
+    /// The library's text for a status (`pq_status_string`), e.g.
+    /// `"PQ_ERR_NOT_FOUND: no such sequence, plug-in or device"`.
+    pub(crate) fn status_string(&self, status: sys::pq_status) -> String {
+        // SAFETY: pq_status_string returns a static C string for any value.
+        let text = unsafe { CStr::from_ptr((self.api().pq_status_string)(status)) };
+        text.to_string_lossy().into_owned()
+    }
+
     /// `Ok` for `PQ_OK`, else the error with this thread's `pq_last_error()`.
     pub(crate) fn check(&self, status: sys::pq_status) -> Result<()> {
         match Status::from_code(status) {

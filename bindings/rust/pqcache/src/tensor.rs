@@ -253,6 +253,19 @@ impl Selection {
         }
     }
 
+    /// The capacity a `pq_decode_select` that returned
+    /// `PQ_ERR_BUFFER_TOO_SMALL` asked for (it writes it to every count).
+    pub(crate) fn needed_capacity(&self) -> usize {
+        self.counts
+            .first()
+            .map_or(0, |&n| usize::try_from(n).unwrap_or(0))
+    }
+
+    /// Forgets the selected positions (every count 0).
+    pub(crate) fn clear(&mut self) {
+        self.counts.fill(0);
+    }
+
     /// The C view. Its pointers are valid while `self` is borrowed.
     pub(crate) fn as_raw(&mut self) -> sys::pq_selection {
         sys::pq_selection {

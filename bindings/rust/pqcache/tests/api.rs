@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use pqcache::{
-    Config, Context, DType, Error, Library, Selection, Shape, Status, Tensor, TensorMut, Version,
+    Config, Context, DType, Error, FetchItem, Library, SelectItem, Selection, Shape, Status,
+    Tensor, TensorMut, Version,
 };
 
 // ---------------------------------------------------------------------------
@@ -454,4 +455,263 @@ fn versions_agree() {
     assert_eq!(Status::from_code(-99), Some(Status::Unknown(-99)));
     assert_eq!(Status::from_code(0), None);
     assert_eq!(Status::Backend.code(), pqcache::sys::PQ_ERR_BACKEND);
+}
+
+// ---------------------------------------------------------------------------
+// One layer for a batch of sequences
+// ---------------------------------------------------------------------------
+
+/// Sequences of different lengths (capacities 36, 9 and 30 with the
+/// reference config's 4 sinks, 16 top-k and 16 local tokens), prefilled.
+const BATCH_IDS: [u64; 3] = [11, 7, 1000];
+const BATCH_LENGTHS: [usize; 3] = [300, 9, 30];
+
+fn batch_context() -> (Context, Vec<Vec<f32>>) {
+    let ctx = Context::new(&reference_config(&Library::linked())).unwrap();
+    let mut queries = Vec::new();
+    for (i, (&seq, &n)) in BATCH_IDS.iter().zip(&BATCH_LENGTHS).enumerate() {
+        let stream = 20 * i as u32;
+        ctx.add_sequence(seq).unwrap();
+        let kv = Shape::token_major(n, KV_HEADS, HEAD_DIM);
+        let (k, v) = (
+            generate(stream + 1, n * KV_HEADS * HEAD_DIM),
+            generate(stream + 2, n * KV_HEADS * HEAD_DIM),
+        );
+        ctx.prefill(
+            seq,
+            0,
+            &Tensor::f32(&k, kv).unwrap(),
+            &Tensor::f32(&v, kv).unwrap(),
+        )
+        .unwrap();
+        queries.push(generate(stream + 3, Q_HEADS * HEAD_DIM));
+    }
+    ctx.wait_builds().unwrap();
+    (ctx, queries)
+}
+
+fn query_tensor(q: &[f32]) -> Tensor<'_> {
+    Tensor::f32(q, Shape::token_major(1, Q_HEADS, HEAD_DIM)).unwrap()
+}
+
+/// The per-sequence selections, to compare with.
+fn select_one_by_one(ctx: &Context, ids: &[u64], queries: &[Vec<f32>]) -> Vec<Selection> {
+    ids.iter()
+        .zip(queries)
+        .map(|(&seq, q)| {
+            let mut sel = Selection::new(KV_HEADS, 0);
+            ctx.select(seq, 0, &query_tensor(q), &mut sel).unwrap();
+            sel
+        })
+        .collect()
+}
+
+fn heads(sel: &Selection) -> Vec<Vec<i32>> {
+    sel.heads().map(<[i32]>::to_vec).collect()
+}
+
+/// Fetches with `fetch_batch`, or one `fetch` per sequence: head-major
+/// [kv][max_count][dim] keys and values per sequence.
+fn fetch_all(ctx: &Context, ids: &[u64], sels: &[Selection], batch: bool) -> Vec<Vec<f32>> {
+    let shapes: Vec<Shape> = sels
+        .iter()
+        .map(|s| Shape::head_major(s.max_count(), KV_HEADS, HEAD_DIM))
+        .collect();
+    let mut outs: Vec<Vec<f32>> = shapes
+        .iter()
+        .flat_map(|s| {
+            [
+                vec![f32::NAN; s.span().unwrap()],
+                vec![f32::NAN; s.span().unwrap()],
+            ]
+        })
+        .collect();
+    let mut tensors = outs.chunks_mut(2).zip(&shapes).map(|(kv, &shape)| {
+        let (k, v) = kv.split_at_mut(1);
+        (
+            TensorMut::f32(&mut k[0], shape).unwrap(),
+            TensorMut::f32(&mut v[0], shape).unwrap(),
+        )
+    });
+    if batch {
+        let mut items: Vec<FetchItem> = ids
+            .iter()
+            .zip(sels)
+            .zip(&mut tensors)
+            .map(|((&seq, sel), (k, v))| FetchItem::new(seq, sel, k, v))
+            .collect();
+        ctx.fetch_batch(0, &mut items).unwrap();
+        assert!(items.iter().all(|item| item.status().is_none()));
+    } else {
+        for ((&seq, sel), (mut k, mut v)) in ids.iter().zip(sels).zip(&mut tensors) {
+            ctx.fetch(seq, 0, sel, &mut k, &mut v).unwrap();
+        }
+    }
+    drop(tensors);
+    outs
+}
+
+#[test]
+fn batched_select_and_fetch_equal_the_per_sequence_calls() {
+    let (ctx, queries) = batch_context();
+    let want = select_one_by_one(&ctx, &BATCH_IDS, &queries);
+    let capacities: Vec<usize> = want.iter().map(Selection::capacity).collect();
+    assert_eq!(capacities, [36, 9, 30], "the sequences differ in length");
+
+    // Fresh selections (grown by the batch) and one already large enough.
+    let mut got = vec![
+        Selection::new(KV_HEADS, 0),
+        Selection::new(KV_HEADS, 40),
+        Selection::new(KV_HEADS, 1),
+    ];
+    let mut items: Vec<SelectItem> = BATCH_IDS
+        .iter()
+        .zip(&queries)
+        .zip(&mut got)
+        .map(|((&seq, q), out)| SelectItem::new(seq, query_tensor(q), out))
+        .collect();
+    ctx.select_batch(0, &mut items).unwrap();
+    assert!(items.iter().all(|item| item.status().is_none()));
+    drop(items);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(heads(g), heads(w), "item {i}");
+        assert!(g.max_count() > 0);
+    }
+    assert_eq!(got[1].capacity(), 40, "a large enough selection is kept");
+
+    let one_by_one = fetch_all(&ctx, &BATCH_IDS, &want, false);
+    let batched = fetch_all(&ctx, &BATCH_IDS, &want, true);
+    for (i, (b, o)) in batched.iter().zip(&one_by_one).enumerate() {
+        assert_eq!(
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "fetched bytes of output {i}"
+        );
+        assert!(b.iter().all(|x| !x.is_nan()), "every row written");
+    }
+}
+
+#[test]
+fn a_failing_batch_item_is_named_and_the_others_are_filled() {
+    let (ctx, queries) = batch_context();
+    let ids = [BATCH_IDS[0], 999, BATCH_IDS[2]];
+    let select = |detail: &str| {
+        let mut got: Vec<Selection> = (0..3).map(|_| Selection::new(KV_HEADS, 0)).collect();
+        let mut items: Vec<SelectItem> = ids
+            .iter()
+            .zip(&queries)
+            .zip(&mut got)
+            .map(|((&seq, q), out)| SelectItem::new(seq, query_tensor(q), out))
+            .collect();
+        let err = ctx.select_batch(0, &mut items).unwrap_err();
+        assert_eq!(err.status, Status::NotFound, "{err}");
+        assert!(
+            err.message
+                .starts_with("pq_decode_select_batch: items[1] (seq_id 999): ")
+                && err.message.contains(detail),
+            "{err}"
+        );
+        let statuses: Vec<Option<Status>> = items.iter().map(SelectItem::status).collect();
+        assert_eq!(statuses, [None, Some(Status::NotFound), None]);
+        drop(items);
+        assert_eq!(got[1].max_count(), 0, "the failed item selected nothing");
+        got
+    };
+    // A fresh context knows no capacity yet: items[0], too small, comes back
+    // first and is selected again on its own, so the message for items[1]
+    // is built from its status...
+    let first = select("PQ_ERR_NOT_FOUND");
+    // ...then the batch sizes its selections from what the layer needed,
+    // and the library's own message names items[1].
+    let second = select("is not a sequence");
+    let want = select_one_by_one(&ctx, &BATCH_IDS, &queries);
+    for got in [&first, &second] {
+        assert_eq!(heads(&got[0]), heads(&want[0]));
+        assert_eq!(heads(&got[2]), heads(&want[2]));
+    }
+
+    // The same for a fetch: the failing item is named, the others written.
+    let shape = Shape::head_major(36, KV_HEADS, HEAD_DIM);
+    let mut bufs = vec![vec![0f32; shape.span().unwrap()]; 6];
+    let mut chunks = bufs.chunks_mut(2);
+    let mut items: Vec<FetchItem> = [BATCH_IDS[0], 999, BATCH_IDS[2]]
+        .iter()
+        .zip([&want[0], &want[1], &want[2]])
+        .map(|(&seq, sel)| {
+            let (k, v) = chunks.next().unwrap().split_at_mut(1);
+            FetchItem::new(
+                seq,
+                sel,
+                TensorMut::f32(&mut k[0], shape).unwrap(),
+                TensorMut::f32(&mut v[0], shape).unwrap(),
+            )
+        })
+        .collect();
+    let err = ctx.fetch_batch(0, &mut items).unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+    assert!(err.message.contains("items[1] (seq_id 999)"), "{err}");
+    let statuses: Vec<Option<Status>> = items.iter().map(FetchItem::status).collect();
+    assert_eq!(statuses, [None, Some(Status::NotFound), None]);
+    drop(items);
+    assert!(bufs[0].iter().any(|&x| x != 0.0) && bufs[5].iter().any(|&x| x != 0.0));
+    assert!(
+        bufs[2].iter().all(|&x| x == 0.0),
+        "nothing written for the failed item"
+    );
+
+    // A call-level error (a sequence twice) runs no item: no status.
+    let mut a = Selection::new(KV_HEADS, 0);
+    let mut b = Selection::new(KV_HEADS, 0);
+    let mut items = vec![
+        SelectItem::new(11, query_tensor(&queries[0]), &mut a),
+        SelectItem::new(11, query_tensor(&queries[1]), &mut b),
+    ];
+    let err = ctx.select_batch(0, &mut items).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(items.iter().all(|item| item.status().is_none()));
+}
+
+#[test]
+fn select_errors_name_pq_decode_select_and_buffer_too_small_maps() {
+    let (ctx, queries) = batch_context();
+    let err = ctx
+        .select(
+            12345,
+            0,
+            &query_tensor(&queries[0]),
+            &mut Selection::new(KV_HEADS, 0),
+        )
+        .unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+    assert!(err.message.starts_with("pq_decode_select"), "{err}");
+    assert!(!err.message.contains("pq_selection_capacity"), "{err}");
+
+    // A selection one entry too small grows to what the library asked for.
+    let mut sel = Selection::new(KV_HEADS, 35);
+    ctx.select(11, 0, &query_tensor(&queries[0]), &mut sel)
+        .unwrap();
+    assert_eq!(sel.capacity(), 36);
+    assert_eq!(sel.max_count(), 36);
+
+    // The capacity for a length, without a sequence, agrees and never shrinks.
+    for (&seq, &n) in BATCH_IDS.iter().zip(&BATCH_LENGTHS) {
+        assert_eq!(
+            ctx.selection_capacity_for(0, n).unwrap(),
+            ctx.selection_capacity(seq, 0).unwrap()
+        );
+    }
+    let caps: Vec<usize> = (0..100)
+        .map(|n| ctx.selection_capacity_for(0, n).unwrap())
+        .collect();
+    assert!(caps.windows(2).all(|w| w[0] <= w[1]), "{caps:?}");
+    let err = ctx.selection_capacity_for(1, 10).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+
+    let code = pqcache::sys::PQ_ERR_BUFFER_TOO_SMALL;
+    assert_eq!(Status::from_code(code), Some(Status::BufferTooSmall));
+    assert_eq!(Status::BufferTooSmall.code(), code);
+    assert_eq!(
+        Status::BufferTooSmall.to_string(),
+        "PQ_ERR_BUFFER_TOO_SMALL"
+    );
 }
