@@ -45,8 +45,8 @@ std::string& no_gpu_reason() {
   return reason;
 }
 
-const pq_cuda_plugin_v3* plugin() {
-  static const pq_cuda_plugin_v3* table = []() -> const pq_cuda_plugin_v3* {
+const pq_cuda_plugin* plugin() {
+  static const pq_cuda_plugin* table = []() -> const pq_cuda_plugin* {
     const char* env = std::getenv("PQCACHE_CUDA_PLUGIN");
     const char* path = env && *env ? env : PQ_CUDA_PLUGIN_FILE;
     void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -56,17 +56,17 @@ const pq_cuda_plugin_v3* plugin() {
       return nullptr;
     }
     auto entry = reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(h, PQ_CUDA_PLUGIN_ENTRY));
-    const pq_cuda_plugin_v1* t = entry ? entry(PQ_CUDA_PLUGIN_ABI_VERSION_3) : nullptr;
-    if (!t || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION_3 ||
-        t->struct_size < sizeof(pq_cuda_plugin_v3)) {
-      no_gpu_reason() = std::string("the plug-in ") + path + " does not serve ABI version 3";
+    const pq_cuda_plugin* t = entry ? entry(PQ_CUDA_PLUGIN_ABI_VERSION) : nullptr;
+    if (!t || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION ||
+        t->struct_size != sizeof(pq_cuda_plugin)) {
+      no_gpu_reason() = std::string("the plug-in ") + path + " does not serve this build's plug-in ABI version";
       return nullptr;
     }
     if (t->device_count() <= 0) {
       no_gpu_reason() = "no CUDA device (the plug-in reports 0 usable devices)";
       return nullptr;
     }
-    return reinterpret_cast<const pq_cuda_plugin_v3*>(t);
+    return t;
   }();
   return table;
 }
@@ -209,7 +209,7 @@ enum class FetchMethod { kGatherKernel, kCopyPerRun };
 
 void gpu_fetch(benchmark::State& state, FetchMethod method) {
   if (!plugin()) return state.SkipWithError(no_gpu_reason().c_str());
-  const pq_cuda_plugin_v3* p = plugin();
+  const pq_cuda_plugin* p = plugin();
   const int64_t n = state.range(0), k = n / 5;
   const int64_t rows = kKvHeads * k;
   const size_t bytes = static_cast<size_t>(rows) * kRowBytes;
@@ -326,7 +326,7 @@ void cpu_encode(benchmark::State& state) {
 
 void gpu_encode(benchmark::State& state) {
   if (!plugin()) return state.SkipWithError(no_gpu_reason().c_str());
-  const pq_cuda_plugin_v3* p = plugin();
+  const pq_cuda_plugin* p = plugin();
   const int64_t tokens = state.range(0);
   const int32_t centroids = static_cast<int32_t>(state.range(1));
   EncodeInputs in(tokens, centroids);

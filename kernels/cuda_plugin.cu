@@ -1,10 +1,9 @@
 // libpqcache_cuda.so: the CUDA backend plug-in. libpqcache.so opens it with
-// dlopen at run time, so the core never links cudart. ABI version 1 moves
-// tensors between device and host memory; version 2 adds device memory
-// helpers and the PQ scoring (pq_scan.cu) and top-k (topk.cu) kernels;
-// version 3 adds mapped pinned host memory, streams, events and copies
-// (memory.cu), the row gather of pq_fetch_kv (gather.cu) and PQ encoding
-// (encode.cu).
+// dlopen at run time, so the core never links cudart. Its one table
+// (src/cuda_plugin_abi.h) carries device memory, mapped pinned host memory,
+// streams, events and copies (memory.cu), the PQ scoring (pq_scan.cu) and
+// top-k (topk.cu) kernels, PQ encoding (encode.cu) and the row gather of
+// pq_fetch_kv (gather.cu).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -109,95 +108,43 @@ int stream_synchronize(void* stream, char* err, size_t err_len) {
   return s == cudaSuccess ? 0 : pqcuda::cuda_fail(err, err_len, "cudaStreamSynchronize", s);
 }
 
-const pq_cuda_plugin_v1 kPluginV1 = {
-    PQ_CUDA_PLUGIN_ABI_VERSION, sizeof(pq_cuda_plugin_v1), device_count, device_name,
-    set_device, is_device_pointer, copy,
-};
-
-const pq_cuda_plugin_v2 kPluginV2 = {
-    PQ_CUDA_PLUGIN_ABI_VERSION_2,
-    sizeof(pq_cuda_plugin_v2),
+// Designated order: the fields in the order cuda_plugin_abi.h declares them.
+const pq_cuda_plugin kPlugin = {
+    PQ_CUDA_PLUGIN_ABI_VERSION,
+    sizeof(pq_cuda_plugin),
     device_count,
     device_name,
     set_device,
     is_device_pointer,
-    copy,
     device_alloc,
     device_free,
-    stream_synchronize,
-    pqcuda::pq_scan_workspace_size,
-    pqcuda::pq_scan,
-    pqcuda::topk_workspace_size,
-    pqcuda::topk,
-};
-
-const pq_cuda_plugin_v3 kPluginV3 = {
-    PQ_CUDA_PLUGIN_ABI_VERSION_3,
-    sizeof(pq_cuda_plugin_v3),
-    device_count,
-    device_name,
-    set_device,
-    is_device_pointer,
-    copy,
-    device_alloc,
-    device_free,
-    stream_synchronize,
-    pqcuda::pq_scan_workspace_size,
-    pqcuda::pq_scan,
-    pqcuda::topk_workspace_size,
-    pqcuda::topk,
     pqcuda::host_alloc,
     pqcuda::host_free,
     pqcuda::stream_create,
     pqcuda::stream_destroy,
+    stream_synchronize,
     pqcuda::event_create,
     pqcuda::event_destroy,
     pqcuda::event_record,
     pqcuda::event_synchronize,
     pqcuda::stream_wait_event,
+    copy,
     pqcuda::copy_async,
+    pqcuda::pq_scan_workspace_size,
+    pqcuda::pq_scan,
+    pqcuda::topk_workspace_size,
+    pqcuda::topk,
+    pqcuda::encode,
     pqcuda::gather_rows,
     pqcuda::copy_rows,
-    pqcuda::encode,
 };
-
-// A v2 or v3 table is read through a v1 pointer until the caller checks the
-// version, and a v3 table may be read through a v2 pointer: the common fields
-// must sit at the same offsets.
-#define PQ_SAME_OFFSET(older, newer, field) \
-  static_assert(offsetof(older, field) == offsetof(newer, field), #newer "." #field)
-#define PQ_SAME_V1_FIELDS(newer)                      \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, abi_version);  \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, struct_size);  \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, device_count); \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, device_name);  \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, set_device);   \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, is_device_pointer); \
-  PQ_SAME_OFFSET(pq_cuda_plugin_v1, newer, copy)
-PQ_SAME_V1_FIELDS(pq_cuda_plugin_v2);
-PQ_SAME_V1_FIELDS(pq_cuda_plugin_v3);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, device_alloc);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, device_free);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, stream_synchronize);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, pq_scan_workspace_size);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, pq_scan);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, topk_workspace_size);
-PQ_SAME_OFFSET(pq_cuda_plugin_v2, pq_cuda_plugin_v3, topk);
-static_assert(sizeof(pq_cuda_plugin_v2) == offsetof(pq_cuda_plugin_v3, host_alloc),
-              "version 3 appends to version 2");
-#undef PQ_SAME_V1_FIELDS
-#undef PQ_SAME_OFFSET
 
 }  // namespace
 
-// Serves versions 1, 2 and 3; needs no device, so a caller can inspect the
-// table on a machine without a GPU.
-extern "C" __attribute__((visibility("default"))) const pq_cuda_plugin_v1* pq_cuda_plugin_entry(
+// Needs no device, so a caller can inspect the table on a machine without a
+// GPU. 0 asks for whatever version this is (cuda_plugin_abi.h).
+extern "C" __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entry(
     uint32_t abi_version) {
-  if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION) return &kPluginV1;
-  if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION_2)
-    return reinterpret_cast<const pq_cuda_plugin_v1*>(&kPluginV2);
-  if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION_3)
-    return reinterpret_cast<const pq_cuda_plugin_v1*>(&kPluginV3);
+  if (abi_version == PQ_CUDA_PLUGIN_ABI_VERSION || abi_version == 0) return &kPlugin;
   return nullptr;
 }

@@ -24,21 +24,22 @@ class DeviceLayer {
   virtual ~DeviceLayer() = default;
 };
 
-struct PqSelectArgs {
-  DeviceLayer* device;       // the layer's device state; may be null
-  uint64_t index_generation; // changes when the layer's index is rebuilt
-  int32_t kv_head;
-  const float* lut;          // [queries][subspaces][centroids]
-  int32_t queries;           // query heads of the GQA group
+// The PQ selection of every kv head of one layer.
+struct PqLayerSelectArgs {
+  DeviceLayer* device;        // the layer's device state; may be null
+  uint64_t index_generation;  // changes when the layer's index is rebuilt
+  int32_t kv_heads;
+  int32_t group_size;         // query heads per kv head
   int32_t subspaces;
   int32_t centroids;
-  const uint8_t* codes;      // host codes of this head, tokens [0, coded_tokens)
+  const float* lut;           // [kv_heads][group_size][subspaces][centroids]
+  const uint8_t* const* codes;  // per kv head: host codes of tokens [0, coded_tokens)
   int64_t coded_tokens;
-  int64_t begin, end;        // the middle tokens to score, end <= coded_tokens
-  int32_t combine;           // pq_gqa_combine, logits raw * scale
+  int64_t begin, end;         // the middle tokens to score, end <= coded_tokens
+  int32_t combine;            // pq_gqa_combine, logits raw * scale
   float scale;
-  int64_t k;
-  void* stream;              // the sequence's stream, or null
+  int64_t k;                  // per kv head, 0 < k < end - begin
+  void* stream;               // the sequence's stream, or null
 };
 
 struct DeviceFetchArgs {
@@ -93,12 +94,15 @@ class Backend {
                          int32_t centroids, const uint8_t* codes, int64_t tokens,
                          float* out) const = 0;
 
-  // The whole PQ selection of one kv head on the backend's device, when it
-  // has one: scores through the LUT, the GQA combine and the top k, the
-  // positions written ascending into out. Returns false when the backend has
-  // no such path (the caller then runs the host code), throws on failure.
-  // Same semantics as the host path (ties to the larger position).
-  virtual bool pq_select(const PqSelectArgs& args, int32_t* out) const { return false; }
+  // The whole PQ selection of one layer on the backend's device, when it has
+  // one: scores through the LUT, the GQA combine and the top k of every kv
+  // head, in one upload, one scan, one top-k and one wait; the positions of
+  // head h written ascending into out[h * k]. Returns false when the backend
+  // has no such path (the caller then runs the host code), throws on
+  // failure. Same semantics as the host path (ties to the larger position).
+  virtual bool pq_select_layer(const PqLayerSelectArgs& args, int32_t* out) const {
+    return false;
+  }
 
   // The device-side state of one (sequence, layer), or null for a backend
   // without a device. Created with the layer, destroyed with it.

@@ -4,13 +4,17 @@
 //
 // Device work is stream-ordered on the sequence's stream (pq_sequence_set_
 // stream) or the legacy default stream; the host waits only where a result
-// must reach it (the selected positions).
+// must reach it (the selected positions: one wait per layer selection).
+// Nothing is shared by sequences on different streams: the working buffers
+// are per stream (StreamScratch), the device state per (sequence, layer)
+// under the layer's lock.
 #include "backend_cuda.h"
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dtype.h"
@@ -28,7 +32,7 @@ void check(int rc, const char* what, const char* err) {
 // Device buffers reused across calls, grown on demand (never shrunk).
 class DeviceArena {
  public:
-  explicit DeviceArena(const pq_cuda_plugin_v3* k) : k_(k) {}
+  explicit DeviceArena(const pq_cuda_plugin* k) : k_(k) {}
   ~DeviceArena() {
     char err[256];
     for (auto& b : buffers_) k_->device_free(b.ptr, err, sizeof err);
@@ -52,7 +56,7 @@ class DeviceArena {
     void* ptr = nullptr;
     size_t bytes = 0;
   };
-  const pq_cuda_plugin_v3* k_;
+  const pq_cuda_plugin* k_;
   std::vector<Buffer> buffers_;
 };
 
@@ -60,7 +64,7 @@ class DeviceArena {
 // copy that reads it: it is rewritten only after that copy has run.
 class PinnedStaging {
  public:
-  explicit PinnedStaging(const pq_cuda_plugin_v3* k) : k_(k) {}
+  explicit PinnedStaging(const pq_cuda_plugin* k) : k_(k) {}
   ~PinnedStaging() {
     char err[256];
     k_->host_free(ptr_, err, sizeof err);
@@ -92,7 +96,7 @@ class PinnedStaging {
   }
 
  private:
-  const pq_cuda_plugin_v3* k_;
+  const pq_cuda_plugin* k_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   void* event_ = nullptr;
@@ -103,7 +107,7 @@ class PinnedStaging {
 // says it has landed.
 class CudaHostCopy final : public HostCopy {
  public:
-  CudaHostCopy(const pq_cuda_plugin_v3* k, size_t bytes) : k_(k) {
+  CudaHostCopy(const pq_cuda_plugin* k, size_t bytes) : k_(k) {
     char err[512] = {0};
     if (k_->host_alloc(&ptr_, bytes, err, sizeof err) != 0)
       fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation for the prefill copy "
@@ -127,17 +131,16 @@ class CudaHostCopy final : public HostCopy {
   const void* data() const override { return ptr_; }
 
  private:
-  const pq_cuda_plugin_v3* k_;
+  const pq_cuda_plugin* k_;
   void* ptr_ = nullptr;
   void* event_ = nullptr;
 };
 
-// The device state of one (sequence, layer).
+// The device state of one (sequence, layer), used under the layer's lock.
 class CudaLayer final : public DeviceLayer {
  public:
-  CudaLayer(const pq_cuda_plugin_v3* k, const pq_config& c)
+  CudaLayer(const pq_cuda_plugin* k, const pq_config& c)
       : k_(k),
-        codes(static_cast<size_t>(c.num_kv_heads)),
         kv_heads(c.num_kv_heads),
         row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
         block_tokens(c.cache_block_tokens),
@@ -148,7 +151,7 @@ class CudaLayer final : public DeviceLayer {
         window_staging(k) {}
   ~CudaLayer() override {
     char err[256];
-    for (auto& c : codes) k_->device_free(c.d, err, sizeof err);
+    k_->device_free(d_codes, err, sizeof err);
     k_->device_free(d_slots, err, sizeof err);
     k_->device_free(d_window, err, sizeof err);
     k_->event_destroy(fill_event, err, sizeof err);
@@ -174,19 +177,17 @@ class CudaLayer final : public DeviceLayer {
            (static_cast<size_t>(value ? kv_heads : 0) + head) * row_bytes;
   }
 
-  // PQ codes of one kv head resident on the device: tokens [0, uploaded)
-  // of index `generation` (a rebuilt index starts over).
-  struct Codes {
-    void* d = nullptr;
-    int64_t capacity = 0;  // tokens
-    int64_t uploaded = 0;
-    uint64_t generation = 0;
-  };
-
-  const pq_cuda_plugin_v3* k_;
-  std::vector<Codes> codes;
+  const pq_cuda_plugin* k_;
   const int32_t kv_heads;
   const size_t row_bytes;
+  // The PQ codes resident on the device, one buffer for the layer,
+  // [kv_head][codes_capacity][subspaces]: tokens [0, codes_uploaded) of
+  // index `codes_generation` (a rebuilt index starts over).
+  void* d_codes = nullptr;
+  int64_t codes_capacity = 0;
+  int64_t codes_uploaded = 0;
+  uint64_t codes_generation = 0;
+  // The block cache's slots.
   const int32_t block_tokens;
   const int64_t slot_count;
   void* d_slots = nullptr;            // allocated at the first admission
@@ -194,6 +195,7 @@ class CudaLayer final : public DeviceLayer {
   void* fill_event = nullptr;         // recorded after the last slot fill
   bool fill_recorded = false;
   PinnedStaging fill_staging;
+  // The sink and local window.
   const int32_t sink_tokens;
   const int32_t local_tokens;
   void* d_window = nullptr;           // allocated at the first store
@@ -201,15 +203,24 @@ class CudaLayer final : public DeviceLayer {
   PinnedStaging window_staging;
 };
 
+// Working buffers of the device work issued on one stream. Work on one
+// stream runs in order, so a buffer is reused only after the work that
+// read it; the mutex serialises host threads that issue on the same stream
+// (sequences sharing it), never those on different streams.
+struct StreamScratch {
+  explicit StreamScratch(const pq_cuda_plugin* k) : arena(k), fetch_staging(k), positions(k) {}
+  enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchRows,
+              kFetchPlan };
+  std::mutex mutex;
+  DeviceArena arena;
+  PinnedStaging fetch_staging;  // a fetch's miss rows and plan
+  PinnedStaging positions;      // a selection's positions on their way to the host
+};
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const pq_cuda_plugin_v1* plugin, const pq_cuda_plugin_v3* kernels, int32_t device)
-      : plugin_(plugin), k_(kernels), device_(device), host_(make_cpu_backend()) {
-    if (k_) {
-      arena_ = std::make_unique<DeviceArena>(k_);
-      fetch_staging_ = std::make_unique<PinnedStaging>(k_);
-    }
-  }
+  CudaBackend(const pq_cuda_plugin* plugin, int32_t device)
+      : k_(plugin), device_(device), host_(make_cpu_backend()) {}
 
   pq_backend kind() const override { return PQ_BACKEND_CUDA; }
   const char* name() const override { return "cuda"; }
@@ -244,82 +255,89 @@ class CudaBackend final : public Backend {
   // call returns; the core ingests it once the event has fired.
   std::unique_ptr<HostCopy> copy_to_host_async(const void* src, size_t bytes,
                                                void* stream) const override {
-    if (k_ == nullptr) return nullptr;
-    if (!plugin_->is_device_pointer(src))
+    if (!k_->is_device_pointer(src))
       fail(PQ_ERR_INVALID_ARGUMENT,
            "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device memory");
-    char err[512] = {0};
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+    use_device();
     auto copy = std::make_unique<CudaHostCopy>(k_, bytes);
-    copy->start(src, bytes, stream_for(stream));
+    copy->start(src, bytes, stream);
     return copy;
   }
 
   std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& c) const override {
-    if (k_ == nullptr) return nullptr;
     return std::make_unique<CudaLayer>(k_, c);
   }
 
-  // PQ selection on the GPU: the LUT goes up, the codes stay resident (only
-  // tokens coded since the last call go up), scan + GQA combine + radix
-  // top-k run there, k positions come back.
-  bool pq_select(const PqSelectArgs& a, int32_t* out) const override {
-    if (k_ == nullptr) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
+  // PQ selection of a whole layer on the GPU: the LUTs of every kv head go
+  // up in one copy, the codes stay resident (only tokens coded since the
+  // last call go up), one scan + GQA combine and one radix top-k cover every
+  // head, and the positions come back with the one wait of the selection.
+  bool pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) const override {
+    use_device();
     char err[512] = {0};
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
-    void* s = stream_for(a.stream);
+    void* s = a.stream;
+    StreamScratch& scratch = scratch_for(s);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    DeviceArena& arena = scratch.arena;
     const int64_t n = a.end - a.begin;
     const int32_t m = a.subspaces;
-    const size_t lut_bytes = static_cast<size_t>(a.queries) * m * a.centroids * sizeof(float);
-    const size_t scan_ws = k_->pq_scan_workspace_size(1, a.queries, m, n, a.combine);
-    const size_t topk_ws = k_->topk_workspace_size(1, n, a.k);
-    void* d_lut = arena_->get(0, lut_bytes);
-    void* d_scores = arena_->get(2, static_cast<size_t>(n) * sizeof(float));
-    void* d_out = arena_->get(3, static_cast<size_t>(a.k) * sizeof(int32_t));
-    void* d_scan_ws = scan_ws ? arena_->get(4, scan_ws) : nullptr;
-    void* d_topk_ws = topk_ws ? arena_->get(5, topk_ws) : nullptr;
+    const size_t lut_bytes =
+        static_cast<size_t>(a.kv_heads) * a.group_size * m * a.centroids * sizeof(float);
+    const size_t out_bytes = static_cast<size_t>(a.kv_heads) * a.k * sizeof(int32_t);
+    const size_t scan_ws = k_->pq_scan_workspace_size(a.kv_heads, a.group_size, m, n, a.combine);
+    const size_t topk_ws = k_->topk_workspace_size(a.kv_heads, n, a.k);
+    void* d_lut = arena.get(StreamScratch::kLut, lut_bytes);
+    auto* d_scores = static_cast<float*>(
+        arena.get(StreamScratch::kScores, static_cast<size_t>(a.kv_heads) * n * sizeof(float)));
+    auto* d_out = static_cast<int32_t*>(arena.get(StreamScratch::kPositions, out_bytes));
+    void* d_scan_ws = scan_ws ? arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
+    void* d_topk_ws = topk_ws ? arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
     check(k_->copy_async(d_lut, a.lut, lut_bytes, s, err, sizeof err), "LUT upload", err);
 
     const uint8_t* d_codes = nullptr;
-    int64_t begin = a.begin, end = a.end;
+    int64_t stride = 0, begin = a.begin, end = a.end;
     if (auto* layer = static_cast<CudaLayer*>(a.device)) {
       d_codes = resident_codes(*layer, a, s);
+      stride = layer->codes_capacity;
     } else {  // no device state: the middle's codes go up at every call
-      void* d = arena_->get(1, static_cast<size_t>(n) * m);
-      check(k_->copy_async(d, a.codes + a.begin * m, static_cast<size_t>(n) * m, s, err,
-                           sizeof err),
-            "codes upload", err);
-      d_codes = static_cast<const uint8_t*>(d);
+      auto* d = static_cast<uint8_t*>(arena.get(
+          StreamScratch::kCodes, static_cast<size_t>(a.kv_heads) * n * m));
+      for (int32_t h = 0; h < a.kv_heads; ++h)
+        check(k_->copy_async(d + static_cast<size_t>(h) * n * m, a.codes[h] + a.begin * m,
+                             static_cast<size_t>(n) * m, s, err, sizeof err),
+              "codes upload", err);
+      d_codes = d;
+      stride = n;
       begin = 0;
       end = n;
     }
-    check(k_->pq_scan(static_cast<const float*>(d_lut), d_codes, 1, a.queries, m, a.centroids,
-                      end, begin, end, a.combine, a.scale, static_cast<float*>(d_scores),
-                      d_scan_ws, scan_ws, s, err, sizeof err),
+    check(k_->pq_scan(static_cast<const float*>(d_lut), d_codes, a.kv_heads, a.group_size, m,
+                      a.centroids, stride, begin, end, a.combine, a.scale, d_scores, d_scan_ws,
+                      scan_ws, s, err, sizeof err),
           "pq_scan", err);
-    check(k_->topk(static_cast<const float*>(d_scores), 1, n, a.k, a.begin,
-                   static_cast<int32_t*>(d_out), d_topk_ws, topk_ws, s, err, sizeof err),
+    check(k_->topk(d_scores, a.kv_heads, n, a.k, a.begin, d_out, d_topk_ws, topk_ws, s, err,
+                   sizeof err),
           "topk", err);
-    check(k_->copy_async(out, d_out, static_cast<size_t>(a.k) * sizeof(int32_t), s, err,
-                         sizeof err),
-          "positions download", err);
-    // The positions must reach the host: the one wait of the decode step.
+    // Through pinned memory: a copy into pageable memory would be a second
+    // wait. The earlier positions were read by the host already (below).
+    uint8_t* positions = scratch.positions.acquire(out_bytes);
+    check(k_->copy_async(positions, d_out, out_bytes, s, err, sizeof err), "positions download",
+          err);
+    // The positions must reach the host: the one wait of the selection.
     check(k_->stream_synchronize(s, err, sizeof err), "selection", err);
+    std::memcpy(out, positions, out_bytes);
     return true;
   }
 
   bool fetch_to_device(const DeviceFetchArgs& a) const override {
-    if (k_ == nullptr) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    char err[512] = {0};
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
     for (const pq_tensor* t : {&a.out_keys, &a.out_values})
-      if (!plugin_->is_device_pointer(t->data))
+      if (!k_->is_device_pointer(t->data))
         fail(PQ_ERR_INVALID_ARGUMENT, std::string(t == &a.out_keys ? "out_keys" : "out_values") +
                                           " is marked PQ_MEMORY_DEVICE but points to memory "
                                           "CUDA does not know as device memory");
-    void* s = stream_for(a.stream);
+    use_device();
+    char err[512] = {0};
+    void* s = a.stream;
     auto* layer = static_cast<CudaLayer*>(a.device);
     const int32_t kv_heads = a.out_keys.heads;
     const size_t rb = a.store.row_bytes();
@@ -328,13 +346,15 @@ class CudaBackend final : public Backend {
     for (int32_t h = 0; h < kv_heads; ++h) rows += a.selection.counts[h];
     if (rows == 0) return true;
 
+    StreamScratch& scratch = scratch_for(s);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
     // Pinned layout: misses' K rows, misses' V rows, then the plan:
     // K sources, K destinations, V sources, V destinations (rows each).
     const size_t data_bytes = 2 * static_cast<size_t>(rows) * rb;
     const size_t plan_bytes = 4 * static_cast<size_t>(rows) * sizeof(void*);
-    uint8_t* staging = fetch_staging_->acquire(data_bytes + plan_bytes);
-    uint8_t* d_data = static_cast<uint8_t*>(arena_->get(6, data_bytes));
-    void** d_plan = static_cast<void**>(arena_->get(7, plan_bytes));
+    uint8_t* staging = scratch.fetch_staging.acquire(data_bytes + plan_bytes);
+    auto* d_data = static_cast<uint8_t*>(scratch.arena.get(StreamScratch::kFetchRows, data_bytes));
+    auto* d_plan = static_cast<void**>(scratch.arena.get(StreamScratch::kFetchPlan, plan_bytes));
     uint8_t* miss_k = staging;
     uint8_t* miss_v = staging + static_cast<size_t>(rows) * rb;
     void** plan = reinterpret_cast<void**>(staging + data_bytes);
@@ -392,16 +412,16 @@ class CudaBackend final : public Backend {
     check(k_->gather_rows(const_cast<const void* const*>(d_plan + 2 * rows), d_plan + 3 * rows,
                           rows, rb, s, err, sizeof err),
           "gather (V)", err);
-    // After the gathers: the next fetch reuses the staging and the device
-    // plan only once these have run, whatever stream it is on.
-    fetch_staging_->release(s);
+    // After the gathers: the next fetch on this stream rewrites the staging
+    // only once these have run.
+    scratch.fetch_staging.release(s);
     return true;
   }
 
   void store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,
                     void* stream) const override {
     auto* layer = static_cast<CudaLayer*>(device);
-    if (k_ == nullptr || layer == nullptr || count <= 0 || layer->window_slots() == 0) return;
+    if (layer == nullptr || count <= 0 || layer->window_slots() == 0) return;
     const int64_t n = first + count;
     // The new tokens that are sinks, and those among the last local ones.
     std::vector<int64_t> positions;
@@ -409,10 +429,8 @@ class CudaBackend final : public Backend {
     for (int64_t p = std::max<int64_t>({first, n - layer->local_tokens, layer->sink_tokens}); p < n; ++p)
       positions.push_back(p);
     if (positions.empty()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
+    use_device();
     char err[512] = {0};
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
-    void* s = stream_for(stream);
     const size_t slot_bytes = layer->window_slot_bytes();
     if (layer->d_window == nullptr) {
       const size_t bytes = static_cast<size_t>(layer->window_slots()) * slot_bytes;
@@ -432,22 +450,21 @@ class CudaBackend final : public Backend {
         std::memcpy(slot + static_cast<size_t>(h) * rb, store.key_row(p, h), rb);
         std::memcpy(slot + (static_cast<size_t>(layer->kv_heads) + h) * rb, store.value_row(p, h), rb);
       }
-      check(k_->copy_async(layer->window_row(w, false, 0), slot, slot_bytes, s, err, sizeof err),
+      check(k_->copy_async(layer->window_row(w, false, 0), slot, slot_bytes, stream, err,
+                           sizeof err),
             "window store", err);
       layer->window_pos[static_cast<size_t>(w)] = p;
     }
-    layer->window_staging.release(s);
+    layer->window_staging.release(stream);
   }
 
   void fill_cache_blocks(DeviceLayer* device, const KvStore& store,
                          const std::vector<BlockCache::Admission>& admissions,
                          int32_t block_tokens, void* stream) const override {
     auto* layer = static_cast<CudaLayer*>(device);
-    if (k_ == nullptr || layer == nullptr || admissions.empty()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
+    if (layer == nullptr || admissions.empty()) return;
+    use_device();
     char err[512] = {0};
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
-    void* s = stream_for(stream);
     if (layer->d_slots == nullptr) {
       const size_t bytes = static_cast<size_t>(layer->slot_count) * layer->slot_bytes();
       if (k_->device_alloc(&layer->d_slots, bytes, err, sizeof err) != 0)
@@ -468,78 +485,88 @@ class CudaBackend final : public Backend {
             std::memcpy(block + ((static_cast<size_t>(v) * layer->kv_heads + h) * block_tokens + t) * rb,
                         v ? store.value_row(p, h) : store.key_row(p, h), rb);
           }
-      check(k_->copy_async(layer->slot_row(adm.slot, false, 0, 0), block, slot_bytes, s, err,
+      check(k_->copy_async(layer->slot_row(adm.slot, false, 0, 0), block, slot_bytes, stream, err,
                            sizeof err),
             "cache fill", err);
       layer->slot_block[static_cast<size_t>(adm.slot)] = adm.block;
     }
-    layer->fill_staging.release(s);
+    layer->fill_staging.release(stream);
     if (layer->fill_event == nullptr)
       check(k_->event_create(&layer->fill_event, err, sizeof err), "event create", err);
-    check(k_->event_record(layer->fill_event, s, err, sizeof err), "event record", err);
+    check(k_->event_record(layer->fill_event, stream, err, sizeof err), "event record", err);
     layer->fill_recorded = true;
   }
 
  private:
-  // The sequence's stream, or NULL: the legacy default stream, which orders
-  // the work after (and before) the caller's default-stream kernels, as the
-  // synchronous copies of a stream-unaware caller expect.
-  static void* stream_for(void* sequence_stream) { return sequence_stream; }
+  // CUDA's current device is per host thread: every entry makes it ours.
+  void use_device() const {
+    char err[512] = {0};
+    check(k_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
+  }
 
-  // The layer's codes of head a.kv_head on the device, tokens [0, a.end)
+  StreamScratch& scratch_for(void* stream) const {
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    std::unique_ptr<StreamScratch>& slot = scratch_[stream];
+    if (!slot) slot = std::make_unique<StreamScratch>(k_);
+    return *slot;
+  }
+
+  // The layer's codes on the device, tokens [0, a.end) of every kv head
   // present: uploads only what was coded since the last call (a rebuilt
   // index, or a grown buffer, uploads everything again).
-  const uint8_t* resident_codes(CudaLayer& layer, const PqSelectArgs& a, void* s) const {
+  const uint8_t* resident_codes(CudaLayer& layer, const PqLayerSelectArgs& a, void* s) const {
     char err[512] = {0};
-    CudaLayer::Codes& c = layer.codes[static_cast<size_t>(a.kv_head)];
     const int32_t m = a.subspaces;
-    if (c.generation != a.index_generation) {
-      c.generation = a.index_generation;
-      c.uploaded = 0;
+    if (layer.codes_generation != a.index_generation) {
+      layer.codes_generation = a.index_generation;
+      layer.codes_uploaded = 0;
     }
-    if (c.capacity < a.end) {
-      const int64_t grown = std::max<int64_t>({a.end, 2 * c.capacity, 4096});
-      k_->device_free(c.d, err, sizeof err);
-      c = CudaLayer::Codes{nullptr, 0, 0, a.index_generation};
-      if (k_->device_alloc(&c.d, static_cast<size_t>(grown) * m, err, sizeof err) != 0)
-        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation for PQ codes failed: ") + err);
-      c.capacity = grown;
+    if (layer.codes_capacity < a.end) {
+      const int64_t grown = std::max<int64_t>({a.end, 2 * layer.codes_capacity, 4096});
+      k_->device_free(layer.d_codes, err, sizeof err);
+      layer.d_codes = nullptr;
+      layer.codes_capacity = layer.codes_uploaded = 0;
+      const size_t bytes = static_cast<size_t>(grown) * a.kv_heads * m;
+      if (k_->device_alloc(&layer.d_codes, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(bytes) +
+                                       " device bytes of the layer's PQ codes could not be "
+                                       "allocated: " + err);
+      layer.codes_capacity = grown;
     }
-    if (c.uploaded < a.end) {
-      check(k_->copy_async(static_cast<uint8_t*>(c.d) + c.uploaded * m, a.codes + c.uploaded * m,
-                           static_cast<size_t>(a.end - c.uploaded) * m, s, err, sizeof err),
-            "codes upload", err);
-      c.uploaded = a.end;
+    if (layer.codes_uploaded < a.end) {
+      auto* d = static_cast<uint8_t*>(layer.d_codes);
+      const int64_t from = layer.codes_uploaded;
+      for (int32_t h = 0; h < a.kv_heads; ++h)
+        check(k_->copy_async(d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m,
+                             a.codes[h] + from * m, static_cast<size_t>(a.end - from) * m, s, err,
+                             sizeof err),
+              "codes upload", err);
+      layer.codes_uploaded = a.end;
     }
-    return static_cast<const uint8_t*>(c.d);
+    return static_cast<const uint8_t*>(layer.d_codes);
   }
 
   void device_copy(void* dst, const void* src, size_t bytes, int direction) {
     char err[512] = {0};
     const void* device_ptr = direction == PQ_COPY_DEVICE_TO_HOST ? src : dst;
-    if (!plugin_->is_device_pointer(device_ptr))
+    if (!k_->is_device_pointer(device_ptr))
       fail(PQ_ERR_INVALID_ARGUMENT,
            "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device memory");
-    check(plugin_->set_device(device_, err, sizeof err), "cudaSetDevice", err);
-    check(plugin_->copy(dst, src, bytes, direction, err, sizeof err), "device copy", err);
+    use_device();
+    check(k_->copy(dst, src, bytes, direction, err, sizeof err), "device copy", err);
   }
 
-  const pq_cuda_plugin_v1* plugin_;
-  const pq_cuda_plugin_v3* k_;  // null for a plug-in older than ABI v3
-  int32_t device_;
+  const pq_cuda_plugin* k_;
+  const int32_t device_;
   std::unique_ptr<Backend> host_;
-  std::unique_ptr<DeviceArena> arena_;
-  std::unique_ptr<PinnedStaging> fetch_staging_;
-  // One decode step's device work at a time: the arena and staging buffers
-  // are shared by all sequences.
-  mutable std::mutex mutex_;
+  mutable std::mutex scratch_mutex_;  // guards the map only
+  mutable std::unordered_map<void*, std::unique_ptr<StreamScratch>> scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin_v1* plugin,
-                                           const pq_cuda_plugin_v3* kernels, int32_t device) {
-  return std::make_unique<CudaBackend>(plugin, kernels, device);
+std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin* plugin, int32_t device) {
+  return std::make_unique<CudaBackend>(plugin, device);
 }
 
 }  // namespace pq

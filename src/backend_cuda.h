@@ -9,9 +9,8 @@
 
 namespace pq {
 
-// kernels may be null (a plug-in older than ABI v3): device memory then
-// works through `plugin`'s copies and everything else runs on the host.
-std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin_v1* plugin,
-                                           const pq_cuda_plugin_v3* kernels, int32_t device);
+// The backend over a plug-in table of this library's ABI version, on
+// device `device`.
+std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin* plugin, int32_t device);
 
 }  // namespace pq

@@ -12,15 +12,32 @@
 extern "C" {
 #endif
 
-#define PQ_CUDA_PLUGIN_ABI_VERSION 1u
+/* One version at a time: libpqcache.so accepts exactly the version it was
+ * built with (the packages pin the plug-in to the same release), so there
+ * are no older tables to serve and no fallback modes. Version 4 replaced the
+ * layered v1/v2/v3 tables of 0.3. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION 4u
 #define PQ_CUDA_PLUGIN_ENTRY "pq_cuda_plugin_entry"
 
 enum { PQ_COPY_DEVICE_TO_HOST = 0, PQ_COPY_HOST_TO_DEVICE = 1 };
 
-/* Functions return 0 on success, else non-zero and a message in err. */
-typedef struct pq_cuda_plugin_v1 {
+/* Every function returns 0 on success, else non-zero and a message in err
+ * (err_len bytes, NUL-terminated), except where noted.
+ *
+ * Kernels and *_async calls are stream-ordered: they enqueue on `stream` (a
+ * stream from stream_create, or NULL for the legacy default stream) and
+ * return without synchronising; results reach the host after
+ * stream_synchronize or event_synchronize. An error return covers argument
+ * checks and launch errors; a fault during execution shows at the next
+ * synchronisation. Pointers named d_* are device memory of the current
+ * device (or mapped pinned host memory where said). */
+typedef struct pq_cuda_plugin {
+  /* These two fields stay first in every version, so that a loader can
+   * tell which version a plug-in speaks. */
   uint32_t abi_version; /* PQ_CUDA_PLUGIN_ABI_VERSION */
-  uint32_t struct_size; /* sizeof(pq_cuda_plugin_v1) */
+  uint32_t struct_size; /* sizeof(pq_cuda_plugin) */
+
+  /* --- devices ---------------------------------------------------------- */
   /* Number of usable devices; 0 on any error (no driver, no device). */
   int (*device_count)(void);
   /* Name of a device into buf. */
@@ -29,42 +46,34 @@ typedef struct pq_cuda_plugin_v1 {
   int (*set_device)(int device, char* err, size_t err_len);
   /* 1 if ptr is device (or managed) memory as CUDA knows it, else 0. */
   int (*is_device_pointer)(const void* ptr);
-  /* Synchronous copy on the legacy default stream of the current device. */
-  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
-} pq_cuda_plugin_v1;
 
-/* Version 2: version 1's fields, in the same order and with the same types
- * (so that a v2 table read through a v1 pointer stays valid), plus the
- * device memory helpers and the PQ scoring and top-k kernels. The entry
- * returns it, cast to `const pq_cuda_plugin_v1*`, when asked for version 2;
- * check abi_version == 2 and struct_size >= sizeof(pq_cuda_plugin_v2) before
- * casting back. Version 1 is still served unchanged when asked for 1.
- *
- * Kernels are stream-ordered: they enqueue on `stream` (a cudaStream_t, NULL
- * for the legacy default stream) and return without synchronising; the
- * caller synchronises (stream_synchronize) before reading results on the
- * host. An error return covers argument checks and launch errors; a fault
- * during execution shows up at the next synchronisation. All pointers named
- * d_* are device memory of the current device. */
-#define PQ_CUDA_PLUGIN_ABI_VERSION_2 2u
-
-typedef struct pq_cuda_plugin_v2 {
-  uint32_t abi_version; /* PQ_CUDA_PLUGIN_ABI_VERSION_2 */
-  uint32_t struct_size; /* sizeof(pq_cuda_plugin_v2) */
-  /* --- version 1, unchanged --- */
-  int (*device_count)(void);
-  int (*device_name)(int device, char* buf, size_t len);
-  int (*set_device)(int device, char* err, size_t err_len);
-  int (*is_device_pointer)(const void* ptr);
-  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
-  /* --- version 2 --- */
-  /* cudaMalloc / cudaFree on the current device (libpqcache and its tests do
-   * not link cudart). *ptr is NULL for bytes == 0. Freeing NULL is a no-op. */
+  /* --- memory, streams, events, copies ---------------------------------- */
+  /* cudaMalloc / cudaFree on the current device. *ptr is NULL for
+   * bytes == 0. Freeing NULL is a no-op. */
   int (*device_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
   int (*device_free)(void* ptr, char* err, size_t err_len);
-  /* cudaStreamSynchronize(stream); reports faults of earlier kernels. */
+  /* Page-locked host memory mapped into the device address space
+   * (cudaHostAllocPortable | cudaHostAllocMapped): copies from it run at
+   * full PCIe speed and kernels read it directly (UVA). */
+  int (*host_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
+  int (*host_free)(void* ptr, char* err, size_t err_len);
+  /* Streams (cudaStreamNonBlocking) and events (cudaEventDisableTiming).
+   * Destroying NULL is a no-op. */
+  int (*stream_create)(void** stream, char* err, size_t err_len);
+  int (*stream_destroy)(void* stream, char* err, size_t err_len);
   int (*stream_synchronize)(void* stream, char* err, size_t err_len);
+  int (*event_create)(void** event, char* err, size_t err_len);
+  int (*event_destroy)(void* event, char* err, size_t err_len);
+  int (*event_record)(void* event, void* stream, char* err, size_t err_len);
+  int (*event_synchronize)(void* event, char* err, size_t err_len);
+  int (*stream_wait_event)(void* stream, void* event, char* err, size_t err_len);
+  /* Synchronous copy on the legacy default stream (cudaMemcpy). */
+  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
+  /* cudaMemcpyAsync with cudaMemcpyDefault (any direction, UVA). */
+  int (*copy_async)(void* dst, const void* src, size_t bytes, void* stream, char* err,
+                    size_t err_len);
 
+  /* --- PQ selection ------------------------------------------------------ */
   /* PQ scoring of the middle tokens of one layer, every kv head in one call.
    *   d_lut    float [kv_heads][group_size][subspaces][centroids]: query
    *            sub-vector x centroid dot products (paper section 3.4)
@@ -82,7 +91,6 @@ typedef struct pq_cuda_plugin_v2 {
                  int64_t begin, int64_t end, int32_t combine, float scale, float* d_scores,
                  void* d_workspace, size_t workspace_bytes, void* stream, char* err,
                  size_t err_len);
-
   /* Top k of each of `rows` rows of d_scores (float [rows][n]), with the
    * CPU's select_top_k semantics: the k highest scores, ties to the larger
    * position, positions (first + index) written ascending into d_out
@@ -93,85 +101,35 @@ typedef struct pq_cuda_plugin_v2 {
   int (*topk)(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first,
               int32_t* d_out, void* d_workspace, size_t workspace_bytes, void* stream, char* err,
               size_t err_len);
-} pq_cuda_plugin_v2;
-
-/* Version 3: version 2's fields, in the same order and with the same types
- * (so that a v3 table read through a v2 or v1 pointer stays valid), plus
- * mapped pinned host memory, streams and events, asynchronous copies, the row
- * gather of pq_fetch_kv and PQ encoding. The entry returns it, cast to
- * `const pq_cuda_plugin_v1*`, when asked for version 3; check
- * abi_version == 3 and struct_size >= sizeof(pq_cuda_plugin_v3) before
- * casting back. Versions 1 and 2 are still served unchanged when asked for.
- * Stream-ordered like version 2: `stream` is a stream from stream_create or
- * NULL for the legacy default stream. */
-#define PQ_CUDA_PLUGIN_ABI_VERSION_3 3u
-
-typedef struct pq_cuda_plugin_v3 {
-  uint32_t abi_version; /* PQ_CUDA_PLUGIN_ABI_VERSION_3 */
-  uint32_t struct_size; /* sizeof(pq_cuda_plugin_v3) */
-  /* --- version 1, unchanged --- */
-  int (*device_count)(void);
-  int (*device_name)(int device, char* buf, size_t len);
-  int (*set_device)(int device, char* err, size_t err_len);
-  int (*is_device_pointer)(const void* ptr);
-  int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
-  /* --- version 2, unchanged --- */
-  int (*device_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
-  int (*device_free)(void* ptr, char* err, size_t err_len);
-  int (*stream_synchronize)(void* stream, char* err, size_t err_len);
-  size_t (*pq_scan_workspace_size)(int32_t kv_heads, int32_t group_size, int32_t subspaces,
-                                   int64_t n, int32_t combine);
-  int (*pq_scan)(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads,
-                 int32_t group_size, int32_t subspaces, int32_t centroids, int64_t codes_stride,
-                 int64_t begin, int64_t end, int32_t combine, float scale, float* d_scores,
-                 void* d_workspace, size_t workspace_bytes, void* stream, char* err,
-                 size_t err_len);
-  size_t (*topk_workspace_size)(int32_t rows, int64_t n, int64_t k);
-  int (*topk)(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first,
-              int32_t* d_out, void* d_workspace, size_t workspace_bytes, void* stream, char* err,
-              size_t err_len);
-  /* --- version 3 --- */
-  /* Page-locked host memory mapped into the device address space (cudaHostAlloc with
-     cudaHostAllocPortable | cudaHostAllocMapped): the host K/V store lives in it, so copies from it
-     run at full PCIe speed and kernels read it directly (UVA: the device address is the host one).
-     *ptr is NULL for bytes == 0. Freeing NULL is a no-op. */
-  int (*host_alloc)(void** ptr, size_t bytes, char* err, size_t err_len);
-  int (*host_free)(void* ptr, char* err, size_t err_len);
-  /* Streams (cudaStreamNonBlocking) and events (cudaEventDisableTiming).
-     Destroying NULL is a no-op. */
-  int (*stream_create)(void** stream, char* err, size_t err_len);
-  int (*stream_destroy)(void* stream, char* err, size_t err_len);
-  int (*event_create)(void** event, char* err, size_t err_len);
-  int (*event_destroy)(void* event, char* err, size_t err_len);
-  int (*event_record)(void* event, void* stream, char* err, size_t err_len);
-  int (*event_synchronize)(void* event, char* err, size_t err_len);
-  int (*stream_wait_event)(void* stream, void* event, char* err, size_t err_len);
-  /* cudaMemcpyAsync with cudaMemcpyDefault (any direction, UVA) on stream. */
-  int (*copy_async)(void* dst, const void* src, size_t bytes, void* stream, char* err, size_t err_len);
-  /* Row gather, the fetch kernel: for i < rows, copies row_bytes from srcs[i] to dsts[i]. d_srcs and
-     d_dsts are DEVICE arrays of pointers; a source may be device memory or mapped pinned host memory,
-     a destination device memory. Vector loads (16 bytes) when every pointer and row_bytes allow it. */
-  int (*gather_rows)(const void* const* d_srcs, void* const* d_dsts, int64_t rows, size_t row_bytes,
-                     void* stream, char* err, size_t err_len);
-  /* The baseline gather_rows is measured against: consecutive rows whose sources and destinations are
-     both contiguous are merged, and each run becomes one cudaMemcpyAsync (cudaMemcpyDefault). srcs and
-     dsts are HOST arrays of pointers. */
-  int (*copy_rows)(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
-                   void* stream, char* err, size_t err_len);
-  /* PQ encoding on the GPU: codes of `tokens` keys with the CPU's nearest-centroid rule.
-       d_keys      float [tokens][key_stride] (a key's head_dim = subspaces * sub_dim floats at the row start)
-       d_centroids float [subspaces][centroids][sub_dim]
-       d_codes     uint8, code of token t, subspace j at d_codes[t * code_stride + j]
-     centroids in 1..256, sub_dim >= 1, key_stride >= subspaces * sub_dim, code_stride >= subspaces;
-     other bytes of a code row are left untouched. Ties go to the lowest index, as on the CPU. */
+  /* PQ encoding: codes of `tokens` keys with the CPU's nearest-centroid rule.
+   *   d_keys      float [tokens][key_stride] (head_dim = subspaces * sub_dim
+   *               floats at the row start)
+   *   d_centroids float [subspaces][centroids][sub_dim]
+   *   d_codes     uint8, code of token t, subspace j at d_codes[t * code_stride + j]
+   * centroids in 1..256, key_stride >= subspaces * sub_dim, code_stride >=
+   * subspaces; other bytes of a code row are left untouched. Ties go to the
+   * lowest index, as on the CPU. */
   int (*encode)(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
                 int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,
                 int64_t code_stride, void* stream, char* err, size_t err_len);
-} pq_cuda_plugin_v3;
 
-/* Returns the table of the asked version (v1, v2 or v3, see above), or NULL
- * for a version the plug-in does not serve. Works without a device. */
-typedef const pq_cuda_plugin_v1* (*pq_cuda_plugin_entry_fn)(uint32_t abi_version);
+  /* --- fetch -------------------------------------------------------------- */
+  /* Row gather, the fetch kernel: for i < rows, copies row_bytes from
+   * srcs[i] to dsts[i]. d_srcs and d_dsts are DEVICE arrays of pointers; a
+   * source may be device memory or mapped pinned host memory, a destination
+   * device memory. */
+  int (*gather_rows)(const void* const* d_srcs, void* const* d_dsts, int64_t rows,
+                     size_t row_bytes, void* stream, char* err, size_t err_len);
+  /* The baseline gather_rows is measured against: runs of rows contiguous
+   * at both ends merged, one cudaMemcpyAsync each. HOST pointer arrays. */
+  int (*copy_rows)(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
+                   void* stream, char* err, size_t err_len);
+} pq_cuda_plugin;
+
+/* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or
+ * for 0 (whatever version the plug-in speaks: the loader then names it in
+ * its refusal); NULL for any other version. Works without a device. */
+typedef const pq_cuda_plugin* (*pq_cuda_plugin_entry_fn)(uint32_t abi_version);
 
 #ifdef __cplusplus
 }

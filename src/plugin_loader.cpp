@@ -66,19 +66,22 @@ std::unique_ptr<Backend> load_cuda_backend(const char* plugin_path, int32_t devi
   auto entry = reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(handle, PQ_CUDA_PLUGIN_ENTRY));
   if (entry == nullptr)
     fail(PQ_ERR_NOT_FOUND, std::string("the CUDA plug-in has no symbol ") + PQ_CUDA_PLUGIN_ENTRY);
-  // Version 3 adds the kernels, pinned memory and streams; a plug-in that
-  // serves only version 1 still works for device memory.
-  const pq_cuda_plugin_v1* v3 = entry(PQ_CUDA_PLUGIN_ABI_VERSION_3);
-  const pq_cuda_plugin_v3* kernels =
-      v3 != nullptr && v3->abi_version == PQ_CUDA_PLUGIN_ABI_VERSION_3 &&
-              v3->struct_size >= sizeof(pq_cuda_plugin_v3)
-          ? reinterpret_cast<const pq_cuda_plugin_v3*>(v3)
-          : nullptr;
-  const pq_cuda_plugin_v1* plugin = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
+  // Exactly this library's version: the packages pin the plug-in to the
+  // same release, so anything else is a stale or foreign file.
+  const pq_cuda_plugin* plugin = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
   if (plugin == nullptr || plugin->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION ||
-      plugin->struct_size < sizeof(pq_cuda_plugin_v1))
-    fail(PQ_ERR_NOT_FOUND, "the CUDA plug-in speaks another plug-in ABI version than " +
-                               std::to_string(PQ_CUDA_PLUGIN_ABI_VERSION));
+      plugin->struct_size != sizeof(pq_cuda_plugin)) {
+    const pq_cuda_plugin* any = entry(0);  // a plug-in of 0.3 or older answers NULL
+    fail(PQ_ERR_NOT_FOUND,
+         "the CUDA plug-in speaks plug-in ABI " +
+             (any != nullptr ? std::to_string(any->abi_version) + " (table of " +
+                                   std::to_string(any->struct_size) + " bytes)"
+                             : std::string("1-3 (from libpqcache 0.3 or older)")) +
+             "; this libpqcache " PQ_VERSION_STRING " needs ABI " +
+             std::to_string(PQ_CUDA_PLUGIN_ABI_VERSION) + " (" +
+             std::to_string(sizeof(pq_cuda_plugin)) +
+             " bytes): install the plug-in of the same release");
+  }
   int count = plugin->device_count();
   if (count <= 0)
     fail(PQ_ERR_NOT_FOUND, "the CUDA plug-in loaded but found no usable CUDA device "
@@ -86,7 +89,7 @@ std::unique_ptr<Backend> load_cuda_backend(const char* plugin_path, int32_t devi
   if (device_id < 0 || device_id >= count)
     fail(PQ_ERR_INVALID_ARGUMENT, "device_id is " + std::to_string(device_id) + "; " +
                                       std::to_string(count) + " CUDA device(s) present");
-  return make_cuda_backend(plugin, kernels, device_id);
+  return make_cuda_backend(plugin, device_id);
 }
 
 }  // namespace pq

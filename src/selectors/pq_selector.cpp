@@ -24,43 +24,74 @@ class PqSelector final : public Selector {
     return {2 * (sizeof(PqIndex) + centroids), 2 * codes};
   }
 
-  // One LUT per call: a backend with a device (CUDA) scores, combines and
-  // selects there; otherwise the host scans the codes through it.
+  // The host path for one kv head: its LUT, a scan of its codes, the
+  // combine and the top k.
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
-    const int64_t m = r.middle();
     const PqCodebook& cb = r.index->codebook;
-    const std::vector<float> lut = build_lut(r);
-    const uint8_t* head_codes = r.index->codes[static_cast<size_t>(r.kv_head)].data();
-    const uint8_t* codes = head_codes + r.mid_begin * cb.subspaces;
-    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
-    const PqSelectArgs device_args{r.device,      r.index_generation, r.kv_head,     lut.data(),
-                                   r.group_size,  cb.subspaces,       cb.centroids,  head_codes,
-                                   r.index->coded_tokens, r.mid_begin, r.mid_end,    r.combine,
-                                   r.scale,       r.k,                r.stream};
-    if (r.backend.pq_select(device_args, out)) return bytes;
-    std::vector<float>& raw = r.scratch.raw;
-    raw.resize(static_cast<size_t>(r.group_size) * m);
-    r.backend.pq_scores(lut.data(), r.group_size, cb.subspaces, cb.centroids, codes, m,
-                        raw.data());
-    select_from_raw(r, raw.data(), out);
+    std::vector<float> lut(lut_floats(cb, r.group_size));
+    build_lut(r.index->codebook, r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
+    return scan_on_host(r, lut.data(), out);
+  }
+
+  // The whole layer: every head's LUT at once, then one device selection
+  // (one upload, scan, top-k and wait for all heads) where the backend has
+  // a device, else the host path head by head.
+  uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
+    const int64_t m = r.middle();
+    if (r.k == 0 || r.k >= m) return Selector::select_layer(r, out);  // nothing to score
+    const PqCodebook& cb = r.index->codebook;
+    const size_t per_head = lut_floats(cb, r.group_size);
+    std::vector<float> luts(per_head * static_cast<size_t>(r.kv_heads));
+    for (int32_t h = 0; h < r.kv_heads; ++h)
+      build_lut(cb, h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim,
+                r.group_size, r.head_dim, luts.data() + per_head * h);
+    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces * r.kv_heads;
+    std::vector<const uint8_t*> codes(static_cast<size_t>(r.kv_heads));
+    for (int32_t h = 0; h < r.kv_heads; ++h) codes[static_cast<size_t>(h)] = r.index->codes[h].data();
+    const PqLayerSelectArgs device_args{r.device,       r.index_generation, r.kv_heads,
+                                        r.group_size,   cb.subspaces,       cb.centroids,
+                                        luts.data(),    codes.data(),       r.index->coded_tokens,
+                                        r.mid_begin,    r.mid_end,          r.combine,
+                                        r.scale,        r.k,                r.stream};
+    if (r.backend.pq_select_layer(device_args, out)) return bytes;
+    r.for_each_head([&](int64_t h) {
+      ScratchLease scratch(r.scratch);
+      scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
+                   out + h * r.k);
+    });
     return bytes;
   }
 
  private:
+  static size_t lut_floats(const PqCodebook& cb, int32_t group_size) {
+    return static_cast<size_t>(group_size) * cb.subspaces * cb.centroids;
+  }
+
   // lut[g][j][c] = q_g[j*sd : (j+1)*sd] . centroid[head][j][c]
-  static std::vector<float> build_lut(const SelectionRequest& r) {
-    const PqCodebook& cb = r.index->codebook;
+  static void build_lut(const PqCodebook& cb, int32_t kv_head, const float* queries,
+                        int32_t group_size, int32_t head_dim, float* lut) {
     const int32_t m = cb.subspaces, k = cb.centroids, sd = cb.sub_dim;
-    std::vector<float> lut(static_cast<size_t>(r.group_size) * m * k);
-    for (int32_t g = 0; g < r.group_size; ++g)
+    for (int32_t g = 0; g < group_size; ++g)
       for (int32_t j = 0; j < m; ++j) {
-        const float* q = r.queries + static_cast<size_t>(g) * r.head_dim + j * sd;
-        const float* c = cb.at(r.kv_head, j);
-        float* l = lut.data() + (static_cast<size_t>(g) * m + j) * k;
+        const float* q = queries + static_cast<size_t>(g) * head_dim + j * sd;
+        const float* c = cb.at(kv_head, j);
+        float* l = lut + (static_cast<size_t>(g) * m + j) * k;
         for (int32_t ci = 0; ci < k; ++ci) l[ci] = dot(q, c + static_cast<size_t>(ci) * sd, sd);
       }
-    return lut;
+  }
+
+  // Scores the head's middle through its LUT, combines and takes the top k.
+  uint64_t scan_on_host(const SelectionRequest& r, const float* lut, int32_t* out) const {
+    const int64_t m = r.middle();
+    const PqCodebook& cb = r.index->codebook;
+    const uint8_t* codes =
+        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
+    std::vector<float>& raw = r.scratch.raw;
+    raw.resize(static_cast<size_t>(r.group_size) * m);
+    r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, raw.data());
+    select_from_raw(r, raw.data(), out);
+    return static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
   }
 };
 

@@ -219,7 +219,7 @@ TEST(CudaBackend, PqSelectionOnTheGpuMatchesTheCpu) {
 
 namespace {
 
-// Decode steps on the GPU path with everything ABI v3 adds: resident codes
+// Decode steps on the GPU path with everything the plug-in does: resident codes
 // extended as tokens leave the local window, the caller's stream, and
 // pq_fetch_kv into device memory through the block cache. Every step's
 // selection must equal the CPU backend's (MAX combine: identical scores),

@@ -1,7 +1,7 @@
 // The plug-in's kernels against the CPU code they replace: PQ scoring and
-// top-k (ABI v2) against select_top_k and combine_group_scores (src/topk.cpp)
+// top-k against select_top_k and combine_group_scores (src/topk.cpp)
 // and the CPU backend's pq_scores; the row gather and the per-run copies
-// (ABI v3) against a host memcpy gather; PQ encoding (ABI v3) against the
+// against a host memcpy gather; PQ encoding against the
 // CPU's encode_tokens and nearest_centroid (src/kmeans.cpp). The plug-in is opened with dlopen from the path
 // the build passes in PQ_CUDA_PLUGIN_FILE, exactly as libpqcache.so opens it,
 // and device memory goes through the plug-in's own helpers. Without a GPU
@@ -48,29 +48,20 @@ pq_cuda_plugin_entry_fn plugin_entry() {
   return reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(handle, PQ_CUDA_PLUGIN_ENTRY));
 }
 
-const pq_cuda_plugin_v2* plugin_v2() {
+// The table of this build's plug-in ABI version (the only one it serves).
+const pq_cuda_plugin* plugin() {
   pq_cuda_plugin_entry_fn entry = plugin_entry();
   if (entry == nullptr) return nullptr;
-  const pq_cuda_plugin_v1* t = entry(PQ_CUDA_PLUGIN_ABI_VERSION_2);
-  if (t == nullptr || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION_2 ||
-      t->struct_size < sizeof(pq_cuda_plugin_v2))
+  const pq_cuda_plugin* t = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
+  if (t == nullptr || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION ||
+      t->struct_size != sizeof(pq_cuda_plugin))
     return nullptr;
-  return reinterpret_cast<const pq_cuda_plugin_v2*>(t);
-}
-
-const pq_cuda_plugin_v3* plugin_v3() {
-  pq_cuda_plugin_entry_fn entry = plugin_entry();
-  if (entry == nullptr) return nullptr;
-  const pq_cuda_plugin_v1* t = entry(PQ_CUDA_PLUGIN_ABI_VERSION_3);
-  if (t == nullptr || t->abi_version != PQ_CUDA_PLUGIN_ABI_VERSION_3 ||
-      t->struct_size < sizeof(pq_cuda_plugin_v3))
-    return nullptr;
-  return reinterpret_cast<const pq_cuda_plugin_v3*>(t);
+  return t;
 }
 
 // Why there is no device, or "" when there is one.
 std::string no_device_reason() {
-  const pq_cuda_plugin_v2* p = plugin_v2();
+  const pq_cuda_plugin* p = plugin();
   if (p == nullptr) return std::string("cannot open the plug-in ") + plugin_file();
   if (p->device_count() > 0) return "";
   int n = 0;
@@ -91,11 +82,11 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     char err[256] = "";
-    EXPECT_EQ(plugin_v2()->device_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->device_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
   }
   ~DeviceBuffer() {
     char err[256] = "";
-    EXPECT_EQ(plugin_v2()->device_free(ptr_, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->device_free(ptr_, err, sizeof err), 0) << err;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -113,7 +104,7 @@ template <typename T>
 void upload(const DeviceBuffer& d, const std::vector<T>& h, size_t offset_bytes = 0) {
   char err[256] = "";
   ASSERT_LE(offset_bytes + h.size() * sizeof(T), d.bytes());
-  ASSERT_EQ(plugin_v2()->copy(static_cast<char*>(d.get()) + offset_bytes, h.data(),
+  ASSERT_EQ(plugin()->copy(static_cast<char*>(d.get()) + offset_bytes, h.data(),
                               h.size() * sizeof(T), PQ_COPY_HOST_TO_DEVICE, err, sizeof err),
             0)
       << err;
@@ -123,7 +114,7 @@ template <typename T>
 std::vector<T> download(const DeviceBuffer& d, size_t count) {
   char err[256] = "";
   std::vector<T> h(count);
-  EXPECT_EQ(plugin_v2()->copy(h.data(), d.get(), count * sizeof(T), PQ_COPY_DEVICE_TO_HOST, err,
+  EXPECT_EQ(plugin()->copy(h.data(), d.get(), count * sizeof(T), PQ_COPY_DEVICE_TO_HOST, err,
                               sizeof err),
             0)
       << err;
@@ -132,81 +123,39 @@ std::vector<T> download(const DeviceBuffer& d, size_t count) {
 
 void sync() {
   char err[256] = "";
-  ASSERT_EQ(plugin_v2()->stream_synchronize(nullptr, err, sizeof err), 0) << err;
+  ASSERT_EQ(plugin()->stream_synchronize(nullptr, err, sizeof err), 0) << err;
 }
 
 // ---------------------------------------------------------------------------
 // ABI: runs without a GPU.
 // ---------------------------------------------------------------------------
 
-TEST(CudaPluginAbi, Version1IsUnchangedAndVersion2ExtendsIt) {
+TEST(CudaPluginAbi, ServesExactlyItsOwnVersion) {
   pq_cuda_plugin_entry_fn entry = plugin_entry();
   ASSERT_NE(entry, nullptr) << dlerror();
-  const pq_cuda_plugin_v1* v1 = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
-  ASSERT_NE(v1, nullptr);
-  EXPECT_EQ(v1->abi_version, 1u);
-  EXPECT_EQ(v1->struct_size, sizeof(pq_cuda_plugin_v1));
-  ASSERT_TRUE(v1->device_count && v1->device_name && v1->set_device && v1->is_device_pointer &&
-              v1->copy);
-  EXPECT_GE(v1->device_count(), 0);  // callable without a device: 0 there
+  const pq_cuda_plugin* p = entry(PQ_CUDA_PLUGIN_ABI_VERSION);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->abi_version, PQ_CUDA_PLUGIN_ABI_VERSION);
+  EXPECT_EQ(p->struct_size, sizeof(pq_cuda_plugin));
+  // Every entry is filled (a null one would crash the backend, not fail).
+  const auto* fields = reinterpret_cast<void* const*>(reinterpret_cast<const char*>(p) +
+                                                      offsetof(pq_cuda_plugin, device_count));
+  const size_t count = (sizeof(pq_cuda_plugin) - offsetof(pq_cuda_plugin, device_count)) /
+                       sizeof(void*);
+  for (size_t i = 0; i < count; ++i) EXPECT_NE(fields[i], nullptr) << "field " << i;
+  EXPECT_GE(p->device_count(), 0);  // callable without a device: 0 there
   int stack_value = 0;
-  EXPECT_EQ(v1->is_device_pointer(&stack_value), 0);
-
-  const pq_cuda_plugin_v1* t2 = entry(PQ_CUDA_PLUGIN_ABI_VERSION_2);
-  ASSERT_NE(t2, nullptr);
-  EXPECT_EQ(t2->abi_version, 2u);  // read through the v1 prefix, as a loader would
-  ASSERT_EQ(t2->struct_size, sizeof(pq_cuda_plugin_v2));
-  const auto* v2 = reinterpret_cast<const pq_cuda_plugin_v2*>(t2);
-  EXPECT_EQ(v2->device_count, v1->device_count);
-  EXPECT_EQ(v2->device_name, v1->device_name);
-  EXPECT_EQ(v2->set_device, v1->set_device);
-  EXPECT_EQ(v2->is_device_pointer, v1->is_device_pointer);
-  EXPECT_EQ(v2->copy, v1->copy);
-  EXPECT_TRUE(v2->device_alloc && v2->device_free && v2->stream_synchronize &&
-              v2->pq_scan_workspace_size && v2->pq_scan && v2->topk_workspace_size && v2->topk);
-
-  EXPECT_EQ(entry(0), nullptr);
-  EXPECT_EQ(entry(4), nullptr);
+  EXPECT_EQ(p->is_device_pointer(&stack_value), 0);
+  // 0 asks for whatever it speaks (the loader names it when refusing);
+  // older and newer versions are not served.
+  EXPECT_EQ(entry(0), p);
+  for (uint32_t v : {1u, 2u, 3u, PQ_CUDA_PLUGIN_ABI_VERSION + 1}) EXPECT_EQ(entry(v), nullptr) << v;
 }
 
-TEST(CudaPluginAbi, Version3ExtendsVersion2) {
-  pq_cuda_plugin_entry_fn entry = plugin_entry();
-  ASSERT_NE(entry, nullptr) << dlerror();
-  const pq_cuda_plugin_v1* t3 = entry(PQ_CUDA_PLUGIN_ABI_VERSION_3);
-  ASSERT_NE(t3, nullptr);
-  EXPECT_EQ(t3->abi_version, 3u);  // read through the v1 prefix, as a loader would
-  ASSERT_EQ(t3->struct_size, sizeof(pq_cuda_plugin_v3));
-  const auto* v3 = reinterpret_cast<const pq_cuda_plugin_v3*>(t3);
-  // Read through a v2 pointer, the v3 table is a valid v2 table (with the v3
-  // version number): the same functions at the same places.
-  const auto* as_v2 = reinterpret_cast<const pq_cuda_plugin_v2*>(t3);
-  const pq_cuda_plugin_v2* v2 = plugin_v2();
-  ASSERT_NE(v2, nullptr);
-  EXPECT_EQ(as_v2->device_count, v2->device_count);
-  EXPECT_EQ(as_v2->device_name, v2->device_name);
-  EXPECT_EQ(as_v2->set_device, v2->set_device);
-  EXPECT_EQ(as_v2->is_device_pointer, v2->is_device_pointer);
-  EXPECT_EQ(as_v2->copy, v2->copy);
-  EXPECT_EQ(as_v2->device_alloc, v2->device_alloc);
-  EXPECT_EQ(as_v2->device_free, v2->device_free);
-  EXPECT_EQ(as_v2->stream_synchronize, v2->stream_synchronize);
-  EXPECT_EQ(as_v2->pq_scan_workspace_size, v2->pq_scan_workspace_size);
-  EXPECT_EQ(as_v2->pq_scan, v2->pq_scan);
-  EXPECT_EQ(as_v2->topk_workspace_size, v2->topk_workspace_size);
-  EXPECT_EQ(as_v2->topk, v2->topk);
-  EXPECT_TRUE(v3->host_alloc && v3->host_free && v3->stream_create && v3->stream_destroy &&
-              v3->event_create && v3->event_destroy && v3->event_record &&
-              v3->event_synchronize && v3->stream_wait_event && v3->copy_async &&
-              v3->gather_rows && v3->copy_rows && v3->encode);
-  // Asking for version 2 still gives the version 2 table.
-  EXPECT_EQ(entry(PQ_CUDA_PLUGIN_ABI_VERSION_2)->abi_version, 2u);
-  EXPECT_EQ(entry(PQ_CUDA_PLUGIN_ABI_VERSION_2)->struct_size, sizeof(pq_cuda_plugin_v2));
-}
-
-// Every argument check of version 3 answers before any CUDA call, with a
+// Every argument check answers before any CUDA call, with a
 // message naming the argument, so these run without a device.
-TEST(CudaPluginAbi, Version3ArgumentChecksNeedNoDevice) {
-  const pq_cuda_plugin_v3* p = plugin_v3();
+TEST(CudaPluginAbi, ArgumentChecksNeedNoDevice) {
+  const pq_cuda_plugin* p = plugin();
   ASSERT_NE(p, nullptr);
   char err[256] = "";
   auto says = [&err](const char* word) {
@@ -287,7 +236,7 @@ TEST(CudaPluginAbi, Version3ArgumentChecksNeedNoDevice) {
 }
 
 TEST(CudaPluginAbi, WorkspaceSizesAndArgumentChecksNeedNoDevice) {
-  const pq_cuda_plugin_v2* p = plugin_v2();
+  const pq_cuda_plugin* p = plugin();
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->topk_workspace_size(4, 1000, 1000), 0u);  // k >= n: no select
   EXPECT_EQ(p->topk_workspace_size(4, 1000, 0), 0u);
@@ -327,7 +276,7 @@ TEST(CudaPluginAbi, WorkspaceSizesAndArgumentChecksNeedNoDevice) {
 // with the CPU's select_top_k.
 void check_topk(const std::vector<float>& scores, int32_t rows, int64_t n, int64_t k,
                 int64_t first, const std::string& what) {
-  const pq_cuda_plugin_v2* p = plugin_v2();
+  const pq_cuda_plugin* p = plugin();
   const int64_t width = std::min(k, n);  // positions written per row
   DeviceBuffer d_scores(scores.size() * sizeof(float));
   DeviceBuffer d_out(static_cast<size_t>(rows) * static_cast<size_t>(std::max<int64_t>(k, 1)) *
@@ -443,7 +392,7 @@ std::string describe(const ScanCase& c) {
 }
 
 void check_scan(const ScanCase& c, uint32_t seed) {
-  const pq_cuda_plugin_v2* p = plugin_v2();
+  const pq_cuda_plugin* p = plugin();
   const std::string what = describe(c);
   const int32_t C = 1 << c.bits;
   const int64_t n = c.end - c.begin;
@@ -568,7 +517,7 @@ TEST(CudaPqScan, OtherShapesAndFallbackPaths) {
 // scores are bit-identical, so the sets match exactly).
 TEST(CudaPqScan, ScoreThenTopKSelectsWhatTheCpuSelects) {
   REQUIRE_DEVICE();
-  const pq_cuda_plugin_v2* p = plugin_v2();
+  const pq_cuda_plugin* p = plugin();
   const int32_t kv = 8, group = 4, m = 2, C = 256;
   const int64_t stride = 32768, begin = 4, end = 32768 - 64, n = end - begin, k = n / 10;
   std::mt19937 rng(7);
@@ -619,11 +568,11 @@ class PinnedBuffer {
  public:
   explicit PinnedBuffer(size_t bytes) : bytes_(bytes) {
     char err[256] = "";
-    EXPECT_EQ(plugin_v3()->host_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->host_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
   }
   ~PinnedBuffer() {
     char err[256] = "";
-    EXPECT_EQ(plugin_v3()->host_free(ptr_, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->host_free(ptr_, err, sizeof err), 0) << err;
   }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -640,19 +589,19 @@ class Stream {
  public:
   Stream() {
     char err[256] = "";
-    EXPECT_EQ(plugin_v3()->stream_create(&stream_, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->stream_create(&stream_, err, sizeof err), 0) << err;
     EXPECT_NE(stream_, nullptr);
   }
   ~Stream() {
     char err[256] = "";
-    EXPECT_EQ(plugin_v3()->stream_destroy(stream_, err, sizeof err), 0) << err;
+    EXPECT_EQ(plugin()->stream_destroy(stream_, err, sizeof err), 0) << err;
   }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   void* get() const { return stream_; }
   void sync() const {
     char err[256] = "";
-    ASSERT_EQ(plugin_v3()->stream_synchronize(stream_, err, sizeof err), 0) << err;
+    ASSERT_EQ(plugin()->stream_synchronize(stream_, err, sizeof err), 0) << err;
   }
 
  private:
@@ -661,7 +610,7 @@ class Stream {
 
 TEST(CudaMemory, PinnedMemoryStreamsAndEventsRoundTrip) {
   REQUIRE_DEVICE();
-  const pq_cuda_plugin_v3* p = plugin_v3();
+  const pq_cuda_plugin* p = plugin();
   char err[256] = "";
   void* empty = reinterpret_cast<void*>(16);
   ASSERT_EQ(p->host_alloc(&empty, 0, err, sizeof err), 0) << err;
@@ -731,7 +680,7 @@ std::string describe(const GatherCase& c) {
 // destination buffer (the rows and what lies between and around them) with
 // a host memcpy gather.
 void check_gather(const GatherCase& c, uint32_t seed) {
-  const pq_cuda_plugin_v3* p = plugin_v3();
+  const pq_cuda_plugin* p = plugin();
   const std::string what = describe(c);
   std::mt19937 rng(seed);
   const int64_t pool_rows = c.rows * 3 + 5;
@@ -829,7 +778,7 @@ TEST(CudaGatherRows, OneRowAndManyRows) {
 
 TEST(CudaGatherRows, NoRowsIsANoOp) {
   REQUIRE_DEVICE();
-  const pq_cuda_plugin_v3* p = plugin_v3();
+  const pq_cuda_plugin* p = plugin();
   char err[256] = "";
   Stream stream;
   EXPECT_EQ(p->gather_rows(nullptr, nullptr, 0, 256, stream.get(), err, sizeof err), 0) << err;
@@ -865,7 +814,7 @@ std::string describe(const EncodeCase& c) {
 // (the code path the GPU replaces) and with nearest_centroid; the padding
 // bytes of the code rows must stay untouched.
 void check_encode(const EncodeCase& c, uint32_t seed) {
-  const pq_cuda_plugin_v3* p = plugin_v3();
+  const pq_cuda_plugin* p = plugin();
   const std::string what = describe(c);
   const int32_t m = c.subspaces, k = c.centroids, dim = c.sub_dim;
   const int32_t head_dim = m * dim;

@@ -1,0 +1,534 @@
+// libpqcache_cuda_fake.so: the CUDA plug-in's C table (src/cuda_plugin_abi.h)
+// implemented over host memory, so that every build, CI included, runs the
+// CUDA backend's own logic (backend_cuda.cpp: the fetch plan, the window
+// ring, the resident codes and their delta uploads, the device block cache,
+// the stream ordering, the asynchronous prefill) without a GPU. Only the
+// kernels themselves need the device; they are replaced here by the CPU code
+// they are tested against (src/topk.cpp).
+//
+// It behaves like CUDA where the backend could get it wrong:
+//   - work is deferred: a copy or kernel enqueued on a stream runs only when
+//     something waits for it (stream_synchronize, event_synchronize, a
+//     stream waiting on an event, a synchronising call), so a result read
+//     before its wait is missing, as on a GPU;
+//   - "device" memory is a registry of allocations, poisoned at allocation
+//     (0xCD); kernels and copies check that the pointers they are given are
+//     device memory (or pinned, where the ABI allows it), else they fail;
+//   - pageable host memory follows cudaMemcpyAsync's rules: a source is read
+//     at the call, a destination written synchronously (a host wait);
+//   - cudaFree and cudaFreeHost synchronise everything first.
+// Counters (pq_fake_cuda_counters) let tests check how many times the host
+// waited and how many bytes went up.
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "cuda_plugin_abi.h"
+#include "fake_cuda_plugin.h"
+#include "pqcache.h"
+#include "scratch.h"
+#include "topk.h"
+
+namespace {
+
+// Everything below is guarded by one recursive mutex: a deferred operation
+// may itself run another stream's work (a stream waiting on an event).
+std::recursive_mutex g_mutex;
+using Lock = std::lock_guard<std::recursive_mutex>;
+
+pq_fake_cuda_counters g_counters;
+
+// Allocations: begin -> bytes.
+std::map<uintptr_t, size_t> g_device;
+std::map<uintptr_t, size_t> g_pinned;
+
+bool inside(const std::map<uintptr_t, size_t>& m, const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second && a + bytes >= a;
+}
+bool is_device(const void* p, size_t bytes = 1) { return inside(g_device, p, bytes); }
+bool is_pinned(const void* p, size_t bytes = 1) { return inside(g_pinned, p, bytes); }
+bool is_pageable(const void* p) { return !is_device(p) && !is_pinned(p); }
+
+struct Stream {
+  std::deque<std::function<void()>> queue;
+  uint64_t enqueued = 0;  // operations ever enqueued
+  uint64_t done = 0;      // operations ever run
+};
+Stream g_legacy;                // the NULL stream
+std::set<Stream*> g_streams;    // from stream_create
+std::string g_sticky_error;     // a "fault" of a deferred operation
+
+Stream& stream_of(void* s) { return s == nullptr ? g_legacy : *static_cast<Stream*>(s); }
+bool valid_stream(void* s) { return s == nullptr || g_streams.count(static_cast<Stream*>(s)) > 0; }
+
+void run_until(Stream& s, uint64_t ticket) {
+  while (s.done < ticket && !s.queue.empty()) {
+    std::function<void()> op = std::move(s.queue.front());
+    s.queue.pop_front();
+    op();
+    ++s.done;
+  }
+}
+void run_all(Stream& s) { run_until(s, s.enqueued); }
+void run_everything() {
+  run_all(g_legacy);
+  for (Stream* s : g_streams) run_all(*s);
+}
+
+void enqueue(void* stream, std::function<void()> op) {
+  Stream& s = stream_of(stream);
+  s.queue.push_back(std::move(op));
+  ++s.enqueued;
+}
+
+struct Event {
+  Stream* stream = nullptr;
+  uint64_t ticket = 0;
+};
+std::set<Event*> g_events;
+
+int error(char* err, size_t len, const char* fmt, ...) {
+  if (err != nullptr && len > 0) {
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(err, len, fmt, args);
+    va_end(args);
+  }
+  return 1;
+}
+
+// Reports (once) a fault of a deferred operation at the next wait.
+int take_sticky(char* err, size_t len) {
+  if (g_sticky_error.empty()) return 0;
+  const std::string e = std::move(g_sticky_error);
+  g_sticky_error.clear();
+  return error(err, len, "fake CUDA fault in an earlier operation: %s", e.c_str());
+}
+void fault(const char* what) {
+  if (g_sticky_error.empty()) g_sticky_error = what;
+}
+
+// --- devices ----------------------------------------------------------------
+
+int device_count() {
+  const char* env = std::getenv("PQ_FAKE_CUDA_DEVICES");
+  return env != nullptr ? std::atoi(env) : 1;
+}
+int device_name(int device, char* buf, size_t len) {
+  if (device != 0) return 1;
+  std::snprintf(buf, len, "pqcache fake CUDA device (host memory)");
+  return 0;
+}
+int set_device(int device, char* err, size_t len) {
+  if (device < 0 || device >= device_count())
+    return error(err, len, "cudaSetDevice(%d): invalid device", device);
+  return 0;
+}
+int is_device_pointer(const void* p) {
+  Lock lock(g_mutex);
+  return is_device(p) ? 1 : 0;
+}
+
+// --- memory, streams, events, copies ----------------------------------------
+
+int device_alloc(void** ptr, size_t bytes, char* err, size_t len) {
+  if (ptr == nullptr) return error(err, len, "device_alloc: ptr is NULL");
+  *ptr = nullptr;
+  if (bytes == 0) return 0;
+  Lock lock(g_mutex);
+  const char* limit = std::getenv("PQ_FAKE_CUDA_DEVICE_BYTES");
+  if (limit != nullptr && g_counters.device_bytes_live + bytes > std::strtoull(limit, nullptr, 10))
+    return error(err, len, "cudaMalloc(%zu bytes): cudaErrorMemoryAllocation (fake limit)", bytes);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) return error(err, len, "cudaMalloc(%zu bytes): out of memory", bytes);
+  std::memset(p, 0xCD, bytes);
+  g_device[reinterpret_cast<uintptr_t>(p)] = bytes;
+  g_counters.device_bytes_live += bytes;
+  *ptr = p;
+  return 0;
+}
+int device_free(void* ptr, char* err, size_t len) {
+  if (ptr == nullptr) return 0;
+  Lock lock(g_mutex);
+  auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g_device.end()) return error(err, len, "cudaFree: not a device allocation");
+  run_everything();  // cudaFree synchronises the device
+  g_counters.device_bytes_live -= it->second;
+  g_device.erase(it);
+  std::free(ptr);
+  return 0;
+}
+int host_alloc(void** ptr, size_t bytes, char* err, size_t len) {
+  if (ptr == nullptr) return error(err, len, "host_alloc: ptr is NULL");
+  *ptr = nullptr;
+  if (bytes == 0) return 0;
+  Lock lock(g_mutex);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) return error(err, len, "cudaHostAlloc(%zu bytes): out of memory", bytes);
+  std::memset(p, 0xCD, bytes);
+  g_pinned[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return 0;
+}
+int host_free(void* ptr, char* err, size_t len) {
+  if (ptr == nullptr) return 0;
+  Lock lock(g_mutex);
+  auto it = g_pinned.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g_pinned.end()) return error(err, len, "cudaFreeHost: not a pinned allocation");
+  run_everything();  // cudaFreeHost synchronises the device
+  g_pinned.erase(it);
+  std::free(ptr);
+  return 0;
+}
+int stream_create(void** stream, char* err, size_t len) {
+  if (stream == nullptr) return error(err, len, "stream_create: stream is NULL");
+  Lock lock(g_mutex);
+  auto* s = new Stream;
+  g_streams.insert(s);
+  *stream = s;
+  return 0;
+}
+int stream_destroy(void* stream, char* err, size_t len) {
+  if (stream == nullptr) return 0;
+  Lock lock(g_mutex);
+  if (!valid_stream(stream)) return error(err, len, "cudaStreamDestroy: unknown stream");
+  auto* s = static_cast<Stream*>(stream);
+  run_all(*s);  // its work still completes
+  g_streams.erase(s);
+  delete s;
+  return 0;
+}
+int stream_synchronize(void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (!valid_stream(stream)) return error(err, len, "cudaStreamSynchronize: unknown stream");
+  ++g_counters.host_waits;
+  run_all(stream_of(stream));
+  return take_sticky(err, len);
+}
+int event_create(void** event, char* err, size_t len) {
+  if (event == nullptr) return error(err, len, "event_create: event is NULL");
+  Lock lock(g_mutex);
+  auto* e = new Event;
+  g_events.insert(e);
+  *event = e;
+  return 0;
+}
+int event_destroy(void* event, char* err, size_t len) {
+  if (event == nullptr) return 0;
+  Lock lock(g_mutex);
+  auto* e = static_cast<Event*>(event);
+  if (g_events.erase(e) == 0) return error(err, len, "cudaEventDestroy: unknown event");
+  delete e;
+  return 0;
+}
+int event_record(void* event, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  auto* e = static_cast<Event*>(event);
+  if (g_events.count(e) == 0) return error(err, len, "cudaEventRecord: unknown event");
+  if (!valid_stream(stream)) return error(err, len, "cudaEventRecord: unknown stream");
+  e->stream = &stream_of(stream);
+  e->ticket = e->stream->enqueued;  // complete once what is enqueued so far has run
+  return 0;
+}
+int event_synchronize(void* event, char* err, size_t len) {
+  Lock lock(g_mutex);
+  auto* e = static_cast<Event*>(event);
+  if (g_events.count(e) == 0) return error(err, len, "cudaEventSynchronize: unknown event");
+  ++g_counters.host_waits;
+  if (e->stream != nullptr) run_until(*e->stream, e->ticket);
+  return take_sticky(err, len);
+}
+int stream_wait_event(void* stream, void* event, char* err, size_t len) {
+  Lock lock(g_mutex);
+  auto* e = static_cast<Event*>(event);
+  if (g_events.count(e) == 0) return error(err, len, "cudaStreamWaitEvent: unknown event");
+  if (!valid_stream(stream)) return error(err, len, "cudaStreamWaitEvent: unknown stream");
+  if (e->stream == nullptr) return 0;  // never recorded: nothing to wait for
+  Stream* other = e->stream;
+  const uint64_t ticket = e->ticket;
+  enqueue(stream, [other, ticket] { run_until(*other, ticket); });
+  return 0;
+}
+
+// cudaMemcpyAsync's rules for pageable memory: a pageable source is read at
+// the call; a pageable destination is written synchronously.
+int copy_async(void* dst, const void* src, size_t bytes, void* stream, char* err, size_t len) {
+  if (bytes == 0) return 0;
+  Lock lock(g_mutex);
+  if (!valid_stream(stream)) return error(err, len, "cudaMemcpyAsync: unknown stream");
+  if (is_device(dst) && !is_device(dst, bytes))
+    return error(err, len, "cudaMemcpyAsync: %zu bytes overrun the device allocation", bytes);
+  if (is_device(src) && !is_device(src, bytes))
+    return error(err, len, "cudaMemcpyAsync: %zu bytes read past the device allocation", bytes);
+  if (!is_device(dst) && !is_device(src) && is_pageable(dst) && is_pageable(src))
+    return error(err, len, "cudaMemcpyAsync: neither side is device or pinned memory");
+  if (is_device(src) && is_pageable(dst)) {
+    ++g_counters.host_waits;  // the call returns once the copy is done
+    run_all(stream_of(stream));
+    std::memcpy(dst, src, bytes);
+    g_counters.bytes_to_host += bytes;
+    return take_sticky(err, len);
+  }
+  if (is_pageable(src)) {
+    auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                       static_cast<const uint8_t*>(src) + bytes);
+    g_counters.bytes_to_device += bytes;
+    enqueue(stream, [dst, copy] { std::memcpy(dst, copy->data(), copy->size()); });
+    return 0;
+  }
+  if (is_device(dst) && !is_device(src)) g_counters.bytes_to_device += bytes;
+  if (!is_device(dst) && is_device(src)) g_counters.bytes_to_host += bytes;
+  enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return 0;
+}
+
+// cudaMemcpy on the legacy stream: the legacy stream's work first.
+int copy(void* dst, const void* src, size_t bytes, int direction, char* err, size_t len) {
+  Lock lock(g_mutex);
+  const void* device_side = direction == PQ_COPY_DEVICE_TO_HOST ? src : dst;
+  if (!is_device(device_side, bytes))
+    return error(err, len, "cudaMemcpy: the device side is not %zu bytes of device memory", bytes);
+  ++g_counters.host_waits;
+  run_all(g_legacy);
+  std::memcpy(dst, src, bytes);
+  (direction == PQ_COPY_DEVICE_TO_HOST ? g_counters.bytes_to_host : g_counters.bytes_to_device) +=
+      bytes;
+  return take_sticky(err, len);
+}
+
+// --- kernels -----------------------------------------------------------------
+
+size_t pq_scan_workspace_size(int32_t kv_heads, int32_t group_size, int32_t, int64_t n,
+                              int32_t combine) {
+  return combine == PQ_GQA_SUM_SOFTMAX && group_size > 1
+             ? static_cast<size_t>(kv_heads) * n * sizeof(float)
+             : 0;
+}
+
+int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_t group_size,
+            int32_t subspaces, int32_t centroids, int64_t codes_stride, int64_t begin, int64_t end,
+            int32_t combine, float scale, float* d_scores, void* d_workspace,
+            size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  const int64_t n = end - begin;
+  if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || centroids > 256 ||
+      begin < 0 || n < 1 || end > codes_stride)
+    return error(err, len, "pq_scan: bad shape");
+  const size_t lut_bytes =
+      static_cast<size_t>(kv_heads) * group_size * subspaces * centroids * sizeof(float);
+  if (!is_device(d_lut, lut_bytes)) return error(err, len, "pq_scan: d_lut is not device memory");
+  if (!is_device(d_codes, static_cast<size_t>(kv_heads) * codes_stride * subspaces))
+    return error(err, len, "pq_scan: d_codes is not [kv_heads][codes_stride][m] of device memory");
+  if (!is_device(d_scores, static_cast<size_t>(kv_heads) * n * sizeof(float)))
+    return error(err, len, "pq_scan: d_scores is not device memory");
+  const size_t need = pq_scan_workspace_size(kv_heads, group_size, subspaces, n, combine);
+  if (need > 0 && (workspace_bytes < need || !is_device(d_workspace, need)))
+    return error(err, len, "pq_scan: the workspace is not %zu bytes of device memory", need);
+  if (!valid_stream(stream)) return error(err, len, "pq_scan: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    pq::SelectScratch scratch;
+    std::vector<float> raw(static_cast<size_t>(group_size) * n);
+    for (int32_t h = 0; h < kv_heads; ++h) {
+      const uint8_t* codes = d_codes + (static_cast<size_t>(h) * codes_stride + begin) * subspaces;
+      for (int32_t g = 0; g < group_size; ++g) {
+        const float* lut =
+            d_lut + (static_cast<size_t>(h) * group_size + g) * subspaces * centroids;
+        for (int64_t t = 0; t < n; ++t) {
+          float s = 0.f;
+          for (int32_t j = 0; j < subspaces; ++j)
+            s += lut[j * centroids + codes[t * subspaces + j]];
+          raw[static_cast<size_t>(g) * n + t] = s;
+        }
+      }
+      pq::combine_group_scores(raw.data(), group_size, n, combine, scale,
+                               d_scores + static_cast<size_t>(h) * n, scratch);
+    }
+  });
+  return 0;
+}
+
+size_t topk_workspace_size(int32_t rows, int64_t n, int64_t) {
+  return static_cast<size_t>(rows) * n;  // something the backend must provide
+}
+
+int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first, int32_t* d_out,
+         void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 1 || rows > 65535 || n < 1 || k < 0) return error(err, len, "topk: bad shape");
+  if (!is_device(d_scores, static_cast<size_t>(rows) * n * sizeof(float)))
+    return error(err, len, "topk: d_scores is not device memory");
+  const int64_t written = std::min(n, k);
+  if (!is_device(d_out, static_cast<size_t>(rows - 1) * k * sizeof(int32_t) +
+                            static_cast<size_t>(written) * sizeof(int32_t)))
+    return error(err, len, "topk: d_out is not device memory");
+  const size_t need = topk_workspace_size(rows, n, k);
+  if (workspace_bytes < need || !is_device(d_workspace, need))
+    return error(err, len, "topk: the workspace is not %zu bytes of device memory", need);
+  if (!valid_stream(stream)) return error(err, len, "topk: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    pq::SelectScratch scratch;
+    for (int32_t r = 0; r < rows; ++r) {
+      int32_t* out = d_out + static_cast<size_t>(r) * k;
+      if (k >= n) {
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(first + i);
+        continue;
+      }
+      pq::select_top_k(d_scores + static_cast<size_t>(r) * n, n, k, first, out, scratch);
+    }
+  });
+  return 0;
+}
+
+int encode(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
+           int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,
+           int64_t code_stride, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (tokens < 0 || subspaces < 1 || centroids < 1 || centroids > 256 || sub_dim < 1 ||
+      key_stride < static_cast<int64_t>(subspaces) * sub_dim || code_stride < subspaces)
+    return error(err, len, "encode: bad shape");
+  if (tokens == 0) return 0;
+  if (!is_device(d_keys) || !is_device(d_centroids) || !is_device(d_codes))
+    return error(err, len, "encode: a pointer is not device memory");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int32_t j = 0; j < subspaces; ++j) {
+        const float* x = d_keys + t * key_stride + j * sub_dim;
+        int32_t best = 0;
+        float best_d = 0.f;
+        for (int32_t c = 0; c < centroids; ++c) {
+          const float* y = d_centroids + (static_cast<size_t>(j) * centroids + c) * sub_dim;
+          float d = 0.f;
+          for (int32_t i = 0; i < sub_dim; ++i) d += (x[i] - y[i]) * (x[i] - y[i]);
+          if (c == 0 || d < best_d) {
+            best = c;
+            best_d = d;
+          }
+        }
+        d_codes[t * code_stride + j] = static_cast<uint8_t>(best);
+      }
+  });
+  return 0;
+}
+
+// --- fetch -------------------------------------------------------------------
+
+int gather_rows(const void* const* d_srcs, void* const* d_dsts, int64_t rows, size_t row_bytes,
+                void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0) return error(err, len, "gather_rows: rows < 0");
+  if (rows == 0) return 0;
+  if (!is_device(d_srcs, static_cast<size_t>(rows) * sizeof(void*)) ||
+      !is_device(d_dsts, static_cast<size_t>(rows) * sizeof(void*)))
+    return error(err, len, "gather_rows: the pointer arrays are not device memory");
+  if (!valid_stream(stream)) return error(err, len, "gather_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  // The pointers are read when the kernel runs, as on the device.
+  enqueue(stream, [=] {
+    for (int64_t i = 0; i < rows; ++i) {
+      const void* src = d_srcs[i];
+      void* dst = d_dsts[i];
+      if (!(is_device(src, row_bytes) || is_pinned(src, row_bytes)) ||
+          !is_device(dst, row_bytes)) {
+        fault("gather_rows: a row's source is not device or pinned memory, or its destination "
+              "not device memory");
+        return;
+      }
+      std::memcpy(dst, src, row_bytes);
+    }
+  });
+  return 0;
+}
+
+int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
+              void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0) return error(err, len, "copy_rows: rows < 0");
+  for (int64_t i = 0; i < rows; ++i) {
+    if (copy_async(dsts[i], srcs[i], row_bytes, stream, err, len) != 0) return 1;
+  }
+  return 0;
+}
+
+const pq_cuda_plugin kTable = {
+    PQ_CUDA_PLUGIN_ABI_VERSION,
+    sizeof(pq_cuda_plugin),
+    device_count,
+    device_name,
+    set_device,
+    is_device_pointer,
+    device_alloc,
+    device_free,
+    host_alloc,
+    host_free,
+    stream_create,
+    stream_destroy,
+    stream_synchronize,
+    event_create,
+    event_destroy,
+    event_record,
+    event_synchronize,
+    stream_wait_event,
+    copy,
+    copy_async,
+    pq_scan_workspace_size,
+    pq_scan,
+    topk_workspace_size,
+    topk,
+    encode,
+    gather_rows,
+    copy_rows,
+};
+
+}  // namespace
+
+extern "C" {
+
+// PQ_FAKE_CUDA_ABI=<n> makes it a plug-in of ABI n (the table otherwise
+// unchanged), for the loader's refusal of another version.
+__attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entry(
+    uint32_t abi_version) {
+  static const pq_cuda_plugin table = [] {
+    pq_cuda_plugin t = kTable;
+    if (const char* abi = std::getenv("PQ_FAKE_CUDA_ABI"))
+      t.abi_version = static_cast<uint32_t>(std::atoi(abi));
+    return t;
+  }();
+  if (abi_version == table.abi_version || abi_version == 0) return &table;
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) void pq_fake_cuda_counters_get(
+    pq_fake_cuda_counters* out) {
+  Lock lock(g_mutex);
+  *out = g_counters;
+}
+
+__attribute__((visibility("default"))) void pq_fake_cuda_synchronize_all(void) {
+  Lock lock(g_mutex);
+  run_everything();
+}
+
+__attribute__((visibility("default"))) uint64_t pq_fake_cuda_pending(void) {
+  Lock lock(g_mutex);
+  uint64_t pending = g_legacy.queue.size();
+  for (Stream* s : g_streams) pending += s->queue.size();
+  return pending;
+}
+
+}  // extern "C"

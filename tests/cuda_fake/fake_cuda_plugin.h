@@ -1,0 +1,37 @@
+/* What the host fake of the CUDA plug-in (fake_cuda_plugin.cpp) exports
+ * besides the plug-in entry point, for the tests that drive the CUDA
+ * backend through it. */
+#ifndef PQCACHE_FAKE_CUDA_PLUGIN_H
+#define PQCACHE_FAKE_CUDA_PLUGIN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pq_fake_cuda_counters {
+  uint64_t host_waits;       /* stream/event synchronisations and synchronous copies */
+  uint64_t bytes_to_device;  /* host -> device, by copy and copy_async */
+  uint64_t bytes_to_host;    /* device -> host */
+  uint64_t kernel_launches;  /* pq_scan, topk, encode, gather_rows */
+  uint64_t device_bytes_live;
+} pq_fake_cuda_counters;
+
+/* A snapshot of the counters since the plug-in was loaded. */
+void pq_fake_cuda_counters_get(pq_fake_cuda_counters* out);
+typedef void (*pq_fake_cuda_counters_get_fn)(pq_fake_cuda_counters* out);
+
+/* Runs every stream's deferred work (as cudaDeviceSynchronize). */
+void pq_fake_cuda_synchronize_all(void);
+typedef void (*pq_fake_cuda_synchronize_all_fn)(void);
+
+/* Operations enqueued and not yet run, on all streams. */
+uint64_t pq_fake_cuda_pending(void);
+typedef uint64_t (*pq_fake_cuda_pending_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
