@@ -31,8 +31,10 @@
 static PyObject* pq_py_error_type = NULL;
 
 /* Raises PQError for a failed call. Runs right after the call, on the same
- * thread, before any other library call: pq_last_error() is thread-local. */
-static void pq_py_raise(pq_status status) {
+ * thread, before any other library call: pq_last_error() is thread-local.
+ * statuses, if not NULL, becomes the error's .statuses (a batch's item
+ * statuses). */
+static void pq_py_raise_with(pq_status status, PyObject* statuses) {
   const char* described = pq_status_string(status); /* "NAME: description" */
   const char* colon = strchr(described, ':');
   const char* message = pq_last_error();
@@ -44,7 +46,8 @@ static void pq_py_raise(pq_status status) {
   PyObject* error = summary ? PyObject_CallFunctionObjArgs(pq_py_error_type, summary, NULL) : NULL;
   if (error && code && name && text && PyObject_SetAttrString(error, "status", code) == 0 &&
       PyObject_SetAttrString(error, "status_name", name) == 0 &&
-      PyObject_SetAttrString(error, "message", text) == 0) {
+      PyObject_SetAttrString(error, "message", text) == 0 &&
+      (statuses == NULL || PyObject_SetAttrString(error, "statuses", statuses) == 0)) {
     PyErr_SetObject(pq_py_error_type, error);
   } else if (!PyErr_Occurred()) {
     PyErr_NoMemory();
@@ -55,6 +58,8 @@ static void pq_py_raise(pq_status status) {
   Py_XDECREF(text);
   Py_XDECREF(name);
 }
+
+static void pq_py_raise(pq_status status) { pq_py_raise_with(status, NULL); }
 
 /* The element code of a buffer format ("f", "<f", "=e", ...), or 0 when the
  * byte order is not the machine's. */
@@ -253,6 +258,195 @@ static int pq_py_check_codes_size(const pq_context* ctx, int64_t count, const Py
   }
   return 0;
 }
+
+/* --- one layer for a batch of sequences ----------------------------------- */
+/* pq_decode_select_batch and pq_fetch_kv_batch over Python sequences: one
+ * item per seq_id, each built from the same arrays the per-sequence calls
+ * take, all exported for the call and run without the GIL. Returns the list
+ * of item statuses (all 0). A failing call raises PQError; when items ran,
+ * the error has .statuses (0 for the items that succeeded; their outputs
+ * are written). */
+typedef struct pq_py_batch {
+  Py_ssize_t count;
+  PyObject* seq_ids; /* PySequence_Fast of the arguments */
+  PyObject* first;   /* queries or selections */
+  PyObject* second;  /* select: outs; fetch: out_keys */
+  PyObject* third;   /* fetch: out_values */
+  Py_buffer* views;  /* views_per_item tensors per item, zeroed */
+  int views_per_item;
+  pq_py_selection* selections; /* one per item, zeroed */
+} pq_py_batch;
+
+static void pq_py_batch_release(pq_py_batch* b) {
+  if (b->views != NULL) {
+    for (Py_ssize_t i = 0; i < b->count * b->views_per_item; ++i) PyBuffer_Release(&b->views[i]);
+    PyMem_Free(b->views);
+  }
+  if (b->selections != NULL) {
+    for (Py_ssize_t i = 0; i < b->count; ++i) pq_py_selection_release(&b->selections[i]);
+    PyMem_Free(b->selections);
+  }
+  Py_XDECREF(b->seq_ids);
+  Py_XDECREF(b->first);
+  Py_XDECREF(b->second);
+  Py_XDECREF(b->third);
+}
+
+/* Takes the argument sequences (third may be NULL), checks that they have
+ * one entry per seq_id, and allocates the views and selections. */
+static int pq_py_batch_begin(pq_py_batch* b, int views_per_item, PyObject* seq_ids,
+                             PyObject* first, const char* first_name, PyObject* second,
+                             const char* second_name, PyObject* third, const char* third_name) {
+  PyObject* const args[3] = {first, second, third};
+  const char* const names[3] = {first_name, second_name, third_name};
+  PyObject** const slots[3] = {&b->first, &b->second, &b->third};
+  memset(b, 0, sizeof *b);
+  b->views_per_item = views_per_item;
+  b->seq_ids = PySequence_Fast(seq_ids, "seq_ids: expected a sequence of ints");
+  if (b->seq_ids == NULL) return -1;
+  b->count = PySequence_Fast_GET_SIZE(b->seq_ids);
+  for (int a = 0; a < 3 && args[a] != NULL; ++a) {
+    *slots[a] = PySequence_Fast(args[a], names[a]);
+    if (*slots[a] == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(*slots[a]) != b->count) {
+      PyErr_Format(PyExc_ValueError, "%s has %zd entries for %zd seq_ids; expected one each",
+                   names[a], PySequence_Fast_GET_SIZE(*slots[a]), b->count);
+      return -1;
+    }
+  }
+  b->views = (Py_buffer*)PyMem_Calloc((size_t)(b->count > 0 ? b->count : 1) * views_per_item,
+                                      sizeof(Py_buffer));
+  b->selections = (pq_py_selection*)PyMem_Calloc((size_t)(b->count > 0 ? b->count : 1),
+                                                 sizeof(pq_py_selection));
+  if (b->views == NULL || b->selections == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+static int pq_py_seq_id(pq_py_batch* b, Py_ssize_t i, uint64_t* out) {
+  unsigned long long id = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(b->seq_ids, i));
+  if (id == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+  *out = (uint64_t)id;
+  return 0;
+}
+
+/* Item i's selection, from the argument sequence `arg` (released with the
+ * batch, also on failure). */
+static int pq_py_batch_selection(pq_py_batch* b, Py_ssize_t i, const pq_context* ctx,
+                                 PyObject* arg, const char* name, int writable,
+                                 pq_selection* out) {
+  pq_py_selection* s = &b->selections[i];
+  if (pq_py_selection_from(PySequence_Fast_GET_ITEM(arg, i), name, writable, s) != 0 ||
+      pq_py_check_selection_rows(ctx, s) != 0)
+    return -1;
+  *out = s->selection;
+  return 0;
+}
+
+/* After the call: the statuses as a list, or an error. Items that ran have
+ * a status; a call-level error wrote none (all still PQ_OK). */
+static PyObject* pq_py_batch_end(pq_status status, const pq_status* statuses, Py_ssize_t count) {
+  int items_ran = 0;
+  PyObject* list = PyList_New(count);
+  if (list == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* code = PyLong_FromLong((long)statuses[i]);
+    if (code == NULL) {
+      Py_DECREF(list);
+      return NULL;
+    }
+    PyList_SET_ITEM(list, i, code);
+    items_ran |= statuses[i] != PQ_OK;
+  }
+  if (status == PQ_OK) return list;
+  pq_py_raise_with(status, items_ran ? list : NULL);
+  Py_DECREF(list);
+  return NULL;
+}
+
+static PyObject* pq_py_decode_select_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids,
+                                           PyObject* queries, PyObject* outs) {
+  pq_py_batch b;
+  pq_select_item* items = NULL;
+  pq_status* statuses = NULL;
+  PyObject* result = NULL;
+  if (pq_py_batch_begin(&b, 1, seq_ids, queries, "queries: expected a sequence of arrays", outs,
+                        "outs: expected a sequence of (positions, counts)", NULL, NULL) != 0)
+    goto done;
+  items = (pq_select_item*)PyMem_Calloc((size_t)(b.count > 0 ? b.count : 1), sizeof *items);
+  statuses = (pq_status*)PyMem_Calloc((size_t)(b.count > 0 ? b.count : 1), sizeof *statuses);
+  if (items == NULL || statuses == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < b.count; ++i) {
+    if (pq_py_seq_id(&b, i, &items[i].seq_id) != 0 ||
+        pq_py_tensor(PySequence_Fast_GET_ITEM(b.first, i), "query", 0, &b.views[i],
+                     &items[i].query) != 0 ||
+        pq_py_batch_selection(&b, i, ctx, b.second, "out", 1, &items[i].out) != 0)
+      goto done;
+    items[i].status = PQ_OK;
+  }
+  {
+    pq_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pq_decode_select_batch(ctx, layer, items, (int64_t)b.count);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b.count; ++i) statuses[i] = items[i].status;
+    result = pq_py_batch_end(status, statuses, b.count);
+  }
+done:
+  PyMem_Free(items);
+  PyMem_Free(statuses);
+  pq_py_batch_release(&b);
+  return result;
+}
+
+static PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids,
+                                      PyObject* selections, PyObject* out_keys,
+                                      PyObject* out_values) {
+  pq_py_batch b;
+  pq_fetch_item* items = NULL;
+  pq_status* statuses = NULL;
+  PyObject* result = NULL;
+  if (pq_py_batch_begin(&b, 2, seq_ids, selections,
+                        "selections: expected a sequence of (positions, counts)", out_keys,
+                        "out_keys: expected a sequence of arrays", out_values,
+                        "out_values: expected a sequence of arrays") != 0)
+    goto done;
+  items = (pq_fetch_item*)PyMem_Calloc((size_t)(b.count > 0 ? b.count : 1), sizeof *items);
+  statuses = (pq_status*)PyMem_Calloc((size_t)(b.count > 0 ? b.count : 1), sizeof *statuses);
+  if (items == NULL || statuses == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < b.count; ++i) {
+    Py_buffer* views = &b.views[2 * i];
+    if (pq_py_seq_id(&b, i, &items[i].seq_id) != 0 ||
+        pq_py_batch_selection(&b, i, ctx, b.first, "selection", 0, &items[i].selection) != 0 ||
+        pq_py_tensor(PySequence_Fast_GET_ITEM(b.second, i), "out_keys", 1, &views[0],
+                     &items[i].out_keys) != 0 ||
+        pq_py_tensor(PySequence_Fast_GET_ITEM(b.third, i), "out_values", 1, &views[1],
+                     &items[i].out_values) != 0)
+      goto done;
+    items[i].status = PQ_OK;
+  }
+  {
+    pq_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pq_fetch_kv_batch(ctx, layer, items, (int64_t)b.count);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b.count; ++i) statuses[i] = items[i].status;
+    result = pq_py_batch_end(status, statuses, b.count);
+  }
+done:
+  PyMem_Free(items);
+  PyMem_Free(statuses);
+  pq_py_batch_release(&b);
+  return result;
+}
 %}
 
 %init %{
@@ -325,6 +519,26 @@ PQError = _pqcache_swig.PQError
 %typemap(freearg) pq_selection* out, const pq_selection* selection {
   pq_py_selection_release(&arrays$argnum);
 }
+
+/* --- one layer for a batch of sequences ----------------------------------- */
+/* The item structs point at the caller's buffers, so they are not wrapped:
+ * pq_decode_select_batch(ctx, layer, seq_ids, queries, outs) and
+ * pq_fetch_kv_batch(ctx, layer, seq_ids, selections, out_keys, out_values)
+ * take one entry per sequence in each argument (the arrays the
+ * per-sequence calls take) and return the item statuses; see
+ * pq_py_decode_select_batch above. They release the GIL themselves. */
+%ignore pq_select_item;
+%ignore pq_fetch_item;
+%ignore pq_decode_select_batch;
+%ignore pq_fetch_kv_batch;
+%exception pq_py_decode_select_batch %{ $action %}
+%exception pq_py_fetch_kv_batch %{ $action %}
+%rename(pq_decode_select_batch) pq_py_decode_select_batch;
+%rename(pq_fetch_kv_batch) pq_py_fetch_kv_batch;
+PyObject* pq_py_decode_select_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids,
+                                    PyObject* queries, PyObject* outs);
+PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids,
+                               PyObject* selections, PyObject* out_keys, PyObject* out_values);
 
 /* pq_observe_attention: one float32 per selection entry, [kv_heads][capacity]. */
 %typemap(in) const float* probs (Py_buffer view = {0}) {

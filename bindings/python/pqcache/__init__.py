@@ -23,19 +23,24 @@ ValueError before the library sees them.
 Threads: a Context may be shared; calls on different sequences (or different
 layers of one sequence) run concurrently, since every call releases the GIL.
 close() must not race with other calls on the same context.
+
+Batches: select_batch and fetch_batch run one layer for many sequences in one
+library call (the library spreads them over its worker pool). Items succeed or
+fail on their own; a failing item raises BatchError, a PQError that names the
+first failing item and carries every item's status and output.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import pqcache_swig as _c
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "SelectionResult", "PQError", "version", "SELECTORS", "GQA_COMBINE",
-           "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "STATUS_NAMES"]
+__all__ = ["Context", "SelectionResult", "PQError", "BatchError", "version", "SELECTORS",
+           "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "STATUS_NAMES"]
 
 # --- enumerations, by the names the tools and the config kwargs use ----------
 
@@ -55,8 +60,10 @@ GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
 BACKENDS = {"cpu": _c.PQ_BACKEND_CPU, "cuda": _c.PQ_BACKEND_CUDA, "auto": _c.PQ_BACKEND_AUTO}
 KMEANS_INIT = {"random": _c.PQ_KMEANS_INIT_RANDOM, "kmeans++": _c.PQ_KMEANS_INIT_KMEANSPP}
 CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
-STATUS_NAMES = {status: _c.pq_status_string(status).split(":")[0]
-                for status in range(_c.PQ_ERR_INTERNAL, _c.PQ_OK + 1)}
+# Every pq_status of the header: PQ_OK and the PQ_ERR_* constants.
+STATUS_NAMES = dict(sorted((getattr(_c, name), name) for name in dir(_c)
+                          if name == "PQ_OK" or name.startswith("PQ_ERR_")))
+_BUFFER_TOO_SMALL = _c.PQ_ERR_BUFFER_TOO_SMALL
 
 # pq_config fields that also take a name ("selector": "pq").
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
@@ -76,6 +83,24 @@ _CONFIG_FIELDS = frozenset(_fields(_c.pq_config))
 
 def _as_dict(struct) -> Dict[str, object]:
     return {name: getattr(struct, name) for name in _fields(type(struct))}
+
+
+class BatchError(PQError):
+    """Some items of select_batch or fetch_batch failed (each item succeeds or
+    fails on its own). Raised for the first failing item: .status,
+    .status_name and .message are its own, as for PQError, and the message
+    names it ("pq_decode_select_batch: items[3] (seq_id 42): ..."). Also:
+    .statuses, every item's status (0 where it succeeded), and .results, every
+    item's output as the call would have returned it (None where it failed)."""
+
+    def __init__(self, status: int, message: str, statuses: List[int], results: list):
+        super().__init__(f"{STATUS_NAMES.get(status, status)}: {message}")
+        self.status, self.status_name = status, STATUS_NAMES.get(status, str(status))
+        self.message, self.statuses, self.results = message, statuses, results
+
+
+def _item_message(op: str, index: int, seq: int, detail: str) -> str:
+    return f"{op}: items[{index}] (seq_id {seq}): {detail}"
 
 
 def version() -> str:
@@ -141,6 +166,9 @@ class Context:
                 value = names[value]
             setattr(config, key, value)
         self._dtype = dtype
+        # Per layer, the largest selection capacity the library asked for so
+        # far: select sizes its buffers with it and grows them when told to.
+        self._capacity_hints = [0] * num_layers
         self.num_layers, self.num_q_heads = num_layers, num_q_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._ctx = _c.pq_create(config)
@@ -225,18 +253,100 @@ class Context:
         """Entries per kv head that select needs at the current length."""
         return _c.pq_selection_capacity(self._ctx, seq, layer)
 
-    def select(self, seq: int, layer: int, query,
-               out: Optional[SelectionResult] = None) -> SelectionResult:
-        """Selects the tokens for one decode step. query: [q_heads][head_dim].
-        Fills `out` in place if given (its capacity must suffice), else a new
-        SelectionResult of capacity(seq, layer)."""
+    def capacity_for(self, layer: int, tokens: int) -> int:
+        """Entries per kv head that select needs at `layer` for a sequence of
+        `tokens` tokens, without a sequence; it never decreases as tokens
+        grow, so the capacity for the longest sequence sizes every buffer."""
+        return _c.pq_selection_capacity_for(self._ctx, layer, tokens)
+
+    @staticmethod
+    def _query(query):
         query = np.asarray(query)
-        if query.ndim == 2:
-            query = query[np.newaxis]  # one token: a view, not a copy
-        if out is None:
-            out = SelectionResult(self.num_kv_heads, self.capacity(seq, layer))
+        return query[np.newaxis] if query.ndim == 2 else query  # one token: a view
+
+    def _capacity_hint(self, layer: int) -> int:
+        return self._capacity_hints[layer] if 0 <= layer < self.num_layers else 0
+
+    def _select_grown(self, seq: int, layer: int, query, out: SelectionResult
+                      ) -> SelectionResult:
+        """After PQ_ERR_BUFFER_TOO_SMALL, which wrote the capacity needed into
+        out.counts: selects once more into a SelectionResult of that size."""
+        needed = int(out.counts[0])
+        if 0 <= layer < self.num_layers:
+            self._capacity_hints[layer] = max(self._capacity_hints[layer], needed)
+        out = SelectionResult(self.num_kv_heads, needed)
         _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
         return out
+
+    def select(self, seq: int, layer: int, query,
+               out: Optional[SelectionResult] = None) -> SelectionResult:
+        """Selects the tokens for one decode step (pq_decode_select). query:
+        [q_heads][head_dim]. Fills `out` in place if given (its capacity must
+        suffice: else PQError PQ_ERR_BUFFER_TOO_SMALL, with the capacity
+        needed in out.counts). Else returns a new SelectionResult, sized from
+        the largest capacity this layer needed so far and grown once when the
+        library asks for more, so its capacity is at least capacity(seq,
+        layer). Errors are pq_decode_select's."""
+        query = self._query(query)
+        if out is not None:
+            _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
+            return out
+        out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
+        try:
+            _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
+        except PQError as e:
+            if e.status != _BUFFER_TOO_SMALL:
+                raise
+            out = self._select_grown(seq, layer, query, out)
+        return out
+
+    def select_batch(self, layer: int, seqs: Sequence[int], queries: Sequence
+                     ) -> List[SelectionResult]:
+        """select for every sequence at one layer, in one library call
+        (pq_decode_select_batch): queries[i] ([q_heads][head_dim]) belongs to
+        seqs[i]; returns one new SelectionResult per sequence, as select does
+        (one still too small for its sequence is grown and selected once more
+        on its own).
+
+        Items succeed or fail on their own. If any failed, BatchError is
+        raised for the first failing item (its message names the item and
+        its seq_id), with .statuses and .results (the selections, None where
+        the item failed). Errors of the whole call (a bad layer, a seq_id
+        given twice) raise PQError as other calls do."""
+        op = "pq_decode_select_batch"
+        seqs, queries = list(seqs), [self._query(q) for q in queries]
+        hint = self._capacity_hint(layer)
+        results = [SelectionResult(self.num_kv_heads, hint) for _ in seqs]
+        try:
+            _c.pq_decode_select_batch(self._ctx, layer, seqs, queries,
+                                      [r.arrays for r in results])
+            return results
+        except PQError as e:
+            if getattr(e, "statuses", None) is None:
+                raise  # the call as a whole failed: no item ran
+            batch_error, statuses = e, list(e.statuses)
+        named = next(i for i, status in enumerate(statuses) if status != 0)
+        first = None  # (status, message) of the first item still failing
+        for i, status in enumerate(statuses):
+            message = None
+            if status == _BUFFER_TOO_SMALL:
+                try:
+                    results[i] = self._select_grown(seqs[i], layer, queries[i], results[i])
+                    status = 0
+                except PQError as retry:
+                    status, message = retry.status, _item_message(op, i, seqs[i], retry.message)
+            statuses[i] = status
+            if status == 0:
+                continue
+            results[i] = None
+            if first is None:
+                if message is None:
+                    message = (batch_error.message if i == named else
+                               _item_message(op, i, seqs[i], _c.pq_status_string(status)))
+                first = (status, message)
+        if first is None:
+            return results
+        raise BatchError(first[0], first[1], statuses, results)
 
     def observe_attention(self, seq: int, layer: int, selection: SelectionResult,
                           probs) -> None:
@@ -258,14 +368,51 @@ class Context:
         (zero in new arrays). out=(keys, values) writes into the caller's
         arrays in place: [kv_heads][>= max(counts)][head_dim], writable, the
         context's dtype, contiguous last axis."""
-        if out is None:
-            shape = (self.num_kv_heads, selection.positions.shape[1], self.head_dim)
-            dtype = _NUMPY_DTYPES[self._dtype]
-            out = (np.zeros(shape, dtype), np.zeros(shape, dtype))
-        keys, values = out
+        keys, values = out if out is not None else self._fetch_buffers(selection)
         _c.pq_fetch_kv(self._ctx, seq, layer, selection.arrays,
                        _tensor_view(keys, "head_major"), _tensor_view(values, "head_major"))
         return keys, values
+
+    def _fetch_buffers(self, selection: SelectionResult) -> Tuple[np.ndarray, np.ndarray]:
+        shape = (self.num_kv_heads, selection.positions.shape[1], self.head_dim)
+        dtype = _NUMPY_DTYPES[self._dtype]
+        return np.zeros(shape, dtype), np.zeros(shape, dtype)
+
+    def fetch_batch(self, layer: int, seqs: Sequence[int], selections: Sequence[SelectionResult],
+                    out_keys: Optional[Sequence[np.ndarray]] = None,
+                    out_values: Optional[Sequence[np.ndarray]] = None
+                    ) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """fetch for every sequence at one layer, in one library call
+        (pq_fetch_kv_batch): returns (keys, values) per sequence, as fetch
+        does. out_keys and out_values (both or neither) give the caller's
+        arrays, one per sequence, written in place as fetch's out does; no two
+        of them may overlap.
+
+        Items succeed or fail on their own. If any failed, BatchError is
+        raised for the first failing item (its message names the item and
+        its seq_id), with .statuses and .results (the (keys, values) pairs,
+        None where the item failed; the others are written)."""
+        seqs, selections = list(seqs), list(selections)
+        if (out_keys is None) != (out_values is None):
+            raise ValueError("out_keys and out_values: give both or neither")
+        if out_keys is None:
+            outs = [self._fetch_buffers(selection) for selection in selections]
+        else:
+            outs = list(zip(out_keys, out_values))
+            if len(outs) != len(seqs) or len(out_keys) != len(out_values):
+                raise ValueError(f"out_keys and out_values need one array each per sequence "
+                                 f"({len(seqs)}), got {len(out_keys)} and {len(out_values)}")
+        try:
+            _c.pq_fetch_kv_batch(self._ctx, layer, seqs, [s.arrays for s in selections],
+                                 [_tensor_view(k, "head_major") for k, _ in outs],
+                                 [_tensor_view(v, "head_major") for _, v in outs])
+        except PQError as e:
+            statuses = getattr(e, "statuses", None)
+            if statuses is None:
+                raise  # the call as a whole failed: no item ran
+            results = [out if status == 0 else None for out, status in zip(outs, statuses)]
+            raise BatchError(e.status, e.message, list(statuses), results) from None
+        return outs
 
     # --- introspection ---------------------------------------------------
 

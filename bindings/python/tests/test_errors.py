@@ -113,10 +113,16 @@ def test_malformed_selections_are_rejected(ctx):
         positions = np.zeros((2, 64), np.int32)
         positions.flags.writeable = False
         raw.pq_decode_select(ctx._ctx, 1, 0, query, (positions, counts))
-    # Too small a capacity is the library's check.
+    # Too small a capacity is the library's check (PQ_ERR_BUFFER_TOO_SMALL
+    # since 0.4): the caller's selection learns the capacity needed, and
+    # nothing else is written.
+    out = pqcache.SelectionResult(2, 3)
     with pytest.raises(pqcache.PQError) as e:
-        ctx.select(1, 0, query[0], out=pqcache.SelectionResult(2, 3))
-    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "capacity" in e.value.message
+        ctx.select(1, 0, query[0], out=out)
+    assert e.value.status == raw.PQ_ERR_BUFFER_TOO_SMALL == -8
+    assert e.value.status_name == "PQ_ERR_BUFFER_TOO_SMALL" and "capacity" in e.value.message
+    assert e.value.message.startswith("pq_decode_select")
+    assert list(out.counts) == [ctx.capacity(1, 0)] * 2 and (out.positions == -1).all()
 
 
 def test_bad_fetch_and_observe_arguments(ctx):
