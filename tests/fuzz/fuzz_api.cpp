@@ -205,6 +205,67 @@ void mangle_selection(FuzzedDataProvider& in, State& s) {
         in.ConsumeIntegralInRange<int32_t>(-1, static_cast<int32_t>(s.capacity) + 1);
 }
 
+// pq_decode_select_batch over 0..4 items (seq_ids may repeat: a call-level
+// error), each with its own query and buffer, some too small.
+void select_batch(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  const int32_t layer = layer_of(in, c);
+  const size_t n = in.ConsumeIntegralInRange<size_t>(0, 4);
+  std::vector<Tensor> queries;
+  std::vector<std::vector<int32_t>> positions(n), counts(n);
+  std::vector<pq_select_item> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    queries.push_back(make_tensor(in, c.dtype, 1, c.num_q_heads, c.head_dim, in.ConsumeBool()));
+    const int64_t cap = in.ConsumeIntegralInRange<int64_t>(0, 400);
+    positions[i].assign(static_cast<size_t>(std::max<int64_t>(1, c.num_kv_heads * cap)), -1);
+    counts[i].assign(static_cast<size_t>(c.num_kv_heads), -1);
+    items[i].seq_id = seq_id(in);
+    items[i].out = pq_selection{positions[i].data(), counts[i].data(), cap};
+    items[i].status = static_cast<pq_status>(1);  // not a status: must be overwritten or kept
+  }
+  const pq_status st = pq_decode_select_batch(s.ctx, layer, items.data(), static_cast<int64_t>(n));
+  check(st);
+  bool any_failed = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (items[i].status == 1) continue;  // a call-level error writes no status
+    check(items[i].status);
+    any_failed |= items[i].status != PQ_OK;
+    if (items[i].status != PQ_OK) continue;
+    for (int32_t h = 0; h < c.num_kv_heads; ++h)
+      if (counts[i][static_cast<size_t>(h)] < 0 ||
+          counts[i][static_cast<size_t>(h)] > items[i].out.capacity)
+        finding("a batch item's count outside its capacity");
+  }
+  if (st == PQ_OK && any_failed) finding("a batch returned PQ_OK with a failed item");
+}
+
+// pq_fetch_kv_batch of the last selection for 0..4 sequences.
+void fetch_batch(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  if (s.counts.empty()) return;
+  mangle_selection(in, s);
+  const size_t n = in.ConsumeIntegralInRange<size_t>(0, 4);
+  const int64_t rows = std::max<int64_t>(1, s.capacity);
+  std::vector<Tensor> outs;
+  std::vector<pq_fetch_item> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    outs.push_back(make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, true));
+    outs.push_back(make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, in.ConsumeBool()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    items[i].seq_id = seq_id(in);
+    items[i].selection = pq_selection{s.positions.data(), s.counts.data(), s.capacity};
+    items[i].out_keys = outs[2 * i].t;
+    items[i].out_values = outs[2 * i + 1].t;
+  }
+  const pq_status st = pq_fetch_kv_batch(s.ctx, layer_of(in, c), items.data(),
+                                         static_cast<int64_t>(n));
+  check(st);
+  for (size_t i = 0; st == PQ_OK && i < n; ++i)
+    if (outs[2 * i].overflows || outs[2 * i + 1].overflows)
+      finding("an overflowing batch output was accepted");
+}
+
 void fetch(FuzzedDataProvider& in, State& s) {
   const pq_config& c = s.config;
   if (s.counts.empty()) return;
@@ -311,7 +372,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check(st);
   if (st != PQ_OK) return 0;
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 10)) {
+    switch (in.ConsumeIntegralInRange(0, 12)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -327,6 +388,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 8: read_index(in, s); break;
       case 9: introspect(in, s); break;
+      case 10: select_batch(in, s); break;
+      case 11: fetch_batch(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
   }
