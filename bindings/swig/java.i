@@ -158,3 +158,52 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
     return config;
   }
 }
+
+/* ---- one layer for a batch of sequences ---------------------------------- */
+/* pq_select_item and pq_fetch_item embed a pq_tensor and a pq_selection by
+ * value, which point at direct buffers: they are not wrapped as classes.
+ * The idiomatic layer builds an item array in C memory with these helpers,
+ * copying in the descriptors it already made for the per-sequence calls
+ * (their buffers stay reachable until the batch returns), calls
+ * pq_decode_select_batch / pq_fetch_kv_batch (which throw PqException like
+ * every call) and reads each item's status back. */
+%ignore pq_select_item;
+%ignore pq_fetch_item;
+%inline %{
+/* NULL when count < 0 or the allocation fails (the Java side throws). */
+pq_select_item* pqj_select_items_new(int64_t count) {
+  return count < 0 ? NULL : (pq_select_item*)calloc(count > 0 ? (size_t)count : 1,
+                                                     sizeof(pq_select_item));
+}
+void pqj_select_items_delete(pq_select_item* items) { free(items); }
+void pqj_select_items_set(pq_select_item* items, int64_t i, uint64_t seq_id,
+                          const pq_tensor* query, const pq_selection* out) {
+  if (items == NULL || query == NULL || out == NULL) return; /* the Java side passes none */
+  items[i].seq_id = seq_id;
+  items[i].query = *query;
+  items[i].out = *out;
+  items[i].status = PQ_OK;
+}
+int32_t pqj_select_items_status(const pq_select_item* items, int64_t i) {
+  return (int32_t)items[i].status;
+}
+
+pq_fetch_item* pqj_fetch_items_new(int64_t count) {
+  return count < 0 ? NULL : (pq_fetch_item*)calloc(count > 0 ? (size_t)count : 1,
+                                                    sizeof(pq_fetch_item));
+}
+void pqj_fetch_items_delete(pq_fetch_item* items) { free(items); }
+void pqj_fetch_items_set(pq_fetch_item* items, int64_t i, uint64_t seq_id,
+                         const pq_selection* selection, const pq_tensor* out_keys,
+                         const pq_tensor* out_values) {
+  if (items == NULL || selection == NULL || out_keys == NULL || out_values == NULL) return;
+  items[i].seq_id = seq_id;
+  items[i].selection = *selection;
+  items[i].out_keys = *out_keys;
+  items[i].out_values = *out_values;
+  items[i].status = PQ_OK;
+}
+int32_t pqj_fetch_items_status(const pq_fetch_item* items, int64_t i) {
+  return (int32_t)items[i].status;
+}
+%}

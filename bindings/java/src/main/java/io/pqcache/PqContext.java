@@ -5,13 +5,18 @@ import io.pqcache.swig.pq_layer_info;
 import io.pqcache.swig.pq_layout;
 import io.pqcache.swig.pq_selection;
 import io.pqcache.swig.pq_stats;
+import io.pqcache.swig.SWIGTYPE_p_pq_fetch_item;
+import io.pqcache.swig.SWIGTYPE_p_pq_select_item;
+import io.pqcache.swig.pq_status;
 import io.pqcache.swig.pq_tensor;
 import io.pqcache.swig.pqcache;
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.Arrays;
 import java.util.Objects;
+import java.util.concurrent.atomic.AtomicIntegerArray;
 import java.util.concurrent.locks.Lock;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 import java.util.function.LongConsumer;
@@ -39,6 +44,12 @@ import java.util.function.LongFunction;
  * <p>Errors of the library throw {@link PqException} with its status and
  * message; Java-side preconditions (heap or too small buffers, float[] on a
  * non-F32 context) throw {@link IllegalArgumentException}.
+ *
+ * <p><b>Batches.</b> {@link #decodeSelectBatch} and {@link #fetchKVBatch} run
+ * one layer for many sequences in one library call, spread over its worker
+ * pool. Items succeed or fail on their own: a failing item throws
+ * {@link PqBatchException}, which names the first failing item and carries
+ * every item's status (and, for a select, the selections that succeeded).
  */
 public final class PqContext implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
@@ -75,6 +86,9 @@ public final class PqContext implements AutoCloseable {
   private final int headDim;
   private final DType dtype;
   private final Backend backend;
+  // Per layer, the largest selection capacity the library asked for so far:
+  // decodeSelect sizes its buffers with it and grows them when told to.
+  private final AtomicIntegerArray capacityHints;
 
   /**
    * Creates a context.
@@ -106,6 +120,7 @@ public final class PqContext implements AutoCloseable {
       headDim = effective.getHead_dim();
       dtype = DType.fromCode(effective.getDtype());
       backend = Backend.fromCode(usedBackend[0]);
+      capacityHints = new AtomicIntegerArray(layers);
     } catch (RuntimeException e) {
       cleanable.clean();
       throw e;
@@ -251,29 +266,188 @@ public final class PqContext implements AutoCloseable {
   }
 
   /**
+   * Positions per kv head a selection at {@code layer} needs for a sequence of
+   * {@code tokens} tokens, without a sequence. It never decreases as tokens
+   * grow: the capacity for the longest sequence admitted sizes every buffer.
+   */
+  public int selectionCapacityFor(int layer, long tokens) {
+    long[] capacity = new long[1];
+    run(h -> pqcache.pq_selection_capacity_for(h, layer, tokens, capacity));
+    return Math.toIntExact(capacity[0]);
+  }
+
+  /**
    * Selects, per kv head, the sink tokens, the top-k middle tokens for the
-   * query ({@code 1 x queryHeads x headDim}) and the local window. With the
-   * PQ selector it waits for this layer's build if it is still running.
+   * query ({@code 1 x queryHeads x headDim}) and the local window
+   * (pq_decode_select). With the PQ selector it waits for this layer's build
+   * if it is still running. The selection's buffers are sized from the
+   * largest capacity this layer needed so far and grown once when the
+   * library asks for more, so {@link Selection#capacity()} is at least
+   * {@link #selectionCapacity}. Errors are pq_decode_select's.
    */
   public Selection decodeSelect(long seqId, int layer, ByteBuffer query) {
     ByteBuffer q = input(query, "query", 1, queryHeads);
     return call(h -> {
-      int capacity = capacity(h, seqId, layer);
-      ByteBuffer[] arrays = Selection.allocateNative(kvHeads, capacity);
-      pq_selection selection = new pq_selection();
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
-        selection.attach(arrays[0], arrays[1], capacity);
-        pqcache.pq_decode_select(h, seqId, layer, tq.tensor, selection);
-      } finally {
-        selection.delete();
+        int capacity = capacityHint(layer);
+        ByteBuffer[] arrays = Selection.allocateNative(kvHeads, capacity);
+        try {
+          selectInto(h, seqId, layer, tq.tensor, arrays, capacity);
+        } catch (PqException e) {
+          if (e.status() != Status.BUFFER_TOO_SMALL) {
+            throw e;
+          }
+          return selectGrown(h, seqId, layer, tq.tensor, arrays);
+        }
+        return Selection.fromNative(kvHeads, capacity, arrays[0], arrays[1]);
       }
-      return Selection.fromNative(kvHeads, capacity, arrays[0], arrays[1]);
     });
   }
 
   /** {@link #decodeSelect(long, int, ByteBuffer)} from an array (F32; copies). */
   public Selection decodeSelect(long seqId, int layer, float[] query) {
     return decodeSelect(seqId, layer, copyIn(query, "query", 1, queryHeads));
+  }
+
+  /**
+   * {@link #decodeSelect(long, int, ByteBuffer)} for every sequence at one
+   * layer, in one library call (pq_decode_select_batch): {@code queries[i]}
+   * belongs to {@code seqIds[i]}, which may appear once. Returns the
+   * selections in the same order; one still too small for its sequence is
+   * grown and selected once more on its own, as decodeSelect does.
+   *
+   * @throws PqBatchException if items failed: the first failing item's
+   *     status and message (naming the item and its seq_id), every item's
+   *     status, and the selections of the items that succeeded
+   * @throws PqException INVALID_ARGUMENT for the call as a whole (a bad
+   *     layer, a repeated seq_id), before any item ran
+   */
+  public Selection[] decodeSelectBatch(int layer, long[] seqIds, ByteBuffer[] queries) {
+    int n = batchSize(seqIds, queries, "queries");
+    ByteBuffer[] q = new ByteBuffer[n];
+    for (int i = 0; i < n; i++) {
+      q[i] = input(queries[i], "queries[" + i + "]", 1, queryHeads);
+    }
+    return call(h -> {
+      int capacity = capacityHint(layer);
+      NativeTensor[] tensors = new NativeTensor[n];
+      ByteBuffer[][] arrays = new ByteBuffer[n][];
+      SWIGTYPE_p_pq_select_item items = pqcache.pqj_select_items_new(n);
+      if (items == null) {
+        throw new OutOfMemoryError("pq_select_item[" + n + "]");
+      }
+      try {
+        for (int i = 0; i < n; i++) {
+          tensors[i] = tensor(q[i], TOKEN_MAJOR, 1, queryHeads);
+          arrays[i] = Selection.allocateNative(kvHeads, capacity);
+          pq_selection out = new pq_selection();
+          try {
+            out.attach(arrays[i][0], arrays[i][1], capacity);
+            pqcache.pqj_select_items_set(items, i, seqIds[i], tensors[i].tensor, out);
+          } finally {
+            out.delete();
+          }
+        }
+        PqException failure = null;
+        try {
+          pqcache.pq_decode_select_batch(h, layer, items, n);
+        } catch (PqException e) {
+          failure = e;
+        }
+        int[] codes = new int[n];
+        for (int i = 0; i < n; i++) {
+          codes[i] = pqcache.pqj_select_items_status(items, i);
+        }
+        Reference.reachabilityFence(arrays);
+        return selectBatchResults(h, layer, seqIds, tensors, arrays, capacity, codes, failure);
+      } finally {
+        pqcache.pqj_select_items_delete(items);
+        for (NativeTensor t : tensors) {
+          if (t != null) {
+            t.close();
+          }
+        }
+      }
+    });
+  }
+
+  /** {@link #decodeSelectBatch(int, long[], ByteBuffer[])} from arrays (F32; copies). */
+  public Selection[] decodeSelectBatch(int layer, long[] seqIds, float[][] queries) {
+    int n = batchSize(seqIds, queries, "queries");
+    ByteBuffer[] q = new ByteBuffer[n];
+    for (int i = 0; i < n; i++) {
+      q[i] = copyIn(queries[i], "queries[" + i + "]", 1, queryHeads);
+    }
+    return decodeSelectBatch(layer, seqIds, q);
+  }
+
+  /**
+   * {@link #fetchKV(long, int, Selection, ByteBuffer, ByteBuffer)} for every
+   * sequence at one layer, in one library call (pq_fetch_kv_batch): item i
+   * gathers {@code selections[i]} of {@code seqIds[i]} into {@code outKeys[i]}
+   * and {@code outValues[i]}, head-major as fetchKV writes them. No two
+   * outputs may overlap.
+   *
+   * @throws PqBatchException if items failed: the first failing item's
+   *     status and message (naming the item and its seq_id) and every item's
+   *     status; the outputs of the items that succeeded are written
+   * @throws PqException INVALID_ARGUMENT for the call as a whole (a bad
+   *     layer, a repeated seq_id, overlapping outputs), before any item ran
+   */
+  public void fetchKVBatch(int layer, long[] seqIds, Selection[] selections, ByteBuffer[] outKeys,
+      ByteBuffer[] outValues) {
+    int n = batchSize(seqIds, selections, "selections");
+    batchSize(seqIds, outKeys, "outKeys");
+    batchSize(seqIds, outValues, "outValues");
+    ByteBuffer[] k = new ByteBuffer[n];
+    ByteBuffer[] v = new ByteBuffer[n];
+    for (int i = 0; i < n; i++) {
+      checkSelection(selections[i], "selections[" + i + "]");
+      int rows = selections[i].capacity();
+      k[i] = output(outKeys[i], "outKeys[" + i + "]", rows, kvHeads);
+      v[i] = output(outValues[i], "outValues[" + i + "]", rows, kvHeads);
+    }
+    run(h -> {
+      NativeTensor[] tensors = new NativeTensor[2 * n];
+      SWIGTYPE_p_pq_fetch_item items = pqcache.pqj_fetch_items_new(n);
+      if (items == null) {
+        throw new OutOfMemoryError("pq_fetch_item[" + n + "]");
+      }
+      try {
+        for (int i = 0; i < n; i++) {
+          int rows = selections[i].capacity();
+          tensors[2 * i] = tensor(k[i], HEAD_MAJOR, rows, kvHeads);
+          tensors[2 * i + 1] = tensor(v[i], HEAD_MAJOR, rows, kvHeads);
+          pq_selection chosen = attached(selections[i]);
+          try {
+            pqcache.pqj_fetch_items_set(items, i, seqIds[i], chosen, tensors[2 * i].tensor,
+                tensors[2 * i + 1].tensor);
+          } finally {
+            chosen.delete();
+          }
+        }
+        try {
+          pqcache.pq_fetch_kv_batch(h, layer, items, n);
+        } catch (PqException e) {
+          int[] codes = new int[n];
+          for (int i = 0; i < n; i++) {
+            codes[i] = pqcache.pqj_fetch_items_status(items, i);
+          }
+          if (Arrays.stream(codes).allMatch(c -> c == pq_status.PQ_OK)) {
+            throw e; // the call as a whole failed: no item ran
+          }
+          throw new PqBatchException(e.code(), e.libraryMessage(), codes, null);
+        }
+      } finally {
+        pqcache.pqj_fetch_items_delete(items);
+        for (NativeTensor t : tensors) {
+          if (t != null) {
+            t.close();
+          }
+        }
+        Reference.reachabilityFence(selections);
+      }
+    });
   }
 
   /**
@@ -284,11 +458,7 @@ public final class PqContext implements AutoCloseable {
    */
   public void fetchKV(long seqId, int layer, Selection selection, ByteBuffer outKeys,
       ByteBuffer outValues) {
-    Objects.requireNonNull(selection, "selection");
-    if (selection.kvHeads() != kvHeads) {
-      throw new IllegalArgumentException("selection has " + selection.kvHeads()
-          + " kv heads, the context " + kvHeads);
-    }
+    checkSelection(selection, "selection");
     int rows = selection.capacity();
     ByteBuffer k = output(outKeys, "outKeys", rows, kvHeads);
     ByteBuffer v = output(outValues, "outValues", rows, kvHeads);
@@ -445,6 +615,104 @@ public final class PqContext implements AutoCloseable {
     long[] capacity = new long[1];
     pqcache.pq_selection_capacity(h, seqId, layer, capacity);
     return Math.toIntExact(capacity[0]);
+  }
+
+  /** The largest capacity the library asked for at this layer so far (0 out of range). */
+  private int capacityHint(int layer) {
+    return layer >= 0 && layer < layers ? capacityHints.get(layer) : 0;
+  }
+
+  /** One pq_decode_select into arrays (positions, counts) of the given capacity. */
+  private static void selectInto(long h, long seqId, int layer, pq_tensor query,
+      ByteBuffer[] arrays, int capacity) {
+    pq_selection selection = new pq_selection();
+    try {
+      selection.attach(arrays[0], arrays[1], capacity);
+      pqcache.pq_decode_select(h, seqId, layer, query, selection);
+    } finally {
+      selection.delete();
+      Reference.reachabilityFence(arrays);
+    }
+  }
+
+  /**
+   * After BUFFER_TOO_SMALL, which wrote the capacity needed into the counts of
+   * {@code tooSmall}: selects once more into arrays of that size.
+   */
+  private Selection selectGrown(long h, long seqId, int layer, pq_tensor query,
+      ByteBuffer[] tooSmall) {
+    int needed = tooSmall[1].getInt(0);
+    if (layer >= 0 && layer < layers) {
+      capacityHints.accumulateAndGet(layer, needed, Math::max);
+    }
+    ByteBuffer[] arrays = Selection.allocateNative(kvHeads, needed);
+    selectInto(h, seqId, layer, query, arrays, needed);
+    return Selection.fromNative(kvHeads, needed, arrays[0], arrays[1]);
+  }
+
+  /**
+   * The selections of a batch whose items wrote {@code codes}: items too
+   * small for their sequence are grown and selected once more on their own;
+   * then the first item still failing throws. The library's message names
+   * the first item that failed in the batch; an item failing after it was
+   * retried, or after such an item, gets a message built from its status.
+   */
+  private Selection[] selectBatchResults(long h, int layer, long[] seqIds, NativeTensor[] tensors,
+      ByteBuffer[][] arrays, int capacity, int[] codes, PqException failure) {
+    if (failure != null && Arrays.stream(codes).allMatch(c -> c == pq_status.PQ_OK)) {
+      throw failure; // the call as a whole failed: no item ran
+    }
+    int named = 0; // the item the library's message is about
+    while (named < codes.length && codes[named] == pq_status.PQ_OK) {
+      named++;
+    }
+    Selection[] selections = new Selection[codes.length];
+    int first = -1;
+    String message = null;
+    for (int i = 0; i < codes.length; i++) {
+      String retryMessage = null;
+      if (codes[i] == pq_status.PQ_ERR_BUFFER_TOO_SMALL) {
+        try {
+          selections[i] = selectGrown(h, seqIds[i], layer, tensors[i].tensor, arrays[i]);
+          codes[i] = pq_status.PQ_OK;
+        } catch (PqException retry) {
+          codes[i] = retry.code();
+          retryMessage = retry.libraryMessage();
+        }
+      } else if (codes[i] == pq_status.PQ_OK) {
+        selections[i] = Selection.fromNative(kvHeads, capacity, arrays[i][0], arrays[i][1]);
+      }
+      if (codes[i] != pq_status.PQ_OK && first < 0) {
+        first = i;
+        message = retryMessage == null && i == named ? failure.libraryMessage()
+            : "pq_decode_select_batch: items[" + i + "] (seq_id " + Long.toUnsignedString(seqIds[i])
+                + "): " + (retryMessage != null ? retryMessage : pqcache.pq_status_string(codes[i]));
+      }
+    }
+    if (first >= 0) {
+      throw new PqBatchException(codes[first], message, codes, selections);
+    }
+    return selections;
+  }
+
+  /** The number of items of a batch: one entry of {@code items} per sequence id. */
+  private static int batchSize(long[] seqIds, Object[] items, String name) {
+    Objects.requireNonNull(seqIds, "seqIds");
+    Objects.requireNonNull(items, name);
+    if (items.length != seqIds.length) {
+      throw new IllegalArgumentException(name + " has " + items.length + " entries for "
+          + seqIds.length + " seqIds; expected one each");
+    }
+    return seqIds.length;
+  }
+
+  /** The library reads kvHeads counts and rows of a selection. */
+  private void checkSelection(Selection selection, String name) {
+    Objects.requireNonNull(selection, name);
+    if (selection.kvHeads() != kvHeads) {
+      throw new IllegalArgumentException(name + " has " + selection.kvHeads()
+          + " kv heads, the context " + kvHeads);
+    }
   }
 
   private static pq_selection attached(Selection selection) {

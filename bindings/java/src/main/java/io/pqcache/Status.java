@@ -3,7 +3,7 @@ package io.pqcache;
 /** The library's result codes ({@code pq_status} in pqcache.h). */
 public enum Status {
   OK(0),
-  /** An argument is null, out of range, inconsistent with the configuration, or too small. */
+  /** An argument is null, out of range or inconsistent with the configuration. */
   INVALID_ARGUMENT(-1),
   /** An allocation failed or the context's host memory limit would be exceeded; nothing changed. */
   OUT_OF_MEMORY(-2),
@@ -17,6 +17,12 @@ public enum Status {
   BACKEND(-6),
   /** A bug in libpqcache; please report it with the message. */
   INTERNAL(-7),
+  /**
+   * An output buffer is too small; the library wrote the size it needs (added in 0.4, which
+   * returned {@link #INVALID_ARGUMENT} before). {@link PqContext#decodeSelect} sizes its own
+   * buffers and grows them on this status, so callers see it only from their own buffers.
+   */
+  BUFFER_TOO_SMALL(-8),
   /** A code this binding does not know (a newer library); see {@link PqException#code()}. */
   UNKNOWN(Integer.MIN_VALUE);
 
