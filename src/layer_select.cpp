@@ -72,7 +72,8 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
     int32_t* row = out->positions + h * out->capacity;
     int64_t w = 0;
     for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
-    std::memcpy(row + w, middle.data() + h * r.k, static_cast<size_t>(r.k) * sizeof(int32_t));
+    if (r.k > 0)  // middle is empty then, and memcpy from its null data() is undefined
+      std::memcpy(row + w, middle.data() + h * r.k, static_cast<size_t>(r.k) * sizeof(int32_t));
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
     out->counts[h] = static_cast<int32_t>(count);
