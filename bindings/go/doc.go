@@ -15,6 +15,11 @@
 // are serialised by the library. Close waits for the calls in progress and
 // makes every later call fail with ErrBadState.
 //
+// Batches: DecodeSelectBatch and FetchKVBatch run one layer for many
+// sequences in one library call, spread over the library's worker pool.
+// Each SelectItem or FetchItem succeeds or fails on its own and carries its
+// Status; the call returns the first failing item's *Error, which names it.
+//
 // Memory: tensors are views of the caller's slices, passed to the library
 // without copying; the library copies what it keeps before the call returns,
 // so the slices may be reused as soon as a method returns. A Context owns C

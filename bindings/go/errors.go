@@ -22,6 +22,10 @@ const (
 	ErrUnsupported     Status = -5
 	ErrBackend         Status = -6
 	ErrInternal        Status = -7
+	// ErrBufferTooSmall (added in 0.4; InvalidArgument before): an output
+	// buffer is too small and the library wrote the size it needs. The
+	// methods of this package size their own buffers and grow them on it.
+	ErrBufferTooSmall Status = -8
 )
 
 // Error returns the library's name of the status, e.g.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -31,6 +32,9 @@ type Context struct {
 	mu     sync.RWMutex
 	handle pqswig.Struct_SS_pq_context // nil once closed
 	config Config                      // the effective configuration
+	// Per layer, the largest selection capacity the library asked for so
+	// far: DecodeSelect sizes its buffers with it and grows them when told.
+	capacityHints []atomic.Int64
 }
 
 // NewContext creates a context (pq_create). Errors are *Error:
@@ -66,6 +70,7 @@ func NewContext(cfg Config) (*Context, error) {
 		return nil, err
 	}
 	c.config = configFromC(effective)
+	c.capacityHints = make([]atomic.Int64, c.config.NumLayers)
 
 	// A safety net only: the collector may run it late or never.
 	runtime.SetFinalizer(c, func(c *Context) { c.Close() })
@@ -92,12 +97,20 @@ func (c *Context) Config() Config { return c.config }
 
 // do runs one library call on the open context.
 func (c *Context) do(op string, f func(h pqswig.Struct_SS_pq_context) Status) error {
+	return c.withHandle(op, func(h pqswig.Struct_SS_pq_context) error {
+		return call(op, func() Status { return f(h) })
+	})
+}
+
+// withHandle runs f, which may make several library calls (each through
+// call), on the open context.
+func (c *Context) withHandle(op string, f func(h pqswig.Struct_SS_pq_context) error) error {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.handle == nil {
 		return &Error{Op: op, Status: ErrBadState, Message: op + ": the Context is closed"}
 	}
-	return call(op, func() Status { return f(c.handle) })
+	return f(c.handle)
 }
 
 // Backend is the backend in use (pq_get_backend).
@@ -159,6 +172,42 @@ func (c *Context) SelectionCapacity(seq uint64, layer int) (int, error) {
 		return Status(pqswig.Pq_selection_capacity(h, seq, layer, out))
 	})
 	return int(out[0]), err
+}
+
+// SelectionCapacityFor is the number of positions per kv head that
+// DecodeSelect needs at layer for a sequence of tokens tokens, without a
+// sequence (pq_selection_capacity_for). It never decreases as tokens grow:
+// the capacity for the longest sequence admitted sizes every buffer once.
+func (c *Context) SelectionCapacityFor(layer int, tokens int64) (int, error) {
+	const op = "pq_selection_capacity_for"
+	if err := checkLayer(op, layer); err != nil {
+		return 0, err
+	}
+	out := make([]int64, 1)
+	err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(pqswig.Pq_selection_capacity_for(h, layer, tokens, out))
+	})
+	return int(out[0]), err
+}
+
+// capacityHint is the largest capacity the library asked for at layer so
+// far (0 for a layer out of range: the library reports it).
+func (c *Context) capacityHint(layer int) int {
+	if layer < 0 || layer >= len(c.capacityHints) {
+		return 0
+	}
+	return int(c.capacityHints[layer].Load())
+}
+
+// raiseCapacityHint records that layer needed capacity.
+func (c *Context) raiseCapacityHint(layer, capacity int) {
+	if layer < 0 || layer >= len(c.capacityHints) {
+		return
+	}
+	hint := &c.capacityHints[layer]
+	for old := hint.Load(); int64(capacity) > old && !hint.CompareAndSwap(old, int64(capacity)); {
+		old = hint.Load()
+	}
 }
 
 // WaitBuilds blocks until every index build queued so far has finished.

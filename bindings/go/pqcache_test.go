@@ -63,6 +63,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"ErrUnsupported", int(ErrUnsupported), int(pqswig.PQ_ERR_UNSUPPORTED)},
 		{"ErrBackend", int(ErrBackend), int(pqswig.PQ_ERR_BACKEND)},
 		{"ErrInternal", int(ErrInternal), int(pqswig.PQ_ERR_INTERNAL)},
+		{"ErrBufferTooSmall", int(ErrBufferTooSmall), int(pqswig.PQ_ERR_BUFFER_TOO_SMALL)},
 		{"DTypeF32", int(DTypeF32), int(pqswig.PQ_DTYPE_F32)},
 		{"DTypeF16", int(DTypeF16), int(pqswig.PQ_DTYPE_F16)},
 		{"DTypeBF16", int(DTypeBF16), int(pqswig.PQ_DTYPE_BF16)},

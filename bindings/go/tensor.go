@@ -60,6 +60,7 @@ static pq_status go_pq_fetch(pq_context* ctx, uint64_t seq, int32_t layer, int32
 import "C"
 
 import (
+	"errors"
 	"math"
 	"unsafe"
 
@@ -235,12 +236,39 @@ func (s *Selection) MaxCount() int {
 // and the local tokens (pq_decode_select). Calls that change the same
 // (seq, layer) from another goroutine meanwhile must be ordered by the
 // caller, as for any decode step.
+//
+// The selection is sized from the largest capacity this layer needed so
+// far, and grown once when the library asks for more (ErrBufferTooSmall),
+// so its Capacity is at least SelectionCapacity(seq, layer). Errors are
+// pq_decode_select's.
 func (c *Context) DecodeSelect(seq uint64, layer int, query Tensor) (*Selection, error) {
 	const op = "pq_decode_select"
-	capacity, err := c.SelectionCapacity(seq, layer)
+	if err := checkLayer(op, layer); err != nil {
+		return nil, err
+	}
+	if _, err := query.shape(op, "query"); err != nil {
+		return nil, err
+	}
+	var sel *Selection
+	err := c.withHandle(op, func(h pqswig.Struct_SS_pq_context) (err error) {
+		sel, err = c.selectInto(h, seq, layer, query, c.capacityHint(layer))
+		if errors.Is(err, ErrBufferTooSmall) {
+			sel, err = c.selectGrown(h, seq, layer, query, int(sel.Counts[0]))
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
+	return sel, nil
+}
+
+// selectInto runs pq_decode_select into a new selection of the given
+// capacity; the query's shape was checked. On ErrBufferTooSmall the
+// selection comes back too, its counts holding the capacity needed.
+func (c *Context) selectInto(h pqswig.Struct_SS_pq_context, seq uint64, layer int, query Tensor,
+	capacity int) (*Selection, error) {
+	const op = "pq_decode_select"
 	qs, err := query.shape(op, "query")
 	if err != nil {
 		return nil, err
@@ -251,10 +279,19 @@ func (c *Context) DecodeSelect(seq uint64, layer int, query Tensor) (*Selection,
 		Counts:    make([]int32, heads),
 		Positions: make([]int32, heads*capacity),
 	}
-	err = c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+	err = call(op, func() Status {
 		return Status(C.go_pq_select(cContext(h), C.uint64_t(seq), C.int32_t(layer), query.data, qs,
 			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(capacity)))
 	})
+	return sel, err
+}
+
+// selectGrown selects once more, after ErrBufferTooSmall, with the capacity
+// the library asked for, and remembers it for the layer.
+func (c *Context) selectGrown(h pqswig.Struct_SS_pq_context, seq uint64, layer int, query Tensor,
+	needed int) (*Selection, error) {
+	c.raiseCapacityHint(layer, needed)
+	sel, err := c.selectInto(h, seq, layer, query, needed)
 	if err != nil {
 		return nil, err
 	}
@@ -271,17 +308,8 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 	if err := checkLayer(op, layer); err != nil {
 		return err
 	}
-	// The library reads NumKVHeads counts and, per head, counts[h] positions
-	// from row h*Capacity: a selection built or edited by hand must hold them.
-	heads := c.config.NumKVHeads
-	if sel == nil || len(sel.Counts) != heads || sel.Capacity < 0 ||
-		len(sel.Positions) < heads*sel.Capacity {
-		return invalid(op, "selection: want %d counts and %d x Capacity positions", heads, heads)
-	}
-	for h, n := range sel.Counts {
-		if n < 0 || int(n) > sel.Capacity {
-			return invalid(op, "selection: Counts[%d] = %d is outside [0, Capacity = %d]", h, n, sel.Capacity)
-		}
+	if err := c.checkSelection(op, "selection", sel); err != nil {
+		return err
 	}
 	ks, vs, err := kvShapes(op, keys, values)
 	if err != nil {
@@ -292,4 +320,21 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(sel.Capacity),
 			keys.data, ks, values.data, vs))
 	})
+}
+
+// checkSelection refuses a selection the library would read past: it reads
+// NumKVHeads counts and, per head, counts[h] positions from row h*Capacity,
+// so a selection built or edited by hand must hold them.
+func (c *Context) checkSelection(op, name string, sel *Selection) error {
+	heads := c.config.NumKVHeads
+	if sel == nil || len(sel.Counts) != heads || sel.Capacity < 0 ||
+		len(sel.Positions) < heads*sel.Capacity {
+		return invalid(op, "%s: want %d counts and %d x Capacity positions", name, heads, heads)
+	}
+	for h, n := range sel.Counts {
+		if n < 0 || int(n) > sel.Capacity {
+			return invalid(op, "%s: Counts[%d] = %d is outside [0, Capacity = %d]", name, h, n, sel.Capacity)
+		}
+	}
+	return nil
 }

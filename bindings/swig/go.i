@@ -40,3 +40,9 @@
 %ignore pq_index_codes;
 %ignore pq_index_centroids;
 %ignore pq_sequence_set_stream;
+/* The batch calls' items point at the data as well; bindings/go/batch.go
+ * builds them in C memory. */
+%ignore pq_select_item;
+%ignore pq_fetch_item;
+%ignore pq_decode_select_batch;
+%ignore pq_fetch_kv_batch;
