@@ -18,7 +18,9 @@ struct SelectScratch {
   std::vector<uint8_t> chosen;      // top-k: 1 for selected positions
   std::vector<int32_t> tied;        // top-k: candidates of the threshold bucket
   std::vector<int32_t> next;        // top-k: the next pass's candidates
-  std::vector<uint32_t> histogram;  // top-k: radix histograms
+  std::vector<uint32_t> histogram;  // top-k: radix histograms; tuple path: tuple counts
+  std::vector<uint32_t> weights;    // tuple path: tokens per present tuple
+  std::vector<int32_t> candidates;  // tuple path: threshold candidates
 };
 
 class ScratchPool {

@@ -102,6 +102,28 @@ inline uint32_t ordered_key(float f) {
 
 }  // namespace
 
+uint32_t ordered_score_key(float f) { return ordered_key(f); }
+
+void combine_softmax_weighted(const float* raw, const uint32_t* counts, int32_t group_size,
+                              int64_t n, float scale, float* out, SelectScratch& scratch) {
+  std::fill(out, out + n, 0.f);
+  std::vector<float>& tmp = scratch.exp_tmp;
+  tmp.resize(static_cast<size_t>(n));
+  for (int32_t g = 0; g < group_size; ++g) {
+    const float* r = raw + static_cast<size_t>(g) * n;
+    float max_raw = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) max_raw = std::max(max_raw, r[i]);
+    const float max_logit = max_raw * scale;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      tmp[static_cast<size_t>(i)] = exp_nonpositive(r[i] * scale - max_logit);
+      sum += static_cast<double>(counts[i]) * tmp[static_cast<size_t>(i)];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) out[i] += tmp[static_cast<size_t>(i)] * inv;
+  }
+}
+
 void combine_group_scores(const float* raw, int32_t group_size, int64_t n, int32_t mode,
                           float scale, float* out, SelectScratch& scratch) {
   if (mode == PQ_GQA_SUM_SOFTMAX && group_size > 1) {

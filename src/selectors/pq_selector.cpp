@@ -2,6 +2,7 @@
 // table of query sub-vector x centroid dot products, summed over the codes.
 #include <vector>
 
+#include "pq_tuple_select.h"
 #include "selector.h"
 #include "vector_math.h"
 
@@ -87,11 +88,19 @@ class PqSelector final : public Selector {
     const PqCodebook& cb = r.index->codebook;
     const uint8_t* codes =
         r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
+    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
+    // Few possible code tuples (m * b <= 16): score the tuples, not the
+    // tokens (pq_tuple_select.h).
+    if (pq_tuple_select_applies(cb.subspaces, cb.centroids, m)) {
+      pq_tuple_select(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, r.mid_begin,
+                      r.combine, r.scale, r.k, out, r.scratch);
+      return bytes;
+    }
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(r.group_size) * m);
     r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, raw.data());
     select_from_raw(r, raw.data(), out);
-    return static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
+    return bytes;
   }
 };
 
