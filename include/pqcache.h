@@ -567,6 +567,30 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                              const pq_tensor* out_keys,
                              const pq_tensor* out_values);
 
+/* The attention of one token's query over a selection (added in 0.4), read
+ * straight from the host store: what a CPU inference engine needs from the
+ * decode step, without the gathered copy of pq_fetch_kv. For query head q
+ * of kv head h = q / (num_q_heads / num_kv_heads), over the selected
+ * positions p_i of row h:
+ *   out[q][d]  = sum_i softmax_i(scale * query_q . K[p_i]) * V[p_i][d]
+ *   out_lse[q] = ln sum_i exp(scale * query_q . K[p_i])
+ * in float (f32 accumulation, whatever the stored dtype); the log-sum-exp
+ * lets a caller merge attentions over disjoint token sets (for example this
+ * one and one over tokens it keeps itself). query: 1 token x num_q_heads x
+ * head_dim in the config dtype (host or device memory); scale 0 means
+ * 1 / sqrt(head_dim); out: num_q_heads * head_dim floats of host memory;
+ * out_lse: num_q_heads floats, or NULL. A kv head with no selected token
+ * gives zeros and -inf. A repeated position counts as often as it appears.
+ * Works on every backend (the K/V are read on the host). Its time counts in
+ * pq_stats.fetch_seconds, as the fetch it stands in for.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (shapes, scale < 0 or not finite, NaN in
+ * the query, positions past the length), PQ_ERR_NOT_FOUND,
+ * PQ_ERR_BAD_STATE (layer never prefilled). Threading: as pq_fetch_kv. */
+PQ_API pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                  const pq_tensor* query,
+                                  const pq_selection* selection, float scale,
+                                  float* out, float* out_lse);
+
 /* --- One layer for a batch of sequences (added in 0.4) -------------------
  * A serving engine runs a layer for every request of its batch at once:
  * these calls take the whole batch, so a decode step costs O(layers) calls

@@ -196,6 +196,14 @@ pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer, int64_
   });
 }
 
+pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                           const pq_tensor* query, const pq_selection* selection, float scale,
+                           float* out, float* out_lse) {
+  return pq::guarded(__func__, [&] {
+    ctx_of(ctx).decode_attend(seq_id, layer, query, selection, scale, out, out_lse);
+  });
+}
+
 pq_status pq_decode_select_batch(pq_context* ctx, int32_t layer, pq_select_item* items,
                                  int64_t count) {
   return pq::guarded(__func__, [&] { ctx_of(ctx).decode_select_batch(layer, items, count); });

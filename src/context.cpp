@@ -222,6 +222,27 @@ void Context::fetch(uint64_t id, int32_t layer, const pq_selection* sel,
                                                  seq->info());
 }
 
+void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query,
+                            const pq_selection* sel, float scale, float* out, float* out_lse) {
+  const pq_config& c = shared_.config;
+  check_layer(layer);
+  validate_tensor(query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  check_selection(sel, c.num_kv_heads);
+  if (!std::isfinite(scale) || scale < 0.f)
+    invalid("scale is " + std::to_string(scale) + "; expected a finite value >= 0 (0: "
+            "1 / sqrt(head_dim))");
+  if (out == nullptr) invalid("out is NULL");
+  if (!shared_.backend->supports_memory(query->memory))
+    fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
+                                 shared_.backend->name() + " backend cannot read");
+  const std::vector<float> queries =
+      query_floats(*shared_.backend, *query, c.num_q_heads, c.head_dim, c.dtype);
+  std::shared_ptr<Sequence> seq = find(id);
+  ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
+  seq->layers[static_cast<size_t>(layer)]->attend(queries, sel, scale == 0.f ? shared_.scale : scale,
+                                                  out, out_lse, id);
+}
+
 // ---------------------------------------------------------------------------
 // Inputs some selectors need
 // ---------------------------------------------------------------------------

@@ -58,6 +58,9 @@ class Context {
   void fetch(uint64_t id, int32_t layer, const pq_selection* selection, const pq_tensor* keys,
              const pq_tensor* values);
 
+  void decode_attend(uint64_t id, int32_t layer, const pq_tensor* query, const pq_selection* sel,
+                     float scale, float* out, float* out_lse);
+
   // The batched calls (context_batch.cpp): every item's status is written;
   // the first failing item's error is thrown, naming it, after all ran.
   void decode_select_batch(int32_t layer, pq_select_item* items, int64_t count);

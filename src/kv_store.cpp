@@ -24,6 +24,7 @@ KvStore::KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* b
                  uint64_t chunk_charge)
     : heads_(heads),
       head_dim_(head_dim),
+      dtype_(dtype),
       element_size_(dtype_size(dtype)),
       budget_(budget),
       chunk_charge_(chunk_charge) {}

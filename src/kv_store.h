@@ -54,6 +54,8 @@ class KvStore {
   const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
   const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }
   size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }
+  int32_t head_dim() const { return head_dim_; }
+  int32_t dtype() const { return dtype_; }
 
   Snapshot snapshot() const;
 
@@ -70,6 +72,7 @@ class KvStore {
 
   int32_t heads_;
   int32_t head_dim_;
+  int32_t dtype_;
   size_t element_size_;
   MemoryBudget* budget_;
   uint64_t chunk_charge_;

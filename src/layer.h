@@ -93,6 +93,11 @@ class Layer {
   // pq_observe_attention, after check_selection.
   void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
 
+  // --- attention (layer_attend.cpp) ---------------------------------------
+  // pq_decode_attend, after check_selection: queries [q_heads][head_dim].
+  void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
+              float* out_lse, uint64_t seq_id);
+
   // --- fetch (layer_fetch.cpp) --------------------------------------------
   // pq_fetch_kv, after check_selection and the output tensors' checks.
   void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,

@@ -7,43 +7,12 @@
 #include <vector>
 
 #include "cpu_dispatch.h"
+#include "fast_exp.h"
 #include "pqcache.h"
 
 namespace pq {
 
 namespace {
-
-// exp(x) for x <= 0, relative error below 2e-7 (Cephes' expf polynomial),
-// written as straight-line float and int arithmetic so that the loops below
-// vectorise; libm's expf does not, and it dominated the decode step. The
-// clamp to [-87, 0] works on the bits (|x| as an integer, then the sign set)
-// with a plain ternary: a float compare, or std::min's references, keep GCC
-// 12 from vectorising inside the AVX2 build (checked in objdump).
-inline float exp_nonpositive(float x) {
-  int32_t magnitude;
-  std::memcpy(&magnitude, &x, sizeof magnitude);
-  magnitude &= 0x7fffffff;
-  magnitude = magnitude < 0x42ae0000 ? magnitude : 0x42ae0000;  // |x| <= 87.0f
-  uint32_t clamped_bits = static_cast<uint32_t>(magnitude) | 0x80000000u;
-  std::memcpy(&x, &clamped_bits, sizeof x);  // x = -|x|, in [-87, 0]
-  const float log2e = 1.44269504088896341f;
-  // Round x*log2e to the nearest integer with the 1.5*2^23 trick.
-  const float shifter = 12582912.0f;
-  float n = (x * log2e + shifter) - shifter;
-  float r = x - n * 0.693359375f;    // ln2, high part (exact product)
-  r = r - n * -2.12194440e-4f;       // ln2, low part
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n; n >= -126 here
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
 
 // Float reductions do not vectorise without -ffast-math (the order of the
 // additions would change), so they are written with eight explicit lanes.
