@@ -35,6 +35,7 @@
 %ignore pq_decode_append;
 %ignore pq_decode_select;
 %ignore pq_fetch_kv;
+%ignore pq_decode_attend;
 %ignore pq_prefill_queries;
 %ignore pq_observe_attention;
 %ignore pq_index_codes;

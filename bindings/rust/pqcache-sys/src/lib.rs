@@ -415,6 +415,9 @@ pq_functions! {
                         out: *mut pq_selection) -> pq_status;
     fn pq_fetch_kv(ctx: *mut pq_context, seq_id: u64, layer: i32, selection: *const pq_selection,
                    out_keys: *const pq_tensor, out_values: *const pq_tensor) -> pq_status;
+    fn pq_decode_attend(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
+                        selection: *const pq_selection, scale: f32, out: *mut f32,
+                        out_lse: *mut f32) -> pq_status;
     fn pq_decode_select_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_select_item,
                               count: i64) -> pq_status;
     fn pq_fetch_kv_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_fetch_item,
