@@ -20,6 +20,10 @@ uint16_t float_to_bf16(float f);  // round to nearest even
 // Converts count elements of the given type to float.
 void to_float(const void* src, int32_t dtype, int64_t count, float* out);
 
+// Copies count elements and returns whether all of them are finite: the
+// ingest's copy and check in one pass over the source.
+bool copy_if_finite(void* dst, const void* src, int64_t count, int32_t dtype);
+
 // Index of the first NaN or Inf among count elements, or -1.
 int64_t find_non_finite(const void* src, int32_t dtype, int64_t count);
 

@@ -36,7 +36,7 @@ const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   return base + (static_cast<size_t>(head) * kChunkTokens + in_chunk) * row_bytes();
 }
 
-void KvStore::append(const pq_tensor& keys, const pq_tensor& values) {
+void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) {
   int64_t count = keys.tokens;
   if (count <= 0) return;
   if (tokens_ + count > INT32_MAX)
@@ -62,18 +62,51 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values) {
   chunks_.reserve(needed);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
 
-  size_t rb = row_bytes();
-  for (int64_t t = 0; t < count; ++t) {
-    int64_t pos = tokens_ + t;
-    Chunk& c = *chunks_[static_cast<size_t>(pos / kChunkTokens)];
-    int64_t in_chunk = pos % kChunkTokens;
-    for (int32_t h = 0; h < heads_; ++h) {
-      size_t offset = (static_cast<size_t>(h) * kChunkTokens + in_chunk) * rb;
-      std::memcpy(c.keys.get() + offset, tensor_row(keys, t, h, element_size_), rb);
-      std::memcpy(c.values.get() + offset, tensor_row(values, t, h, element_size_), rb);
+  // Copy and finiteness check in one pass over the source, token ranges in
+  // parallel for a large append (chunk-aligned, so no two workers share a
+  // destination row block).
+  const int64_t first = tokens_;
+  const int64_t elements = head_dim_;
+  auto copy_range = [&](int64_t t0, int64_t t1) {
+    bool finite = true;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t pos = first + t;
+      Chunk& c = *chunks_[static_cast<size_t>(pos / kChunkTokens)];
+      const int64_t in_chunk = pos % kChunkTokens;
+      for (int32_t h = 0; h < heads_; ++h) {
+        const size_t offset = (static_cast<size_t>(h) * kChunkTokens + in_chunk) * row_bytes();
+        finite &= copy_if_finite(c.keys.get() + offset, tensor_row(keys, t, h, element_size_),
+                                 elements, dtype_);
+        finite &= copy_if_finite(c.values.get() + offset, tensor_row(values, t, h, element_size_),
+                                 elements, dtype_);
+      }
     }
+    return finite;
+  };
+  bool finite = true;
+  const uint64_t bytes = 2 * static_cast<uint64_t>(count) * heads_ * row_bytes();
+  if (pool != nullptr && pool->size() > 1 && bytes >= (uint64_t{4} << 20)) {
+    // Ranges end on chunk boundaries of the store.
+    std::vector<int64_t> bounds{0};
+    for (int64_t t = kChunkTokens - first % kChunkTokens; t < count; t += kChunkTokens * 4)
+      bounds.push_back(t);
+    bounds.push_back(count);
+    std::vector<uint8_t> ok(bounds.size() - 1, 1);
+    pool->parallel_for(static_cast<int64_t>(ok.size()), [&](int64_t i) {
+      ok[static_cast<size_t>(i)] = copy_range(bounds[static_cast<size_t>(i)],
+                                              bounds[static_cast<size_t>(i) + 1]);
+    });
+    for (uint8_t o : ok) finite &= o != 0;
+  } else {
+    finite = copy_range(0, count);
   }
   tokens_ += count;
+  if (!finite) {
+    truncate(first);  // as if the call never came
+    reject_non_finite(keys, "keys");  // names the first bad element
+    reject_non_finite(values, "values");
+    fail(PQ_ERR_INTERNAL, "a non-finite value was seen while storing but not found again");
+  }
 }
 
 void KvStore::truncate(int64_t tokens) noexcept {

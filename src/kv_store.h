@@ -10,6 +10,7 @@
 
 #include "memory_budget.h"
 #include "pqcache.h"
+#include "thread_pool.h"
 
 namespace pq {
 
@@ -47,9 +48,11 @@ class KvStore {
   uint64_t bytes_charged() const { return chunks_.size() * chunk_charge_; }
 
   // Appends keys.tokens tokens from host tensors (already validated: same
-  // token count, heads, head_dim, dtype). All or nothing: on an error
-  // (memory limit, allocation) nothing is appended and nothing is held.
-  void append(const pq_tensor& keys, const pq_tensor& values);
+  // token count, heads, head_dim, dtype), checking that every value is
+  // finite in the same pass; a large append is spread over `pool` (may be
+  // null). All or nothing: on an error (a NaN or Inf, the memory limit, an
+  // allocation) nothing is appended and nothing is held.
+  void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool = nullptr);
 
   const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
   const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }

@@ -53,7 +53,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
                          const SequenceInfo& seq) {
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
   const int64_t first = store_.tokens();
-  store_.append(keys, values);  // all or nothing
+  store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
   try {
     shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
@@ -92,8 +92,6 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
               k_view.data = const_cast<void*>(k_copy->data());
               v_view.data = const_cast<void*>(v_copy->data());
               k_view.memory = v_view.memory = PQ_MEMORY_HOST;
-              reject_non_finite(k_view, "keys");
-              reject_non_finite(v_view, "values");
               std::lock_guard<std::mutex> lock(mutex_);
               store_tokens(k_view, v_view, true, seq);
             } catch (const Error& e) {
