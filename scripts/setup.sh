@@ -3,11 +3,13 @@
 # missing. Idempotent: a package already installed is never reinstalled, and
 # `apt-get update` runs only when something has to be installed.
 #
-#   scripts/setup.sh [--eval]
+#   scripts/setup.sh [--eval] [--bench]
 #
 # --eval also installs requirements-eval.txt (torch, transformers, gguf: the
 # transformers integration, its tests and the evaluation; about 4 GB from
 # PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
+# --bench also installs requirements-bench.txt (faiss-cpu, the K-Means
+# baseline of bench/kmeans_vs_faiss.py).
 #
 # Debian 12 (bookworm). Runs as root, or through sudo when it is available.
 # The CUDA toolkit (nvcc) is not an apt package here; it is optional: without
@@ -15,10 +17,12 @@
 set -euo pipefail
 
 eval_requirements=0
+bench_requirements=0
 for arg in "$@"; do
   case "$arg" in
     --eval) eval_requirements=1 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --bench) bench_requirements=1 ;;
+    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -33,6 +37,7 @@ packages=(
   "libgtest-dev|"          # unit tests (GoogleTest)
   "libgmock-dev|"          # GoogleTest's matchers
   "libbenchmark-dev|"      # bench/ (Google Benchmark)
+  "libopenblas-dev|"       # bench/bench_floor: the BLAS dense-attention baseline
   "binutils|readelf"       # nm, readelf: the export and NEEDED checks in tests/
   "pkg-config|pkg-config"  # dependency lookup
   "python3|python3"        # scripts/bench.sh formats its table with it
@@ -87,6 +92,7 @@ fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 requirement_files=("$root/requirements.txt")
 ((eval_requirements)) && requirement_files+=("$root/requirements-eval.txt")
+((bench_requirements)) && requirement_files+=("$root/requirements-bench.txt")
 python_missing=()
 while read -r module requirement; do
   if python3 -c "import $module" >/dev/null 2>&1; then
@@ -96,7 +102,7 @@ while read -r module requirement; do
   fi
 done < <(cat "${requirement_files[@]}" |
          sed -n 's/^\([A-Za-z0-9_-]*\)\([<>=!].*\)\{0,1\}$/\1 &/p' |
-         awk '{m=$1; gsub("-","_",m); print tolower(m), $2}')
+         awk '{m=tolower($1); gsub("-","_",m); if (m == "faiss_cpu") m = "faiss"; print m, $2}')
 if ((${#python_missing[@]} > 0)); then
   echo "setup: pip installing ${python_missing[*]}"
   started=$SECONDS
