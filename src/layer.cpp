@@ -105,6 +105,15 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
               ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
                               " failed: " + e.what();
             }
+            // The future's shared state keeps this callable (libstdc++ stores
+            // it there) and the layer keeps that future, so what the callable
+            // holds must go now: otherwise the sequence owns itself and is
+            // never freed. The owner goes last, and `this` is not touched
+            // after it (it may be the sequence's last reference).
+            previous = std::shared_future<void>();
+            k_copy.reset();
+            v_copy.reset();
+            owner.reset();
           })
           .share();
   return true;

@@ -147,6 +147,18 @@ INSTANTIATE_TEST_SUITE_P(Selectors, ApiBatch,
 
 class ApiBatchErrors : public ApiBatch {};
 
+// A status no call writes, to see which items a failed call touched. It is
+// put and read through memcpy: 123 is no pq_status value, and loading it as
+// one is undefined (UBSan's enum check says so).
+constexpr int kPoison = 123;
+static_assert(sizeof(pq_status) == sizeof(int), "poison() writes an int");
+void poison(pq_status* status) { std::memcpy(status, &kPoison, sizeof kPoison); }
+int raw(const pq_status& status) {
+  int value = 0;
+  std::memcpy(&value, &status, sizeof value);
+  return value;
+}
+
 TEST_P(ApiBatchErrors, ItemsFailOnTheirOwnAndTheFirstIsNamed) {
   const int32_t layer = 0;
   std::vector<Sel> want = select_one_by_one(ctx_, ids_, queries_, layer);
@@ -198,12 +210,12 @@ TEST_P(ApiBatchErrors, CallLevelErrorsRunNoItem) {
       items[i].seq_id = ids_[i];
       items[i].query = *queries_[i].get();
       items[i].out = *got[i].get();
-      items[i].status = static_cast<pq_status>(123);
+      poison(&items[i].status);
     }
   };
   auto untouched = [&] {
     for (size_t i = 0; i < ids_.size(); ++i) {
-      EXPECT_EQ(items[i].status, 123) << i;
+      EXPECT_EQ(raw(items[i].status), kPoison) << i;
       for (int32_t c : got[i].counts) EXPECT_EQ(c, -1) << i;
     }
   };
@@ -264,10 +276,10 @@ TEST_P(ApiBatchErrors, FetchOutputsOfTwoItemsMustNotOverlap) {
   PQ_ASSERT_OK(pq_fetch_kv_batch(ctx_, layer, items.data(), n));
   // Shifting one item by a row makes it write another item's rows.
   items[2].out_keys.data = static_cast<float*>(items[2].out_keys.data) + kDim;
-  for (auto& it : items) it.status = static_cast<pq_status>(123);
+  for (auto& it : items) poison(&it.status);
   PQ_EXPECT_ERR(pq_fetch_kv_batch(ctx_, layer, items.data(), n), PQ_ERR_INVALID_ARGUMENT,
                 "items[2].out_keys");
-  for (auto& it : items) EXPECT_EQ(it.status, 123);
+  for (auto& it : items) EXPECT_EQ(raw(it.status), kPoison);
   // An item whose own arguments are wrong fails alone.
   items[2].out_keys = item_tensor(keys, 2);
   items[4].selection.counts = nullptr;
