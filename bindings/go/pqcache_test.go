@@ -2,6 +2,7 @@ package pqcache
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -302,4 +303,167 @@ func TestHalfPrecisionRoundTrip(t *testing.T) {
 			t.Fatalf("dtype %d: nothing selected", dtype)
 		}
 	}
+}
+
+// attendReference is the attention DecodeAttend computes, in float64, over
+// head-major [kv head][capacity][head dim] keys and values as FetchKV
+// gathers them: query head q uses kv head q / (refQHeads / refKVHeads).
+func attendReference(query []float32, sel *Selection, keys, values []float32,
+	scale float64) (out, lse []float64) {
+	group := refQHeads / refKVHeads
+	out = make([]float64, refQHeads*refHeadDim)
+	lse = make([]float64, refQHeads)
+	for q := 0; q < refQHeads; q++ {
+		h := q / group
+		n := int(sel.Counts[h])
+		logits := make([]float64, n)
+		peak := math.Inf(-1)
+		for i := range logits {
+			row := keys[(h*sel.Capacity+i)*refHeadDim:][:refHeadDim]
+			dot := 0.0
+			for d, k := range row {
+				dot += float64(query[q*refHeadDim+d]) * float64(k)
+			}
+			logits[i] = scale * dot
+			peak = math.Max(peak, logits[i])
+		}
+		sum := 0.0
+		for i, l := range logits {
+			w := math.Exp(l - peak)
+			sum += w
+			row := values[(h*sel.Capacity+i)*refHeadDim:][:refHeadDim]
+			for d, v := range row {
+				out[q*refHeadDim+d] += w * float64(v)
+			}
+		}
+		if n == 0 {
+			lse[q] = math.Inf(-1)
+			continue
+		}
+		for d := 0; d < refHeadDim; d++ {
+			out[q*refHeadDim+d] /= sum
+		}
+		lse[q] = peak + math.Log(sum)
+	}
+	return out, lse
+}
+
+func closeTo(got float32, want float64) bool {
+	if math.IsInf(want, -1) {
+		return math.IsInf(float64(got), -1)
+	}
+	return math.Abs(float64(got)-want) <= 1e-5+1e-4*math.Abs(want)
+}
+
+// DecodeAttend equals softmax(scale * q.K) V computed here over the rows
+// FetchKV gathers for the same selection, with GQA's head mapping; scale 0
+// is 1 / sqrt(head_dim).
+func TestDecodeAttendMatchesAttentionOverFetchedKV(t *testing.T) {
+	ctx := newRefContext(t)
+	const tokens = 300
+	if err := ctx.AddSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	kv := tokens * refKVHeads * refHeadDim
+	if err := ctx.PrefillLayer(1, 0, TensorF32(refGenerate(31, kv), tokens, refKVHeads, refHeadDim),
+		TensorF32(refGenerate(32, kv), tokens, refKVHeads, refHeadDim)); err != nil {
+		t.Fatal(err)
+	}
+	q := refGenerate(33, refQHeads*refHeadDim)
+	for i := range q {
+		q[i] *= 8 // logits far from uniform: the softmax weights matter
+	}
+	query := TensorF32(q, 1, refQHeads, refHeadDim)
+	sel, err := ctx.DecodeSelect(1, 0, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]float32, refKVHeads*sel.Capacity*refHeadDim)
+	values := make([]float32, len(keys))
+	if err := ctx.FetchKV(1, 0, sel, TensorF32(keys, sel.Capacity, refKVHeads, refHeadDim).HeadMajor(),
+		TensorF32(values, sel.Capacity, refKVHeads, refHeadDim).HeadMajor()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A kv head with nothing selected gives zeros and -Inf.
+	emptyHead := &Selection{Capacity: sel.Capacity, Counts: append([]int32(nil), sel.Counts...),
+		Positions: sel.Positions}
+	emptyHead.Counts[1] = 0
+	for _, c := range []struct {
+		name  string
+		sel   *Selection
+		scale float32
+		want  float64
+	}{
+		{"default scale", sel, 0, 1 / math.Sqrt(refHeadDim)},
+		{"explicit scale", sel, 0.05, 0.05},
+		{"empty kv head", emptyHead, 0, 1 / math.Sqrt(refHeadDim)},
+	} {
+		out, lse, err := ctx.DecodeAttend(1, 0, query, c.sel, c.scale)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if len(out) != refQHeads*refHeadDim || len(lse) != refQHeads {
+			t.Fatalf("%s: %d outputs and %d lse", c.name, len(out), len(lse))
+		}
+		wantOut, wantLSE := attendReference(q, c.sel, keys, values, c.want)
+		for i, w := range wantOut {
+			if !closeTo(out[i], w) {
+				t.Fatalf("%s: out[%d] = %g, want %g", c.name, i, out[i], w)
+			}
+		}
+		for i, w := range wantLSE {
+			if !closeTo(lse[i], w) {
+				t.Fatalf("%s: lse[%d] = %g, want %g", c.name, i, lse[i], w)
+			}
+		}
+	}
+}
+
+func TestDecodeAttendErrors(t *testing.T) {
+	ctx := newRefContext(t)
+	if err := ctx.AddSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	q := refGenerate(41, refQHeads*refHeadDim)
+	query := TensorF32(q, 1, refQHeads, refHeadDim)
+	before := &Selection{Capacity: 1, Counts: make([]int32, refKVHeads), Positions: make([]int32, refKVHeads)}
+	_, _, err := ctx.DecodeAttend(1, 0, query, before, 0)
+	wantError(t, err, ErrBadState, "pq_decode_attend")
+
+	kv := 64 * refKVHeads * refHeadDim
+	if err := ctx.PrefillLayer(1, 0, TensorF32(refGenerate(42, kv), 64, refKVHeads, refHeadDim),
+		TensorF32(refGenerate(43, kv), 64, refKVHeads, refHeadDim)); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := ctx.DecodeSelect(1, 0, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The library's checks, with its message naming the call and the argument.
+	_, _, err = ctx.DecodeAttend(1, 0, query, sel, -1)
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "scale")
+	_, _, err = ctx.DecodeAttend(1, 0, query, sel, float32(math.NaN()))
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "scale")
+	kvShaped := TensorF32(q, 1, refKVHeads, refHeadDim) // kv heads, not q heads
+	_, _, err = ctx.DecodeAttend(1, 0, kvShaped, sel, 0)
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "query")
+	out, lse, err := ctx.DecodeAttend(42, 0, query, sel, 0)
+	wantError(t, err, ErrNotFound, "pq_decode_attend")
+	if out != nil || lse != nil {
+		t.Errorf("outputs on error: %v %v", out, lse)
+	}
+	// Caught in Go before the library would read past the slices.
+	short := TensorF32(q[:refHeadDim], 1, refQHeads, refHeadDim)
+	_, _, err = ctx.DecodeAttend(1, 0, short, sel, 0)
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "query", "slice")
+	_, _, err = ctx.DecodeAttend(1, 0, query, nil, 0)
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "selection")
+	bad := *sel
+	bad.Positions = append([]int32(nil), sel.Positions...)
+	bad.Positions[0] = 1000
+	_, _, err = ctx.DecodeAttend(1, 0, query, &bad, 0)
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "position")
+	_, _, err = ctx.DecodeAttend(1, 1<<33, query, sel, 0)
+	wantError(t, err, ErrInvalidArgument, "layer")
 }

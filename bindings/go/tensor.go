@@ -56,6 +56,16 @@ static pq_status go_pq_fetch(pq_context* ctx, uint64_t seq, int32_t layer, int32
   if (st != PQ_OK) return st;
   return pq_fetch_kv(ctx, seq, layer, &sel, &tk, &tv);
 }
+
+static pq_status go_pq_attend(pq_context* ctx, uint64_t seq, int32_t layer, void* q,
+                              go_pq_shape qs, int32_t* positions, int32_t* counts,
+                              int64_t capacity, float scale, float* out, float* out_lse) {
+  pq_tensor tq;
+  pq_selection sel = {positions, counts, capacity};
+  pq_status st = go_pq_tensor(&tq, q, qs);
+  if (st != PQ_OK) return st;
+  return pq_decode_attend(ctx, seq, layer, &tq, &sel, scale, out, out_lse);
+}
 */
 import "C"
 
@@ -127,6 +137,8 @@ func slicePointer[E float32 | uint16 | int32](s []E) unsafe.Pointer {
 }
 
 func int32Pointer(s []int32) *C.int32_t { return (*C.int32_t)(slicePointer(s)) }
+
+func floatPointer(s []float32) *C.float { return (*C.float)(slicePointer(s)) }
 
 // shape checks that the slice holds the whole shape (the library trusts the
 // descriptor and would read or write past a short slice) and converts it.
@@ -320,6 +332,49 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(sel.Capacity),
 			keys.data, ks, values.data, vs))
 	})
+}
+
+// DecodeAttend computes the attention of one token's query (1 token x
+// NumQHeads x HeadDim, the config's dtype) over the tokens of a selection,
+// read from the library's store without a gathered copy
+// (pq_decode_attend). Query head q attends over the positions of kv head
+// q / (NumQHeads / NumKVHeads):
+//
+//	out[q*HeadDim+d] = sum_i softmax_i(scale * query_q . K[p_i]) * V[p_i][d]
+//	lse[q]           = ln sum_i exp(scale * query_q . K[p_i])
+//
+// out has NumQHeads x HeadDim floats and lse NumQHeads, both new slices, in
+// float32 whatever the stored dtype. A scale of 0 means 1 / sqrt(HeadDim).
+// The log-sum-exp lets a caller merge this attention with one over tokens it
+// keeps itself; a kv head with no selected token gives zeros and -Inf.
+// Errors are pq_decode_attend's: ErrInvalidArgument for a bad query shape,
+// a scale < 0 or not finite, NaN in the query or positions past the length;
+// ErrNotFound; ErrBadState before the layer's prefill. Calls that change the
+// same (seq, layer) meanwhile must be ordered by the caller, as for FetchKV.
+func (c *Context) DecodeAttend(seq uint64, layer int, query Tensor, sel *Selection,
+	scale float32) (out, lse []float32, err error) {
+	const op = "pq_decode_attend"
+	if err := checkLayer(op, layer); err != nil {
+		return nil, nil, err
+	}
+	qs, err := query.shape(op, "query")
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.checkSelection(op, "selection", sel); err != nil {
+		return nil, nil, err
+	}
+	out = make([]float32, c.config.NumQHeads*c.config.HeadDim)
+	lse = make([]float32, c.config.NumQHeads)
+	err = c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(C.go_pq_attend(cContext(h), C.uint64_t(seq), C.int32_t(layer), query.data, qs,
+			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(sel.Capacity),
+			C.float(scale), floatPointer(out), floatPointer(lse)))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, lse, nil
 }
 
 // checkSelection refuses a selection the library would read past: it reads
