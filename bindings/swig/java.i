@@ -125,8 +125,9 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
 
 /* pq_observe_attention's probabilities: a direct buffer as well. */
 %apply void* DIRECT_BUFFER { const float* probs };
-/* pq_index_codes / pq_index_centroids outputs. */
-%apply void* DIRECT_BUFFER { uint8_t* out, float* out };
+/* pq_index_codes / pq_index_centroids outputs, and pq_decode_attend's out
+ * and out_lse (a null out_lse is NULL: no log-sum-exp). */
+%apply void* DIRECT_BUFFER { uint8_t* out, float* out, float* out_lse };
 
 /* The plug-in path is a borrowed const char* the generated setter would
  * leak; the Java binding leaves it to $PQCACHE_CUDA_PLUGIN and the default

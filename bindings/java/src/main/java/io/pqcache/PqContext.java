@@ -493,6 +493,63 @@ public final class PqContext implements AutoCloseable {
   }
 
   /**
+   * The attention of one token's query ({@code 1 x queryHeads x headDim}, a
+   * direct buffer like decodeSelect's) over the tokens of a selection, read
+   * from the library's store without the gathered copy of fetchKV
+   * (pq_decode_attend). Query head q attends over the selected tokens of kv
+   * head {@code q / (queryHeads / kvHeads)} with logits {@code scale * q . K};
+   * a scale of 0 means {@code 1 / sqrt(headDim)}.
+   *
+   * @throws PqException INVALID_ARGUMENT (query shape or dtype, a scale below
+   *     0 or not finite, NaN in the query, positions past the length),
+   *     NOT_FOUND, BAD_STATE (layer never prefilled); the message names
+   *     pq_decode_attend
+   * @throws IllegalArgumentException a heap, foreign-order or too small
+   *     query buffer, or a selection of another kv head count
+   */
+  public Attention decodeAttend(long seqId, int layer, ByteBuffer query, Selection selection,
+      float scale) {
+    ByteBuffer q = input(query, "query", 1, queryHeads);
+    checkSelection(selection, "selection");
+    ByteBuffer out = ByteBuffer.allocateDirect(queryHeads * headDim * Float.BYTES)
+        .order(ByteOrder.nativeOrder());
+    ByteBuffer lse = ByteBuffer.allocateDirect(queryHeads * Float.BYTES)
+        .order(ByteOrder.nativeOrder());
+    run(h -> {
+      pq_selection chosen = attached(selection);
+      try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
+        pqcache.pq_decode_attend(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
+      } finally {
+        chosen.delete();
+        Reference.reachabilityFence(selection);
+        Reference.reachabilityFence(out);
+        Reference.reachabilityFence(lse);
+      }
+    });
+    float[] output = new float[queryHeads * headDim];
+    float[] logSumExp = new float[queryHeads];
+    out.asFloatBuffer().get(output);
+    lse.asFloatBuffer().get(logSumExp);
+    return new Attention(headDim, output, logSumExp);
+  }
+
+  /** {@link #decodeAttend(long, int, ByteBuffer, Selection, float)} with the default scale. */
+  public Attention decodeAttend(long seqId, int layer, ByteBuffer query, Selection selection) {
+    return decodeAttend(seqId, layer, query, selection, 0f);
+  }
+
+  /** {@link #decodeAttend(long, int, ByteBuffer, Selection, float)} from an array (F32; copies). */
+  public Attention decodeAttend(long seqId, int layer, float[] query, Selection selection,
+      float scale) {
+    return decodeAttend(seqId, layer, copyIn(query, "query", 1, queryHeads), selection, scale);
+  }
+
+  /** {@link #decodeAttend(long, int, float[], Selection, float)} with the default scale. */
+  public Attention decodeAttend(long seqId, int layer, float[] query, Selection selection) {
+    return decodeAttend(seqId, layer, query, selection, 0f);
+  }
+
+  /**
    * Attention probabilities over a selection's tokens, summed over each
    * group's query heads: {@code probs[h * selection.capacity() + i]} belongs
    * to selected token i of kv head h. H2O and SCOPE accumulate them; other
