@@ -11,6 +11,8 @@
  *    (a head-major array passes as its transposed view). f32 is float32, f16
  *    float16, bf16 the raw bits as uint16. A selection is a pair (positions,
  *    counts): int32 arrays [kv_heads][capacity] and [kv_heads], C-contiguous.
+ *    pq_decode_attend writes float32 arrays: out (num_q_heads x head_dim
+ *    values) and out_lse (num_q_heads values, or None), C-contiguous.
  *  - A failing pq_status raises pqcache_swig.PQError (status, status_name,
  *    message from pq_last_error); functions returning only a status return
  *    None, and out-parameters become return values. Malformed buffers raise
@@ -254,6 +256,30 @@ static int pq_py_check_codes_size(const pq_context* ctx, int64_t count, const Py
     PyErr_Format(PyExc_ValueError,
                  "out: %zd bytes cannot hold the codes of %lld tokens x %d subspaces", out->len,
                  (long long)count, (int)config.pq_subspaces);
+    return -1;
+  }
+  return 0;
+}
+
+/* pq_decode_attend writes num_q_heads * head_dim floats to out and
+ * num_q_heads floats to out_lse (per_head: 1 for out_lse). */
+static int pq_py_check_attend_output(const pq_context* ctx, const Py_buffer* view,
+                                     const char* name, int per_head_dim) {
+  pq_config config;
+  if (ctx == NULL || view->buf == NULL) return 0; /* the library reports NULL ctx, out */
+  pq_config_default(&config);
+  pq_status status = pq_get_config(ctx, &config);
+  if (status != PQ_OK) {
+    pq_py_raise(status);
+    return -1;
+  }
+  Py_ssize_t needed = (Py_ssize_t)config.num_q_heads * (per_head_dim ? config.head_dim : 1);
+  if (view->len / 4 < needed) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %zd float32 values cannot hold %s (%zd); the context has %d q heads of "
+                 "head_dim %d", name, view->len / 4,
+                 per_head_dim ? "num_q_heads x head_dim" : "num_q_heads", needed,
+                 (int)config.num_q_heads, (int)config.head_dim);
     return -1;
   }
   return 0;
@@ -557,6 +583,29 @@ PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids
   }
 }
 %typemap(freearg) const float* probs {
+  PyBuffer_Release(&view$argnum);
+}
+
+/* --- pq_decode_attend: out [q_heads][head_dim], out_lse [q_heads] or None -- */
+/* The sizes are checked here rather than in a check typemap, which would
+ * also apply to pq_index_centroids' float* out (its in typemap is the
+ * multi-argument one below); arg1, the context, is converted already. */
+%typemap(in) float* out (Py_buffer view = {0}) {
+  if (pq_py_dense($input, "out", 1, 'f', -1, &view) != 0 ||
+      pq_py_check_attend_output(arg1, &view, "out", 1) != 0)
+    SWIG_fail;
+  $1 = (float*)view.buf;
+}
+%typemap(in) float* out_lse (Py_buffer view = {0}) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    if (pq_py_dense($input, "out_lse", 1, 'f', -1, &view) != 0 ||
+        pq_py_check_attend_output(arg1, &view, "out_lse", 0) != 0)
+      SWIG_fail;
+    $1 = (float*)view.buf;
+  }
+}
+%typemap(freearg) float* out, float* out_lse {
   PyBuffer_Release(&view$argnum);
 }
 

@@ -143,3 +143,52 @@ def test_cuda_stream_argument():
         assert e.value.status_name == "PQ_ERR_UNSUPPORTED"
         with pytest.raises(TypeError):
             ctx.set_stream(1, "stream")
+
+
+def _attention_over(query, selection, keys, values, scale):
+    """softmax(scale * q.K) V and the log-sum-exp, in float64, over the rows
+    fetch gathered ([kv_heads][capacity][dim]); GQA: query head q uses kv head
+    q // (q_heads // kv_heads)."""
+    q_heads, kv_heads = query.shape[0], keys.shape[0]
+    out, lse = np.zeros(query.shape), np.full(q_heads, -np.inf)
+    for q in range(q_heads):
+        h = q // (q_heads // kv_heads)
+        n = selection.counts[h]
+        if n == 0:
+            continue
+        logits = scale * (keys[h, :n].astype(np.float64) @ query[q].astype(np.float64))
+        peak = logits.max()
+        w = np.exp(logits - peak)
+        out[q] = w @ values[h, :n].astype(np.float64) / w.sum()
+        lse[q] = peak + np.log(w.sum())
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_attend_equals_softmax_over_the_fetched_rows(dtype):
+    rng = np.random.default_rng(8)
+    tokens, kv, q_heads, dim = 300, 2, 4, 32
+    np_dtype = {"f32": np.float32, "f16": np.float16}[dtype]
+    keys = rng.standard_normal((tokens, kv, dim)).astype(np_dtype)
+    values = rng.standard_normal((tokens, kv, dim)).astype(np_dtype)
+    query = (3 * rng.standard_normal((q_heads, dim))).astype(np_dtype)  # a peaked softmax
+    with pqcache.Context(1, q_heads, kv, dim, dtype, local_tokens=16, topk_tokens=24) as ctx:
+        ctx.add_sequence(5)
+        ctx.prefill(5, 0, keys, values)
+        selection = ctx.select(5, 0, query)
+        k_out, v_out = ctx.fetch(5, 0, selection)
+        for scale, effective in [(None, 1 / np.sqrt(dim)), (0.0, 1 / np.sqrt(dim)),
+                                 (0.05, 0.05)]:
+            out, lse = ctx.attend(5, 0, query, selection, scale=scale)
+            assert out.dtype == np.float32 and out.shape == (q_heads, dim)
+            assert lse.dtype == np.float32 and lse.shape == (q_heads,)
+            want_out, want_lse = _attention_over(query, selection, k_out, v_out, effective)
+            np.testing.assert_allclose(out, want_out, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(lse, want_lse, rtol=1e-4, atol=1e-5)
+        # A kv head with nothing selected: zeros and -inf for its query heads.
+        selection.counts[1] = 0
+        out, lse = ctx.attend(5, 0, query[np.newaxis], selection)  # [1][q_heads][dim] works too
+        assert (out[2:] == 0).all() and np.isneginf(lse[2:]).all()
+        np.testing.assert_allclose(lse[:2], _attention_over(query, selection, k_out, v_out,
+                                                            1 / np.sqrt(dim))[1][:2],
+                                   rtol=1e-4, atol=1e-5)

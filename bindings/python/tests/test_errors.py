@@ -164,3 +164,43 @@ def test_a_closed_or_null_context_raises(ctx):
     with pytest.raises(pqcache.PQError):
         raw.pq_decode_select(None, 1, 0, np.zeros((1, 4, 16), np.float32),
                              (np.zeros((2, 8), np.int32), np.zeros(2, np.int32)))
+
+
+def test_bad_attend_arguments(ctx):
+    query = np.ones((4, 16), np.float32)
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(1, 0, query, pqcache.SelectionResult(2, 8))
+    assert e.value.status_name == "PQ_ERR_BAD_STATE"
+    assert e.value.message.startswith("pq_decode_attend")
+    prefilled(ctx)
+    selection = ctx.select(1, 0, query)
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(1, 0, query, selection, scale=-1.0)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    assert e.value.message.startswith("pq_decode_attend") and "scale" in e.value.message
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(1, 0, np.ones((2, 16), np.float32), selection)  # kv heads, not q heads
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    assert e.value.message.startswith("pq_decode_attend") and "query" in e.value.message
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(1, 0, query.astype(np.float16), selection)  # the context stores f32
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "dtype" in e.value.message
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(42, 0, query, selection)
+    assert e.value.status_name == "PQ_ERR_NOT_FOUND"
+    # The raw module checks the output arrays against the context first.
+    out, lse = np.zeros((4, 16), np.float32), np.zeros(4, np.float32)
+    raw.pq_decode_attend(ctx._ctx, 1, 0, query[np.newaxis], selection.arrays, 0.0, out, None)
+    with pytest.raises(ValueError, match="out: 63 float32"):
+        raw.pq_decode_attend(ctx._ctx, 1, 0, query[np.newaxis], selection.arrays, 0.0,
+                             out.reshape(-1)[:63], lse)
+    with pytest.raises(ValueError, match="out_lse"):
+        raw.pq_decode_attend(ctx._ctx, 1, 0, query[np.newaxis], selection.arrays, 0.0, out,
+                             lse[:3])
+    with pytest.raises(TypeError, match="float32"):
+        raw.pq_decode_attend(ctx._ctx, 1, 0, query[np.newaxis], selection.arrays, 0.0,
+                             out.astype(np.float64), lse)
+    selection.positions[0, 0] = 10_000  # past the sequence
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.attend(1, 0, query, selection)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "positions" in e.value.message
