@@ -321,6 +321,93 @@ impl Context {
         })
     }
 
+    /// The attention of one token's `query` (1 token x q heads x head_dim,
+    /// the config dtype) over the tokens of `selection`, read from the
+    /// library's store without the gathered copy of [`Context::fetch`]
+    /// (`pq_decode_attend`). Query head q attends over the selected tokens of
+    /// kv head `q / (num_q_heads / num_kv_heads)` with logits
+    /// `scale * q . K`; `scale` `None` (or `Some(0.0)`) means
+    /// `1 / sqrt(head_dim)`. The result is in `f32` whatever the stored
+    /// dtype. Errors are the library's for `pq_decode_attend`
+    /// (`InvalidArgument` for the query's shape, a negative or non-finite
+    /// scale, positions past the length; `NotFound`; `BadState` before the
+    /// layer's prefill).
+    pub fn attend(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        selection: &Selection,
+        scale: Option<f32>,
+    ) -> Result<Attention> {
+        let mut attention = Attention {
+            output: vec![0.0; self.num_q_heads() * self.head_dim()],
+            lse: vec![0.0; self.num_q_heads()],
+            head_dim: self.head_dim(),
+        };
+        self.attend_into(
+            seq_id,
+            layer,
+            query,
+            selection,
+            scale,
+            &mut attention.output,
+            Some(&mut attention.lse),
+        )?;
+        Ok(attention)
+    }
+
+    /// [`Context::attend`] into the caller's buffers, allocating nothing:
+    /// `out` receives num_q_heads x head_dim floats (`[q head][dim]`) and
+    /// `lse`, if given, num_q_heads floats. Both are written only on success.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_into(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        selection: &Selection,
+        scale: Option<f32>,
+        out: &mut [f32],
+        lse: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "pq_decode_attend";
+        self.check_selection(selection)
+            .map_err(|e| Error::new(e.status, format!("{OP}: {}", e.message)))?;
+        let (heads, dim) = (self.num_q_heads(), self.head_dim());
+        if out.len() < heads * dim {
+            return Err(Error::invalid(format!(
+                "{OP}: out has {} floats, needs {} (num_q_heads {heads} x head_dim {dim})",
+                out.len(),
+                heads * dim
+            )));
+        }
+        let lse = match lse {
+            Some(lse) if lse.len() < heads => {
+                return Err(Error::invalid(format!(
+                    "{OP}: lse has {} floats, needs num_q_heads {heads}",
+                    lse.len()
+                )))
+            }
+            Some(lse) => lse.as_mut_ptr(),
+            None => std::ptr::null_mut(),
+        };
+        let layer = to_i32(layer, "layer")?;
+        let raw = selection.as_raw_const();
+        self.library.check(unsafe {
+            (self.api().pq_decode_attend)(
+                self.ptr(),
+                seq_id,
+                layer,
+                query.as_raw(),
+                &raw,
+                scale.unwrap_or(0.0),
+                out.as_mut_ptr(),
+                lse,
+            )
+        })
+    }
+
     /// The last prompt queries of a layer, for selectors that score the
     /// prompt from an observation window (SnapKV, PyramidKV, SCOPE).
     pub fn prefill_queries(&self, seq_id: u64, layer: usize, queries: &Tensor<'_>) -> Result<()> {
@@ -498,6 +585,48 @@ impl fmt::Debug for Context {
             .field("head_dim", &self.head_dim())
             .field("dtype", &self.dtype())
             .finish_non_exhaustive()
+    }
+}
+
+/// What [`Context::attend`] computed for one token's query over a selection,
+/// in `f32`: per query head, the attention output over the selected tokens
+/// of its kv head and the log-sum-exp of its logits, which lets a caller
+/// merge this attention with one over tokens it keeps itself. A kv head with
+/// no selected token gives zeros and `f32::NEG_INFINITY`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attention {
+    output: Vec<f32>,
+    lse: Vec<f32>,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// The whole output, `[q head][head_dim]`.
+    pub fn output(&self) -> &[f32] {
+        &self.output
+    }
+
+    /// The output of query head `q` (`head_dim` floats).
+    pub fn head(&self, q: usize) -> &[f32] {
+        &self.output[q * self.head_dim..(q + 1) * self.head_dim]
+    }
+
+    /// The log-sum-exp of every query head.
+    pub fn lse(&self) -> &[f32] {
+        &self.lse
+    }
+
+    pub fn num_q_heads(&self) -> usize {
+        self.lse.len()
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The output and the log-sum-exps, as owned vectors.
+    pub fn into_parts(self) -> (Vec<f32>, Vec<f32>) {
+        (self.output, self.lse)
     }
 }
 

@@ -29,6 +29,8 @@
 //! - A decode step over many sequences takes one call per layer:
 //!   [`Context::select_batch`] and [`Context::fetch_batch`] take a
 //!   [`SelectItem`] or [`FetchItem`] per sequence, each with its own status.
+//! - [`Context::attend`] gives the attention output of a query over a
+//!   selection (and its log-sum-exp) without gathering the rows first.
 //! - The library is linked (feature `link`, the default) or loaded at run
 //!   time with [`Library::load`]; the API is the same on both.
 
@@ -41,7 +43,7 @@ mod tensor;
 
 pub use batch::{FetchItem, SelectItem};
 pub use config::{Backend, CachePolicy, Config, DType, GqaCombine, KmeansInit, Selector};
-pub use context::{Context, LayerInfo, Stats};
+pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};
 pub use library::{Library, Version};
 pub use tensor::{Selection, Shape, Tensor, TensorMut};

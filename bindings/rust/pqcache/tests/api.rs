@@ -715,3 +715,184 @@ fn select_errors_name_pq_decode_select_and_buffer_too_small_maps() {
         "PQ_ERR_BUFFER_TOO_SMALL"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Attention over a selection
+// ---------------------------------------------------------------------------
+
+/// softmax(scale * q.K) V and the log-sum-exp per query head, in f64, over
+/// head-major [kv][capacity][dim] rows as `fetch` gathers them; GQA: query
+/// head q uses kv head q / (Q_HEADS / KV_HEADS).
+fn attention_over(
+    q: &[f32],
+    sel: &Selection,
+    keys: &[f32],
+    values: &[f32],
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (cap, group) = (sel.capacity(), Q_HEADS / KV_HEADS);
+    let mut out = vec![0f64; Q_HEADS * HEAD_DIM];
+    let mut lse = vec![f64::NEG_INFINITY; Q_HEADS];
+    for qh in 0..Q_HEADS {
+        let h = qh / group;
+        let n = sel.head(h).len();
+        let row = |data: &[f32], i: usize| -> Vec<f64> {
+            let start = (h * cap + i) * HEAD_DIM;
+            data[start..start + HEAD_DIM]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect()
+        };
+        let logits: Vec<f64> = (0..n)
+            .map(|i| {
+                let k = row(keys, i);
+                let dot: f64 = (0..HEAD_DIM)
+                    .map(|d| f64::from(q[qh * HEAD_DIM + d]) * k[d])
+                    .sum();
+                scale * dot
+            })
+            .collect();
+        if n == 0 {
+            continue;
+        }
+        let peak = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = logits.iter().map(|l| (l - peak).exp()).collect();
+        let sum: f64 = weights.iter().sum();
+        for (i, w) in weights.iter().enumerate() {
+            for (d, v) in row(values, i).into_iter().enumerate() {
+                out[qh * HEAD_DIM + d] += w * v / sum;
+            }
+        }
+        lse[qh] = peak + sum.ln();
+    }
+    (out, lse)
+}
+
+fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_infinite() {
+            f64::from(g) == w
+        } else {
+            (f64::from(g) - w).abs() <= 1e-5 + 1e-4 * w.abs()
+        };
+        assert!(ok, "{what}[{i}] = {g}, want {w}");
+    }
+}
+
+#[test]
+fn attend_equals_softmax_over_the_fetched_rows() {
+    let (ctx, queries) = batch_context();
+    let sels = select_one_by_one(&ctx, &BATCH_IDS, &queries);
+    let default_scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    for (i, (&seq, sel)) in BATCH_IDS.iter().zip(&sels).enumerate() {
+        // Larger query values: the softmax weights are far from uniform.
+        let q: Vec<f32> = queries[i].iter().map(|x| 8.0 * x).collect();
+        let rows = Shape::head_major(sel.capacity(), KV_HEADS, HEAD_DIM);
+        let mut keys = vec![0f32; rows.span().unwrap()];
+        let mut values = keys.clone();
+        ctx.fetch(
+            seq,
+            0,
+            sel,
+            &mut TensorMut::f32(&mut keys, rows).unwrap(),
+            &mut TensorMut::f32(&mut values, rows).unwrap(),
+        )
+        .unwrap();
+        for (scale, effective) in [
+            (None, default_scale),
+            (Some(0.0), default_scale),
+            (Some(0.05), 0.05),
+        ] {
+            let attention = ctx.attend(seq, 0, &query_tensor(&q), sel, scale).unwrap();
+            assert_eq!(
+                (attention.num_q_heads(), attention.head_dim()),
+                (Q_HEADS, HEAD_DIM)
+            );
+            let (want_out, want_lse) = attention_over(&q, sel, &keys, &values, effective);
+            let what = format!("seq {seq} scale {scale:?}");
+            assert_close(attention.output(), &want_out, &format!("{what} out"));
+            assert_close(attention.lse(), &want_lse, &format!("{what} lse"));
+            assert_eq!(
+                attention.head(1),
+                &attention.output()[HEAD_DIM..2 * HEAD_DIM]
+            );
+
+            // attend_into writes the same into the caller's buffers, lse optional.
+            let mut out = vec![f32::NAN; Q_HEADS * HEAD_DIM];
+            ctx.attend_into(seq, 0, &query_tensor(&q), sel, scale, &mut out, None)
+                .unwrap();
+            assert_eq!(out, attention.output());
+        }
+    }
+    // A kv head with nothing selected gives zeros and -inf.
+    let empty = Selection::new(KV_HEADS, 4);
+    let attention = ctx
+        .attend(BATCH_IDS[0], 0, &query_tensor(&queries[0]), &empty, None)
+        .unwrap();
+    assert!(attention.output().iter().all(|&x| x == 0.0));
+    assert!(attention.lse().iter().all(|&x| x == f32::NEG_INFINITY));
+}
+
+#[test]
+fn attend_errors_name_pq_decode_attend() {
+    let (ctx, queries) = batch_context();
+    let (seq, q) = (BATCH_IDS[0], &queries[0]);
+    let mut sel = Selection::new(KV_HEADS, 0);
+    ctx.select(seq, 0, &query_tensor(q), &mut sel).unwrap();
+
+    let err = ctx
+        .attend(seq, 0, &query_tensor(q), &sel, Some(-1.0))
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(err.message.starts_with("pq_decode_attend"), "{err}");
+    assert!(err.message.contains("scale"), "{err}");
+    let err = ctx
+        .attend(seq, 0, &query_tensor(q), &sel, Some(f32::NAN))
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+
+    // A query shaped for the kv heads, not the query heads.
+    let kv_shaped = Tensor::f32(q, Shape::token_major(1, KV_HEADS, HEAD_DIM)).unwrap();
+    let err = ctx.attend(seq, 0, &kv_shaped, &sel, None).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(
+        err.message.starts_with("pq_decode_attend") && err.message.contains("query"),
+        "{err}"
+    );
+    let err = ctx
+        .attend(12345, 0, &query_tensor(q), &sel, None)
+        .unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+    assert!(err.message.starts_with("pq_decode_attend"), "{err}");
+
+    // Caught in Rust before the library would write past the buffers.
+    let mut short = vec![0f32; Q_HEADS * HEAD_DIM - 1];
+    let err = ctx
+        .attend_into(seq, 0, &query_tensor(q), &sel, None, &mut short, None)
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(err.message.starts_with("pq_decode_attend: out"), "{err}");
+    let mut out = vec![0f32; Q_HEADS * HEAD_DIM];
+    let mut lse = vec![0f32; Q_HEADS - 1];
+    let err = ctx
+        .attend_into(
+            seq,
+            0,
+            &query_tensor(q),
+            &sel,
+            None,
+            &mut out,
+            Some(&mut lse),
+        )
+        .unwrap_err();
+    assert!(err.message.starts_with("pq_decode_attend: lse"), "{err}");
+    let err = ctx
+        .attend(seq, 0, &query_tensor(q), &Selection::new(3, 4), None)
+        .unwrap_err();
+    assert!(
+        err.message.starts_with("pq_decode_attend") && err.message.contains("kv heads"),
+        "{err}"
+    );
+    assert!(out.iter().all(|&x| x == 0.0), "nothing written on error");
+}
