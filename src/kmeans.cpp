@@ -68,6 +68,9 @@ std::vector<int64_t> sample_rows(int64_t tokens, int64_t count, uint64_t seed) {
   return all;
 }
 
+// k-means++ seeds from at most this many points per centroid.
+constexpr int64_t kSeedPointsPerCentroid = 32;
+
 // Chooses the initial centroids of one group from its n > 0 points.
 void init_centroids(Group& group, int64_t n, int32_t k, int32_t dim, int32_t init) {
   const float* points = group.points.data();
@@ -92,6 +95,18 @@ void init_centroids(Group& group, int64_t n, int32_t k, int32_t dim, int32_t ini
   // k-means++: D^2 sampling. Once every remaining weight is 0 (fewer
   // distinct points than k), the rest are copies of the centroids chosen so
   // far, so every distinct point is a centroid (the exact regime).
+  // Seeding reads every point once per centroid, as much as a Lloyd
+  // iteration: above kSeedPointsPerCentroid points per centroid it seeds
+  // from a seeded sample of that many (the iterations then use them all).
+  std::vector<float> sampled;
+  if (n > kSeedPointsPerCentroid * k) {
+    const std::vector<int64_t> rows = sample_rows(n, kSeedPointsPerCentroid * k, rng.next());
+    sampled.resize(rows.size() * static_cast<size_t>(dim));
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::memcpy(sampled.data() + r * dim, points + rows[r] * dim, sizeof(float) * dim);
+    points = sampled.data();
+    n = static_cast<int64_t>(rows.size());
+  }
   std::vector<float> weight(static_cast<size_t>(n));
   int64_t first = static_cast<int64_t>(rng.below(static_cast<uint64_t>(n)));
   copy_point(0, first);

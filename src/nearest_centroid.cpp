@@ -257,9 +257,16 @@ void score_block(const float* points, int64_t count, int64_t stride, const Prepa
 // Assigns `count` points (row stride `stride`) to their nearest centroid:
 // codes[p * code_stride] and, if non-null, distances[p]. Returns the sum of
 // the distances. `scores` holds kScoreBlock * pc.padded floats.
-double assign_points(const PreparedCentroids& pc, const float* points, int64_t count,
-                     int64_t stride, const float* point_norms, uint8_t* codes,
-                     int64_t code_stride, float* distances, float* scores) {
+namespace {
+// The loops around the distance kernel (the minimum, the candidates, the
+// exact re-check) are built twice, AVX2 and portable, like the kernels; the
+// re-check is squared_distance_body either way, so the values agree bit for
+// bit.
+PQ_ALWAYS_INLINE double assign_points_body(const PreparedCentroids& pc, const float* points,
+                                           int64_t count, int64_t stride,
+                                           const float* point_norms, uint8_t* codes,
+                                           int64_t code_stride, float* distances,
+                                           float* scores) {
   const int32_t k = pc.count;
   const int32_t dim = pc.dim;
   // |expanded score - exact value| <= gamma_(dim+2) (||x|| + ||c||)^2 for any
@@ -279,15 +286,27 @@ double assign_points(const PreparedCentroids& pc, const float* points, int64_t c
       const float* s = scores + p * pc.padded;
       const float x_norm = point_norms ? point_norms[start + p] : squared_norm(x, dim);
       const float limit = min_score(s, pc.padded) + margin_factor * (x_norm + pc.max_norm) + FLT_MIN;
+      // The candidates as a byte mask, built and counted branch-free (it
+      // vectorises); then only the set bytes are visited, in ascending
+      // order, 8 at a time: usually one, the nearest centroid itself.
+      uint8_t candidate[256 + kLaneWidth];
+      int32_t hits = 0;
+      for (int32_t c = 0; c < pc.padded; ++c) {
+        const uint8_t is = s[c] <= limit ? 1 : 0;
+        candidate[c] = is;
+        hits += is;
+      }
       int32_t chosen = -1;
       float chosen_distance = 0.0f;
-      for (int32_t first = 0; first < k; first += kLaneWidth) {
-        int32_t hits = 0;  // counted branch-free first: most blocks have none
-        for (int32_t l = 0; l < kLaneWidth; ++l) hits += s[first + l] <= limit ? 1 : 0;
-        if (hits == 0) continue;
-        for (int32_t c = first; c < std::min(first + kLaneWidth, k); ++c) {
-          if (!(s[c] <= limit)) continue;
-          const float distance = squared_distance(x, pc.rows + static_cast<size_t>(c) * dim, dim);
+      for (int32_t word_start = 0, seen = 0; word_start < k && seen < hits; word_start += 8) {
+        uint64_t word;
+        std::memcpy(&word, candidate + word_start, sizeof word);
+        for (; word != 0; word &= word - 1) {
+          const int32_t c = word_start + __builtin_ctzll(word) / 8;
+          ++seen;
+          if (c >= k) break;
+          const float distance =
+              squared_distance_body(x, pc.rows + static_cast<size_t>(c) * dim, dim);
           if (chosen < 0 || distance < chosen_distance) {
             chosen = c;
             chosen_distance = distance;
@@ -296,7 +315,7 @@ double assign_points(const PreparedCentroids& pc, const float* points, int64_t c
       }
       if (chosen < 0) {  // only with NaN or infinite inputs
         chosen = 0;
-        chosen_distance = squared_distance(x, pc.rows, dim);
+        chosen_distance = squared_distance_body(x, pc.rows, dim);
       }
       codes[(start + p) * code_stride] = static_cast<uint8_t>(chosen);
       if (distances) distances[start + p] = chosen_distance;
@@ -304,6 +323,28 @@ double assign_points(const PreparedCentroids& pc, const float* points, int64_t c
     }
   }
   return total;
+}
+
+PQ_TARGET_AVX2 double assign_points_avx2(const PreparedCentroids& pc, const float* points,
+                                         int64_t count, int64_t stride, const float* point_norms,
+                                         uint8_t* codes, int64_t code_stride, float* distances,
+                                         float* scores) {
+  return assign_points_body(pc, points, count, stride, point_norms, codes, code_stride,
+                            distances, scores);
+}
+double assign_points_portable(const PreparedCentroids& pc, const float* points, int64_t count,
+                              int64_t stride, const float* point_norms, uint8_t* codes,
+                              int64_t code_stride, float* distances, float* scores) {
+  return assign_points_body(pc, points, count, stride, point_norms, codes, code_stride,
+                            distances, scores);
+}
+}  // namespace
+
+double assign_points(const PreparedCentroids& pc, const float* points, int64_t count,
+                     int64_t stride, const float* point_norms, uint8_t* codes,
+                     int64_t code_stride, float* distances, float* scores) {
+  static const auto impl = cpu_has_avx2() ? assign_points_avx2 : assign_points_portable;
+  return impl(pc, points, count, stride, point_norms, codes, code_stride, distances, scores);
 }
 
 int32_t nearest_centroid(const float* centroids, int32_t count, int32_t sub_dim, const float* x) {
