@@ -10,6 +10,7 @@
 #include "kmeans.h"
 #include "layer.h"
 #include "nearest_centroid.h"
+#include "pq_tuple_select.h"
 
 namespace pq {
 
@@ -132,6 +133,7 @@ void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Sna
     heads[h] = index->codes[h].data();
   }
   encode_tokens(index->codebook, head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
+  pq_index_count_tuples(*index, 0, snap.tokens);
   index->coded_tokens = snap.tokens;
   index->iterations = report.iterations;
   index->budget = params.max_iterations;
@@ -174,6 +176,7 @@ void Layer::code_tokens(int64_t end) {
   // A decode step codes one token: not worth waking the pool.
   encode_tokens(index.codebook, head_dim, index.coded_tokens, count, gather,
                 count >= 4096 ? shared_.pool.get() : nullptr, heads.data());
+  pq_index_count_tuples(index, index.coded_tokens, end);
   index.coded_tokens = end;
   update_mirrors();
 }

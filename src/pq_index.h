@@ -14,6 +14,9 @@ struct PqIndex {
   // [0, coded_tokens).
   std::vector<std::vector<uint8_t>> codes;
   int64_t coded_tokens = 0;
+  // tuple_counts[head][t]: how many of tokens [0, coded_tokens) have the
+  // code tuple t; kept for small tuple spaces only (pq_tuple_select.h).
+  std::vector<std::vector<uint32_t>> tuple_counts;
   int32_t iterations = 0;      // K-Means iterations the build ran
   int32_t budget = 0;          // iteration budget it was given
   int64_t training_points = 0;
@@ -22,6 +25,7 @@ struct PqIndex {
   uint64_t bytes() const {
     uint64_t b = codebook.data.size() * sizeof(float);
     for (const auto& c : codes) b += c.capacity();
+    for (const auto& t : tuple_counts) b += t.capacity() * sizeof(uint32_t);
     return b;
   }
 };

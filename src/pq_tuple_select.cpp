@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "pq_index.h"
 #include "pqcache.h"
 #include "topk.h"
 
@@ -98,6 +99,28 @@ Threshold weighted_threshold(const std::vector<uint32_t>& keys, const std::vecto
 
 }  // namespace
 
+int64_t pq_tuple_table_size(int32_t subspaces, int32_t centroids) {
+  const int32_t bits = subspaces * log2_of(centroids);
+  return bits <= 12 ? int64_t{1} << bits : 0;
+}
+
+void pq_index_count_tuples(PqIndex& index, int64_t from, int64_t to) {
+  const int32_t m = index.codebook.subspaces, b = log2_of(index.codebook.centroids);
+  const int64_t size = pq_tuple_table_size(m, index.codebook.centroids);
+  if (size == 0) return;
+  index.tuple_counts.resize(index.codes.size());
+  for (size_t h = 0; h < index.codes.size(); ++h) {
+    std::vector<uint32_t>& counts = index.tuple_counts[h];
+    int64_t start = from;
+    if (start == 0 || counts.size() != static_cast<size_t>(size)) {  // afresh
+      counts.assign(static_cast<size_t>(size), 0);
+      start = 0;
+    }
+    const uint8_t* codes = index.codes[h].data();
+    for (int64_t i = start; i < to; ++i) ++counts[tuple_of_any(codes, i, m, b)];
+  }
+}
+
 bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n) {
   const int32_t bits = subspaces * log2_of(centroids);
   return bits <= 16 && n >= (int64_t{1} << bits);
@@ -105,16 +128,25 @@ bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n) {
 
 void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, int32_t centroids,
                      const uint8_t* codes, int64_t n, int64_t first, int32_t combine, float scale,
-                     int64_t k, int32_t* out, SelectScratch& scratch) {
+                     int64_t k, int32_t* out, SelectScratch& scratch,
+                     const TupleCountTable& table) {
   const int32_t m = subspaces, b = log2_of(centroids);
   const uint32_t tuples = uint32_t{1} << (m * b);
 
-  // 1. How many tokens hold each tuple.
+  // 1. How many tokens hold each tuple: the kept table less the coded
+  // tokens outside the middle, when they are fewer than the middle.
   std::vector<uint32_t>& counts = scratch.histogram;
-  switch (m) {
-    case 2: count_tuples<2>(codes, n, b, tuples, counts); break;
-    case 4: count_tuples<4>(codes, n, b, tuples, counts); break;
-    default: count_tuples_any(codes, n, m, b, tuples, counts); break;
+  const int64_t after = table.coded - first - n;  // coded tokens past the middle
+  if (table.counts && after >= 0 && first + after <= n) {
+    counts.assign(table.counts, table.counts + tuples);
+    for (int64_t i = -first; i < 0; ++i) --counts[tuple_of_any(codes, i, m, b)];
+    for (int64_t i = n; i < n + after; ++i) --counts[tuple_of_any(codes, i, m, b)];
+  } else {
+    switch (m) {
+      case 2: count_tuples<2>(codes, n, b, tuples, counts); break;
+      case 4: count_tuples<4>(codes, n, b, tuples, counts); break;
+      default: count_tuples_any(codes, n, m, b, tuples, counts); break;
+    }
   }
 
   // 2. The tuples present, their raw scores per query head (the per-token

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "pq_index.h"
 #include "pq_tuple_select.h"
 #include "scratch.h"
 #include "topk.h"
@@ -116,6 +117,72 @@ TEST(TupleSelect, GroupSoftmaxAgreesUpToTheNormalisersRounding) {
   EXPECT_GE(static_cast<double>(shared) / total, 0.999) << shared << " of " << total;
   std::printf("group softmax: %lld of %lld selected positions shared\n", static_cast<long long>(shared),
               static_cast<long long>(total));
+}
+
+}  // namespace
+
+namespace {
+
+// The kept count table (counts over every coded token) less the tokens
+// outside the middle gives the selection that counting the middle gives,
+// whether the middle sits at the start, inside or at the end of the coded
+// tokens, and when the outside outnumbers the middle (counted instead).
+TEST(TupleSelect, KeptCountsSelectWhatCountingSelects) {
+  const Case base{2, 6, 4, PQ_GQA_SUM_SOFTMAX, 9000, 0, false};
+  std::vector<float> lut;
+  std::vector<uint8_t> codes;
+  make_data(base, 7, &lut, &codes);
+  const int64_t coded = base.n;
+  std::vector<uint32_t> table(size_t{1} << 12, 0);
+  for (int64_t i = 0; i < coded; ++i) ++table[codes[size_t(2 * i)] | (codes[size_t(2 * i + 1)] << 6)];
+  struct Middle { int64_t first, n; };
+  for (const Middle mid : {Middle{0, 9000}, Middle{4, 8868}, Middle{4, 8996}, Middle{300, 5000},
+                           Middle{4000, 4500}, Middle{4500, 4500}, Middle{6000, 2000}}) {
+    for (int64_t k : {int64_t{1}, mid.n / 5, mid.n - 1}) {
+      Case c = base;
+      c.n = mid.n;
+      c.k = k;
+      const uint8_t* at = codes.data() + 2 * mid.first;
+      std::vector<int32_t> counted(static_cast<size_t>(k), -1), kept(static_cast<size_t>(k), -2);
+      pq::SelectScratch s1, s2;
+      pq::pq_tuple_select(lut.data(), c.group, 2, 64, at, c.n, mid.first, c.combine, 0.125f, k,
+                          counted.data(), s1);
+      pq::pq_tuple_select(lut.data(), c.group, 2, 64, at, c.n, mid.first, c.combine, 0.125f, k,
+                          kept.data(), s2, pq::TupleCountTable{table.data(), coded});
+      EXPECT_EQ(counted, kept) << "first " << mid.first << " n " << mid.n << " k " << k;
+    }
+  }
+}
+
+// The index keeps its tables up to date as tokens are coded a few at a
+// time (decode steps), equal to counting every coded token afresh; none are
+// kept where the tuple space is large.
+TEST(TupleSelect, IndexTablesFollowTheCodedTokens) {
+  pq::PqIndex index;
+  index.codebook.subspaces = 2;
+  index.codebook.centroids = 64;
+  std::mt19937 rng(3);
+  index.codes.assign(3, std::vector<uint8_t>(2 * 5000));
+  for (auto& head : index.codes)
+    for (uint8_t& c : head) c = static_cast<uint8_t>(rng() % 64);
+  pq::pq_index_count_tuples(index, 0, 4000);
+  for (int64_t t = 4000; t < 5000; t += 7) pq::pq_index_count_tuples(index, t, std::min<int64_t>(t + 7, 5000));
+  ASSERT_EQ(index.tuple_counts.size(), 3u);
+  for (size_t h = 0; h < 3; ++h) {
+    std::vector<uint32_t> fresh(4096, 0);
+    for (int64_t i = 0; i < 5000; ++i) ++fresh[index.codes[h][size_t(2 * i)] | (index.codes[h][size_t(2 * i + 1)] << 6)];
+    EXPECT_EQ(index.tuple_counts[h], fresh) << "head " << h;
+  }
+  EXPECT_GE(index.bytes(), 3u * 4096 * sizeof(uint32_t));
+  EXPECT_EQ(pq::pq_tuple_table_size(2, 64), 4096);
+  EXPECT_EQ(pq::pq_tuple_table_size(2, 256), 0);  // 2x8: 64K tuples, not kept
+  EXPECT_EQ(pq::pq_tuple_table_size(4, 16), 0);   // 4x4
+  pq::PqIndex large;
+  large.codebook.subspaces = 4;
+  large.codebook.centroids = 16;
+  large.codes.assign(1, std::vector<uint8_t>(4 * 10, 1));
+  pq::pq_index_count_tuples(large, 0, 10);
+  EXPECT_TRUE(large.tuple_counts.empty());
 }
 
 }  // namespace

@@ -22,7 +22,10 @@ class PqSelector final : public Selector {
                                c.head_dim * sizeof(float);
     const uint64_t codes = static_cast<uint64_t>(KvStore::kChunkTokens) * c.num_kv_heads *
                            c.pq_subspaces;
-    return {2 * (sizeof(PqIndex) + centroids), 2 * codes};
+    // The tuple count tables (pq_tuple_select.h), where kept.
+    const uint64_t tables = static_cast<uint64_t>(c.num_kv_heads) *
+                            pq_tuple_table_size(c.pq_subspaces, 1 << c.pq_bits) * sizeof(uint32_t);
+    return {2 * (sizeof(PqIndex) + centroids + tables), 2 * codes};
   }
 
   // The host path for one kv head: its LUT, a scan of its codes, the
@@ -92,8 +95,12 @@ class PqSelector final : public Selector {
     // Few possible code tuples (m * b <= 16): score the tuples, not the
     // tokens (pq_tuple_select.h).
     if (pq_tuple_select_applies(cb.subspaces, cb.centroids, m)) {
+      TupleCountTable table;
+      const auto& kept = r.index->tuple_counts;
+      if (static_cast<size_t>(r.kv_head) < kept.size())
+        table = {kept[static_cast<size_t>(r.kv_head)].data(), r.index->coded_tokens};
       pq_tuple_select(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, r.mid_begin,
-                      r.combine, r.scale, r.k, out, r.scratch);
+                      r.combine, r.scale, r.k, out, r.scratch, table);
       return bytes;
     }
     std::vector<float>& raw = r.scratch.raw;
