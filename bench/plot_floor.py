@@ -2,7 +2,7 @@
 """Plots bench_floor's JSON output (docs/perf-floor.png).
 
     build/bench/bench_floor --benchmark_out=floor.json --benchmark_out_format=json
-    python3 bench/plot_floor.py floor.json docs/perf-floor.png
+    python3 bench/plot_floor.py floor.json [more.json ...] docs/perf-floor.png
 
 Left: pq_decode_select's median time per context length against the
 memory floor (the middle's code bytes / the measured read bandwidth).
@@ -11,6 +11,7 @@ attention over every token (the same kernel, and BLAS) and against select +
 fetch (gather copy) + attention.
 """
 import json
+import statistics
 import sys
 from collections import defaultdict
 
@@ -20,20 +21,30 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def rows(path):
-    data = json.load(open(path))
+def rows(paths):
+    """Benchmark rows by name and arguments, from one or more JSON files; with
+    repetitions, each counter is the median over them."""
+    runs = defaultdict(lambda: defaultdict(list))
+    context = {}
+    for path in paths:
+        data = json.load(open(path))
+        context = context or data["context"]
+        for b in data["benchmarks"]:
+            if b.get("run_type") == "aggregate":
+                continue
+            parts = b["name"].split("/")
+            runs[parts[0]][tuple(int(p) for p in parts[1:] if p.isdigit())].append(b)
     out = defaultdict(dict)
-    for b in data["benchmarks"]:
-        if b.get("run_type") == "aggregate":
-            continue
-        parts = b["name"].split("/")
-        out[parts[0]][tuple(int(p) for p in parts[1:] if p.isdigit())] = b
-    return data["context"], out
+    for name, by_args in runs.items():
+        for args, reps in by_args.items():
+            out[name][args] = {k: statistics.median(r[k] for r in reps)
+                               for k in reps[0] if isinstance(reps[0][k], (int, float))}
+    return context, out
 
 
 def main():
-    src, dst = sys.argv[1], sys.argv[2]
-    context, r = rows(src)
+    *srcs, dst = sys.argv[1:]
+    context, r = rows(srcs)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m, label, color in ((2, "2x6", "tab:blue"), (4, "4x4", "tab:green")):
         pts = sorted((k[0], v) for k, v in r["select"].items() if k[1] == m)
