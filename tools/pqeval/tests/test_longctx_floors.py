@@ -7,7 +7,9 @@ The prompts are seed 0 of the single needle (question last and first) and
 the multi-key needle (question first) at 4096 tokens. In the full run
 (docs/quality.md, docs/quality-data/longctx.jsonl) SmolLM2 with full
 attention answered all three; PQ at 1/5 answered all three; H2O none; the
-window one. The floors leave one prompt of slack for PQ, so a platform's
+window one. (PQ at 1/5 missed the multi-key needle with the question last,
+which full attention answered; that prompt is not among these.) The floors
+leave one prompt of slack for PQ, so a platform's
 float rounding flipping one greedy answer does not fail CI, while PQ
 falling to the drop methods' level does.
 """
