@@ -508,7 +508,14 @@ class Session:
         row.lengths[layer] += 1
         q = row.to_library(q)  # the fetched keys are in the library's order too
         sel, (k_buf, v_buf) = self._buffers(row, layer)
-        ctx.select(seq, layer, _host_array(q), out=sel)
+        q_host = _host_array(q)
+        ctx.select(seq, layer, q_host, out=sel)
+        if row.selector not in ATTENTION_SELECTORS:
+            # The library attends over its own store (pq_decode_attend): no
+            # gathered copy, no torch operations per layer and token.
+            out, _ = ctx.attend(seq, layer, q_host, sel, scale=scaling)
+            return torch.from_numpy(out).to(q.device, q.dtype)
+        # Selectors that learn from the attention weights need them per token.
         ctx.fetch(seq, layer, sel, out=(k_buf, v_buf))
         counts = sel.counts
         n = int(counts.max())
