@@ -428,7 +428,10 @@ class Session:
             mask = None
             if attention_mask is not None:
                 mask = attention_mask[b:b + 1] if attention_mask.shape[0] > 1 else attention_mask
-            if held == 0 or (tokens > 1 and self.chunk_mode == "prefill"):
+            # Every chunk of prefill_all_rows is prompt, whatever chunk_mode says
+            # of forwards after it (and its tokens go to every row).
+            prompt = tokens > 1 and (self.chunk_mode == "prefill" or self._broadcast)
+            if held == 0 or prompt:
                 if full:
                     k_all, v_all = key[b:b + 1], value[b:b + 1]
                 else:  # earlier tokens live only in the library

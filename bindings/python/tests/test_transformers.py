@@ -205,6 +205,22 @@ def test_rows_each_with_its_own_selector_match_separate_runs():
         assert torch.equal(batched[r], separate[r]), selectors[r]
 
 
+def test_prefill_all_rows_in_chunks_with_chunk_mode_decode():
+    """A prompt longer than chunk_tokens reaches every row in full with
+    chunk_mode="decode" too (the mode of the perplexity runs): every chunk of
+    prefill_all_rows is prompt. Rows then match a Session prefilled alone."""
+    model = _model("llama")
+    ids = _ids(300)
+    with torch.no_grad():
+        with pqt.Session(model, selector="exact", topk_fraction=1.0, **SMALL) as alone:
+            reference = model(ids, past_key_values=alone.cache()).logits[0, -1]
+        with pqt.Session(model, rows=[{"selector": "exact"}, {"selector": "pq"}],
+                         topk_fraction=1.0, chunk_mode="decode", **SMALL) as session:
+            _, logits = session.prefill_all_rows(ids, chunk_tokens=128)
+            assert [session.length(r) for r in range(2)] == [300, 300]
+    assert torch.allclose(logits, reference, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(dtype):
     model = _model("llama").to(dtype)
