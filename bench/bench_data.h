@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "pqcache.h"
 
@@ -99,4 +101,51 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// Clustered keys: kClusters Gaussian centres per kv head, each token a random
+// centre plus noise (0.35); Gaussian values; `queries` queries of kQHeads
+// heads, each kv head's group aimed at a random centre. Token-major f16,
+// seeded. scaled_centres scales each centre by U(0.6, 1.4).
+struct ClusteredKv {
+  int64_t tokens = 0;
+  std::vector<uint16_t> keys, values;
+  std::vector<uint16_t> queries;  // [query][q_head][head_dim]
+};
+
+inline std::unique_ptr<ClusteredKv> make_clustered_kv(int64_t tokens, uint64_t seed, int queries,
+                                                      bool scaled_centres) {
+  constexpr int kClusters = 64;
+  auto t = std::make_unique<ClusteredKv>();
+  t->tokens = tokens;
+  Rng rng{seed ^ uint64_t(tokens)};
+  std::vector<float> centres(size_t(kKvHeads) * kClusters * kHeadDim);
+  for (int c = 0; c < kKvHeads * kClusters; ++c) {
+    const float scale = scaled_centres ? 0.6f + 0.8f * rng.uniform() : 1.0f;
+    for (int d = 0; d < kHeadDim; ++d) centres[size_t(c) * kHeadDim + d] = scale * rng.gauss();
+  }
+  const size_t n = size_t(tokens) * kKvHeads * kHeadDim;
+  t->keys.resize(n);
+  t->values.resize(n);
+  for (int64_t tok = 0; tok < tokens; ++tok)
+    for (int h = 0; h < kKvHeads; ++h) {
+      const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
+      uint16_t* k = &t->keys[(size_t(tok) * kKvHeads + h) * kHeadDim];
+      uint16_t* v = &t->values[(size_t(tok) * kKvHeads + h) * kHeadDim];
+      for (int d = 0; d < kHeadDim; ++d) {
+        k[d] = f32_to_f16(c[d] + 0.35f * rng.gauss());
+        v[d] = f32_to_f16(rng.gauss());
+      }
+    }
+  t->queries.resize(size_t(queries) * kQHeads * kHeadDim);
+  for (int q = 0; q < queries; ++q)
+    for (int h = 0; h < kKvHeads; ++h) {
+      const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
+      for (int g = 0; g < kGroup; ++g)
+        for (int d = 0; d < kHeadDim; ++d)
+          t->queries[(size_t(q) * kQHeads + size_t(h) * kGroup + g) * kHeadDim + d] =
+              f32_to_f16(1.5f * c[d] + 0.5f * rng.gauss());
+    }
+  return t;
+}
+
 }  // namespace pqbench
+

@@ -104,42 +104,13 @@ Bandwidth& bandwidth() {
 
 // --- data --------------------------------------------------------------------
 
-// Clustered keys (64 clusters per kv head plus noise), Gaussian values,
-// queries aimed at a cluster: token-major f16.
-struct Trace {
-  int64_t tokens = 0;
-  std::vector<uint16_t> keys, values, query;
-};
+// Clustered keys, Gaussian values, one query (bench_data.h), per length.
+using Trace = ClusteredKv;
 
 const Trace& trace_for(int64_t tokens) {
   static std::map<int64_t, std::unique_ptr<Trace>> traces;
   auto& t = traces[tokens];
-  if (t) return *t;
-  t = std::make_unique<Trace>();
-  t->tokens = tokens;
-  Rng rng{0xF100Bull ^ uint64_t(tokens)};
-  constexpr int kClusters = 64;
-  std::vector<float> centres(size_t(kKvHeads) * kClusters * kHeadDim);
-  for (float& c : centres) c = rng.gauss();
-  const size_t n = size_t(tokens) * kKvHeads * kHeadDim;
-  t->keys.resize(n);
-  t->values.resize(n);
-  for (int64_t tok = 0; tok < tokens; ++tok)
-    for (int h = 0; h < kKvHeads; ++h) {
-      const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
-      const size_t at = (size_t(tok) * kKvHeads + h) * kHeadDim;
-      for (int d = 0; d < kHeadDim; ++d) {
-        t->keys[at + d] = f32_to_f16(c[d] + 0.35f * rng.gauss());
-        t->values[at + d] = f32_to_f16(rng.gauss());
-      }
-    }
-  t->query.resize(size_t(kQHeads) * kHeadDim);
-  for (int h = 0; h < kKvHeads; ++h) {
-    const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
-    for (int g = 0; g < kGroup; ++g)
-      for (int d = 0; d < kHeadDim; ++d)
-        t->query[(size_t(h) * kGroup + g) * kHeadDim + d] = f32_to_f16(1.5f * c[d] + 0.5f * rng.gauss());
-  }
+  if (!t) t = make_clustered_kv(tokens, 0xF100Bull, 1, false);
   return *t;
 }
 
@@ -148,7 +119,7 @@ void tensors(const Trace& t, pq_tensor* k, pq_tensor* v, pq_tensor* q) {
                        PQ_LAYOUT_TOKEN_MAJOR, t.tokens, kKvHeads, kHeadDim));
   CHECK(pq_tensor_init(v, const_cast<uint16_t*>(t.values.data()), PQ_DTYPE_F16,
                        PQ_LAYOUT_TOKEN_MAJOR, t.tokens, kKvHeads, kHeadDim));
-  CHECK(pq_tensor_init(q, const_cast<uint16_t*>(t.query.data()), PQ_DTYPE_F16,
+  CHECK(pq_tensor_init(q, const_cast<uint16_t*>(t.queries.data()), PQ_DTYPE_F16,
                        PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kHeadDim));
 }
 
@@ -316,8 +287,8 @@ void attend(benchmark::State& state) {
   pq_tensor tk, tv;
   CHECK(pq_tensor_init(&tk, ok.data(), PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, cap, kKvHeads, kHeadDim));
   CHECK(pq_tensor_init(&tv, ov.data(), PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, cap, kKvHeads, kHeadDim));
-  std::vector<float> qf(tr.query.size()), out(size_t(kQHeads) * kHeadDim), logits;
-  for (size_t i = 0; i < qf.size(); ++i) qf[i] = f16_to_f32(tr.query[i]);
+  std::vector<float> qf(tr.queries.size()), out(size_t(kQHeads) * kHeadDim), logits;
+  for (size_t i = 0; i < qf.size(); ++i) qf[i] = f16_to_f32(tr.queries[i]);
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   const bool blas = tokens <= 131072;
   const F32Copy* f32 = blas ? &f32_copy(tokens) : nullptr;

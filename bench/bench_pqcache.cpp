@@ -70,7 +70,6 @@ using pqbench::kHeadDim;
 using pqbench::kKvHeads;
 using pqbench::kQHeads;
 using pqbench::kTopkFraction;
-constexpr int kClusters = 64;
 constexpr int kQueries = 16;
 constexpr int kKmeansIterations = 10;
 constexpr uint64_t kSeq = 1;
@@ -82,52 +81,20 @@ constexpr uint64_t kSeq = 1;
 // ---------------------------------------------------------------------------
 
 using pqbench::f16_to_f32;
-using pqbench::f32_to_f16;
-using pqbench::Rng;
+using pqbench::ClusteredKv;
+using pqbench::make_clustered_kv;
 
 // Keys, values ([token][kv_head][head_dim], f16) and queries
 // ([query][q_head][head_dim], f16 and f32) for one context length.
-struct Trace {
-  int64_t tokens = 0;
-  std::vector<uint16_t> keys, values;
-  std::vector<uint16_t> queries;
+struct Trace : ClusteredKv {
   std::vector<float> queries_f32;
 };
 
 std::unique_ptr<Trace> make_trace(int64_t tokens) {
   auto t = std::make_unique<Trace>();
-  t->tokens = tokens;
-  Rng rng{0xBE7C4ull ^ uint64_t(tokens)};
-  std::vector<float> centres(size_t(kKvHeads) * kClusters * kHeadDim);
-  for (int c = 0; c < kKvHeads * kClusters; ++c) {
-    float scale = 0.6f + 0.8f * rng.uniform();
-    for (int d = 0; d < kHeadDim; ++d) centres[size_t(c) * kHeadDim + d] = scale * rng.gauss();
-  }
-  const size_t n = size_t(tokens) * kKvHeads * kHeadDim;
-  t->keys.resize(n);
-  t->values.resize(n);
-  for (int64_t tok = 0; tok < tokens; ++tok)
-    for (int h = 0; h < kKvHeads; ++h) {
-      const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
-      uint16_t* k = &t->keys[(size_t(tok) * kKvHeads + h) * kHeadDim];
-      uint16_t* v = &t->values[(size_t(tok) * kKvHeads + h) * kHeadDim];
-      for (int d = 0; d < kHeadDim; ++d) {
-        k[d] = f32_to_f16(c[d] + 0.35f * rng.gauss());
-        v[d] = f32_to_f16(rng.gauss());
-      }
-    }
-  t->queries.resize(size_t(kQueries) * kQHeads * kHeadDim);
+  static_cast<ClusteredKv&>(*t) = std::move(*make_clustered_kv(tokens, 0xBE7C4ull, kQueries, true));
   t->queries_f32.resize(t->queries.size());
-  for (int q = 0; q < kQueries; ++q)
-    for (int h = 0; h < kKvHeads; ++h) {
-      const float* c = &centres[(size_t(h) * kClusters + rng.next() % kClusters) * kHeadDim];
-      for (int g = 0; g < kGroup; ++g)
-        for (int d = 0; d < kHeadDim; ++d) {
-          size_t i = (size_t(q) * kQHeads + size_t(h) * kGroup + g) * kHeadDim + d;
-          t->queries[i] = f32_to_f16(1.5f * c[d] + 0.5f * rng.gauss());
-          t->queries_f32[i] = f16_to_f32(t->queries[i]);
-        }
-    }
+  for (size_t i = 0; i < t->queries.size(); ++i) t->queries_f32[i] = f16_to_f32(t->queries[i]);
   return t;
 }
 
