@@ -488,19 +488,27 @@ class Session:
         return ((row.from_library(k) if model_order else k).to(device=device, dtype=dtype),
                 _from_host(v, self.dtype).to(device=device, dtype=dtype))
 
-    def _buffers(self, row: _Row, layer: int):
-        """The (reused) selection and fetch buffers of (row, layer), grown to
-        the capacity the next select needs."""
+    def _selection(self, row: _Row, layer: int) -> SelectionResult:
+        """The (reused) selection buffer of (row, layer), grown to the
+        capacity the next select needs."""
         need = row.ctx.capacity(row.seq, layer)
         sel = row.selection.get(layer)
         if sel is None or sel.capacity < need:
             capacity = max(need, 2 * sel.capacity if sel is not None else need)
             sel = SelectionResult(self.num_kv_heads, capacity)
+            row.selection[layer] = sel
+        return sel
+
+    def _fetch_buffers(self, row: _Row, layer: int, capacity: int):
+        """The (reused) K and V buffers of (row, layer) for a selection of
+        `capacity`; made only for rows that fetch (attending ones do not)."""
+        bufs = row.fetched.get(layer)
+        if bufs is None or bufs[0].shape[1] != capacity:
             shape = (self.num_kv_heads, capacity, self.head_dim)
             np_dtype = _NUMPY_DTYPES[self.dtype]
-            row.selection[layer] = sel
-            row.fetched[layer] = (np.zeros(shape, np_dtype), np.zeros(shape, np_dtype))
-        return sel, row.fetched[layer]
+            bufs = (np.zeros(shape, np_dtype), np.zeros(shape, np_dtype))
+            row.fetched[layer] = bufs
+        return bufs
 
     def _decode_token(self, row: _Row, layer: int, q, k1, v1, scaling: float) -> torch.Tensor:
         """One decode step of one row in one layer: q [q_heads, D], k1 and v1
@@ -510,7 +518,7 @@ class Session:
                    layout="head_major")
         row.lengths[layer] += 1
         q = row.to_library(q)  # the fetched keys are in the library's order too
-        sel, (k_buf, v_buf) = self._buffers(row, layer)
+        sel = self._selection(row, layer)
         q_host = _host_array(q)
         ctx.select(seq, layer, q_host, out=sel)
         if row.selector not in ATTENTION_SELECTORS:
@@ -519,6 +527,7 @@ class Session:
             out, _ = ctx.attend(seq, layer, q_host, sel, scale=scaling)
             return torch.from_numpy(out).to(q.device, q.dtype)
         # Selectors that learn from the attention weights need them per token.
+        k_buf, v_buf = self._fetch_buffers(row, layer, sel.capacity)
         ctx.fetch(seq, layer, sel, out=(k_buf, v_buf))
         counts = sel.counts
         n = int(counts.max())
