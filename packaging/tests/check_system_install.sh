@@ -68,10 +68,12 @@ for n in "${names[@]}"; do
 done
 # ldconfig may name it through another path on a merged-/usr system
 # (/lib/libpqcache.so.0 for /usr/lib/libpqcache.so.0): compare real paths.
-cached=$(ldconfig -p | awk -v so="libpqcache.so.$PQ_ABI_MAJOR" '$1 == so { print $NF; exit }')
+# (awk reads all of ldconfig's output: exiting at the first match would let
+# ldconfig die of SIGPIPE, which pipefail and set -e turn into a silent exit.)
+cached=$(ldconfig -p | awk -v so="libpqcache.so.$PQ_ABI_MAJOR" '$1 == so && !found { print $NF; found = 1 }')
 [[ -n $cached && $(realpath "$cached") == $(realpath "$libdir/libpqcache.so.$PQ_ABI_MAJOR") ]] \
   || fail "ldconfig does not know $libdir/libpqcache.so.$PQ_ABI_MAJOR after dpkg -i (trigger missing?): '$cached'"
-log "OK: ldconfig -p: $(ldconfig -p | grep -m1 "libpqcache.so.$PQ_ABI_MAJOR")"
+log "OK: ldconfig -p lists $cached"
 
 # Build with the system's search paths only.
 flags=$(env -u PKG_CONFIG_PATH -u PKG_CONFIG_LIBDIR pkg-config --cflags --libs pqcache) \
