@@ -89,7 +89,9 @@ void Context::sequence_remove(uint64_t id) {
 
 int64_t Context::sequence_length(uint64_t id, int32_t layer) const {
   check_layer(layer);
-  Layer& l = *find(id)->layers[static_cast<size_t>(layer)];
+  // Hold the sequence: a racing pq_sequence_remove may drop the map's reference.
+  const std::shared_ptr<Sequence> seq = find(id);
+  Layer& l = *seq->layers[static_cast<size_t>(layer)];
   l.settle();
   return l.tokens();
 }
@@ -153,7 +155,9 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
 
 int64_t Context::selection_capacity(uint64_t id, int32_t layer) const {
   check_layer(layer);
-  Layer& l = *find(id)->layers[static_cast<size_t>(layer)];
+  // Hold the sequence: a racing pq_sequence_remove may drop the map's reference.
+  const std::shared_ptr<Sequence> seq = find(id);
+  Layer& l = *seq->layers[static_cast<size_t>(layer)];
   l.settle();
   return l.capacity();
 }

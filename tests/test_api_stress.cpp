@@ -202,4 +202,35 @@ TEST(Stress, DestroyWithBuildsAndIngestsInFlight) {
   }
 }
 
+// pq_sequence_length and pq_selection_capacity once read their layer through
+// a reference that outlived the sequence's last owner: a remove between the
+// lookup and the read freed the layer under them (found by TSan in the test
+// above). Here the race is the whole loop, so ASan and TSan see it at once.
+TEST(Stress, LengthAndCapacityRaceTheRemoveOfTheirSequence) {
+  Ctx ctx(stress_config(PQ_SELECTOR_WINDOW));
+  ASSERT_TRUE(ctx.ok());
+  HostTensor k = make_tensor(rows(7, 0, 64), 64, kKv, kDim, PQ_DTYPE_F32);
+  std::atomic<bool> done{false};
+  std::atomic<int> errors{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      int64_t n = 0;
+      pq_status st = pq_sequence_length(ctx, 7, 0, &n);
+      if (st == PQ_OK && n != 0 && n != 64) ++errors;  // before or after the prefill
+      if (!ok_or_removed(st) && st != PQ_ERR_BAD_STATE) ++errors;
+      st = pq_selection_capacity(ctx, 7, 1, &n);
+      if (!ok_or_removed(st) && st != PQ_ERR_BAD_STATE) ++errors;
+    }
+  });
+  for (int round = 0; round < 400; ++round) {
+    ASSERT_EQ(pq_sequence_add(ctx, 7), PQ_OK);
+    for (int32_t layer = 0; layer < kLayers; ++layer)
+      ASSERT_EQ(pq_prefill_layer(ctx, 7, layer, k.get(), k.get()), PQ_OK);
+    ASSERT_EQ(pq_sequence_remove(ctx, 7), PQ_OK);
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(errors.load(), 0);
+}
+
 }  // namespace
