@@ -68,11 +68,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 4
+#define PQ_VERSION_MINOR 5
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.4.0"
+#define PQ_VERSION_STRING "0.5.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -105,7 +105,17 @@ typedef enum pq_status {
   /* An output buffer is too small; the call wrote the size it needs (see
    * the function) and nothing else. Added in 0.4: before, the same case
    * returned PQ_ERR_INVALID_ARGUMENT. */
-  PQ_ERR_BUFFER_TOO_SMALL = -8
+  PQ_ERR_BUFFER_TOO_SMALL = -8,
+  /* Saved sequence state that is not intact: truncated, a checksum that
+   * does not match, a bad magic number or an inconsistent field. The
+   * message names the check and the section. Nothing was loaded. (0.5) */
+  PQ_ERR_CORRUPT = -9,
+  /* Saved sequence state that is intact but cannot be loaded here: a
+   * format version this library does not read, or a geometry (layers, kv
+   * heads, head_dim, dtype, pq_subspaces, pq_bits, selector) that differs
+   * from the context's. The message names the field and both values.
+   * Nothing was loaded. (0.5) */
+  PQ_ERR_INCOMPATIBLE = -10
 } pq_status;
 
 /* A static, human-readable name for a status ("PQ_ERR_INVALID_ARGUMENT: ...").
@@ -472,6 +482,99 @@ PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
  * CPU backend). Threading: must not race with calls on seq_id. */
 PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,
                                         void* cuda_stream);
+
+/* ------------------------------------------------------------------------ */
+/* Sequence state: truncate, fork, save and restore (added in 0.5)          */
+/* ------------------------------------------------------------------------ */
+
+/* Keeps the first `tokens` tokens of every layer of seq_id and drops the
+ * rest (a server rolling back rejected speculative tokens): the K/V, the
+ * PQ codes, the selector's state and the block cache's bookkeeping follow,
+ * and the next decode step is as if the dropped tokens never came. A layer
+ * with `tokens` or fewer tokens is left as it is. When the cut falls inside
+ * a layer's prefill, its prefill becomes the first `tokens` tokens and its
+ * index is rebuilt over them on the worker pool, as a prefill of those
+ * tokens would build it; tokens = 0 empties the sequence (the next call
+ * on a layer is pq_prefill_layer). The block cache of a truncated layer
+ * starts empty.
+ * Errors: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (tokens < 0 or more
+ * than the longest layer holds), PQ_ERR_OUT_OF_MEMORY (the rebuild could
+ * not be queued; nothing changed on that layer and those after it).
+ * Threading: must not race with other calls on seq_id (it changes every
+ * layer); calls on other sequences may run concurrently. */
+PQ_API pq_status pq_sequence_truncate(pq_context* ctx, uint64_t seq_id,
+                                      int64_t tokens);
+
+/* Adds child_id holding the same tokens as parent_id (many requests with
+ * one system prompt, parallel samples). Full chunks of 256 tokens are
+ * shared, copy-on-write, and the host memory limit counts them once; the
+ * last, partial chunk of each layer is copied. The child gets the parent's
+ * PQ index (centroids and codes; no K-Means runs) and selector state, an
+ * empty block cache and its own statistics; the parent is unchanged. From
+ * then on each grows on its own chunks. Waits for the parent's index
+ * builds in flight.
+ * Errors: PQ_ERR_NOT_FOUND (parent), PQ_ERR_INVALID_ARGUMENT (child_id
+ * exists), PQ_ERR_OUT_OF_MEMORY (limit; no child was added), PQ_ERR_BAD_STATE
+ * (a build of the parent failed), the parent's pending ingest error.
+ * Threading: must not race with calls that change parent_id; other calls
+ * may run concurrently. */
+PQ_API pq_status pq_sequence_fork(pq_context* ctx, uint64_t parent_id,
+                                  uint64_t child_id);
+
+/* Receives the saved state in pieces, in order. Returns 0 to go on; any
+ * other value stops the save, which then fails with PQ_ERR_BACKEND. */
+typedef int (*pq_write_fn)(void* user, const void* data, size_t size);
+
+/* Writes seq_id's state (every layer's K/V, PQ index, window position and
+ * selector state) to `write`, in the versioned format of
+ * docs/state-format.md, with a CRC-32C per section. It waits for the
+ * sequence's index builds in flight, so that a restore runs no K-Means.
+ * The block cache and statistics are not saved. The size equals what
+ * pq_sequence_state_size reported if nothing changed the sequence since.
+ * Errors: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (write NULL),
+ * PQ_ERR_BACKEND (write returned non-zero). Threading: must not race with
+ * calls that change seq_id. */
+PQ_API pq_status pq_sequence_save(pq_context* ctx, uint64_t seq_id,
+                                  pq_write_fn write, void* user);
+
+/* The bytes pq_sequence_save would write now, into *out_bytes. Waits for
+ * the sequence's builds in flight. Threading: as pq_sequence_save. */
+PQ_API pq_status pq_sequence_state_size(pq_context* ctx, uint64_t seq_id,
+                                        uint64_t* out_bytes);
+
+/* pq_sequence_save into a caller buffer of `capacity` bytes; *out_written
+ * receives the bytes written. PQ_ERR_BUFFER_TOO_SMALL when it does not
+ * fit: *out_written then receives the size needed. */
+PQ_API pq_status pq_sequence_save_buffer(pq_context* ctx, uint64_t seq_id,
+                                         void* buffer, uint64_t capacity,
+                                         uint64_t* out_written);
+
+/* pq_sequence_save into the file at `path`, atomically: the state goes to a
+ * temporary file beside it, which is flushed to disk (fsync) and renamed
+ * over `path`; on any failure `path` is left as it was and the temporary
+ * file is removed. Errors: as pq_sequence_save, plus PQ_ERR_BACKEND for a
+ * file system error (the message has the path and errno's text). */
+PQ_API pq_status pq_sequence_save_file(pq_context* ctx, uint64_t seq_id,
+                                       const char* path);
+
+/* Adds seq_id from `size` bytes that pq_sequence_save wrote, in this or
+ * another context (another process, another machine of the same byte
+ * order) of the same geometry. Every section is checked before anything is
+ * added: a restore either adds the whole sequence or nothing. The restored
+ * sequence's selections and fetched bytes equal the saved one's; its PQ
+ * index is loaded, not rebuilt (a layer saved without an index, after a
+ * failed build, is rebuilt). Its block cache starts empty.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (NULL data, seq_id exists),
+ * PQ_ERR_CORRUPT, PQ_ERR_INCOMPATIBLE, PQ_ERR_OUT_OF_MEMORY (limit).
+ * Thread-safe. */
+PQ_API pq_status pq_sequence_restore(pq_context* ctx, uint64_t seq_id,
+                                     const void* data, uint64_t size);
+
+/* pq_sequence_restore from the file at `path`. Errors: as
+ * pq_sequence_restore, plus PQ_ERR_NOT_FOUND (no such file) and
+ * PQ_ERR_BACKEND (a read error). */
+PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
+                                          const char* path);
 
 /* ------------------------------------------------------------------------ */
 /* Prefill and decode                                                       */

@@ -61,16 +61,28 @@ std::shared_ptr<Sequence> Context::find(uint64_t id) const {
   return it->second;
 }
 
-void Context::sequence_add(uint64_t id) {
+std::shared_ptr<Sequence> Context::new_sequence(uint64_t id, const std::string& what) {
   const pq_config& c = shared_.config;
   Reservation fixed = shared_.budget.reserve(
       shared_.cost.sequence_fixed(c.num_layers),
-      "pq_sequence_add (the fixed state of a sequence: " + shared_.cost.explain(c) + ")");
-  auto seq = std::make_shared<Sequence>(id, shared_, std::move(fixed));
+      what + " (the fixed state of a sequence: " + shared_.cost.explain(c) + ")");
+  return std::make_shared<Sequence>(id, shared_, std::move(fixed));
+}
+
+void Context::insert(std::shared_ptr<Sequence> seq) {
+  const uint64_t id = seq->id;
   std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
   if (!sequences_.emplace(id, std::move(seq)).second)
     invalid("seq_id " + std::to_string(id) + " already exists in this context");
 }
+
+void Context::require_absent(uint64_t id) const {
+  std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
+  if (sequences_.count(id) != 0)
+    invalid("seq_id " + std::to_string(id) + " already exists in this context");
+}
+
+void Context::sequence_add(uint64_t id) { insert(new_sequence(id, "pq_sequence_add")); }
 
 void Context::sequence_remove(uint64_t id) {
   std::shared_ptr<Sequence> seq;

@@ -75,12 +75,25 @@ class Context {
                    uint8_t* out);
   void index_centroids(uint64_t id, int32_t layer, int32_t kv_head, float* out, int64_t floats);
 
+  // Sequence state (context_state.cpp).
+  void sequence_truncate(uint64_t id, int64_t tokens);
+  void sequence_fork(uint64_t parent, uint64_t child);
+  // Returns the bytes written; write may be null (the size alone).
+  uint64_t sequence_save(uint64_t id, pq_write_fn write, void* user);
+  void sequence_restore(uint64_t id, const uint8_t* data, uint64_t size);
+
   void stats(pq_stats* out) const;
   void sequence_stats(uint64_t id, pq_stats* out) const;
   void wait_builds();
 
  private:
   std::shared_ptr<Sequence> find(uint64_t id) const;
+  // A new sequence with its fixed state reserved, not yet in the map;
+  // `what` names the call for the memory limit's message.
+  std::shared_ptr<Sequence> new_sequence(uint64_t id, const std::string& what);
+  // Adds it to the map; INVALID_ARGUMENT if the id is taken.
+  void insert(std::shared_ptr<Sequence> seq);
+  void require_absent(uint64_t id) const;
   void check_layer(int32_t layer) const;
   void check_kv_head(int32_t kv_head) const;
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,

@@ -45,21 +45,29 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool*
                                       std::to_string(count) + " more given");
   size_t needed = static_cast<size_t>((tokens_ + count + kChunkTokens - 1) / kChunkTokens);
   const size_t opening = needed > chunks_.size() ? needed - chunks_.size() : 0;
+  // The partial last chunk, if another store shares it, is written into a
+  // copy (copy-on-write).
+  const int64_t partial_rows = tokens_ % kChunkTokens;
+  const bool copy_last = partial_rows > 0 && chunks_.back()->shared.load();
+  const size_t charged = opening + (copy_last ? 1 : 0);
   // The whole charge at once, then every new chunk, so that a failure
   // leaves the store (and the budget) as they were.
   Reservation charge;
-  if (opening > 0)
+  if (charged > 0)
     charge = budget_->reserve(
-        opening * chunk_charge_,
-        "storing " + std::to_string(count) + " more tokens (" + std::to_string(opening) +
-            " new chunks)",
+        charged * chunk_charge_,
+        "storing " + std::to_string(count) + " more tokens (" + std::to_string(charged) +
+            " new chunks" + (copy_last ? ", one a copy of a chunk shared with a fork" : "") + ")",
         "; K/V and the state that grows with them are counted in whole 256-token chunks of " +
             std::to_string(chunk_charge_) + " bytes per layer");
+  std::shared_ptr<Chunk> last_copy;
+  if (copy_last) last_copy = copy_chunk(*chunks_.back(), partial_rows, charge.split(chunk_charge_));
   std::vector<std::shared_ptr<Chunk>> fresh;
   fresh.reserve(opening);
   while (fresh.size() < opening)
     fresh.push_back(std::make_shared<Chunk>(tensor_bytes_per_chunk(), charge.split(chunk_charge_)));
   chunks_.reserve(needed);
+  if (last_copy) chunks_.back() = std::move(last_copy);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
 
   // Copy and finiteness check in one pass over the source, token ranges in
@@ -113,6 +121,42 @@ void KvStore::truncate(int64_t tokens) noexcept {
   if (tokens >= tokens_) return;
   chunks_.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
   tokens_ = tokens;
+}
+
+std::shared_ptr<KvStore::Chunk> KvStore::copy_chunk(const Chunk& from, int64_t rows,
+                                                    Reservation charge) const {
+  auto copy = std::make_shared<Chunk>(tensor_bytes_per_chunk(), std::move(charge));
+  const size_t head_bytes = static_cast<size_t>(kChunkTokens) * row_bytes();
+  const size_t used = static_cast<size_t>(rows) * row_bytes();
+  for (int32_t h = 0; h < heads_; ++h) {
+    std::memcpy(copy->keys.get() + h * head_bytes, from.keys.get() + h * head_bytes, used);
+    std::memcpy(copy->values.get() + h * head_bytes, from.values.get() + h * head_bytes, used);
+  }
+  return copy;
+}
+
+int64_t KvStore::fork_from(const KvStore& parent) {
+  const size_t full = static_cast<size_t>(parent.tokens_ / kChunkTokens);
+  const int64_t partial_rows = parent.tokens_ % kChunkTokens;
+  std::shared_ptr<Chunk> last;
+  if (partial_rows > 0)
+    last = copy_chunk(*parent.chunks_[full], partial_rows,
+                      budget_->reserve(chunk_charge_, "forking (a copy of the partial last chunk)",
+                                       "; each layer of a fork copies its partial last chunk of "
+                                       "256 tokens and shares the full ones"));
+  std::vector<std::shared_ptr<Chunk>> chunks(parent.chunks_.begin(),
+                                             parent.chunks_.begin() + full);
+  if (last) chunks.push_back(std::move(last));
+  for (size_t i = 0; i < full; ++i) chunks[i]->shared.store(true);
+  chunks_ = std::move(chunks);
+  tokens_ = parent.tokens_;
+  return static_cast<int64_t>(full);
+}
+
+int64_t KvStore::shared_chunks() const {
+  int64_t n = 0;
+  for (const auto& c : chunks_) n += c->shared.load() ? 1 : 0;
+  return n;
 }
 
 KvStore::Snapshot KvStore::snapshot() const {

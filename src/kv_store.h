@@ -22,11 +22,16 @@ class KvStore {
   // so one head's rows are contiguous (K-Means and scoring read by head).
   // It holds its share of the budget (its K/V and the state that grows with
   // its tokens elsewhere: codes, selector and cache state) while it lives.
+  //
+  // A chunk another store shares (pq_sequence_fork) is marked `shared` for
+  // good, and no store writes into it again: an append that would write
+  // into a shared partial chunk (after a truncate) copies it first.
   struct Chunk {
     Chunk(size_t bytes_per_tensor, Reservation charge);
     std::unique_ptr<uint8_t[]> keys;
     std::unique_ptr<uint8_t[]> values;
     Reservation charge;
+    std::atomic<bool> shared{false};
   };
 
   // A read-only view of the first `tokens` tokens, valid while held.
@@ -62,6 +67,14 @@ class KvStore {
 
   Snapshot snapshot() const;
 
+  // Makes this empty store hold `parent`'s tokens: its full chunks shared
+  // (marked shared in both stores, charged once), the partial last chunk
+  // copied into a chunk of its own (charged here). All or nothing. Returns
+  // the number of chunks shared.
+  int64_t fork_from(const KvStore& parent);
+  // Chunks this store holds that another store may hold too.
+  int64_t shared_chunks() const;
+
   // Drops the tokens from `tokens` on (and the chunks they alone used):
   // undoes an append whose call failed afterwards. Never throws.
   void truncate(int64_t tokens) noexcept;
@@ -72,6 +85,8 @@ class KvStore {
     return static_cast<size_t>(kChunkTokens) * heads_ * row_bytes();
   }
   const uint8_t* row(bool key, int64_t token, int32_t head) const;
+  // A private chunk holding the first `rows` token rows of `from`.
+  std::shared_ptr<Chunk> copy_chunk(const Chunk& from, int64_t rows, Reservation charge) const;
 
   int32_t heads_;
   int32_t head_dim_;

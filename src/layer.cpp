@@ -57,7 +57,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
   try {
     shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
-    if (is_prefill && shared_.selector->needs_index()) schedule_build(seq);
+    if (is_prefill && shared_.selector->needs_index()) schedule_build(seq, store_.tokens());
   } catch (...) {
     store_.truncate(first);  // the call fails as a whole: as if it never came
     throw;

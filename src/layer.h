@@ -7,7 +7,8 @@
 // The methods are spread over files by concept: layer.cpp (stores,
 // ingests, introspection), layer_build.cpp (the index build and coding),
 // layer_select.cpp (selection and the inputs selectors learn from),
-// layer_fetch.cpp (the fetch and the block cache).
+// layer_fetch.cpp (the fetch and the block cache), layer_state.cpp
+// (truncate, fork, save and restore).
 #pragma once
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "kv_store.h"
 #include "pq_index.h"
 #include "selectors/selector.h"
+#include "sequence_state.h"
 
 namespace pq {
 
@@ -103,13 +105,28 @@ class Layer {
   void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
              const pq_tensor& out_values, const SequenceInfo& seq);
 
+  // --- sequence state (layer_state.cpp) ------------------------------------
+  // pq_sequence_truncate: keeps the first `tokens` tokens (fewer than held).
+  void truncate(int64_t tokens, const SequenceInfo& seq);
+  // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
+  void fork_from(Layer& parent);
+  // pq_sequence_save: waits for the build in flight, then writes the layer's
+  // sections.
+  void save(StateWriter& out);
+  // pq_sequence_restore into this new, empty layer, from checked sections.
+  void restore(const LayerImage& image, const SequenceInfo& seq);
+
  private:
   // Under mutex_ from here on.
   void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                     const SequenceInfo& seq);
   void require_prefill(uint64_t seq_id, const char* call) const;
   void require_index(uint64_t seq_id);
-  void schedule_build(const SequenceInfo& seq);
+  // A build over the first `tokens` tokens of the store.
+  void schedule_build(const SequenceInfo& seq, int64_t tokens);
+  // A fresh block cache and device state (after the tokens changed under
+  // them), with the window sent again.
+  void reset_cache_and_device(void* stream);
   // The build itself, on a worker thread; touches no Layer member.
   static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snapshot,
                         int32_t layer_index, Counters& seq_counters);
@@ -142,6 +159,9 @@ class Layer {
   std::unique_ptr<BlockCache> cache_;     // null when config.cache_tokens is 0
   std::unique_ptr<DeviceLayer> device_;   // the backend's state (CUDA); may be null
   uint64_t index_generation_ = 0;         // bumped at every installed build
+  // A fork's share of the per-chunk state (codes, selector and cache state)
+  // of the chunks it shares: the chunks' own charge stays with them.
+  Reservation fork_state_;
   uint64_t last_select_bytes_ = 0;
   std::string build_error_;               // why the last build failed, if it did
   int32_t last_iterations_ = 0;

@@ -71,9 +71,12 @@ void Layer::require_index(uint64_t seq_id) {
                                "; call pq_prefill_layer again to rebuild");
 }
 
-void Layer::schedule_build(const SequenceInfo& seq) {
+void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
   auto task = std::make_shared<BuildTask>();
   auto snapshot = std::make_shared<KvStore::Snapshot>(store_.snapshot());
+  snapshot->tokens = tokens;
+  snapshot->chunks.resize(static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
+                                              KvStore::kChunkTokens));
   task->tokens = snapshot->tokens;
   ContextShared& shared = shared_;
   const int32_t layer_index = layer_index_;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "selector.h"
+#include "state_io.h"
 #include "topk.h"
 
 namespace pq {
@@ -100,6 +101,41 @@ struct AttentionAccumulator {
         d[static_cast<size_t>(p)] = 1;
         s[static_cast<size_t>(p)] = 0.f;
       }
+    }
+  }
+
+  // Sequence state (SelectorState's calls).
+  void truncate(int64_t tokens) {
+    for (size_t h = 0; h < score.size(); ++h)
+      if (static_cast<int64_t>(score[h].size()) > tokens) {
+        score[h].resize(static_cast<size_t>(tokens));
+        dropped[h].resize(static_cast<size_t>(tokens));
+      }
+  }
+  void save(ByteWriter& out) const {
+    out.put<uint32_t>(static_cast<uint32_t>(score.size()));
+    for (size_t h = 0; h < score.size(); ++h) {
+      out.put_vector(score[h]);
+      out.put_vector(dropped[h]);
+    }
+  }
+  void load(ByteReader& in, int64_t tokens) {
+    const uint32_t heads = in.get<uint32_t>("accumulated attention: kv heads");
+    if (heads != score.size())
+      in.corrupt("accumulated attention has " + std::to_string(heads) + " kv heads; expected " +
+                 std::to_string(score.size()));
+    for (size_t h = 0; h < score.size(); ++h) {
+      score[h] = in.get_vector<float>("accumulated attention: scores", static_cast<uint64_t>(tokens));
+      dropped[h] = in.get_vector<uint8_t>("accumulated attention: drop marks", score[h].size());
+      if (dropped[h].size() != score[h].size())
+        in.corrupt("accumulated attention of kv head " + std::to_string(h) + " has " +
+                   std::to_string(score[h].size()) + " scores but " +
+                   std::to_string(dropped[h].size()) + " drop marks");
+      for (size_t p = 0; p < score[h].size(); ++p)
+        if (!(score[h][p] >= 0.f && score[h][p] < std::numeric_limits<float>::infinity()) ||
+            dropped[h][p] > 1)
+          in.corrupt("accumulated attention of kv head " + std::to_string(h) + ", token " +
+                     std::to_string(p) + ": not a finite non-negative score with a 0/1 mark");
     }
   }
 

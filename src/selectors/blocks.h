@@ -38,6 +38,12 @@ struct BlockCoverage {
     representatives = R;
     return true;
   }
+  // Sequence state: summaries are derived from the stored keys, so they are
+  // rebuilt (on the next selection) rather than cut, copied or saved.
+  void forget() {
+    mid_begin = -1;
+    covered_end = -1;
+  }
   bool covers(int64_t begin, int64_t end) const {
     return mid_begin == begin && covered_end == end;
   }

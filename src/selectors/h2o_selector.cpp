@@ -25,9 +25,14 @@ namespace pq {
 
 namespace {
 
-struct H2oState final : SelectorState {
+struct H2oState final : CopyableState<H2oState> {
   explicit H2oState(int32_t kv_heads) : attention(kv_heads) {}
   AttentionAccumulator attention;
+  void truncate(int64_t tokens) override { attention.truncate(tokens); }
+  void save(ByteWriter& out) const override { attention.save(out); }
+  void load(ByteReader& in, int64_t tokens, const pq_config&) override {
+    attention.load(in, tokens);
+  }
 };
 
 class H2oSelector final : public Selector {

@@ -48,10 +48,13 @@ namespace pq {
 namespace {
 
 // Representatives of the middle [mid_begin, covered_end) of every kv head.
-struct InfllmState final : SelectorState, BlockCoverage {
+struct InfllmState final : CopyableState<InfllmState>, BlockCoverage {
   // per kv head: [block][R] positions, ascending, -1 past the block's count;
   // block j is the absolute block mid_begin / B + j.
   std::vector<std::vector<int32_t>> reps;
+  void truncate(int64_t) override { forget(); }
+  void save(ByteWriter&) const override {}
+  void load(ByteReader&, int64_t, const pq_config&) override { forget(); }
 };
 
 // Working memory of summarise().

@@ -25,6 +25,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "selector.h"
+#include "state_io.h"
 #include "topk.h"
 #include "vector_math.h"
 
@@ -38,6 +39,36 @@ struct PromptScores {
   int64_t prompt_tokens = -1;
 
   bool ready() const { return prompt_tokens >= 0; }
+
+  // Sequence state: the scores of the tokens kept stay as they were
+  // computed (from the window that was observed then).
+  void truncate(int64_t tokens) {
+    if (prompt_tokens <= tokens) return;
+    prompt_tokens = tokens;
+    for (auto& s : score) s.resize(static_cast<size_t>(tokens));
+  }
+  void save(ByteWriter& out) const {
+    out.put<int64_t>(prompt_tokens);
+    out.put<uint32_t>(static_cast<uint32_t>(score.size()));
+    for (const auto& s : score) out.put_vector(s);
+  }
+  void load(ByteReader& in, int64_t tokens, int32_t kv_heads) {
+    prompt_tokens = in.get<int64_t>("prompt scores: prompt tokens");
+    if (prompt_tokens < -1 || prompt_tokens > tokens)
+      in.corrupt("prompt scores cover " + std::to_string(prompt_tokens) +
+                 " tokens; the layer holds " + std::to_string(tokens));
+    const uint32_t heads = in.get<uint32_t>("prompt scores: kv heads");
+    if (heads != (ready() ? static_cast<uint32_t>(kv_heads) : 0u))
+      in.corrupt("prompt scores have " + std::to_string(heads) + " kv heads; expected " +
+                 std::to_string(ready() ? kv_heads : 0));
+    score.assign(heads, {});
+    for (auto& s : score) {
+      s = in.get_vector<float>("prompt scores", static_cast<uint64_t>(prompt_tokens));
+      if (static_cast<int64_t>(s.size()) != prompt_tokens)
+        in.corrupt("a kv head has " + std::to_string(s.size()) + " prompt scores; expected " +
+                   std::to_string(prompt_tokens));
+    }
+  }
 
   void compute(const KvStore& store, const float* queries, int64_t w, const pq_config& c) {
     const int64_t P = store.tokens();
@@ -137,10 +168,15 @@ struct PromptScores {
 }
 
 // Per-(sequence, layer) state of SnapKV and PyramidKV.
-struct PromptState final : SelectorState {
+struct PromptState final : CopyableState<PromptState> {
   explicit PromptState(int32_t l) : layer(l) {}
   int32_t layer;
   PromptScores prompt;
+  void truncate(int64_t tokens) override { prompt.truncate(tokens); }
+  void save(ByteWriter& out) const override { prompt.save(out); }
+  void load(ByteReader& in, int64_t tokens, const pq_config& c) override {
+    prompt.load(in, tokens, c.num_kv_heads);
+  }
 };
 
 // SnapKV's selection, which PyramidKV reuses with its own budget(): the top

@@ -35,10 +35,13 @@ namespace pq {
 namespace {
 
 // Summaries of the middle [mid_begin, covered_end) of every kv head.
-struct QuestState final : SelectorState, BlockCoverage {
+struct QuestState final : CopyableState<QuestState>, BlockCoverage {
   // per kv head: [block][2][head_dim], min row then max row; block j is the
   // absolute block mid_begin / B + j.
   std::vector<std::vector<float>> minmax;
+  void truncate(int64_t) override { forget(); }
+  void save(ByteWriter&) const override {}
+  void load(ByteReader&, int64_t, const pq_config&) override { forget(); }
 };
 
 // Extends one head's summaries with tokens [from, to) of the middle that

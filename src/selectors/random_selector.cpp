@@ -11,13 +11,20 @@
 
 #include "rng.h"
 #include "selector.h"
+#include "state_io.h"
 
 namespace pq {
 
 namespace {
 
-struct RandomState final : SelectorState {
+struct RandomState final : CopyableState<RandomState> {
   uint64_t step = 0;  // selections made on this (sequence, layer)
+  // The stream goes on: a truncated sequence does not replay its draws.
+  void truncate(int64_t) override {}
+  void save(ByteWriter& out) const override { out.put<uint64_t>(step); }
+  void load(ByteReader& in, int64_t, const pq_config&) override {
+    step = in.get<uint64_t>("random selector: step");
+  }
 };
 
 // Separates this stream from the K-Means streams of the same seed.

@@ -33,11 +33,23 @@ namespace pq {
 
 namespace {
 
-struct ScopeState final : SelectorState {
+struct ScopeState final : CopyableState<ScopeState> {
   ScopeState(int32_t kv_heads, int32_t l) : layer(l), attention(kv_heads) {}
   int32_t layer;
   PromptScores prompt;
   AttentionAccumulator attention;
+  void truncate(int64_t tokens) override {
+    prompt.truncate(tokens);
+    attention.truncate(tokens);
+  }
+  void save(ByteWriter& out) const override {
+    prompt.save(out);
+    attention.save(out);
+  }
+  void load(ByteReader& in, int64_t tokens, const pq_config& c) override {
+    prompt.load(in, tokens, c.num_kv_heads);
+    attention.load(in, tokens);
+  }
 };
 
 class ScopeSelector final : public Selector {

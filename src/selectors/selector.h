@@ -20,11 +20,33 @@
 
 namespace pq {
 
+class ByteReader;
+class ByteWriter;
+
 // What a selector keeps per (sequence, layer) between calls: block
-// summaries, accumulated attention, prompt scores, a random stream.
+// summaries, accumulated attention, prompt scores, a random stream. It
+// follows the sequence through the state calls of pq_sequence_truncate,
+// pq_sequence_fork, pq_sequence_save and pq_sequence_restore.
 class SelectorState {
  public:
   virtual ~SelectorState() = default;
+  // A copy for a forked sequence.
+  virtual std::unique_ptr<SelectorState> clone() const = 0;
+  // Forgets what it holds of the tokens at or after `tokens`.
+  virtual void truncate(int64_t tokens) = 0;
+  // What cannot be recomputed from the stored K/V (derived summaries are
+  // rebuilt instead); load() reads it into a fresh state, checking it
+  // against the layer's `tokens` and the configuration (PQ_ERR_CORRUPT).
+  virtual void save(ByteWriter& out) const = 0;
+  virtual void load(ByteReader& in, int64_t tokens, const pq_config& c) = 0;
+};
+
+// clone() for a state that is copyable as it is.
+template <typename State>
+struct CopyableState : SelectorState {
+  std::unique_ptr<SelectorState> clone() const override {
+    return std::make_unique<State>(static_cast<const State&>(*this));
+  }
 };
 
 // A selector's own state, typed: the layer made it with the selector's

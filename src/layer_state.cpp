@@ -1,0 +1,287 @@
+// A layer's sequence state: truncate, fork, save and restore
+// (pq_sequence_truncate, pq_sequence_fork, pq_sequence_save,
+// pq_sequence_restore; the format is docs/state-format.md).
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "dtype.h"
+#include "error.h"
+#include "layer.h"
+#include "pq_tuple_select.h"
+
+namespace pq {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Layer meta flags.
+constexpr uint8_t kHasIndex = 1;
+constexpr uint8_t kHasSelectorState = 2;
+}  // namespace
+
+void Layer::reset_cache_and_device(void* stream) {
+  const pq_config& c = shared_.config;
+  std::unique_ptr<BlockCache> cache;
+  if (c.cache_tokens > 0)
+    cache = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
+                                         c.cache_update_blocks);
+  std::unique_ptr<DeviceLayer> device = shared_.backend->make_device_layer(c);
+  shared_.backend->store_window(device.get(), store_, 0, store_.tokens(), stream);
+  cache_ = std::move(cache);
+  device_ = std::move(device);
+  ++index_generation_;  // device-resident codes are gone with the old state
+}
+
+// ---------------------------------------------------------------------------
+// Truncate
+// ---------------------------------------------------------------------------
+
+void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (tokens >= store_.tokens()) return;
+  // An index trained on tokens that go is rebuilt over those that stay, as
+  // a prefill of them would build it. Queued first: it is the only step
+  // that can fail, and until it is queued nothing has changed.
+  const bool index_covers_dropped =
+      tokens < prefill_tokens_ || (pending_ && pending_->tokens > tokens);
+  const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
+  if (rebuild) schedule_build(seq, tokens);
+  if (index_covers_dropped) {
+    if (!rebuild && pending_) {
+      pending_->cancel.store(true);
+      pending_.reset();
+      pending_done_ = std::future<void>();
+    }
+    index_.reset();
+  } else if (index_ && index_->coded_tokens > tokens) {
+    const int32_t m = shared_.config.pq_subspaces;
+    for (auto& codes : index_->codes) codes.resize(static_cast<size_t>(tokens) * m);
+    index_->coded_tokens = tokens;
+    pq_index_count_tuples(*index_, 0, tokens);
+  }
+  prefill_tokens_ = std::min(prefill_tokens_, tokens);
+  store_.truncate(tokens);
+  if (selector_state_) selector_state_->truncate(tokens);
+  reset_cache_and_device(seq.stream);
+  update_mirrors();
+}
+
+// ---------------------------------------------------------------------------
+// Fork
+// ---------------------------------------------------------------------------
+
+void Layer::fork_from(Layer& parent) {
+  parent.settle();
+  std::lock_guard<std::mutex> parent_lock(parent.mutex_);
+  parent.install_build();  // the child gets the finished index, or the error
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t full_chunks = parent.store_.tokens() / KvStore::kChunkTokens;
+  const MemoryCost& cost = shared_.cost;
+  Reservation state = shared_.budget.reserve(
+      static_cast<uint64_t>(full_chunks) * (cost.chunk - cost.chunk_kv),
+      "forking layer " + str(layer_index_) + " (the fork's own codes, selector and cache state "
+                                             "for " + str(full_chunks) + " shared chunks)");
+  std::unique_ptr<PqIndex> index;
+  if (parent.index_) index = std::make_unique<PqIndex>(*parent.index_);
+  std::unique_ptr<SelectorState> selector_state;
+  if (parent.selector_state_) selector_state = parent.selector_state_->clone();
+  store_.fork_from(parent.store_);  // the last step that can fail
+  fork_state_ = std::move(state);
+  index_ = std::move(index);
+  selector_state_ = std::move(selector_state);
+  prefill_tokens_ = parent.prefill_tokens_;
+  build_error_ = parent.build_error_;
+  last_iterations_ = parent.last_iterations_;
+  last_budget_ = parent.last_budget_;
+  last_build_seconds_ = parent.last_build_seconds_;
+  reset_cache_and_device(nullptr);
+  update_mirrors();
+}
+
+// ---------------------------------------------------------------------------
+// Save
+// ---------------------------------------------------------------------------
+
+void Layer::save(StateWriter& out) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_) {
+    try {
+      install_build();
+    } catch (const Error&) {
+      // Saved without an index; a restore rebuilds it.
+    }
+  }
+  const int64_t n = store_.tokens();
+  ByteWriter meta;
+  meta.put<int64_t>(n);
+  meta.put<int64_t>(prefill_tokens_);
+  meta.put<uint8_t>(static_cast<uint8_t>((index_ ? kHasIndex : 0) |
+                                         (selector_state_ ? kHasSelectorState : 0)));
+  meta.put<int32_t>(last_iterations_);
+  meta.put<int32_t>(last_budget_);
+  meta.put<double>(last_build_seconds_);
+  out.section(state::kLayerMeta, layer_index_, meta.bytes());
+
+  const int32_t heads = shared_.config.num_kv_heads;
+  const size_t row = store_.row_bytes();
+  out.begin(state::kKeysValues, layer_index_, 2 * static_cast<uint64_t>(n) * heads * row);
+  for (bool keys : {true, false})
+    for (int32_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < n; t += KvStore::kChunkTokens) {  // a chunk's rows are contiguous
+        const int64_t rows = std::min<int64_t>(KvStore::kChunkTokens, n - t);
+        out.payload(keys ? store_.key_row(t, h) : store_.value_row(t, h),
+                    static_cast<size_t>(rows) * row);
+      }
+  out.end_section();
+
+  if (index_) {
+    const PqCodebook& cb = index_->codebook;
+    ByteWriter head;
+    head.put<int64_t>(index_->coded_tokens);
+    head.put<int32_t>(index_->iterations);
+    head.put<int32_t>(index_->budget);
+    head.put<int64_t>(index_->training_points);
+    head.put<double>(index_->seconds);
+    const uint64_t codes = static_cast<uint64_t>(index_->coded_tokens) * cb.subspaces;
+    out.begin(state::kIndex, layer_index_,
+              head.bytes().size() + cb.data.size() * sizeof(float) + codes * heads);
+    out.payload(head.bytes().data(), head.bytes().size());
+    out.payload(cb.data.data(), cb.data.size() * sizeof(float));
+    for (const auto& c : index_->codes) out.payload(c.data(), codes);
+    out.end_section();
+  }
+  if (selector_state_) {
+    ByteWriter s;
+    selector_state_->save(s);
+    out.section(state::kSelector, layer_index_, s.bytes());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Restore
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// The index of a layer of `tokens` tokens, read and checked.
+std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const pq_config& c,
+                                    int32_t layer) {
+  ByteReader in(v.data, v.size, "the index section of layer " + str(layer));
+  auto index = std::make_unique<PqIndex>();
+  index->coded_tokens = in.get<int64_t>("coded tokens");
+  index->iterations = in.get<int32_t>("iterations");
+  index->budget = in.get<int32_t>("iteration budget");
+  index->training_points = in.get<int64_t>("training points");
+  index->seconds = in.get<double>("build seconds");
+  if (index->coded_tokens < 0 || index->coded_tokens > tokens)
+    in.corrupt("it codes " + str(index->coded_tokens) + " tokens; the layer holds " + str(tokens));
+  PqCodebook& cb = index->codebook;
+  cb.heads = c.num_kv_heads;
+  cb.subspaces = c.pq_subspaces;
+  cb.centroids = 1 << c.pq_bits;
+  cb.sub_dim = c.head_dim / c.pq_subspaces;
+  const uint64_t floats = static_cast<uint64_t>(cb.heads) * cb.subspaces * cb.centroids * cb.sub_dim;
+  const uint64_t codes = static_cast<uint64_t>(index->coded_tokens) * cb.subspaces;
+  if (in.left() != floats * sizeof(float) + codes * cb.heads)
+    in.corrupt(str(static_cast<int64_t>(in.left())) + " bytes of centroids and codes; " +
+               str(static_cast<int64_t>(floats * sizeof(float) + codes * cb.heads)) +
+               " expected for " + str(index->coded_tokens) + " coded tokens");
+  cb.data.resize(floats);
+  std::memcpy(cb.data.data(), in.take(floats * sizeof(float), "centroids"), floats * sizeof(float));
+  for (float f : cb.data)
+    if (!std::isfinite(f)) in.corrupt("a centroid is not finite");
+  index->codes.resize(static_cast<size_t>(cb.heads));
+  const size_t chunked = static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
+                                             KvStore::kChunkTokens * KvStore::kChunkTokens) *
+                         cb.subspaces;
+  for (auto& head : index->codes) {
+    const uint8_t* p = in.take(codes, "codes");
+    head.reserve(chunked);
+    head.assign(p, p + codes);
+    if (c.pq_bits < 8)
+      for (uint8_t code : head)
+        if (code >= cb.centroids)
+          in.corrupt("a code is " + str(code) + "; pq_bits " + str(c.pq_bits) + " allows < " +
+                     str(cb.centroids));
+  }
+  in.finish();
+  pq_index_count_tuples(*index, 0, index->coded_tokens);
+  return index;
+}
+
+}  // namespace
+
+void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
+  const pq_config& c = shared_.config;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ByteReader meta(image.meta.data, image.meta.size, "the layer section of layer " + str(layer_index_));
+  const int64_t n = meta.get<int64_t>("tokens");
+  const int64_t prefill = meta.get<int64_t>("prefill tokens");
+  const uint8_t flags = meta.get<uint8_t>("flags");
+  const int32_t iterations = meta.get<int32_t>("iterations");
+  const int32_t budget = meta.get<int32_t>("iteration budget");
+  const double seconds = meta.get<double>("build seconds");
+  meta.finish();
+  if (n < 0 || n > INT32_MAX || prefill < 0 || prefill > n)
+    meta.corrupt("it holds " + str(n) + " tokens of which " + str(prefill) +
+                 " are prefill; expected 0 <= prefill <= tokens <= 2147483647");
+  if ((flags & ~(kHasIndex | kHasSelectorState)) != 0 ||
+      ((flags & kHasIndex) != 0) != image.index.present() ||
+      ((flags & kHasSelectorState) != 0) != image.selector.present())
+    meta.corrupt("its flags " + str(flags) + " do not match the sections that follow it");
+  if (image.index.present() && !shared_.selector->needs_index())
+    meta.corrupt("it has an index, which the selector does not use");
+
+  const int32_t heads = c.num_kv_heads;
+  const uint64_t tensor_bytes = static_cast<uint64_t>(n) * heads * store_.row_bytes();
+  if (image.keys_values.size != 2 * tensor_bytes)
+    fail(PQ_ERR_CORRUPT, "the keys and values section of layer " + str(layer_index_) + " has " +
+                             str(static_cast<int64_t>(image.keys_values.size)) + " bytes; " +
+                             str(static_cast<int64_t>(2 * tensor_bytes)) + " expected for " +
+                             str(n) + " tokens; nothing was restored");
+  std::unique_ptr<PqIndex> index;
+  if (image.index.present()) index = read_index(image.index, n, c, layer_index_);
+  std::unique_ptr<SelectorState> selector_state = shared_.selector->make_state(c, layer_index_);
+  if (image.selector.present()) {
+    if (!selector_state)
+      meta.corrupt("it has a selector state, which the selector does not keep");
+    ByteReader in(image.selector.data, image.selector.size,
+                  "the selector state section of layer " + str(layer_index_));
+    selector_state->load(in, n, c);
+    in.finish();
+  }
+
+  pq_tensor keys{}, values{};
+  for (pq_tensor* t : {&keys, &values}) {
+    t->dtype = c.dtype;
+    t->memory = PQ_MEMORY_HOST;
+    t->tokens = n;
+    t->heads = heads;
+    t->head_dim = c.head_dim;
+    t->token_stride = c.head_dim;
+    t->head_stride = n * c.head_dim;
+  }
+  keys.data = const_cast<uint8_t*>(image.keys_values.data);
+  values.data = const_cast<uint8_t*>(image.keys_values.data + tensor_bytes);
+  try {
+    store_.append(keys, values, shared_.pool.get());  // checks every value is finite
+  } catch (const Error& e) {
+    if (e.status() != PQ_ERR_INVALID_ARGUMENT) throw;
+    fail(PQ_ERR_CORRUPT, "the keys and values of layer " + str(layer_index_) + ": " + e.what() +
+                             "; nothing was restored");
+  }
+  prefill_tokens_ = prefill;
+  index_ = std::move(index);
+  selector_state_ = std::move(selector_state);
+  last_iterations_ = iterations;
+  last_budget_ = budget;
+  last_build_seconds_ = seconds;
+  if (!index_ && prefill > 0 && shared_.selector->needs_index()) schedule_build(seq, prefill);
+  shared_.backend->store_window(device_.get(), store_, 0, n, seq.stream);
+  update_mirrors();
+}
+
+}  // namespace pq

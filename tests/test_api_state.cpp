@@ -1,0 +1,617 @@
+// Sequence state: pq_sequence_truncate, pq_sequence_fork, pq_sequence_save
+// and pq_sequence_restore (docs/state-format.md), compared against
+// sequences that were given the same tokens directly.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "api_test_util.h"
+#include "pqcache.h"
+
+using namespace pqt;
+
+namespace {
+
+constexpr int32_t kLayers = 2, kQ = 4, kKv = 2, kDim = 16;
+
+pq_config state_config(int32_t selector, int32_t dtype = PQ_DTYPE_F32) {
+  pq_config c = make_config(kLayers, kQ, kKv, kDim, dtype);
+  c.selector = selector;
+  c.sink_tokens = 4;
+  c.local_tokens = 16;
+  c.topk_tokens = 24;
+  c.pq_bits = 4;
+  c.kmeans_iterations = 4;  // fixed: two builds over the same tokens agree
+  c.worker_threads = 2;
+  c.cache_tokens = 64;
+  c.cache_block_tokens = 16;
+  return c;
+}
+
+// Token rows of one "stream": stream s, positions [first, first + count),
+// token-major [token][kv head][dim]. Two streams share no row.
+std::vector<float> stream_rows(uint64_t stream, int64_t first, int64_t count) {
+  std::vector<float> all = random_normal(static_cast<size_t>((first + count) * kKv * kDim),
+                                         1000 + stream);
+  return std::vector<float>(all.begin() + first * kKv * kDim, all.end());
+}
+
+std::vector<float> query_rows(uint64_t seed) {
+  return random_normal(static_cast<size_t>(kQ * kDim), 77 + seed);
+}
+
+// What a decode step returns for one layer: the selection and the fetched
+// K and V bytes.
+struct Step {
+  std::vector<int32_t> positions;
+  std::vector<int32_t> counts;
+  std::vector<unsigned char> keys, values;
+  bool operator==(const Step& o) const {
+    return positions == o.positions && counts == o.counts && keys == o.keys && values == o.values;
+  }
+};
+
+class StateTest : public ::testing::Test {
+ protected:
+  void prefill(pq_context* ctx, uint64_t id, uint64_t stream, int64_t tokens) {
+    ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK) << pq_last_error();
+    std::vector<float> rows = stream_rows(stream, 0, tokens);
+    HostTensor t = make_tensor(rows, tokens, kKv, kDim, PQ_DTYPE_F32);
+    for (int32_t l = 0; l < kLayers; ++l)
+      ASSERT_EQ(pq_prefill_layer(ctx, id, l, t.get(), t.get()), PQ_OK) << pq_last_error();
+  }
+  // Appends positions [first, first + count) of `stream`, one token a step.
+  void decode(pq_context* ctx, uint64_t id, uint64_t stream, int64_t first, int64_t count) {
+    std::vector<float> rows = stream_rows(stream, first, count);
+    for (int64_t i = 0; i < count; ++i) {
+      std::vector<float> one(rows.begin() + i * kKv * kDim, rows.begin() + (i + 1) * kKv * kDim);
+      HostTensor t = make_tensor(one, 1, kKv, kDim, PQ_DTYPE_F32);
+      for (int32_t l = 0; l < kLayers; ++l)
+        ASSERT_EQ(pq_decode_append(ctx, id, l, t.get(), t.get()), PQ_OK) << pq_last_error();
+    }
+  }
+  Step step(pq_context* ctx, uint64_t id, int32_t layer, uint64_t query_seed) {
+    Step s;
+    std::vector<float> q = query_rows(query_seed);
+    HostTensor qt = make_tensor(q, 1, kQ, kDim, PQ_DTYPE_F32);
+    const int64_t cap = selection_capacity(ctx, id, layer);
+    EXPECT_GT(cap, 0);
+    Sel sel(kKv, cap);
+    EXPECT_EQ(pq_decode_select(ctx, id, layer, qt.get(), sel.get()), PQ_OK) << pq_last_error();
+    s.positions = sel.positions;
+    s.counts = sel.counts;
+    HostTensor ko = make_tensor(nullptr, cap, kKv, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    HostTensor vo = make_tensor(nullptr, cap, kKv, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    EXPECT_EQ(pq_fetch_kv(ctx, id, layer, sel.get(), ko.get(), vo.get()), PQ_OK) << pq_last_error();
+    s.keys = ko.bytes;
+    s.values = vo.bytes;
+    return s;
+  }
+  std::vector<Step> steps(pq_context* ctx, uint64_t id, uint64_t query_seed) {
+    std::vector<Step> out;
+    for (int32_t l = 0; l < kLayers; ++l) out.push_back(step(ctx, id, l, query_seed + l));
+    return out;
+  }
+  int64_t length(pq_context* ctx, uint64_t id, int32_t layer = 0) {
+    int64_t n = -1;
+    EXPECT_EQ(pq_sequence_length(ctx, id, layer, &n), PQ_OK) << pq_last_error();
+    return n;
+  }
+  std::vector<uint8_t> save(pq_context* ctx, uint64_t id) {
+    uint64_t size = 0;
+    EXPECT_EQ(pq_sequence_state_size(ctx, id, &size), PQ_OK) << pq_last_error();
+    std::vector<uint8_t> bytes(static_cast<size_t>(size));
+    uint64_t written = 0;
+    EXPECT_EQ(pq_sequence_save_buffer(ctx, id, bytes.data(), size, &written), PQ_OK)
+        << pq_last_error();
+    EXPECT_EQ(written, size);
+    return bytes;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Truncate
+// ---------------------------------------------------------------------------
+
+TEST_F(StateTest, TruncatedDecodeTokensAreAsIfTheyNeverCame) {
+  Ctx ctx(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(ctx.ok());
+  // seq 1: 600 prompt tokens, 40 accepted and 30 rejected (stream 2) tokens.
+  prefill(ctx, 1, 1, 600);
+  decode(ctx, 1, 1, 600, 40);
+  decode(ctx, 1, 2, 640, 30);
+  (void)steps(ctx, 1, 5);  // selections and the cache saw the rejected tokens
+  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 640), PQ_OK) << pq_last_error();
+  EXPECT_EQ(length(ctx, 1, 0), 640);
+  EXPECT_EQ(length(ctx, 1, 1), 640);
+  // seq 2 never saw them.
+  prefill(ctx, 2, 1, 600);
+  decode(ctx, 2, 1, 600, 40);
+  decode(ctx, 1, 1, 640, 20);
+  decode(ctx, 2, 1, 640, 20);
+  for (uint64_t q = 0; q < 3; ++q) EXPECT_TRUE(steps(ctx, 1, q) == steps(ctx, 2, q)) << q;
+  pq_layer_info a = layer_info(ctx, 1, 0), b = layer_info(ctx, 2, 0);
+  EXPECT_EQ(a.coded_tokens, b.coded_tokens);
+  EXPECT_EQ(a.prefill_tokens, 600);
+}
+
+TEST_F(StateTest, TruncateInsideThePrefillRebuildsTheIndexOverWhatStays) {
+  Ctx ctx(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 900);
+  decode(ctx, 1, 1, 900, 10);
+  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 700), PQ_OK) << pq_last_error();
+  prefill(ctx, 2, 1, 700);
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK) << pq_last_error();
+  EXPECT_EQ(layer_info(ctx, 1, 1).prefill_tokens, 700);
+  std::vector<float> c1(size_t{1} << 4 << 0), c2;
+  for (int32_t l = 0; l < kLayers; ++l)
+    for (int32_t h = 0; h < kKv; ++h) {
+      std::vector<float> x(static_cast<size_t>(16 * kDim)), y(x.size());
+      ASSERT_EQ(pq_index_centroids(ctx, 1, l, h, x.data(), static_cast<int64_t>(x.size())), PQ_OK)
+          << pq_last_error();
+      ASSERT_EQ(pq_index_centroids(ctx, 2, l, h, y.data(), static_cast<int64_t>(y.size())), PQ_OK);
+      EXPECT_EQ(x, y) << "layer " << l << " head " << h;
+    }
+  decode(ctx, 1, 3, 700, 8);
+  decode(ctx, 2, 3, 700, 8);
+  EXPECT_TRUE(steps(ctx, 1, 9) == steps(ctx, 2, 9));
+}
+
+TEST_F(StateTest, TruncateToZeroEmptiesAndBadCountsAreNamed) {
+  Ctx ctx(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 300);
+  EXPECT_TRUE(IsError(pq_sequence_truncate(ctx, 1, -1), PQ_ERR_INVALID_ARGUMENT, {"tokens", "-1"}));
+  EXPECT_TRUE(IsError(pq_sequence_truncate(ctx, 1, 301), PQ_ERR_INVALID_ARGUMENT, {"301", "300"}));
+  EXPECT_TRUE(IsError(pq_sequence_truncate(ctx, 9, 0), PQ_ERR_NOT_FOUND, {"9"}));
+  EXPECT_TRUE(IsError(pq_sequence_truncate(nullptr, 1, 0), PQ_ERR_INVALID_ARGUMENT, {"ctx"}));
+  EXPECT_EQ(length(ctx, 1), 300);  // the refused calls changed nothing
+  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 300), PQ_OK);  // a no-op
+  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 0), PQ_OK) << pq_last_error();
+  EXPECT_EQ(length(ctx, 1), 0);
+  std::vector<float> one = stream_rows(1, 0, 1);
+  HostTensor t = make_tensor(one, 1, kKv, kDim, PQ_DTYPE_F32);
+  EXPECT_TRUE(IsError(pq_decode_append(ctx, 1, 0, t.get(), t.get()), PQ_ERR_BAD_STATE,
+                      {"prefill"}));
+  // Prefilled again, it matches a fresh sequence.
+  std::vector<float> rows = stream_rows(1, 0, 300);
+  HostTensor p = make_tensor(rows, 300, kKv, kDim, PQ_DTYPE_F32);
+  for (int32_t l = 0; l < kLayers; ++l) ASSERT_EQ(pq_prefill_layer(ctx, 1, l, p.get(), p.get()), PQ_OK);
+  prefill(ctx, 2, 1, 300);
+  EXPECT_TRUE(steps(ctx, 1, 1) == steps(ctx, 2, 1));
+}
+
+// ---------------------------------------------------------------------------
+// Fork
+// ---------------------------------------------------------------------------
+
+TEST_F(StateTest, ForkSelectsAsASequenceGivenTheSameTokens) {
+  for (int32_t selector : {PQ_SELECTOR_PQ, PQ_SELECTOR_QUEST, PQ_SELECTOR_INFLLM, PQ_SELECTOR_EXACT}) {
+    SCOPED_TRACE(selector);
+    Ctx ctx(state_config(selector));
+    ASSERT_TRUE(ctx.ok());
+    prefill(ctx, 1, 1, 700);  // two full chunks and a partial one
+    decode(ctx, 1, 1, 700, 12);
+    (void)steps(ctx, 1, 0);
+    ASSERT_EQ(pq_sequence_fork(ctx, 1, 2), PQ_OK) << pq_last_error();
+    prefill(ctx, 3, 1, 700);  // the reference: the same tokens, no fork
+    decode(ctx, 3, 1, 700, 12);
+    ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+    EXPECT_EQ(stats(ctx).builds_finished, selector == PQ_SELECTOR_PQ ? 4u : 0u)
+        << "the fork ran no build";
+    EXPECT_TRUE(steps(ctx, 2, 4) == steps(ctx, 3, 4));
+    // The child and the parent go their own ways.
+    decode(ctx, 2, 2, 712, 300);
+    decode(ctx, 3, 2, 712, 300);
+    decode(ctx, 1, 5, 712, 300);
+    prefill(ctx, 4, 1, 700);
+    decode(ctx, 4, 1, 700, 12);
+    decode(ctx, 4, 5, 712, 300);
+    EXPECT_TRUE(steps(ctx, 2, 8) == steps(ctx, 3, 8));
+    EXPECT_TRUE(steps(ctx, 1, 8) == steps(ctx, 4, 8));
+  }
+}
+
+TEST_F(StateTest, ForkSharesFullChunksAndCountsThemOnce) {
+  pq_config c = state_config(PQ_SELECTOR_PQ);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 4096);  // 16 full chunks per layer
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+  const uint64_t one = stats(ctx).host_bytes;
+  ASSERT_EQ(pq_sequence_fork(ctx, 1, 2), PQ_OK) << pq_last_error();
+  const uint64_t two = stats(ctx).host_bytes;
+  const uint64_t kv = 2ull * 4096 * kKv * kDim * sizeof(float) * kLayers;
+  EXPECT_LT(two - one, kv / 4) << "one sequence holds " << one << " bytes, the fork added "
+                               << two - one;
+  prefill(ctx, 3, 1, 4096);
+  EXPECT_GT(stats(ctx).host_bytes - two, kv) << "a fresh prefill holds the K/V again";
+}
+
+TEST_F(StateTest, WritingAfterTruncateCopiesASharedChunk) {
+  Ctx ctx(state_config(PQ_SELECTOR_WINDOW));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 512);  // two full chunks, both shared by the fork
+  ASSERT_EQ(pq_sequence_fork(ctx, 1, 2), PQ_OK) << pq_last_error();
+  const std::vector<Step> before = steps(ctx, 2, 3);
+  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 300), PQ_OK);
+  decode(ctx, 1, 7, 300, 212);  // rewrites rows 300..511 of the parent
+  EXPECT_TRUE(steps(ctx, 2, 3) == before) << "the child's rows changed under it";
+  prefill(ctx, 3, 1, 300);
+  decode(ctx, 3, 7, 300, 212);
+  EXPECT_TRUE(steps(ctx, 1, 3) == steps(ctx, 3, 3));
+}
+
+TEST_F(StateTest, ForkErrorsAreNamedAndAddNothing) {
+  pq_config c = state_config(PQ_SELECTOR_PQ);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 700);
+  const uint64_t one = stats(ctx).host_bytes;
+  prefill(ctx, 2, 1, 10);
+  EXPECT_TRUE(IsError(pq_sequence_fork(ctx, 9, 3), PQ_ERR_NOT_FOUND, {"9"}));
+  EXPECT_TRUE(IsError(pq_sequence_fork(ctx, 1, 2), PQ_ERR_INVALID_ARGUMENT, {"2", "exists"}));
+  EXPECT_TRUE(IsError(pq_sequence_fork(ctx, 1, 1), PQ_ERR_INVALID_ARGUMENT, {"exists"}));
+  int64_t n = 0;
+  ASSERT_EQ(pq_sequence_count(ctx, &n), PQ_OK);
+  EXPECT_EQ(n, 2);
+  // Over the memory limit: nothing is added and nothing stays held.
+  c.host_memory_limit = one + 4096;  // less than a partial chunk's copy
+  Ctx small(c);
+  ASSERT_TRUE(small.ok()) << pq_last_error();
+  prefill(small, 1, 1, 700);
+  const uint64_t held = stats(small).host_bytes;
+  EXPECT_TRUE(IsError(pq_sequence_fork(small, 1, 2), PQ_ERR_OUT_OF_MEMORY, {"fork"}));
+  EXPECT_EQ(stats(small).host_bytes, held);
+  ASSERT_EQ(pq_sequence_count(small, &n), PQ_OK);
+  EXPECT_EQ(n, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Save and restore
+// ---------------------------------------------------------------------------
+
+// Feeds the selector's inputs (prompt queries, observed attention) so its
+// state is not empty.
+void feed_selector(pq_context* ctx, uint64_t id, int64_t tokens) {
+  std::vector<float> q = random_normal(static_cast<size_t>(8 * kQ * kDim), 5);
+  HostTensor qt = make_tensor(q, 8, kQ, kDim, PQ_DTYPE_F32);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    ASSERT_EQ(pq_prefill_queries(ctx, id, l, qt.get()), PQ_OK) << pq_last_error();
+    Sel all(kKv, tokens);
+    std::vector<float> probs(static_cast<size_t>(kKv * tokens));
+    for (int32_t h = 0; h < kKv; ++h) {
+      all.counts[static_cast<size_t>(h)] = static_cast<int32_t>(tokens);
+      for (int64_t t = 0; t < tokens; ++t) {
+        all.positions[static_cast<size_t>(h * tokens + t)] = static_cast<int32_t>(t);
+        probs[static_cast<size_t>(h * tokens + t)] = static_cast<float>((t * 37 + h) % 101) / 101.f;
+      }
+    }
+    ASSERT_EQ(pq_observe_attention(ctx, id, l, all.get(), probs.data()), PQ_OK) << pq_last_error();
+  }
+}
+
+TEST_F(StateTest, RestoredSequenceSelectsAndFetchesAsTheSavedOne) {
+  for (int32_t selector :
+       {PQ_SELECTOR_PQ, PQ_SELECTOR_H2O, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_SCOPE, PQ_SELECTOR_QUEST,
+        PQ_SELECTOR_INFLLM, PQ_SELECTOR_RANDOM, PQ_SELECTOR_SPARQ, PQ_SELECTOR_PYRAMIDKV}) {
+    SCOPED_TRACE(selector);
+    Ctx a(state_config(selector)), b(state_config(selector));
+    ASSERT_TRUE(a.ok() && b.ok());
+    prefill(a, 1, 1, 600);
+    feed_selector(a, 1, 600);
+    decode(a, 1, 1, 600, 20);
+    (void)steps(a, 1, 0);
+    const std::vector<uint8_t> bytes = save(a, 1);
+    ASSERT_EQ(pq_sequence_restore(b, 7, bytes.data(), bytes.size()), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_sequence_restore(a, 8, bytes.data(), bytes.size()), PQ_OK) << pq_last_error();
+    for (uint64_t q = 1; q < 4; ++q) {
+      const std::vector<Step> original = steps(a, 1, q);
+      EXPECT_TRUE(steps(b, 7, q) == original) << "query " << q;
+      EXPECT_TRUE(steps(a, 8, q) == original) << "query " << q;
+      decode(a, 1, 4, 620 + q, 1);
+      decode(a, 8, 4, 620 + q, 1);
+      decode(b, 7, 4, 620 + q, 1);
+    }
+    ASSERT_EQ(pq_wait_builds(b), PQ_OK);
+    EXPECT_EQ(stats(b).builds_finished, 0u) << "the restore ran K-Means";
+    EXPECT_EQ(layer_info(b, 7, 1).prefill_tokens, 600);
+  }
+}
+
+TEST_F(StateTest, SaveWaitsForTheBuildAndSizesAgree) {
+  Ctx ctx(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 3000);  // the build may still run: the save waits for it
+  uint64_t size = 0;
+  ASSERT_EQ(pq_sequence_state_size(ctx, 1, &size), PQ_OK) << pq_last_error();
+  std::vector<uint8_t> small(16);
+  uint64_t needed = 0;
+  EXPECT_TRUE(IsError(pq_sequence_save_buffer(ctx, 1, small.data(), small.size(), &needed),
+                      PQ_ERR_BUFFER_TOO_SMALL, {"16"}));
+  EXPECT_EQ(needed, size);
+  std::vector<uint8_t> streamed;
+  auto append = [](void* user, const void* data, size_t n) {
+    auto* v = static_cast<std::vector<uint8_t>*>(user);
+    v->insert(v->end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
+    return 0;
+  };
+  ASSERT_EQ(pq_sequence_save(ctx, 1, append, &streamed), PQ_OK) << pq_last_error();
+  EXPECT_EQ(streamed, save(ctx, 1));
+  EXPECT_EQ(streamed.size(), size);
+  // K/V of both layers dominate; the index is small beside it.
+  EXPECT_GT(size, 2ull * 3000 * kKv * kDim * sizeof(float) * kLayers);
+  EXPECT_LT(size, 2ull * 3000 * kKv * kDim * sizeof(float) * kLayers * 11 / 10);
+  auto refuse = [](void*, const void*, size_t) { return 1; };
+  EXPECT_TRUE(IsError(pq_sequence_save(ctx, 1, refuse, nullptr), PQ_ERR_BACKEND, {"callback"}));
+  EXPECT_TRUE(IsError(pq_sequence_save(ctx, 1, nullptr, nullptr), PQ_ERR_INVALID_ARGUMENT,
+                      {"write"}));
+  EXPECT_TRUE(IsError(pq_sequence_state_size(ctx, 5, &size), PQ_ERR_NOT_FOUND, {"5"}));
+}
+
+TEST_F(StateTest, FilesAreWrittenAtomically) {
+  Ctx ctx(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 1, 400);
+  prefill(ctx, 2, 2, 500);
+  char dir_template[] = "/tmp/pq_state_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template, path = dir + "/seq.pqstate";
+  ASSERT_EQ(pq_sequence_save_file(ctx, 1, path.c_str()), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_sequence_save_file(ctx, 2, path.c_str()), PQ_OK) << pq_last_error();  // replaces
+  ASSERT_EQ(pq_sequence_restore_file(ctx, 3, path.c_str()), PQ_OK) << pq_last_error();
+  EXPECT_EQ(length(ctx, 3), 500);
+  EXPECT_TRUE(steps(ctx, 3, 1) == steps(ctx, 2, 1));
+  // A failing save leaves the file as it was and no temporary file.
+  EXPECT_TRUE(IsError(pq_sequence_save_file(ctx, 9, path.c_str()), PQ_ERR_NOT_FOUND, {"9"}));
+  EXPECT_TRUE(IsError(pq_sequence_save_file(ctx, 1, (dir + "/no/such/dir/x").c_str()),
+                      PQ_ERR_BACKEND, {"no/such/dir"}));
+  EXPECT_EQ(pq_sequence_restore_file(ctx, 4, path.c_str()), PQ_OK) << pq_last_error();
+  EXPECT_EQ(length(ctx, 4), 500);
+  EXPECT_TRUE(IsError(pq_sequence_restore_file(ctx, 5, (dir + "/missing").c_str()),
+                      PQ_ERR_NOT_FOUND, {"missing"}));
+  EXPECT_TRUE(IsError(pq_sequence_save_file(ctx, 1, nullptr), PQ_ERR_INVALID_ARGUMENT, {"path"}));
+  std::string listing;
+  std::unique_ptr<FILE, int (*)(FILE*)> ls(popen(("ls -a " + dir).c_str(), "r"), pclose);
+  char buf[256];
+  while (fgets(buf, sizeof buf, ls.get())) listing += buf;
+  EXPECT_EQ(listing, ".\n..\nseq.pqstate\n") << "a temporary file was left behind";
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
+}
+
+// ---------------------------------------------------------------------------
+// Bad input (each case is listed in docs/state-format.md)
+// ---------------------------------------------------------------------------
+
+// The format as the document describes it, read independently of the
+// library: a bitwise CRC-32C and the section walk.
+uint32_t reference_crc32c(const uint8_t* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+  }
+  return ~c;
+}
+
+struct SectionAt {
+  size_t offset;  // of the section header
+  uint32_t type;
+  int32_t layer;
+  uint64_t payload;
+};
+
+std::vector<SectionAt> walk(const std::vector<uint8_t>& b) {
+  std::vector<SectionAt> out;
+  size_t at = 56;
+  while (at + 16 <= b.size()) {
+    SectionAt s{at, 0, 0, 0};
+    std::memcpy(&s.type, &b[at], 4);
+    std::memcpy(&s.layer, &b[at + 4], 4);
+    std::memcpy(&s.payload, &b[at + 8], 8);
+    out.push_back(s);
+    at += 16 + s.payload + 4;
+  }
+  return out;
+}
+
+// Recomputes a section's CRC (after the test changed its payload).
+void reseal(std::vector<uint8_t>& b, const SectionAt& s) {
+  const uint32_t crc = reference_crc32c(&b[s.offset], 16 + s.payload);
+  std::memcpy(&b[s.offset + 16 + s.payload], &crc, 4);
+}
+
+void reseal_header(std::vector<uint8_t>& b) {
+  const uint32_t crc = reference_crc32c(b.data(), 52);
+  std::memcpy(&b[52], &crc, 4);
+}
+
+class StateBadInput : public StateTest {
+ protected:
+  void SetUp() override {
+    ctx_ = Ctx(state_config(PQ_SELECTOR_PQ));
+    ASSERT_TRUE(ctx_.ok());
+    prefill(ctx_, 1, 1, 300);
+    decode(ctx_, 1, 1, 300, 5);
+    bytes_ = save(ctx_, 1);
+    before_ = stats(ctx_).host_bytes;
+  }
+  // The restore fails with `status` and a message holding `words`, and
+  // leaves nothing behind.
+  ::testing::AssertionResult Refused(const std::vector<uint8_t>& b, pq_status status,
+                                     std::initializer_list<const char*> words) {
+    ::testing::AssertionResult r =
+        IsError(pq_sequence_restore(ctx_, 2, b.data(), b.size()), status, words);
+    if (!r) return r;
+    int64_t n = 0;
+    pq_sequence_count(ctx_, &n);
+    if (n != 1) return ::testing::AssertionFailure() << "a sequence was added";
+    if (stats(ctx_).host_bytes != before_)
+      return ::testing::AssertionFailure() << "memory stayed held";
+    return ::testing::AssertionSuccess();
+  }
+  Ctx ctx_;
+  std::vector<uint8_t> bytes_;
+  uint64_t before_ = 0;
+};
+
+TEST_F(StateBadInput, TheLibraryWritesTheDocumentedFraming) {
+  EXPECT_EQ(std::memcmp(bytes_.data(), "PQCSTATE", 8), 0);
+  EXPECT_EQ(reference_crc32c(bytes_.data(), 52), [&] {
+    uint32_t c;
+    std::memcpy(&c, &bytes_[52], 4);
+    return c;
+  }());
+  std::vector<SectionAt> s = walk(bytes_);
+  // Per layer: meta, K/V, index (PQ keeps no selector state); then the end.
+  ASSERT_EQ(s.size(), 2u * 3 + 1);
+  EXPECT_EQ(s[0].type, 1u);
+  EXPECT_EQ(s[1].type, 2u);
+  EXPECT_EQ(s[2].type, 3u);
+  for (const SectionAt& x : s) {
+    uint32_t crc;
+    std::memcpy(&crc, &bytes_[x.offset + 16 + x.payload], 4);
+    EXPECT_EQ(crc, reference_crc32c(&bytes_[x.offset], 16 + x.payload)) << "type " << x.type;
+  }
+  EXPECT_EQ(s.back().type, 0xFFFFFFFFu);
+  EXPECT_EQ(s.back().offset + 16 + 8 + 4, bytes_.size());
+  EXPECT_EQ(s[1].payload, 2ull * 305 * kKv * kDim * sizeof(float));
+}
+
+TEST_F(StateBadInput, EmptyNullAndForeignBytes) {
+  EXPECT_TRUE(Refused({}, PQ_ERR_CORRUPT, {"magic"}));
+  std::vector<uint8_t> text(200, 'x');
+  EXPECT_TRUE(Refused(text, PQ_ERR_CORRUPT, {"magic"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore(ctx_, 2, nullptr, 10), PQ_ERR_INVALID_ARGUMENT, {"data"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore(ctx_, 1, bytes_.data(), bytes_.size()),
+                      PQ_ERR_INVALID_ARGUMENT, {"exists"}));
+}
+
+TEST_F(StateBadInput, TruncatedAnywhere) {
+  std::vector<size_t> cuts = {8, 40, 55, 56, 60, 71};
+  for (const SectionAt& s : walk(bytes_)) {
+    cuts.push_back(s.offset);
+    cuts.push_back(s.offset + 16 + s.payload / 2);
+    cuts.push_back(s.offset + 16 + s.payload + 2);
+  }
+  cuts.push_back(bytes_.size() - 1);
+  for (size_t cut : cuts) {
+    std::vector<uint8_t> b(bytes_.begin(), bytes_.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {}).operator bool()) << "cut at " << cut;
+  }
+  EXPECT_TRUE(Refused(std::vector<uint8_t>(bytes_.begin(), bytes_.begin() + 100), PQ_ERR_CORRUPT,
+                      {"truncated"}));
+}
+
+TEST_F(StateBadInput, AFlippedByteInAnySectionFailsItsChecksum) {
+  for (const SectionAt& s : walk(bytes_)) {
+    for (size_t at : {s.offset + 3, s.offset + 16 + s.payload / 2}) {
+      std::vector<uint8_t> b = bytes_;
+      b[at] ^= 0x10;
+      EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {}).operator bool()) << "byte " << at;
+    }
+  }
+  std::vector<uint8_t> b = bytes_;
+  b[30] ^= 1;  // a geometry field, under the header checksum
+  EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"header", "checksum"}));
+  b = bytes_;
+  b[walk(bytes_)[1].offset + 16 + 100] ^= 4;
+  EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"checksum", "keys and values", "layer 0"}));
+}
+
+TEST_F(StateBadInput, OtherVersionsAndGeometriesAreIncompatible) {
+  std::vector<uint8_t> b = bytes_;
+  const uint32_t version = 2;
+  std::memcpy(&b[8], &version, 4);
+  reseal_header(b);
+  EXPECT_TRUE(Refused(b, PQ_ERR_INCOMPATIBLE, {"version 2", "reads version 1"}));
+  struct Change {
+    int32_t pq_config::*field;
+    int32_t value;
+    const char* name;
+  };
+  for (Change ch : {Change{&pq_config::num_layers, 3, "num_layers"},
+                    Change{&pq_config::num_kv_heads, 1, "num_kv_heads"},
+                    Change{&pq_config::head_dim, 32, "head_dim"},
+                    Change{&pq_config::pq_bits, 5, "pq_bits"},
+                    Change{&pq_config::selector, PQ_SELECTOR_H2O, "selector"}}) {
+    pq_config c = state_config(PQ_SELECTOR_PQ);
+    c.*ch.field = ch.value;
+    if (ch.field == &pq_config::num_kv_heads) c.num_q_heads = 4;
+    Ctx other(c);
+    ASSERT_TRUE(other.ok()) << pq_last_error();
+    EXPECT_TRUE(IsError(pq_sequence_restore(other, 1, bytes_.data(), bytes_.size()),
+                        PQ_ERR_INCOMPATIBLE, {ch.name}));
+  }
+  Ctx half(state_config(PQ_SELECTOR_PQ, PQ_DTYPE_F16));
+  EXPECT_TRUE(IsError(pq_sequence_restore(half, 1, bytes_.data(), bytes_.size()),
+                      PQ_ERR_INCOMPATIBLE, {"dtype"}));
+}
+
+TEST_F(StateBadInput, WellSealedButInconsistentContent) {
+  const std::vector<SectionAt> s = walk(bytes_);
+  // A code out of range for pq_bits 4, with a valid checksum.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const SectionAt& index = s[2];
+    ASSERT_EQ(index.type, 3u);
+    b[index.offset + 16 + index.payload - 1] = 0xEE;
+    reseal(b, index);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"code", "238"}));
+  }
+  // A NaN key.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const float nan = std::nanf("");
+    std::memcpy(&b[s[1].offset + 16 + 64], &nan, 4);
+    reseal(b, s[1]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"keys and values", "layer 0"}));
+  }
+  // More prefill than tokens in the layer section.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const int64_t prefill = 10000;
+    std::memcpy(&b[s[0].offset + 16 + 8], &prefill, 8);
+    reseal(b, s[0]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"prefill"}));
+  }
+  // Sections out of order: the second layer's sections swapped with the first's.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const int32_t layer = 1;
+    std::memcpy(&b[s[0].offset + 4], &layer, 4);
+    reseal(b, s[0]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"layer 1", "layer 0"}));
+  }
+  // Bytes after the end section.
+  {
+    std::vector<uint8_t> b = bytes_;
+    b.push_back(0);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"follow the end"}));
+  }
+}
+
+TEST_F(StateBadInput, OverTheMemoryLimitNothingIsAdded) {
+  pq_config c = state_config(PQ_SELECTOR_PQ);
+  c.host_memory_limit = before_ / 2;  // room for the fixed state, not the K/V
+  Ctx small(c);
+  ASSERT_TRUE(small.ok()) << pq_last_error();
+  EXPECT_TRUE(IsError(pq_sequence_restore(small, 1, bytes_.data(), bytes_.size()),
+                      PQ_ERR_OUT_OF_MEMORY, {}));
+  EXPECT_EQ(stats(small).host_bytes, 0u);
+  int64_t n = -1;
+  ASSERT_EQ(pq_sequence_count(small, &n), PQ_OK);
+  EXPECT_EQ(n, 0);
+}
+
+}  // namespace
