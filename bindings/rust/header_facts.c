@@ -4,9 +4,11 @@
  * Rust declarations; together with pq_struct_layout (sizes, offsets) the
  * hand-written Rust side cannot drift from the header unnoticed.
  *   field STRUCT FIELD CTYPE     const NAME VALUE     string NAME VALUE
+ *   callback NAME CTYPE
  * C11 for _Generic. The fields come from tests/public_fields.h; a constant
  * added to the header must be added here (the test finds the header's
  * names and asks for them). */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -20,6 +22,10 @@
            pq_selection: "pq_selection", default: "unknown")
 #define FIELD(s, f) printf("field %s %s %s\n", #s, #f, C_TYPE(((s*)0)->f));
 #define CONST(c) printf("const %s %lld\n", #c, (long long)(c))
+/* A function-pointer typedef's signature, confirmed by the compiler: the
+ * association matches only a compatible function type. */
+#define CALLBACK(name, signature) \
+  printf("callback %s %s\n", #name, _Generic((name)0, signature: #signature, default: "unknown"))
 
 int main(void) {
   PQ_PUBLIC_FIELDS(FIELD)
@@ -29,7 +35,7 @@ int main(void) {
 
   CONST(PQ_OK); CONST(PQ_ERR_INVALID_ARGUMENT); CONST(PQ_ERR_OUT_OF_MEMORY); CONST(PQ_ERR_BAD_STATE);
   CONST(PQ_ERR_NOT_FOUND); CONST(PQ_ERR_UNSUPPORTED); CONST(PQ_ERR_BACKEND); CONST(PQ_ERR_INTERNAL);
-  CONST(PQ_ERR_BUFFER_TOO_SMALL);
+  CONST(PQ_ERR_BUFFER_TOO_SMALL); CONST(PQ_ERR_CORRUPT); CONST(PQ_ERR_INCOMPATIBLE);
   CONST(PQ_DTYPE_F32); CONST(PQ_DTYPE_F16); CONST(PQ_DTYPE_BF16);
   CONST(PQ_MEMORY_HOST); CONST(PQ_MEMORY_DEVICE);
   CONST(PQ_SELECTOR_PQ); CONST(PQ_SELECTOR_EXACT); CONST(PQ_SELECTOR_WINDOW); CONST(PQ_SELECTOR_SPARQ);
@@ -40,5 +46,7 @@ int main(void) {
   CONST(PQ_BACKEND_CPU); CONST(PQ_BACKEND_CUDA); CONST(PQ_BACKEND_AUTO);
   CONST(PQ_CACHE_LRU); CONST(PQ_CACHE_LFU);
   CONST(PQ_LAYOUT_TOKEN_MAJOR); CONST(PQ_LAYOUT_HEAD_MAJOR);
+
+  CALLBACK(pq_write_fn, int (*)(void*, const void*, size_t));
   return 0;
 }

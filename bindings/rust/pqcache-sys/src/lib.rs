@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 4;
+pub const PQ_VERSION_MINOR: c_int = 5;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.4.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.5.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
@@ -57,6 +57,12 @@ pub const PQ_ERR_BACKEND: pq_status = -6;
 pub const PQ_ERR_INTERNAL: pq_status = -7;
 /// Added in 0.4: an output buffer is too small; the needed size was written.
 pub const PQ_ERR_BUFFER_TOO_SMALL: pq_status = -8;
+/// Added in 0.5: saved sequence state that is not intact (truncated, a
+/// checksum or magic number that does not match, an inconsistent field).
+pub const PQ_ERR_CORRUPT: pq_status = -9;
+/// Added in 0.5: saved sequence state that is intact but cannot be loaded
+/// here (another format version, or another geometry than the context's).
+pub const PQ_ERR_INCOMPATIBLE: pq_status = -10;
 
 pub type pq_dtype = i32;
 pub const PQ_DTYPE_F32: pq_dtype = 0;
@@ -119,6 +125,11 @@ c_type_names! {
     f32 => "float", f64 => "double",
     *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
     pq_tensor => "pq_tensor", pq_selection => "pq_selection",
+    // The callback types, spelled out rather than by their aliases: when an
+    // alias below changes, this impl no longer applies to it and
+    // `CALLBACKS` stops compiling instead of keeping a stale C signature.
+    Option<unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> c_int>
+        => "int (*)(void*, const void*, size_t)",
 }
 
 /// One field of a C struct: name, byte offset, C type name.
@@ -334,6 +345,22 @@ pub struct pq_context {
 }
 
 // ---------------------------------------------------------------------------
+// Callback types
+// ---------------------------------------------------------------------------
+
+/// `pq_write_fn` (added in 0.5): receives `pq_sequence_save`'s output in
+/// pieces, in order; returns 0 to go on, anything else stops the save
+/// (which then fails with `PQ_ERR_BACKEND`). `None` is C's NULL, which
+/// `pq_sequence_save` rejects with `PQ_ERR_INVALID_ARGUMENT`. The callback
+/// must not unwind into C (catch panics inside it).
+pub type pq_write_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, data: *const c_void, size: usize) -> c_int>;
+
+/// `(C name, C type)` of each function-pointer typedef of the header, the
+/// type as `tests/header.rs` has the C compiler confirm it (`_Generic`).
+pub const CALLBACKS: &[(&str, &str)] = &[("pq_write_fn", <pq_write_fn as CTypeName>::C_TYPE)];
+
+// ---------------------------------------------------------------------------
 // Functions
 // ---------------------------------------------------------------------------
 
@@ -403,6 +430,26 @@ pq_functions! {
                           out_tokens: *mut i64) -> pq_status;
     fn pq_sequence_count(ctx: *const pq_context, out_count: *mut i64) -> pq_status;
     fn pq_sequence_set_stream(ctx: *mut pq_context, seq_id: u64, cuda_stream: *mut c_void) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_truncate(ctx: *mut pq_context, seq_id: u64, tokens: i64) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_fork(ctx: *mut pq_context, parent_id: u64, child_id: u64) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_save(ctx: *mut pq_context, seq_id: u64, write: pq_write_fn,
+                        user: *mut c_void) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_state_size(ctx: *mut pq_context, seq_id: u64, out_bytes: *mut u64) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_save_buffer(ctx: *mut pq_context, seq_id: u64, buffer: *mut c_void,
+                               capacity: u64, out_written: *mut u64) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_save_file(ctx: *mut pq_context, seq_id: u64, path: *const c_char) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_restore(ctx: *mut pq_context, seq_id: u64, data: *const c_void,
+                           size: u64) -> pq_status;
+    /// Added in 0.5.
+    fn pq_sequence_restore_file(ctx: *mut pq_context, seq_id: u64,
+                                path: *const c_char) -> pq_status;
     fn pq_prefill_layer(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
                         values: *const pq_tensor) -> pq_status;
     fn pq_decode_append(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,

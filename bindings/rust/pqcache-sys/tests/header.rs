@@ -1,7 +1,8 @@
 //! The hand-written declarations against the C compiler's view of
 //! include/pqcache.h: struct sizes and field offsets (pq_struct_layout), field
-//! C types and constant values (pq_rust_header_facts), and the names of every
-//! function and constant in the header text itself. Any drift fails here.
+//! C types, constant values and callback signatures (pq_rust_header_facts),
+//! and the names of every function, constant and callback type in the header
+//! text itself. Any drift fails here.
 //!
 //! CTest passes the programs' paths in $PQ_STRUCT_LAYOUT and
 //! $PQ_HEADER_FACTS; by hand, they default to the repository's build/.
@@ -110,6 +111,7 @@ fn field_types_and_constants_match_the_c_compiler() {
     let mut c_types = BTreeMap::new();
     let mut c_constants = BTreeMap::new();
     let mut c_version_string = None;
+    let mut c_callbacks = BTreeMap::new();
     for line in &facts {
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts[..] {
@@ -120,6 +122,9 @@ fn field_types_and_constants_match_the_c_compiler() {
                 c_constants.insert(name.to_owned(), value.parse::<i64>().unwrap());
             }
             ["string", "PQ_VERSION_STRING", value] => c_version_string = Some(value.to_owned()),
+            ["callback", name, ref ctype @ ..] => {
+                c_callbacks.insert(name.to_owned(), ctype.join(" "));
+            }
             _ => panic!("unexpected line {line:?}"),
         }
     }
@@ -139,6 +144,12 @@ fn field_types_and_constants_match_the_c_compiler() {
         .map(|(n, v)| (n.to_owned(), v))
         .collect();
     assert_same("constants", &rust_constants, &c_constants);
+    // "unknown" on the C side: the typedef is not the signature Rust declares.
+    let rust_callbacks: BTreeMap<String, String> = CALLBACKS
+        .iter()
+        .map(|&(name, ctype)| (name.to_owned(), ctype.to_owned()))
+        .collect();
+    assert_same("callback types", &rust_callbacks, &c_callbacks);
     assert_eq!(c_version_string.as_deref(), PQ_VERSION_STRING.to_str().ok());
     assert_eq!(
         PQ_SONAME.to_str().unwrap(),
@@ -168,6 +179,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_ERR_BACKEND,
         PQ_ERR_INTERNAL,
         PQ_ERR_BUFFER_TOO_SMALL,
+        PQ_ERR_CORRUPT,
+        PQ_ERR_INCOMPATIBLE,
         PQ_DTYPE_F32,
         PQ_DTYPE_F16,
         PQ_DTYPE_BF16,
@@ -213,9 +226,14 @@ fn every_function_and_constant_of_the_header_is_declared() {
     let header = header_text();
     let mut functions = BTreeSet::new();
     let mut constants = BTreeSet::new();
+    let mut callbacks = BTreeSet::new();
     for line in header.lines() {
         let line = line.trim();
-        if let Some(rest) = line.strip_prefix("PQ_API ") {
+        if let (Some(_), Some(start)) = (line.strip_prefix("typedef "), line.find("(*")) {
+            // typedef int (*pq_write_fn)(...): a function-pointer type.
+            let rest = &line[start + 2..];
+            callbacks.insert(rest[..rest.find(')').expect("(*name)")].trim().to_owned());
+        } else if let Some(rest) = line.strip_prefix("PQ_API ") {
             let name =
                 last_identifier(&rest[..rest.find('(').expect("a PQ_API line names a function")]);
             functions.insert(name.to_owned());
@@ -235,6 +253,13 @@ fn every_function_and_constant_of_the_header_is_declared() {
 
     let declared: BTreeSet<String> = Api::FUNCTION_NAMES.iter().map(|s| s.to_string()).collect();
     assert_same_names("functions", &declared, &functions);
+
+    assert!(
+        callbacks.contains("pq_write_fn"),
+        "the header scan found no pq_write_fn: {callbacks:?}"
+    );
+    let declared: BTreeSet<String> = CALLBACKS.iter().map(|c| c.0.to_owned()).collect();
+    assert_same_names("callback types", &declared, &callbacks);
 
     let mut declared: BTreeSet<String> = rust_constants().iter().map(|c| c.0.to_owned()).collect();
     declared.insert("PQ_VERSION_STRING".to_owned());
