@@ -26,6 +26,14 @@ pub enum Status {
     /// (added in 0.4, which returned `InvalidArgument` before). Methods that
     /// own their buffers ([`crate::Context::select`]) grow them and retry.
     BufferTooSmall,
+    /// Saved sequence state that is not intact: truncated, a checksum or
+    /// magic number that does not match, an inconsistent field (added in
+    /// 0.5). Nothing was restored.
+    Corrupt,
+    /// Saved sequence state that is intact but cannot be restored here: a
+    /// format version this library does not read, or another geometry than
+    /// the context's (added in 0.5). Nothing was restored.
+    Incompatible,
     /// A code this crate does not know (a newer library).
     Unknown(i32),
 }
@@ -43,6 +51,8 @@ impl Status {
             sys::PQ_ERR_BACKEND => Status::Backend,
             sys::PQ_ERR_INTERNAL => Status::Internal,
             sys::PQ_ERR_BUFFER_TOO_SMALL => Status::BufferTooSmall,
+            sys::PQ_ERR_CORRUPT => Status::Corrupt,
+            sys::PQ_ERR_INCOMPATIBLE => Status::Incompatible,
             other => Status::Unknown(other),
         })
     }
@@ -58,6 +68,8 @@ impl Status {
             Status::Backend => sys::PQ_ERR_BACKEND,
             Status::Internal => sys::PQ_ERR_INTERNAL,
             Status::BufferTooSmall => sys::PQ_ERR_BUFFER_TOO_SMALL,
+            Status::Corrupt => sys::PQ_ERR_CORRUPT,
+            Status::Incompatible => sys::PQ_ERR_INCOMPATIBLE,
             Status::Unknown(code) => code,
         }
     }
@@ -73,6 +85,8 @@ impl Status {
             Status::Backend => "PQ_ERR_BACKEND",
             Status::Internal => "PQ_ERR_INTERNAL",
             Status::BufferTooSmall => "PQ_ERR_BUFFER_TOO_SMALL",
+            Status::Corrupt => "PQ_ERR_CORRUPT",
+            Status::Incompatible => "PQ_ERR_INCOMPATIBLE",
             Status::Unknown(_) => "unknown pq_status",
         }
     }

@@ -31,6 +31,10 @@
 //!   [`SelectItem`] or [`FetchItem`] per sequence, each with its own status.
 //! - [`Context::attend`] gives the attention output of a query over a
 //!   selection (and its log-sum-exp) without gathering the rows first.
+//! - A sequence's state can be rolled back ([`Context::truncate`]), shared
+//!   ([`Context::fork`]), saved ([`Context::save`], [`Context::save_file`])
+//!   and restored in this or another context ([`Context::restore`],
+//!   [`Context::restore_file`]).
 //! - The library is linked (feature `link`, the default) or loaded at run
 //!   time with [`Library::load`]; the API is the same on both.
 
@@ -39,6 +43,7 @@ mod config;
 mod context;
 mod error;
 mod library;
+mod state;
 mod tensor;
 
 pub use batch::{FetchItem, SelectItem};

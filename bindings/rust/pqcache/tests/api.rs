@@ -896,3 +896,142 @@ fn attend_errors_name_pq_decode_attend() {
     );
     assert!(out.iter().all(|&x| x == 0.0), "nothing written on error");
 }
+
+// ---------------------------------------------------------------------------
+// Sequence state: truncate, fork, save and restore
+// ---------------------------------------------------------------------------
+
+/// Each id's selection for `q` and the rows it fetches: what a sequence
+/// restored or forked from another must reproduce exactly.
+fn selections_and_rows(
+    ctx: &Context,
+    ids: &[u64],
+    q: &[f32],
+) -> (Vec<Vec<Vec<i32>>>, Vec<Vec<f32>>) {
+    let queries = vec![q.to_vec(); ids.len()];
+    let sels = select_one_by_one(ctx, ids, &queries);
+    (
+        sels.iter().map(heads).collect(),
+        fetch_all(ctx, ids, &sels, false),
+    )
+}
+
+#[test]
+fn truncate_fork_save_and_restore_keep_selections_and_rows() {
+    const PROMPT: usize = 600; // two full 256-token chunks and a partial one
+    let library = Library::linked();
+    let ctx = Context::new(&reference_config(&library)).unwrap();
+    ctx.add_sequence(1).unwrap();
+    let kv = Shape::token_major(PROMPT, KV_HEADS, HEAD_DIM);
+    let (k, v) = (
+        generate(61, PROMPT * KV_HEADS * HEAD_DIM),
+        generate(62, PROMPT * KV_HEADS * HEAD_DIM),
+    );
+    ctx.prefill(
+        1,
+        0,
+        &Tensor::f32(&k, kv).unwrap(),
+        &Tensor::f32(&v, kv).unwrap(),
+    )
+    .unwrap();
+    let one = Shape::token_major(1, KV_HEADS, HEAD_DIM);
+    for step in 0..4 {
+        let (k1, v1) = (
+            generate(63 + 2 * step, KV_HEADS * HEAD_DIM),
+            generate(64 + 2 * step, KV_HEADS * HEAD_DIM),
+        );
+        ctx.append(
+            1,
+            0,
+            &Tensor::f32(&k1, one).unwrap(),
+            &Tensor::f32(&v1, one).unwrap(),
+        )
+        .unwrap();
+    }
+    assert_eq!(ctx.sequence_length(1, 0).unwrap(), PROMPT + 4);
+
+    // Two rejected speculative tokens rolled back; more than the sequence
+    // holds is refused.
+    ctx.truncate(1, PROMPT + 2).unwrap();
+    assert_eq!(ctx.sequence_length(1, 0).unwrap(), PROMPT + 2);
+    let err = ctx.truncate(1, PROMPT + 100).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert_eq!(ctx.truncate(99, 1).unwrap_err().status, Status::NotFound);
+
+    let q = generate(71, Q_HEADS * HEAD_DIM);
+    let (want_sel, want_rows) = selections_and_rows(&ctx, &[1], &q);
+
+    // A fork selects what its parent selects.
+    ctx.fork(1, 2).unwrap();
+    assert_eq!(ctx.sequence_length(2, 0).unwrap(), PROMPT + 2);
+    assert_eq!(selections_and_rows(&ctx, &[2], &q).0, want_sel);
+    assert_eq!(ctx.fork(1, 2).unwrap_err().status, Status::InvalidArgument);
+
+    // Save to bytes, to a writer (pq_write_fn) and to a file: the same bytes.
+    let state = ctx.save(1).unwrap();
+    assert_eq!(ctx.state_size(1).unwrap(), state.len());
+    let mut streamed = Vec::new();
+    ctx.save_to(1, &mut streamed).unwrap();
+    assert!(streamed == state, "save_to and save differ");
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pqcache-state-{}.bin", std::process::id()));
+    ctx.save_file(1, &path).unwrap();
+    assert!(
+        std::fs::read(&path).unwrap() == state,
+        "save_file and save differ"
+    );
+    assert_eq!(ctx.save(99).unwrap_err().status, Status::NotFound);
+
+    // Restored in this context (from bytes and from the file) and in a
+    // second one: the same length, selections and rows.
+    ctx.restore(3, &state).unwrap();
+    ctx.restore_file(4, &path).unwrap();
+    let other = Context::new(&reference_config(&library)).unwrap();
+    other.restore(1, &state).unwrap();
+    for (context, seq) in [(&ctx, 3), (&ctx, 4), (&other, 1)] {
+        assert_eq!(context.sequence_length(seq, 0).unwrap(), PROMPT + 2);
+        let (sel, rows) = selections_and_rows(context, &[seq], &q);
+        assert_eq!(sel, want_sel, "selection of restored sequence {seq}");
+        assert!(rows == want_rows, "rows of restored sequence {seq}");
+    }
+    std::fs::remove_file(&path).unwrap();
+
+    // Damaged states are refused and add nothing.
+    let count = ctx.sequence_count().unwrap();
+    let mut flipped = state.clone();
+    flipped[state.len() / 2] ^= 0xff;
+    let err = ctx.restore(5, &flipped).unwrap_err();
+    assert_eq!(err.status, Status::Corrupt, "{err}");
+    assert!(err.to_string().starts_with("PQ_ERR_CORRUPT: "), "{err}");
+    let err = ctx.restore(5, &state[..state.len() / 2]).unwrap_err();
+    assert!(
+        matches!(err.status, Status::Corrupt | Status::InvalidArgument),
+        "{err}"
+    );
+    assert_eq!(ctx.sequence_count().unwrap(), count);
+    assert_eq!(
+        ctx.restore(3, &state).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    let err = ctx
+        .restore_file(5, path.with_extension("missing"))
+        .unwrap_err();
+    assert_eq!(err.status, Status::NotFound, "{err}");
+
+    // (pqcache-sys's header test checks the library's names of the codes.)
+    for (status, code, name) in [
+        (
+            Status::Corrupt,
+            pqcache::sys::PQ_ERR_CORRUPT,
+            "PQ_ERR_CORRUPT",
+        ),
+        (
+            Status::Incompatible,
+            pqcache::sys::PQ_ERR_INCOMPATIBLE,
+            "PQ_ERR_INCOMPATIBLE",
+        ),
+    ] {
+        assert_eq!(Status::from_code(code), Some(status));
+        assert_eq!((status.code(), status.name()), (code, name));
+    }
+}
