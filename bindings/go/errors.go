@@ -26,6 +26,14 @@ const (
 	// buffer is too small and the library wrote the size it needs. The
 	// methods of this package size their own buffers and grow them on it.
 	ErrBufferTooSmall Status = -8
+	// ErrCorrupt (added in 0.5): saved sequence state that is not intact
+	// (truncated, a checksum or magic number that does not match, an
+	// inconsistent field). Nothing was restored.
+	ErrCorrupt Status = -9
+	// ErrIncompatible (added in 0.5): saved sequence state that is intact
+	// but cannot be restored here (another format version, or a geometry
+	// other than the context's). Nothing was restored.
+	ErrIncompatible Status = -10
 )
 
 // Error returns the library's name of the status, e.g.

@@ -65,6 +65,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"ErrBackend", int(ErrBackend), int(pqswig.PQ_ERR_BACKEND)},
 		{"ErrInternal", int(ErrInternal), int(pqswig.PQ_ERR_INTERNAL)},
 		{"ErrBufferTooSmall", int(ErrBufferTooSmall), int(pqswig.PQ_ERR_BUFFER_TOO_SMALL)},
+		{"ErrCorrupt", int(ErrCorrupt), int(pqswig.PQ_ERR_CORRUPT)},
+		{"ErrIncompatible", int(ErrIncompatible), int(pqswig.PQ_ERR_INCOMPATIBLE)},
 		{"DTypeF32", int(DTypeF32), int(pqswig.PQ_DTYPE_F32)},
 		{"DTypeF16", int(DTypeF16), int(pqswig.PQ_DTYPE_F16)},
 		{"DTypeBF16", int(DTypeBF16), int(pqswig.PQ_DTYPE_BF16)},
@@ -97,8 +99,13 @@ func TestConstantsMatchHeader(t *testing.T) {
 			t.Errorf("%s = %d, header says %d", p.name, p.got, p.want)
 		}
 	}
-	if !strings.HasPrefix(ErrNotFound.Error(), "PQ_ERR_NOT_FOUND") {
-		t.Errorf("ErrNotFound.Error() = %q", ErrNotFound.Error())
+	for _, s := range []struct {
+		status Status
+		name   string
+	}{{ErrNotFound, "PQ_ERR_NOT_FOUND"}, {ErrCorrupt, "PQ_ERR_CORRUPT"}, {ErrIncompatible, "PQ_ERR_INCOMPATIBLE"}} {
+		if !strings.HasPrefix(s.status.Error(), s.name) {
+			t.Errorf("%s.Error() = %q", s.name, s.status.Error())
+		}
 	}
 }
 
