@@ -123,6 +123,14 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
   }
 }
 
+/* Sequence state (0.5): pq_sequence_save_buffer's buffer and
+ * pq_sequence_restore's data are direct buffers, the sizes long[1]
+ * outputs. pq_sequence_save's pq_write_fn callback has no Java counterpart
+ * here (the idiomatic layer saves to a byte[] or a file). */
+%apply void* DIRECT_BUFFER { void* buffer, const void* data };
+%apply long long* OUTPUT { uint64_t* out_bytes, uint64_t* out_written };
+%ignore pq_sequence_save;
+
 /* pq_observe_attention's probabilities: a direct buffer as well. */
 %apply void* DIRECT_BUFFER { const float* probs };
 /* pq_index_codes / pq_index_centroids outputs, and pq_decode_attend's out

@@ -14,6 +14,7 @@ import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.Objects;
 import java.util.concurrent.atomic.AtomicIntegerArray;
@@ -55,6 +56,12 @@ public final class PqContext implements AutoCloseable {
   private static final Cleaner CLEANER = Cleaner.create();
   private static final int TOKEN_MAJOR = pq_layout.PQ_LAYOUT_TOKEN_MAJOR;
   private static final int HEAD_MAJOR = pq_layout.PQ_LAYOUT_HEAD_MAJOR;
+  // How many times saveSequence sizes its buffer again when the sequence grew
+  // between pq_sequence_state_size and the save (only a call racing with the
+  // save, which pqcache.h forbids, makes it grow).
+  private static final int SAVE_ATTEMPTS = 3;
+  // The largest Java array the JVMs in use allocate.
+  private static final long MAX_ARRAY_BYTES = Integer.MAX_VALUE - 8;
 
   /** The native handle; also the Cleaner's action, so it must not refer to the PqContext. */
   private static final class Handle implements Runnable {
@@ -216,6 +223,155 @@ public final class PqContext implements AutoCloseable {
     long[] count = new long[1];
     run(h -> pqcache.pq_sequence_count(h, count));
     return count[0];
+  }
+
+  // --- sequence state (added in 0.5): truncate, fork, save and restore ---
+
+  /**
+   * Keeps the first {@code tokens} tokens of every layer of the sequence and
+   * drops the rest (pq_sequence_truncate), as when rejected speculative tokens
+   * are rolled back: the next decode step is as if the dropped tokens never
+   * came. A layer with {@code tokens} or fewer tokens is left as it is; a cut
+   * inside a layer's prefill rebuilds its index over the kept tokens; 0
+   * empties the sequence (the next call on a layer is then prefillLayer). No
+   * other call on the sequence may run concurrently.
+   *
+   * @throws PqException NOT_FOUND, INVALID_ARGUMENT (negative, or more tokens
+   *     than the longest layer holds), OUT_OF_MEMORY
+   */
+  public void truncateSequence(long seqId, long tokens) {
+    run(h -> pqcache.pq_sequence_truncate(h, seqId, tokens));
+  }
+
+  /**
+   * Adds {@code childId} holding the same tokens, PQ index and selector state
+   * as {@code parentId} (pq_sequence_fork), for requests that share a prompt
+   * or parallel samples. Full 256-token chunks are shared copy-on-write
+   * (counted once against the host memory limit); from then on each sequence
+   * grows on its own.
+   *
+   * @throws PqException NOT_FOUND (parent), INVALID_ARGUMENT (the child
+   *     exists), OUT_OF_MEMORY, BAD_STATE (a build of the parent failed)
+   */
+  public void forkSequence(long parentId, long childId) {
+    run(h -> pqcache.pq_sequence_fork(h, parentId, childId));
+  }
+
+  /**
+   * The bytes {@link #saveSequence(long)} would return now
+   * (pq_sequence_state_size); waits for the sequence's index builds.
+   */
+  public long sequenceStateSize(long seqId) {
+    long[] bytes = new long[1];
+    run(h -> pqcache.pq_sequence_state_size(h, seqId, bytes));
+    return bytes[0];
+  }
+
+  /**
+   * The sequence's state (every layer's K/V, PQ index, window position and
+   * selector state) in the versioned, checksummed format of
+   * docs/state-format.md, for {@link #restoreSequence(long, byte[])} in this
+   * or another context of the same geometry. Sized with
+   * pq_sequence_state_size, written by pq_sequence_save_buffer into native
+   * memory (sized again if the library asks for more) and copied into the
+   * array. Waits for the sequence's index builds; no call that changes the
+   * sequence may run concurrently. A state too large for a Java array
+   * throws OUT_OF_MEMORY: save it to a file instead.
+   */
+  public byte[] saveSequence(long seqId) {
+    return call(h -> {
+      long[] size = new long[1];
+      pqcache.pq_sequence_state_size(h, seqId, size);
+      for (int attempt = 1; ; attempt++) {
+        if (size[0] > MAX_ARRAY_BYTES) {
+          throw new PqException(pq_status.PQ_ERR_OUT_OF_MEMORY, "pq_sequence_save_buffer: a saved"
+              + " state of " + size[0] + " bytes does not fit a Java array; save it to a file");
+        }
+        ByteBuffer buffer = ByteBuffer.allocateDirect((int) size[0]);
+        long[] written = new long[1];
+        try {
+          pqcache.pq_sequence_save_buffer(h, seqId, buffer, buffer.capacity(), written);
+        } catch (PqException e) {
+          if (e.status() != Status.BUFFER_TOO_SMALL || attempt == SAVE_ATTEMPTS) {
+            throw e;
+          }
+          // The needed size is not passed back with the exception: ask again.
+          pqcache.pq_sequence_state_size(h, seqId, size);
+          continue;
+        } finally {
+          Reference.reachabilityFence(buffer);
+        }
+        if (written[0] < 0 || written[0] > buffer.capacity()) {
+          throw new PqException(pq_status.PQ_ERR_INTERNAL, "pq_sequence_save_buffer reported "
+              + written[0] + " bytes written into " + buffer.capacity());
+        }
+        byte[] state = new byte[(int) written[0]];
+        buffer.get(0, state);
+        return state;
+      }
+    });
+  }
+
+  /**
+   * Saves the sequence's state into the file at {@code path}, atomically
+   * (pq_sequence_save_file: a temporary file beside it, fsync, rename; on
+   * failure the file is left as it was). A file system error throws BACKEND,
+   * with the path and the system's text.
+   */
+  public void saveSequence(long seqId, Path path) {
+    String file = Objects.requireNonNull(path, "path").toString();
+    run(h -> pqcache.pq_sequence_save_file(h, seqId, file));
+  }
+
+  /**
+   * Adds {@code seqId} from a state {@link #saveSequence(long)} returned, in
+   * this or another context of the same geometry (pq_sequence_restore). Every
+   * section is checked first: the whole sequence is added or nothing. Its
+   * selections and fetched rows equal the saved sequence's. The bytes are
+   * copied into native memory for the call.
+   *
+   * @throws PqException INVALID_ARGUMENT (the id exists), CORRUPT (truncated
+   *     or damaged bytes), INCOMPATIBLE (another format version or geometry),
+   *     OUT_OF_MEMORY
+   */
+  public void restoreSequence(long seqId, byte[] state) {
+    Objects.requireNonNull(state, "state");
+    ByteBuffer copy = ByteBuffer.allocateDirect(state.length);
+    copy.put(0, state);
+    restoreSequence(seqId, copy);
+  }
+
+  /**
+   * {@link #restoreSequence(long, byte[])} from the bytes between the
+   * buffer's position and limit (the position does not move): a direct
+   * buffer is read in place, a heap buffer is copied first.
+   */
+  public void restoreSequence(long seqId, ByteBuffer state) {
+    Objects.requireNonNull(state, "state");
+    ByteBuffer bytes = state.slice(); // starts at the position: its address is the data's
+    if (!bytes.isDirect()) {
+      ByteBuffer copy = ByteBuffer.allocateDirect(bytes.remaining());
+      copy.put(0, bytes, 0, bytes.remaining());
+      bytes = copy;
+    }
+    ByteBuffer data = bytes;
+    run(h -> {
+      try {
+        pqcache.pq_sequence_restore(h, seqId, data, data.remaining());
+      } finally {
+        Reference.reachabilityFence(data);
+      }
+    });
+  }
+
+  /**
+   * {@link #restoreSequence(long, byte[])} from the file at {@code path}
+   * (pq_sequence_restore_file); a missing file throws NOT_FOUND, a read
+   * error BACKEND.
+   */
+  public void restoreSequence(long seqId, Path path) {
+    String file = Objects.requireNonNull(path, "path").toString();
+    run(h -> pqcache.pq_sequence_restore_file(h, seqId, file));
   }
 
   // --- prefill and decode ---

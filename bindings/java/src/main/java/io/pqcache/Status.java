@@ -23,6 +23,17 @@ public enum Status {
    * buffers and grows them on this status, so callers see it only from their own buffers.
    */
   BUFFER_TOO_SMALL(-8),
+  /**
+   * Saved sequence state that is not intact: truncated, a checksum or magic number that does
+   * not match, an inconsistent field (added in 0.5). Nothing was restored.
+   */
+  CORRUPT(-9),
+  /**
+   * Saved sequence state that is intact but cannot be restored here: a format version this
+   * library does not read, or a geometry other than the context's (added in 0.5). Nothing was
+   * restored.
+   */
+  INCOMPATIBLE(-10),
   /** A code this binding does not know (a newer library); see {@link PqException#code()}. */
   UNKNOWN(Integer.MIN_VALUE);
 
