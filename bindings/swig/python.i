@@ -473,6 +473,56 @@ done:
   pq_py_batch_release(&b);
   return result;
 }
+
+/* --- sequence state: save to bytes ---------------------------------------- */
+/* pq_sequence_state_size, then pq_sequence_save_buffer straight into a new
+ * bytes object (no copy), sized again when the library asks for more (only
+ * a call racing with the save, which pqcache.h forbids, makes the sequence
+ * grow). Both calls run without the GIL. */
+static PyObject* pq_py_sequence_save_bytes(pq_context* ctx, uint64_t seq_id) {
+  uint64_t size = 0, written = 0;
+  pq_status status;
+  Py_BEGIN_ALLOW_THREADS
+  status = pq_sequence_state_size(ctx, seq_id, &size);
+  Py_END_ALLOW_THREADS
+  if (status != PQ_OK) {
+    pq_py_raise(status);
+    return NULL;
+  }
+  for (int attempt = 1;; ++attempt) {
+    PyObject* state;
+    if (size > (uint64_t)PY_SSIZE_T_MAX) {
+      PyErr_Format(PyExc_MemoryError, "a saved state of %llu bytes does not fit in bytes",
+                   (unsigned long long)size);
+      return NULL;
+    }
+    state = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (state == NULL) return NULL;
+    {
+      char* buffer = PyBytes_AS_STRING(state);
+      Py_BEGIN_ALLOW_THREADS
+      status = pq_sequence_save_buffer(ctx, seq_id, buffer, size, &written);
+      Py_END_ALLOW_THREADS
+    }
+    if (status == PQ_OK) {
+      if (written > size) {
+        Py_DECREF(state);
+        PyErr_Format(PyExc_RuntimeError,
+                     "pq_sequence_save_buffer reported %llu bytes written into %llu",
+                     (unsigned long long)written, (unsigned long long)size);
+        return NULL;
+      }
+      if (written < size && _PyBytes_Resize(&state, (Py_ssize_t)written) != 0) return NULL;
+      return state;
+    }
+    Py_DECREF(state);
+    if (status != PQ_ERR_BUFFER_TOO_SMALL || attempt == 3) {
+      pq_py_raise(status);
+      return NULL;
+    }
+    size = written; /* the size needed now */
+  }
+}
 %}
 
 %init %{
@@ -633,6 +683,62 @@ PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids
 }
 %typemap(freearg) (float* out, int64_t out_floats) {
   PyBuffer_Release(&view$argnum);
+}
+
+/* --- sequence state (0.5) --------------------------------------------------- */
+/* pq_sequence_save_bytes(ctx, seq_id) returns the state as bytes (see
+ * pq_py_sequence_save_bytes above). pq_sequence_save_buffer(ctx, seq_id,
+ * buffer) fills a writable buffer and returns the bytes written (a buffer
+ * too small raises PQError PQ_ERR_BUFFER_TOO_SMALL; pq_sequence_state_size
+ * gives the size). pq_sequence_restore(ctx, seq_id, data) reads any
+ * C-contiguous buffer (bytes, bytearray, memoryview, numpy). Paths are str,
+ * bytes or os.PathLike (PyUnicode_FSConverter, which refuses a NUL byte).
+ * pq_sequence_save's pq_write_fn callback is not wrapped. */
+%ignore pq_sequence_save;
+%exception pq_py_sequence_save_bytes %{ $action %}
+%rename(pq_sequence_save_bytes) pq_py_sequence_save_bytes;
+PyObject* pq_py_sequence_save_bytes(pq_context* ctx, uint64_t seq_id);
+
+%typemap(in) (void* buffer, uint64_t capacity) (Py_buffer view = {0}) {
+  if (pq_py_get_buffer($input, "buffer", 1, &view) != 0) SWIG_fail;
+  if (!PyBuffer_IsContiguous(&view, 'C')) {
+    PyErr_SetString(PyExc_ValueError, "buffer: must be C-contiguous");
+    SWIG_fail;
+  }
+  $1 = view.buf;
+  $2 = (uint64_t)view.len;
+}
+%typemap(freearg) (void* buffer, uint64_t capacity) {
+  PyBuffer_Release(&view$argnum);
+}
+%typemap(in) (const void* data, uint64_t size) (Py_buffer view = {0}) {
+  if (pq_py_get_buffer($input, "data", 0, &view) != 0) SWIG_fail;
+  if (!PyBuffer_IsContiguous(&view, 'C')) {
+    PyErr_SetString(PyExc_ValueError, "data: must be C-contiguous; use bytes(data)");
+    SWIG_fail;
+  }
+  /* An empty buffer may have no address: the library then sees an empty
+   * state (corrupt), not a NULL argument. */
+  $1 = ($1_ltype)(view.buf != NULL ? view.buf : (void*)"");
+  $2 = (uint64_t)view.len;
+}
+%typemap(freearg) (const void* data, uint64_t size) {
+  PyBuffer_Release(&view$argnum);
+}
+%typemap(in, numinputs=0) uint64_t* out_bytes (uint64_t value = 0),
+                          uint64_t* out_written (uint64_t value = 0) {
+  $1 = &value;
+}
+%typemap(argout) uint64_t* out_bytes, uint64_t* out_written {
+  $result = SWIG_Python_AppendOutput($result,
+                                     PyLong_FromUnsignedLongLong((unsigned long long)*$1));
+}
+%typemap(in) const char* path (PyObject* encoded = NULL) {
+  if (!PyUnicode_FSConverter($input, &encoded)) SWIG_fail;
+  $1 = PyBytes_AS_STRING(encoded);
+}
+%typemap(freearg) const char* path {
+  Py_XDECREF(encoded$argnum);
 }
 
 /* --- out-parameters become return values ---------------------------------- */

@@ -29,11 +29,18 @@ Batches: select_batch and fetch_batch run one layer for many sequences in one
 library call (the library spreads them over its worker pool). Items succeed or
 fail on their own; a failing item raises BatchError, a PQError that names the
 first failing item and carries every item's status and output.
+
+Sequence state: truncate rolls a sequence back, fork copies it (sharing full
+chunks), save / save_file write its state and restore / restore_file add it
+back, in this or another context of the same geometry. A damaged state raises
+PQError with status_name "PQ_ERR_CORRUPT", one from another format version or
+geometry "PQ_ERR_INCOMPATIBLE".
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -65,6 +72,8 @@ CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
 STATUS_NAMES = dict(sorted((getattr(_c, name), name) for name in dir(_c)
                           if name == "PQ_OK" or name.startswith("PQ_ERR_")))
 _BUFFER_TOO_SMALL = _c.PQ_ERR_BUFFER_TOO_SMALL
+# A path for the library: str, bytes or os.PathLike.
+PathLike = Union[str, bytes, os.PathLike]
 
 # pq_config fields that also take a name ("selector": "pq").
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
@@ -227,6 +236,68 @@ class Context:
         """Orders seq's device work on a cudaStream_t given as an integer
         (torch.cuda.Stream.cuda_stream), or None for the context's stream."""
         _c.pq_sequence_set_stream(self._ctx, seq, cuda_stream)
+
+    # --- sequence state (added in 0.5) -----------------------------------
+
+    def truncate(self, seq: int, tokens: int) -> None:
+        """Keeps the first `tokens` tokens of every layer of seq and drops the
+        rest (pq_sequence_truncate), as when rejected speculative tokens are
+        rolled back: the next decode step is as if the dropped tokens never
+        came. A layer with `tokens` or fewer tokens is left as it is; a cut
+        inside a layer's prefill rebuilds its index over the kept tokens; 0
+        empties the sequence (the next call on a layer is then prefill).
+        PQError: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (negative, or more
+        tokens than the longest layer holds). No other call on seq may run
+        concurrently."""
+        _c.pq_sequence_truncate(self._ctx, seq, tokens)
+
+    def fork(self, parent: int, child: int) -> None:
+        """Adds `child` holding the same tokens, PQ index and selector state
+        as `parent` (pq_sequence_fork), for requests that share a prompt or
+        parallel samples. Full 256-token chunks are shared copy-on-write
+        (counted once against the host memory limit); from then on each
+        sequence grows on its own. PQError: PQ_ERR_NOT_FOUND (parent),
+        PQ_ERR_INVALID_ARGUMENT (child exists), PQ_ERR_OUT_OF_MEMORY."""
+        _c.pq_sequence_fork(self._ctx, parent, child)
+
+    def state_size(self, seq: int) -> int:
+        """The bytes save(seq) would return now (pq_sequence_state_size);
+        waits for the sequence's index builds."""
+        return _c.pq_sequence_state_size(self._ctx, seq)
+
+    def save(self, seq: int) -> bytes:
+        """seq's state (every layer's K/V, PQ index, window position and
+        selector state) in the versioned, checksummed format of
+        docs/state-format.md, for restore in this or another context of the
+        same geometry. Sized with pq_sequence_state_size and written by
+        pq_sequence_save_buffer straight into the bytes object (sized again
+        if the library asks for more). Waits for the sequence's index
+        builds; no call that changes seq may run concurrently."""
+        return _c.pq_sequence_save_bytes(self._ctx, seq)
+
+    def save_file(self, seq: int, path: PathLike) -> None:
+        """Saves seq's state into the file at `path`, atomically
+        (pq_sequence_save_file: a temporary file beside it, fsync, rename; on
+        failure the file is left as it was). A file system error raises
+        PQError PQ_ERR_BACKEND, with the path and the system's text."""
+        _c.pq_sequence_save_file(self._ctx, seq, path)
+
+    def restore(self, seq: int, state) -> None:
+        """Adds seq from a state save returned (bytes, or any C-contiguous
+        buffer: bytearray, memoryview, numpy), in this or another context of
+        the same geometry (pq_sequence_restore). Every section is checked
+        first: the whole sequence is added or nothing. Its selections and
+        fetched rows equal the saved sequence's. PQError:
+        PQ_ERR_INVALID_ARGUMENT (seq exists), PQ_ERR_CORRUPT (truncated or
+        damaged bytes), PQ_ERR_INCOMPATIBLE (another format version or
+        geometry), PQ_ERR_OUT_OF_MEMORY."""
+        _c.pq_sequence_restore(self._ctx, seq, state)
+
+    def restore_file(self, seq: int, path: PathLike) -> None:
+        """restore from the file at `path` (pq_sequence_restore_file); a
+        missing file raises PQError PQ_ERR_NOT_FOUND, a read error
+        PQ_ERR_BACKEND."""
+        _c.pq_sequence_restore_file(self._ctx, seq, path)
 
     # --- prefill and decode ----------------------------------------------
 

@@ -11,7 +11,7 @@ def test_version_and_enumerations():
     assert pqcache.version() == pqcache.pqcache_swig.PQ_VERSION_STRING
     assert pqcache.STATUS_NAMES[-1] == "PQ_ERR_INVALID_ARGUMENT"
     assert pqcache.STATUS_NAMES[-8] == "PQ_ERR_BUFFER_TOO_SMALL"
-    assert pqcache.STATUS_NAMES[0] == "PQ_OK" and len(pqcache.STATUS_NAMES) == 9
+    assert pqcache.STATUS_NAMES[0] == "PQ_OK" and len(pqcache.STATUS_NAMES) == 11
     for status, name in pqcache.STATUS_NAMES.items():  # the library's own names
         assert pqcache.pqcache_swig.pq_status_string(status).startswith(name + ":")
     assert pqcache.SELECTORS["pq"] == 0 and pqcache.SELECTORS["pyramidkv"] == 10
