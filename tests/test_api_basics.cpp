@@ -42,6 +42,8 @@ TEST(ApiBasics, StatusStringForEveryCode) {
       {PQ_ERR_BACKEND, "PQ_ERR_BACKEND"},
       {PQ_ERR_INTERNAL, "PQ_ERR_INTERNAL"},
       {PQ_ERR_BUFFER_TOO_SMALL, "PQ_ERR_BUFFER_TOO_SMALL"},
+      {PQ_ERR_CORRUPT, "PQ_ERR_CORRUPT"},
+      {PQ_ERR_INCOMPATIBLE, "PQ_ERR_INCOMPATIBLE"},
   };
   std::set<std::string> seen;
   for (const Case& c : cases) {
@@ -58,7 +60,7 @@ TEST(ApiBasics, StatusStringForEveryCode) {
     EXPECT_TRUE(seen.insert(str).second) << "duplicate status string " << str;
     EXPECT_EQ(pq_status_string(c.s), s) << "not a static string";
   }
-  for (int unknown : {1, 2, -9, -100, 42, 1 << 30}) {
+  for (int unknown : {1, 2, -11, -100, 42, 1 << 30}) {
     const char* s = pq_status_string(static_cast<pq_status>(unknown));
     ASSERT_NE(s, nullptr);
     EXPECT_STREQ(s, "unknown pq_status") << unknown;

@@ -593,12 +593,71 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
     reseal(b, s[0]);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"layer 1", "layer 0"}));
   }
+  // Flags that announce no index while an index section follows.
+  {
+    std::vector<uint8_t> b = bytes_;
+    b[s[0].offset + 16 + 16] = 0;
+    reseal(b, s[0]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"flags"}));
+  }
+  // An index that codes more tokens than the layer holds.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const int64_t coded = 306;
+    std::memcpy(&b[s[2].offset + 16], &coded, 8);
+    reseal(b, s[2]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"306", "index"}));
+  }
+  // A non-finite centroid.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const float inf = INFINITY;
+    std::memcpy(&b[s[2].offset + 16 + 32 + 8], &inf, 4);
+    reseal(b, s[2]);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"centroid"}));
+  }
   // Bytes after the end section.
   {
     std::vector<uint8_t> b = bytes_;
     b.push_back(0);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"follow the end"}));
   }
+}
+
+TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {
+  Ctx h2o(state_config(PQ_SELECTOR_H2O));
+  ASSERT_TRUE(h2o.ok());
+  prefill(h2o, 1, 1, 300);
+  feed_selector(h2o, 1, 300);
+  std::vector<uint8_t> bytes = save(h2o, 1);
+  std::vector<SectionAt> s = walk(bytes);
+  ASSERT_EQ(s[2].type, 4u);  // H2O: meta, K/V, selector state
+  // A negative accumulated score, sealed.
+  std::vector<uint8_t> b = bytes;
+  const float negative = -1.f;
+  std::memcpy(&b[s[2].offset + 16 + 4 + 8 + 4 * 7], &negative, 4);
+  reseal(b, s[2]);
+  EXPECT_TRUE(IsError(pq_sequence_restore(h2o, 2, b.data(), b.size()), PQ_ERR_CORRUPT,
+                      {"accumulated attention", "token 7"}));
+  // A state cut short, sealed: its length field no longer matches.
+  b = bytes;
+  const uint64_t longer = 301;
+  std::memcpy(&b[s[2].offset + 16 + 4], &longer, 8);
+  reseal(b, s[2]);
+  EXPECT_TRUE(IsError(pq_sequence_restore(h2o, 2, b.data(), b.size()), PQ_ERR_CORRUPT,
+                      {"301"}));
+  // An H2O state in a file whose header claims the window selector: a
+  // section that selector does not keep.
+  b = bytes;
+  const int32_t window = PQ_SELECTOR_WINDOW;
+  std::memcpy(&b[44], &window, 4);
+  reseal_header(b);
+  Ctx win(state_config(PQ_SELECTOR_WINDOW));
+  EXPECT_TRUE(IsError(pq_sequence_restore(win, 2, b.data(), b.size()), PQ_ERR_CORRUPT,
+                      {"selector state", "does not keep"}));
+  int64_t n = -1;
+  ASSERT_EQ(pq_sequence_count(h2o, &n), PQ_OK);
+  EXPECT_EQ(n, 1);
 }
 
 TEST_F(StateBadInput, OverTheMemoryLimitNothingIsAdded) {
