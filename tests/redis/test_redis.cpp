@@ -1,0 +1,595 @@
+// The Redis tier (include/pqcache_redis.h, docs/redis.md) against a real
+// redis-server that each test starts on a loopback port of its own and
+// kills in TearDown; a fake server plays a Redis that dies or hangs in the
+// middle of a transfer. Without redis-server the tests report SKIPPED.
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api_test_util.h"
+#include "pqcache.h"
+#include "pqcache_redis.h"
+#include "redis_server.h"
+
+using namespace pqt;
+using pqrt::FakeAction;
+using pqrt::FakeRedis;
+using pqrt::RawRedis;
+using pqrt::RedisServer;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Status checks with pq_redis_last_error()
+// ---------------------------------------------------------------------------
+
+::testing::AssertionResult RedisOk(pq_status got) {
+  if (got == PQ_OK) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "status " << status_name(got)
+                                       << "; pq_redis_last_error() = \"" << pq_redis_last_error()
+                                       << "\"";
+}
+
+// The call returned `want` and pq_redis_last_error() names every one of
+// `names` (case-insensitive).
+::testing::AssertionResult RedisError(pq_status got, pq_status want,
+                                      std::initializer_list<std::string> names) {
+  const std::string msg = pq_redis_last_error();
+  if (got != want)
+    return ::testing::AssertionFailure() << "status " << status_name(got) << ", expected "
+                                         << status_name(want) << "; pq_redis_last_error() = \""
+                                         << msg << "\"";
+  for (const std::string& n : names)
+    if (!contains_ci(msg, n))
+      return ::testing::AssertionFailure() << "pq_redis_last_error() = \"" << msg
+                                           << "\" does not name \"" << n << "\"";
+  std::printf("    %s: %s\n", pq_status_string(got), msg.c_str());  // what a user reads
+  return ::testing::AssertionSuccess();
+}
+
+#define REDIS_ASSERT_OK(call) ASSERT_TRUE(RedisOk(call)) << #call
+#define REDIS_EXPECT_ERR(call, want, ...) \
+  EXPECT_TRUE(RedisError((call), (want), {__VA_ARGS__})) << #call
+
+// ---------------------------------------------------------------------------
+// A small model: a few layers, a few hundred tokens, PQ, some decode steps
+// ---------------------------------------------------------------------------
+
+constexpr int32_t kLayers = 3, kQHeads = 4, kKvHeads = 2, kDim = 32;
+constexpr int64_t kPrompt = 300;
+constexpr int kDecodeSteps = 5;
+
+pq_config model_config(int32_t head_dim = kDim) {
+  pq_config c = make_config(kLayers, kQHeads, kKvHeads, head_dim, PQ_DTYPE_F16);
+  c.selector = PQ_SELECTOR_PQ;
+  c.pq_subspaces = 2;
+  c.pq_bits = 4;
+  c.kmeans_iterations = 6;
+  c.sink_tokens = 4;
+  c.local_tokens = 32;
+  c.topk_tokens = 40;
+  c.worker_threads = 2;
+  return c;
+}
+
+HostTensor random_kv(int64_t tokens, uint64_t seed) {
+  auto data = random_normal(static_cast<size_t>(tokens) * kKvHeads * kDim, seed);
+  return make_tensor(data, tokens, kKvHeads, kDim, PQ_DTYPE_F16);
+}
+
+HostTensor random_query(uint64_t seed) {
+  auto data = random_normal(static_cast<size_t>(kQHeads) * kDim, seed);
+  return make_tensor(data, 1, kQHeads, kDim, PQ_DTYPE_F16);
+}
+
+// Prefills every layer of seq with kPrompt tokens, then kDecodeSteps decode
+// steps (append one token, select) on every layer.
+void fill_sequence(pq_context* ctx, uint64_t seq, uint64_t seed) {
+  PQ_ASSERT_OK(pq_sequence_add(ctx, seq));
+  for (int32_t l = 0; l < kLayers; ++l) {
+    HostTensor k = random_kv(kPrompt, seed * 100 + l), v = random_kv(kPrompt, seed * 100 + 50 + l);
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, seq, l, k.get(), v.get()));
+  }
+  for (int step = 0; step < kDecodeSteps; ++step)
+    for (int32_t l = 0; l < kLayers; ++l) {
+      HostTensor k = random_kv(1, seed * 1000 + step * 10 + l);
+      HostTensor v = random_kv(1, seed * 2000 + step * 10 + l);
+      PQ_ASSERT_OK(pq_decode_append(ctx, seq, l, k.get(), v.get()));
+      HostTensor q = random_query(seed * 3000 + step * 10 + l);
+      int64_t cap = selection_capacity(ctx, seq, l);
+      ASSERT_GT(cap, 0);
+      Sel sel(kKvHeads, cap);
+      PQ_ASSERT_OK(pq_decode_select(ctx, seq, l, q.get(), sel.get()));
+    }
+}
+
+// What one decode step sees at a layer: the selection and the fetched bytes.
+struct StepView {
+  std::vector<int32_t> positions, counts;
+  std::vector<unsigned char> keys, values;
+};
+
+StepView select_and_fetch(pq_context* ctx, uint64_t seq, int32_t layer, uint64_t query_seed) {
+  StepView out;
+  HostTensor q = random_query(query_seed);
+  int64_t cap = selection_capacity(ctx, seq, layer);
+  EXPECT_GT(cap, 0);
+  if (cap <= 0) return out;
+  Sel sel(kKvHeads, cap);
+  EXPECT_TRUE(IsOk(pq_decode_select(ctx, seq, layer, q.get(), sel.get())));
+  HostTensor k = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+  HostTensor v = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+  EXPECT_TRUE(IsOk(pq_fetch_kv(ctx, seq, layer, sel.get(), k.get(), v.get())));
+  out.positions = sel.positions;
+  out.counts = sel.counts;
+  out.keys = k.bytes;
+  out.values = v.bytes;
+  return out;
+}
+
+// Every layer of (a, seq_a) and (b, seq_b) selects the same positions and
+// fetches the same bytes for the same queries.
+void expect_same_steps(pq_context* a, uint64_t seq_a, pq_context* b, uint64_t seq_b,
+                       uint64_t query_seed) {
+  for (int32_t l = 0; l < kLayers; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    int64_t len_a = -1, len_b = -2;
+    EXPECT_TRUE(IsOk(pq_sequence_length(a, seq_a, l, &len_a)));
+    EXPECT_TRUE(IsOk(pq_sequence_length(b, seq_b, l, &len_b)));
+    EXPECT_EQ(len_a, len_b);
+    StepView x = select_and_fetch(a, seq_a, l, query_seed + l);
+    StepView y = select_and_fetch(b, seq_b, l, query_seed + l);
+    EXPECT_EQ(x.counts, y.counts);
+    EXPECT_EQ(x.positions, y.positions);
+    EXPECT_TRUE(x.keys == y.keys) << "fetched keys differ";
+    EXPECT_TRUE(x.values == y.values) << "fetched values differ";
+  }
+}
+
+bool has_sequence(pq_context* ctx, uint64_t seq) {
+  int64_t n = 0;
+  return pq_sequence_length(ctx, seq, 0, &n) == PQ_OK;
+}
+
+uint64_t state_size(pq_context* ctx, uint64_t seq) {
+  uint64_t n = 0;
+  EXPECT_TRUE(IsOk(pq_sequence_state_size(ctx, seq, &n)));
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// The fixture: a redis-server of the test's own, two contexts
+// ---------------------------------------------------------------------------
+
+class RedisTier : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = server_.start();
+    if (!why.empty()) {
+      if (why.find("not installed") != std::string::npos) GTEST_SKIP() << why;
+      FAIL() << why;
+    }
+    REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", server_.port(), 5000, &conn_));
+    pq_config c = model_config();
+    a_ = Ctx(c);
+    b_ = Ctx(c);
+    ASSERT_TRUE(a_.ok() && b_.ok()) << pq_last_error();
+    fill_sequence(a_, kSeqA, 11);
+  }
+  void TearDown() override {
+    pq_redis_close(conn_);
+    conn_ = nullptr;
+    server_.stop();
+  }
+
+  std::string where() const { return "127.0.0.1:" + std::to_string(server_.port()); }
+
+  // The original sequence still decodes in a_ (select and fetch work).
+  void expect_a_usable() {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      StepView v = select_and_fetch(a_, kSeqA, l, 777 + l);
+      EXPECT_FALSE(v.counts.empty());
+    }
+  }
+
+  static constexpr uint64_t kSeqA = 1, kSeqB = 7;
+  RedisServer server_;
+  pq_redis* conn_ = nullptr;
+  Ctx a_, b_;
+};
+
+// (1) A second context restores what the first saved: the same selections
+// and fetched bytes, before and after one more decode step on both.
+TEST_F(RedisTier, SecondContextRestoresWhatTheFirstSaved) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "session:1", 64 * 1024));
+  uint64_t bytes = 0, block = 0, blocks = 0;
+  REDIS_ASSERT_OK(pq_redis_info(conn_, "session:1", &bytes, &block, &blocks));
+  EXPECT_EQ(bytes, state_size(a_, kSeqA));
+  EXPECT_EQ(block, 64u * 1024);
+  EXPECT_EQ(blocks, (bytes + block - 1) / block);
+  EXPECT_GT(blocks, 1u) << "the state should span several blocks";
+
+  // The second context has its own connection, as a second server would.
+  pq_redis* conn2 = nullptr;
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", server_.port(), 5000, &conn2));
+  REDIS_ASSERT_OK(pq_redis_get(conn2, b_, kSeqB, "session:1"));
+  pq_redis_close(conn2);
+
+  pq_stats sb = stats(b_);
+  EXPECT_EQ(sb.builds_finished, 0u) << "a restore must not run K-Means";
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 4242);
+
+  // Both go on alike: one more decode step with the same token.
+  for (int32_t l = 0; l < kLayers; ++l) {
+    HostTensor k = random_kv(1, 9000 + l), v = random_kv(1, 9100 + l);
+    PQ_ASSERT_OK(pq_decode_append(a_, kSeqA, l, k.get(), v.get()));
+    PQ_ASSERT_OK(pq_decode_append(b_, kSeqB, l, k.get(), v.get()));
+  }
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 5151);
+}
+
+// (2) A block whose bytes changed in Redis: PQ_ERR_CORRUPT naming the
+// block, no sequence added, and both contexts still work.
+TEST_F(RedisTier, CorruptBlockIsNamedAndLeavesBothContextsUsable) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "good", 4096));
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "bad", 4096));
+  RawRedis raw(server_.port());
+  ASSERT_TRUE(raw.ok());
+  std::string old = raw.run({"GETRANGE", "bad:blk:1", "100", "103"});
+  ASSERT_EQ(old.size(), 4u);
+  std::string flipped = old;
+  for (char& ch : flipped) ch = static_cast<char>(~ch);
+  ASSERT_EQ(raw.run({"SETRANGE", "bad:blk:1", "100", flipped}), ":4096");
+
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "bad"), PQ_ERR_CORRUPT, "bad:blk:1", "CRC");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  expect_a_usable();
+  // The connection and the second context go on: an intact key restores.
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "good"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 31);
+}
+
+TEST_F(RedisTier, MissingBlockIsCorrupt) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  ASSERT_EQ(raw.run({"DEL", "k:blk:2"}), ":1");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_CORRUPT, "k:blk:2", "missing");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  expect_a_usable();
+}
+
+TEST_F(RedisTier, BlockOfTheWrongSizeIsCorrupt) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  ASSERT_EQ(raw.run({"APPEND", "k:blk:0", "x"}), ":4097");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_CORRUPT, "k:blk:0", "4097");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+}
+
+TEST_F(RedisTier, BlockOfAnotherTypeIsCorrupt) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  ASSERT_EQ(raw.run({"DEL", "k:blk:1"}), ":1");
+  ASSERT_EQ(raw.run({"LPUSH", "k:blk:1", "x"}), ":1");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_CORRUPT, "k:blk:1", "WRONGTYPE");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  // The connection is still in step.
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k2", 4096));
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k2"));
+}
+
+TEST_F(RedisTier, BrokenManifestIsCorrupt) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  std::string m = raw.run({"GET", "k:manifest"});
+  ASSERT_GT(m.size(), 44u);
+  m[20] = static_cast<char>(m[20] ^ 0x40);  // inside the state size
+  ASSERT_EQ(raw.run({"SET", "k:manifest", m}), "+OK");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_CORRUPT, "k:manifest", "CRC");
+  ASSERT_EQ(raw.run({"SET", "k:manifest", "hello"}), "+OK");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_CORRUPT, "k:manifest", "magic");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  // delete still removes what it can find.
+  REDIS_ASSERT_OK(pq_redis_delete(conn_, "k"));
+  EXPECT_EQ(raw.run({"DBSIZE"}), ":0");
+}
+
+TEST_F(RedisTier, ManifestOfAnotherVersionIsIncompatible) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  ASSERT_EQ(raw.run({"SETRANGE", "k:manifest", "4", std::string("\x02\x00\x00\x00", 4)}).front(),
+            ':');
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_INCOMPATIBLE, "k:manifest",
+                   "version 2");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+}
+
+// The library's own checks pass through: a context of another geometry.
+TEST_F(RedisTier, LibraryErrorsPassThrough) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  Ctx other(model_config(kDim * 2));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(pq_redis_get(conn_, other, kSeqB, "k"), PQ_ERR_INCOMPATIBLE);
+  const std::string lib = pq_last_error();
+  const std::string ours = pq_redis_last_error();
+  EXPECT_FALSE(lib.empty());
+  EXPECT_NE(ours.find(lib), std::string::npos) << ours << " | " << lib;
+  EXPECT_NE(ours.find("pq_sequence_restore"), std::string::npos) << ours;
+  EXPECT_FALSE(has_sequence(other, kSeqB));
+  // A sequence that does not exist: the library's NOT_FOUND, and the state
+  // already under the key is left alone.
+  EXPECT_EQ(pq_redis_put(conn_, a_, 999, "k", 4096), PQ_ERR_NOT_FOUND);
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k"));
+}
+
+// (3) The server dies between put and get: PQ_ERR_BACKEND with host:port,
+// nothing added, contexts usable; once a server is back on the port the
+// same connection works again (it reconnects on its next call).
+TEST_F(RedisTier, ServerKilledBetweenPutAndGet) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  const int port = server_.port();
+  server_.stop();
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_BACKEND, where());
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  // Still down: the reconnect is refused, named as such.
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_BACKEND, where(), "refused");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "k", 4096), PQ_ERR_BACKEND, where());
+  expect_a_usable();
+
+  const std::string why = server_.start(port);
+  ASSERT_TRUE(why.empty()) << why;
+  // The new server has no data (no persistence): NOT_FOUND, not BACKEND.
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_NOT_FOUND, "k");
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 99);
+}
+
+// A server that closes the connection in the middle of a block reply.
+TEST_F(RedisTier, ServerDiesInTheMiddleOfAGet) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  RawRedis raw(server_.port());
+  const std::string manifest = raw.run({"GET", "k:manifest"});
+  const std::string block0 = raw.run({"GET", "k:blk:0"});
+  ASSERT_EQ(block0.size(), 4096u);
+  FakeRedis fake([&](const std::vector<std::string>& args) {
+    FakeAction a;
+    if (args[0] == "PING") a.reply = "+PONG\r\n";
+    else if (args[0] == "GET" && args[1] == "k:manifest") a.reply = FakeRedis::bulk(manifest);
+    else if (args[0] == "GET" && args[1] == "k:blk:0") a.reply = FakeRedis::bulk(block0);
+    else {  // block 1: half of it, then the server is gone
+      a.reply = "$4096\r\n" + block0.substr(0, 2000);
+      a.close = true;
+    }
+    return a;
+  });
+  ASSERT_GT(fake.port(), 0);
+  pq_redis* conn = nullptr;
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", fake.port(), 5000, &conn));
+  const std::string fake_where = "127.0.0.1:" + std::to_string(fake.port());
+  REDIS_EXPECT_ERR(pq_redis_get(conn, b_, kSeqB, "k"), PQ_ERR_BACKEND, fake_where, "k:blk:1");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  pq_redis_close(conn);
+  expect_a_usable();
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k"));
+}
+
+// A server that goes away while blocks are being written: PQ_ERR_BACKEND,
+// and the process survives the broken pipe (no SIGPIPE reaches it).
+TEST_F(RedisTier, ServerDiesInTheMiddleOfAPut) {
+  FakeRedis fake([&](const std::vector<std::string>& args) {
+    FakeAction a;
+    if (args[0] == "PING") a.reply = "+PONG\r\n";
+    else if (args[0] == "GET") a.reply = "$-1\r\n";
+    else if (args[0] == "DEL") a.reply = ":0\r\n";
+    else a.close = true;  // the first SET of a block
+    return a;
+  });
+  ASSERT_GT(fake.port(), 0);
+  sigset_t before;
+  pthread_sigmask(SIG_SETMASK, nullptr, &before);
+  pq_redis* conn = nullptr;
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", fake.port(), 5000, &conn));
+  const std::string fake_where = "127.0.0.1:" + std::to_string(fake.port());
+  REDIS_EXPECT_ERR(pq_redis_put(conn, a_, kSeqA, "k", 1000), PQ_ERR_BACKEND, fake_where);
+  pq_redis_close(conn);
+  sigset_t after, pending;
+  pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_EQ(sigismember(&before, SIGPIPE), sigismember(&after, SIGPIPE))
+      << "the signal mask was not restored";
+  sigpending(&pending);
+  EXPECT_EQ(sigismember(&pending, SIGPIPE), 0) << "a SIGPIPE was left pending";
+  expect_a_usable();
+}
+
+// A server that stops answering: PQ_ERR_BACKEND saying it timed out.
+TEST_F(RedisTier, ServerThatHangsTimesOut) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  FakeRedis fake([&](const std::vector<std::string>& args) {
+    FakeAction a;
+    if (args[0] == "PING") a.reply = "+PONG\r\n";
+    else a.hang = true;
+    return a;
+  });
+  pq_redis* conn = nullptr;
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", fake.port(), 300, &conn));
+  auto t0 = std::chrono::steady_clock::now();
+  REDIS_EXPECT_ERR(pq_redis_get(conn, b_, kSeqB, "k"), PQ_ERR_BACKEND, "timed out", "300 ms");
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  pq_redis_close(conn);
+}
+
+TEST_F(RedisTier, ConnectionRefusedIsBackend) {
+  const int port = pqrt::free_port();
+  pq_redis* conn = nullptr;
+  REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", port, 1000, &conn), PQ_ERR_BACKEND,
+                   "127.0.0.1:" + std::to_string(port), "refused");
+  EXPECT_EQ(conn, nullptr);
+}
+
+// A Redis error reply (here its memory limit) is PQ_ERR_BACKEND with the
+// server's text; the connection stays in step and the key holds nothing.
+TEST_F(RedisTier, ServerOutOfMemoryIsBackendAndTheConnectionGoesOn) {
+  RawRedis raw(server_.port());
+  ASSERT_EQ(raw.run({"CONFIG", "SET", "maxmemory-policy", "noeviction"}), "+OK");
+  ASSERT_EQ(raw.run({"CONFIG", "SET", "maxmemory", "1"}), "+OK");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "k", 4096), PQ_ERR_BACKEND, "OOM", where());
+  ASSERT_EQ(raw.run({"CONFIG", "SET", "maxmemory", "0"}), "+OK");
+  EXPECT_EQ(raw.run({"EXISTS", "k:manifest"}), ":0");
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 7);
+}
+
+// (4) A key that was never put.
+TEST_F(RedisTier, MissingKeyIsNotFound) {
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "nothing"), PQ_ERR_NOT_FOUND, "nothing");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  uint64_t bytes = 123;
+  REDIS_EXPECT_ERR(pq_redis_info(conn_, "nothing", &bytes, nullptr, nullptr), PQ_ERR_NOT_FOUND,
+                   "nothing");
+  EXPECT_EQ(bytes, 123u);
+  REDIS_EXPECT_ERR(pq_redis_delete(conn_, "nothing"), PQ_ERR_NOT_FOUND, "nothing");
+  // A deleted key is gone too.
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  REDIS_ASSERT_OK(pq_redis_delete(conn_, "k"));
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, "k"), PQ_ERR_NOT_FOUND, "k");
+  RawRedis raw(server_.port());
+  EXPECT_EQ(raw.run({"DBSIZE"}), ":0");
+}
+
+// (5) Block sizes that do not divide the state, one block, and 0.
+TEST_F(RedisTier, BlockSizes) {
+  const uint64_t size = state_size(a_, kSeqA);
+  ASSERT_GT(size, 5000u);
+  uint64_t seq = 100;
+  for (uint64_t block : {uint64_t{1000}, uint64_t{4097}, uint64_t{65539}, size - 1, size,
+                         size + 1, uint64_t{1} << 24}) {
+    SCOPED_TRACE("block_bytes " + std::to_string(block));
+    REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", block));
+    uint64_t bytes = 0, bb = 0, count = 0;
+    REDIS_ASSERT_OK(pq_redis_info(conn_, "k", &bytes, &bb, &count));
+    EXPECT_EQ(bytes, size);
+    EXPECT_EQ(bb, block);
+    EXPECT_EQ(count, (size + block - 1) / block);
+    REDIS_ASSERT_OK(pq_redis_get(conn_, b_, seq, "k"));
+    expect_same_steps(a_, kSeqA, b_, seq, 1234);
+    PQ_ASSERT_OK(pq_sequence_remove(b_, seq));
+    ++seq;
+  }
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "k0", 0), PQ_ERR_INVALID_ARGUMENT,
+                   "block_bytes");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "k0", PQ_REDIS_MAX_BLOCK_BYTES + 1),
+                   PQ_ERR_INVALID_ARGUMENT, "block_bytes");
+  RawRedis raw(server_.port());
+  EXPECT_EQ(raw.run({"EXISTS", "k0:manifest"}), ":0");
+}
+
+// A put over a larger earlier state leaves no stale block behind.
+TEST_F(RedisTier, OverwriteDeletesLeftoverBlocks) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 1000));
+  uint64_t many = 0;
+  REDIS_ASSERT_OK(pq_redis_info(conn_, "k", nullptr, nullptr, &many));
+  ASSERT_GT(many, 3u);
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", uint64_t{1} << 24));
+  RawRedis raw(server_.port());
+  EXPECT_EQ(raw.run({"DBSIZE"}), ":2");  // the manifest and one block
+  EXPECT_EQ(raw.run({"EXISTS", "k:blk:1"}), ":0");
+  REDIS_ASSERT_OK(pq_redis_get(conn_, b_, kSeqB, "k"));
+}
+
+// The manifest is written after every block (MONITOR sees the commands in
+// the order the server ran them), and the old one is deleted before.
+TEST_F(RedisTier, ManifestIsWrittenLast) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 8192));  // an old state to replace
+  RawRedis mon(server_.port());
+  ASSERT_EQ(mon.run({"MONITOR"}), "+OK");
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 8192));
+  uint64_t blocks = 0;
+  REDIS_ASSERT_OK(pq_redis_info(conn_, "k", nullptr, nullptr, &blocks));
+  // Lines look like: 1700000000.123456 [0 127.0.0.1:40000] "SET" "k:blk:0" "...".
+  std::vector<std::string> order;
+  for (;;) {
+    void* raw = nullptr;
+    ASSERT_EQ(redisGetReply(mon.get(), &raw), REDIS_OK);
+    auto* r = static_cast<redisReply*>(raw);
+    std::string line(r->str, r->len);
+    freeReplyObject(r);
+    size_t q1 = line.find('"'), q2 = line.find('"', q1 + 1);
+    size_t q3 = line.find('"', q2 + 1), q4 = line.find('"', q3 + 1);
+    if (q1 == std::string::npos || q4 == std::string::npos) continue;
+    std::string cmd = line.substr(q1 + 1, q2 - q1 - 1), key = line.substr(q3 + 1, q4 - q3 - 1);
+    order.push_back(cmd + " " + key);
+    if (cmd == "GET" && key == "k:manifest" && order.size() > 3) break;  // pq_redis_info
+  }
+  auto index_of = [&](const std::string& s) {
+    for (size_t i = 0; i < order.size(); ++i)
+      if (order[i] == s) return static_cast<long>(i);
+    return -1L;
+  };
+  const long del = index_of("DEL k:manifest"), set = index_of("SET k:manifest");
+  ASSERT_GE(del, 0);
+  ASSERT_GE(set, 0);
+  for (uint64_t n = 0; n < blocks; ++n) {
+    const long at = index_of("SET k:blk:" + std::to_string(n));
+    EXPECT_GT(at, del) << "block " << n;
+    EXPECT_LT(at, set) << "block " << n;
+  }
+}
+
+TEST_F(RedisTier, InvalidArguments) {
+  pq_redis* conn = nullptr;
+  REDIS_EXPECT_ERR(pq_redis_connect(nullptr, 6379, 0, &conn), PQ_ERR_INVALID_ARGUMENT, "host");
+  REDIS_EXPECT_ERR(pq_redis_connect("", 6379, 0, &conn), PQ_ERR_INVALID_ARGUMENT, "host");
+  REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", 0, 0, &conn), PQ_ERR_INVALID_ARGUMENT, "port");
+  REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", 70000, 0, &conn), PQ_ERR_INVALID_ARGUMENT,
+                   "port");
+  REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", 6379, -1, &conn), PQ_ERR_INVALID_ARGUMENT,
+                   "timeout_ms");
+  REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", 6379, 0, nullptr), PQ_ERR_INVALID_ARGUMENT, "out");
+  EXPECT_EQ(conn, nullptr);
+  REDIS_EXPECT_ERR(pq_redis_put(nullptr, a_, kSeqA, "k", 10), PQ_ERR_INVALID_ARGUMENT, "conn");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, nullptr, kSeqA, "k", 10), PQ_ERR_INVALID_ARGUMENT, "ctx");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, nullptr, 10), PQ_ERR_INVALID_ARGUMENT, "key");
+  REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "", 10), PQ_ERR_INVALID_ARGUMENT, "key");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, b_, kSeqB, nullptr), PQ_ERR_INVALID_ARGUMENT, "key");
+  REDIS_EXPECT_ERR(pq_redis_get(nullptr, b_, kSeqB, "k"), PQ_ERR_INVALID_ARGUMENT, "conn");
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, nullptr, kSeqB, "k"), PQ_ERR_INVALID_ARGUMENT, "ctx");
+  REDIS_EXPECT_ERR(pq_redis_info(conn_, "", nullptr, nullptr, nullptr), PQ_ERR_INVALID_ARGUMENT,
+                   "key");
+  REDIS_EXPECT_ERR(pq_redis_delete(conn_, nullptr), PQ_ERR_INVALID_ARGUMENT, "key");
+  // Restoring over a sequence that exists is refused before any transfer.
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  REDIS_EXPECT_ERR(pq_redis_get(conn_, a_, kSeqA, "k"), PQ_ERR_INVALID_ARGUMENT, "exists");
+  expect_a_usable();
+  pq_redis_close(nullptr);  // a no-op
+}
+
+// One connection shared by threads: calls are serialised.
+TEST_F(RedisTier, ConnectionSharedByThreads) {
+  std::vector<std::thread> threads;
+  std::vector<pq_status> put_st(4, PQ_ERR_INTERNAL), get_st(4, PQ_ERR_INTERNAL);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      const std::string key = "t" + std::to_string(t);
+      put_st[t] = pq_redis_put(conn_, a_, kSeqA, key.c_str(), 3000 + t);
+      if (put_st[t] == PQ_OK) get_st[t] = pq_redis_get(conn_, b_, 200 + t, key.c_str());
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(put_st[t], PQ_OK) << t;
+    EXPECT_EQ(get_st[t], PQ_OK) << t;
+    if (get_st[t] == PQ_OK) expect_same_steps(a_, kSeqA, b_, 200 + t, 55);
+  }
+}
+
+}  // namespace
