@@ -81,9 +81,19 @@ void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
   ContextShared& shared = shared_;
   const int32_t layer_index = layer_index_;
   std::shared_ptr<Counters> seq_counters = seq.counters;
-  std::future<void> done = shared_.pool->submit([&shared, task, snapshot, layer_index, seq_counters] {
-    run_build(shared, *task, *snapshot, layer_index, *seq_counters);
-  });
+  std::future<void> done = shared_.pool->submit(
+      [&shared, task, snapshot, layer_index, seq_counters]() mutable {
+        // This callable outlives the build (libstdc++ keeps it in the
+        // future's shared state, which the worker holds a moment longer and
+        // the layer until it installs the build): the snapshot, which keeps
+        // the layer's chunks and their share of the memory limit, goes as
+        // soon as the build ends, even when it throws.
+        struct Release {
+          std::shared_ptr<KvStore::Snapshot>& snapshot;
+          ~Release() { snapshot.reset(); }
+        } release{snapshot};
+        run_build(shared, *task, *snapshot, layer_index, *seq_counters);
+      });
   // Only now, with the new build queued, is the old one superseded (it
   // covers fewer tokens): nothing below can fail.
   if (pending_) pending_->cancel.store(true);
