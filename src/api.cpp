@@ -355,8 +355,9 @@ pq_status pq_sequence_restore(pq_context* ctx, uint64_t seq_id, const void* data
 pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id, const char* path) {
   return pq::guarded(__func__, [&] {
     pq::Context& c = ctx_of(ctx);
-    const std::vector<uint8_t> bytes = pq::read_whole_file(path);
-    c.sequence_restore(seq_id, bytes.data(), bytes.size());
+    pq::with_mapped_file(path, [&](const uint8_t* data, uint64_t size) {
+      c.sequence_restore(seq_id, data, size);
+    });
   });
 }
 

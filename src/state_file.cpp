@@ -1,11 +1,12 @@
 #include "state_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <new>
 
 #include "error.h"
 
@@ -84,35 +85,34 @@ void write_file_atomically(const char* path,
   }
 }
 
-std::vector<uint8_t> read_whole_file(const char* path) {
+void with_mapped_file(const char* path,
+                      const std::function<void(const uint8_t*, uint64_t)>& use) {
   if (path == nullptr || *path == '\0') fail(PQ_ERR_INVALID_ARGUMENT, "path is NULL or empty");
   const int fd = ::open(path, O_RDONLY);
   if (fd < 0) io_error(errno == ENOENT ? PQ_ERR_NOT_FOUND : PQ_ERR_BACKEND, "opening", path, errno);
-  std::vector<uint8_t> bytes;
-  try {
-    const off_t size = ::lseek(fd, 0, SEEK_END);
-    if (size < 0 || ::lseek(fd, 0, SEEK_SET) < 0) io_error(PQ_ERR_BACKEND, "seeking in", path, errno);
-    try {
-      bytes.resize(static_cast<size_t>(size));
-    } catch (const std::bad_alloc&) {
-      fail(PQ_ERR_OUT_OF_MEMORY, "reading \"" + std::string(path) + "\" needs " +
-                                     std::to_string(size) + " bytes of memory");
-    }
-    size_t at = 0;
-    while (at < bytes.size()) {
-      const ssize_t n = ::read(fd, bytes.data() + at, bytes.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) io_error(PQ_ERR_BACKEND, "reading", path, errno);
-      if (n == 0) break;  // the file shrank: the parse reports it truncated
-      at += static_cast<size_t>(n);
-    }
-    bytes.resize(at);
-  } catch (...) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
+    io_error(PQ_ERR_BACKEND, "reading the size of", path, err);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) {  // mmap refuses an empty mapping; the parse names the problem
+    ::close(fd);
+    use(nullptr, 0);
+    return;
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (map == MAP_FAILED) io_error(PQ_ERR_BACKEND, "mapping", path, err);
+  try {
+    use(static_cast<const uint8_t*>(map), size);
+  } catch (...) {
+    ::munmap(map, size);
     throw;
   }
-  ::close(fd);
-  return bytes;
+  ::munmap(map, size);
 }
 
 }  // namespace pq

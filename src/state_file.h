@@ -18,8 +18,10 @@ namespace pq {
 void write_file_atomically(const char* path,
                            const std::function<void(pq_write_fn, void*)>& produce);
 
-// The bytes of the file at `path`: PQ_ERR_NOT_FOUND if it does not exist,
-// PQ_ERR_BACKEND for other errors.
-std::vector<uint8_t> read_whole_file(const char* path);
+// Calls use(data, size) with the file at `path` mapped read-only (no copy:
+// the page cache's pages are mapped, populated in the kernel);
+// PQ_ERR_NOT_FOUND if it does not exist, PQ_ERR_BACKEND for other errors.
+void with_mapped_file(const char* path,
+                      const std::function<void(const uint8_t*, uint64_t)>& use);
 
 }  // namespace pq

@@ -12,6 +12,7 @@
 //    the exact span of their tensors (ASan checks every byte).
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -29,7 +30,7 @@ namespace {
 }
 
 void check(pq_status st) {
-  if (st > PQ_OK || st < PQ_ERR_BUFFER_TOO_SMALL) finding("unknown pq_status");
+  if (st > PQ_OK || st < PQ_ERR_INCOMPATIBLE) finding("unknown pq_status");
   if (st == PQ_ERR_INTERNAL) finding("PQ_ERR_INTERNAL");
   if (st != PQ_OK && pq_last_error()[0] == '\0') finding("an error without a message");
 }
@@ -329,6 +330,36 @@ void introspect(FuzzedDataProvider& in, State& s) {
   check(pq_sequence_count(s.ctx, &n));
 }
 
+// Save a sequence, damage the bytes or not, restore them into a sequence:
+// a damaged state must be refused with a status, never crash or load.
+void save_and_restore(FuzzedDataProvider& in, State& s) {
+  const uint64_t from = seq_id(in), to = seq_id(in);
+  uint64_t size = 0;
+  pq_status st = pq_sequence_state_size(s.ctx, from, &size);
+  check(st);
+  if (st != PQ_OK || size > (uint64_t{1} << 24)) return;
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  uint64_t written = 0;
+  st = pq_sequence_save_buffer(s.ctx, from, bytes.data(), size, &written);
+  check(st);
+  if (st != PQ_OK) return;
+  const int damage = in.ConsumeIntegralInRange(0, 3);
+  if (damage == 1) {
+    bytes.resize(in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1));
+  } else if (damage == 2) {
+    bytes[in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1)] ^=
+        in.ConsumeIntegralInRange<uint8_t>(1, 255);
+  } else if (damage == 3) {
+    const size_t at = in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1);
+    std::vector<uint8_t> junk = in.ConsumeBytes<uint8_t>(bytes.size() - at);
+    std::copy(junk.begin(), junk.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  st = pq_sequence_restore(s.ctx, to, bytes.data(), bytes.size());
+  check(st);
+  if (damage == 0 && st != PQ_OK && st != PQ_ERR_OUT_OF_MEMORY && st != PQ_ERR_INVALID_ARGUMENT)
+    finding("an intact saved state was refused");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -372,7 +403,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check(st);
   if (st != PQ_OK) return 0;
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 12)) {
+    switch (in.ConsumeIntegralInRange(0, 15)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -390,6 +421,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 9: introspect(in, s); break;
       case 10: select_batch(in, s); break;
       case 11: fetch_batch(in, s); break;
+      case 12:
+        check(pq_sequence_truncate(s.ctx, seq_id(in), in.ConsumeIntegralInRange<int64_t>(-1, 80)));
+        break;
+      case 13: check(pq_sequence_fork(s.ctx, seq_id(in), seq_id(in))); break;
+      case 14: save_and_restore(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
   }
