@@ -36,7 +36,9 @@ uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
   std::shared_ptr<Sequence> seq = find(id);
   StateWriter out(write, user);
   out.header(shared_.config);
-  for (auto& layer : seq->layers) layer->save(out);
+  std::vector<int64_t> tokens;
+  for (auto& layer : seq->layers) tokens.push_back(layer->save_index(out));
+  for (size_t l = 0; l < seq->layers.size(); ++l) seq->layers[l]->save_kv(out, tokens[l]);
   return out.finish();
 }
 

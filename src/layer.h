@@ -110,9 +110,13 @@ class Layer {
   void truncate(int64_t tokens, const SequenceInfo& seq);
   // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
   void fork_from(Layer& parent);
-  // pq_sequence_save: waits for the build in flight, then writes the layer's
-  // sections.
-  void save(StateWriter& out);
+  // pq_sequence_save, in two parts so that every layer's index comes before
+  // any K/V (a reader can select before the K/V arrive): save_index waits
+  // for the build in flight, then writes the layer, index and selector
+  // state sections and returns the tokens they describe; save_kv writes the
+  // K/V of those tokens.
+  int64_t save_index(StateWriter& out);
+  void save_kv(StateWriter& out, int64_t tokens);
   // pq_sequence_restore into this new, empty layer, from checked sections.
   void restore(const LayerImage& image, const SequenceInfo& seq);
 

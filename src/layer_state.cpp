@@ -104,7 +104,7 @@ void Layer::fork_from(Layer& parent) {
 // Save
 // ---------------------------------------------------------------------------
 
-void Layer::save(StateWriter& out) {
+int64_t Layer::save_index(StateWriter& out) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_) {
@@ -125,6 +125,38 @@ void Layer::save(StateWriter& out) {
   meta.put<double>(last_build_seconds_);
   out.section(state::kLayerMeta, layer_index_, meta.bytes());
 
+  if (index_) {
+    const PqCodebook& cb = index_->codebook;
+    ByteWriter head;
+    head.put<int64_t>(index_->coded_tokens);
+    head.put<int32_t>(index_->iterations);
+    head.put<int32_t>(index_->budget);
+    head.put<int64_t>(index_->training_points);
+    head.put<double>(index_->seconds);
+    const uint64_t codes = static_cast<uint64_t>(index_->coded_tokens) * cb.subspaces;
+    out.begin(state::kIndex, layer_index_,
+              head.bytes().size() + cb.data.size() * sizeof(float) + codes * index_->codes.size());
+    out.payload(head.bytes().data(), head.bytes().size());
+    out.payload(cb.data.data(), cb.data.size() * sizeof(float));
+    for (const auto& c : index_->codes) out.payload(c.data(), codes);
+    out.end_section();
+  }
+  if (selector_state_) {
+    ByteWriter s;
+    selector_state_->save(s);
+    out.section(state::kSelector, layer_index_, s.bytes());
+  }
+  return n;
+}
+
+void Layer::save_kv(StateWriter& out, int64_t n) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (store_.tokens() < n)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index_) + " lost tokens while it was saved (" +
+                               str(n) + " described, " + str(store_.tokens()) +
+                               " left); pq_sequence_save must not race with calls that change "
+                               "the sequence");
   const int32_t heads = shared_.config.num_kv_heads;
   const size_t row = store_.row_bytes();
   out.begin(state::kKeysValues, layer_index_, 2 * static_cast<uint64_t>(n) * heads * row);
@@ -136,28 +168,6 @@ void Layer::save(StateWriter& out) {
                     static_cast<size_t>(rows) * row);
       }
   out.end_section();
-
-  if (index_) {
-    const PqCodebook& cb = index_->codebook;
-    ByteWriter head;
-    head.put<int64_t>(index_->coded_tokens);
-    head.put<int32_t>(index_->iterations);
-    head.put<int32_t>(index_->budget);
-    head.put<int64_t>(index_->training_points);
-    head.put<double>(index_->seconds);
-    const uint64_t codes = static_cast<uint64_t>(index_->coded_tokens) * cb.subspaces;
-    out.begin(state::kIndex, layer_index_,
-              head.bytes().size() + cb.data.size() * sizeof(float) + codes * heads);
-    out.payload(head.bytes().data(), head.bytes().size());
-    out.payload(cb.data.data(), cb.data.size() * sizeof(float));
-    for (const auto& c : index_->codes) out.payload(c.data(), codes);
-    out.end_section();
-  }
-  if (selector_state_) {
-    ByteWriter s;
-    selector_state_->save(s);
-    out.section(state::kSelector, layer_index_, s.bytes());
-  }
 }
 
 // ---------------------------------------------------------------------------

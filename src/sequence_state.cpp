@@ -148,7 +148,8 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
 
   std::vector<LayerImage> layers(static_cast<size_t>(c.num_layers));
   uint64_t pos = state::kHeaderBytes;
-  int32_t current = -1;  // the layer whose sections are being read
+  int32_t current = -1;  // the last layer whose layer section was read
+  int32_t kv_next = 0;   // the layer whose keys and values come next
   uint32_t last = 0;     // the type of the section before
   uint64_t sections = 0;
   for (;;) {
@@ -176,34 +177,41 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
     pos += state::kSectionHeaderBytes + bytes + state::kSectionTrailerBytes;
 
     const SectionView view{payload, bytes};
-    const bool same_layer = layer == current;
+    const bool describing = kv_next == 0;  // still in the layers' descriptions
+    const bool same_layer = describing && layer == current && current >= 0;
     switch (type) {
       case state::kLayerMeta:
-        if (layer != current + 1 || layer >= c.num_layers || (current >= 0 && last == state::kLayerMeta))
-          corrupt(name + " is for layer " + str(layer) + " where layer " + str(current + 1) +
+        if (!describing || layer != current + 1 || layer >= c.num_layers)
+          corrupt(name + " is for layer " + str(layer) + " where " +
+                  (describing ? "layer " + str(current + 1) + "'s" : "no layer section") +
                   " was expected");
         current = layer;
         layers[static_cast<size_t>(layer)].meta = view;
         break;
-      case state::kKeysValues:
-        if (!same_layer || last != state::kLayerMeta)
-          corrupt(name + " (layer " + str(layer) + ") is out of place");
-        layers[static_cast<size_t>(layer)].keys_values = view;
-        break;
       case state::kIndex:
-        if (!same_layer || last != state::kKeysValues)
+        if (!same_layer || last != state::kLayerMeta)
           corrupt(name + " (layer " + str(layer) + ") is out of place");
         layers[static_cast<size_t>(layer)].index = view;
         break;
       case state::kSelector:
-        if (!same_layer || (last != state::kKeysValues && last != state::kIndex))
+        if (!same_layer || (last != state::kLayerMeta && last != state::kIndex))
           corrupt(name + " (layer " + str(layer) + ") is out of place");
         layers[static_cast<size_t>(layer)].selector = view;
         break;
+      case state::kKeysValues:
+        if (current != c.num_layers - 1 || layer != kv_next)
+          corrupt(name + " is for layer " + str(layer) + " where " +
+                  (current != c.num_layers - 1
+                       ? "layer " + str(current + 1) + "'s layer section"
+                       : "the keys and values of layer " + str(kv_next)) +
+                  " was expected");
+        layers[static_cast<size_t>(layer)].keys_values = view;
+        ++kv_next;
+        break;
       case state::kEnd: {
-        if (current != c.num_layers - 1 || last == state::kLayerMeta)
-          corrupt(name + " comes before every layer was complete (layer " + str(current) +
-                  " of " + str(c.num_layers) + ")");
+        if (kv_next != c.num_layers)
+          corrupt(name + " comes before every layer was complete (the keys and values of " +
+                  str(kv_next) + " of " + str(c.num_layers) + " layers were read)");
         uint64_t counted = 0;
         if (bytes == 8) std::memcpy(&counted, payload, 8);
         if (bytes != 8 || counted != sections)

@@ -425,6 +425,15 @@ std::vector<SectionAt> walk(const std::vector<uint8_t>& b) {
   return out;
 }
 
+// The section of `type` for `layer`.
+SectionAt section(const std::vector<SectionAt>& all, uint32_t type, int32_t layer) {
+  for (const SectionAt& s : all)
+    if (s.type == type && s.layer == layer) return s;
+  ADD_FAILURE() << "no section of type " << type << " for layer " << layer;
+  return all.back();
+}
+constexpr uint32_t kMeta = 1, kKeysValues = 2, kIndex = 3, kSelectorState = 4;
+
 // Recomputes a section's CRC (after the test changed its payload).
 void reseal(std::vector<uint8_t>& b, const SectionAt& s) {
   const uint32_t crc = reference_crc32c(&b[s.offset], 16 + s.payload);
@@ -473,11 +482,15 @@ TEST_F(StateBadInput, TheLibraryWritesTheDocumentedFraming) {
     return c;
   }());
   std::vector<SectionAt> s = walk(bytes_);
-  // Per layer: meta, K/V, index (PQ keeps no selector state); then the end.
+  // Every layer's description (layer section, index; PQ keeps no selector
+  // state) before any K/V, then the K/V of each layer, then the end.
   ASSERT_EQ(s.size(), 2u * 3 + 1);
-  EXPECT_EQ(s[0].type, 1u);
-  EXPECT_EQ(s[1].type, 2u);
-  EXPECT_EQ(s[2].type, 3u);
+  const uint32_t types[] = {kMeta, kIndex, kMeta, kIndex, kKeysValues, kKeysValues, 0xFFFFFFFFu};
+  const int32_t layers[] = {0, 0, 1, 1, 0, 1, -1};
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(s[i].type, types[i]) << i;
+    EXPECT_EQ(s[i].layer, layers[i]) << i;
+  }
   for (const SectionAt& x : s) {
     uint32_t crc;
     std::memcpy(&crc, &bytes_[x.offset + 16 + x.payload], 4);
@@ -485,7 +498,7 @@ TEST_F(StateBadInput, TheLibraryWritesTheDocumentedFraming) {
   }
   EXPECT_EQ(s.back().type, 0xFFFFFFFFu);
   EXPECT_EQ(s.back().offset + 16 + 8 + 4, bytes_.size());
-  EXPECT_EQ(s[1].payload, 2ull * 305 * kKv * kDim * sizeof(float));
+  EXPECT_EQ(section(s, kKeysValues, 0).payload, 2ull * 305 * kKv * kDim * sizeof(float));
 }
 
 TEST_F(StateBadInput, EmptyNullAndForeignBytes) {
@@ -525,7 +538,7 @@ TEST_F(StateBadInput, AFlippedByteInAnySectionFailsItsChecksum) {
   b[30] ^= 1;  // a geometry field, under the header checksum
   EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"header", "checksum"}));
   b = bytes_;
-  b[walk(bytes_)[1].offset + 16 + 100] ^= 4;
+  b[section(walk(bytes_), kKeysValues, 0).offset + 16 + 100] ^= 4;
   EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"checksum", "keys and values", "layer 0"}));
 }
 
@@ -559,12 +572,12 @@ TEST_F(StateBadInput, OtherVersionsAndGeometriesAreIncompatible) {
 }
 
 TEST_F(StateBadInput, WellSealedButInconsistentContent) {
-  const std::vector<SectionAt> s = walk(bytes_);
+  const std::vector<SectionAt> all = walk(bytes_);
+  const SectionAt meta = section(all, kMeta, 0), kv = section(all, kKeysValues, 0),
+                  index = section(all, kIndex, 0);
   // A code out of range for pq_bits 4, with a valid checksum.
   {
     std::vector<uint8_t> b = bytes_;
-    const SectionAt& index = s[2];
-    ASSERT_EQ(index.type, 3u);
     b[index.offset + 16 + index.payload - 1] = 0xEE;
     reseal(b, index);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"code", "238"}));
@@ -573,47 +586,55 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
   {
     std::vector<uint8_t> b = bytes_;
     const float nan = std::nanf("");
-    std::memcpy(&b[s[1].offset + 16 + 64], &nan, 4);
-    reseal(b, s[1]);
+    std::memcpy(&b[kv.offset + 16 + 64], &nan, 4);
+    reseal(b, kv);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"keys and values", "layer 0"}));
   }
   // More prefill than tokens in the layer section.
   {
     std::vector<uint8_t> b = bytes_;
     const int64_t prefill = 10000;
-    std::memcpy(&b[s[0].offset + 16 + 8], &prefill, 8);
-    reseal(b, s[0]);
+    std::memcpy(&b[meta.offset + 16 + 8], &prefill, 8);
+    reseal(b, meta);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"prefill"}));
   }
-  // Sections out of order: the second layer's sections swapped with the first's.
+  // Sections out of order: layer 0's section claims layer 1.
   {
     std::vector<uint8_t> b = bytes_;
     const int32_t layer = 1;
-    std::memcpy(&b[s[0].offset + 4], &layer, 4);
-    reseal(b, s[0]);
+    std::memcpy(&b[meta.offset + 4], &layer, 4);
+    reseal(b, meta);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"layer 1", "layer 0"}));
+  }
+  // Layer 1's K/V where layer 0's are expected.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const int32_t layer = 1;
+    std::memcpy(&b[kv.offset + 4], &layer, 4);
+    reseal(b, kv);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"keys and values of layer 0"}));
   }
   // Flags that announce no index while an index section follows.
   {
     std::vector<uint8_t> b = bytes_;
-    b[s[0].offset + 16 + 16] = 0;
-    reseal(b, s[0]);
+    b[meta.offset + 16 + 16] = 0;
+    reseal(b, meta);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"flags"}));
   }
   // An index that codes more tokens than the layer holds.
   {
     std::vector<uint8_t> b = bytes_;
     const int64_t coded = 306;
-    std::memcpy(&b[s[2].offset + 16], &coded, 8);
-    reseal(b, s[2]);
+    std::memcpy(&b[index.offset + 16], &coded, 8);
+    reseal(b, index);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"306", "index"}));
   }
   // A non-finite centroid.
   {
     std::vector<uint8_t> b = bytes_;
     const float inf = INFINITY;
-    std::memcpy(&b[s[2].offset + 16 + 32 + 8], &inf, 4);
-    reseal(b, s[2]);
+    std::memcpy(&b[index.offset + 16 + 32 + 8], &inf, 4);
+    reseal(b, index);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"centroid"}));
   }
   // Bytes after the end section.
@@ -630,20 +651,19 @@ TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {
   prefill(h2o, 1, 1, 300);
   feed_selector(h2o, 1, 300);
   std::vector<uint8_t> bytes = save(h2o, 1);
-  std::vector<SectionAt> s = walk(bytes);
-  ASSERT_EQ(s[2].type, 4u);  // H2O: meta, K/V, selector state
+  const SectionAt state = section(walk(bytes), kSelectorState, 0);  // H2O keeps one
   // A negative accumulated score, sealed.
   std::vector<uint8_t> b = bytes;
   const float negative = -1.f;
-  std::memcpy(&b[s[2].offset + 16 + 4 + 8 + 4 * 7], &negative, 4);
-  reseal(b, s[2]);
+  std::memcpy(&b[state.offset + 16 + 4 + 8 + 4 * 7], &negative, 4);
+  reseal(b, state);
   EXPECT_TRUE(IsError(pq_sequence_restore(h2o, 2, b.data(), b.size()), PQ_ERR_CORRUPT,
                       {"accumulated attention", "token 7"}));
   // A state cut short, sealed: its length field no longer matches.
   b = bytes;
   const uint64_t longer = 301;
-  std::memcpy(&b[s[2].offset + 16 + 4], &longer, 8);
-  reseal(b, s[2]);
+  std::memcpy(&b[state.offset + 16 + 4], &longer, 8);
+  reseal(b, state);
   EXPECT_TRUE(IsError(pq_sequence_restore(h2o, 2, b.data(), b.size()), PQ_ERR_CORRUPT,
                       {"301"}));
   // An H2O state in a file whose header claims the window selector: a
