@@ -54,37 +54,59 @@ inline std::string find_redis_server() {
   return "";
 }
 
-// A loopback port nobody listens on now (the kernel's choice for port 0).
-// Another process may take it before the caller does: callers retry.
-inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
+// A loopback port bound (not listening) while this object lives: a connect
+// to it is refused, and no other process gets it meanwhile.
+class ReservedPort {
+ public:
+  ReservedPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ < 0) return;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof addr;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port_ = ntohs(addr.sin_port);
+  }
+  ~ReservedPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+  int port() const { return port_; }
 
-// True when a server on 127.0.0.1:port answers PING.
-inline bool answers_ping(int port) {
+ private:
+  int fd_ = -1;
+  int port_ = -1;
+};
+
+// A loopback port nobody uses now (the kernel's choice for port 0). Another
+// process may take it before the caller does: callers check and retry.
+inline int free_port() { return ReservedPort().port(); }
+
+// The process id of the Redis server that answers PING on 127.0.0.1:port
+// (from INFO server), or -1 when none answers.
+inline long redis_pid(int port) {
   timeval tv{0, 200 * 1000};
   redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  bool ok = false;
+  long pid = -1;
   if (c != nullptr && c->err == 0) {
     redisSetTimeout(c, tv);
-    auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-    ok = r != nullptr && r->type == REDIS_REPLY_STATUS && std::string(r->str) == "PONG";
+    auto* pong = static_cast<redisReply*>(redisCommand(c, "PING"));
+    const bool up = pong != nullptr && pong->type == REDIS_REPLY_STATUS &&
+                    std::strcmp(pong->str, "PONG") == 0;
+    if (pong) freeReplyObject(pong);
+    auto* r = up ? static_cast<redisReply*>(redisCommand(c, "INFO server")) : nullptr;
+    if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+      const char* at = std::strstr(r->str, "process_id:");
+      if (at != nullptr) pid = std::strtol(at + 11, nullptr, 10);
+    }
     if (r) freeReplyObject(r);
   }
   if (c) redisFree(c);
-  return ok;
+  return pid;
 }
 
 class RedisServer {
@@ -102,7 +124,7 @@ class RedisServer {
   RedisServer& operator=(const RedisServer&) = delete;
 
   // Starts redis-server (on `port`, or on a free port when 0) and waits
-  // until it answers PING. Returns "" or why it could not.
+  // until it answers, as itself (its process id). Returns "" or why not.
   std::string start(int port = 0) {
     if (pid_ > 0) return "already running";
     program_ = find_redis_server();
@@ -167,11 +189,12 @@ class RedisServer {
         pid_ = -1;
         return "redis-server exited at start on port " + port_s + ": " + log();
       }
-      if (answers_ping(port)) return "";
+      // Ours, not a server of another test that took the port first.
+      if (redis_pid(port) == static_cast<long>(pid_)) return "";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     stop();
-    return "redis-server on port " + port_s + " did not answer PING within 15 s: " + log();
+    return "redis-server on port " + port_s + " did not answer within 15 s: " + log();
   }
 
   std::string program_;

@@ -429,7 +429,9 @@ TEST_F(RedisTier, ServerThatHangsTimesOut) {
 }
 
 TEST_F(RedisTier, ConnectionRefusedIsBackend) {
-  const int port = pqrt::free_port();
+  pqrt::ReservedPort reserved;  // bound, not listening: connects are refused
+  const int port = reserved.port();
+  ASSERT_GT(port, 0);
   pq_redis* conn = nullptr;
   REDIS_EXPECT_ERR(pq_redis_connect("127.0.0.1", port, 1000, &conn), PQ_ERR_BACKEND,
                    "127.0.0.1:" + std::to_string(port), "refused");
