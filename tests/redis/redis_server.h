@@ -37,11 +37,12 @@ extern char** environ;
 
 namespace pqrt {
 
-// The redis-server program: $PQ_REDIS_SERVER, else the first on PATH, else
-// Debian's /usr/bin; "" when there is none.
+// The redis-server program: $PQ_REDIS_SERVER when set (none if it is not
+// executable), else the first on PATH, else Debian's /usr/bin; "" when
+// there is none.
 inline std::string find_redis_server() {
   if (const char* env = std::getenv("PQ_REDIS_SERVER"))
-    if (*env && access(env, X_OK) == 0) return env;
+    if (*env) return access(env, X_OK) == 0 ? env : "";
   std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
   path += ":/usr/bin:/usr/sbin";
   std::stringstream dirs(path);
@@ -128,7 +129,11 @@ class RedisServer {
   std::string start(int port = 0) {
     if (pid_ > 0) return "already running";
     program_ = find_redis_server();
-    if (program_.empty()) return "redis-server is not installed (Debian: redis-server)";
+    if (program_.empty()) {
+      const char* env = std::getenv("PQ_REDIS_SERVER");
+      return std::string("redis-server is not installed (Debian: redis-server)") +
+             (env && *env ? std::string("; PQ_REDIS_SERVER=") + env + " is not executable" : "");
+    }
     if (dir_.empty()) {
       char tmpl[] = "/tmp/pqcache-redis-test-XXXXXX";
       if (mkdtemp(tmpl) == nullptr) return "mkdtemp failed";
