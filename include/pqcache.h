@@ -576,6 +576,48 @@ PQ_API pq_status pq_sequence_restore(pq_context* ctx, uint64_t seq_id,
 PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
                                           const char* path);
 
+/* A restore in two steps, for a state that arrives in pieces (a shared tier,
+ * a network): a saved state holds every layer's description (layer, PQ
+ * index and selector state sections, about 1% of the bytes) before any K/V,
+ * so a server can select before the K/V have arrived.
+ *
+ * pq_sequence_restore_begin reads the state's beginning from `data` (it may
+ * hold more; only the description is read), checks it as
+ * pq_sequence_restore does, reserves and allocates the memory of the whole
+ * sequence (PQ_ERR_OUT_OF_MEMORY now, not later) and adds seq_id. *out_consumed
+ * receives the bytes read: the next call starts there. If `data` ends before
+ * the description does, nothing is added and PQ_ERR_BUFFER_TOO_SMALL leaves
+ * in *out_consumed how many bytes from the state's start are needed.
+ *
+ * Until a layer's K/V arrive, pq_decode_select works on it with the PQ
+ * selector (the save coded every middle token; a context whose window is
+ * smaller than the saver's would need codes of tokens not coded, and gets
+ * PQ_ERR_BAD_STATE); every call that reads or changes the layer's K/V
+ * (fetch, attend, append, prefill, pq_prefill_queries, pq_index_codes,
+ * truncate, fork, save) and a select with another selector return
+ * PQ_ERR_BAD_STATE naming the layer. Selections equal those of the saved
+ * sequence. Errors: as pq_sequence_restore. */
+PQ_API pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id,
+                                           const void* data, uint64_t size,
+                                           uint64_t* out_consumed);
+
+/* Reads the next section of a restore begun with pq_sequence_restore_begin:
+ * `data` starts at the first byte not yet read (the sum of the
+ * *out_consumed so far) and holds at least that section; exactly one
+ * section is read and *out_consumed receives its size. The sections are
+ * each layer's K/V in layer order, then the end section; after the end
+ * section the sequence is complete and further calls are PQ_ERR_BAD_STATE.
+ * A short `data` is PQ_ERR_BUFFER_TOO_SMALL with the bytes the section
+ * needs in *out_consumed; a section that fails its checksum or comes out of
+ * order is PQ_ERR_CORRUPT and changes nothing (the right bytes may be given
+ * again); K/V that do not fit the layer, or hold a NaN or Inf, are
+ * PQ_ERR_CORRUPT and end the restore: the sequence stays as it is, selects
+ * as before, and must be removed. Threading: calls for one seq_id are
+ * serialised; they may run concurrently with selections on seq_id. */
+PQ_API pq_status pq_sequence_restore_kv(pq_context* ctx, uint64_t seq_id,
+                                        const void* data, uint64_t size,
+                                        uint64_t* out_consumed);
+
 /* ------------------------------------------------------------------------ */
 /* Prefill and decode                                                       */
 /* ------------------------------------------------------------------------ */

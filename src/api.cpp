@@ -36,6 +36,22 @@ T* require_out(T* p, const char* name) {
   return p;
 }
 
+// The steps of a restore in pieces: NeedMore becomes PQ_ERR_BUFFER_TOO_SMALL
+// with the size needed.
+template <typename Step>
+void restore_step(uint64_t size, uint64_t* out_consumed, Step&& step) {
+  require_out(out_consumed, "out_consumed");
+  try {
+    *out_consumed = step();
+  } catch (const pq::NeedMore& more) {
+    *out_consumed = more.needed;
+    pq::fail(PQ_ERR_BUFFER_TOO_SMALL, "size is " + std::to_string(size) +
+                                          " bytes; the next part of the state needs " +
+                                          std::to_string(more.needed) +
+                                          " (written to *out_consumed)");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -357,6 +373,27 @@ pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id, const char*
     pq::Context& c = ctx_of(ctx);
     pq::with_mapped_file(path, [&](const uint8_t* data, uint64_t size) {
       c.sequence_restore(seq_id, data, size);
+    });
+  });
+}
+
+
+pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id, const void* data,
+                                    uint64_t size, uint64_t* out_consumed) {
+  return pq::guarded(__func__, [&] {
+    pq::Context& c = ctx_of(ctx);
+    restore_step(size, out_consumed, [&] {
+      return c.sequence_restore_begin(seq_id, static_cast<const uint8_t*>(data), size);
+    });
+  });
+}
+
+pq_status pq_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void* data, uint64_t size,
+                                 uint64_t* out_consumed) {
+  return pq::guarded(__func__, [&] {
+    pq::Context& c = ctx_of(ctx);
+    restore_step(size, out_consumed, [&] {
+      return c.sequence_restore_kv(seq_id, static_cast<const uint8_t*>(data), size);
     });
   });
 }

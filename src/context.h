@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -20,6 +22,14 @@
 #include "pqcache.h"
 
 namespace pq {
+
+// A restore begun with pq_sequence_restore_begin whose K/V are arriving.
+struct RestoreProgress {
+  std::mutex mutex;     // serialises pq_sequence_restore_kv calls
+  SectionOrder order;   // the sections read so far
+  uint64_t offset = 0;  // bytes of the state read so far
+  std::string failure;  // why a K/V section could not be loaded, if one could not
+};
 
 struct Sequence {
   // fixed: the budget held for its layers' fixed state (memory_cost.h).
@@ -33,6 +43,9 @@ struct Sequence {
   // The caller's cudaStream_t for this sequence's device work (NULL: the
   // backend's own stream). Set by pq_sequence_set_stream.
   std::atomic<void*> stream{nullptr};
+  // Set before the sequence is published by pq_sequence_restore_begin, and
+  // kept: the K/V sections still to come are read against it.
+  std::unique_ptr<RestoreProgress> restoring;
 };
 
 class Context {
@@ -81,6 +94,10 @@ class Context {
   // Returns the bytes written; write may be null (the size alone).
   uint64_t sequence_save(uint64_t id, pq_write_fn write, void* user);
   void sequence_restore(uint64_t id, const uint8_t* data, uint64_t size);
+  // pq_sequence_restore_begin and pq_sequence_restore_kv: return the bytes
+  // read; throw NeedMore when `size` is short.
+  uint64_t sequence_restore_begin(uint64_t id, const uint8_t* data, uint64_t size);
+  uint64_t sequence_restore_kv(uint64_t id, const uint8_t* data, uint64_t size);
 
   void stats(pq_stats* out) const;
   void sequence_stats(uint64_t id, pq_stats* out) const;

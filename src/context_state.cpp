@@ -28,7 +28,7 @@ void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {
   std::shared_ptr<Sequence> parent = find(parent_id);
   require_absent(child_id);
   std::shared_ptr<Sequence> child = new_sequence(child_id, "pq_sequence_fork");
-  for (size_t l = 0; l < child->layers.size(); ++l) child->layers[l]->fork_from(*parent->layers[l]);
+  for (size_t l = 0; l < child->layers.size(); ++l) child->layers[l]->fork_from(*parent->layers[l], parent_id);
   insert(std::move(child));
 }
 
@@ -37,7 +37,7 @@ uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
   StateWriter out(write, user);
   out.header(shared_.config);
   std::vector<int64_t> tokens;
-  for (auto& layer : seq->layers) tokens.push_back(layer->save_index(out));
+  for (auto& layer : seq->layers) tokens.push_back(layer->save_index(out, id));
   for (size_t l = 0; l < seq->layers.size(); ++l) seq->layers[l]->save_kv(out, tokens[l]);
   return out.finish();
 }
@@ -49,6 +49,49 @@ void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) 
   std::shared_ptr<Sequence> seq = new_sequence(id, "pq_sequence_restore");
   for (size_t l = 0; l < images.size(); ++l) seq->layers[l]->restore(images[l], seq->info());
   insert(std::move(seq));
+}
+
+uint64_t Context::sequence_restore_begin(uint64_t id, const uint8_t* data, uint64_t size) {
+  if (data == nullptr && size > 0) fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL");
+  require_absent(id);
+  auto progress = std::make_unique<RestoreProgress>();
+  std::vector<LayerImage> images;
+  const uint64_t described = parse_description(data, size, shared_.config, progress->order, images);
+  std::shared_ptr<Sequence> seq = new_sequence(id, "pq_sequence_restore_begin");
+  for (size_t l = 0; l < images.size(); ++l) seq->layers[l]->restore(images[l], seq->info());
+  progress->offset = described;
+  seq->restoring = std::move(progress);
+  insert(std::move(seq));
+  return described;
+}
+
+uint64_t Context::sequence_restore_kv(uint64_t id, const uint8_t* data, uint64_t size) {
+  if (data == nullptr && size > 0) fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL");
+  std::shared_ptr<Sequence> seq = find(id);
+  const std::string who = "seq_id " + std::to_string(id);
+  if (!seq->restoring)
+    fail(PQ_ERR_BAD_STATE, who + " is not being restored; start with pq_sequence_restore_begin");
+  RestoreProgress& p = *seq->restoring;
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.order.done()) fail(PQ_ERR_BAD_STATE, who + " is restored completely");
+  if (!p.failure.empty())
+    fail(PQ_ERR_BAD_STATE, who + " cannot be completed: an earlier pq_sequence_restore_kv failed (" +
+                               p.failure + "); remove it");
+  Frame f;
+  uint64_t needed = 0;
+  if (!read_frame(data, size, p.offset, &f, &needed)) throw NeedMore{needed};
+  std::vector<LayerImage> images(seq->layers.size());
+  p.order.accept(f, images);  // checks before it changes anything
+  if (f.type == state::kKeysValues) {
+    try {
+      seq->layers[static_cast<size_t>(f.layer)]->restore_kv(f.payload, seq->info());
+    } catch (const Error& e) {
+      p.failure = e.what();
+      throw;
+    }
+  }
+  p.offset += f.bytes;
+  return f.bytes;
 }
 
 }  // namespace pq

@@ -37,7 +37,26 @@ const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
 }
 
 void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) {
-  int64_t count = keys.tokens;
+  const int64_t count = keys.tokens;
+  if (count <= 0) return;
+  const int64_t first = tokens_;
+  open(count);
+  bool finite;
+  try {
+    finite = copy_in(first, keys, values, pool);
+  } catch (...) {
+    truncate(first);
+    throw;
+  }
+  if (!finite) {
+    truncate(first);  // as if the call never came
+    reject_non_finite(keys, "keys");  // names the first bad element
+    reject_non_finite(values, "values");
+    fail(PQ_ERR_INTERNAL, "a non-finite value was seen while storing but not found again");
+  }
+}
+
+void KvStore::open(int64_t count) {
   if (count <= 0) return;
   if (tokens_ + count > INT32_MAX)
     fail(PQ_ERR_INVALID_ARGUMENT, "a sequence holds at most 2147483647 tokens per layer; " +
@@ -69,11 +88,15 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool*
   chunks_.reserve(needed);
   if (last_copy) chunks_.back() = std::move(last_copy);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
+  tokens_ += count;
+}
 
+bool KvStore::copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
+                      ThreadPool* pool) {
+  const int64_t count = keys.tokens;
   // Copy and finiteness check in one pass over the source, token ranges in
-  // parallel for a large append (chunk-aligned, so no two workers share a
+  // parallel for a large copy (chunk-aligned, so no two workers share a
   // destination row block).
-  const int64_t first = tokens_;
   const int64_t elements = head_dim_;
   auto copy_range = [&](int64_t t0, int64_t t1) {
     bool finite = true;
@@ -91,7 +114,6 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool*
     }
     return finite;
   };
-  bool finite = true;
   const uint64_t bytes = 2 * static_cast<uint64_t>(count) * heads_ * row_bytes();
   if (pool != nullptr && pool->size() > 1 && bytes >= (uint64_t{4} << 20)) {
     // Ranges end on chunk boundaries of the store.
@@ -104,17 +126,11 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool*
       ok[static_cast<size_t>(i)] = copy_range(bounds[static_cast<size_t>(i)],
                                               bounds[static_cast<size_t>(i) + 1]);
     });
+    bool finite = true;
     for (uint8_t o : ok) finite &= o != 0;
-  } else {
-    finite = copy_range(0, count);
+    return finite;
   }
-  tokens_ += count;
-  if (!finite) {
-    truncate(first);  // as if the call never came
-    reject_non_finite(keys, "keys");  // names the first bad element
-    reject_non_finite(values, "values");
-    fail(PQ_ERR_INTERNAL, "a non-finite value was seen while storing but not found again");
-  }
+  return copy_range(0, count);
 }
 
 void KvStore::truncate(int64_t tokens) noexcept {

@@ -59,6 +59,16 @@ class KvStore {
   // allocation) nothing is appended and nothing is held.
   void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool = nullptr);
 
+  // append() in two steps, for K/V that arrive after their tokens are
+  // known (pq_sequence_restore_begin): open() holds and allocates `count`
+  // more tokens whose rows are not written yet (all or nothing; nothing may
+  // read them until copy_in() wrote them); copy_in() writes rows from
+  // `first` on and returns false if a value was not finite (the rows are
+  // then partly written).
+  void open(int64_t count);
+  bool copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
+               ThreadPool* pool = nullptr);
+
   const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
   const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }
   size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }

@@ -51,6 +51,7 @@ void Layer::append(const pq_tensor& keys, const pq_tensor& values, bool is_prefi
 // over all the layer's tokens; as a whole or not at all.
 void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                          const SequenceInfo& seq) {
+  require_kv(seq.id, is_prefill ? "pq_prefill_layer" : "pq_decode_append");
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
   const int64_t first = store_.tokens();
   store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
@@ -175,6 +176,7 @@ void Layer::info(pq_layer_info* out) {
 void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
+  require_kv(seq_id, "pq_index_codes");
   require_index(seq_id);
   code_tokens(shared_.regions(store_.tokens(), layer_index_).mid_end);
   const int64_t coded = index_->coded_tokens;

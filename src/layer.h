@@ -109,22 +109,30 @@ class Layer {
   // pq_sequence_truncate: keeps the first `tokens` tokens (fewer than held).
   void truncate(int64_t tokens, const SequenceInfo& seq);
   // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
-  void fork_from(Layer& parent);
+  void fork_from(Layer& parent, uint64_t parent_id);
   // pq_sequence_save, in two parts so that every layer's index comes before
   // any K/V (a reader can select before the K/V arrive): save_index waits
   // for the build in flight, then writes the layer, index and selector
   // state sections and returns the tokens they describe; save_kv writes the
   // K/V of those tokens.
-  int64_t save_index(StateWriter& out);
+  int64_t save_index(StateWriter& out, uint64_t seq_id);
   void save_kv(StateWriter& out, int64_t tokens);
-  // pq_sequence_restore into this new, empty layer, from checked sections.
+  // pq_sequence_restore into this new, empty layer, from checked sections;
+  // without a keys-and-values section (pq_sequence_restore_begin) the layer
+  // holds its tokens' room, its index and selector state, selects (PQ) and
+  // waits for restore_kv; every call that reads or changes K/V is
+  // PQ_ERR_BAD_STATE until then.
   void restore(const LayerImage& image, const SequenceInfo& seq);
+  void restore_kv(const SectionView& keys_values, const SequenceInfo& seq);
 
  private:
   // Under mutex_ from here on.
   void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                     const SequenceInfo& seq);
   void require_prefill(uint64_t seq_id, const char* call) const;
+  // BAD_STATE while a restore waits for this layer's K/V.
+  void require_kv(uint64_t seq_id, const char* call) const;
+  void fill_kv(const SectionView& keys_values, const SequenceInfo& seq);
   void require_index(uint64_t seq_id);
   // A build over the first `tokens` tokens of the store.
   void schedule_build(const SequenceInfo& seq, int64_t tokens);
@@ -166,6 +174,9 @@ class Layer {
   // A fork's share of the per-chunk state (codes, selector and cache state)
   // of the chunks it shares: the chunks' own charge stays with them.
   Reservation fork_state_;
+  // Restored without its K/V yet (pq_sequence_restore_begin): the store's
+  // rows are allocated but not written, and nothing may read them.
+  bool awaiting_kv_ = false;
   uint64_t last_select_bytes_ = 0;
   std::string build_error_;               // why the last build failed, if it did
   int32_t last_iterations_ = 0;

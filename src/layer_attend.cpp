@@ -13,6 +13,7 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq_id, "pq_decode_attend");
+  require_kv(seq_id, "pq_decode_attend");
   const int32_t kv_heads = shared_.config.num_kv_heads, group = shared_.group_size;
   const int32_t d = shared_.config.head_dim;
   check_positions(sel, kv_heads, store_.tokens(), layer_index_);

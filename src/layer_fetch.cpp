@@ -18,6 +18,7 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq.id, "pq_fetch_kv");
+  require_kv(seq.id, "pq_fetch_kv");
   const int32_t kv_heads = shared_.config.num_kv_heads;
   check_positions(sel, kv_heads, store_.tokens(), layer_index_);
   const Regions r = shared_.regions(store_.tokens(), layer_index_);

@@ -27,6 +27,12 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
     poll_build();
   }
   const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  // Before a restore's K/V arrive, only what the index already holds can be
+  // selected: codes of the whole middle, scored without a key.
+  if (awaiting_kv_ && !(selector.needs_index() && index_->coded_tokens >= r.mid_end))
+    require_kv(seq.id, selector.needs_index()
+                           ? "pq_decode_select (tokens not coded at save time must be coded)"
+                           : "pq_decode_select with a selector other than PQ");
   const int64_t count = r.count();
   const int32_t kv_heads = shared_.config.num_kv_heads;
   if (out->capacity < count) {
@@ -90,6 +96,7 @@ void Layer::prefill_queries(const std::vector<float>& queries, int64_t w, uint64
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq_id, "pq_prefill_queries");
+  require_kv(seq_id, "pq_prefill_queries");
   shared_.selector->observe_queries(selector_state_.get(), store_, queries.data(), w,
                                     shared_.config);
 }

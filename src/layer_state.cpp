@@ -9,6 +9,7 @@
 #include "error.h"
 #include "layer.h"
 #include "pq_tuple_select.h"
+#include "tensor.h"
 
 namespace pq {
 
@@ -40,6 +41,7 @@ void Layer::reset_cache_and_device(void* stream) {
 void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
+  require_kv(seq.id, "pq_sequence_truncate");
   if (tokens >= store_.tokens()) return;
   // An index trained on tokens that go is rebuilt over those that stay, as
   // a prefill of them would build it. Queued first: it is the only step
@@ -72,9 +74,10 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
 // Fork
 // ---------------------------------------------------------------------------
 
-void Layer::fork_from(Layer& parent) {
+void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   parent.settle();
   std::lock_guard<std::mutex> parent_lock(parent.mutex_);
+  parent.require_kv(parent_id, "pq_sequence_fork");
   parent.install_build();  // the child gets the finished index, or the error
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t full_chunks = parent.store_.tokens() / KvStore::kChunkTokens;
@@ -104,9 +107,10 @@ void Layer::fork_from(Layer& parent) {
 // Save
 // ---------------------------------------------------------------------------
 
-int64_t Layer::save_index(StateWriter& out) {
+int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
+  require_kv(seq_id, "pq_sequence_save");
   if (pending_) {
     try {
       install_build();
@@ -115,6 +119,9 @@ int64_t Layer::save_index(StateWriter& out) {
     }
   }
   const int64_t n = store_.tokens();
+  // Every middle token coded, as the next selection would code it: a
+  // restore can then select before the K/V arrive.
+  if (index_) code_tokens(shared_.regions(n, layer_index_).mid_end);
   ByteWriter meta;
   meta.put<int64_t>(n);
   meta.put<int64_t>(prefill_tokens_);
@@ -245,13 +252,6 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   if (image.index.present() && !shared_.selector->needs_index())
     meta.corrupt("it has an index, which the selector does not use");
 
-  const int32_t heads = c.num_kv_heads;
-  const uint64_t tensor_bytes = static_cast<uint64_t>(n) * heads * store_.row_bytes();
-  if (image.keys_values.size != 2 * tensor_bytes)
-    fail(PQ_ERR_CORRUPT, "the keys and values section of layer " + str(layer_index_) + " has " +
-                             str(static_cast<int64_t>(image.keys_values.size)) + " bytes; " +
-                             str(static_cast<int64_t>(2 * tensor_bytes)) + " expected for " +
-                             str(n) + " tokens; nothing was restored");
   std::unique_ptr<PqIndex> index;
   if (image.index.present()) index = read_index(image.index, n, c, layer_index_);
   std::unique_ptr<SelectorState> selector_state = shared_.selector->make_state(c, layer_index_);
@@ -264,6 +264,35 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
     in.finish();
   }
 
+  // The tokens' room first (the memory limit), then their K/V now or, for a
+  // restore that starts before they arrive, at restore_kv.
+  store_.open(n);
+  prefill_tokens_ = prefill;
+  index_ = std::move(index);
+  selector_state_ = std::move(selector_state);
+  last_iterations_ = iterations;
+  last_budget_ = budget;
+  last_build_seconds_ = seconds;
+  awaiting_kv_ = n > 0;
+  update_mirrors();
+  if (image.keys_values.present()) fill_kv(image.keys_values, seq);
+}
+
+void Layer::restore_kv(const SectionView& section, const SequenceInfo& seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fill_kv(section, seq);
+}
+
+void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
+  const pq_config& c = shared_.config;
+  const int64_t n = store_.tokens();
+  const int32_t heads = c.num_kv_heads;
+  const uint64_t tensor_bytes = static_cast<uint64_t>(n) * heads * store_.row_bytes();
+  if (section.size != 2 * tensor_bytes)
+    fail(PQ_ERR_CORRUPT, "the keys and values section of layer " + str(layer_index_) + " has " +
+                             str(static_cast<int64_t>(section.size)) + " bytes; " +
+                             str(static_cast<int64_t>(2 * tensor_bytes)) + " expected for " +
+                             str(n) + " tokens");
   pq_tensor keys{}, values{};
   for (pq_tensor* t : {&keys, &values}) {
     t->dtype = c.dtype;
@@ -274,24 +303,29 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
     t->token_stride = c.head_dim;
     t->head_stride = n * c.head_dim;
   }
-  keys.data = const_cast<uint8_t*>(image.keys_values.data);
-  values.data = const_cast<uint8_t*>(image.keys_values.data + tensor_bytes);
-  try {
-    store_.append(keys, values, shared_.pool.get());  // checks every value is finite
-  } catch (const Error& e) {
-    if (e.status() != PQ_ERR_INVALID_ARGUMENT) throw;
-    fail(PQ_ERR_CORRUPT, "the keys and values of layer " + str(layer_index_) + ": " + e.what() +
-                             "; nothing was restored");
+  keys.data = const_cast<uint8_t*>(section.data);
+  values.data = const_cast<uint8_t*>(section.data + tensor_bytes);
+  if (!store_.copy_in(0, keys, values, shared_.pool.get())) {
+    try {
+      reject_non_finite(keys, "keys");  // names the first bad element
+      reject_non_finite(values, "values");
+    } catch (const Error& e) {
+      fail(PQ_ERR_CORRUPT, "the keys and values of layer " + str(layer_index_) + ": " + e.what());
+    }
+    fail(PQ_ERR_INTERNAL, "a non-finite value was seen while restoring but not found again");
   }
-  prefill_tokens_ = prefill;
-  index_ = std::move(index);
-  selector_state_ = std::move(selector_state);
-  last_iterations_ = iterations;
-  last_budget_ = budget;
-  last_build_seconds_ = seconds;
-  if (!index_ && prefill > 0 && shared_.selector->needs_index()) schedule_build(seq, prefill);
+  awaiting_kv_ = false;
+  if (!index_ && prefill_tokens_ > 0 && shared_.selector->needs_index())
+    schedule_build(seq, prefill_tokens_);
   shared_.backend->store_window(device_.get(), store_, 0, n, seq.stream);
   update_mirrors();
+}
+
+void Layer::require_kv(uint64_t seq_id, const char* call) const {
+  if (awaiting_kv_)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index_) + " of seq_id " + std::to_string(seq_id) +
+                               " is being restored and its keys and values have not arrived "
+                               "(pq_sequence_restore_kv); " + call + " needs them");
 }
 
 }  // namespace pq

@@ -1,5 +1,6 @@
 #include "sequence_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -114,10 +115,10 @@ uint64_t StateWriter::finish() {
 // Reading
 // ---------------------------------------------------------------------------
 
-std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c) {
+void check_header(const uint8_t* data, uint64_t size, const pq_config& c) {
   if (size < 8 || std::memcmp(data, state::kMagic, 8) != 0)
-    corrupt("it does not start with the magic bytes \"PQCSTATE\" (" + str(static_cast<int64_t>(size)) +
-            " bytes given)");
+    corrupt("it does not start with the magic bytes \"PQCSTATE\" (" +
+            str(static_cast<int64_t>(size)) + " bytes given)");
   if (size < state::kHeaderBytes)
     corrupt("it is truncated inside the header: " + str(static_cast<int64_t>(size)) + " of " +
             str(state::kHeaderBytes) + " bytes");
@@ -145,87 +146,138 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
                                     "; this context has " + str(c.*g.field) +
                                     "; nothing was restored");
   }
+}
 
-  std::vector<LayerImage> layers(static_cast<size_t>(c.num_layers));
-  uint64_t pos = state::kHeaderBytes;
-  int32_t current = -1;  // the last layer whose layer section was read
-  int32_t kv_next = 0;   // the layer whose keys and values come next
-  uint32_t last = 0;     // the type of the section before
-  uint64_t sections = 0;
-  for (;;) {
-    const std::string where = "at byte " + str(static_cast<int64_t>(pos));
-    if (size - pos < state::kSectionHeaderBytes)
-      corrupt("it is truncated " + where + ": a section header needs " +
-              str(state::kSectionHeaderBytes) + " bytes, " + str(static_cast<int64_t>(size - pos)) +
-              " are left");
-    uint32_t type;
-    int32_t layer;
-    uint64_t bytes;
-    std::memcpy(&type, data + pos, 4);
-    std::memcpy(&layer, data + pos + 4, 4);
-    std::memcpy(&bytes, data + pos + 8, 8);
-    const std::string name = std::string("the ") + state::section_name(type) + " section " + where;
-    const uint64_t room = size - pos - state::kSectionHeaderBytes;
-    if (room < state::kSectionTrailerBytes || bytes > room - state::kSectionTrailerBytes)
-      corrupt("it is truncated in " + name + ": it announces " + str(static_cast<int64_t>(bytes)) +
-              " bytes, " + str(static_cast<int64_t>(room)) + " are left with its checksum");
-    const uint8_t* payload = data + pos + state::kSectionHeaderBytes;
-    uint32_t crc;
-    std::memcpy(&crc, payload + bytes, 4);
-    if (crc32c(data + pos, state::kSectionHeaderBytes + bytes) != crc)
-      corrupt("the checksum of " + name + " (layer " + str(layer) + ") does not match");
-    pos += state::kSectionHeaderBytes + bytes + state::kSectionTrailerBytes;
+bool read_frame(const uint8_t* data, uint64_t size, uint64_t offset, Frame* out,
+                uint64_t* needed) {
+  if (size < state::kSectionHeaderBytes) {
+    *needed = state::kSectionHeaderBytes;
+    return false;
+  }
+  uint64_t bytes;
+  std::memcpy(&out->type, data, 4);
+  std::memcpy(&out->layer, data + 4, 4);
+  std::memcpy(&bytes, data + 8, 8);
+  const std::string name = std::string("the ") + state::section_name(out->type) +
+                           " section at byte " + str(static_cast<int64_t>(offset));
+  const uint64_t most = (uint64_t{1} << 62);  // no section is longer; keeps the sum below in range
+  if (bytes > most)
+    corrupt(name + " announces " + str(static_cast<int64_t>(bytes)) + " bytes");
+  const uint64_t frame = state::kSectionHeaderBytes + bytes + state::kSectionTrailerBytes;
+  if (size < frame) {
+    *needed = frame;
+    return false;
+  }
+  uint32_t crc;
+  std::memcpy(&crc, data + state::kSectionHeaderBytes + bytes, 4);
+  if (crc32c(data, state::kSectionHeaderBytes + bytes) != crc)
+    corrupt("the checksum of " + name + " (layer " + str(out->layer) + ") does not match");
+  out->payload = SectionView{data + state::kSectionHeaderBytes, bytes};
+  out->bytes = frame;
+  out->name = name;
+  return true;
+}
 
-    const SectionView view{payload, bytes};
-    const bool describing = kv_next == 0;  // still in the layers' descriptions
-    const bool same_layer = describing && layer == current && current >= 0;
-    switch (type) {
-      case state::kLayerMeta:
-        if (!describing || layer != current + 1 || layer >= c.num_layers)
-          corrupt(name + " is for layer " + str(layer) + " where " +
-                  (describing ? "layer " + str(current + 1) + "'s" : "no layer section") +
-                  " was expected");
-        current = layer;
-        layers[static_cast<size_t>(layer)].meta = view;
-        break;
-      case state::kIndex:
-        if (!same_layer || last != state::kLayerMeta)
-          corrupt(name + " (layer " + str(layer) + ") is out of place");
-        layers[static_cast<size_t>(layer)].index = view;
-        break;
-      case state::kSelector:
-        if (!same_layer || (last != state::kLayerMeta && last != state::kIndex))
-          corrupt(name + " (layer " + str(layer) + ") is out of place");
-        layers[static_cast<size_t>(layer)].selector = view;
-        break;
-      case state::kKeysValues:
-        if (current != c.num_layers - 1 || layer != kv_next)
-          corrupt(name + " is for layer " + str(layer) + " where " +
-                  (current != c.num_layers - 1
-                       ? "layer " + str(current + 1) + "'s layer section"
-                       : "the keys and values of layer " + str(kv_next)) +
-                  " was expected");
-        layers[static_cast<size_t>(layer)].keys_values = view;
-        ++kv_next;
-        break;
-      case state::kEnd: {
-        if (kv_next != c.num_layers)
-          corrupt(name + " comes before every layer was complete (the keys and values of " +
-                  str(kv_next) + " of " + str(c.num_layers) + " layers were read)");
-        uint64_t counted = 0;
-        if (bytes == 8) std::memcpy(&counted, payload, 8);
-        if (bytes != 8 || counted != sections)
-          corrupt(name + " counts " + str(static_cast<int64_t>(counted)) + " sections; " +
-                  str(static_cast<int64_t>(sections)) + " were read");
-        if (pos != size)
-          corrupt(str(static_cast<int64_t>(size - pos)) + " bytes follow the end section");
-        return layers;
-      }
-      default:
-        corrupt(name + " has the unknown type " + str(type));
+void SectionOrder::accept(const Frame& f, std::vector<LayerImage>& images) {
+  const int32_t layers = static_cast<int32_t>(images.size());
+  const bool describing = kv_next_ == 0;  // still in the layers' descriptions
+  const bool same_layer = describing && f.layer == current_ && current_ >= 0;
+  const std::string& name = f.name;
+  switch (f.type) {
+    case state::kLayerMeta:
+      if (!describing || f.layer != current_ + 1 || f.layer >= layers)
+        corrupt(name + " is for layer " + str(f.layer) + " where " +
+                (describing ? "layer " + str(current_ + 1) + "'s" : "no layer section") +
+                " was expected");
+      current_ = f.layer;
+      images[static_cast<size_t>(f.layer)].meta = f.payload;
+      break;
+    case state::kIndex:
+      if (!same_layer || last_ != state::kLayerMeta)
+        corrupt(name + " (layer " + str(f.layer) + ") is out of place");
+      images[static_cast<size_t>(f.layer)].index = f.payload;
+      break;
+    case state::kSelector:
+      if (!same_layer || (last_ != state::kLayerMeta && last_ != state::kIndex))
+        corrupt(name + " (layer " + str(f.layer) + ") is out of place");
+      images[static_cast<size_t>(f.layer)].selector = f.payload;
+      break;
+    case state::kKeysValues:
+      if (current_ != layers - 1 || f.layer != kv_next_)
+        corrupt(name + " is for layer " + str(f.layer) + " where " +
+                (current_ != layers - 1 ? "layer " + str(current_ + 1) + "'s layer section"
+                                        : "the keys and values of layer " + str(kv_next_)) +
+                " was expected");
+      images[static_cast<size_t>(f.layer)].keys_values = f.payload;
+      ++kv_next_;
+      break;
+    case state::kEnd: {
+      if (kv_next_ != layers)
+        corrupt(name + " comes before every layer was complete (the keys and values of " +
+                str(kv_next_) + " of " + str(layers) + " layers were read)");
+      uint64_t counted = 0;
+      if (f.payload.size == 8) std::memcpy(&counted, f.payload.data, 8);
+      if (f.payload.size != 8 || counted != sections_)
+        corrupt(name + " counts " + str(static_cast<int64_t>(counted)) + " sections; " +
+                str(static_cast<int64_t>(sections_)) + " were read");
+      done_ = true;
+      return;
     }
-    last = type;
-    ++sections;
+    default:
+      corrupt(name + " has the unknown type " + str(f.type));
+  }
+  last_ = f.type;
+  ++sections_;
+}
+
+void SectionOrder::require_described(int32_t layers, uint64_t offset) const {
+  if (current_ != layers - 1 || last_ == 0)
+    corrupt("the keys and values at byte " + str(static_cast<int64_t>(offset)) +
+            " come before every layer was described (layer " + str(current_ + 1) + " of " +
+            str(layers) + " is missing)");
+}
+
+std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c) {
+  check_header(data, size, c);
+  std::vector<LayerImage> layers(static_cast<size_t>(c.num_layers));
+  SectionOrder order;
+  uint64_t pos = state::kHeaderBytes;
+  while (!order.done()) {
+    Frame f;
+    uint64_t needed = 0;
+    if (!read_frame(data + pos, size - pos, pos, &f, &needed))
+      corrupt("it is truncated at byte " + str(static_cast<int64_t>(size)) + ": the section at byte " +
+              str(static_cast<int64_t>(pos)) + " needs " + str(static_cast<int64_t>(needed)) +
+              " bytes, " + str(static_cast<int64_t>(size - pos)) + " are left");
+    order.accept(f, layers);
+    pos += f.bytes;
+  }
+  if (pos != size) corrupt(str(static_cast<int64_t>(size - pos)) + " bytes follow the end section");
+  return layers;
+}
+
+uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& c,
+                           SectionOrder& order, std::vector<LayerImage>& layers) {
+  // A beginning of the magic, or a magic without the rest of the header.
+  if (size < state::kHeaderBytes && std::memcmp(data, state::kMagic, std::min<uint64_t>(size, 8)) == 0)
+    throw NeedMore{state::kHeaderBytes};
+  check_header(data, size, c);
+  layers.assign(static_cast<size_t>(c.num_layers), LayerImage{});
+  uint64_t pos = state::kHeaderBytes;
+  for (;;) {
+    Frame f;
+    uint64_t needed = 0;
+    if (size - pos < state::kSectionHeaderBytes) throw NeedMore{pos + state::kSectionHeaderBytes};
+    uint32_t type;
+    std::memcpy(&type, data + pos, 4);
+    if (type == state::kKeysValues) {
+      order.require_described(c.num_layers, pos);
+      return pos;
+    }
+    if (!read_frame(data + pos, size - pos, pos, &f, &needed)) throw NeedMore{pos + needed};
+    order.accept(f, layers);
+    if (order.done()) corrupt(f.name + " comes before any keys and values");
+    pos += f.bytes;
   }
 }
 

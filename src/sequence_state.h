@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pqcache.h"
@@ -72,9 +73,59 @@ struct LayerImage {
   SectionView meta, keys_values, index, selector;
 };
 
-// Checks the header against the context's configuration and every section
-// (framing, order, checksums) of a saved state. Throws PQ_ERR_CORRUPT or
-// PQ_ERR_INCOMPATIBLE naming the check; returns one image per layer.
+// Checks the header against the context's configuration: PQ_ERR_CORRUPT or
+// PQ_ERR_INCOMPATIBLE naming the check.
+void check_header(const uint8_t* data, uint64_t size, const pq_config& c);
+
+// One framed section.
+struct Frame {
+  uint32_t type = 0;
+  int32_t layer = 0;
+  SectionView payload;
+  uint64_t bytes = 0;  // the whole frame: header, payload, CRC
+  std::string name;    // "the index section at byte N", for messages
+};
+
+// Reads the frame at the start of [data, data + size); `offset` places it
+// in messages. False, with *needed the bytes it needs, when size is short
+// of it; PQ_ERR_CORRUPT when its checksum does not match.
+bool read_frame(const uint8_t* data, uint64_t size, uint64_t offset, Frame* out,
+                uint64_t* needed);
+
+// The order of the sections (docs/state-format.md), fed one frame at a time.
+class SectionOrder {
+ public:
+  // Checks that `f` may come next (PQ_ERR_CORRUPT naming why) and records
+  // its payload into images (one per layer).
+  void accept(const Frame& f, std::vector<LayerImage>& images);
+  // PQ_ERR_CORRUPT unless every layer of `layers` was described.
+  void require_described(int32_t layers, uint64_t offset) const;
+  bool done() const { return done_; }  // the end section was accepted
+  int32_t next_kv_layer() const { return kv_next_; }
+
+ private:
+  int32_t current_ = -1;  // the last layer whose layer section was read
+  int32_t kv_next_ = 0;   // the layer whose keys and values come next
+  uint32_t last_ = 0;     // the type of the section before
+  uint64_t sections_ = 0;
+  bool done_ = false;
+};
+
+// Checks a whole saved state (every checksum, every section's place and
+// size) and returns one image per layer.
 std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c);
+
+// Thrown by parse_description when the bytes end before it could finish:
+// `needed` bytes from the start of the state are needed.
+struct NeedMore {
+  uint64_t needed;
+};
+
+// Checks the header and every layer's description (layer, index and
+// selector state sections), recording them into `layers`; returns the
+// offset of the first keys-and-values section. Throws NeedMore when `size`
+// is short of it.
+uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& c,
+                           SectionOrder& order, std::vector<LayerImage>& layers);
 
 }  // namespace pq

@@ -5,12 +5,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api_test_util.h"
@@ -678,6 +680,164 @@ TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {
   int64_t n = -1;
   ASSERT_EQ(pq_sequence_count(h2o, &n), PQ_OK);
   EXPECT_EQ(n, 1);
+}
+
+// ---------------------------------------------------------------------------
+// A restore in pieces: the index first, the K/V after
+// ---------------------------------------------------------------------------
+
+TEST_F(StateTest, SelectionStartsBeforeTheKeysAndValuesArrive) {
+  Ctx a(state_config(PQ_SELECTOR_PQ)), b(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(a.ok() && b.ok());
+  prefill(a, 1, 1, 900);
+  decode(a, 1, 1, 900, 30);  // tokens that left the window since the build
+  const std::vector<uint8_t> bytes = save(a, 1);
+  const std::vector<SectionAt> all = walk(bytes);
+  const size_t first_kv = section(all, kKeysValues, 0).offset;
+
+  // The beginning arrives in pieces: each short call names what it needs.
+  uint64_t got = 0, consumed = 0;
+  int calls = 0;
+  pq_status st;
+  while ((st = pq_sequence_restore_begin(b, 5, bytes.data(), got, &consumed)) ==
+         PQ_ERR_BUFFER_TOO_SMALL) {
+    ASSERT_GT(consumed, got) << pq_last_error();
+    got = consumed;
+    ASSERT_LE(got, bytes.size());
+    ++calls;
+  }
+  ASSERT_EQ(st, PQ_OK) << pq_last_error();
+  EXPECT_EQ(consumed, first_kv);
+  EXPECT_GE(calls, 4);
+  EXPECT_LT(first_kv, bytes.size() / 20) << "the description is a small part of the state";
+
+  // Selection works now and equals the saved sequence's; the K/V do not.
+  std::vector<float> q = query_rows(3);
+  HostTensor qt = make_tensor(q, 1, kQ, kDim, PQ_DTYPE_F32);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    const int64_t cap = selection_capacity(b, 5, l);
+    Sel x(kKv, cap), y(kKv, cap);
+    ASSERT_EQ(pq_decode_select(b, 5, l, qt.get(), x.get()), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_decode_select(a, 1, l, qt.get(), y.get()), PQ_OK);
+    EXPECT_EQ(x.positions, y.positions) << "layer " << l;
+    HostTensor ko = make_tensor(nullptr, cap, kKv, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    HostTensor vo = make_tensor(nullptr, cap, kKv, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    EXPECT_TRUE(IsError(pq_fetch_kv(b, 5, l, x.get(), ko.get(), vo.get()), PQ_ERR_BAD_STATE,
+                        {"restore", "layer"}));
+  }
+  std::vector<float> one = stream_rows(1, 930, 1);
+  HostTensor t = make_tensor(one, 1, kKv, kDim, PQ_DTYPE_F32);
+  EXPECT_TRUE(IsError(pq_decode_append(b, 5, 0, t.get(), t.get()), PQ_ERR_BAD_STATE,
+                      {"pq_decode_append"}));
+  EXPECT_TRUE(IsError(pq_sequence_truncate(b, 5, 10), PQ_ERR_BAD_STATE, {"truncate"}));
+  EXPECT_TRUE(IsError(pq_sequence_fork(b, 5, 6), PQ_ERR_BAD_STATE, {"fork"}));
+  uint64_t size = 0;
+  EXPECT_TRUE(IsError(pq_sequence_state_size(b, 5, &size), PQ_ERR_BAD_STATE, {"save"}));
+
+  // The K/V, one section a call: short, damaged (changes nothing), right.
+  uint64_t at = consumed;
+  while (at < bytes.size()) {
+    uint64_t used = 0;
+    ASSERT_TRUE(IsError(pq_sequence_restore_kv(b, 5, bytes.data() + at, 10, &used),
+                        PQ_ERR_BUFFER_TOO_SMALL, {"needs"}));
+    EXPECT_EQ(used, 16u);
+    std::vector<uint8_t> damaged(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+    damaged[damaged.size() / 2 < 20 ? 18 : 20] ^= 1;
+    EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 5, damaged.data(), damaged.size(), &used),
+                        PQ_ERR_CORRUPT, {"checksum"}));
+    ASSERT_EQ(pq_sequence_restore_kv(b, 5, bytes.data() + at, bytes.size() - at, &used), PQ_OK)
+        << pq_last_error();
+    at += used;
+  }
+  uint64_t used = 0;
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 5, bytes.data(), bytes.size(), &used),
+                      PQ_ERR_BAD_STATE, {"complete"}));
+  for (uint64_t q2 = 0; q2 < 3; ++q2) EXPECT_TRUE(steps(b, 5, q2) == steps(a, 1, q2)) << q2;
+  decode(a, 1, 2, 930, 5);
+  decode(b, 5, 2, 930, 5);
+  EXPECT_TRUE(steps(b, 5, 7) == steps(a, 1, 7));
+  ASSERT_EQ(pq_wait_builds(b), PQ_OK);
+  EXPECT_EQ(stats(b).builds_finished, 0u);
+}
+
+TEST_F(StateTest, BadKeysAndValuesEndARestoreInPieces) {
+  Ctx a(state_config(PQ_SELECTOR_H2O)), b(state_config(PQ_SELECTOR_H2O));
+  ASSERT_TRUE(a.ok() && b.ok());
+  prefill(a, 1, 1, 300);
+  std::vector<uint8_t> bytes = save(a, 1);
+  const std::vector<SectionAt> all = walk(bytes);
+  const SectionAt kv0 = section(all, kKeysValues, 0), kv1 = section(all, kKeysValues, 1);
+  uint64_t used = 0;
+  ASSERT_EQ(pq_sequence_restore_begin(b, 2, bytes.data(), bytes.size(), &used), PQ_OK)
+      << pq_last_error();
+  EXPECT_EQ(used, kv0.offset);
+  // H2O selects from its scores, but the core selects nothing without K/V
+  // for any selector but PQ.
+  std::vector<float> q = query_rows(1);
+  HostTensor qt = make_tensor(q, 1, kQ, kDim, PQ_DTYPE_F32);
+  Sel sel(kKv, selection_capacity(b, 2, 0));
+  EXPECT_TRUE(IsError(pq_decode_select(b, 2, 0, qt.get(), sel.get()), PQ_ERR_BAD_STATE,
+                      {"other than PQ"}));
+  // Layer 1's K/V first: out of order, changes nothing.
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 2, bytes.data() + kv1.offset, kv1.payload + 20,
+                                             &used),
+                      PQ_ERR_CORRUPT, {"layer 0"}));
+  // A NaN, sealed: the restore ends; the sequence must be removed.
+  const float nan = std::nanf("");
+  std::memcpy(&bytes[kv0.offset + 16 + 8], &nan, 4);
+  reseal(bytes, kv0);
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 2, bytes.data() + kv0.offset, kv0.payload + 20,
+                                             &used),
+                      PQ_ERR_CORRUPT, {"layer 0"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 2, bytes.data() + kv1.offset, kv1.payload + 20,
+                                             &used),
+                      PQ_ERR_BAD_STATE, {"remove"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 9, bytes.data(), 20, &used), PQ_ERR_NOT_FOUND,
+                      {"9"}));
+  ASSERT_EQ(pq_sequence_add(b, 3), PQ_OK);
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(b, 3, bytes.data(), 20, &used), PQ_ERR_BAD_STATE,
+                      {"pq_sequence_restore_begin"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(b, 2, bytes.data(), bytes.size(), &used),
+                      PQ_ERR_INVALID_ARGUMENT, {"exists"}));
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(b, 4, bytes.data(), bytes.size(), nullptr),
+                      PQ_ERR_INVALID_ARGUMENT, {"out_consumed"}));
+  ASSERT_EQ(pq_sequence_remove(b, 2), PQ_OK);
+}
+
+TEST_F(StateTest, SelectionsRunWhileTheKeysAndValuesArrive) {
+  Ctx a(state_config(PQ_SELECTOR_PQ)), b(state_config(PQ_SELECTOR_PQ));
+  ASSERT_TRUE(a.ok() && b.ok());
+  prefill(a, 1, 1, 2000);
+  const std::vector<uint8_t> bytes = save(a, 1);
+  uint64_t at = 0;
+  ASSERT_EQ(pq_sequence_restore_begin(b, 1, bytes.data(), bytes.size(), &at), PQ_OK);
+  std::atomic<bool> done{false};
+  std::atomic<int> errors{0}, selections{0};
+  std::thread selector([&] {
+    std::vector<float> q = query_rows(2);
+    HostTensor qt = make_tensor(q, 1, kQ, kDim, PQ_DTYPE_F32);
+    while (!done.load()) {
+      for (int32_t l = 0; l < kLayers; ++l) {
+        Sel sel(kKv, selection_capacity(b, 1, l));
+        if (pq_decode_select(b, 1, l, qt.get(), sel.get()) != PQ_OK) ++errors;
+        ++selections;
+      }
+    }
+  });
+  int seen = 0;
+  while (at < bytes.size()) {
+    // At least one more selection between two sections: they interleave.
+    while (selections.load() <= seen) std::this_thread::yield();
+    seen = selections.load();
+    uint64_t used = 0;
+    ASSERT_EQ(pq_sequence_restore_kv(b, 1, bytes.data() + at, bytes.size() - at, &used), PQ_OK)
+        << pq_last_error();
+    at += used;
+  }
+  done.store(true);
+  selector.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_TRUE(steps(b, 1, 4) == steps(a, 1, 4));
 }
 
 TEST_F(StateBadInput, OverTheMemoryLimitNothingIsAdded) {

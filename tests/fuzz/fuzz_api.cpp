@@ -330,8 +330,9 @@ void introspect(FuzzedDataProvider& in, State& s) {
   check(pq_sequence_count(s.ctx, &n));
 }
 
-// Save a sequence, damage the bytes or not, restore them into a sequence:
-// a damaged state must be refused with a status, never crash or load.
+// Save a sequence, damage the bytes or not, restore them into a sequence at
+// once or in pieces: a damaged state must be refused with a status, never
+// crash or load.
 void save_and_restore(FuzzedDataProvider& in, State& s) {
   const uint64_t from = seq_id(in), to = seq_id(in);
   uint64_t size = 0;
@@ -354,10 +355,41 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
     std::vector<uint8_t> junk = in.ConsumeBytes<uint8_t>(bytes.size() - at);
     std::copy(junk.begin(), junk.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
   }
-  st = pq_sequence_restore(s.ctx, to, bytes.data(), bytes.size());
-  check(st);
-  if (damage == 0 && st != PQ_OK && st != PQ_ERR_OUT_OF_MEMORY && st != PQ_ERR_INVALID_ARGUMENT)
-    finding("an intact saved state was refused");
+  if (in.ConsumeBool()) {
+    st = pq_sequence_restore(s.ctx, to, bytes.data(), bytes.size());
+    check(st);
+    if (damage == 0 && st != PQ_OK && st != PQ_ERR_OUT_OF_MEMORY && st != PQ_ERR_INVALID_ARGUMENT)
+      finding("an intact saved state was refused");
+    return;
+  }
+  // In pieces: the description, then one section a call, with selections
+  // in between; a short piece must say how much it needs, and never more
+  // than the state holds when the state is intact.
+  uint64_t at = 0, used = 0;
+  uint64_t given = in.ConsumeIntegralInRange<uint64_t>(0, bytes.size());
+  for (int i = 0; i < 64; ++i) {
+    st = pq_sequence_restore_begin(s.ctx, to, bytes.data(), given, &used);
+    check(st);
+    if (st != PQ_ERR_BUFFER_TOO_SMALL) break;
+    if (used <= given) finding("restore_begin asked for no more bytes than it had");
+    if (used > bytes.size()) {
+      if (damage == 0) finding("restore_begin asked for more bytes than an intact state holds");
+      return;
+    }
+    given = used;
+  }
+  if (st != PQ_OK) return;
+  at = used;
+  for (int i = 0; i < 16 && at < bytes.size(); ++i) {
+    select(in, s);
+    st = pq_sequence_restore_kv(s.ctx, to, bytes.data() + at, bytes.size() - at, &used);
+    check(st);
+    if (st != PQ_OK) {
+      if (damage == 0 && st != PQ_ERR_NOT_FOUND) finding("an intact K/V section was refused");
+      return;
+    }
+    at += used;
+  }
 }
 
 }  // namespace
