@@ -450,6 +450,16 @@ pq_functions! {
     /// Added in 0.5.
     fn pq_sequence_restore_file(ctx: *mut pq_context, seq_id: u64,
                                 path: *const c_char) -> pq_status;
+    /// Added in 0.5: reads a state's description (header, every layer's
+    /// index and selector sections) and adds the sequence; it selects at
+    /// once, its K/V arrive through `pq_sequence_restore_kv`. A short `data`
+    /// is `PQ_ERR_BUFFER_TOO_SMALL` with the bytes needed in `*out_consumed`.
+    fn pq_sequence_restore_begin(ctx: *mut pq_context, seq_id: u64, data: *const c_void,
+                                 size: u64, out_consumed: *mut u64) -> pq_status;
+    /// Added in 0.5: reads exactly one next section (a layer's K/V, then the
+    /// end section) of a restore begun with `pq_sequence_restore_begin`.
+    fn pq_sequence_restore_kv(ctx: *mut pq_context, seq_id: u64, data: *const c_void,
+                              size: u64, out_consumed: *mut u64) -> pq_status;
     fn pq_prefill_layer(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
                         values: *const pq_tensor) -> pq_status;
     fn pq_decode_append(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
