@@ -34,7 +34,8 @@
 //! - A sequence's state can be rolled back ([`Context::truncate`]), shared
 //!   ([`Context::fork`]), saved ([`Context::save`], [`Context::save_file`])
 //!   and restored in this or another context ([`Context::restore`],
-//!   [`Context::restore_file`]).
+//!   [`Context::restore_file`]), also in pieces, selecting before the K/V
+//!   arrive ([`Context::restore_begin`], [`Context::restore_kv`]).
 //! - The library is linked (feature `link`, the default) or loaded at run
 //!   time with [`Library::load`]; the API is the same on both.
 
@@ -51,6 +52,7 @@ pub use config::{Backend, CachePolicy, Config, DType, GqaCombine, KmeansInit, Se
 pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};
 pub use library::{Library, Version};
+pub use state::RestoreStep;
 pub use tensor::{Selection, Shape, Tensor, TensorMut};
 
 /// The raw declarations this crate is built on.

@@ -33,6 +33,21 @@ fn state_len(bytes: u64) -> Result<usize> {
     })
 }
 
+/// What one step of a restore in pieces ([`Context::restore_begin`],
+/// [`Context::restore_kv`]) did with the bytes it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum RestoreStep {
+    /// The step read this many bytes from the start of the slice; the next
+    /// step starts right after them.
+    Consumed(usize),
+    /// The slice ends before what the step reads (`PQ_ERR_BUFFER_TOO_SMALL`):
+    /// nothing was read or added; the step needs this many bytes from the
+    /// slice's start (the state's start for `restore_begin`, the next
+    /// section's start for `restore_kv`). Call again with at least as many.
+    NeedBytes(usize),
+}
+
 /// What [`Context::save_to`]'s callback writes to, and what went wrong there.
 struct Sink<'a> {
     writer: &'a mut dyn Write,
@@ -210,6 +225,74 @@ impl Context {
                 state.len() as u64,
             )
         })
+    }
+
+    /// Begins a restore in pieces, for a state that arrives in parts (a
+    /// shared tier, a network): reads the state's description from the
+    /// start of `state` (header, every layer's PQ index and selector state,
+    /// about 1% of the bytes, saved before any K/V; `state` may hold more)
+    /// and adds `seq_id` (`pq_sequence_restore_begin`). The whole sequence's
+    /// memory is reserved now. Its PQ selections work at once and equal the
+    /// saved sequence's; every call that needs K/V (fetch, attend, append,
+    /// prefill, truncate, fork, save) and a select with another selector is
+    /// `BadState` until [`Context::restore_kv`] has brought that layer's.
+    /// Returns [`RestoreStep::Consumed`] with the bytes read (the next
+    /// `restore_kv` starts there), or [`RestoreStep::NeedBytes`] with the
+    /// bytes needed from the state's start if `state` is shorter than the
+    /// description (nothing is added). Errors: as [`Context::restore`].
+    pub fn restore_begin(&self, seq_id: u64, state: &[u8]) -> Result<RestoreStep> {
+        self.restore_step(
+            "pq_sequence_restore_begin",
+            state,
+            |data, size, out| unsafe {
+                (self.api().pq_sequence_restore_begin)(self.ptr(), seq_id, data, size, out)
+            },
+        )
+    }
+
+    /// Reads exactly one next section of a restore begun with
+    /// [`Context::restore_begin`] (`pq_sequence_restore_kv`): `bytes` starts
+    /// at the first byte not yet read (the sum of the bytes consumed so far)
+    /// and may hold more. The sections are each layer's K/V in layer order,
+    /// then the end section; after the end section the sequence is complete
+    /// and further calls are `BadState`. Returns [`RestoreStep::Consumed`]
+    /// with the section's size, or [`RestoreStep::NeedBytes`] with it when
+    /// `bytes` is shorter. A section that fails its checksum or comes out of
+    /// order is `Corrupt` and changes nothing (the right bytes may be given
+    /// again); K/V that do not fit the layer or hold a NaN or Inf are
+    /// `Corrupt` and end the restore (the sequence must be removed).
+    /// Calls for one `seq_id` must not overlap; selections on it may run
+    /// meanwhile.
+    pub fn restore_kv(&self, seq_id: u64, bytes: &[u8]) -> Result<RestoreStep> {
+        self.restore_step("pq_sequence_restore_kv", bytes, |data, size, out| unsafe {
+            (self.api().pq_sequence_restore_kv)(self.ptr(), seq_id, data, size, out)
+        })
+    }
+
+    /// One `pq_sequence_restore_begin` or `_kv` call (`op`) over `bytes`:
+    /// `PQ_ERR_BUFFER_TOO_SMALL` becomes [`RestoreStep::NeedBytes`].
+    fn restore_step(
+        &self,
+        op: &str,
+        bytes: &[u8],
+        call: impl FnOnce(*const c_void, u64, *mut u64) -> sys::pq_status,
+    ) -> Result<RestoreStep> {
+        // An empty slice still passes a non-NULL pointer (a dangling, aligned
+        // one): the library then sees a short state, not a NULL argument.
+        let mut consumed = 0u64;
+        let status = call(bytes.as_ptr().cast(), bytes.len() as u64, &mut consumed);
+        if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
+            return Ok(RestoreStep::NeedBytes(state_len(consumed)?));
+        }
+        self.library().check(status)?;
+        let consumed = state_len(consumed)?;
+        if consumed > bytes.len() {
+            return Err(Error::new(
+                Status::Internal,
+                format!("{op} reported {consumed} bytes read of {}", bytes.len()),
+            ));
+        }
+        Ok(RestoreStep::Consumed(consumed))
     }
 
     /// [`Context::restore`] from the file at `path`

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use pqcache::{
-    Config, Context, DType, Error, FetchItem, Library, SelectItem, Selection, Shape, Status,
-    Tensor, TensorMut, Version,
+    Config, Context, DType, Error, FetchItem, Library, RestoreStep, SelectItem, Selection, Shape,
+    Status, Tensor, TensorMut, Version,
 };
 
 // ---------------------------------------------------------------------------
@@ -916,19 +916,20 @@ fn selections_and_rows(
     )
 }
 
-#[test]
-fn truncate_fork_save_and_restore_keep_selections_and_rows() {
-    const PROMPT: usize = 600; // two full 256-token chunks and a partial one
-    let library = Library::linked();
-    let ctx = Context::new(&reference_config(&library)).unwrap();
-    ctx.add_sequence(1).unwrap();
+/// Two full 256-token chunks and a partial one.
+const PROMPT: usize = 600;
+
+/// Adds `seq` with a PROMPT-token prefill and 4 decode steps (the state
+/// tests' sequence).
+fn add_prefilled_sequence(ctx: &Context, seq: u64) {
+    ctx.add_sequence(seq).unwrap();
     let kv = Shape::token_major(PROMPT, KV_HEADS, HEAD_DIM);
     let (k, v) = (
         generate(61, PROMPT * KV_HEADS * HEAD_DIM),
         generate(62, PROMPT * KV_HEADS * HEAD_DIM),
     );
     ctx.prefill(
-        1,
+        seq,
         0,
         &Tensor::f32(&k, kv).unwrap(),
         &Tensor::f32(&v, kv).unwrap(),
@@ -941,14 +942,21 @@ fn truncate_fork_save_and_restore_keep_selections_and_rows() {
             generate(64 + 2 * step, KV_HEADS * HEAD_DIM),
         );
         ctx.append(
-            1,
+            seq,
             0,
             &Tensor::f32(&k1, one).unwrap(),
             &Tensor::f32(&v1, one).unwrap(),
         )
         .unwrap();
     }
-    assert_eq!(ctx.sequence_length(1, 0).unwrap(), PROMPT + 4);
+    assert_eq!(ctx.sequence_length(seq, 0).unwrap(), PROMPT + 4);
+}
+
+#[test]
+fn truncate_fork_save_and_restore_keep_selections_and_rows() {
+    let library = Library::linked();
+    let ctx = Context::new(&reference_config(&library)).unwrap();
+    add_prefilled_sequence(&ctx, 1);
 
     // Two rejected speculative tokens rolled back; more than the sequence
     // holds is refused.
@@ -1034,4 +1042,84 @@ fn truncate_fork_save_and_restore_keep_selections_and_rows() {
         assert_eq!(Status::from_code(code), Some(status));
         assert_eq!((status.code(), status.name()), (code, name));
     }
+}
+
+#[test]
+fn restore_in_pieces_selects_before_the_kv_arrive() {
+    let library = Library::linked();
+    let ctx = Context::new(&reference_config(&library)).unwrap();
+    add_prefilled_sequence(&ctx, 1);
+    let q = generate(71, Q_HEADS * HEAD_DIM);
+    let (want_sel, want_rows) = selections_and_rows(&ctx, &[1], &q);
+    let state = ctx.save(1).unwrap();
+
+    // The description arrives first: grow the prefix until it is enough.
+    let other = Context::new(&reference_config(&library)).unwrap();
+    let mut prefix = 0;
+    let begun = loop {
+        match other.restore_begin(1, &state[..prefix]).unwrap() {
+            RestoreStep::Consumed(n) => break n,
+            RestoreStep::NeedBytes(needed) => {
+                assert!(
+                    needed > prefix && needed <= state.len(),
+                    "needs {needed} at {prefix}"
+                );
+                assert_eq!(
+                    other.sequence_count().unwrap(),
+                    0,
+                    "a short begin adds nothing"
+                );
+                prefix = needed;
+            }
+        }
+    };
+    assert!(
+        begun > 0 && begun <= prefix && begun < state.len() / 2,
+        "began with {begun}"
+    );
+    assert_eq!(other.sequence_length(1, 0).unwrap(), PROMPT + 4);
+
+    // It selects as the saved sequence does before any K/V; a fetch waits
+    // for them.
+    let sels = select_one_by_one(&other, &[1], &[q.clone()]);
+    assert_eq!(heads(&sels[0]), want_sel[0]);
+    let shape = Shape::head_major(sels[0].max_count(), KV_HEADS, HEAD_DIM);
+    let (mut k, mut v) = (
+        vec![0f32; shape.span().unwrap()],
+        vec![0f32; shape.span().unwrap()],
+    );
+    let err = other
+        .fetch(
+            1,
+            0,
+            &sels[0],
+            &mut TensorMut::f32(&mut k, shape).unwrap(),
+            &mut TensorMut::f32(&mut v, shape).unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(err.status, Status::BadState, "{err}");
+
+    // Then one section a call, each call given all the rest; a short slice
+    // reads nothing and says how many bytes it needs.
+    match other.restore_kv(1, &state[begun..begun + 4]).unwrap() {
+        RestoreStep::NeedBytes(n) => assert!(n > 4, "needs {n}"),
+        step => panic!("4 bytes of a K/V section: {step:?}"),
+    }
+    let mut at = begun;
+    let mut sections = 0;
+    while at < state.len() {
+        match other.restore_kv(1, &state[at..]).unwrap() {
+            RestoreStep::Consumed(n) => at += n,
+            RestoreStep::NeedBytes(n) => panic!("the rest of the state is short by {n}"),
+        }
+        sections += 1;
+    }
+    assert_eq!(at, state.len());
+    assert_eq!(sections, 2, "one layer's K/V, then the end section");
+    let err = other.restore_kv(1, &state[begun..]).unwrap_err();
+    assert_eq!(err.status, Status::BadState, "complete: {err}");
+
+    let (sel, rows) = selections_and_rows(&other, &[1], &q);
+    assert_eq!(sel, want_sel);
+    assert!(rows == want_rows, "rows after the K/V arrived");
 }
