@@ -100,6 +100,87 @@ PQ_REDIS_API pq_status pq_redis_put(pq_redis* conn, pq_context* ctx,
 PQ_REDIS_API pq_status pq_redis_get(pq_redis* conn, pq_context* ctx,
                                     uint64_t seq_id, const char* key);
 
+/* A get in steps, so that a decode server selects before the K/V arrive
+ * (docs/redis.md, "Streaming get"). A saved state holds every layer's
+ * description (layer, PQ index and selector state sections, about 1% of the
+ * bytes) before any K/V, so its first blocks are enough to add the sequence
+ * (pq_sequence_restore_begin) and the K/V follow (pq_sequence_restore_kv).
+ *
+ *   pq_redis_transfer* t;
+ *   pq_redis_get_begin(conn, ctx, seq, "session:42", &t);  // selectable now
+ *   ... pq_decode_select on seq (other threads may, too) ...
+ *   pq_redis_get_continue(t, 16, &done);   // 16 more blocks, or
+ *   pq_redis_get_finish(t);                // all that is left
+ *   pq_redis_transfer_free(t);
+ *
+ * While a transfer is open, pq_decode_select (PQ selector) works on every
+ * layer of seq_id and equals the saved sequence's; a call that needs a
+ * layer's K/V (pq_fetch_kv, attend, append, prefill) on a layer whose K/V
+ * have not arrived returns PQ_ERR_BAD_STATE naming the layer: it reports,
+ * it does not wait. Layers arrive in order; pq_redis_transfer_progress
+ * says how many have. Calls that touch every layer (truncate, fork, save)
+ * are PQ_ERR_BAD_STATE until the transfer is done; pq_sequence_remove must
+ * not be called on seq_id while the transfer is open.
+ *
+ * On any error of begin, continue or finish, the sequence that begin added
+ * is removed by this library (calls on it racing with the removal finish on
+ * the data they hold or fail with PQ_ERR_NOT_FOUND), the transfer is failed
+ * (later continue and finish return PQ_ERR_BAD_STATE; free it), and both
+ * the context and the connection stay usable as after a failed
+ * pq_redis_get.
+ *
+ * Threading: begin, continue, finish and free of one transfer may run on
+ * any thread but not concurrently with each other; pq_redis_transfer_progress
+ * may run on any thread at any time before free. Each continue or finish
+ * holds conn for its own duration only (its replies are all read before it
+ * returns), so conn may serve other calls between them. conn and ctx must
+ * outlive the transfer. */
+typedef struct pq_redis_transfer pq_redis_transfer;
+
+/* Reads the manifest under `key`, fetches the state's first blocks (one,
+ * then as many more as pq_sequence_restore_begin says it needs, until it
+ * succeeds: the description plus less than one block), checks each
+ * block's size and CRC-32C against the manifest, and adds seq_id to ctx
+ * with pq_sequence_restore_begin. *out is set only on success; no K/V have
+ * been restored yet (the bytes fetched beyond the description are kept for
+ * the first continue). Errors: those of pq_redis_get (no sequence added),
+ * and PQ_ERR_CORRUPT when the description does not end inside the state. */
+PQ_REDIS_API pq_status pq_redis_get_begin(pq_redis* conn, pq_context* ctx, uint64_t seq_id,
+                                          const char* key, pq_redis_transfer** out);
+
+/* Fetches up to max_blocks more blocks (0: all that are left) in one
+ * pipeline, checks each against the manifest and hands each K/V section to
+ * pq_sequence_restore_kv as soon as it is whole (a section spanning blocks
+ * waits in a buffer of at most one section). *out_done (may be NULL)
+ * receives 1 once the whole state is restored, else 0; calling again when
+ * done does nothing. Errors: PQ_ERR_INVALID_ARGUMENT (NULL transfer),
+ * PQ_ERR_BAD_STATE (an earlier call failed), PQ_ERR_BACKEND,
+ * PQ_ERR_CORRUPT (a block missing, of the wrong size or CRC; bad K/V),
+ * the library's errors from pq_sequence_restore_kv. On error the sequence
+ * is removed (see above). */
+PQ_REDIS_API pq_status pq_redis_get_continue(pq_redis_transfer* transfer, uint64_t max_blocks,
+                                             int32_t* out_done);
+
+/* pq_redis_get_continue of every block left: on PQ_OK the sequence is
+ * complete and behaves as one pq_redis_get restored. Errors: as
+ * pq_redis_get_continue. */
+PQ_REDIS_API pq_status pq_redis_get_finish(pq_redis_transfer* transfer);
+
+/* Where a transfer stands (any output may be NULL): the bytes of the blocks
+ * received so far, the bytes pq_sequence_restore_begin read (the
+ * description), the state's size, and how many layers have their K/V
+ * (layers 0 .. *out_layers_ready - 1). Errors: PQ_ERR_INVALID_ARGUMENT.
+ * Thread-safe (it may run while another thread continues the transfer). */
+PQ_REDIS_API pq_status pq_redis_transfer_progress(const pq_redis_transfer* transfer,
+                                                  uint64_t* out_fetched_bytes,
+                                                  uint64_t* out_description_bytes,
+                                                  uint64_t* out_state_bytes,
+                                                  int32_t* out_layers_ready);
+
+/* Frees the transfer. One that is neither done nor failed is abandoned: its
+ * sequence, whose K/V would never arrive, is removed. NULL is a no-op. */
+PQ_REDIS_API void pq_redis_transfer_free(pq_redis_transfer* transfer);
+
 /* Reads the manifest under `key` and writes the state's size, the block
  * size and the block count (any output may be NULL). Does not read the
  * blocks. Errors: as pq_redis_get's for the manifest. */

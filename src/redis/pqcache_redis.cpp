@@ -15,6 +15,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -258,7 +259,7 @@ class Pipeline {
     try {
       if (reply->type == REDIS_REPLY_ERROR) server_refused(r_, p.doing, reply.get());
       p.handler(reply.get());
-    } catch (const Error&) {
+    } catch (...) {  // a pq::Error, or bad_alloc in a handler
       first_failure_ = std::current_exception();
     }
   }
@@ -461,19 +462,21 @@ void put(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key,
   if (old_blocks > writer.blocks_sent()) delete_blocks(r, key, writer.blocks_sent(), old_blocks);
 }
 
-// Reads and checks every block of m into one buffer of m.state_bytes.
-std::unique_ptr<uint8_t[]> read_blocks(pq_redis& r, const std::string& key, const Manifest& m) {
-  std::unique_ptr<uint8_t[]> state(new uint8_t[std::max<uint64_t>(m.state_bytes, 1)]);
+// Fetches blocks [first, end) of m in one pipeline and hands each, checked
+// against the manifest (present, a string, its size, its CRC-32C), to
+// `take` in block order. A failure of `take` (a pq::Error) is reported after
+// the outstanding replies are read, as any handler failure.
+using BlockSink = std::function<void(uint64_t n, const uint8_t* data, size_t size)>;
+void fetch_blocks(pq_redis& r, const std::string& key, const Manifest& m, uint64_t first,
+                  uint64_t end, const BlockSink& take) {
   Pipeline pipe(r, kWindow);
-  for (uint64_t n = 0; n < m.block_count; ++n) {
+  for (uint64_t n = first; n < end; ++n) {
     const std::string k = block_key(key, n);
-    const uint64_t offset = n * m.block_bytes;
-    const uint64_t want = std::min(m.block_bytes, m.state_bytes - offset);
+    const uint64_t want = std::min(m.block_bytes, m.state_bytes - n * m.block_bytes);
     const uint32_t crc = m.crcs[n];
-    uint8_t* dst = state.get() + offset;
     pipe.append(
         {"GET", k},
-        [k, want, crc, dst](redisReply* reply) {
+        [k, n, want, crc, &take](redisReply* reply) {
           if (reply->type == REDIS_REPLY_NIL)
             fail(PQ_ERR_CORRUPT, "block " + k + " is missing (the manifest lists it)");
           if (reply->type != REDIS_REPLY_STRING)
@@ -486,32 +489,227 @@ std::unique_ptr<uint8_t[]> read_blocks(pq_redis& r, const std::string& key, cons
           if (actual != crc)
             fail(PQ_ERR_CORRUPT, "block " + k + ": CRC-32C " + hex32(actual) +
                                      " does not match the manifest's " + hex32(crc));
-          std::memcpy(dst, reply->str, static_cast<size_t>(got));
+          take(n, reinterpret_cast<const uint8_t*>(reply->str), static_cast<size_t>(got));
         },
         "GET " + k);
   }
   pipe.finish();
+}
+
+// Reads and checks every block of m into one buffer of m.state_bytes.
+std::unique_ptr<uint8_t[]> read_blocks(pq_redis& r, const std::string& key, const Manifest& m) {
+  std::unique_ptr<uint8_t[]> state(new uint8_t[std::max<uint64_t>(m.state_bytes, 1)]);
+  uint8_t* base = state.get();
+  fetch_blocks(r, key, m, 0, m.block_count,
+               [base, &m](uint64_t n, const uint8_t* data, size_t size) {
+                 std::memcpy(base + n * m.block_bytes, data, size);
+               });
   return state;
 }
 
-void get(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key) {
+void require_absent(pq_context* ctx, uint64_t seq_id) {
   int64_t tokens = 0;
   if (pq_sequence_length(ctx, seq_id, 0, &tokens) == PQ_OK)
     fail(PQ_ERR_INVALID_ARGUMENT, "seq_id " + std::to_string(seq_id) + " already exists");
+}
 
+// The manifest under key; PQ_ERR_NOT_FOUND when there is none.
+Manifest require_manifest(pq_redis& r, const std::string& key) {
+  Manifest m;
+  if (!read_manifest(r, key, &m))
+    fail(PQ_ERR_NOT_FOUND, "no state under key \"" + key + "\" (" + manifest_key(key) +
+                               " does not exist)");
+  return m;
+}
+
+void get(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key) {
+  require_absent(ctx, seq_id);
   std::unique_ptr<uint8_t[]> state;
   Manifest m;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     SigpipeGuard sigpipe;
     ensure_connected(r);
-    if (!read_manifest(r, key, &m))
-      fail(PQ_ERR_NOT_FOUND, "no state under key \"" + key + "\" (" + manifest_key(key) +
-                                 " does not exist)");
+    m = require_manifest(r, key);
     state = read_blocks(r, key, m);
   }
   const pq_status st = pq_sequence_restore(ctx, seq_id, state.get(), m.state_bytes);
   if (st != PQ_OK) library_failed(st, "pq_sequence_restore", key);
+}
+
+// ---------------------------------------------------------------------------
+// The streaming get: the description first, then the K/V section by section
+// ---------------------------------------------------------------------------
+
+// The state's section header (docs/state-format.md): u32 type, i32 layer.
+constexpr uint32_t kKeysValuesSection = 2;
+constexpr uint32_t kEndSection = 0xFFFFFFFFu;
+
+// Adds the sequence from the state's first blocks: one block, then as many
+// as pq_sequence_restore_begin says it needs from the state's start, until
+// it succeeds. Returns the bytes it read (the description); `prefix` keeps
+// every byte fetched.
+uint64_t begin_restore(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key,
+                       const Manifest& m, std::vector<uint8_t>& prefix) {
+  uint64_t fetched = 0;  // blocks
+  uint64_t want = std::min<uint64_t>(1, m.block_count);
+  for (;;) {
+    prefix.reserve(static_cast<size_t>(std::min(m.state_bytes, want * m.block_bytes)));
+    fetch_blocks(r, key, m, fetched, want, [&prefix](uint64_t, const uint8_t* data, size_t size) {
+      prefix.insert(prefix.end(), data, data + size);
+    });
+    fetched = want;
+    uint64_t consumed = 0;
+    const pq_status st =
+        pq_sequence_restore_begin(ctx, seq_id, prefix.data(), prefix.size(), &consumed);
+    if (st == PQ_OK) return consumed;
+    if (st != PQ_ERR_BUFFER_TOO_SMALL) library_failed(st, "pq_sequence_restore_begin", key);
+    if (consumed > m.state_bytes || consumed <= prefix.size())
+      fail(PQ_ERR_CORRUPT, "key \"" + key + "\": the state's description needs " +
+                               std::to_string(consumed) + " bytes; the state has " +
+                               std::to_string(m.state_bytes));
+    want = std::min(m.block_count, (consumed + m.block_bytes - 1) / m.block_bytes);
+  }
+}
+
+}  // namespace
+
+}  // namespace pqr
+
+// A get in steps (pqcache_redis.h): the blocks after those begin fetched,
+// fed to pq_sequence_restore_kv one whole section at a time.
+struct pq_redis_transfer {
+  pq_redis* conn = nullptr;
+  pq_context* ctx = nullptr;
+  uint64_t seq_id = 0;
+  std::string key;
+  pqr::Manifest m;
+  uint64_t next_block = 0;          // the next block to fetch
+  std::vector<uint8_t> prefix;      // begin's blocks; bytes from prefix_at on are not fed yet
+  size_t prefix_at = 0;
+  std::vector<uint8_t> carry;       // the start of a section that spans blocks
+  uint64_t carry_want = 0;          // the bytes the library asked for it
+  uint64_t fed = 0;                 // state bytes the library has read
+  uint64_t description_bytes = 0;
+  std::atomic<uint64_t> fetched_bytes{0};
+  std::atomic<int32_t> layers_ready{0};
+  bool complete = false;            // the end section was read
+  bool failed = false;              // the sequence was removed
+  std::string failure;              // why
+
+  // A whole section (or more bytes) at p: the library reads one section.
+  // Returns its size, or 0 when p holds only its start (carry_want is set).
+  uint64_t feed_section(const uint8_t* p, uint64_t n) {
+    if (complete)
+      pqr::fail(PQ_ERR_CORRUPT, "key \"" + key + "\": " + std::to_string(n) +
+                                    " bytes follow the end section");
+    uint64_t used = 0;
+    const pq_status st = pq_sequence_restore_kv(ctx, seq_id, p, n, &used);
+    if (st == PQ_ERR_BUFFER_TOO_SMALL) {
+      if (used <= n || used > m.state_bytes - fed)
+        pqr::fail(PQ_ERR_CORRUPT, "key \"" + key + "\": the section at byte " +
+                                      std::to_string(fed) + " needs " + std::to_string(used) +
+                                      " bytes; " + std::to_string(m.state_bytes - fed) +
+                                      " are left in the state");
+      carry_want = used;
+      return 0;
+    }
+    if (st != PQ_OK) pqr::library_failed(st, "pq_sequence_restore_kv", key);
+    uint32_t type = 0;
+    int32_t layer = 0;
+    std::memcpy(&type, p, 4);
+    std::memcpy(&layer, p + 4, 4);
+    if (type == pqr::kKeysValuesSection) layers_ready.store(layer + 1);
+    if (type == pqr::kEndSection) complete = true;
+    fed += used;
+    return used;
+  }
+
+  // The bytes of the state that follow those fed so far.
+  void feed(const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      if (carry.empty()) {
+        const uint64_t used = feed_section(p, n);
+        if (used == 0) {  // the section goes on in the next block
+          carry.reserve(static_cast<size_t>(carry_want));
+          carry.assign(p, p + n);
+          return;
+        }
+        p += used;
+        n -= used;
+        continue;
+      }
+      const uint64_t take = std::min<uint64_t>(n, carry_want - carry.size());
+      carry.insert(carry.end(), p, p + take);
+      p += take;
+      n -= take;
+      if (carry.size() < carry_want) continue;
+      // Whole: read it, or learn its real size (only its header was asked for).
+      if (feed_section(carry.data(), carry.size()) != 0) carry.clear();
+    }
+  }
+
+  bool done() const { return complete && next_block == m.block_count; }
+
+  // Fetches blocks [next_block, end) and feeds them.
+  void advance(uint64_t end) {
+    if (prefix_at < prefix.size()) {  // begin's bytes after the description
+      feed(prefix.data() + prefix_at, prefix.size() - prefix_at);
+      prefix_at = prefix.size();
+    }
+    std::vector<uint8_t>().swap(prefix);
+    prefix_at = 0;
+    if (next_block < end) {
+      std::lock_guard<std::mutex> lock(conn->mu);
+      pqr::SigpipeGuard sigpipe;
+      pqr::ensure_connected(*conn);
+      pqr::fetch_blocks(*conn, key, m, next_block, end,
+                        [this](uint64_t n, const uint8_t* data, size_t size) {
+                          fetched_bytes.fetch_add(size);
+                          feed(data, size);
+                          next_block = n + 1;
+                        });
+    }
+    if (next_block == m.block_count && !complete)
+      pqr::fail(PQ_ERR_CORRUPT, "key \"" + key + "\": the state ends " +
+                                    (carry.empty() ? std::string("before its end section")
+                                                   : "inside the section at byte " +
+                                                         std::to_string(fed)));
+    if (complete) std::vector<uint8_t>().swap(carry);
+  }
+
+  // After an error: the sequence goes (its K/V would never arrive).
+  void abandon(const std::string& why) noexcept {
+    if (failed) return;
+    failed = true;
+    failure = why;
+    pq_sequence_remove(ctx, seq_id);
+    std::vector<uint8_t>().swap(carry);
+    std::vector<uint8_t>().swap(prefix);
+  }
+};
+
+namespace pqr {
+namespace {
+
+// A step of a transfer; an error abandons it (the sequence is removed).
+void transfer_step(pq_redis_transfer& t, uint64_t max_blocks) {
+  if (t.failed)
+    fail(PQ_ERR_BAD_STATE, "the transfer of key \"" + t.key + "\" failed earlier (" + t.failure +
+                               "); seq_id " + std::to_string(t.seq_id) +
+                               " was removed; free the transfer");
+  if (t.done()) return;
+  const uint64_t left = t.m.block_count - t.next_block;
+  const uint64_t end = t.next_block + (max_blocks == 0 ? left : std::min(left, max_blocks));
+  try {
+    t.advance(end);
+  } catch (const Error& e) {
+    t.abandon(e.what());
+    throw;
+  } catch (...) {
+    t.abandon("out of memory");
+    throw;
+  }
 }
 
 }  // namespace
@@ -575,6 +773,71 @@ PQ_REDIS_API pq_status pq_redis_get(pq_redis* conn, pq_context* ctx, uint64_t se
     pqr::check_key(key);
     pqr::get(*conn, ctx, seq_id, key);
   });
+}
+
+PQ_REDIS_API pq_status pq_redis_get_begin(pq_redis* conn, pq_context* ctx, uint64_t seq_id,
+                                          const char* key, pq_redis_transfer** out) {
+  return pq::guarded(__func__, [&] {
+    pqr::check_conn(conn);
+    if (ctx == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    pqr::check_key(key);
+    if (out == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "out is NULL");
+    pqr::require_absent(ctx, seq_id);
+    auto t = std::make_unique<pq_redis_transfer>();  // before the sequence exists
+    t->conn = conn;
+    t->ctx = ctx;
+    t->seq_id = seq_id;
+    t->key = key;
+    {
+      std::lock_guard<std::mutex> lock(conn->mu);
+      pqr::SigpipeGuard sigpipe;
+      pqr::ensure_connected(*conn);
+      t->m = pqr::require_manifest(*conn, t->key);
+      t->description_bytes = pqr::begin_restore(*conn, ctx, seq_id, t->key, t->m, t->prefix);
+    }
+    // Nothing below can fail: the sequence exists from here on.
+    t->fetched_bytes.store(t->prefix.size());
+    t->next_block = (t->prefix.size() + t->m.block_bytes - 1) / t->m.block_bytes;
+    t->prefix_at = static_cast<size_t>(t->description_bytes);
+    t->fed = t->description_bytes;
+    *out = t.release();
+  });
+}
+
+PQ_REDIS_API pq_status pq_redis_get_continue(pq_redis_transfer* transfer, uint64_t max_blocks,
+                                             int32_t* out_done) {
+  return pq::guarded(__func__, [&] {
+    if (transfer == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "transfer is NULL");
+    pqr::transfer_step(*transfer, max_blocks);
+    if (out_done) *out_done = transfer->done() ? 1 : 0;
+  });
+}
+
+PQ_REDIS_API pq_status pq_redis_get_finish(pq_redis_transfer* transfer) {
+  return pq::guarded(__func__, [&] {
+    if (transfer == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "transfer is NULL");
+    pqr::transfer_step(*transfer, 0);
+  });
+}
+
+PQ_REDIS_API pq_status pq_redis_transfer_progress(const pq_redis_transfer* transfer,
+                                                  uint64_t* out_fetched_bytes,
+                                                  uint64_t* out_description_bytes,
+                                                  uint64_t* out_state_bytes,
+                                                  int32_t* out_layers_ready) {
+  return pq::guarded(__func__, [&] {
+    if (transfer == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "transfer is NULL");
+    if (out_fetched_bytes) *out_fetched_bytes = transfer->fetched_bytes.load();
+    if (out_description_bytes) *out_description_bytes = transfer->description_bytes;
+    if (out_state_bytes) *out_state_bytes = transfer->m.state_bytes;
+    if (out_layers_ready) *out_layers_ready = transfer->layers_ready.load();
+  });
+}
+
+PQ_REDIS_API void pq_redis_transfer_free(pq_redis_transfer* transfer) {
+  if (transfer == nullptr) return;
+  if (!transfer->done()) transfer->abandon("freed before it was done");
+  delete transfer;
 }
 
 PQ_REDIS_API pq_status pq_redis_info(pq_redis* conn, const char* key, uint64_t* out_state_bytes,
