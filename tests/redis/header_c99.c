@@ -22,5 +22,10 @@ int main(void) {
          pq_redis_last_error());
   printf("OK: manifest version %d, largest block %llu bytes\n", PQ_REDIS_MANIFEST_VERSION,
          (unsigned long long)PQ_REDIS_MAX_BLOCK_BYTES);
+  if (pq_redis_get_continue(NULL, 1, NULL) != PQ_ERR_INVALID_ARGUMENT) {
+    fprintf(stderr, "FAIL: pq_redis_get_continue(NULL transfer) was accepted\n");
+    return 1;
+  }
+  pq_redis_transfer_free(NULL);
   return 0;
 }

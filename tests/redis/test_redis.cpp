@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -66,8 +67,8 @@ constexpr int32_t kLayers = 3, kQHeads = 4, kKvHeads = 2, kDim = 32;
 constexpr int64_t kPrompt = 300;
 constexpr int kDecodeSteps = 5;
 
-pq_config model_config(int32_t head_dim = kDim) {
-  pq_config c = make_config(kLayers, kQHeads, kKvHeads, head_dim, PQ_DTYPE_F16);
+pq_config model_config(int32_t head_dim = kDim, int32_t layers = kLayers) {
+  pq_config c = make_config(layers, kQHeads, kKvHeads, head_dim, PQ_DTYPE_F16);
   c.selector = PQ_SELECTOR_PQ;
   c.pq_subspaces = 2;
   c.pq_bits = 4;
@@ -116,7 +117,9 @@ struct StepView {
   std::vector<unsigned char> keys, values;
 };
 
-StepView select_and_fetch(pq_context* ctx, uint64_t seq, int32_t layer, uint64_t query_seed) {
+// The selection alone (no fetch): what a sequence whose K/V are still on the
+// way can do.
+StepView select_only(pq_context* ctx, uint64_t seq, int32_t layer, uint64_t query_seed) {
   StepView out;
   HostTensor q = random_query(query_seed);
   int64_t cap = selection_capacity(ctx, seq, layer);
@@ -124,11 +127,21 @@ StepView select_and_fetch(pq_context* ctx, uint64_t seq, int32_t layer, uint64_t
   if (cap <= 0) return out;
   Sel sel(kKvHeads, cap);
   EXPECT_TRUE(IsOk(pq_decode_select(ctx, seq, layer, q.get(), sel.get())));
+  out.positions = sel.positions;
+  out.counts = sel.counts;
+  return out;
+}
+
+StepView select_and_fetch(pq_context* ctx, uint64_t seq, int32_t layer, uint64_t query_seed) {
+  StepView out = select_only(ctx, seq, layer, query_seed);
+  if (out.counts.empty()) return out;
+  const int64_t cap = static_cast<int64_t>(out.positions.size()) / kKvHeads;
+  Sel sel(kKvHeads, cap);
+  sel.positions = out.positions;
+  sel.counts = out.counts;
   HostTensor k = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
   HostTensor v = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
   EXPECT_TRUE(IsOk(pq_fetch_kv(ctx, seq, layer, sel.get(), k.get(), v.get())));
-  out.positions = sel.positions;
-  out.counts = sel.counts;
   out.keys = k.bytes;
   out.values = v.bytes;
   return out;
@@ -151,6 +164,45 @@ void expect_same_steps(pq_context* a, uint64_t seq_a, pq_context* b, uint64_t se
     EXPECT_TRUE(x.keys == y.keys) << "fetched keys differ";
     EXPECT_TRUE(x.values == y.values) << "fetched values differ";
   }
+}
+
+// pq_fetch_kv of a selection's first rows at a layer: its status.
+pq_status try_fetch(pq_context* ctx, uint64_t seq, int32_t layer) {
+  int64_t cap = selection_capacity(ctx, seq, layer);
+  if (cap <= 0) return PQ_ERR_INTERNAL;
+  Sel sel(kKvHeads, cap);
+  for (int32_t h = 0; h < kKvHeads; ++h) {
+    sel.counts[h] = 1;
+    sel.positions[static_cast<size_t>(h * cap)] = 0;
+  }
+  HostTensor k = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+  HostTensor v = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+  return pq_fetch_kv(ctx, seq, layer, sel.get(), k.get(), v.get());
+}
+
+int32_t layers_ready(const pq_redis_transfer* t) {
+  int32_t n = -1;
+  EXPECT_EQ(pq_redis_transfer_progress(t, nullptr, nullptr, nullptr, &n), PQ_OK);
+  return n;
+}
+
+uint64_t fetched_bytes(const pq_redis_transfer* t) {
+  uint64_t n = 0;
+  EXPECT_EQ(pq_redis_transfer_progress(t, &n, nullptr, nullptr, nullptr), PQ_OK);
+  return n;
+}
+
+// pq_redis_get_begin, then pq_redis_get_finish, then free: the streaming
+// get as one call.
+::testing::AssertionResult StreamedGet(pq_redis* conn, pq_context* ctx, uint64_t seq,
+                                       const char* key) {
+  pq_redis_transfer* t = nullptr;
+  ::testing::AssertionResult begun = RedisOk(pq_redis_get_begin(conn, ctx, seq, key, &t));
+  if (!begun) return begun << " (pq_redis_get_begin)";
+  ::testing::AssertionResult finished = RedisOk(pq_redis_get_finish(t));
+  pq_redis_transfer_free(t);
+  if (!finished) return finished << " (pq_redis_get_finish)";
+  return ::testing::AssertionSuccess();
 }
 
 bool has_sequence(pq_context* ctx, uint64_t seq) {
@@ -199,6 +251,20 @@ class RedisTier : public ::testing::Test {
     }
   }
 
+  // kSeqB in b_, restored from kSeqA, selects and fetches as kSeqA in a_,
+  // with no K-Means run, before and after one more decode step on both with
+  // the same token.
+  void expect_b_decodes_as_a(uint64_t query_seed, uint64_t token_seed) {
+    EXPECT_EQ(stats(b_).builds_finished, 0u) << "a restore must not run K-Means";
+    expect_same_steps(a_, kSeqA, b_, kSeqB, query_seed);
+    for (int32_t l = 0; l < kLayers; ++l) {
+      HostTensor k = random_kv(1, token_seed + l), v = random_kv(1, token_seed + 100 + l);
+      PQ_ASSERT_OK(pq_decode_append(a_, kSeqA, l, k.get(), v.get()));
+      PQ_ASSERT_OK(pq_decode_append(b_, kSeqB, l, k.get(), v.get()));
+    }
+    expect_same_steps(a_, kSeqA, b_, kSeqB, query_seed + 909);
+  }
+
   static constexpr uint64_t kSeqA = 1, kSeqB = 7;
   RedisServer server_;
   pq_redis* conn_ = nullptr;
@@ -222,17 +288,7 @@ TEST_F(RedisTier, SecondContextRestoresWhatTheFirstSaved) {
   REDIS_ASSERT_OK(pq_redis_get(conn2, b_, kSeqB, "session:1"));
   pq_redis_close(conn2);
 
-  pq_stats sb = stats(b_);
-  EXPECT_EQ(sb.builds_finished, 0u) << "a restore must not run K-Means";
-  expect_same_steps(a_, kSeqA, b_, kSeqB, 4242);
-
-  // Both go on alike: one more decode step with the same token.
-  for (int32_t l = 0; l < kLayers; ++l) {
-    HostTensor k = random_kv(1, 9000 + l), v = random_kv(1, 9100 + l);
-    PQ_ASSERT_OK(pq_decode_append(a_, kSeqA, l, k.get(), v.get()));
-    PQ_ASSERT_OK(pq_decode_append(b_, kSeqB, l, k.get(), v.get()));
-  }
-  expect_same_steps(a_, kSeqA, b_, kSeqB, 5151);
+  expect_b_decodes_as_a(4242, 9000);
 }
 
 // (2) A block whose bytes changed in Redis: PQ_ERR_CORRUPT naming the
@@ -486,6 +542,14 @@ TEST_F(RedisTier, BlockSizes) {
     REDIS_ASSERT_OK(pq_redis_get(conn_, b_, seq, "k"));
     expect_same_steps(a_, kSeqA, b_, seq, 1234);
     PQ_ASSERT_OK(pq_sequence_remove(b_, seq));
+    // Streamed, three blocks a call: sections cut anywhere by the blocks.
+    pq_redis_transfer* t = nullptr;
+    REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, seq, "k", &t));
+    for (int32_t done = 0; !done;) REDIS_ASSERT_OK(pq_redis_get_continue(t, 3, &done));
+    EXPECT_EQ(layers_ready(t), kLayers);
+    pq_redis_transfer_free(t);
+    expect_same_steps(a_, kSeqA, b_, seq, 1234);
+    PQ_ASSERT_OK(pq_sequence_remove(b_, seq));
     ++seq;
   }
   REDIS_EXPECT_ERR(pq_redis_put(conn_, a_, kSeqA, "k0", 0), PQ_ERR_INVALID_ARGUMENT,
@@ -548,6 +612,196 @@ TEST_F(RedisTier, ManifestIsWrittenLast) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// The streaming get: pq_redis_get_begin, _continue, _finish
+// ---------------------------------------------------------------------------
+
+// (a) After begin the second context selects as the first does while every
+// fetch reports that the K/V have not arrived; layers arrive in order; a
+// thread selects all through finish; afterwards the fetched bytes are equal.
+TEST_F(RedisTier, StreamingGetSelectsBeforeTheKvArrive) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "s", 4096));
+  pq_redis* conn2 = nullptr;  // the second server's own connection
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", server_.port(), 5000, &conn2));
+  pq_redis_transfer* t = nullptr;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn2, b_, kSeqB, "s", &t));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(layers_ready(t), 0);
+  EXPECT_LT(fetched_bytes(t), state_size(a_, kSeqA));
+
+  for (int32_t l = 0; l < kLayers; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    StepView x = select_only(a_, kSeqA, l, 600 + l), y = select_only(b_, kSeqB, l, 600 + l);
+    EXPECT_EQ(x.counts, y.counts);
+    EXPECT_EQ(x.positions, y.positions);
+    EXPECT_TRUE(IsError(try_fetch(b_, kSeqB, l), PQ_ERR_BAD_STATE,
+                        {("layer " + std::to_string(l)).c_str()}));
+  }
+  // One block at a time until layer 0 is in: it fetches, the last does not.
+  int32_t done = -1;
+  while (layers_ready(t) < 1) {
+    REDIS_ASSERT_OK(pq_redis_get_continue(t, 1, &done));
+    ASSERT_EQ(done, 0);
+  }
+  ASSERT_LT(layers_ready(t), kLayers);
+  PQ_EXPECT_OK(try_fetch(b_, kSeqB, 0));
+  EXPECT_EQ(try_fetch(b_, kSeqB, kLayers - 1), PQ_ERR_BAD_STATE);
+
+  // Selections on another thread while the rest arrives.
+  std::atomic<bool> stop{false};
+  std::atomic<int> selects{0}, failures{0};
+  std::thread selector([&] {
+    HostTensor q = random_query(8);
+    const int64_t cap = selection_capacity(b_, kSeqB, kLayers - 1);
+    Sel sel(kKvHeads, cap);
+    while (!stop.load()) {
+      for (int32_t l = 0; l < kLayers; ++l)
+        if (pq_decode_select(b_, kSeqB, l, q.get(), sel.get()) != PQ_OK) failures++;
+      selects++;
+    }
+  });
+  const pq_status finished = pq_redis_get_finish(t);
+  stop = true;
+  selector.join();
+  REDIS_ASSERT_OK(finished);
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(selects.load(), 0);
+  EXPECT_EQ(layers_ready(t), kLayers);
+  EXPECT_EQ(fetched_bytes(t), state_size(a_, kSeqA));
+  REDIS_ASSERT_OK(pq_redis_get_continue(t, 5, &done));  // done: nothing more
+  EXPECT_EQ(done, 1);
+  pq_redis_transfer_free(t);  // after finish the sequence stays
+  pq_redis_close(conn2);
+
+  expect_b_decodes_as_a(4343, 9200);
+}
+
+// (b) The server dies between begin and finish: PQ_ERR_BACKEND, the
+// half-restored sequence is removed, both contexts go on; a transfer freed
+// before it is done removes its sequence too.
+TEST_F(RedisTier, ServerKilledDuringAStreamingGet) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  pq_redis_transfer* t = nullptr;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, kSeqB, "k", &t));
+  EXPECT_TRUE(has_sequence(b_, kSeqB));
+  const int port = server_.port();
+  server_.stop();
+  REDIS_EXPECT_ERR(pq_redis_get_finish(t), PQ_ERR_BACKEND, where());
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  REDIS_EXPECT_ERR(pq_redis_get_continue(t, 1, nullptr), PQ_ERR_BAD_STATE, "failed earlier",
+                   where());
+  pq_redis_transfer_free(t);
+  expect_a_usable();
+
+  const std::string why = server_.start(port);
+  ASSERT_TRUE(why.empty()) << why;
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  // Abandoned: freed before it was done.
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, kSeqB, "k", &t));
+  pq_redis_transfer_free(t);
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  // The same id again, to the end.
+  ASSERT_TRUE(StreamedGet(conn_, b_, kSeqB, "k"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 98);
+}
+
+// (c) A damaged K/V block: begin works (the description is intact), finish
+// is PQ_ERR_CORRUPT naming the block, the sequence is removed. A damaged
+// block inside the description fails begin, with nothing added.
+TEST_F(RedisTier, CorruptBlockDuringAStreamingGet) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "good", 4096));
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "bad", 4096));
+  uint64_t blocks = 0;
+  REDIS_ASSERT_OK(pq_redis_info(conn_, "bad", nullptr, nullptr, &blocks));
+  const uint64_t kv_block = blocks - 2;  // a whole block near the end: K/V
+  const std::string bad_block = "bad:blk:" + std::to_string(kv_block);
+  RawRedis raw(server_.port());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_EQ(raw.run({"SETRANGE", bad_block, "100", "\xff\xff\xff\xff"}), ":4096");
+
+  pq_redis_transfer* t = nullptr;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, kSeqB, "bad", &t));
+  ASSERT_LT(fetched_bytes(t), kv_block * 4096) << "begin should not have reached the block";
+  (void)select_only(b_, kSeqB, 0, 3);
+  REDIS_EXPECT_ERR(pq_redis_get_finish(t), PQ_ERR_CORRUPT, bad_block, "CRC");
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  pq_redis_transfer_free(t);
+  expect_a_usable();
+
+  // Block 1 lies inside the description (the index of layer 0).
+  uint64_t description = 0;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, kSeqB, "good", &t));
+  REDIS_ASSERT_OK(pq_redis_transfer_progress(t, nullptr, &description, nullptr, nullptr));
+  pq_redis_transfer_free(t);
+  ASSERT_GT(description, 2u * 4096);
+  ASSERT_EQ(raw.run({"SETRANGE", "bad:blk:1", "100", "\xff\xff\xff\xff"}), ":4096");
+  t = nullptr;
+  REDIS_EXPECT_ERR(pq_redis_get_begin(conn_, b_, kSeqB, "bad", &t), PQ_ERR_CORRUPT, "bad:blk:1",
+                   "CRC");
+  EXPECT_EQ(t, nullptr);
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+
+  // The connection and the second context go on.
+  ASSERT_TRUE(StreamedGet(conn_, b_, kSeqB, "good"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 32);
+}
+
+// (d) What begin fetches is the description plus less than one block, a
+// small part of the state. The bound comes from the format
+// (docs/state-format.md), not from a measurement: for L layers of T tokens,
+// H kv heads, head_dim D, m subspaces of 2^b centroids, f16,
+//   description <= 56 + L x (16+33+4  +  16+32 + H*m*2^b*(D/m)*4 + H*T*m + 4)
+//   state       >= L x 2 x T x H x D x 2          (the K/V payloads alone)
+// and begin asks for blocks until the description and the next section's
+// 16-byte header are in: fetched <= description + 16 + block - 1.
+TEST_F(RedisTier, StreamingGetFetchesLittleBeforeTheFirstSelection) {
+  constexpr int32_t L = 2;
+  constexpr int64_t T = 600;
+  constexpr uint64_t kBlock = 4096;
+  pq_config c = model_config(kDim, L);
+  Ctx src(c), dst(c);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  PQ_ASSERT_OK(pq_sequence_add(src, 1));
+  for (int32_t l = 0; l < L; ++l) {
+    HostTensor k = random_kv(T, 70 + l), v = random_kv(T, 80 + l);
+    PQ_ASSERT_OK(pq_prefill_layer(src, 1, l, k.get(), v.get()));
+  }
+  PQ_ASSERT_OK(pq_wait_builds(src));
+  REDIS_ASSERT_OK(pq_redis_put(conn_, src, 1, "small", kBlock));
+
+  const uint64_t H = kKvHeads, D = kDim, m = static_cast<uint64_t>(c.pq_subspaces);
+  const uint64_t centroids = uint64_t{1} << c.pq_bits;
+  const uint64_t description_bound =
+      56 + L * (16 + 33 + 4 + 16 + 32 + H * m * centroids * (D / m) * 4 + H * T * m + 4);
+  const uint64_t state_lower = L * 2 * T * H * D * 2;
+  const uint64_t fetched_bound = description_bound + 16 + kBlock - 1;
+  ASSERT_LT(static_cast<double>(fetched_bound), 0.10 * static_cast<double>(state_lower))
+      << "the geometry should make the bound small";
+
+  pq_redis_transfer* t = nullptr;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn_, dst, 1, "small", &t));
+  uint64_t fetched = 0, description = 0, state = 0;
+  REDIS_ASSERT_OK(pq_redis_transfer_progress(t, &fetched, &description, &state, nullptr));
+  std::printf("    state %llu bytes; description %llu (bound %llu); begin fetched %llu = %.1f%%\n",
+              static_cast<unsigned long long>(state), static_cast<unsigned long long>(description),
+              static_cast<unsigned long long>(description_bound),
+              static_cast<unsigned long long>(fetched), 100.0 * fetched / state);
+  EXPECT_EQ(state, state_size(src, 1));
+  EXPECT_GE(state, state_lower);
+  EXPECT_LE(description, description_bound);
+  EXPECT_GE(fetched, description);
+  EXPECT_EQ(fetched % kBlock, 0u);
+  EXPECT_LE(fetched, description + 16 + kBlock - 1);
+  EXPECT_LT(static_cast<double>(fetched), 0.10 * static_cast<double>(state));
+  // It selects now.
+  HostTensor q = random_query(5);
+  const int64_t cap = selection_capacity(dst, 1, 0);
+  Sel sel(kKvHeads, cap);
+  PQ_EXPECT_OK(pq_decode_select(dst, 1, 0, q.get(), sel.get()));
+  REDIS_ASSERT_OK(pq_redis_get_finish(t));
+  pq_redis_transfer_free(t);
+}
+
 TEST_F(RedisTier, InvalidArguments) {
   pq_redis* conn = nullptr;
   REDIS_EXPECT_ERR(pq_redis_connect(nullptr, 6379, 0, &conn), PQ_ERR_INVALID_ARGUMENT, "host");
@@ -572,6 +826,22 @@ TEST_F(RedisTier, InvalidArguments) {
   // Restoring over a sequence that exists is refused before any transfer.
   REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
   REDIS_EXPECT_ERR(pq_redis_get(conn_, a_, kSeqA, "k"), PQ_ERR_INVALID_ARGUMENT, "exists");
+  pq_redis_transfer* t = nullptr;
+  REDIS_EXPECT_ERR(pq_redis_get_begin(conn_, a_, kSeqA, "k", &t), PQ_ERR_INVALID_ARGUMENT,
+                   "exists");
+  REDIS_EXPECT_ERR(pq_redis_get_begin(conn_, b_, kSeqB, "k", nullptr), PQ_ERR_INVALID_ARGUMENT,
+                   "out");
+  REDIS_EXPECT_ERR(pq_redis_get_begin(conn_, b_, kSeqB, "", &t), PQ_ERR_INVALID_ARGUMENT, "key");
+  REDIS_EXPECT_ERR(pq_redis_get_begin(conn_, b_, kSeqB, "nothing", &t), PQ_ERR_NOT_FOUND,
+                   "nothing");
+  EXPECT_EQ(t, nullptr);
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  REDIS_EXPECT_ERR(pq_redis_get_continue(nullptr, 1, nullptr), PQ_ERR_INVALID_ARGUMENT,
+                   "transfer");
+  REDIS_EXPECT_ERR(pq_redis_get_finish(nullptr), PQ_ERR_INVALID_ARGUMENT, "transfer");
+  REDIS_EXPECT_ERR(pq_redis_transfer_progress(nullptr, nullptr, nullptr, nullptr, nullptr),
+                   PQ_ERR_INVALID_ARGUMENT, "transfer");
+  pq_redis_transfer_free(nullptr);  // a no-op
   expect_a_usable();
   pq_redis_close(nullptr);  // a no-op
 }
