@@ -48,6 +48,10 @@ type Error struct {
 	Op      string // the C function, e.g. "pq_create"
 	Status  Status
 	Message string
+	// Needed is, for ErrBufferTooSmall from RestoreSequenceBegin or
+	// RestoreSequenceKV, the bytes the call needs from the start of the
+	// slice it was given; 0 otherwise.
+	Needed uint64
 }
 
 func (e *Error) Error() string { return "pqcache: " + e.Message }

@@ -177,3 +177,67 @@ func (c *Context) RestoreSequenceFile(seq uint64, path string) error {
 		return Status(C.pq_sequence_restore_file(cContext(h), C.uint64_t(seq), p))
 	})
 }
+
+// RestoreSequenceBegin begins a restore in pieces, for a state that arrives
+// in parts (a shared tier, a network): it reads the state's description
+// from the start of state (header, every layer's PQ index and selector
+// state, about 1% of the bytes, saved before any K/V; state may hold more)
+// and adds seq (pq_sequence_restore_begin). The whole sequence's memory is
+// reserved now. Its PQ selections work at once and equal the saved
+// sequence's; every call that needs K/V (FetchKV, DecodeAttend,
+// DecodeAppend, PrefillLayer, TruncateSequence, ForkSequence, SaveSequence)
+// and a select with another selector is ErrBadState until
+// RestoreSequenceKV has brought that layer's. consumed is the bytes read:
+// the first RestoreSequenceKV starts there. If state ends before the
+// description does, nothing is added and the error is an *Error with
+// ErrBufferTooSmall whose Needed is the bytes needed from the state's
+// start. Other errors: as RestoreSequence.
+func (c *Context) RestoreSequenceBegin(seq uint64, state []byte) (consumed uint64, err error) {
+	return c.restoreStep("pq_sequence_restore_begin", state,
+		func(h pqswig.Struct_SS_pq_context, data unsafe.Pointer, size C.uint64_t, out *C.uint64_t) Status {
+			return Status(C.pq_sequence_restore_begin(cContext(h), C.uint64_t(seq), data, size, out))
+		})
+}
+
+// RestoreSequenceKV reads exactly one next section of a restore begun with
+// RestoreSequenceBegin (pq_sequence_restore_kv): data starts at the first
+// byte not yet read (the sum of the consumed so far) and may hold more;
+// consumed is the section's size. The sections are each layer's K/V in
+// layer order, then the end section; after the end section the sequence is
+// complete and further calls are ErrBadState. A data shorter than the
+// section is an *Error with ErrBufferTooSmall whose Needed is the section's
+// size. A section that fails its checksum or comes out of order is
+// ErrCorrupt and changes nothing (the right bytes may be given again); K/V
+// that do not fit the layer, or hold a NaN or Inf, are ErrCorrupt and end
+// the restore (the sequence must be removed). Calls for one seq must not
+// overlap; selections on seq may run meanwhile.
+func (c *Context) RestoreSequenceKV(seq uint64, data []byte) (consumed uint64, err error) {
+	return c.restoreStep("pq_sequence_restore_kv", data,
+		func(h pqswig.Struct_SS_pq_context, p unsafe.Pointer, size C.uint64_t, out *C.uint64_t) Status {
+			return Status(C.pq_sequence_restore_kv(cContext(h), C.uint64_t(seq), p, size, out))
+		})
+}
+
+// restoreStep makes one pq_sequence_restore_begin or _kv call (op) over
+// data; on ErrBufferTooSmall the error's Needed is what the call wrote.
+func (c *Context) restoreStep(op string, data []byte,
+	f func(h pqswig.Struct_SS_pq_context, p unsafe.Pointer, size C.uint64_t, out *C.uint64_t) Status) (uint64, error) {
+	var consumed C.uint64_t
+	// An empty slice passes a non-NULL pointer too: a short state, not a
+	// NULL argument.
+	err := c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return f(h, bytesPointer(data), C.uint64_t(len(data)), &consumed)
+	})
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Status == ErrBufferTooSmall {
+			e.Needed = uint64(consumed)
+		}
+		return 0, err
+	}
+	if uint64(consumed) > uint64(len(data)) {
+		return 0, &Error{Op: op, Status: ErrInternal,
+			Message: fmt.Sprintf("%s: reported %d bytes read of %d", op, uint64(consumed), len(data))}
+	}
+	return uint64(consumed), nil
+}

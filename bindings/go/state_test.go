@@ -21,24 +21,36 @@ func selectAndFetch(t *testing.T, ctx *Context, seq uint64, query Tensor) ([][]i
 	return heads(sels[0]), keys[0], values[0]
 }
 
-func TestTruncateForkSaveAndRestoreKeepSelectionsAndRows(t *testing.T) {
-	const prompt = 600 // two full 256-token chunks and a partial one
-	ctx := newRefContext(t)
-	if err := ctx.AddSequence(1); err != nil {
+// statePrompt is the state tests' prompt: two full 256-token chunks and a
+// partial one.
+const statePrompt = 600
+
+// addPrefilled adds seq to ctx with a statePrompt-token prefill and 4
+// decode steps (the state tests' sequence).
+func addPrefilled(t *testing.T, ctx *Context, seq uint64) {
+	t.Helper()
+	const prompt = statePrompt
+	if err := ctx.AddSequence(seq); err != nil {
 		t.Fatal(err)
 	}
 	kv := prompt * refKVHeads * refHeadDim
-	if err := ctx.PrefillLayer(1, 0, TensorF32(refGenerate(61, kv), prompt, refKVHeads, refHeadDim),
+	if err := ctx.PrefillLayer(seq, 0, TensorF32(refGenerate(61, kv), prompt, refKVHeads, refHeadDim),
 		TensorF32(refGenerate(62, kv), prompt, refKVHeads, refHeadDim)); err != nil {
 		t.Fatal(err)
 	}
 	for step := uint32(0); step < 4; step++ {
 		row := refKVHeads * refHeadDim
-		if err := ctx.DecodeAppend(1, 0, TensorF32(refGenerate(63+2*step, row), 1, refKVHeads, refHeadDim),
+		if err := ctx.DecodeAppend(seq, 0, TensorF32(refGenerate(63+2*step, row), 1, refKVHeads, refHeadDim),
 			TensorF32(refGenerate(64+2*step, row), 1, refKVHeads, refHeadDim)); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+func TestTruncateForkSaveAndRestoreKeepSelectionsAndRows(t *testing.T) {
+	const prompt = statePrompt
+	ctx := newRefContext(t)
+	addPrefilled(t, ctx, 1)
 	wantLength := func(c *Context, seq uint64, want int64) {
 		t.Helper()
 		if n, err := c.SequenceLength(seq, 0); err != nil || n != want {
@@ -141,4 +153,78 @@ func errorsIsAny(err error, statuses ...Status) bool {
 		}
 	}
 	return false
+}
+
+func TestRestoreInPiecesSelectsBeforeTheKVArrive(t *testing.T) {
+	ctx := newRefContext(t)
+	addPrefilled(t, ctx, 1)
+	query := TensorF32(refGenerate(71, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
+	wantSel, wantK, wantV := selectAndFetch(t, ctx, 1, query)
+	state, err := ctx.SaveSequence(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The description arrives first: grow the prefix until it is enough.
+	other := newRefContext(t)
+	prefix := uint64(0)
+	var begun uint64
+	for {
+		begun, err = other.RestoreSequenceBegin(1, state[:prefix])
+		if err == nil {
+			break
+		}
+		wantError(t, err, ErrBufferTooSmall)
+		needed := err.(*Error).Needed
+		if needed <= prefix || needed > uint64(len(state)) {
+			t.Fatalf("a prefix of %d bytes needs %d of %d", prefix, needed, len(state))
+		}
+		if n, _ := other.SequenceCount(); n != 0 {
+			t.Fatalf("a short begin added a sequence")
+		}
+		prefix = needed
+	}
+	if begun == 0 || begun > prefix || begun >= uint64(len(state))/2 {
+		t.Fatalf("began with %d bytes of %d (prefix %d)", begun, len(state), prefix)
+	}
+	if n, err := other.SequenceLength(1, 0); err != nil || n != statePrompt+4 {
+		t.Fatalf("SequenceLength = %d, %v", n, err)
+	}
+
+	// It selects as the saved sequence does before any K/V; a fetch waits
+	// for them.
+	sels := selectOneByOne(t, other, []uint64{1}, []Tensor{query})
+	if got := heads(sels[0]); !reflect.DeepEqual(got, wantSel) {
+		t.Fatalf("before the K/V it selects %v, the saved one %v", got, wantSel)
+	}
+	keys, values := fetchOutputs(sels)
+	it := fetchItems([]uint64{1}, sels, keys, values)[0]
+	wantError(t, other.FetchKV(1, 0, it.Selection, it.Keys, it.Values), ErrBadState)
+
+	// Then one section a call, each given all the rest; a short slice reads
+	// nothing and says how many bytes the section needs.
+	_, err = other.RestoreSequenceKV(1, state[begun:begun+4])
+	wantError(t, err, ErrBufferTooSmall)
+	if needed := err.(*Error).Needed; needed <= 4 {
+		t.Fatalf("4 bytes of a K/V section need %d", needed)
+	}
+	at, sections := begun, 0
+	for at < uint64(len(state)) {
+		n, err := other.RestoreSequenceKV(1, state[at:])
+		if err != nil {
+			t.Fatalf("section %d at %d: %v", sections, at, err)
+		}
+		at += n
+		sections++
+	}
+	if at != uint64(len(state)) || sections != 2 {
+		t.Fatalf("%d sections read %d bytes of %d; want one layer's K/V and the end", sections, at, len(state))
+	}
+	_, err = other.RestoreSequenceKV(1, state[begun:])
+	wantError(t, err, ErrBadState)
+
+	sel, k, v := selectAndFetch(t, other, 1, query)
+	if !reflect.DeepEqual(sel, wantSel) || !reflect.DeepEqual(k, wantK) || !reflect.DeepEqual(v, wantV) {
+		t.Fatalf("after the K/V arrived it selects or fetches other than the saved sequence")
+	}
 }

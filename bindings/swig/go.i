@@ -57,3 +57,5 @@
 %ignore pq_sequence_save_file;
 %ignore pq_sequence_restore;
 %ignore pq_sequence_restore_file;
+%ignore pq_sequence_restore_begin;
+%ignore pq_sequence_restore_kv;
