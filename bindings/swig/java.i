@@ -130,6 +130,11 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
 %apply void* DIRECT_BUFFER { void* buffer, const void* data };
 %apply long long* OUTPUT { uint64_t* out_bytes, uint64_t* out_written };
 %ignore pq_sequence_save;
+/* pq_sequence_restore_begin / _kv write *out_consumed on PQ_ERR_BUFFER_TOO_SMALL
+ * too (the bytes needed), but a failing status throws before a long[1]
+ * output is copied back: so out_consumed is an 8-byte direct buffer (native
+ * order) that the library writes in place, read after the exception. */
+%apply void* DIRECT_BUFFER { uint64_t* out_consumed };
 
 /* pq_observe_attention's probabilities: a direct buffer as well. */
 %apply void* DIRECT_BUFFER { const float* probs };

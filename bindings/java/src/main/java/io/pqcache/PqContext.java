@@ -347,14 +347,7 @@ public final class PqContext implements AutoCloseable {
    * buffer is read in place, a heap buffer is copied first.
    */
   public void restoreSequence(long seqId, ByteBuffer state) {
-    Objects.requireNonNull(state, "state");
-    ByteBuffer bytes = state.slice(); // starts at the position: its address is the data's
-    if (!bytes.isDirect()) {
-      ByteBuffer copy = ByteBuffer.allocateDirect(bytes.remaining());
-      copy.put(0, bytes, 0, bytes.remaining());
-      bytes = copy;
-    }
-    ByteBuffer data = bytes;
+    ByteBuffer data = directBytes(state, "state");
     run(h -> {
       try {
         pqcache.pq_sequence_restore(h, seqId, data, data.remaining());
@@ -372,6 +365,70 @@ public final class PqContext implements AutoCloseable {
   public void restoreSequence(long seqId, Path path) {
     String file = Objects.requireNonNull(path, "path").toString();
     run(h -> pqcache.pq_sequence_restore_file(h, seqId, file));
+  }
+
+  /**
+   * Begins a restore in pieces, for a state that arrives in parts (a shared
+   * tier, a network): reads the state's description from its start (header,
+   * every layer's PQ index and selector state, about 1% of the bytes, saved
+   * before any K/V; {@code state} may hold more) and adds {@code seqId}
+   * (pq_sequence_restore_begin). The whole sequence's memory is reserved now.
+   * Its PQ selections work at once and equal the saved sequence's; every call
+   * that needs K/V (fetch, attend, append, prefill, truncate, fork, save) and
+   * a select with another selector throws BAD_STATE until
+   * {@link #restoreSequenceKV(long, ByteBuffer)} has brought that layer's.
+   * The bytes are copied into native memory for the call.
+   *
+   * @return the bytes read: the first restoreSequenceKV starts there
+   * @throws PqBufferTooSmallException the state ends before the description
+   *     does: nothing was added; {@link PqBufferTooSmallException#needed()}
+   *     is the bytes needed from the state's start
+   * @throws PqException as {@link #restoreSequence(long, byte[])}
+   */
+  public long restoreSequenceBegin(long seqId, byte[] state) {
+    return restoreSequenceBegin(seqId, ByteBuffer.wrap(Objects.requireNonNull(state, "state")));
+  }
+
+  /**
+   * {@link #restoreSequenceBegin(long, byte[])} from the bytes between the
+   * buffer's position and limit (the position does not move): a direct
+   * buffer is read in place, a heap buffer is copied first.
+   */
+  public long restoreSequenceBegin(long seqId, ByteBuffer state) {
+    return restoreStep(state, "state",
+        (h, data, consumed) -> pqcache.pq_sequence_restore_begin(h, seqId, data, data.remaining(),
+            consumed));
+  }
+
+  /**
+   * Reads exactly one next section of a restore begun with
+   * {@link #restoreSequenceBegin(long, ByteBuffer)} (pq_sequence_restore_kv)
+   * from the bytes between the buffer's position and limit (the position does
+   * not move; a direct buffer is read in place, a heap buffer is copied
+   * first): they start at the first byte not yet read (the sum of the bytes
+   * consumed so far) and may hold more. The sections are each layer's K/V in
+   * layer order, then the end section; after the end section the sequence is
+   * complete and further calls throw BAD_STATE. Calls for one sequence must
+   * not overlap; selections on it may run meanwhile.
+   *
+   * @return the section's size: the next call starts after it
+   * @throws PqBufferTooSmallException the bytes end before the section does:
+   *     nothing was read; {@link PqBufferTooSmallException#needed()} is the
+   *     section's size
+   * @throws PqException CORRUPT: a section that fails its checksum or comes
+   *     out of order changes nothing (the right bytes may be given again);
+   *     K/V that do not fit the layer, or hold a NaN or Inf, end the restore
+   *     (the sequence must be removed). BAD_STATE: no restore in progress
+   */
+  public long restoreSequenceKV(long seqId, ByteBuffer data) {
+    return restoreStep(data, "data",
+        (h, bytes, consumed) -> pqcache.pq_sequence_restore_kv(h, seqId, bytes, bytes.remaining(),
+            consumed));
+  }
+
+  /** {@link #restoreSequenceKV(long, ByteBuffer)} from a whole array (copied). */
+  public long restoreSequenceKV(long seqId, byte[] data) {
+    return restoreSequenceKV(seqId, ByteBuffer.wrap(Objects.requireNonNull(data, "data")));
   }
 
   // --- prefill and decode ---
@@ -803,6 +860,51 @@ public final class PqContext implements AutoCloseable {
     call(h -> {
       op.accept(h);
       return null;
+    });
+  }
+
+  /**
+   * The bytes between the buffer's position and limit as a direct buffer
+   * whose address is the first of them: a slice of a direct one, else a
+   * copy.
+   */
+  private static ByteBuffer directBytes(ByteBuffer buffer, String name) {
+    ByteBuffer bytes = Objects.requireNonNull(buffer, name).slice();
+    if (bytes.isDirect()) {
+      return bytes;
+    }
+    ByteBuffer copy = ByteBuffer.allocateDirect(bytes.remaining());
+    copy.put(0, bytes, 0, bytes.remaining());
+    return copy;
+  }
+
+  /** pq_sequence_restore_begin or _kv: data, and an 8-byte direct buffer for out_consumed. */
+  @FunctionalInterface
+  private interface RestoreCall {
+    void apply(long context, ByteBuffer data, ByteBuffer consumed);
+  }
+
+  /**
+   * One pq_sequence_restore_begin or _kv call: the bytes read, or
+   * PqBufferTooSmallException with the bytes needed (the library writes
+   * out_consumed on PQ_ERR_BUFFER_TOO_SMALL too).
+   */
+  private long restoreStep(ByteBuffer buffer, String name, RestoreCall op) {
+    ByteBuffer data = directBytes(buffer, name);
+    ByteBuffer consumed = ByteBuffer.allocateDirect(Long.BYTES).order(ByteOrder.nativeOrder());
+    return call(h -> {
+      try {
+        op.apply(h, data, consumed);
+      } catch (PqException e) {
+        if (e.status() == Status.BUFFER_TOO_SMALL) {
+          throw new PqBufferTooSmallException(e.code(), e.libraryMessage(), consumed.getLong(0));
+        }
+        throw e;
+      } finally {
+        Reference.reachabilityFence(data);
+        Reference.reachabilityFence(consumed);
+      }
+      return consumed.getLong(0);
     });
   }
 

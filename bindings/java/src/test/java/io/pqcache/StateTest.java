@@ -50,19 +50,24 @@ class StateTest {
     return e;
   }
 
+  /** Adds seqId with a PROMPT-token prefill and 4 decode steps (the state tests' sequence). */
+  private static void addPrefilled(PqContext ctx, long seqId) {
+    int row = ctx.kvHeads() * ctx.headDim();
+    ctx.addSequence(seqId);
+    ctx.prefillLayer(seqId, 0, PROMPT, ReferenceCycle.generate(61, PROMPT * row),
+        ReferenceCycle.generate(62, PROMPT * row));
+    for (int step = 0; step < 4; step++) {
+      ctx.decodeAppend(seqId, 0, 1, ReferenceCycle.generate(63 + 2 * step, row),
+          ReferenceCycle.generate(64 + 2 * step, row));
+    }
+    assertEquals(PROMPT + 4, ctx.sequenceLength(seqId, 0));
+  }
+
   @Test
   void truncateForkSaveAndRestoreKeepSelectionsAndRows(@TempDir Path dir) throws IOException {
     try (PqContext ctx = new PqContext(ReferenceCycle.config());
         PqContext other = new PqContext(ReferenceCycle.config())) {
-      int row = ctx.kvHeads() * ctx.headDim();
-      ctx.addSequence(1);
-      ctx.prefillLayer(1, 0, PROMPT, ReferenceCycle.generate(61, PROMPT * row),
-          ReferenceCycle.generate(62, PROMPT * row));
-      for (int step = 0; step < 4; step++) {
-        ctx.decodeAppend(1, 0, 1, ReferenceCycle.generate(63 + 2 * step, row),
-            ReferenceCycle.generate(64 + 2 * step, row));
-      }
-      assertEquals(PROMPT + 4, ctx.sequenceLength(1, 0));
+      addPrefilled(ctx, 1);
 
       // Two rejected speculative tokens rolled back; more than the sequence
       // holds is refused.
@@ -127,5 +132,62 @@ class StateTest {
     assertEquals(pq_status.PQ_ERR_INCOMPATIBLE, Status.INCOMPATIBLE.code());
     assertEquals(Status.CORRUPT, Status.fromCode(-9));
     assertEquals(Status.INCOMPATIBLE, Status.fromCode(-10));
+  }
+
+  @Test
+  void restoreInPiecesSelectsBeforeTheKVArrive() {
+    try (PqContext ctx = new PqContext(ReferenceCycle.config());
+        PqContext other = new PqContext(ReferenceCycle.config())) {
+      addPrefilled(ctx, 1);
+      float[] query = ReferenceCycle.generate(71, ctx.queryHeads() * ctx.headDim());
+      Step want = new Step(ctx, 1, query);
+      byte[] state = ctx.saveSequence(1);
+
+      // The description arrives first: grow the prefix until it is enough.
+      int prefix = 0;
+      long consumed;
+      while (true) {
+        try {
+          consumed = other.restoreSequenceBegin(1, ByteBuffer.wrap(state, 0, prefix));
+          break;
+        } catch (PqBufferTooSmallException e) {
+          assertEquals(Status.BUFFER_TOO_SMALL, e.status(), e.getMessage());
+          assertTrue(e.needed() > prefix && e.needed() <= state.length,
+              "a prefix of " + prefix + " needs " + e.needed());
+          assertEquals(0, other.sequenceCount(), "a short begin adds nothing");
+          prefix = (int) e.needed();
+        }
+      }
+      final long begun = consumed;
+      assertTrue(begun > 0 && begun <= prefix && begun < state.length / 2, "began with " + begun);
+      assertEquals(PROMPT + 4, other.sequenceLength(1, 0));
+
+      // It selects as the saved sequence does before any K/V; a fetch waits
+      // for them.
+      Selection selection = other.decodeSelect(1, 0, query);
+      for (int h = 0; h < selection.kvHeads(); h++) {
+        assertArrayEquals(want.positions[h], selection.positions(h), "head " + h + " before the K/V");
+      }
+      float[] rows = new float[other.kvHeads() * selection.capacity() * other.headDim()];
+      assertStatus(Status.BAD_STATE, () -> other.fetchKV(1, 0, selection, rows, rows.clone()));
+
+      // Then one section a call, each given all the rest (a direct buffer,
+      // read in place); a short one reads nothing and says what it needs.
+      ByteBuffer direct = ByteBuffer.allocateDirect(state.length).put(0, state);
+      PqBufferTooSmallException shortSection = assertThrows(PqBufferTooSmallException.class,
+          () -> other.restoreSequenceKV(1, ByteBuffer.wrap(state, (int) begun, 4)));
+      assertTrue(shortSection.needed() > 4, "4 bytes of a K/V section need " + shortSection.needed());
+      long at = begun;
+      int sections = 0;
+      while (at < state.length) {
+        at += other.restoreSequenceKV(1, direct.position((int) at));
+        sections++;
+      }
+      assertEquals(state.length, at);
+      assertEquals(2, sections, "one layer's K/V, then the end section");
+      assertStatus(Status.BAD_STATE, () -> other.restoreSequenceKV(1, ByteBuffer.wrap(state)));
+
+      new Step(other, 1, query).assertSame(want, "after the K/V arrived");
+    }
   }
 }
