@@ -1,5 +1,6 @@
 // Moving a long sequence between contexts: through Redis on loopback
-// (pq_redis_put / pq_redis_get), through a file (pq_sequence_save_file /
+// (pq_redis_put / pq_redis_get, and the streaming get: pq_redis_get_begin,
+// the first selection, pq_redis_get_finish), through a file (pq_sequence_save_file /
 // pq_sequence_restore_file) and, for contrast, a plain re-prefill of the
 // same K/V (pq_sequence_add + pq_prefill_layer per layer + pq_wait_builds),
 // interleaved, repeated; prints medians, bytes, the ratio against the
@@ -203,7 +204,8 @@ int main(int argc, char** argv) {
   const std::string path = dir + "/bench_redis_state." + std::to_string(getpid());
 
   std::vector<double> put_s, get_s, get_sel_s, save_s, restore_s, restore_sel_s, prefill_s,
-      prefill_sel_s;
+      prefill_sel_s, begin_s, begin_sel_s, stream_s;
+  uint64_t begin_bytes = 0;
   uint64_t file_bytes = 0;
   uint64_t seq = 100;
   for (int rep = 0; rep < reps; ++rep) {
@@ -215,6 +217,19 @@ int main(int argc, char** argv) {
     check(pq_redis_get(conn, dst.ctx, seq, "bench"), "pq_redis_get");
     get_s.push_back(now_s() - t);
     get_sel_s.push_back(dst.first_select(seq));
+    check(pq_sequence_remove(dst.ctx, seq++), "pq_sequence_remove");
+    // The streaming get: the first selection after the description's blocks,
+    // then the rest.
+    t = now_s();
+    pq_redis_transfer* transfer = nullptr;
+    check(pq_redis_get_begin(conn, dst.ctx, seq, "bench", &transfer), "pq_redis_get_begin");
+    begin_s.push_back(now_s() - t);
+    begin_sel_s.push_back(dst.first_select(seq));
+    check(pq_redis_transfer_progress(transfer, &begin_bytes, nullptr, nullptr, nullptr),
+          "pq_redis_transfer_progress");
+    check(pq_redis_get_finish(transfer), "pq_redis_get_finish");
+    stream_s.push_back(now_s() - t);
+    pq_redis_transfer_free(transfer);
     check(pq_sequence_remove(dst.ctx, seq++), "pq_sequence_remove");
     // A file (the page cache keeps it: a warm file).
     t = now_s();
@@ -236,10 +251,10 @@ int main(int argc, char** argv) {
     prefill_s.push_back(now_s() - t);
     prefill_sel_s.push_back(dst.first_select(seq));
     check(pq_sequence_remove(dst.ctx, seq++), "pq_sequence_remove");
-    std::printf("bench_redis: rep %d: redis put %.3f get %.3f | file save %.3f restore %.3f | "
-                "re-prefill %.3f s\n",
-                rep, put_s.back(), get_s.back(), save_s.back(), restore_s.back(),
-                prefill_s.back());
+    std::printf("bench_redis: rep %d: redis put %.3f get %.3f | streamed begin %.3f whole %.3f | "
+                "file save %.3f restore %.3f | re-prefill %.3f s\n",
+                rep, put_s.back(), get_s.back(), begin_s.back(), stream_s.back(), save_s.back(),
+                restore_s.back(), prefill_s.back());
     std::fflush(stdout);
   }
   std::string used = "?";
@@ -270,6 +285,18 @@ int main(int argc, char** argv) {
   row("file", median(save_s), median(restore_s), median(restore_sel_s));
   std::printf("  %-12s                  prefill+build %8.3f s   first select %7.2f ms\n",
               "re-prefill", pf, pf_sel * 1e3);
+  // Time to the first selection: the streaming get against the whole get and
+  // the re-prefill.
+  const double begin_first = median(begin_s) + median(begin_sel_s);
+  const double get_first = median(get_s) + median(get_sel_s);
+  std::printf("  %-12s begin %8.3f s (%.2f MiB fetched, %.2f%% of the state)   first select "
+              "%7.2f ms   whole %8.3f s\n",
+              "redis stream", median(begin_s), begin_bytes / 1048576.0,
+              100.0 * begin_bytes / state_bytes, median(begin_sel_s) * 1e3, median(stream_s));
+  std::printf("  time to the first selection: streamed %.3f s, whole get %.3f s (%.1fx sooner), "
+              "re-prefill %.3f s (%.1fx sooner)\n",
+              begin_first, get_first, get_first / begin_first, pf + pf_sel,
+              (pf + pf_sel) / begin_first);
   std::printf("bench_redis: load average at end: %s\n", loadavg().c_str());
 
   pq_redis_close(conn);
