@@ -523,6 +523,47 @@ static PyObject* pq_py_sequence_save_bytes(pq_context* ctx, uint64_t seq_id) {
     size = written; /* the size needed now */
   }
 }
+
+/* --- sequence state: a restore in pieces ---------------------------------- */
+/* pq_sequence_restore_begin or _kv over data, without the GIL: the bytes
+ * read as an int. PQ_ERR_BUFFER_TOO_SMALL raises PQError with .needed, the
+ * bytes the call needs from data's start (what it wrote into *out_consumed,
+ * which the status typemap would drop). */
+typedef pq_status (*pq_py_restore_fn)(pq_context*, uint64_t, const void*, uint64_t, uint64_t*);
+static PyObject* pq_py_restore_step(pq_py_restore_fn fn, pq_context* ctx, uint64_t seq_id,
+                                    const void* data, uint64_t size) {
+  uint64_t consumed = 0;
+  pq_status status;
+  Py_BEGIN_ALLOW_THREADS
+  status = fn(ctx, seq_id, data, size, &consumed);
+  Py_END_ALLOW_THREADS
+  if (status == PQ_OK) return PyLong_FromUnsignedLongLong((unsigned long long)consumed);
+  pq_py_raise(status);
+  if (status == PQ_ERR_BUFFER_TOO_SMALL) {
+    PyObject *type, *value, *traceback, *needed;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    needed = PyLong_FromUnsignedLongLong((unsigned long long)consumed);
+    if (needed == NULL || value == NULL || PyObject_SetAttrString(value, "needed", needed) != 0) {
+      Py_XDECREF(needed);
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(traceback);
+      return NULL; /* the error of the failed step is set */
+    }
+    Py_DECREF(needed);
+    PyErr_Restore(type, value, traceback);
+  }
+  return NULL;
+}
+static PyObject* pq_py_sequence_restore_begin(pq_context* ctx, uint64_t seq_id,
+                                              const void* data, uint64_t size) {
+  return pq_py_restore_step(pq_sequence_restore_begin, ctx, seq_id, data, size);
+}
+static PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id,
+                                           const void* data, uint64_t size) {
+  return pq_py_restore_step(pq_sequence_restore_kv, ctx, seq_id, data, size);
+}
 %}
 
 %init %{
@@ -725,6 +766,19 @@ PyObject* pq_py_sequence_save_bytes(pq_context* ctx, uint64_t seq_id);
 %typemap(freearg) (const void* data, uint64_t size) {
   PyBuffer_Release(&view$argnum);
 }
+/* pq_sequence_restore_begin / _kv(ctx, seq_id, data) read any C-contiguous
+ * buffer and return the bytes read; too few bytes raise PQError
+ * PQ_ERR_BUFFER_TOO_SMALL with .needed (pq_py_restore_step above). */
+%ignore pq_sequence_restore_begin;
+%ignore pq_sequence_restore_kv;
+%exception pq_py_sequence_restore_begin %{ $action %}
+%exception pq_py_sequence_restore_kv %{ $action %}
+%rename(pq_sequence_restore_begin) pq_py_sequence_restore_begin;
+%rename(pq_sequence_restore_kv) pq_py_sequence_restore_kv;
+PyObject* pq_py_sequence_restore_begin(pq_context* ctx, uint64_t seq_id, const void* data,
+                                       uint64_t size);
+PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void* data,
+                                    uint64_t size);
 %typemap(in, numinputs=0) uint64_t* out_bytes (uint64_t value = 0),
                           uint64_t* out_written (uint64_t value = 0) {
   $1 = &value;

@@ -34,7 +34,9 @@ Sequence state: truncate rolls a sequence back, fork copies it (sharing full
 chunks), save / save_file write its state and restore / restore_file add it
 back, in this or another context of the same geometry. A damaged state raises
 PQError with status_name "PQ_ERR_CORRUPT", one from another format version or
-geometry "PQ_ERR_INCOMPATIBLE".
+geometry "PQ_ERR_INCOMPATIBLE". restore_begin and restore_kv restore a state
+that arrives in pieces: the sequence selects before its K/V have arrived; too
+few bytes raise PQError "PQ_ERR_BUFFER_TOO_SMALL" with .needed.
 """
 
 from __future__ import annotations
@@ -292,6 +294,39 @@ class Context:
         damaged bytes), PQ_ERR_INCOMPATIBLE (another format version or
         geometry), PQ_ERR_OUT_OF_MEMORY."""
         _c.pq_sequence_restore(self._ctx, seq, state)
+
+    def restore_begin(self, seq: int, state) -> int:
+        """Begins a restore in pieces, for a state that arrives in parts (a
+        shared tier, a network): reads the state's description from its start
+        (header, every layer's PQ index and selector state, about 1% of the
+        bytes, saved before any K/V; `state` may hold more) and adds seq
+        (pq_sequence_restore_begin). Returns the bytes read: the first
+        restore_kv starts there. The whole sequence's memory is reserved now.
+        Its PQ selections work at once and equal the saved sequence's; every
+        call that needs K/V (fetch, attend, append, prefill, truncate, fork,
+        save) and a select with another selector raises PQ_ERR_BAD_STATE
+        until restore_kv has brought that layer's. `state`: bytes or any
+        C-contiguous buffer (a memoryview slice is not copied). If it ends
+        before the description does, nothing is added and PQError
+        PQ_ERR_BUFFER_TOO_SMALL is raised with .needed, the bytes needed from
+        the state's start. Other errors: as restore."""
+        return _c.pq_sequence_restore_begin(self._ctx, seq, state)
+
+    def restore_kv(self, seq: int, data) -> int:
+        """Reads exactly one next section of a restore begun with
+        restore_begin (pq_sequence_restore_kv) and returns its size: `data`
+        starts at the first byte not yet read (the sum of what was returned
+        so far; pass memoryview(state)[at:] to avoid a copy) and may hold
+        more. The sections are each layer's K/V in layer order, then the end
+        section; after the end section the sequence is complete and further
+        calls raise PQ_ERR_BAD_STATE. Too short a `data` raises PQError
+        PQ_ERR_BUFFER_TOO_SMALL with .needed, the section's size. A section
+        that fails its checksum or comes out of order raises PQ_ERR_CORRUPT
+        and changes nothing (the right bytes may be given again); K/V that do
+        not fit the layer, or hold a NaN or Inf, raise PQ_ERR_CORRUPT and end
+        the restore (the sequence must be removed). Calls for one seq must
+        not overlap; selections on seq may run meanwhile."""
+        return _c.pq_sequence_restore_kv(self._ctx, seq, data)
 
     def restore_file(self, seq: int, path: PathLike) -> None:
         """restore from the file at `path` (pq_sequence_restore_file); a

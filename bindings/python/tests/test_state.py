@@ -23,15 +23,20 @@ def select_and_fetch(ctx, seq, query):
     return [h.tolist() for h in selection.heads()], keys, values
 
 
+def add_prefilled(ctx, seq):
+    """Adds seq with a PROMPT-token prefill and 4 decode steps (the state tests' sequence)."""
+    ctx.add_sequence(seq)
+    ctx.prefill(seq, 0, reference_values(61, PROMPT * KV * DIM).reshape(PROMPT, KV, DIM),
+                reference_values(62, PROMPT * KV * DIM).reshape(PROMPT, KV, DIM))
+    for step in range(4):
+        ctx.append(seq, 0, reference_values(63 + 2 * step, KV * DIM).reshape(1, KV, DIM),
+                   reference_values(64 + 2 * step, KV * DIM).reshape(1, KV, DIM))
+    assert ctx.length(seq, 0) == PROMPT + 4
+
+
 def test_truncate_fork_save_and_restore_keep_selections_and_rows(tmp_path):
     with make_context() as ctx, make_context() as other:
-        ctx.add_sequence(1)
-        ctx.prefill(1, 0, reference_values(61, PROMPT * KV * DIM).reshape(PROMPT, KV, DIM),
-                    reference_values(62, PROMPT * KV * DIM).reshape(PROMPT, KV, DIM))
-        for step in range(4):
-            ctx.append(1, 0, reference_values(63 + 2 * step, KV * DIM).reshape(1, KV, DIM),
-                       reference_values(64 + 2 * step, KV * DIM).reshape(1, KV, DIM))
-        assert ctx.length(1, 0) == PROMPT + 4
+        add_prefilled(ctx, 1)
 
         # Two rejected speculative tokens rolled back; more than the sequence
         # holds is refused.
@@ -116,3 +121,53 @@ def test_truncate_fork_save_and_restore_keep_selections_and_rows(tmp_path):
 def test_new_statuses_are_named():
     assert pqcache.STATUS_NAMES[-9] == "PQ_ERR_CORRUPT"
     assert pqcache.STATUS_NAMES[-10] == "PQ_ERR_INCOMPATIBLE"
+
+
+def test_restore_in_pieces_selects_before_the_kv_arrive():
+    with make_context() as ctx, make_context() as other:
+        add_prefilled(ctx, 1)
+        query = reference_values(71, Q * DIM).reshape(Q, DIM)
+        want_sel, want_k, want_v = select_and_fetch(ctx, 1, query)
+        state = ctx.save(1)
+        view = memoryview(state)
+
+        # The description arrives first: grow the prefix until it is enough.
+        prefix = 0
+        while True:
+            try:
+                begun = other.restore_begin(1, view[:prefix])
+                break
+            except pqcache.PQError as e:
+                assert e.status_name == "PQ_ERR_BUFFER_TOO_SMALL", e
+                assert prefix < e.needed <= len(state), (prefix, e.needed)
+                assert other.sequence_count() == 0  # a short begin adds nothing
+                prefix = e.needed
+        assert 0 < begun <= prefix and begun < len(state) // 2
+        assert other.length(1, 0) == PROMPT + 4
+
+        # It selects as the saved sequence does before any K/V; a fetch waits
+        # for them.
+        selection = other.select(1, 0, query)
+        assert [h.tolist() for h in selection.heads()] == want_sel
+        with pytest.raises(pqcache.PQError) as e:
+            other.fetch(1, 0, selection)
+        assert e.value.status_name == "PQ_ERR_BAD_STATE"
+
+        # Then one section a call, each given all the rest; a short one reads
+        # nothing and says how many bytes the section needs.
+        with pytest.raises(pqcache.PQError) as e:
+            other.restore_kv(1, view[begun:begun + 4])
+        assert e.value.status_name == "PQ_ERR_BUFFER_TOO_SMALL" and e.value.needed > 4
+        at, sections = begun, 0
+        while at < len(state):
+            at += other.restore_kv(1, view[at:])
+            sections += 1
+        assert at == len(state) and sections == 2  # one layer's K/V, then the end
+        with pytest.raises(pqcache.PQError) as e:
+            other.restore_kv(1, state[begun:])
+        assert e.value.status_name == "PQ_ERR_BAD_STATE"
+
+        sel, k, v = select_and_fetch(other, 1, query)
+        assert sel == want_sel
+        np.testing.assert_array_equal(k, want_k)
+        np.testing.assert_array_equal(v, want_v)
