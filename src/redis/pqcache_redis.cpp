@@ -645,7 +645,10 @@ struct pq_redis_transfer {
       n -= take;
       if (carry.size() < carry_want) continue;
       // Whole: read it, or learn its real size (only its header was asked for).
-      if (feed_section(carry.data(), carry.size()) != 0) carry.clear();
+      if (feed_section(carry.data(), carry.size()) != 0)
+        carry.clear();
+      else
+        carry.reserve(static_cast<size_t>(carry_want));  // one section, no doubling
     }
   }
 

@@ -529,9 +529,24 @@ TEST_F(RedisTier, MissingKeyIsNotFound) {
 TEST_F(RedisTier, BlockSizes) {
   const uint64_t size = state_size(a_, kSeqA);
   ASSERT_GT(size, 5000u);
+  // A block size that cuts layer 1's K/V section header in two (8 bytes in
+  // block 0, which holds the description and layer 0's K/V): the streaming
+  // get's carry buffer first learns only the header's size.
+  uint64_t description = 0;
+  {
+    REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+    pq_redis_transfer* t = nullptr;
+    REDIS_ASSERT_OK(pq_redis_get_begin(conn_, b_, 99, "k", &t));
+    REDIS_ASSERT_OK(pq_redis_transfer_progress(t, nullptr, &description, nullptr, nullptr));
+    pq_redis_transfer_free(t);
+  }
+  int64_t tokens0 = 0;
+  PQ_ASSERT_OK(pq_sequence_length(a_, kSeqA, 0, &tokens0));
+  const uint64_t kv0_section = 16 + 2 * static_cast<uint64_t>(tokens0) * kKvHeads * kDim * 2 + 4;
+  const uint64_t header_split = description + kv0_section + 8;
   uint64_t seq = 100;
-  for (uint64_t block : {uint64_t{1000}, uint64_t{4097}, uint64_t{65539}, size - 1, size,
-                         size + 1, uint64_t{1} << 24}) {
+  for (uint64_t block : {uint64_t{1000}, uint64_t{4097}, uint64_t{65539}, header_split, size - 1,
+                         size, size + 1, uint64_t{1} << 24}) {
     SCOPED_TRACE("block_bytes " + std::to_string(block));
     REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", block));
     uint64_t bytes = 0, bb = 0, count = 0;
