@@ -382,6 +382,10 @@ TEST_F(StateTest, FilesAreWrittenAtomically) {
   EXPECT_TRUE(IsError(pq_sequence_restore_file(ctx, 5, (dir + "/missing").c_str()),
                       PQ_ERR_NOT_FOUND, {"missing"}));
   EXPECT_TRUE(IsError(pq_sequence_save_file(ctx, 1, nullptr), PQ_ERR_INVALID_ARGUMENT, {"path"}));
+  // A path that cannot be read as a file (a directory: it opens, but does
+  // not map) is a backend error naming it.
+  EXPECT_TRUE(IsError(pq_sequence_restore_file(ctx, 6, dir.c_str()), PQ_ERR_BACKEND,
+                      {dir.c_str()}));
   std::string listing;
   std::unique_ptr<FILE, int (*)(FILE*)> ls(popen(("ls -a " + dir).c_str(), "r"), pclose);
   char buf[256];
@@ -638,6 +642,14 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
     std::memcpy(&b[index.offset + 16 + 32 + 8], &inf, 4);
     reseal(b, index);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"centroid"}));
+  }
+  // A section of a type version 1 does not have, sealed.
+  {
+    std::vector<uint8_t> b = bytes_;
+    const uint32_t unknown = 7;
+    std::memcpy(&b[kv.offset], &unknown, 4);
+    reseal(b, kv);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"unknown type 7"}));
   }
   // Bytes after the end section.
   {
