@@ -175,6 +175,11 @@ int64_t KvStore::shared_chunks() const {
   return n;
 }
 
+void KvStore::truncate_under_readers(int64_t tokens) noexcept {
+  truncate(tokens);
+  if (tokens_ % kChunkTokens != 0) chunks_.back()->shared.store(true);
+}
+
 KvStore::Snapshot KvStore::snapshot() const {
   Snapshot s;
   s.chunks.assign(chunks_.begin(), chunks_.end());

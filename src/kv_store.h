@@ -23,9 +23,10 @@ class KvStore {
   // It holds its share of the budget (its K/V and the state that grows with
   // its tokens elsewhere: codes, selector and cache state) while it lives.
   //
-  // A chunk another store shares (pq_sequence_fork) is marked `shared` for
+  // A chunk another store shares (pq_sequence_fork), or whose dropped rows a
+  // snapshot may still read (truncate_under_readers), is marked `shared` for
   // good, and no store writes into it again: an append that would write
-  // into a shared partial chunk (after a truncate) copies it first.
+  // into a shared partial chunk copies it first.
   struct Chunk {
     Chunk(size_t bytes_per_tensor, Reservation charge);
     std::unique_ptr<uint8_t[]> keys;
@@ -88,6 +89,10 @@ class KvStore {
   // Drops the tokens from `tokens` on (and the chunks they alone used):
   // undoes an append whose call failed afterwards. Never throws.
   void truncate(int64_t tokens) noexcept;
+  // truncate() for pq_sequence_truncate: the rows it drops may still be read
+  // by a snapshot (an index build in flight, cancelled or not), so a partial
+  // last chunk is marked shared and the next append writes into a copy.
+  void truncate_under_readers(int64_t tokens) noexcept;
 
  private:
   size_t chunk_bytes() const { return 2 * tensor_bytes_per_chunk(); }

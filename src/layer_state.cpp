@@ -64,7 +64,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
     pq_index_count_tuples(*index_, 0, tokens);
   }
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
-  store_.truncate(tokens);
+  store_.truncate_under_readers(tokens);
   if (selector_state_) selector_state_->truncate(tokens);
   reset_cache_and_device(seq.stream);
   update_mirrors();
