@@ -675,7 +675,16 @@ TEST_F(RedisTier, StreamingGetSelectsBeforeTheKvArrive) {
       selects++;
     }
   });
-  const pq_status finished = pq_redis_get_finish(t);
+  // At least one selection between two blocks, so that they interleave
+  // whatever the scheduler does; finish then completes the transfer.
+  pq_status finished = PQ_OK;
+  int seen = 0;
+  for (done = 0; done == 0 && finished == PQ_OK;) {
+    while (selects.load() <= seen) std::this_thread::yield();
+    seen = selects.load();
+    finished = pq_redis_get_continue(t, 1, &done);
+  }
+  if (finished == PQ_OK) finished = pq_redis_get_finish(t);
   stop = true;
   selector.join();
   REDIS_ASSERT_OK(finished);
