@@ -293,18 +293,13 @@ void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
                              str(static_cast<int64_t>(section.size)) + " bytes; " +
                              str(static_cast<int64_t>(2 * tensor_bytes)) + " expected for " +
                              str(n) + " tokens");
-  pq_tensor keys{}, values{};
-  for (pq_tensor* t : {&keys, &values}) {
-    t->dtype = c.dtype;
-    t->memory = PQ_MEMORY_HOST;
-    t->tokens = n;
-    t->heads = heads;
-    t->head_dim = c.head_dim;
-    t->token_stride = c.head_dim;
-    t->head_stride = n * c.head_dim;
-  }
-  keys.data = const_cast<uint8_t*>(section.data);
-  values.data = const_cast<uint8_t*>(section.data + tensor_bytes);
+  // The section is [kv head][token][head_dim] keys, then values: head-major.
+  pq_tensor keys, values;
+  if (pq_tensor_init(&keys, const_cast<uint8_t*>(section.data), c.dtype, PQ_LAYOUT_HEAD_MAJOR, n,
+                     heads, c.head_dim) != PQ_OK ||
+      pq_tensor_init(&values, const_cast<uint8_t*>(section.data + tensor_bytes), c.dtype,
+                     PQ_LAYOUT_HEAD_MAJOR, n, heads, c.head_dim) != PQ_OK)
+    fail(PQ_ERR_INTERNAL, "the K/V views of a restored layer could not be made");
   if (!store_.copy_in(0, keys, values, shared_.pool.get())) {
     try {
       reject_non_finite(keys, "keys");  // names the first bad element

@@ -90,7 +90,7 @@ void StateWriter::begin(uint32_t type, int32_t layer, uint64_t payload_bytes) {
 void StateWriter::payload(const void* data, size_t size) {
   if (!open_ || size > left_)
     fail(PQ_ERR_INTERNAL, "a state section got more payload than its header announced");
-  crc_ = crc32c(data, size, crc_);
+  if (write_ != nullptr) crc_ = crc32c(data, size, crc_);  // a count needs no checksum
   emit(data, size);
   left_ -= size;
 }

@@ -475,6 +475,17 @@ void reseal(std::vector<uint8_t>& b, const SectionAt& s) {
   std::memcpy(&b[s.offset + 16 + s.payload], &crc, 4);
 }
 
+// A copy of `b` with `value` written at byte `at` of section `s`'s frame
+// (16 is the payload's first byte), resealed.
+template <typename T>
+std::vector<uint8_t> patched(const std::vector<uint8_t>& b, const SectionAt& s, size_t at,
+                             T value) {
+  std::vector<uint8_t> out = b;
+  std::memcpy(&out[s.offset + at], &value, sizeof value);
+  reseal(out, s);
+  return out;
+}
+
 void reseal_header(std::vector<uint8_t>& b) {
   const uint32_t crc = reference_crc32c(b.data(), 52);
   std::memcpy(&b[52], &crc, 4);
@@ -619,35 +630,25 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
   }
   // A NaN key.
   {
-    std::vector<uint8_t> b = bytes_;
     const float nan = std::nanf("");
-    std::memcpy(&b[kv.offset + 16 + 64], &nan, 4);
-    reseal(b, kv);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"keys and values", "layer 0"}));
+    EXPECT_TRUE(Refused(patched(bytes_, kv, 16 + 64, nan), PQ_ERR_CORRUPT,
+                        {"keys and values", "layer 0"}));
   }
   // More prefill than tokens in the layer section.
   {
-    std::vector<uint8_t> b = bytes_;
     const int64_t prefill = 10000;
-    std::memcpy(&b[meta.offset + 16 + 8], &prefill, 8);
-    reseal(b, meta);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"prefill"}));
+    EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 8, prefill), PQ_ERR_CORRUPT, {"prefill"}));
   }
   // Sections out of order: layer 0's section claims layer 1.
   {
-    std::vector<uint8_t> b = bytes_;
     const int32_t layer = 1;
-    std::memcpy(&b[meta.offset + 4], &layer, 4);
-    reseal(b, meta);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"layer 1", "layer 0"}));
+    EXPECT_TRUE(Refused(patched(bytes_, meta, 4, layer), PQ_ERR_CORRUPT, {"layer 1", "layer 0"}));
   }
   // Layer 1's K/V where layer 0's are expected.
   {
-    std::vector<uint8_t> b = bytes_;
     const int32_t layer = 1;
-    std::memcpy(&b[kv.offset + 4], &layer, 4);
-    reseal(b, kv);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"keys and values of layer 0"}));
+    EXPECT_TRUE(Refused(patched(bytes_, kv, 4, layer), PQ_ERR_CORRUPT,
+                        {"keys and values of layer 0"}));
   }
   // Flags that announce no index while an index section follows.
   {
@@ -658,19 +659,13 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
   }
   // An index that codes more tokens than the layer holds.
   {
-    std::vector<uint8_t> b = bytes_;
     const int64_t coded = 306;
-    std::memcpy(&b[index.offset + 16], &coded, 8);
-    reseal(b, index);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"306", "index"}));
+    EXPECT_TRUE(Refused(patched(bytes_, index, 16, coded), PQ_ERR_CORRUPT, {"306", "index"}));
   }
   // A non-finite centroid.
   {
-    std::vector<uint8_t> b = bytes_;
     const float inf = INFINITY;
-    std::memcpy(&b[index.offset + 16 + 32 + 8], &inf, 4);
-    reseal(b, index);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"centroid"}));
+    EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 32 + 8, inf), PQ_ERR_CORRUPT, {"centroid"}));
   }
   // A section of a type version 1 does not have, sealed.
   {
