@@ -508,11 +508,13 @@ PQ_API pq_status pq_sequence_truncate(pq_context* ctx, uint64_t seq_id,
 /* Adds child_id holding the same tokens as parent_id (many requests with
  * one system prompt, parallel samples). Full chunks of 256 tokens are
  * shared, copy-on-write, and the host memory limit counts them once; the
- * last, partial chunk of each layer is copied. The child gets the parent's
- * PQ index (centroids and codes; no K-Means runs) and selector state, an
- * empty block cache and its own statistics; the parent is unchanged. From
- * then on each grows on its own chunks. Waits for the parent's index
- * builds in flight.
+ * last, partial chunk of each layer is copied. The child shares the
+ * parent's PQ index (the centroids, and the codes of the prefix: a prefix
+ * of fewer than 4,096 coded tokens has its codes copied, at most 4,096 x
+ * pq_subspaces bytes per kv head; no K-Means runs), gets a copy of its
+ * selector state, an empty block cache and its own statistics; the parent
+ * is unchanged. From then on each grows on its own chunks and codes.
+ * Waits for the parent's index builds in flight.
  * Errors: PQ_ERR_NOT_FOUND (parent), PQ_ERR_INVALID_ARGUMENT (child_id
  * exists), PQ_ERR_OUT_OF_MEMORY (limit; no child was added), PQ_ERR_BAD_STATE
  * (a build of the parent failed), the parent's pending ingest error.
@@ -861,6 +863,9 @@ typedef struct pq_stats {
   int64_t tokens;            /* tokens stored, summed over layers */
   uint64_t kv_bytes;         /* host bytes held by K/V stores */
   uint64_t index_bytes;      /* host bytes held by codes and centroids */
+  /* (K/V chunks, codes and centroids a fork shares are in the kv_bytes
+   * and index_bytes of every sequence that holds them; host_bytes counts
+   * shared K/V once.) */
   uint64_t builds_finished;  /* index builds completed */
   uint64_t builds_cancelled; /* builds superseded or cancelled */
   uint64_t kmeans_iterations; /* iterations run, summed over builds */

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "block_cache.h"
+#include "code_column.h"
 #include "kv_store.h"
 #include "pqcache.h"
 
@@ -33,7 +34,7 @@ struct PqLayerSelectArgs {
   int32_t subspaces;
   int32_t centroids;
   const float* lut;           // [kv_heads][group_size][subspaces][centroids]
-  const uint8_t* const* codes;  // per kv head: host codes of tokens [0, coded_tokens)
+  const CodeColumn* codes;    // per kv head: host codes of tokens [0, coded_tokens)
   int64_t coded_tokens;
   int64_t begin, end;         // the middle tokens to score, end <= coded_tokens
   int32_t combine;            // pq_gqa_combine, logits raw * scale

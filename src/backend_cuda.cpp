@@ -113,9 +113,7 @@ class CudaBackend final : public Backend {
       auto* d = static_cast<uint8_t*>(arena.get(
           StreamScratch::kCodes, static_cast<size_t>(a.kv_heads) * n * m));
       for (int32_t h = 0; h < a.kv_heads; ++h)
-        check(k_->copy_async(d + static_cast<size_t>(h) * n * m, a.codes[h] + a.begin * m,
-                             static_cast<size_t>(n) * m, s, err, sizeof err),
-              "codes upload", err);
+        upload_codes(a.codes[h], a.begin, a.end, d + static_cast<size_t>(h) * n * m, s);
       d_codes = d;
       stride = n;
       begin = 0;
@@ -321,6 +319,19 @@ class CudaBackend final : public Backend {
     return *slot;
   }
 
+  // Copies the codes of tokens [first, end) to d, one copy per run of the
+  // column (one, unless the sequence is a fork).
+  void upload_codes(const CodeColumn& codes, int64_t first, int64_t end, uint8_t* d,
+                    void* s) const {
+    char err[512] = {0};
+    const int32_t m = codes.code_bytes();
+    codes.for_each_run(first, end, [&](int64_t run_first, int64_t n, const uint8_t* p) {
+      check(k_->copy_async(d + (run_first - first) * m, p, static_cast<size_t>(n) * m, s, err,
+                           sizeof err),
+            "codes upload", err);
+    });
+  }
+
   // The layer's codes on the device, tokens [0, a.end) of every kv head
   // present: uploads only what was coded since the last call (a rebuilt
   // index, or a grown buffer, uploads everything again).
@@ -347,10 +358,8 @@ class CudaBackend final : public Backend {
       auto* d = static_cast<uint8_t*>(layer.d_codes);
       const int64_t from = layer.codes_uploaded;
       for (int32_t h = 0; h < a.kv_heads; ++h)
-        check(k_->copy_async(d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m,
-                             a.codes[h] + from * m, static_cast<size_t>(a.end - from) * m, s, err,
-                             sizeof err),
-              "codes upload", err);
+        upload_codes(a.codes[h], from, a.end,
+                     d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m, s);
       layer.codes_uploaded = a.end;
     }
     return static_cast<const uint8_t*>(layer.d_codes);

@@ -186,10 +186,7 @@ void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, u
              " reach past the coded tokens: tokens [0, " + str(coded) +
              ") have codes (a build codes every token it covers; decode tokens are coded when "
              "they leave the local window)");
-  const int32_t m = shared_.config.pq_subspaces;
-  if (count > 0)
-    std::memcpy(out, index_->codes[static_cast<size_t>(kv_head)].data() + first * m,
-                static_cast<size_t>(count) * m);
+  index_->codes[static_cast<size_t>(kv_head)].copy_out(first, count, out);
 }
 
 void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
@@ -197,7 +194,7 @@ void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_index(seq_id);
   const int64_t floats = (int64_t{1} << shared_.config.pq_bits) * shared_.config.head_dim;
-  std::memcpy(out, index_->codebook.at(kv_head, 0), static_cast<size_t>(floats) * sizeof(float));
+  std::memcpy(out, index_->codebook->at(kv_head, 0), static_cast<size_t>(floats) * sizeof(float));
 }
 
 void Layer::add_sizes(pq_stats* out) const {

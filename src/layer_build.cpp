@@ -131,21 +131,20 @@ void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Sna
   params.max_iterations = shared.iteration_budget(snap.tokens, training);
 
   auto index = std::make_unique<PqIndex>();
+  auto codebook = std::make_shared<PqCodebook>();
   const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens, gather,
-                                             params, *shared.pool, &task.cancel, &index->codebook);
+                                             params, *shared.pool, &task.cancel, codebook.get());
+  index->codebook = std::move(codebook);
   if (report.cancelled || task.cancel.load()) {
     shared.counters.builds_cancelled.fetch_add(1);
     seq_counters.builds_cancelled.fetch_add(1);
     return;
   }
   const int32_t m = config.pq_subspaces;
-  index->codes.resize(static_cast<size_t>(config.num_kv_heads));
+  index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
   std::vector<uint8_t*> heads(index->codes.size());
-  for (size_t h = 0; h < heads.size(); ++h) {
-    index->codes[h].resize(static_cast<size_t>(snap.tokens) * m);
-    heads[h] = index->codes[h].data();
-  }
-  encode_tokens(index->codebook, head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
+  for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens);
+  encode_tokens(*index->codebook, head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
   pq_index_count_tuples(*index, 0, snap.tokens);
   index->coded_tokens = snap.tokens;
   index->iterations = report.iterations;
@@ -166,7 +165,6 @@ void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Sna
 void Layer::code_tokens(int64_t end) {
   PqIndex& index = *index_;
   if (index.coded_tokens >= end) return;
-  const int32_t m = shared_.config.pq_subspaces;
   const int32_t dtype = shared_.config.dtype;
   const int32_t head_dim = shared_.config.head_dim;
   const KvStore& store = store_;
@@ -178,16 +176,12 @@ void Layer::code_tokens(int64_t end) {
   std::vector<uint8_t*> heads(index.codes.size());
   // Capacity in whole chunks, never more: the memory limit counts the codes
   // per chunk of the store (memory_cost.h), which resize's doubling passes.
-  const size_t chunked = static_cast<size_t>((end + KvStore::kChunkTokens - 1) /
-                                             KvStore::kChunkTokens * KvStore::kChunkTokens) * m;
-  for (size_t h = 0; h < heads.size(); ++h) {
-    index.codes[h].reserve(chunked);
-    index.codes[h].resize(static_cast<size_t>(end) * m);
-    heads[h] = index.codes[h].data() + index.coded_tokens * m;
-  }
+  const int64_t chunked =
+      (end + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens * KvStore::kChunkTokens;
+  for (size_t h = 0; h < heads.size(); ++h) heads[h] = index.codes[h].grow(end, chunked);
   const int64_t count = end - index.coded_tokens;
   // A decode step codes one token: not worth waking the pool.
-  encode_tokens(index.codebook, head_dim, index.coded_tokens, count, gather,
+  encode_tokens(*index.codebook, head_dim, index.coded_tokens, count, gather,
                 count >= 4096 ? shared_.pool.get() : nullptr, heads.data());
   pq_index_count_tuples(index, index.coded_tokens, end);
   index.coded_tokens = end;

@@ -58,8 +58,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
     }
     index_.reset();
   } else if (index_ && index_->coded_tokens > tokens) {
-    const int32_t m = shared_.config.pq_subspaces;
-    for (auto& codes : index_->codes) codes.resize(static_cast<size_t>(tokens) * m);
+    for (auto& codes : index_->codes) codes.shrink(tokens);
     index_->coded_tokens = tokens;
     pq_index_count_tuples(*index_, 0, tokens);
   }
@@ -87,7 +86,7 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
       "forking layer " + str(layer_index_) + " (the fork's own codes, selector and cache state "
                                              "for " + str(full_chunks) + " shared chunks)");
   std::unique_ptr<PqIndex> index;
-  if (parent.index_) index = std::make_unique<PqIndex>(*parent.index_);
+  if (parent.index_) index = std::make_unique<PqIndex>(parent.index_->fork());
   std::unique_ptr<SelectorState> selector_state;
   if (parent.selector_state_) selector_state = parent.selector_state_->clone();
   store_.fork_from(parent.store_);  // the last step that can fail
@@ -133,7 +132,7 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
   out.section(state::kLayerMeta, layer_index_, meta.bytes());
 
   if (index_) {
-    const PqCodebook& cb = index_->codebook;
+    const PqCodebook& cb = *index_->codebook;
     ByteWriter head;
     head.put<int64_t>(index_->coded_tokens);
     head.put<int32_t>(index_->iterations);
@@ -145,7 +144,10 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
               head.bytes().size() + cb.data.size() * sizeof(float) + codes * index_->codes.size());
     out.payload(head.bytes().data(), head.bytes().size());
     out.payload(cb.data.data(), cb.data.size() * sizeof(float));
-    for (const auto& c : index_->codes) out.payload(c.data(), codes);
+    for (const auto& c : index_->codes)
+      c.for_each_run(0, index_->coded_tokens, [&](int64_t, int64_t count, const uint8_t* data) {
+        out.payload(data, static_cast<size_t>(count) * cb.subspaces);
+      });
     out.end_section();
   }
   if (selector_state_) {
@@ -195,7 +197,8 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
   index->seconds = in.get<double>("build seconds");
   if (index->coded_tokens < 0 || index->coded_tokens > tokens)
     in.corrupt("it codes " + str(index->coded_tokens) + " tokens; the layer holds " + str(tokens));
-  PqCodebook& cb = index->codebook;
+  auto codebook = std::make_shared<PqCodebook>();
+  PqCodebook& cb = *codebook;
   cb.heads = c.num_kv_heads;
   cb.subspaces = c.pq_subspaces;
   cb.centroids = 1 << c.pq_bits;
@@ -210,17 +213,17 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
   std::memcpy(cb.data.data(), in.take(floats * sizeof(float), "centroids"), floats * sizeof(float));
   for (float f : cb.data)
     if (!std::isfinite(f)) in.corrupt("a centroid is not finite");
-  index->codes.resize(static_cast<size_t>(cb.heads));
-  const size_t chunked = static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
-                                             KvStore::kChunkTokens * KvStore::kChunkTokens) *
-                         cb.subspaces;
+  index->codebook = std::move(codebook);
+  index->codes.assign(static_cast<size_t>(cb.heads), CodeColumn(cb.subspaces));
+  const int64_t chunked =
+      (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens * KvStore::kChunkTokens;
   for (auto& head : index->codes) {
     const uint8_t* p = in.take(codes, "codes");
-    head.reserve(chunked);
-    head.assign(p, p + codes);
+    uint8_t* dst = head.grow(index->coded_tokens, chunked);
+    if (codes > 0) std::memcpy(dst, p, codes);
     if (c.pq_bits < 8)
-      for (uint8_t code : head)
-        if (code >= cb.centroids)
+      for (uint64_t i = 0; i < codes; ++i)
+        if (const uint8_t code = p[i]; code >= cb.centroids)
           in.corrupt("a code is " + str(code) + "; pq_bits " + str(c.pq_bits) + " allows < " +
                      str(cb.centroids));
   }

@@ -33,14 +33,12 @@ inline uint32_t tuple_of_any(const uint8_t* codes, int64_t i, int32_t m, int32_t
   return t;
 }
 
-// counts[t] = tokens whose tuple is t. Several interleaved copies for small
-// tables, so that equal tuples in a row do not wait on each other's stores.
+// Adds the tuples of n tokens into h: `copies` interleaved tables of
+// `tuples` entries (4 for small tables, so that equal tuples in a row do
+// not wait on each other's stores).
 template <int M>
-void count_tuples(const uint8_t* codes, int64_t n, int32_t b, uint32_t tuples,
-                  std::vector<uint32_t>& counts) {
-  const int copies = tuples <= 4096 ? 4 : 1;
-  counts.assign(static_cast<size_t>(copies) * tuples, 0);
-  uint32_t* h = counts.data();
+void add_tuples(const uint8_t* codes, int64_t n, int32_t b, uint32_t tuples, int copies,
+                uint32_t* h) {
   if (copies == 4) {
     const int64_t whole = n - n % 4;
     for (int64_t i = 0; i < whole; i += 4) {
@@ -50,18 +48,37 @@ void count_tuples(const uint8_t* codes, int64_t n, int32_t b, uint32_t tuples,
       ++h[3 * tuples + tuple_of<M>(codes, i + 3, b)];
     }
     for (int64_t i = whole; i < n; ++i) ++h[tuple_of<M>(codes, i, b)];
-    for (int c = 1; c < 4; ++c)
-      for (uint32_t t = 0; t < tuples; ++t) h[t] += h[c * tuples + t];
-    counts.resize(tuples);
   } else {
     for (int64_t i = 0; i < n; ++i) ++h[tuple_of<M>(codes, i, b)];
   }
 }
 
-void count_tuples_any(const uint8_t* codes, int64_t n, int32_t m, int32_t b, uint32_t tuples,
-                      std::vector<uint32_t>& counts) {
-  counts.assign(tuples, 0);
-  for (int64_t i = 0; i < n; ++i) ++counts[tuple_of_any(codes, i, m, b)];
+// counts[t] = tokens of [first, end) whose tuple is t, over the column's runs.
+void count_tuples(const CodeColumn& codes, int64_t first, int64_t end, int32_t m, int32_t b,
+                  uint32_t tuples, std::vector<uint32_t>& counts) {
+  const int copies = (m == 2 || m == 4) && tuples <= 4096 ? 4 : 1;
+  counts.assign(static_cast<size_t>(copies) * tuples, 0);
+  uint32_t* h = counts.data();
+  codes.for_each_run(first, end, [&](int64_t, int64_t n, const uint8_t* p) {
+    switch (m) {
+      case 2: add_tuples<2>(p, n, b, tuples, copies, h); break;
+      case 4: add_tuples<4>(p, n, b, tuples, copies, h); break;
+      default:
+        for (int64_t i = 0; i < n; ++i) ++h[tuple_of_any(p, i, m, b)];
+        break;
+    }
+  });
+  for (int c = 1; c < copies; ++c)
+    for (uint32_t t = 0; t < tuples; ++t) h[t] += h[c * tuples + t];
+  counts.resize(tuples);
+}
+
+// Takes the tuples of tokens [first, end) out of counts.
+void uncount_tuples(const CodeColumn& codes, int64_t first, int64_t end, int32_t m, int32_t b,
+                    std::vector<uint32_t>& counts) {
+  codes.for_each_run(first, end, [&](int64_t, int64_t n, const uint8_t* p) {
+    for (int64_t i = 0; i < n; ++i) --counts[tuple_of_any(p, i, m, b)];
+  });
 }
 
 // The weighted top k over tuple keys: the key K of the k-th best token and
@@ -105,8 +122,8 @@ int64_t pq_tuple_table_size(int32_t subspaces, int32_t centroids) {
 }
 
 void pq_index_count_tuples(PqIndex& index, int64_t from, int64_t to) {
-  const int32_t m = index.codebook.subspaces, b = log2_of(index.codebook.centroids);
-  const int64_t size = pq_tuple_table_size(m, index.codebook.centroids);
+  const int32_t m = index.codebook->subspaces, b = log2_of(index.codebook->centroids);
+  const int64_t size = pq_tuple_table_size(m, index.codebook->centroids);
   if (size == 0) return;
   index.tuple_counts.resize(index.codes.size());
   for (size_t h = 0; h < index.codes.size(); ++h) {
@@ -116,8 +133,9 @@ void pq_index_count_tuples(PqIndex& index, int64_t from, int64_t to) {
       counts.assign(static_cast<size_t>(size), 0);
       start = 0;
     }
-    const uint8_t* codes = index.codes[h].data();
-    for (int64_t i = start; i < to; ++i) ++counts[tuple_of_any(codes, i, m, b)];
+    index.codes[h].for_each_run(start, to, [&](int64_t, int64_t n, const uint8_t* p) {
+      for (int64_t i = 0; i < n; ++i) ++counts[tuple_of_any(p, i, m, b)];
+    });
   }
 }
 
@@ -127,7 +145,8 @@ bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n) {
 }
 
 void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, int32_t centroids,
-                     const uint8_t* codes, int64_t n, int64_t first, int32_t combine, float scale,
+                     const CodeColumn& codes, int64_t n, int64_t first, int32_t combine,
+                     float scale,
                      int64_t k, int32_t* out, SelectScratch& scratch,
                      const TupleCountTable& table) {
   const int32_t m = subspaces, b = log2_of(centroids);
@@ -139,14 +158,10 @@ void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, in
   const int64_t after = table.coded - first - n;  // coded tokens past the middle
   if (table.counts && after >= 0 && first + after <= n) {
     counts.assign(table.counts, table.counts + tuples);
-    for (int64_t i = -first; i < 0; ++i) --counts[tuple_of_any(codes, i, m, b)];
-    for (int64_t i = n; i < n + after; ++i) --counts[tuple_of_any(codes, i, m, b)];
+    uncount_tuples(codes, 0, first, m, b, counts);
+    uncount_tuples(codes, first + n, table.coded, m, b, counts);
   } else {
-    switch (m) {
-      case 2: count_tuples<2>(codes, n, b, tuples, counts); break;
-      case 4: count_tuples<4>(codes, n, b, tuples, counts); break;
-      default: count_tuples_any(codes, n, m, b, tuples, counts); break;
-    }
+    count_tuples(codes, first, first + n, m, b, tuples, counts);
   }
 
   // 2. The tuples present, their raw scores per query head (the per-token
@@ -203,25 +218,28 @@ void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, in
   // 4. The positions, from the last token down, written from out[k - 1]
   // down so that they come out ascending; stops once k are found.
   int64_t w = k;
-  auto visit = [&](int64_t i, uint32_t t) {
-    const uint8_t c = cls[t];
-    const bool tie = c == 1 && ties > 0;
-    const bool take = c == 2 || tie;
-    ties -= tie;
-    out[w - 1] = static_cast<int32_t>(first + i);
-    w -= take;
-  };
-  switch (m) {
-    case 2:
-      for (int64_t i = n - 1; i >= 0 && w > 0; --i) visit(i, tuple_of<2>(codes, i, b));
-      break;
-    case 4:
-      for (int64_t i = n - 1; i >= 0 && w > 0; --i) visit(i, tuple_of<4>(codes, i, b));
-      break;
-    default:
-      for (int64_t i = n - 1; i >= 0 && w > 0; --i) visit(i, tuple_of_any(codes, i, m, b));
-      break;
-  }
+  codes.for_each_run_reverse(first, first + n, [&](int64_t run_first, int64_t count,
+                                                   const uint8_t* p) {
+    auto visit = [&](int64_t i, uint32_t t) {
+      const uint8_t c = cls[t];
+      const bool tie = c == 1 && ties > 0;
+      const bool take = c == 2 || tie;
+      ties -= tie;
+      out[w - 1] = static_cast<int32_t>(run_first + i);
+      w -= take;
+    };
+    switch (m) {
+      case 2:
+        for (int64_t i = count - 1; i >= 0 && w > 0; --i) visit(i, tuple_of<2>(p, i, b));
+        break;
+      case 4:
+        for (int64_t i = count - 1; i >= 0 && w > 0; --i) visit(i, tuple_of<4>(p, i, b));
+        break;
+      default:
+        for (int64_t i = count - 1; i >= 0 && w > 0; --i) visit(i, tuple_of_any(p, i, m, b));
+        break;
+    }
+  });
 }
 
 }  // namespace pq

@@ -26,6 +26,7 @@
 
 namespace pq {
 
+class CodeColumn;
 struct PqIndex;
 
 // Entries of a kept count table for m subspaces of `centroids` centroids:
@@ -47,15 +48,15 @@ struct TupleCountTable {
 // that counting beats scoring every token (n >= the number of tuples).
 bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n);
 
-// Selects the k (0 < k < n) best of tokens [first, first + n) whose codes
-// are codes[i * subspaces + j], with the lookup table lut[g][j][c] of the
-// group's query heads; writes the positions ascending into out. Ties go to
-// the larger position, as select_top_k's. With a table (first + n <=
-// table.coded), codes[(i - first) * subspaces] must be valid for every
-// token i in [0, table.coded): the middle's counts are the table's minus
-// the tokens outside [first, first + n).
+// Selects the k (0 < k < n) best of tokens [first, first + n) of the
+// column `codes`, with the lookup table lut[g][j][c] of the group's query
+// heads; writes the positions ascending into out. Ties go to the larger
+// position, as select_top_k's. With a table (first + n <= table.coded),
+// the column must hold tokens [0, table.coded): the middle's counts are
+// the table's minus the tokens outside [first, first + n).
 void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, int32_t centroids,
-                     const uint8_t* codes, int64_t n, int64_t first, int32_t combine, float scale,
+                     const CodeColumn& codes, int64_t n, int64_t first, int32_t combine,
+                     float scale,
                      int64_t k, int32_t* out, SelectScratch& scratch,
                      const TupleCountTable& table = {});
 

@@ -252,6 +252,44 @@ TEST_F(StateTest, ForkSelectsAsASequenceGivenTheSameTokens) {
   }
 }
 
+// A prefix of more than CodeColumn::kMinFrozenTokens coded tokens: the fork
+// shares the parent's codes (frozen runs) instead of copying them. Both
+// the tuple path (m x b = 2 x 4) and the per-token scan (4 x 8) read the
+// runs; a truncate of the parent into the shared codes, and its new
+// tokens, leave the child's selections as they were.
+TEST_F(StateTest, ForkOfALongPrefixSelectsThroughSharedCodes) {
+  for (int32_t m : {2, 4}) {
+    SCOPED_TRACE(m);
+    pq_config c = state_config(PQ_SELECTOR_PQ);
+    c.pq_subspaces = m;
+    c.pq_bits = m == 2 ? 4 : 8;
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    auto given = [&](uint64_t id, int64_t decoded) {  // prompt 4200, then stream 1 decode tokens
+      prefill(ctx, id, 1, 4200);
+      decode(ctx, id, 1, 4200, decoded);
+    };
+    given(1, 300);  // 4,484 coded tokens: the fork freezes them
+    ASSERT_EQ(pq_sequence_fork(ctx, 1, 2), PQ_OK) << pq_last_error();
+    given(3, 300);
+    ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+    EXPECT_TRUE(steps(ctx, 2, 4) == steps(ctx, 3, 4));
+    decode(ctx, 2, 2, 4500, 100);
+    decode(ctx, 3, 2, 4500, 100);
+    const std::vector<Step> child = steps(ctx, 2, 8);
+    EXPECT_TRUE(child == steps(ctx, 3, 8));
+
+    // The parent cuts into the codes it shares, then writes new tokens.
+    ASSERT_EQ(pq_sequence_truncate(ctx, 1, 4350), PQ_OK) << pq_last_error();
+    decode(ctx, 1, 5, 4350, 60);
+    given(4, 150);
+    decode(ctx, 4, 5, 4350, 60);
+    EXPECT_TRUE(steps(ctx, 1, 9) == steps(ctx, 4, 9));
+    EXPECT_TRUE(steps(ctx, 2, 8) == child) << "the parent's truncate changed the child";
+    EXPECT_EQ(stats(ctx).builds_finished, 3u * kLayers) << "no rebuild: the cut is after the prompt";
+  }
+}
+
 TEST_F(StateTest, ForkSharesFullChunksAndCountsThemOnce) {
   pq_config c = state_config(PQ_SELECTOR_PQ);
   Ctx ctx(c);

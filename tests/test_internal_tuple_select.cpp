@@ -3,10 +3,13 @@
 // select_top_k): bit-identical selections for MAX, MEAN and single-head
 // softmax, over shapes, many ties and the k edges; for softmax over a
 // group, the overlap the different rounding of the normalisers leaves.
+// Codes split into runs, as a fork leaves them (code_column.h), select as
+// contiguous ones do.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -37,11 +40,30 @@ std::vector<int32_t> reference(const std::vector<float>& lut, const std::vector<
   return out;
 }
 
+// The codes as a column; split, as forks leave them: frozen runs of a
+// little more than kMinFrozenTokens tokens each, then the tail.
+pq::CodeColumn column_of(const std::vector<uint8_t>& codes, int32_t m, bool split,
+                         int64_t first = 0) {
+  const int64_t n = static_cast<int64_t>(codes.size()) / m;
+  pq::CodeColumn column(m);
+  const int64_t step = split ? pq::CodeColumn::kMinFrozenTokens + 123 : n;
+  if (first > 0) std::memset(column.grow(first), 0, static_cast<size_t>(first) * m);
+  for (int64_t at = 0; at < n;) {
+    const int64_t end = std::min(n, at + step);
+    std::memcpy(column.grow(first + end), codes.data() + at * m, static_cast<size_t>(end - at) * m);
+    at = end;
+    if (at < n) column.fork();  // freezes the tail
+  }
+  return column;
+}
+
 std::vector<int32_t> tuple_path(const std::vector<float>& lut, const std::vector<uint8_t>& codes,
-                                const Case& c, int64_t first) {
+                                const Case& c, int64_t first, bool split = false) {
   pq::SelectScratch scratch;
   std::vector<int32_t> out(static_cast<size_t>(c.k), -1);
-  pq::pq_tuple_select(lut.data(), c.group, c.m, 1 << c.bits, codes.data(), c.n, first, c.combine,
+  const pq::CodeColumn column = column_of(codes, c.m, split, first);
+  if (split) EXPECT_GT(column.runs(), 1u);
+  pq::pq_tuple_select(lut.data(), c.group, c.m, 1 << c.bits, column, c.n, first, c.combine,
                       0.125f, c.k, out.data(), scratch);
   return out;
 }
@@ -92,7 +114,10 @@ TEST(TupleSelect, ExactCombinesSelectBitIdentically) {
     std::vector<float> lut;
     std::vector<uint8_t> codes;
     make_data(c, seed++, &lut, &codes);
-    EXPECT_EQ(tuple_path(lut, codes, c, 77), reference(lut, codes, c, 77));
+    const std::vector<int32_t> expected = reference(lut, codes, c, 77);
+    EXPECT_EQ(tuple_path(lut, codes, c, 77), expected);
+    if (c.n > 2 * pq::CodeColumn::kMinFrozenTokens)
+      EXPECT_EQ(tuple_path(lut, codes, c, 77, true), expected) << "split into runs";
   }
 }
 
@@ -136,20 +161,29 @@ TEST(TupleSelect, KeptCountsSelectWhatCountingSelects) {
   std::vector<uint32_t> table(size_t{1} << 12, 0);
   for (int64_t i = 0; i < coded; ++i) ++table[codes[size_t(2 * i)] | (codes[size_t(2 * i + 1)] << 6)];
   struct Middle { int64_t first, n; };
+  const pq::CodeColumn whole = column_of(codes, 2, false), split = column_of(codes, 2, true);
+  ASSERT_EQ(split.runs(), 3u);  // runs [0, 4219), [4219, 8438), [8438, 9000)
   for (const Middle mid : {Middle{0, 9000}, Middle{4, 8868}, Middle{4, 8996}, Middle{300, 5000},
                            Middle{4000, 4500}, Middle{4500, 4500}, Middle{6000, 2000}}) {
     for (int64_t k : {int64_t{1}, mid.n / 5, mid.n - 1}) {
       Case c = base;
       c.n = mid.n;
       c.k = k;
-      const uint8_t* at = codes.data() + 2 * mid.first;
-      std::vector<int32_t> counted(static_cast<size_t>(k), -1), kept(static_cast<size_t>(k), -2);
-      pq::SelectScratch s1, s2;
-      pq::pq_tuple_select(lut.data(), c.group, 2, 64, at, c.n, mid.first, c.combine, 0.125f, k,
+      std::vector<int32_t> counted(static_cast<size_t>(k), -1);
+      pq::SelectScratch s1;
+      pq::pq_tuple_select(lut.data(), c.group, 2, 64, whole, c.n, mid.first, c.combine, 0.125f, k,
                           counted.data(), s1);
-      pq::pq_tuple_select(lut.data(), c.group, 2, 64, at, c.n, mid.first, c.combine, 0.125f, k,
-                          kept.data(), s2, pq::TupleCountTable{table.data(), coded});
-      EXPECT_EQ(counted, kept) << "first " << mid.first << " n " << mid.n << " k " << k;
+      for (const pq::CodeColumn* column : {&whole, &split}) {
+        std::vector<int32_t> kept(static_cast<size_t>(k), -2), runs(static_cast<size_t>(k), -3);
+        pq::SelectScratch s2, s3;
+        pq::pq_tuple_select(lut.data(), c.group, 2, 64, *column, c.n, mid.first, c.combine,
+                            0.125f, k, kept.data(), s2, pq::TupleCountTable{table.data(), coded});
+        pq::pq_tuple_select(lut.data(), c.group, 2, 64, *column, c.n, mid.first, c.combine,
+                            0.125f, k, runs.data(), s3);
+        const char* what = column == &whole ? "one run" : "three runs";
+        EXPECT_EQ(counted, kept) << what << ", first " << mid.first << " n " << mid.n << " k " << k;
+        EXPECT_EQ(counted, runs) << what << ", first " << mid.first << " n " << mid.n << " k " << k;
+      }
     }
   }
 }
@@ -159,18 +193,22 @@ TEST(TupleSelect, KeptCountsSelectWhatCountingSelects) {
 // kept where the tuple space is large.
 TEST(TupleSelect, IndexTablesFollowTheCodedTokens) {
   pq::PqIndex index;
-  index.codebook.subspaces = 2;
-  index.codebook.centroids = 64;
+  auto codebook = std::make_shared<pq::PqCodebook>();
+  codebook->subspaces = 2;
+  codebook->centroids = 64;
+  index.codebook = codebook;
   std::mt19937 rng(3);
-  index.codes.assign(3, std::vector<uint8_t>(2 * 5000));
-  for (auto& head : index.codes)
+  std::vector<std::vector<uint8_t>> heads(3, std::vector<uint8_t>(2 * 5000));
+  for (auto& head : heads) {
     for (uint8_t& c : head) c = static_cast<uint8_t>(rng() % 64);
+    index.codes.push_back(column_of(head, 2, true));  // runs [0, 4219), [4219, 5000)
+  }
   pq::pq_index_count_tuples(index, 0, 4000);
   for (int64_t t = 4000; t < 5000; t += 7) pq::pq_index_count_tuples(index, t, std::min<int64_t>(t + 7, 5000));
   ASSERT_EQ(index.tuple_counts.size(), 3u);
   for (size_t h = 0; h < 3; ++h) {
     std::vector<uint32_t> fresh(4096, 0);
-    for (int64_t i = 0; i < 5000; ++i) ++fresh[index.codes[h][size_t(2 * i)] | (index.codes[h][size_t(2 * i + 1)] << 6)];
+    for (int64_t i = 0; i < 5000; ++i) ++fresh[heads[h][size_t(2 * i)] | (heads[h][size_t(2 * i + 1)] << 6)];
     EXPECT_EQ(index.tuple_counts[h], fresh) << "head " << h;
   }
   EXPECT_GE(index.bytes(), 3u * 4096 * sizeof(uint32_t));
@@ -178,9 +216,11 @@ TEST(TupleSelect, IndexTablesFollowTheCodedTokens) {
   EXPECT_EQ(pq::pq_tuple_table_size(2, 256), 0);  // 2x8: 64K tuples, not kept
   EXPECT_EQ(pq::pq_tuple_table_size(4, 16), 0);   // 4x4
   pq::PqIndex large;
-  large.codebook.subspaces = 4;
-  large.codebook.centroids = 16;
-  large.codes.assign(1, std::vector<uint8_t>(4 * 10, 1));
+  auto large_codebook = std::make_shared<pq::PqCodebook>();
+  large_codebook->subspaces = 4;
+  large_codebook->centroids = 16;
+  large.codebook = large_codebook;
+  large.codes.push_back(column_of(std::vector<uint8_t>(4 * 10, 1), 4, false));
   pq::pq_index_count_tuples(large, 0, 10);
   EXPECT_TRUE(large.tuple_counts.empty());
 }

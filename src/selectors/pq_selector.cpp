@@ -1,5 +1,6 @@
 // PQCache (paper section 3.4): score every middle token through a lookup
 // table of query sub-vector x centroid dot products, summed over the codes.
+#include <cstring>
 #include <vector>
 
 #include "pq_tuple_select.h"
@@ -32,9 +33,9 @@ class PqSelector final : public Selector {
   // combine and the top k.
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
-    const PqCodebook& cb = r.index->codebook;
+    const PqCodebook& cb = *r.index->codebook;
     std::vector<float> lut(lut_floats(cb, r.group_size));
-    build_lut(r.index->codebook, r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
+    build_lut(cb, r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
     return scan_on_host(r, lut.data(), out);
   }
 
@@ -44,18 +45,16 @@ class PqSelector final : public Selector {
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
     const int64_t m = r.middle();
     if (r.k == 0 || r.k >= m) return Selector::select_layer(r, out);  // nothing to score
-    const PqCodebook& cb = r.index->codebook;
+    const PqCodebook& cb = *r.index->codebook;
     const size_t per_head = lut_floats(cb, r.group_size);
     std::vector<float> luts(per_head * static_cast<size_t>(r.kv_heads));
     for (int32_t h = 0; h < r.kv_heads; ++h)
       build_lut(cb, h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim,
                 r.group_size, r.head_dim, luts.data() + per_head * h);
     const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces * r.kv_heads;
-    std::vector<const uint8_t*> codes(static_cast<size_t>(r.kv_heads));
-    for (int32_t h = 0; h < r.kv_heads; ++h) codes[static_cast<size_t>(h)] = r.index->codes[h].data();
     const PqLayerSelectArgs device_args{r.device,       r.index_generation, r.kv_heads,
                                         r.group_size,   cb.subspaces,       cb.centroids,
-                                        luts.data(),    codes.data(),       r.index->coded_tokens,
+                                        luts.data(),    r.index->codes.data(), r.index->coded_tokens,
                                         r.mid_begin,    r.mid_end,          r.combine,
                                         r.scale,        r.k,                r.stream};
     if (r.backend.pq_select_layer(device_args, out)) return bytes;
@@ -88,9 +87,8 @@ class PqSelector final : public Selector {
   // Scores the head's middle through its LUT, combines and takes the top k.
   uint64_t scan_on_host(const SelectionRequest& r, const float* lut, int32_t* out) const {
     const int64_t m = r.middle();
-    const PqCodebook& cb = r.index->codebook;
-    const uint8_t* codes =
-        r.index->codes[static_cast<size_t>(r.kv_head)].data() + r.mid_begin * cb.subspaces;
+    const PqCodebook& cb = *r.index->codebook;
+    const CodeColumn& codes = r.index->codes[static_cast<size_t>(r.kv_head)];
     const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
     // Few possible code tuples (m * b <= 16): score the tuples, not the
     // tokens (pq_tuple_select.h).
@@ -105,9 +103,31 @@ class PqSelector final : public Selector {
     }
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(r.group_size) * m);
-    r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, raw.data());
+    score_runs(r, lut, codes, raw.data());
     select_from_raw(r, raw.data(), out);
     return bytes;
+  }
+
+  // raw[g * middle + i]: query head g's score of middle token i, run by run
+  // (a fork's codes are several runs; code_column.h).
+  static void score_runs(const SelectionRequest& r, const float* lut, const CodeColumn& codes,
+                         float* raw) {
+    const PqCodebook& cb = *r.index->codebook;
+    const int64_t m = r.middle();
+    if (codes.runs() <= 1) {
+      codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t, int64_t n, const uint8_t* p) {
+        r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n, raw);
+      });
+      return;
+    }
+    std::vector<float> part;
+    codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t first, int64_t n, const uint8_t* p) {
+      part.resize(static_cast<size_t>(r.group_size) * n);
+      r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n, part.data());
+      for (int32_t g = 0; g < r.group_size; ++g)
+        std::memcpy(raw + static_cast<size_t>(g) * m + (first - r.mid_begin),
+                    part.data() + static_cast<size_t>(g) * n, static_cast<size_t>(n) * sizeof(float));
+    });
   }
 };
 

@@ -221,6 +221,39 @@ TEST_P(FakeCudaBackend, DecodeStepsMatchTheCpuBackend) {
   EXPECT_EQ(Fake::get().pending(), 0u) << "device work left behind after the last wait";
 }
 
+// A fork of a prefix long enough that its codes are shared as frozen runs
+// (code_column.h): the device selection uploads the child's codes run by
+// run, and parent and child, each going on with its own tokens, select and
+// fetch as on the CPU backend.
+TEST_P(FakeCudaBackend, ForkedSequencesMatchTheCpuBackend) {
+  const pq_config c = base_config(dtype_);
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  ASSERT_EQ(pq_sequence_add(cpu, 1), PQ_OK);
+  ASSERT_EQ(pq_sequence_add(cuda, 1), PQ_OK);
+  prefill_both(cpu, cuda, 1, 4400, dtype_);
+  for (int64_t step = 0; step < 3; ++step) {
+    step_both(cpu, cuda, 1, step, dtype_);
+    if (HasFatalFailure()) return;
+  }
+  ASSERT_EQ(pq_sequence_fork(cpu, 1, 2), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_sequence_fork(cuda, 1, 2), PQ_OK) << pq_last_error();
+  // 300 tokens of the child's own before its first selection: its codes
+  // are then a shared run and a long run of its own, both uploaded at once.
+  for (int64_t step = 100; step < 400; ++step)
+    for (int32_t l = 0; l < kLayers; ++l) {
+      Step d = step_data(l, step, dtype_, 2);
+      ASSERT_EQ(pq_decode_append(cpu, 2, l, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
+      ASSERT_EQ(pq_decode_append(cuda, 2, l, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
+    }
+  for (int64_t step = 3; step < 8; ++step) {
+    step_both(cpu, cuda, 2, step, dtype_);
+    step_both(cpu, cuda, 1, step, dtype_);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_P(FakeCudaBackend, SequencesOnTheirOwnStreamsMatchTheCpuBackend) {
   const pq_config c = base_config(dtype_);
   Ctx cpu(c);
