@@ -33,7 +33,10 @@
  *  - pq_destroy must not race with any other call on the same context.
  *  - pq_sequence_remove may race with calls on that sequence: those calls
  *    either finish on the data they already hold or return PQ_ERR_NOT_FOUND.
- *  - The library keeps no global mutable state: two contexts share nothing.
+ *  - The library keeps no global mutable state: two contexts share nothing
+ *    unless the caller gives them one worker pool (pq_pool).
+ *  - Callbacks (pq_hooks) may run on the library's worker threads and on
+ *    the calling thread, concurrently: each says what it may call.
  */
 #ifndef PQCACHE_H
 #define PQCACHE_H
@@ -327,7 +330,8 @@ typedef struct pq_config {
   double layer_time_budget;
 
   /* Worker threads for index builds. 0 (default): the number of hardware
-   * threads. The pool is shared by all sequences of the context. */
+   * threads. The pool is shared by all sequences of the context; a context
+   * made with pq_hooks.pool runs on that pool instead (0.6). */
   int32_t worker_threads;
 
   /* --- Selection ------------------------------------------------------ */
@@ -445,6 +449,102 @@ PQ_API pq_status pq_get_config(const pq_context* ctx, pq_config* out);
 
 /* The backend actually in use (pq_backend value). Thread-safe. */
 PQ_API pq_status pq_get_backend(const pq_context* ctx, int32_t* out_backend);
+
+/* ------------------------------------------------------------------------ */
+/* Integration hooks (added in 0.6): logging, host allocation, build        */
+/* notification and a worker pool shared between contexts                   */
+/* ------------------------------------------------------------------------ */
+
+/* Log levels, most severe first: a hook set to a level gets the messages of
+ * that level and the levels above it. */
+typedef enum pq_log_level {
+  PQ_LOG_ERROR = 0, /* a call failed: the message pq_last_error returns, and the call */
+  PQ_LOG_WARN = 1,  /* an index build failed (the layer reports it at its next call) */
+  PQ_LOG_INFO = 2,  /* context created, index build finished (its time, iterations) */
+  PQ_LOG_DEBUG = 3  /* sequence added, removed, forked, truncated, saved, restored */
+} pq_log_level;
+
+/* Receives one message, without a trailing newline, valid during the call.
+ * Called on the thread of the call that logs (a worker thread for builds),
+ * possibly from several threads at once. It must not call into the
+ * context that logs. */
+typedef void (*pq_log_fn)(void* user, int32_t level, const char* message);
+
+/* Allocates `bytes` bytes aligned to `alignment` (a power of two, at most
+ * 4096) for the host K/V store, or returns NULL (the call that needed them
+ * then fails with PQ_ERR_OUT_OF_MEMORY, changing nothing). Pinned or
+ * huge-page memory goes here. Called on the calling thread and on worker
+ * threads, possibly concurrently; it must not call into the library. */
+typedef void* (*pq_alloc_fn)(void* user, size_t bytes, size_t alignment);
+/* Frees what pq_alloc_fn returned, with the same size. Must not fail or
+ * call into the library. */
+typedef void (*pq_free_fn)(void* user, void* ptr, size_t bytes);
+
+/* An index build of (seq_id, layer) ended: status PQ_OK when its index is
+ * ready (the next call on the layer uses it without waiting, unless a later
+ * build of the layer superseded it), else the error the layer will report
+ * at its next call. Not called for builds cancelled before they finished
+ * (superseded, truncated, removed or destroyed). Called on the worker
+ * thread after the build, so that a server can react to a finished index
+ * instead of polling or blocking in pq_wait_builds. It should hand the
+ * news to the server's own threads (a flag, an eventfd, a channel): it may
+ * call pq_* functions that do not wait for builds (pq_stats_get, calls on
+ * this layer), but not pq_wait_builds, pq_destroy or calls on layers whose
+ * builds are still queued, which may wait for work queued behind it on
+ * this very thread. */
+typedef void (*pq_build_done_fn)(void* user, uint64_t seq_id, int32_t layer,
+                                 pq_status status);
+
+/* A worker pool that several contexts share, so that a server holding
+ * many contexts runs one set of threads instead of one per context. */
+typedef struct pq_pool pq_pool;
+
+/* Creates a pool of `threads` worker threads (1..1024; 0: the hardware
+ * threads). Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_OUT_OF_MEMORY.
+ * Thread-safe. */
+PQ_API pq_status pq_pool_create(int32_t threads, pq_pool** out);
+/* The number of worker threads. Thread-safe. */
+PQ_API pq_status pq_pool_threads(const pq_pool* pool, int32_t* out_threads);
+/* Releases the caller's reference: the pool stops once no context uses
+ * it either (a context keeps its pool until pq_destroy), finishing the
+ * work queued. NULL is a no-op. Must not race with pq_create_with_hooks
+ * naming this pool. */
+PQ_API void pq_pool_destroy(pq_pool* pool);
+
+/* Hooks a context calls (versioned like pq_config: set struct_size with
+ * pq_hooks_default, then the fields wanted; NULL functions are off). */
+typedef struct pq_hooks {
+  uint32_t struct_size; /* sizeof(pq_hooks) */
+  pq_log_fn log;
+  void* log_user;
+  int32_t log_level;    /* pq_log_level; default PQ_LOG_WARN */
+  /* Both or neither: the host K/V store's allocations (its 256-token
+   * chunks: 2 x 256 x kv heads x head_dim x element size bytes each). */
+  pq_alloc_fn host_alloc;
+  pq_free_fn host_free;
+  void* alloc_user;
+  pq_build_done_fn build_done;
+  void* build_done_user;
+  /* Run the context's work (index builds, K-Means, batched calls) on this
+   * pool instead of a pool of its own; config.worker_threads is then
+   * ignored, and pq_get_config reports the pool's threads. The context
+   * holds the pool until pq_destroy. pq_destroy waits only for this
+   * context's builds (they are cancelled; a queued one is dropped when a
+   * worker reaches it). */
+  pq_pool* pool;
+} pq_hooks;
+
+/* Fills *hooks with no hooks, log_level PQ_LOG_WARN and struct_size.
+ * NULL is ignored. Thread-safe. */
+PQ_API void pq_hooks_default(pq_hooks* hooks);
+
+/* pq_create with hooks (NULL hooks: as pq_create). The function pointers
+ * and user pointers are copied; what they point to must outlive the
+ * context. Errors: as pq_create, and PQ_ERR_INVALID_ARGUMENT for a bad
+ * hooks->struct_size, log_level, or only one of host_alloc and host_free.
+ * Thread-safe. */
+PQ_API pq_status pq_create_with_hooks(const pq_config* config, const pq_hooks* hooks,
+                                      pq_context** out);
 
 /* ------------------------------------------------------------------------ */
 /* Sequences                                                                */

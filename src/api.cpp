@@ -12,8 +12,15 @@
 #include "tensor.h"
 
 struct pq_context {
-  explicit pq_context(const pq_config& c, const char* plugin_path) : impl(c, plugin_path) {}
+  pq_context(const pq_config& c, const char* plugin_path, const pq::Hooks& hooks,
+             std::shared_ptr<pq::ThreadPool> pool)
+      : impl(c, plugin_path, hooks, std::move(pool)) {}
   pq::Context impl;
+};
+
+// The caller's reference to a pool; contexts made with it hold their own.
+struct pq_pool {
+  std::shared_ptr<pq::ThreadPool> pool;
 };
 
 namespace pq {
@@ -34,6 +41,41 @@ template <typename T>
 T* require_out(T* p, const char* name) {
   if (p == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
   return p;
+}
+
+// pq::guarded for a call on a context: a failure also goes to the
+// context's log hook (PQ_LOG_ERROR), with the message pq_last_error gives.
+template <typename Ctx, typename Body>
+pq_status guarded_on(Ctx* ctx, const char* function, Body&& body) noexcept {
+  const pq_status status = pq::guarded(function, std::forward<Body>(body));
+  if (status != PQ_OK && ctx != nullptr) ctx->impl.log_failure(pq::last_error());
+  return status;
+}
+
+// The hooks of pq_create_with_hooks, checked; NULL means none.
+pq::Hooks checked_hooks(const pq_hooks* h, std::shared_ptr<pq::ThreadPool>* pool) {
+  pq::Hooks out;
+  if (h == nullptr) return out;
+  if (h->struct_size < offsetof(pq_hooks, pool) + sizeof(pq_pool*) ||
+      h->struct_size > sizeof(pq_hooks))
+    pq::fail(PQ_ERR_INVALID_ARGUMENT, "hooks->struct_size is " + std::to_string(h->struct_size) +
+                                          "; set it with pq_hooks_default");
+  if (h->log_level < PQ_LOG_ERROR || h->log_level > PQ_LOG_DEBUG)
+    pq::fail(PQ_ERR_INVALID_ARGUMENT, "hooks->log_level is " + std::to_string(h->log_level) +
+                                          "; expected PQ_LOG_ERROR (0) .. PQ_LOG_DEBUG (3)");
+  if ((h->host_alloc == nullptr) != (h->host_free == nullptr))
+    pq::fail(PQ_ERR_INVALID_ARGUMENT,
+             std::string("hooks->host_alloc is ") + (h->host_alloc ? "set" : "NULL") +
+                 " and hooks->host_free is " + (h->host_free ? "set" : "NULL") +
+                 "; give both or neither");
+  out.log = h->log;
+  out.log_user = h->log_user;
+  out.log_level = h->log_level;
+  out.allocator = {h->host_alloc, h->host_free, h->alloc_user};
+  out.build_done = h->build_done;
+  out.build_done_user = h->build_done_user;
+  if (h->pool != nullptr) *pool = h->pool->pool;
+  return out;
 }
 
 // The steps of a restore in pieces: NeedMore becomes PQ_ERR_BUFFER_TOO_SMALL
@@ -126,21 +168,59 @@ void pq_config_default(pq_config* c) {
 }
 
 pq_status pq_create(const pq_config* config, pq_context** out) {
-  return pq::guarded(__func__, [&] {
+  return pq_create_with_hooks(config, nullptr, out);
+}
+
+void pq_hooks_default(pq_hooks* h) {
+  if (h == nullptr) return;
+  *h = pq_hooks{};
+  h->struct_size = sizeof(pq_hooks);
+  h->log_level = PQ_LOG_WARN;
+}
+
+pq_status pq_create_with_hooks(const pq_config* config, const pq_hooks* hooks, pq_context** out) {
+  pq::Hooks checked;
+  const pq_status status = pq::guarded(__func__, [&] {
     require_out(out, "out");
+    std::shared_ptr<pq::ThreadPool> pool;
+    checked = checked_hooks(hooks, &pool);
     pq_config resolved = pq::resolve_config(config);
+    if (pool) resolved.worker_threads = pool->size();
     const char* plugin_path =
         config->struct_size >= offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)
             ? config->cuda_plugin_path
             : nullptr;
-    *out = new pq_context(resolved, plugin_path);
+    *out = new pq_context(resolved, plugin_path, checked, std::move(pool));
+  });
+  if (status != PQ_OK) checked.emit(PQ_LOG_ERROR, std::string(pq::last_error()));
+  return status;
+}
+
+pq_status pq_pool_create(int32_t threads, pq_pool** out) {
+  return pq::guarded(__func__, [&] {
+    require_out(out, "out");
+    if (threads < 0 || threads > 1024)
+      pq::fail(PQ_ERR_INVALID_ARGUMENT,
+               "threads is " + std::to_string(threads) + "; expected 1..1024, or 0 for the "
+                                                         "hardware threads");
+    const int32_t n = threads > 0 ? threads : pq::hardware_threads();
+    *out = new pq_pool{std::make_shared<pq::ThreadPool>(n)};
   });
 }
+
+pq_status pq_pool_threads(const pq_pool* pool, int32_t* out) {
+  return pq::guarded(__func__, [&] {
+    if (pool == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "pool is NULL");
+    *require_out(out, "out_threads") = pool->pool->size();
+  });
+}
+
+void pq_pool_destroy(pq_pool* pool) { delete pool; }
 
 void pq_destroy(pq_context* ctx) { delete ctx; }
 
 pq_status pq_get_config(const pq_context* ctx, pq_config* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     require_out(out, "out");
     if (out->struct_size < offsetof(pq_config, pq_subspaces) || out->struct_size > sizeof(pq_config))
@@ -154,23 +234,23 @@ pq_status pq_get_config(const pq_context* ctx, pq_config* out) {
 }
 
 pq_status pq_get_backend(const pq_context* ctx, int32_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     *require_out(out, "out_backend") = c.backend().kind();
   });
 }
 
 pq_status pq_sequence_add(pq_context* ctx, uint64_t seq_id) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_add(seq_id); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_add(seq_id); });
 }
 
 pq_status pq_sequence_remove(pq_context* ctx, uint64_t seq_id) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_remove(seq_id); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_remove(seq_id); });
 }
 
 pq_status pq_sequence_length(const pq_context* ctx, uint64_t seq_id, int32_t layer,
                              int64_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     require_out(out, "out_tokens");
     *out = c.sequence_length(seq_id, layer);
@@ -178,29 +258,29 @@ pq_status pq_sequence_length(const pq_context* ctx, uint64_t seq_id, int32_t lay
 }
 
 pq_status pq_sequence_count(const pq_context* ctx, int64_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     *require_out(out, "out_count") = c.sequence_count();
   });
 }
 
 pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id, void* cuda_stream) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_set_stream(seq_id, cuda_stream); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_set_stream(seq_id, cuda_stream); });
 }
 
 pq_status pq_prefill_layer(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* keys,
                            const pq_tensor* values) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).prefill(seq_id, layer, keys, values); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).prefill(seq_id, layer, keys, values); });
 }
 
 pq_status pq_decode_append(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* keys,
                            const pq_tensor* values) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_append(seq_id, layer, keys, values); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_append(seq_id, layer, keys, values); });
 }
 
 pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id, int32_t layer,
                                 int64_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     require_out(out, "out_capacity");
     *out = c.selection_capacity(seq_id, layer);
@@ -209,7 +289,7 @@ pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id, int32_t 
 
 pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer, int64_t tokens,
                                     int64_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     const pq::Context& c = ctx_of(ctx);
     require_out(out, "out_capacity");
     *out = c.selection_capacity_for(layer, tokens);
@@ -219,61 +299,61 @@ pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer, int64_
 pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t layer,
                            const pq_tensor* query, const pq_selection* selection, float scale,
                            float* out, float* out_lse) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).decode_attend(seq_id, layer, query, selection, scale, out, out_lse);
   });
 }
 
 pq_status pq_decode_select_batch(pq_context* ctx, int32_t layer, pq_select_item* items,
                                  int64_t count) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_select_batch(layer, items, count); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select_batch(layer, items, count); });
 }
 
 pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer, pq_fetch_item* items,
                             int64_t count) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).fetch_batch(layer, items, count); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).fetch_batch(layer, items, count); });
 }
 
 pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,
                            pq_selection* out) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });
 }
 
 pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                       const pq_selection* selection, const pq_tensor* out_keys,
                       const pq_tensor* out_values) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).fetch(seq_id, layer, selection, out_keys, out_values);
   });
 }
 
 pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id, int32_t layer,
                              const pq_tensor* queries) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).prefill_queries(seq_id, layer, queries); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).prefill_queries(seq_id, layer, queries); });
 }
 
 pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id, int32_t layer,
                                const pq_selection* selection, const float* probs) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).observe_attention(seq_id, layer, selection, probs);
   });
 }
 
 pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id, int32_t layer,
                             pq_layer_info* out) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).layer_info(seq_id, layer, out); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).layer_info(seq_id, layer, out); });
 }
 
 pq_status pq_index_codes(pq_context* ctx, uint64_t seq_id, int32_t layer, int32_t kv_head,
                          int64_t first, int64_t count, uint8_t* out) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).index_codes(seq_id, layer, kv_head, first, count, out);
   });
 }
 
 pq_status pq_index_centroids(pq_context* ctx, uint64_t seq_id, int32_t layer, int32_t kv_head,
                              float* out, int64_t out_floats) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).index_centroids(seq_id, layer, kv_head, out, out_floats);
   });
 }
@@ -281,15 +361,15 @@ pq_status pq_index_centroids(pq_context* ctx, uint64_t seq_id, int32_t layer, in
 // --- sequence state ----------------------------------------------------------
 
 pq_status pq_sequence_truncate(pq_context* ctx, uint64_t seq_id, int64_t tokens) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_truncate(seq_id, tokens); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_truncate(seq_id, tokens); });
 }
 
 pq_status pq_sequence_fork(pq_context* ctx, uint64_t parent_id, uint64_t child_id) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_fork(parent_id, child_id); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_fork(parent_id, child_id); });
 }
 
 pq_status pq_sequence_save(pq_context* ctx, uint64_t seq_id, pq_write_fn write, void* user) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     if (write == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "write is NULL");
     c.sequence_save(seq_id, write, user);
@@ -297,7 +377,7 @@ pq_status pq_sequence_save(pq_context* ctx, uint64_t seq_id, pq_write_fn write, 
 }
 
 pq_status pq_sequence_state_size(pq_context* ctx, uint64_t seq_id, uint64_t* out_bytes) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     require_out(out_bytes, "out_bytes");
     *out_bytes = c.sequence_save(seq_id, nullptr, nullptr);
@@ -325,7 +405,7 @@ int write_to_buffer(void* user, const void* data, size_t size) {
 
 pq_status pq_sequence_save_buffer(pq_context* ctx, uint64_t seq_id, void* buffer,
                                   uint64_t capacity, uint64_t* out_written) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     require_out(out_written, "out_written");
     if (buffer == nullptr && capacity > 0) pq::fail(PQ_ERR_INVALID_ARGUMENT, "buffer is NULL");
@@ -353,7 +433,7 @@ pq_status pq_sequence_save_buffer(pq_context* ctx, uint64_t seq_id, void* buffer
 }
 
 pq_status pq_sequence_save_file(pq_context* ctx, uint64_t seq_id, const char* path) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     pq::write_file_atomically(path, [&](pq_write_fn write, void* user) {
       c.sequence_save(seq_id, write, user);
@@ -363,13 +443,13 @@ pq_status pq_sequence_save_file(pq_context* ctx, uint64_t seq_id, const char* pa
 
 pq_status pq_sequence_restore(pq_context* ctx, uint64_t seq_id, const void* data,
                               uint64_t size) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).sequence_restore(seq_id, static_cast<const uint8_t*>(data), size);
   });
 }
 
 pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id, const char* path) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     pq::with_mapped_file(path, [&](const uint8_t* data, uint64_t size) {
       c.sequence_restore(seq_id, data, size);
@@ -380,7 +460,7 @@ pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id, const char*
 
 pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id, const void* data,
                                     uint64_t size, uint64_t* out_consumed) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     restore_step(size, out_consumed, [&] {
       return c.sequence_restore_begin(seq_id, static_cast<const uint8_t*>(data), size);
@@ -390,7 +470,7 @@ pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id, const void
 
 pq_status pq_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void* data, uint64_t size,
                                  uint64_t* out_consumed) {
-  return pq::guarded(__func__, [&] {
+  return guarded_on(ctx, __func__, [&] {
     pq::Context& c = ctx_of(ctx);
     restore_step(size, out_consumed, [&] {
       return c.sequence_restore_kv(seq_id, static_cast<const uint8_t*>(data), size);
@@ -399,15 +479,15 @@ pq_status pq_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void* d
 }
 
 pq_status pq_stats_get(const pq_context* ctx, pq_stats* out) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).stats(out); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).stats(out); });
 }
 
 pq_status pq_sequence_stats_get(const pq_context* ctx, uint64_t seq_id, pq_stats* out) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).sequence_stats(seq_id, out); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_stats(seq_id, out); });
 }
 
 pq_status pq_wait_builds(pq_context* ctx) {
-  return pq::guarded(__func__, [&] { ctx_of(ctx).wait_builds(); });
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).wait_builds(); });
 }
 
 }  // extern "C"

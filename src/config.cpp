@@ -87,6 +87,10 @@ void fill_config_defaults(pq_config* c) {
 #undef PQ_DEFAULT_FREE
 }
 
+int32_t hardware_threads() {
+  return std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+}
+
 pq_config resolve_config(const pq_config* in) {
   if (in == nullptr) invalid("config is NULL");
   const uint32_t min_size = offsetof(pq_config, pq_subspaces);
@@ -128,8 +132,7 @@ pq_config resolve_config(const pq_config* in) {
   if (c.pooling_kernel % 2 == 0)
     invalid("config.pooling_kernel is " + str(c.pooling_kernel) + "; expected an odd size");
 
-  if (c.worker_threads == 0)
-    c.worker_threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  if (c.worker_threads == 0) c.worker_threads = hardware_threads();
   c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
   return c;
 }

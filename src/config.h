@@ -18,6 +18,9 @@ void fill_config_defaults(pq_config* config);
 // dropped (read during pq_create only). Throws PQ_ERR_INVALID_ARGUMENT or
 // PQ_ERR_UNSUPPORTED naming the field, its value and what was expected.
 pq_config resolve_config(const pq_config* config);
+// The threads worker_threads = 0 (and pq_pool_create(0)) stand for: the
+// hardware threads, at least 1.
+int32_t hardware_threads();
 
 // "PQ_SELECTOR_H2O" for 7, and so on; "(unknown)" for a value no table has.
 std::string selector_value_name(int32_t selector);

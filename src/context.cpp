@@ -28,7 +28,17 @@ Sequence::Sequence(uint64_t seq_id, ContextShared& shared, Reservation fixed_sta
     layers.push_back(std::make_unique<Layer>(shared, l));
 }
 
-Context::Context(const pq_config& c, const char* plugin_path) : shared_(c, plugin_path) {}
+Context::Context(const pq_config& c, const char* plugin_path, const Hooks& hooks,
+                 std::shared_ptr<ThreadPool> pool)
+    : shared_(c, plugin_path, hooks, std::move(pool)) {
+  if (shared_.logs(PQ_LOG_INFO))
+    shared_.log(PQ_LOG_INFO,
+                std::string("context created: ") + (backend().kind() == PQ_BACKEND_CUDA ? "CUDA" : "CPU") +
+                    " backend, " + std::to_string(shared_.pool->size()) + " worker threads (" +
+                    (shared_.owns_pool ? "its own pool" : "a shared pool") + "), " +
+                    std::to_string(c.num_layers) + " layers of " + std::to_string(c.num_kv_heads) +
+                    " kv heads x " + std::to_string(c.head_dim));
+}
 
 Context::~Context() {
   // Let asynchronous prefills land (they schedule builds on the pool), then
@@ -39,7 +49,10 @@ Context::~Context() {
     for (auto& layer : entry.second->layers) layer->wait_ingests();
   for (auto& entry : sequences_)
     for (auto& layer : entry.second->layers) layer->cancel_build();
-  shared_.pool->shutdown();
+  // Builds of removed sequences may still run too: wait for every task of
+  // this context (a shared pool goes on serving other contexts).
+  shared_.wait_tasks();
+  if (shared_.owns_pool) shared_.pool->shutdown();
 }
 
 void Context::check_layer(int32_t layer) const {
@@ -82,7 +95,10 @@ void Context::require_absent(uint64_t id) const {
     invalid("seq_id " + std::to_string(id) + " already exists in this context");
 }
 
-void Context::sequence_add(uint64_t id) { insert(new_sequence(id, "pq_sequence_add")); }
+void Context::sequence_add(uint64_t id) {
+  insert(new_sequence(id, "pq_sequence_add"));
+  debug([&] { return "sequence added: seq_id " + std::to_string(id); });
+}
 
 void Context::sequence_remove(uint64_t id) {
   std::shared_ptr<Sequence> seq;
@@ -97,6 +113,7 @@ void Context::sequence_remove(uint64_t id) {
   // Builds in flight stop at their next iteration; their data is freed when
   // the last reference (the build or a racing call) lets go.
   for (auto& layer : seq->layers) layer->cancel_build();
+  debug([&] { return "sequence removed: seq_id " + std::to_string(id); });
 }
 
 int64_t Context::sequence_length(uint64_t id, int32_t layer) const {

@@ -51,11 +51,20 @@ struct Sequence {
 class Context {
  public:
   // plugin_path: the caller's cuda_plugin_path (resolve_config drops it).
-  Context(const pq_config& resolved, const char* plugin_path);
+  // pool: the caller's shared pool (pq_pool), or null for one of its own.
+  Context(const pq_config& resolved, const char* plugin_path, const Hooks& hooks = Hooks{},
+          std::shared_ptr<ThreadPool> pool = nullptr);
   ~Context();
 
   const pq_config& config() const { return shared_.config; }
   const Backend& backend() const { return *shared_.backend; }
+  // The log hook: a failed call's message (PQ_LOG_ERROR), and sequence
+  // events (PQ_LOG_DEBUG; the message is built only when someone listens).
+  void log_failure(const char* message) const { shared_.log(PQ_LOG_ERROR, message); }
+  template <typename Message>
+  void debug(Message&& message) const {
+    if (shared_.logs(PQ_LOG_DEBUG)) shared_.log(PQ_LOG_DEBUG, message());
+  }
 
   void sequence_add(uint64_t id);
   void sequence_remove(uint64_t id);

@@ -33,7 +33,8 @@ std::unique_ptr<Selector> built_in_selector(int32_t kind) {
 }
 }  // namespace
 
-ContextShared::ContextShared(const pq_config& c, const char* plugin_path)
+ContextShared::ContextShared(const pq_config& c, const char* plugin_path, const Hooks& h,
+                             std::shared_ptr<ThreadPool> shared_pool)
     : config(c),
       group_size(c.num_q_heads / c.num_kv_heads),
       scale(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
@@ -41,7 +42,9 @@ ContextShared::ContextShared(const pq_config& c, const char* plugin_path)
       backend(make_backend(c, plugin_path)),
       selector(built_in_selector(c.selector)),
       cost(memory_cost(c, *selector)),
-      pool(std::make_unique<ThreadPool>(c.worker_threads)) {
+      hooks(h),
+      owns_pool(shared_pool == nullptr),
+      pool(shared_pool ? std::move(shared_pool) : std::make_shared<ThreadPool>(c.worker_threads)) {
   const uint64_t fixed = cost.sequence_fixed(c.num_layers);
   if (c.host_memory_limit != 0 && fixed > c.host_memory_limit)
     fail(PQ_ERR_INVALID_ARGUMENT,
@@ -67,6 +70,34 @@ Regions ContextShared::regions(int64_t n, int32_t layer) const {
   }
   r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector->budget(r.k, middle, layer, config)));
   return r;
+}
+
+std::future<void> ContextShared::submit(std::function<void()> task, std::function<void()> after) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    ++tasks_;
+  }
+  auto finished = [this] {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    if (--tasks_ == 0) tasks_done_.notify_all();
+  };
+  try {
+    return pool->submit(std::move(task), [after = std::move(after), finished] {
+      struct Finish {
+        const decltype(finished)& f;
+        ~Finish() { f(); }
+      } finish{finished};
+      if (after) after();
+    });
+  } catch (...) {
+    finished();
+    throw;
+  }
+}
+
+void ContextShared::wait_tasks() {
+  std::unique_lock<std::mutex> lock(tasks_mutex_);
+  tasks_done_.wait(lock, [this] { return tasks_ == 0; });
 }
 
 int32_t ContextShared::iteration_budget(int64_t tokens, int64_t training_points) {

@@ -22,6 +22,7 @@ void Context::sequence_truncate(uint64_t id, int64_t tokens) {
                                       std::to_string(longest) + " tokens in a layer (expected 0.." +
                                       std::to_string(longest) + ")");
   for (auto& layer : seq->layers) layer->truncate(tokens, seq->info());
+  debug([&] { return "sequence truncated: seq_id " + std::to_string(id) + " to " + std::to_string(tokens) + " tokens"; });
 }
 
 void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {
@@ -30,6 +31,9 @@ void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {
   std::shared_ptr<Sequence> child = new_sequence(child_id, "pq_sequence_fork");
   for (size_t l = 0; l < child->layers.size(); ++l) child->layers[l]->fork_from(*parent->layers[l], parent_id);
   insert(std::move(child));
+  debug([&] {
+    return "sequence forked: seq_id " + std::to_string(child_id) + " from " + std::to_string(parent_id);
+  });
 }
 
 uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
@@ -39,7 +43,10 @@ uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
   std::vector<int64_t> tokens;
   for (auto& layer : seq->layers) tokens.push_back(layer->save_index(out, id));
   for (size_t l = 0; l < seq->layers.size(); ++l) seq->layers[l]->save_kv(out, tokens[l]);
-  return out.finish();
+  const uint64_t bytes = out.finish();
+  if (write != nullptr)  // not a count of the bytes
+    debug([&] { return "sequence saved: seq_id " + std::to_string(id) + ", " + std::to_string(bytes) + " bytes"; });
+  return bytes;
 }
 
 void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) {
@@ -49,6 +56,7 @@ void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) 
   std::shared_ptr<Sequence> seq = new_sequence(id, "pq_sequence_restore");
   for (size_t l = 0; l < images.size(); ++l) seq->layers[l]->restore(images[l], seq->info());
   insert(std::move(seq));
+  debug([&] { return "sequence restored: seq_id " + std::to_string(id) + " from " + std::to_string(size) + " bytes"; });
 }
 
 uint64_t Context::sequence_restore_begin(uint64_t id, const uint8_t* data, uint64_t size) {

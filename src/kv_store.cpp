@@ -10,24 +10,18 @@
 
 namespace pq {
 
-KvStore::Chunk::Chunk(size_t bytes_per_tensor, Reservation c) : charge(std::move(c)) {
-  try {
-    keys.reset(new uint8_t[bytes_per_tensor]);
-    values.reset(new uint8_t[bytes_per_tensor]);
-  } catch (const std::bad_alloc&) {
-    fail(PQ_ERR_OUT_OF_MEMORY,
-         "allocating " + std::to_string(2 * bytes_per_tensor) + " bytes of K/V failed");
-  }
-}
+KvStore::Chunk::Chunk(const HostAllocator& allocator, size_t bytes_per_tensor, Reservation c)
+    : keys(allocator, bytes_per_tensor), values(allocator, bytes_per_tensor), charge(std::move(c)) {}
 
 KvStore::KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
-                 uint64_t chunk_charge)
+                 uint64_t chunk_charge, const HostAllocator& allocator)
     : heads_(heads),
       head_dim_(head_dim),
       dtype_(dtype),
       element_size_(dtype_size(dtype)),
       budget_(budget),
-      chunk_charge_(chunk_charge) {}
+      chunk_charge_(chunk_charge),
+      allocator_(allocator) {}
 
 const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   const Chunk& c = *chunks_[static_cast<size_t>(token / kChunkTokens)];
@@ -84,7 +78,7 @@ void KvStore::open(int64_t count) {
   std::vector<std::shared_ptr<Chunk>> fresh;
   fresh.reserve(opening);
   while (fresh.size() < opening)
-    fresh.push_back(std::make_shared<Chunk>(tensor_bytes_per_chunk(), charge.split(chunk_charge_)));
+    fresh.push_back(std::make_shared<Chunk>(allocator_, tensor_bytes_per_chunk(), charge.split(chunk_charge_)));
   chunks_.reserve(needed);
   if (last_copy) chunks_.back() = std::move(last_copy);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
@@ -141,7 +135,7 @@ void KvStore::truncate(int64_t tokens) noexcept {
 
 std::shared_ptr<KvStore::Chunk> KvStore::copy_chunk(const Chunk& from, int64_t rows,
                                                     Reservation charge) const {
-  auto copy = std::make_shared<Chunk>(tensor_bytes_per_chunk(), std::move(charge));
+  auto copy = std::make_shared<Chunk>(allocator_, tensor_bytes_per_chunk(), std::move(charge));
   const size_t head_bytes = static_cast<size_t>(kChunkTokens) * row_bytes();
   const size_t used = static_cast<size_t>(rows) * row_bytes();
   for (int32_t h = 0; h < heads_; ++h) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "hooks.h"
 #include "memory_budget.h"
 #include "pqcache.h"
 #include "thread_pool.h"
@@ -28,9 +29,9 @@ class KvStore {
   // good, and no store writes into it again: an append that would write
   // into a shared partial chunk copies it first.
   struct Chunk {
-    Chunk(size_t bytes_per_tensor, Reservation charge);
-    std::unique_ptr<uint8_t[]> keys;
-    std::unique_ptr<uint8_t[]> values;
+    Chunk(const HostAllocator& allocator, size_t bytes_per_tensor, Reservation charge);
+    HostBlock keys;
+    HostBlock values;
     Reservation charge;
     std::atomic<bool> shared{false};
   };
@@ -45,9 +46,10 @@ class KvStore {
     const uint8_t* key_row(int64_t token, int32_t head) const;
   };
 
-  // chunk_charge: the budget bytes each chunk holds (>= its K/V).
+  // chunk_charge: the budget bytes each chunk holds (>= its K/V); the
+  // chunks' K and V blocks come from `allocator` (the caller's host_alloc).
   KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
-          uint64_t chunk_charge);
+          uint64_t chunk_charge, const HostAllocator& allocator = HostAllocator{});
 
   int64_t tokens() const { return tokens_; }
   uint64_t bytes_held() const { return chunks_.size() * chunk_bytes(); }
@@ -109,6 +111,7 @@ class KvStore {
   size_t element_size_;
   MemoryBudget* budget_;
   uint64_t chunk_charge_;
+  HostAllocator allocator_;
   int64_t tokens_ = 0;
   std::vector<std::shared_ptr<Chunk>> chunks_;
 };

@@ -19,7 +19,7 @@ Layer::Layer(ContextShared& shared, int32_t index)
     : shared_(shared),
       layer_index_(index),
       store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
-             &shared.budget, shared.cost.chunk) {
+             &shared.budget, shared.cost.chunk, shared.hooks.allocator) {
   const pq_config& c = shared.config;
   if (c.cache_tokens > 0)
     cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
@@ -54,17 +54,22 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
   require_kv(seq.id, is_prefill ? "pq_prefill_layer" : "pq_decode_append");
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
   const int64_t first = store_.tokens();
+  const int64_t prefill_before = prefill_tokens_;
   store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
   try {
     shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+    if (is_prefill) prefill_tokens_ += keys.tokens;
+    // The lengths are published before the build is queued: its build_done
+    // hook may ask for them as soon as it finishes.
+    update_mirrors();
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
     if (is_prefill && shared_.selector->needs_index()) schedule_build(seq, store_.tokens());
   } catch (...) {
+    prefill_tokens_ = prefill_before;
     store_.truncate(first);  // the call fails as a whole: as if it never came
+    update_mirrors();
     throw;
   }
-  if (is_prefill) prefill_tokens_ += keys.tokens;
-  update_mirrors();
 }
 
 // Prefill from device memory on a backend that copies asynchronously (paper
@@ -83,8 +88,8 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
   std::lock_guard<std::mutex> chain(ingest_mutex_);
   std::shared_future<void> previous = ingest_done_;
   ingest_done_ =
-      shared_.pool
-          ->submit([this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values,
+      shared_
+          .submit([this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values,
                     previous]() mutable {
             try {
               if (previous.valid()) previous.wait();

@@ -36,6 +36,17 @@ namespace pq {
 struct BuildTask {
   std::atomic<bool> cancel{false};
   std::unique_ptr<PqIndex> result;  // set by the task when it finished
+  // What the build's report (log, build_done hook) says, written by the
+  // worker before the future is ready; the layer may take `result` away
+  // from then on, so the report reads only these.
+  struct Outcome {
+    bool built = false;
+    pq_status status = PQ_OK;  // the error, when it failed
+    std::string error;
+    int64_t tokens = 0;
+    int32_t iterations = 0, budget = 0;
+    double seconds = 0.0;
+  } outcome;
   int64_t tokens = 0;
 };
 
@@ -142,6 +153,10 @@ class Layer {
   // The build itself, on a worker thread; touches no Layer member.
   static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snapshot,
                         int32_t layer_index, Counters& seq_counters);
+  // The log line and the build_done hook of a build that ended (not of a
+  // cancelled one), once its future is ready.
+  static void report_build(const ContextShared& shared, const BuildTask::Outcome& outcome,
+                           uint64_t seq_id, int32_t layer_index);
   void poll_build();
   void install_build();
   // Codes tokens [index_->coded_tokens, end) with the layer's centroids.

@@ -3,6 +3,7 @@
 // that leave the local window.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "dtype.h"
@@ -81,7 +82,13 @@ void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
   ContextShared& shared = shared_;
   const int32_t layer_index = layer_index_;
   std::shared_ptr<Counters> seq_counters = seq.counters;
-  std::future<void> done = shared_.pool->submit(
+  const uint64_t seq_id = seq.id;
+  // Once the build's future is ready: the log and the caller's
+  // notification (which may call into this layer: it waits on that future).
+  auto after = [&shared, task, layer_index, seq_id] {
+    report_build(shared, task->outcome, seq_id, layer_index);
+  };
+  std::future<void> done = shared_.submit(
       [&shared, task, snapshot, layer_index, seq_counters]() mutable {
         // This callable outlives the build (libstdc++ keeps it in the
         // future's shared state, which the worker holds a moment longer and
@@ -92,13 +99,55 @@ void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
           std::shared_ptr<KvStore::Snapshot>& snapshot;
           ~Release() { snapshot.reset(); }
         } release{snapshot};
-        run_build(shared, *task, *snapshot, layer_index, *seq_counters);
-      });
+        BuildTask::Outcome& out = task->outcome;
+        try {
+          run_build(shared, *task, *snapshot, layer_index, *seq_counters);
+        } catch (const Error& e) {
+          out.status = e.status();
+          out.error = e.what();
+          throw;
+        } catch (const std::bad_alloc&) {
+          out.status = PQ_ERR_OUT_OF_MEMORY;
+          out.error = "the index build ran out of memory";
+          throw;
+        } catch (const std::exception& e) {
+          out.status = PQ_ERR_INTERNAL;
+          out.error = e.what();
+          throw;
+        }
+        if (const PqIndex* index = task->result.get()) {
+          out.built = true;
+          out.tokens = index->coded_tokens;
+          out.iterations = index->iterations;
+          out.budget = index->budget;
+          out.seconds = index->seconds;
+        }
+      },
+      std::move(after));
   // Only now, with the new build queued, is the old one superseded (it
   // covers fewer tokens): nothing below can fail.
   if (pending_) pending_->cancel.store(true);
   pending_done_ = std::move(done);
   pending_ = std::move(task);
+}
+
+void Layer::report_build(const ContextShared& shared, const BuildTask::Outcome& out,
+                         uint64_t seq_id, int32_t layer_index) {
+  if (!out.built && out.status == PQ_OK) return;  // cancelled: nobody waits for it
+  const std::string which =
+      "seq_id " + std::to_string(seq_id) + " layer " + std::to_string(layer_index);
+  if (out.built && shared.logs(PQ_LOG_INFO)) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.3f", out.seconds);
+    shared.log(PQ_LOG_INFO, "index built: " + which + ", " + std::to_string(out.tokens) +
+                                " tokens, " + std::to_string(out.iterations) + " of " +
+                                std::to_string(out.budget) + " K-Means iterations, " + seconds +
+                                " s");
+  }
+  if (!out.built) shared.log(PQ_LOG_WARN, "index build failed: " + which + ": " + out.error);
+  if (shared.hooks.build_done)
+    shared.hooks.build_done(shared.hooks.build_done_user, seq_id, layer_index,
+                            out.built ? PQ_OK : out.status);
 }
 
 void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snap,

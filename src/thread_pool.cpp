@@ -26,12 +26,12 @@ void ThreadPool::shutdown() {
   for (auto& w : workers_) w.join();
 }
 
-std::future<void> ThreadPool::submit(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
-  std::future<void> future = packaged.get_future();
+std::future<void> ThreadPool::submit(std::function<void()> task, std::function<void()> after) {
+  Entry entry{std::packaged_task<void()>(std::move(task)), std::move(after)};
+  std::future<void> future = entry.task.get_future();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(packaged));
+    queue_.push_back(std::move(entry));
   }
   cv_.notify_one();
   return future;
@@ -39,15 +39,22 @@ std::future<void> ThreadPool::submit(std::function<void()> task) {
 
 void ThreadPool::worker_loop() {
   for (;;) {
-    std::packaged_task<void()> task;
+    Entry entry;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
+      entry = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();
+    entry.task();
+    entry.task = std::packaged_task<void()>();  // its callable goes before `after` runs
+    if (entry.after) {
+      try {
+        entry.after();
+      } catch (...) {
+      }
+    }
   }
 }
 

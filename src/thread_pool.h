@@ -29,8 +29,10 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()); }
 
-  // Queues task; the future carries its exception, if any.
-  std::future<void> submit(std::function<void()> task);
+  // Queues task; the future carries its exception, if any. `after`, if
+  // given, runs on the same worker once the future is ready (so it may
+  // wait on that future, or on code that does); its exceptions are dropped.
+  std::future<void> submit(std::function<void()> task, std::function<void()> after = nullptr);
 
   // Calls fn(i) for every i in [0, n) on the pool and the calling thread and
   // returns when all calls have returned. Which thread runs which index is
@@ -43,7 +45,11 @@ class ThreadPool {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
+  struct Entry {
+    std::packaged_task<void()> task;
+    std::function<void()> after;
+  };
+  std::deque<Entry> queue_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

@@ -314,6 +314,9 @@ class Ctx {
  public:
   Ctx() = default;
   explicit Ctx(const pq_config& config) { status_ = pq_create(&config, &ctx_); }
+  Ctx(const pq_config& config, const pq_hooks& hooks) {
+    status_ = pq_create_with_hooks(&config, &hooks, &ctx_);
+  }
   ~Ctx() { pq_destroy(ctx_); }
   Ctx(const Ctx&) = delete;
   Ctx& operator=(const Ctx&) = delete;

@@ -14,7 +14,8 @@
   S(pq_select_item) \
   S(pq_fetch_item) \
   S(pq_layer_info) \
-  S(pq_stats)
+  S(pq_stats) \
+  S(pq_hooks)
 
 #define PQ_PUBLIC_FIELDS(X) \
   X(pq_tensor, data) \
@@ -106,6 +107,16 @@
   X(pq_stats, bytes_fetched) \
   X(pq_stats, cache_hits) \
   X(pq_stats, cache_misses) \
-  X(pq_stats, host_bytes)
+  X(pq_stats, host_bytes) \
+  X(pq_hooks, struct_size) \
+  X(pq_hooks, log) \
+  X(pq_hooks, log_user) \
+  X(pq_hooks, log_level) \
+  X(pq_hooks, host_alloc) \
+  X(pq_hooks, host_free) \
+  X(pq_hooks, alloc_user) \
+  X(pq_hooks, build_done) \
+  X(pq_hooks, build_done_user) \
+  X(pq_hooks, pool)
 
 #endif

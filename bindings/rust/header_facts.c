@@ -19,7 +19,12 @@
   _Generic((x), int32_t: "int32_t", uint32_t: "uint32_t", int64_t: "int64_t",              \
            uint64_t: "uint64_t", float: "float", double: "double", void*: "void*",          \
            const char*: "const char*", int32_t*: "int32_t*", pq_tensor: "pq_tensor",       \
-           pq_selection: "pq_selection", default: "unknown")
+           pq_selection: "pq_selection",                            \
+           pq_log_fn: "void (*)(void*, int32_t, const char*)",                             \
+           pq_alloc_fn: "void* (*)(void*, size_t, size_t)",                                 \
+           pq_free_fn: "void (*)(void*, void*, size_t)",                                    \
+           pq_build_done_fn: "void (*)(void*, uint64_t, int32_t, pq_status)",              \
+           pq_pool*: "pq_pool*", default: "unknown")
 #define FIELD(s, f) printf("field %s %s %s\n", #s, #f, C_TYPE(((s*)0)->f));
 #define CONST(c) printf("const %s %lld\n", #c, (long long)(c))
 /* A function-pointer typedef's signature, confirmed by the compiler: the
@@ -46,7 +51,12 @@ int main(void) {
   CONST(PQ_BACKEND_CPU); CONST(PQ_BACKEND_CUDA); CONST(PQ_BACKEND_AUTO);
   CONST(PQ_CACHE_LRU); CONST(PQ_CACHE_LFU);
   CONST(PQ_LAYOUT_TOKEN_MAJOR); CONST(PQ_LAYOUT_HEAD_MAJOR);
+  CONST(PQ_LOG_ERROR); CONST(PQ_LOG_WARN); CONST(PQ_LOG_INFO); CONST(PQ_LOG_DEBUG);
 
   CALLBACK(pq_write_fn, int (*)(void*, const void*, size_t));
+  CALLBACK(pq_log_fn, void (*)(void*, int32_t, const char*));
+  CALLBACK(pq_alloc_fn, void* (*)(void*, size_t, size_t));
+  CALLBACK(pq_free_fn, void (*)(void*, void*, size_t));
+  CALLBACK(pq_build_done_fn, void (*)(void*, uint64_t, int32_t, pq_status));
   return 0;
 }

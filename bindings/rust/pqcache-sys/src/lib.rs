@@ -108,6 +108,13 @@ pub type pq_layout = i32;
 pub const PQ_LAYOUT_TOKEN_MAJOR: pq_layout = 0;
 pub const PQ_LAYOUT_HEAD_MAJOR: pq_layout = 1;
 
+/// `pq_log_level` (added in 0.6), most severe first.
+pub type pq_log_level = i32;
+pub const PQ_LOG_ERROR: pq_log_level = 0;
+pub const PQ_LOG_WARN: pq_log_level = 1;
+pub const PQ_LOG_INFO: pq_log_level = 2;
+pub const PQ_LOG_DEBUG: pq_log_level = 3;
+
 // ---------------------------------------------------------------------------
 // Structs
 // ---------------------------------------------------------------------------
@@ -130,6 +137,15 @@ c_type_names! {
     // `CALLBACKS` stops compiling instead of keeping a stale C signature.
     Option<unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> c_int>
         => "int (*)(void*, const void*, size_t)",
+    Option<unsafe extern "C" fn(*mut c_void, i32, *const c_char)>
+        => "void (*)(void*, int32_t, const char*)",
+    Option<unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void>
+        => "void* (*)(void*, size_t, size_t)",
+    Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize)>
+        => "void (*)(void*, void*, size_t)",
+    Option<unsafe extern "C" fn(*mut c_void, u64, i32, i32)>
+        => "void (*)(void*, uint64_t, int32_t, pq_status)",
+    *mut pq_pool => "pq_pool*",
 }
 
 /// One field of a C struct: name, byte offset, C type name.
@@ -292,6 +308,61 @@ c_struct! {
     }
 }
 
+/// Opaque worker pool handle shared between contexts (added in 0.6).
+#[repr(C)]
+pub struct pq_pool {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// `pq_log_fn` (added in 0.6): one log message, valid during the call; may
+/// be called from several threads at once; must not call into the context.
+pub type pq_log_fn = Option<unsafe extern "C" fn(user: *mut c_void, level: i32, message: *const c_char)>;
+/// `pq_alloc_fn` (added in 0.6): host K/V store memory, or null.
+pub type pq_alloc_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, bytes: usize, alignment: usize) -> *mut c_void>;
+/// `pq_free_fn` (added in 0.6): frees what `pq_alloc_fn` returned.
+pub type pq_free_fn = Option<unsafe extern "C" fn(user: *mut c_void, ptr: *mut c_void, bytes: usize)>;
+/// `pq_build_done_fn` (added in 0.6): an index build of (seq_id, layer) ended.
+pub type pq_build_done_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, seq_id: u64, layer: i32, status: pq_status)>;
+
+c_struct! {
+    /// Hooks of `pq_create_with_hooks` (added in 0.6); start from
+    /// [`pq_hooks::new`] (what `pq_hooks_default` gives).
+    pub struct pq_hooks {
+        pub struct_size: u32,
+        pub log: pq_log_fn,
+        pub log_user: *mut c_void,
+        /// pq_log_level
+        pub log_level: i32,
+        pub host_alloc: pq_alloc_fn,
+        pub host_free: pq_free_fn,
+        pub alloc_user: *mut c_void,
+        pub build_done: pq_build_done_fn,
+        pub build_done_user: *mut c_void,
+        pub pool: *mut pq_pool,
+    }
+}
+
+impl pq_hooks {
+    /// No hooks, `log_level` `PQ_LOG_WARN`, `struct_size` set: what
+    /// `pq_hooks_default` fills.
+    pub fn new() -> Self {
+        // SAFETY: None, null and zero are valid for every field.
+        let mut out: Self = unsafe { std::mem::zeroed() };
+        out.struct_size = std::mem::size_of::<Self>() as u32;
+        out.log_level = PQ_LOG_WARN;
+        out
+    }
+}
+
+impl Default for pq_hooks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// `(C name, size, fields)` of each struct: the name is the type's own, so
 /// the table cannot pair a name with another struct's layout.
 macro_rules! struct_table {
@@ -309,7 +380,8 @@ pub const STRUCTS: &[(&str, usize, &[FieldInfo])] =
         pq_select_item,
         pq_fetch_item,
         pq_layer_info,
-        pq_stats
+        pq_stats,
+        pq_hooks
     ];
 
 /// `new()` and `Default` for the structs the library fills after reading
@@ -358,7 +430,13 @@ pub type pq_write_fn =
 
 /// `(C name, C type)` of each function-pointer typedef of the header, the
 /// type as `tests/header.rs` has the C compiler confirm it (`_Generic`).
-pub const CALLBACKS: &[(&str, &str)] = &[("pq_write_fn", <pq_write_fn as CTypeName>::C_TYPE)];
+pub const CALLBACKS: &[(&str, &str)] = &[
+    ("pq_write_fn", <pq_write_fn as CTypeName>::C_TYPE),
+    ("pq_log_fn", <pq_log_fn as CTypeName>::C_TYPE),
+    ("pq_alloc_fn", <pq_alloc_fn as CTypeName>::C_TYPE),
+    ("pq_free_fn", <pq_free_fn as CTypeName>::C_TYPE),
+    ("pq_build_done_fn", <pq_build_done_fn as CTypeName>::C_TYPE),
+];
 
 // ---------------------------------------------------------------------------
 // Functions
@@ -424,6 +502,17 @@ pq_functions! {
     fn pq_destroy(ctx: *mut pq_context);
     fn pq_get_config(ctx: *const pq_context, out: *mut pq_config) -> pq_status;
     fn pq_get_backend(ctx: *const pq_context, out_backend: *mut i32) -> pq_status;
+    /// Added in 0.6.
+    fn pq_pool_create(threads: i32, out: *mut *mut pq_pool) -> pq_status;
+    /// Added in 0.6.
+    fn pq_pool_threads(pool: *const pq_pool, out_threads: *mut i32) -> pq_status;
+    /// Added in 0.6.
+    fn pq_pool_destroy(pool: *mut pq_pool);
+    /// Added in 0.6.
+    fn pq_hooks_default(hooks: *mut pq_hooks);
+    /// Added in 0.6.
+    fn pq_create_with_hooks(config: *const pq_config, hooks: *const pq_hooks,
+                            out: *mut *mut pq_context) -> pq_status;
     fn pq_sequence_add(ctx: *mut pq_context, seq_id: u64) -> pq_status;
     fn pq_sequence_remove(ctx: *mut pq_context, seq_id: u64) -> pq_status;
     fn pq_sequence_length(ctx: *const pq_context, seq_id: u64, layer: i32,

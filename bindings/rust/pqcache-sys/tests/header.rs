@@ -209,6 +209,10 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_CACHE_LFU,
         PQ_LAYOUT_TOKEN_MAJOR,
         PQ_LAYOUT_HEAD_MAJOR,
+        PQ_LOG_ERROR,
+        PQ_LOG_WARN,
+        PQ_LOG_INFO,
+        PQ_LOG_DEBUG,
     ]
 }
 
