@@ -37,6 +37,21 @@ impl Library {
     /// [`SONAME`](crate::SONAME) that the dynamic loader searches for. A
     /// missing file or function is [`Status::NotFound`] with the loader's
     /// message; a library of another ABI major is [`Status::Unsupported`].
+    ///
+    /// Without the `link` feature there is no `Config::new` (nothing is
+    /// linked to ask for the defaults): the loaded library gives them. The
+    /// same lines are in README.md and docs/bindings/rust.md, which
+    /// tests/docs.rs keeps equal to this example.
+    ///
+    /// ```
+    /// use pqcache::{DType, Library};
+    ///
+    /// let lib = Library::load("libpqcache.so.0")?; // dlopen at run time: nothing linked
+    /// let config = lib.default_config().geometry(1, 4, 2, 64).dtype(DType::F32);
+    /// let ctx = lib.create(&config)?;
+    /// ctx.add_sequence(7)?;
+    /// # Ok::<(), pqcache::Error>(())
+    /// ```
     pub fn load(path: impl AsRef<OsStr>) -> Result<Library> {
         let loaded = sys::dynamic::Library::open(path)?;
         Ok(Library {
