@@ -491,7 +491,9 @@ typedef void (*pq_free_fn)(void* user, void* ptr, size_t bytes);
  * call pq_* functions that do not wait for builds (pq_stats_get, calls on
  * this layer), but not pq_wait_builds, pq_destroy or calls on layers whose
  * builds are still queued, which may wait for work queued behind it on
- * this very thread. */
+ * this very thread. pq_wait_builds returns once the indexes are ready,
+ * possibly before their hooks (and log lines) ran; pq_destroy waits for
+ * them. */
 typedef void (*pq_build_done_fn)(void* user, uint64_t seq_id, int32_t layer,
                                  pq_status status);
 

@@ -85,6 +85,7 @@ pq_hooks log_hooks(LogRecord* record, int32_t level) {
 
 TEST(Hooks, LogReceivesFailuresBuildsAndSequenceEventsAtTheLevelsAsked) {
   LogRecord debug_log;
+  std::string failure;
   {
     Ctx ctx(hooks_config(), log_hooks(&debug_log, PQ_LOG_DEBUG));
     ASSERT_TRUE(ctx.ok()) << pq_last_error();
@@ -100,7 +101,11 @@ TEST(Hooks, LogReceivesFailuresBuildsAndSequenceEventsAtTheLevelsAsked) {
     ASSERT_EQ(pq_sequence_restore(ctx, 3, bytes.data(), written), PQ_OK) << pq_last_error();
     ASSERT_EQ(pq_sequence_remove(ctx, 2), PQ_OK);
     EXPECT_EQ(pq_sequence_remove(ctx, 99), PQ_ERR_NOT_FOUND);
-    const std::string failure = pq_last_error();
+    failure = pq_last_error();
+  }
+  // After pq_destroy, which waits for the builds' reports (pq_wait_builds
+  // returns once the indexes are ready, maybe before their log lines).
+  {
     EXPECT_EQ(debug_log.count(PQ_LOG_ERROR, failure), 1u)
         << "the failed call's message, as pq_last_error gives it";
     EXPECT_EQ(debug_log.count(PQ_LOG_INFO, "context created"), 1u);
