@@ -127,6 +127,11 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
 foreach(_COMP CUDA JAVA)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_CONTROL_EXTRA ${_pq_no_ldconfig_scripts})
 endforeach()
+# The Python package byte-compiles its modules in postinst (py3compile) and
+# removes the bytecode in prerm (py3clean), as dh_python3 does; the scripts
+# are made from packaging/debian/python/*.in by packaging/CMakeLists.txt.
+set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_EXTRA
+    ${PQ_PACKAGING_BINARY_DIR}/debian/python/postinst ${PQ_PACKAGING_BINARY_DIR}/debian/python/prerm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_CUDA_PACKAGE_DEPENDS "${_pq_runtime_dep}")
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_pq_runtime_dep}")

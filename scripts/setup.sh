@@ -41,6 +41,7 @@ packages=(
   "binutils|readelf"       # nm, readelf: the export and NEEDED checks in tests/
   "pkg-config|pkg-config"  # dependency lookup
   "python3|python3"        # scripts/bench.sh formats its table with it
+  "python3-numpy|"         # packaging_deb_system: python3-pqcache's dependency, for dpkg -i
   "swig|swig"              # bindings/swig: the Go, Java and Python bindings
   "golang-go|go"           # bindings/go (Go 1.19, no module downloads)
   "openjdk-17-jdk-headless|javac"  # bindings/java (javac, JNI headers)
@@ -71,6 +72,15 @@ for entry in "${packages[@]}"; do
   fi
 done
 
+# python3 -m venv (the python_wheel test's fresh venv) needs ensurepip, which
+# Debian ships in python3-venv; a python3 from elsewhere (pyenv, python.org)
+# has it built in, and then nothing is installed.
+if [[ " ${missing[*]} " == *" python3 "* ]] || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+else
+  echo "setup: python3 -m venv works (ensurepip present)"
+fi
+
 if ((${#missing[@]} == 0)); then
   echo "setup: nothing to install"
 else
@@ -97,7 +107,10 @@ requirement_files=("$root/requirements.txt")
 ((bench_requirements)) && requirement_files+=("$root/requirements-bench.txt")
 python_missing=()
 while read -r module requirement; do
-  if python3 -c "import $module" >/dev/null 2>&1; then
+  # Imported with the current directory left off sys.path: in the repository
+  # root, build/ (the build tree) would pass for the module `build`.
+  if python3 -c "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; import $module" \
+       >/dev/null 2>&1; then
     echo "setup: python module $module already installed"
   else
     python_missing+=("$requirement")
@@ -110,6 +123,24 @@ if ((${#python_missing[@]} > 0)); then
   started=$SECONDS
   python3 -m pip install --quiet --disable-pip-version-check "${python_missing[@]}"
   echo "setup: pip took $((SECONDS - started)) s"
+fi
+
+# The python_wheel test installs the wheel into a fresh venv with pip
+# --no-index, from this folder of wheels, so that it needs no network: numpy
+# (the wheel's dependency) and pytest (the tests), at the floors of
+# requirements.txt, for this python3. Downloaded only when the folder cannot
+# satisfy them already; without network the test reports SKIPPED.
+wheel_dir=${PQCACHE_WHEEL_DIR:-${HOME:?HOME is not set}/.cache/pqcache/wheels}
+mapfile -t venv_requirements < <(grep -E '^(numpy|pytest)([<>=!]|$)' "$root/requirements.txt")
+if python3 -m pip download --quiet --disable-pip-version-check --no-index --find-links "$wheel_dir" \
+     --dest "$wheel_dir" "${venv_requirements[@]}" >/dev/null 2>&1; then
+  echo "setup: $wheel_dir holds ${venv_requirements[*]} (the wheel test's offline venv)"
+elif mkdir -p "$wheel_dir" &&
+     python3 -m pip download --quiet --disable-pip-version-check --dest "$wheel_dir" "${venv_requirements[@]}"; then
+  echo "setup: downloaded ${venv_requirements[*]} into $wheel_dir (the wheel test's offline venv)"
+else
+  echo "setup: WARNING: could not download ${venv_requirements[*]} into $wheel_dir;" \
+       "the python_wheel test will report SKIPPED" >&2
 fi
 
 # Commands the scripts call directly.

@@ -94,9 +94,16 @@ if has_component java; then
   grep -qx "$lib/jni/libpqcache_jni.so" <<<"$jfiles" || fail "Java package lacks /$lib/jni/libpqcache_jni.so"
 fi
 if has_component python; then
-  pfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
+  pname=$(sed -n 's/^set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")
+  pfiles=$(contents "$(deb "$pname")")
   grep -q "/pqcache/__init__\.py$" <<<"$pfiles" || fail "Python package lacks pqcache/__init__.py"
   grep -q "/pqcache/_pqcache_swig.*\.so$" <<<"$pfiles" || fail "Python package lacks its extension module"
+  # Bytecode: compiled by postinst and removed by prerm, as dh_python3 does.
+  pctl=$scratch/control-python
+  dpkg-deb -e "$(deb "$pname")" "$pctl"
+  has -x $'\tpy3compile -p '"$pname" "$pctl/postinst" || fail "$pname's postinst does not run py3compile -p $pname"
+  has -x $'\tpy3clean -p '"$pname" "$pctl/prerm" || fail "$pname's prerm does not run py3clean -p $pname"
+  grep -q "__pycache__\|\.pyc$" <<<"$pfiles" && fail "Python package ships bytecode (postinst compiles it)"
 fi
 
 # ---- Unpacked .debs: build and run against them ----------------------------------------

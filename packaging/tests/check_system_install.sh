@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # CTest packaging_deb_system: the .debs of packaging_deb_rpm installed into
-# the real system with dpkg -i (runtime, dev and CUDA plug-in), then
+# the real system with dpkg -i (runtime, dev, CUDA plug-in and, when the
+# system's python3 is the one it was built for, python3-pqcache), then
 #   - ldconfig knows libpqcache.so.N (the package's ldconfig trigger ran);
 #   - decode_loop.c builds with the system's `pkg-config --cflags --libs
 #     pqcache` and with find_package(pqcache) without any search path, and
 #     runs without LD_LIBRARY_PATH;
 #   - libpqcache finds the plug-in in /usr/<libdir>/pqcache/;
+#   - python3-pqcache's postinst byte-compiled it (py3compile) and Debian's
+#     python3 imports it;
 # and the packages are purged again (dpkg -P) whatever happens, after which
-# no file and no ldconfig entry may remain.
+# no file they brought (bytecode included), no dpkg record and no ldconfig
+# entry may remain.
 # Exits 77 (CTest: skipped) with the reason where the machine does not allow
 # it: not root, no dpkg, PQ_PACKAGING_NO_SYSTEM_INSTALL=1, or a libpqcache
 # already installed that this test must not replace.
@@ -26,6 +30,25 @@ command -v dpkg >/dev/null || skip "no dpkg on this machine (not Debian-based)"
 arch=$(dpkg --print-architecture)
 names=("$PQ_DEB_NAME_RUNTIME" "$PQ_DEB_NAME_DEV")
 ((PQ_WITH_CUDA_PLUGIN)) && names+=("$PQ_DEB_NAME_CUDA")
+# python3-pqcache depends on the one python3 minor version its module was
+# built for, and on python3-numpy: installed only where both are satisfied.
+with_python=0
+python_deb=$pkgdir/out/${PQ_DEB_NAME_PYTHON:?}_${PQ_DEB_VERSION}_${arch}.deb
+if [[ -f $python_deb ]]; then
+  wanted=$(dpkg-deb -f "$python_deb" Depends | sed -n 's/.*python3 (>= \([0-9.]*\)).*/\1/p')
+  system=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+  py_package=/$(dpkg-deb -c "$python_deb" | awk '{print $6}' | sed -n 's|^\./||; s|/__init__\.py$||p' | head -n 1)
+  if [[ $wanted != "$system" ]]; then
+    log "SKIPPED ($PQ_DEB_NAME_PYTHON only): built for Python $wanted; /usr/bin/python3 is ${system:-missing}"
+  elif ! dpkg-query -W -f '${db:Status-Status}' python3-numpy 2>/dev/null | has -x installed; then
+    log "SKIPPED ($PQ_DEB_NAME_PYTHON only): python3-numpy, its dependency, is not installed (scripts/setup.sh installs it)"
+  elif [[ -e $py_package ]]; then
+    log "SKIPPED ($PQ_DEB_NAME_PYTHON only): $py_package exists outside the packages; this test will not overwrite it"
+  else
+    names+=("$PQ_DEB_NAME_PYTHON")
+    with_python=1
+  fi
+fi
 debs=()
 for n in "${names[@]}"; do
   d=$pkgdir/out/${n}_${PQ_DEB_VERSION}_${arch}.deb
@@ -50,6 +73,12 @@ done
 
 work=$pkgdir/system
 fresh_dir "$work"
+# Every path the packages ship that does not exist yet must be gone after
+# dpkg -P (directories other packages share, such as /usr/lib, stay).
+for d in "${debs[@]}"; do dpkg-deb -c "$d" | awk '{print $6}' | sed 's|^\./|/|; s|/$||'; done | sort -u |
+  while read -r p; do
+    if [[ -n $p && $p != / && ! -e $p && ! -L $p ]]; then echo "$p"; fi
+  done >"$work/new-paths.txt"
 purge() {
   # Reverse dependency order; -P removes the conffiles and the dpkg records.
   local n
@@ -101,6 +130,24 @@ if ((PQ_WITH_CUDA_PLUGIN)); then
   PQCACHE_CUDA_PLUGIN= env -u LD_LIBRARY_PATH "$work/plugin_probe" present || fail "plug-in not found in $libdir/pqcache"
 fi
 
+if ((with_python)); then
+  init=$(dpkg -L "$PQ_DEB_NAME_PYTHON" | grep '/pqcache/__init__\.py$') || fail "$PQ_DEB_NAME_PYTHON has no pqcache/__init__.py"
+  pydir=$(dirname "$init")
+  compgen -G "$pydir/__pycache__/__init__.cpython-*.pyc" >/dev/null \
+    || fail "postinst did not byte-compile $pydir (py3compile)"
+  log "OK: postinst byte-compiled $pydir: $(ls "$pydir/__pycache__" | tr '\n' ' ')"
+  clean_env=(env -u PYTHONPATH -u PYTHONHOME -u LD_LIBRARY_PATH -u PYTHONDONTWRITEBYTECODE -u PYTHONPYCACHEPREFIX)
+  got=$(cd / && "${clean_env[@]}" /usr/bin/python3 -c 'import pqcache; print(pqcache.__file__, pqcache.version())') \
+    || fail "Debian's python3 cannot import pqcache from $PQ_DEB_NAME_PYTHON"
+  [[ $got == "$init $PQ_VERSION" ]] || fail "python3 imported '$got', expected '$init $PQ_VERSION'"
+  # Bytecode a program writes at run time (optimised here, which py3compile
+  # does not write) must go on removal too.
+  (cd / && "${clean_env[@]}" /usr/bin/python3 -O -c 'import pqcache') || fail "python3 -O -c 'import pqcache'"
+  compgen -G "$pydir/__pycache__/__init__.cpython-*.opt-1.pyc" >/dev/null \
+    || fail "python3 -O wrote no bytecode into $pydir/__pycache__"
+  log "OK: /usr/bin/python3 imports pqcache $PQ_VERSION from $pydir"
+fi
+
 # Remove and purge, then nothing may be left.
 trap - EXIT
 purge
@@ -111,5 +158,8 @@ for f in "$libdir/libpqcache.so.$PQ_VERSION" "$libdir/libpqcache.so" "/usr/$PQ_I
          "$libdir/pqcache" "$libdir/cmake/pqcache" "$libdir/pkgconfig/pqcache.pc"; do
   [[ -e $f ]] && fail "$f is left after dpkg -P"
 done
+left=$(while read -r p; do if [[ -e $p || -L $p ]]; then echo "$p"; fi; done <"$work/new-paths.txt")
+[[ -z $left ]] || fail "left after dpkg -P (with what is in it): $(for p in $left; do find "$p"; done | tr '\n' ' ')"
+log "OK: none of the $(wc -l <"$work/new-paths.txt") paths the packages brought is left"
 ldconfig -p | has "libpqcache.so.$PQ_ABI_MAJOR" && fail "ldconfig still lists libpqcache.so.$PQ_ABI_MAJOR after dpkg -P"
 log "PASS: installed, used and purged ${names[*]}"
