@@ -76,8 +76,9 @@ string(CONCAT _pq_desc_dev ${_pq_intro}
   "This package holds the C header pqcache.h, the pkg-config file and the\n"
   "CMake package (find_package(pqcache), target pqcache::pqcache).")
 string(CONCAT _pq_desc_java ${_pq_intro}
-  "This package holds the Java binding: pqcache.jar (package io.pqcache)\n"
-  "and its JNI module libpqcache_jni.so.")
+  "This package holds the Java binding: ${PQ_JAVA_JAR_NAME}-${PROJECT_VERSION}.jar (package\n"
+  "io.pqcache), its Maven coordinates ${PQ_MAVEN_GROUP_ID}:${PQ_MAVEN_ARTIFACT_ID} in\n"
+  "/usr/share/maven-repo, and its JNI module libpqcache_jni.so.")
 string(CONCAT _pq_desc_python ${_pq_intro}
   "This package holds the Python 3 binding (module pqcache).")
 set(_pq_deb_section_runtime libs)
@@ -201,7 +202,8 @@ endif()
 # the Python package) stay owned.
 set(_pq_shared_dirs
   ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${CMAKE_INSTALL_LIBDIR}/jni
-  ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc)
+  ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc
+  ${CMAKE_INSTALL_DATADIR}/maven-repo/org)
 if(DEFINED PQ_PYTHON_INSTALL_DIR)
   list(APPEND _pq_shared_dirs ${PQ_PYTHON_INSTALL_DIR})
 else()

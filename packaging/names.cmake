@@ -21,6 +21,13 @@ set(PQ_RPM_NAME_dev libpqcache-devel)
 set(PQ_RPM_NAME_java libpqcache-java)
 set(PQ_RPM_NAME_python python3-pqcache)
 
+# The Java binding's Maven coordinates (the pom in /usr/share/maven-repo) and
+# its jar's name in /usr/share/java (<name>-<version>.jar and a <name>.jar
+# link, Debian's Java policy 2.4).
+set(PQ_MAVEN_GROUP_ID org.libpqcache)
+set(PQ_MAVEN_ARTIFACT_ID pqcache)
+set(PQ_JAVA_JAR_NAME pqcache)
+
 # A native Debian version (no revision), so that "(= version)" dependencies
 # between the split packages match the version field exactly.
 set(PQ_DEB_VERSION ${PROJECT_VERSION})

@@ -90,8 +90,10 @@ fi
 
 if has_component java; then
   jfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
-  grep -qx "usr/share/java/pqcache.jar" <<<"$jfiles" || fail "Java package lacks /usr/share/java/pqcache.jar"
-  grep -qx "$lib/jni/libpqcache_jni.so" <<<"$jfiles" || fail "Java package lacks /$lib/jni/libpqcache_jni.so"
+  for f in "usr/share/java/$PQ_JAVA_JAR_NAME-$PQ_VERSION.jar" "usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$lib/jni/libpqcache_jni.so"; do
+    grep -qx "$f" <<<"$jfiles" || fail "Java package lacks /$f"
+  done
+  grep -q "^usr/share/maven-repo/.*\.pom$" <<<"$jfiles" || fail "Java package has no pom in /usr/share/maven-repo"
 fi
 if has_component python; then
   pfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
@@ -130,6 +132,8 @@ if command -v lintian >/dev/null; then
   log "lintian:"
   sed 's/^/  /' <<<"${lintian_out:-(no tags)}"
   grep -q '^E: ' <<<"$lintian_out" && fail "lintian reports errors"
+  # Debian's Java policy 2.4: /usr/share/java/<name>-<version>.jar.
+  grep -q 'bad-jar-name' <<<"$lintian_out" && fail "lintian: bad-jar-name"
 else
   log "NOTE: lintian not installed: the .debs are not linted"
 fi
@@ -148,7 +152,7 @@ if [[ $generators == *RPM* ]]; then
     owned=$(rpm -qlp "$r" 2>/dev/null)
     for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
                   "/usr/$PQ_LIBDIR" "/usr/$PQ_LIBDIR/pkgconfig" "/usr/$PQ_LIBDIR/cmake" \
-                  /usr/share/java "/usr/$PQ_LIBDIR/jni"; do
+                  /usr/share/java "/usr/$PQ_LIBDIR/jni" /usr/share/maven-repo /usr/share/maven-repo/org; do
       grep -qx "$shared" <<<"$owned" && fail "$name claims the shared directory $shared"
     done
     (cd "$rpmroot" && rpm2cpio "$r" | cpio -idm --quiet) || fail "rpm2cpio | cpio of $r"
