@@ -82,12 +82,17 @@ maven_plugin_version() {
   done
 }
 
-# link_tree SRC DEST [PRUNE]: DEST mirrors SRC with a symbolic link per file,
-# leaving out the subtree PRUNE (relative to SRC).
+# link_tree SRC DEST [PRUNE]: DEST mirrors SRC with a symbolic link per file
+# (cp -rs), leaving out the subtree PRUNE (relative to SRC).
 link_tree() {
   local src dest=$2 prune=${3:-} f
   src=$(cd "$1" && pwd)
-  (cd "$src" && find . ${prune:+-path "./$prune" -prune -o} \( -type f -o -type l \) -print0) |
+  if [[ -z $prune ]]; then
+    mkdir -p "$dest"
+    cp -rs "$src/." "$dest/"
+    return
+  fi
+  (cd "$src" && find . -path "./$prune" -prune -o \( -type f -o -type l \) -print0) |
     while IFS= read -r -d '' f; do
       mkdir -p "$dest/$(dirname "$f")"
       ln -s "$src/${f#./}" "$dest/$f"
