@@ -216,7 +216,7 @@ endif()
 # packages. The package's own directories (lib/pqcache, lib/cmake/pqcache,
 # the Python package) stay owned.
 set(_pq_shared_dirs
-  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${CMAKE_INSTALL_LIBDIR}/jni
+  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${PQ_JNI_INSTALL_DIR}
   ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc
   ${CMAKE_INSTALL_DATADIR}/gocode/src ${CMAKE_INSTALL_DATADIR}/maven-repo/org)
 if(DEFINED PQ_PYTHON_INSTALL_DIR)

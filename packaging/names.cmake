@@ -38,6 +38,10 @@ set(PQ_RPM_NAME_go ${_pq_go_stem}-devel)
 set(PQ_MAVEN_GROUP_ID org.libpqcache)
 set(PQ_MAVEN_ARTIFACT_ID pqcache)
 set(PQ_JAVA_JAR_NAME pqcache)
+# The JNI module's directory, whatever the libdir: Debian's Java policy puts
+# JNI libraries in /usr/lib/jni and requires every JVM to search it (Debian's
+# OpenJDK also searches /usr/lib/<multiarch>/jni; the policy names only this).
+set(PQ_JNI_INSTALL_DIR lib/jni)
 
 # A native Debian version (no revision), so that "(= version)" dependencies
 # between the split packages match the version field exactly.

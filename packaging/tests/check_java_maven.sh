@@ -7,7 +7,7 @@
 #     properties, and the same tree, links and poms as maven-repo-helper's
 #     mh_installpom + mh_installjar -l make from the upstream pom (when
 #     maven-repo-helper and debhelper are installed; else SKIPPED with the
-#     reason); the JNI module in <libdir>/jni;
+#     reason); the JNI module in /usr/lib/jni (Debian's Java policy);
 #   - with the runtime and Java packages unpacked into a scratch root
 #     (dpkg -x), a Java program outside the source tree compiled by Debian's
 #     maven offline against the coordinates (SKIPPED, with javac instead,
@@ -86,10 +86,10 @@ sys.exit(c[0] != c[1])' "$mh/debian/$PQ_DEB_NAME_JAVA/$rel" "$root/$rel" \
 fi
 
 # ---- the JNI module, and a program resolved through the coordinates -------------------------
-jni=usr/$PQ_LIBDIR/jni/libpqcache_jni.so
+jni=usr/$PQ_JNIDIR/libpqcache_jni.so
 [[ -f $root/$jni ]] || fail "/$jni is missing"
 command -v java >/dev/null || skip "java is not installed (package openjdk-17-jdk-headless); the layout checks passed"
 LD_LIBRARY_PATH=$root/usr/$PQ_LIBDIR \
   java_consumer "$root/usr/share/maven-repo" "$scratch/java" "$root/$jni" \
-  "$root/usr/$PQ_LIBDIR/libpqcache.so.$PQ_ABI_MAJOR" -Djava.library.path="$root/usr/$PQ_LIBDIR/jni"
+  "$root/usr/$PQ_LIBDIR/libpqcache.so.$PQ_ABI_MAJOR" -Djava.library.path="$root/usr/$PQ_JNIDIR"
 log "PASS: $PQ_DEB_NAME_JAVA: Debian's jar name, the Maven repository layout, a program resolved through $PQ_MAVEN_GROUP_ID:$PQ_MAVEN_ARTIFACT_ID:$PQ_VERSION"

@@ -92,7 +92,7 @@ fi
 # packaging_java_maven.
 if has_component java; then
   jfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
-  for f in "usr/share/java/$PQ_JAVA_JAR_NAME-$PQ_VERSION.jar" "usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$lib/jni/libpqcache_jni.so"; do
+  for f in "usr/share/java/$PQ_JAVA_JAR_NAME-$PQ_VERSION.jar" "usr/share/java/$PQ_JAVA_JAR_NAME.jar" "usr/$PQ_JNIDIR/libpqcache_jni.so"; do
     grep -qx "$f" <<<"$jfiles" || fail "Java package lacks /$f"
   done
   grep -q "^usr/share/maven-repo/.*\.pom$" <<<"$jfiles" || fail "Java package has no pom in /usr/share/maven-repo"
@@ -158,7 +158,7 @@ if [[ $generators == *RPM* ]]; then
     owned=$(rpm -qlp "$r" 2>/dev/null)
     for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
                   "/usr/$PQ_LIBDIR" "/usr/$PQ_LIBDIR/pkgconfig" "/usr/$PQ_LIBDIR/cmake" \
-                  /usr/share/java "/usr/$PQ_LIBDIR/jni" /usr/share/gocode /usr/share/gocode/src \
+                  /usr/share/java "/usr/$PQ_JNIDIR" /usr/share/gocode /usr/share/gocode/src \
                   /usr/share/maven-repo /usr/share/maven-repo/org; do
       grep -qx "$shared" <<<"$owned" && fail "$name claims the shared directory $shared"
     done

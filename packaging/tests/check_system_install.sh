@@ -50,7 +50,7 @@ for n in "${names[@]}"; do
   fi
 done
 libdir=/usr/$PQ_LIBDIR
-jni=$libdir/jni/libpqcache_jni.so
+jni=/usr/$PQ_JNIDIR/libpqcache_jni.so
 gomodule=/usr/share/gocode/src/$PQ_GO_MODULE_PATH
 for f in "$libdir/libpqcache.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache.h" "$libdir/pkgconfig/pqcache.pc" \
          "$jni" "/usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$gomodule"; do

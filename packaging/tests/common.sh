@@ -3,7 +3,7 @@
 set -euo pipefail
 
 : "${PQ_SOURCE_DIR:?set by CTest}" "${PQ_BUILD_DIR:?}" "${PQ_VERSION:?}" "${PQ_ABI_MAJOR:?}"
-: "${PQ_LIBDIR:?}" "${PQ_INCLUDEDIR:?}" "${PQ_C_COMPILER:?}" "${CMAKE_COMMAND:?}"
+: "${PQ_LIBDIR:?}" "${PQ_INCLUDEDIR:?}" "${PQ_JNIDIR:?}" "${PQ_C_COMPILER:?}" "${CMAKE_COMMAND:?}"
 TESTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # has GREP-ARGS: grep for a pipeline's output that reads all of it (grep -q
