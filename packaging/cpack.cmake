@@ -55,6 +55,7 @@ set(CPACK_SOURCE_IGNORE_FILES "/\\\\.git/" "/build[^/]*/" "/__pycache__/" "/targ
 set(_pq_summary_runtime "PQCache KV-cache selection library for LLM inference")
 set(_pq_summary_cuda "PQCache KV-cache selection library - CUDA plug-in")
 set(_pq_summary_dev "PQCache KV-cache selection library - development files")
+set(_pq_summary_go "PQCache KV-cache selection library - Go binding (source)")
 set(_pq_summary_java "PQCache KV-cache selection library - Java binding")
 set(_pq_summary_python "PQCache KV-cache selection library - Python 3 binding")
 set(_pq_intro
@@ -75,19 +76,26 @@ string(CONCAT _pq_desc_cuda ${_pq_intro}
 string(CONCAT _pq_desc_dev ${_pq_intro}
   "This package holds the C header pqcache.h, the pkg-config file and the\n"
   "CMake package (find_package(pqcache), target pqcache::pqcache).")
+string(CONCAT _pq_desc_go ${_pq_intro}
+  "This package holds the source of the Go module ${PQ_GO_MODULE_PATH}\n"
+  "(cgo, with the SWIG-generated layer) under /usr/share/gocode/src, the Go\n"
+  "path of Debian's Go packages. cgo takes the C flags from pkg-config.")
 string(CONCAT _pq_desc_java ${_pq_intro}
-  "This package holds the Java binding: pqcache.jar (package io.pqcache)\n"
-  "and its JNI module libpqcache_jni.so.")
+  "This package holds the Java binding: ${PQ_JAVA_JAR_NAME}-${PROJECT_VERSION}.jar (package\n"
+  "io.pqcache), its Maven coordinates ${PQ_MAVEN_GROUP_ID}:${PQ_MAVEN_ARTIFACT_ID} in\n"
+  "/usr/share/maven-repo, and its JNI module libpqcache_jni.so.")
 string(CONCAT _pq_desc_python ${_pq_intro}
   "This package holds the Python 3 binding (module pqcache).")
 set(_pq_deb_section_runtime libs)
 set(_pq_deb_section_cuda libs)
 set(_pq_deb_section_dev libdevel)
+set(_pq_deb_section_go golang)
 set(_pq_deb_section_java java)
 set(_pq_deb_section_python python)
 set(_pq_rpm_group_runtime "System Environment/Libraries")
 set(_pq_rpm_group_cuda "System Environment/Libraries")
 set(_pq_rpm_group_dev "Development/Libraries")
+set(_pq_rpm_group_go "Development/Libraries")
 set(_pq_rpm_group_java "Development/Libraries")
 set(_pq_rpm_group_python "Development/Libraries")
 
@@ -156,6 +164,12 @@ endif()
 # Provides libcuda1 with the driver version. CUDA 13 needs driver >= 580.
 set(CPACK_DEBIAN_CUDA_PACKAGE_RECOMMENDS "libcuda1 (>= 580)")
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
+# The Go module is source only (Go files and the SWIG wrapper's C file, which
+# cgo compiles in the user's build): Architecture all. cgo needs the header
+# and pkg-config (`#cgo pkg-config: pqcache`), and the wrapper was generated
+# from this version's header, hence the exact dev package.
+set(CPACK_DEBIAN_GO_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_GO_PACKAGE_DEPENDS "${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSION}), pkgconf | pkg-config")
 
 # ---- RPM ------------------------------------------------------------------------------
 set(CPACK_RPM_COMPONENT_INSTALL ON)
@@ -192,6 +206,8 @@ set(CPACK_RPM_DEV_PACKAGE_PROVIDES "pkgconfig(pqcache) = ${PROJECT_VERSION}, cma
 set(CPACK_RPM_CUDA_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}")
 set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}")
 set(CPACK_RPM_JAVA_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}, java-headless >= 1:17")
+set(CPACK_RPM_GO_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_GO_PACKAGE_REQUIRES "${PQ_RPM_NAME_dev} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}, pkgconfig")
 string(PREPEND CPACK_RPM_PYTHON_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}, ")
 # CPack 3.25 writes Suggests but not Recommends for RPM. The driver library is
 # named by its soname, which NVIDIA's and RPM Fusion's driver packages provide.
@@ -205,8 +221,9 @@ endif()
 # packages. The package's own directories (lib/pqcache, lib/cmake/pqcache,
 # the Python package) stay owned.
 set(_pq_shared_dirs
-  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${CMAKE_INSTALL_LIBDIR}/jni
-  ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc)
+  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${PQ_JNI_INSTALL_DIR}
+  ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc
+  ${CMAKE_INSTALL_DATADIR}/gocode/src ${CMAKE_INSTALL_DATADIR}/maven-repo/org)
 if(DEFINED PQ_PYTHON_INSTALL_DIR)
   list(APPEND _pq_shared_dirs ${PQ_PYTHON_INSTALL_DIR})
 else()

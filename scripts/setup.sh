@@ -46,6 +46,11 @@ packages=(
   "golang-go|go"           # bindings/go (Go 1.19, no module downloads)
   "openjdk-17-jdk-headless|javac"  # bindings/java (javac, JNI headers)
   "junit5|"                # bindings/java tests (JUnit 5 console launcher)
+  "maven|mvn"              # packaging_java_maven: an offline Maven build against the -java package's pom
+  "libmaven-compiler-plugin-java|"   # ... the plugins that build needs, from /usr/share/maven-repo
+  "libmaven-resources-plugin-java|"
+  "maven-repo-helper|mh_installpom"  # packaging_java_maven: the maven-repo layout compared with mh_installpom/mh_installjar's
+  "debhelper|dh_link"      # ... mh_installjar makes its links with dh_link
   "rpm|rpmbuild"           # packaging: CPack's RPM generator, rpm2cpio
   "cpio|cpio"              # packaging tests unpack the .rpm
   "dpkg-dev|dpkg-shlibdeps"  # packaging: shlibs for the .deb

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"unsafe"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // One layer for a batch of sequences (pq_decode_select_batch,

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // Sequences of different lengths; with the reference config's 4 sinks, 16

@@ -3,7 +3,7 @@ package pqcache
 import (
 	"math"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // DType is the element type of K, V and Q buffers (pq_dtype).

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"runtime"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // Status is a pq_status code. Its non-OK values are the sentinels that

@@ -1,3 +1,3 @@
-module pqcache
+module libpqcache.org/pqcache
 
 go 1.19

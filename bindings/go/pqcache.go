@@ -12,7 +12,7 @@ import (
 	"time"
 	"unsafe"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // Version is the version of the library loaded at run time,

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 func newRefContext(t *testing.T) *Context {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"unsafe"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // Sequence state (added in 0.5): truncate, fork, save and restore. The

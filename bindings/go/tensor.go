@@ -1,7 +1,10 @@
 package pqcache
 
 /*
-#cgo LDFLAGS: -lpqcache
+// The header and library come from pkg-config (pqcache.pc, from the
+// libpqcache-dev package or any install prefix on PKG_CONFIG_PATH). #cgo
+// directives apply to the whole package, so this one line serves every file.
+#cgo pkg-config: pqcache
 #include "pqcache.h"
 
 // The calls that take the caller's buffers, written here rather than
@@ -74,7 +77,7 @@ import (
 	"math"
 	"unsafe"
 
-	"pqcache/internal/pqswig"
+	"libpqcache.org/pqcache/internal/pqswig"
 )
 
 // Tensor is a view of a Go slice as a dense tokens x heads x headDim tensor

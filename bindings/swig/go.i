@@ -4,9 +4,10 @@
  * gives the structs, the enum constants and the simple calls. The idiomatic
  * package on top of it (bindings/go/*.go) is the public API. */
 
-/* The wrapper links the library; CGO_LDFLAGS supplies its directory. */
+/* The wrapper's header and library flags come from pkg-config (pqcache.pc),
+ * as in the idiomatic package (bindings/go/tensor.go). */
 %insert(cgo_comment_typedefs) %{
-#cgo LDFLAGS: -lpqcache
+#cgo pkg-config: pqcache
 %}
 
 /* Integer out-parameters become one-element Go slices: Pq_sequence_length(ctx,

@@ -38,10 +38,10 @@ has_component runtime && has_component dev || fail "CPackConfig.cmake lacks the 
 if ((PQ_WITH_CUDA_PLUGIN)) && ! has_component cuda; then fail "the CUDA plug-in is built but not packaged"; fi
 
 arch=$(dpkg --print-architecture)
-deb() { echo "$out/${1}_${PQ_DEB_VERSION}_${arch}.deb"; }
+deb() { deb_file "$out" "$1"; }
 debs=("$(deb "$PQ_DEB_NAME_RUNTIME")" "$(deb "$PQ_DEB_NAME_DEV")")
 has_component cuda && debs+=("$(deb "$PQ_DEB_NAME_CUDA")")
-for c in java python; do
+for c in go java python; do
   if has_component $c; then
     name=$(sed -n "s/^set(CPACK_DEBIAN_${c^^}_PACKAGE_NAME \"\(.*\)\")$/\1/p" "$config")
     debs+=("$(deb "$name")")
@@ -88,10 +88,18 @@ if has_component cuda; then
   field "$cuda" Recommends | has "libcuda1" || fail "CUDA package does not recommend the driver's libcuda1"
 fi
 
+# The Go and Java packages' contents in detail: packaging_go_module and
+# packaging_java_maven.
 if has_component java; then
   jfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
-  grep -qx "usr/share/java/pqcache.jar" <<<"$jfiles" || fail "Java package lacks /usr/share/java/pqcache.jar"
-  grep -qx "$lib/jni/libpqcache_jni.so" <<<"$jfiles" || fail "Java package lacks /$lib/jni/libpqcache_jni.so"
+  for f in "usr/share/java/$PQ_JAVA_JAR_NAME-$PQ_VERSION.jar" "usr/share/java/$PQ_JAVA_JAR_NAME.jar" "usr/$PQ_JNIDIR/libpqcache_jni.so"; do
+    grep -qx "$f" <<<"$jfiles" || fail "Java package lacks /$f"
+  done
+  grep -q "^usr/share/maven-repo/.*\.pom$" <<<"$jfiles" || fail "Java package has no pom in /usr/share/maven-repo"
+fi
+if has_component go; then
+  gfiles=$(contents "$(deb "$(sed -n 's/^set(CPACK_DEBIAN_GO_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")")")
+  grep -q "^usr/share/gocode/src/.*/go\.mod$" <<<"$gfiles" || fail "Go package lacks a go.mod in /usr/share/gocode/src"
 fi
 if has_component python; then
   pname=$(sed -n 's/^set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "\(.*\)")$/\1/p' "$config")
@@ -137,6 +145,8 @@ if command -v lintian >/dev/null; then
   log "lintian:"
   sed 's/^/  /' <<<"${lintian_out:-(no tags)}"
   grep -q '^E: ' <<<"$lintian_out" && fail "lintian reports errors"
+  # Debian's Java policy 2.4: /usr/share/java/<name>-<version>.jar.
+  grep -q 'bad-jar-name' <<<"$lintian_out" && fail "lintian: bad-jar-name"
 else
   log "NOTE: lintian not installed: the .debs are not linted"
 fi
@@ -155,7 +165,8 @@ if [[ $generators == *RPM* ]]; then
     owned=$(rpm -qlp "$r" 2>/dev/null)
     for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
                   "/usr/$PQ_LIBDIR" "/usr/$PQ_LIBDIR/pkgconfig" "/usr/$PQ_LIBDIR/cmake" \
-                  /usr/share/java "/usr/$PQ_LIBDIR/jni"; do
+                  /usr/share/java "/usr/$PQ_JNIDIR" /usr/share/gocode /usr/share/gocode/src \
+                  /usr/share/maven-repo /usr/share/maven-repo/org; do
       grep -qx "$shared" <<<"$owned" && fail "$name claims the shared directory $shared"
     done
     (cd "$rpmroot" && rpm2cpio "$r" | cpio -idm --quiet) || fail "rpm2cpio | cpio of $r"
@@ -169,6 +180,12 @@ if [[ $generators == *RPM* ]]; then
         grep -qx "/$lib/pkgconfig/pqcache.pc" <<<"$owned" || fail "$name lacks pqcache.pc"
         rpm -qp --requires "$r" 2>/dev/null | has "^libpqcache${PQ_ABI_MAJOR} = $PQ_VERSION" \
           || fail "$name does not require the runtime = version"
+        ;;
+      golang-*-devel)
+        grep -q "^/usr/share/gocode/src/.*/internal/pqswig/pqcache_wrap\.c$" <<<"$owned" || fail "$name lacks the SWIG wrapper"
+        [[ $(rpm -qp --qf '%{ARCH}' "$r" 2>/dev/null) == noarch ]] || fail "$name is not noarch"
+        rpm -qp --requires "$r" 2>/dev/null | has "^libpqcache-devel = $PQ_VERSION" \
+          || fail "$name does not require libpqcache-devel = version"
         ;;
       libpqcache${PQ_ABI_MAJOR}-cuda)
         grep -qx "/$lib/pqcache/libpqcache_cuda.so" <<<"$owned" || fail "$name lacks the plug-in"

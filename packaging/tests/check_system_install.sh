@@ -1,39 +1,48 @@
 #!/usr/bin/env bash
 # CTest packaging_deb_system: the .debs of packaging_deb_rpm installed into
-# the real system with dpkg -i (runtime, dev, CUDA plug-in and, when the
-# system's python3 is the one it was built for, python3-pqcache), then
+# the real system with dpkg -i (runtime, dev, CUDA plug-in, Go module, Java
+# binding and, when the system's python3 is the one it was built for,
+# python3-pqcache), then
 #   - ldconfig knows libpqcache.so.N (the package's ldconfig trigger ran);
 #   - decode_loop.c builds with the system's `pkg-config --cflags --libs
 #     pqcache` and with find_package(pqcache) without any search path, and
 #     runs without LD_LIBRARY_PATH;
 #   - libpqcache finds the plug-in in /usr/<libdir>/pqcache/;
+#   - the Go program builds against /usr/share/gocode (module mode with
+#     go.work, and GOPATH mode) and the Java program through the Maven
+#     coordinates in /usr/share/maven-repo, with no search path given; the JVM
+#     finds the JNI module on its default java.library.path
+#     (bindings_consumers.sh);
 #   - python3-pqcache's postinst byte-compiled it (py3compile) and Debian's
 #     python3 imports it;
+#   - README's Rust dlopen example, built from the packaged crates, loads the
+#     system's library (check_rust_consumer.sh);
 # and the packages are purged again (dpkg -P) whatever happens, after which
-# no file they brought (bytecode included), no dpkg record and no ldconfig
-# entry may remain.
+# no file of any of them, no directory only they used and no ldconfig entry
+# may remain.
 # Exits 77 (CTest: skipped) with the reason where the machine does not allow
 # it: not root, no dpkg, PQ_PACKAGING_NO_SYSTEM_INSTALL=1, or a libpqcache
 # already installed that this test must not replace.
 #
 #   check_system_install.sh PACKAGES_SCRATCH_DIR   (packaging_deb_rpm's folder)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$TESTS_DIR/bindings_consumers.sh"  # skip, go_consumer, java_consumer
 
 pkgdir=${1:?usage: check_system_install.sh PACKAGES_SCRATCH_DIR}
-skip() { echo "SKIPPED: $*"; exit 77; }
 
 [[ ${PQ_PACKAGING_NO_SYSTEM_INSTALL:-0} == 1 ]] && skip "PQ_PACKAGING_NO_SYSTEM_INSTALL=1"
 command -v dpkg >/dev/null || skip "no dpkg on this machine (not Debian-based)"
 (($(id -u) == 0)) || skip "dpkg -i needs root (running as $(id -un)); the unpacked-package checks of packaging_deb_rpm still ran"
 [[ -w /var/lib/dpkg ]] || skip "/var/lib/dpkg is not writable (read-only system)"
 
-arch=$(dpkg --print-architecture)
 names=("$PQ_DEB_NAME_RUNTIME" "$PQ_DEB_NAME_DEV")
 ((PQ_WITH_CUDA_PLUGIN)) && names+=("$PQ_DEB_NAME_CUDA")
+has_packaged_component go && names+=("$PQ_DEB_NAME_GO")
+has_packaged_component java && names+=("$PQ_DEB_NAME_JAVA")
 # python3-pqcache depends on the one python3 minor version its module was
 # built for, and on python3-numpy: installed only where both are satisfied.
 with_python=0
-python_deb=$pkgdir/out/${PQ_DEB_NAME_PYTHON:?}_${PQ_DEB_VERSION}_${arch}.deb
+python_deb=$pkgdir/out/${PQ_DEB_NAME_PYTHON:?}_${PQ_DEB_VERSION}_$(dpkg --print-architecture).deb
 if [[ -f $python_deb ]]; then
   wanted=$(dpkg-deb -f "$python_deb" Depends | sed -n 's/.*python3 (>= \([0-9.]*\)).*/\1/p')
   system=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
@@ -51,9 +60,7 @@ if [[ -f $python_deb ]]; then
 fi
 debs=()
 for n in "${names[@]}"; do
-  d=$pkgdir/out/${n}_${PQ_DEB_VERSION}_${arch}.deb
-  [[ -f $d ]] || fail "$d is missing (packaging_deb_rpm makes it)"
-  debs+=("$d")
+  debs+=("$(deb_file "$pkgdir/out" "$n")")  # packaging_deb_rpm makes them
 done
 
 # One system install at a time, also across build trees (every engineer's
@@ -67,18 +74,15 @@ for n in "${names[@]}"; do
   fi
 done
 libdir=/usr/$PQ_LIBDIR
-for f in "$libdir/libpqcache.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache.h" "$libdir/pkgconfig/pqcache.pc"; do
+jni=/usr/$PQ_JNIDIR/libpqcache_jni.so
+gomodule=/usr/share/gocode/src/$PQ_GO_MODULE_PATH
+for f in "$libdir/libpqcache.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache.h" "$libdir/pkgconfig/pqcache.pc" \
+         "$jni" "/usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$gomodule"; do
   [[ -e $f ]] && skip "$f exists outside the packages; this test will not overwrite it"
 done
 
 work=$pkgdir/system
 fresh_dir "$work"
-# Every path the packages ship that does not exist yet must be gone after
-# dpkg -P (directories other packages share, such as /usr/lib, stay).
-for d in "${debs[@]}"; do dpkg-deb -c "$d" | awk '{print $6}' | sed 's|^\./|/|; s|/$||'; done | sort -u |
-  while read -r p; do
-    if [[ -n $p && $p != / && ! -e $p && ! -L $p ]]; then echo "$p"; fi
-  done >"$work/new-paths.txt"
 purge() {
   # Reverse dependency order; -P removes the conffiles and the dpkg records.
   local n
@@ -130,6 +134,24 @@ if ((PQ_WITH_CUDA_PLUGIN)); then
   PQCACHE_CUDA_PLUGIN= env -u LD_LIBRARY_PATH "$work/plugin_probe" present || fail "plug-in not found in $libdir/pqcache"
 fi
 
+# The bindings as a user of the installed packages builds with them: no
+# search path for pkg-config, the loader or the JVM.
+library=$libdir/libpqcache.so.$PQ_ABI_MAJOR
+if has_packaged_component go; then
+  if command -v go >/dev/null; then
+    (unset PKG_CONFIG_PATH PKG_CONFIG_LIBDIR LD_LIBRARY_PATH; go_consumer /usr/share/gocode "$work/go" "$library")
+  else
+    log "SKIPPED (Go program): go is not installed (package golang-go)"
+  fi
+fi
+if has_packaged_component java; then
+  if command -v java >/dev/null; then
+    (unset LD_LIBRARY_PATH; java_consumer /usr/share/maven-repo "$work/java" "$jni" "$library")
+  else
+    log "SKIPPED (Java program): java is not installed (package openjdk-17-jdk-headless)"
+  fi
+fi
+
 if ((with_python)); then
   init=$(dpkg -L "$PQ_DEB_NAME_PYTHON" | grep '/pqcache/__init__\.py$') || fail "$PQ_DEB_NAME_PYTHON has no pqcache/__init__.py"
   pydir=$(dirname "$init")
@@ -147,19 +169,30 @@ if ((with_python)); then
     || fail "python3 -O wrote no bytecode into $pydir/__pycache__"
   log "OK: /usr/bin/python3 imports pqcache $PQ_VERSION from $pydir"
 fi
+if [[ -n ${PQ_CARGO:-} ]]; then
+  (unset LD_LIBRARY_PATH; bash "$TESTS_DIR/check_rust_consumer.sh" "$work/rust" system) \
+    || fail "README's Rust dlopen example on the system's library"
+else
+  log "SKIPPED (Rust program): cargo is not installed"
+fi
 
-# Remove and purge, then nothing may be left.
+# Remove and purge, then nothing may be left: no file or link of any
+# package, and no directory of theirs that no other package uses.
+for d in "${debs[@]}"; do dpkg-deb -c "$d"; done | awk '{print $1, $6}' | sed 's| \./| /|' >"$work/contents"
 trap - EXIT
 purge
 for n in "${names[@]}"; do
   dpkg-query -W "$n" >/dev/null 2>&1 && fail "$n is still known to dpkg after dpkg -P"
 done
-for f in "$libdir/libpqcache.so.$PQ_VERSION" "$libdir/libpqcache.so" "/usr/$PQ_INCLUDEDIR/pqcache.h" \
-         "$libdir/pqcache" "$libdir/cmake/pqcache" "$libdir/pkgconfig/pqcache.pc"; do
-  [[ -e $f ]] && fail "$f is left after dpkg -P"
-done
-left=$(while read -r p; do if [[ -e $p || -L $p ]]; then echo "$p"; fi; done <"$work/new-paths.txt")
-[[ -z $left ]] || fail "left after dpkg -P (with what is in it): $(for p in $left; do find "$p"; done | tr '\n' ' ')"
-log "OK: none of the $(wc -l <"$work/new-paths.txt") paths the packages brought is left"
+while read -r mode path; do
+  path=${path%/}
+  [[ -e $path || -L $path ]] || continue
+  if [[ $mode == d* ]]; then
+    dpkg-query -S "$path" >/dev/null 2>&1 || fail "the directory $path is left after dpkg -P, and no package owns it"
+  else
+    fail "$path is left after dpkg -P"
+  fi
+done <"$work/contents"
+log "OK: none of the $(grep -vc '^d' "$work/contents") files and links of the packages is left after dpkg -P"
 ldconfig -p | has "libpqcache.so.$PQ_ABI_MAJOR" && fail "ldconfig still lists libpqcache.so.$PQ_ABI_MAJOR after dpkg -P"
 log "PASS: installed, used and purged ${names[*]}"

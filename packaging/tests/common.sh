@@ -3,7 +3,7 @@
 set -euo pipefail
 
 : "${PQ_SOURCE_DIR:?set by CTest}" "${PQ_BUILD_DIR:?}" "${PQ_VERSION:?}" "${PQ_ABI_MAJOR:?}"
-: "${PQ_LIBDIR:?}" "${PQ_INCLUDEDIR:?}" "${PQ_C_COMPILER:?}" "${CMAKE_COMMAND:?}"
+: "${PQ_LIBDIR:?}" "${PQ_INCLUDEDIR:?}" "${PQ_JNIDIR:?}" "${PQ_C_COMPILER:?}" "${CMAKE_COMMAND:?}"
 TESTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # has GREP-ARGS: grep for a pipeline's output that reads all of it (grep -q
@@ -83,4 +83,22 @@ build_consumers() {
   done
   PQCACHE_CUDA_PLUGIN= LD_LIBRARY_PATH=$libdir "$out/plugin_probe" "$plugin" \
     || fail "the CUDA plug-in is not where libpqcache looks for it"
+}
+
+# has_packaged_component NAME: CPack packages the install component NAME
+# (the bindings and the CUDA plug-in are optional).
+has_packaged_component() {
+  local config=$PQ_BUILD_DIR/CPackConfig.cmake
+  [[ -f $config ]] || fail "$config is missing"
+  [[ " $(sed -n 's/^set(CPACK_COMPONENTS_ALL "\(.*\)")$/\1/p' "$config" | tr ';' ' ') " == *" $1 "* ]]
+}
+
+# deb_file DIR NAME: the .deb of package NAME in DIR, for this machine's
+# architecture or Architecture: all.
+deb_file() {
+  local f
+  for f in "$1/${2}_${PQ_DEB_VERSION}_$(dpkg --print-architecture).deb" "$1/${2}_${PQ_DEB_VERSION}_all.deb"; do
+    [[ -f $f ]] && { echo "$f"; return 0; }
+  done
+  fail "no .deb of $2 $PQ_DEB_VERSION in $1"
 }
