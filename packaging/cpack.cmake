@@ -198,8 +198,8 @@ set(CPACK_RPM_RUNTIME_POST_UNINSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfi
 # executable) but 0644 under Debian policy, which is what CMake installs on a
 # Debian build machine (CMAKE_INSTALL_SO_NO_EXE): set the mode for the RPMs.
 set(CPACK_RPM_RUNTIME_USER_FILELIST
-    "%attr(0755,root,root) /usr/${CMAKE_INSTALL_LIBDIR}/libpqcache.so.${PROJECT_VERSION}")
-set(CPACK_RPM_CUDA_USER_FILELIST "%attr(0755,root,root) /usr/${CMAKE_INSTALL_LIBDIR}/pqcache/libpqcache_cuda.so")
+    "%attr(0755,root,root) /usr/${PQ_RPM_LIBDIR}/libpqcache.so.${PROJECT_VERSION}")
+set(CPACK_RPM_CUDA_USER_FILELIST "%attr(0755,root,root) /usr/${PQ_RPM_LIBDIR}/pqcache/libpqcache_cuda.so")
 # What Fedora's pkgconfig and cmake dependency generators would add (this
 # build machine's rpmbuild has neither): `dnf install 'pkgconfig(pqcache)'`.
 set(CPACK_RPM_DEV_PACKAGE_PROVIDES "pkgconfig(pqcache) = ${PROJECT_VERSION}, cmake(pqcache) = ${PROJECT_VERSION}")
@@ -221,7 +221,7 @@ endif()
 # packages. The package's own directories (lib/pqcache, lib/cmake/pqcache,
 # the Python package) stay owned.
 set(_pq_shared_dirs
-  ${CMAKE_INSTALL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_LIBDIR}/cmake ${PQ_JNI_INSTALL_DIR}
+  ${PQ_RPM_LIBDIR}/pkgconfig ${PQ_RPM_LIBDIR}/cmake ${PQ_JNI_INSTALL_DIR}
   ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc
   ${CMAKE_INSTALL_DATADIR}/gocode/src ${CMAKE_INSTALL_DATADIR}/maven-repo/org)
 if(DEFINED PQ_PYTHON_INSTALL_DIR)

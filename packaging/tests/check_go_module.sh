@@ -52,6 +52,6 @@ done
 has -r -e "$PQ_SOURCE_DIR" -e "$PQ_BUILD_DIR" "$module" && fail "the module's files name a path of the build machine"
 log "OK: $(cd "$module" && find . -type f | wc -l) files in /usr/share/gocode/src/$PQ_GO_MODULE_PATH"
 
-PKG_CONFIG_LIBDIR=$root/usr/$PQ_LIBDIR/pkgconfig PKG_CONFIG_PATH= LD_LIBRARY_PATH=$root/usr/$PQ_LIBDIR \
+PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_LIBDIR=$root/usr/$PQ_LIBDIR/pkgconfig PKG_CONFIG_PATH= LD_LIBRARY_PATH=$root/usr/$PQ_LIBDIR \
   go_consumer "$gocode" "$scratch/go" "$root/usr/$PQ_LIBDIR/libpqcache.so.$PQ_ABI_MAJOR"
 log "PASS: the Go module of $PQ_DEB_NAME_GO builds and runs in module (go.work) and GOPATH mode"

@@ -132,6 +132,16 @@ if has_component cuda; then
 else
   plugin=absent
 fi
+# A package's .pc names /usr itself, so pkg-config prints normalised paths
+# and drops the system directories, and plugindir is a clean path.
+pc_dir=$root/$lib/pkgconfig
+has -x "prefix=/usr" "$pc_dir/pqcache.pc" || fail "the .deb's pqcache.pc does not say prefix=/usr: $(cat "$pc_dir/pqcache.pc")"
+got=$(PKG_CONFIG_LIBDIR=$pc_dir PKG_CONFIG_PATH= pkg-config --cflags --libs pqcache)
+[[ $(echo $got) == "-lpqcache" ]] \
+  || fail "pkg-config --cflags --libs pqcache gives '$got'; expected -lpqcache (/usr/include and /usr/$PQ_LIBDIR dropped)"
+plugindir=$(PKG_CONFIG_LIBDIR=$pc_dir PKG_CONFIG_PATH= pkg-config --variable=plugindir pqcache)
+[[ $plugindir == "/usr/$PQ_LIBDIR/pqcache" ]] || fail "pkg-config --variable=plugindir pqcache gives $plugindir"
+log "OK: the .deb's pkg-config: '$(echo $got)', plugindir $plugindir"
 build_consumers "$root/usr" "$scratch/consumers" "$plugin"
 # The runtime package alone: no plug-in next to the library.
 only_runtime=$scratch/root-runtime-only
@@ -156,6 +166,7 @@ if [[ $generators == *RPM* ]]; then
   mapfile -t rpms < <(ls "$out"/*.rpm)
   ((${#rpms[@]} == ${#debs[@]})) || fail "${#rpms[@]} RPMs for ${#debs[@]} .debs"
   rpmroot=$scratch/rpmroot
+  rpmlib=usr/$PQ_RPM_LIBDIR  # lib64 where the .debs have $PQ_LIBDIR (packaging/CMakeLists.txt)
   mkdir -p "$rpmroot"
   for r in "${rpms[@]}"; do
     name=$(rpm -qp --qf '%{NAME}' "$r" 2>/dev/null)
@@ -164,7 +175,7 @@ if [[ $generators == *RPM* ]]; then
     # must not be claimed (toolchain notes 8, pitfall 2).
     owned=$(rpm -qlp "$r" 2>/dev/null)
     for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
-                  "/usr/$PQ_LIBDIR" "/usr/$PQ_LIBDIR/pkgconfig" "/usr/$PQ_LIBDIR/cmake" \
+                  "/usr/$PQ_RPM_LIBDIR" "/usr/$PQ_RPM_LIBDIR/pkgconfig" "/usr/$PQ_RPM_LIBDIR/cmake" \
                   /usr/share/java "/usr/$PQ_JNIDIR" /usr/share/gocode /usr/share/gocode/src \
                   /usr/share/maven-repo /usr/share/maven-repo/org; do
       grep -qx "$shared" <<<"$owned" && fail "$name claims the shared directory $shared"
@@ -172,12 +183,12 @@ if [[ $generators == *RPM* ]]; then
     (cd "$rpmroot" && rpm2cpio "$r" | cpio -idm --quiet) || fail "rpm2cpio | cpio of $r"
     case $name in
       libpqcache${PQ_ABI_MAJOR})
-        grep -qx "/$lib/libpqcache.so.$PQ_VERSION" <<<"$owned" || fail "$name lacks the library"
+        grep -qx "/$rpmlib/libpqcache.so.$PQ_VERSION" <<<"$owned" || fail "$name lacks the library"
         rpm -qp --scripts "$r" 2>/dev/null | has ldconfig || fail "$name does not run ldconfig"
         rpm -qp --provides "$r" 2>/dev/null | has "^libpqcache.so.$PQ_ABI_MAJOR()" || fail "$name does not provide the soname"
         ;;
       libpqcache-devel)
-        grep -qx "/$lib/pkgconfig/pqcache.pc" <<<"$owned" || fail "$name lacks pqcache.pc"
+        grep -qx "/$rpmlib/pkgconfig/pqcache.pc" <<<"$owned" || fail "$name lacks pqcache.pc"
         rpm -qp --requires "$r" 2>/dev/null | has "^libpqcache${PQ_ABI_MAJOR} = $PQ_VERSION" \
           || fail "$name does not require the runtime = version"
         ;;
@@ -188,15 +199,20 @@ if [[ $generators == *RPM* ]]; then
           || fail "$name does not require libpqcache-devel = version"
         ;;
       libpqcache${PQ_ABI_MAJOR}-cuda)
-        grep -qx "/$lib/pqcache/libpqcache_cuda.so" <<<"$owned" || fail "$name lacks the plug-in"
+        grep -qx "/$rpmlib/pqcache/libpqcache_cuda.so" <<<"$owned" || fail "$name lacks the plug-in"
         rpm -qp --suggests "$r" 2>/dev/null | has "^libcuda.so.1" || fail "$name does not suggest libcuda.so.1"
         ;;
     esac
   done
-  # Both formats ship the same files (one install tree).
-  diff <(cd "$root" && find . \( -type f -o -type l \) | sort) \
+  # Both formats ship the same files, but for the library directory.
+  diff <(cd "$root" && find . \( -type f -o -type l \) | sed "s|^\./$lib/|./$rpmlib/|" | sort) \
        <(cd "$rpmroot" && find . \( -type f -o -type l \) | sort) \
-    || fail "the .rpm and .deb file lists differ"
+    || fail "the .rpm and .deb file lists differ (beyond $lib -> $rpmlib)"
+  # The .rpm's pkg-config and CMake files name its own library directory.
+  has -x "libdir=\${prefix}/$PQ_RPM_LIBDIR" "$rpmroot/$rpmlib/pkgconfig/pqcache.pc" \
+    || fail "the .rpm's pqcache.pc does not name $PQ_RPM_LIBDIR: $(cat "$rpmroot/$rpmlib/pkgconfig/pqcache.pc")"
+  has "/$PQ_RPM_LIBDIR/libpqcache.so.$PQ_VERSION" "$rpmroot/$rpmlib/cmake/pqcache/pqcache-targets.cmake" \
+    || fail "the .rpm's pqcache-targets.cmake does not name $PQ_RPM_LIBDIR"
   log "OK: rpm2cpio gives the same $(cd "$rpmroot" && find . \( -type f -o -type l \) | wc -l) files as the .debs"
 
   if command -v rpmlint >/dev/null; then

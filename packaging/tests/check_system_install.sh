@@ -114,12 +114,12 @@ flags=$(env -u PKG_CONFIG_PATH -u PKG_CONFIG_LIBDIR pkg-config --cflags --libs p
 log "pkg-config --cflags --libs pqcache: $flags"
 # shellcheck disable=SC2086
 "$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -o "$work/decode_loop_pc" \
-  "$PQ_SOURCE_DIR/examples/decode_loop.c" $flags -lm || fail "decode_loop.c with the system pkg-config"
+  "/usr/share/doc/$PQ_DEB_NAME_DEV/examples/decode_loop.c" $flags -lm || fail "decode_loop.c with the system pkg-config"
 # shellcheck disable=SC2086
 "$PQ_C_COMPILER" -std=c99 -Wall -Werror -o "$work/plugin_probe" "$TESTS_DIR/plugin_probe.c" $flags \
   || fail "plugin_probe.c with the system pkg-config"
 "$CMAKE_COMMAND" -S "$TESTS_DIR/consumer" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="$PQ_SOURCE_DIR/examples/decode_loop.c" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="/usr/share/doc/$PQ_DEB_NAME_DEV/examples/decode_loop.c" \
   >"$work/consumer.log" 2>&1 && "$CMAKE_COMMAND" --build "$work/consumer" >>"$work/consumer.log" 2>&1 \
   || { cat "$work/consumer.log" >&2; fail "find_package(pqcache) from /usr"; }
 for bin in "$work/decode_loop_pc" "$work/consumer/decode_loop"; do

@@ -42,17 +42,22 @@ build_consumers() {
   local libdir=$prefix/$PQ_LIBDIR
   mkdir -p "$out"
 
-  # pkg-config, with the search path limited to the installed tree.
-  local flags
-  flags=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig PKG_CONFIG_PATH= pkg-config --cflags --libs pqcache) \
+  # pkg-config, with the search path limited to the installed tree. A
+  # package's .pc names its real prefix (/usr): an unpacked one is reached
+  # the standard way, through PKG_CONFIG_SYSROOT_DIR. A `cmake --install`
+  # tree's .pc is relocatable (${pcfiledir}) and needs no sysroot.
+  local flags sysroot=
+  grep -q '^prefix=${pcfiledir}' "$libdir/pkgconfig/pqcache.pc" || sysroot=${prefix%/usr}
+  flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$libdir/pkgconfig PKG_CONFIG_PATH= \
+          pkg-config --cflags --libs pqcache) \
     || fail "pkg-config cannot resolve pqcache under $libdir/pkgconfig"
-  log "pkg-config --cflags --libs pqcache: $flags"
+  log "pkg-config --cflags --libs pqcache${sysroot:+ (sysroot $sysroot)}: $flags"
   local version
   version=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig PKG_CONFIG_PATH= pkg-config --modversion pqcache)
   [[ $version == "$PQ_VERSION" ]] || fail "pkg-config says version $version, expected $PQ_VERSION"
   # shellcheck disable=SC2086 # $flags is a list of flags
   "$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -o "$out/decode_loop_pc" \
-    "$PQ_SOURCE_DIR/examples/decode_loop.c" $flags -lm \
+    "$prefix/share/doc/$PQ_DEB_NAME_DEV/examples/decode_loop.c" $flags -lm \
     || fail "decode_loop.c does not compile with the pkg-config flags"
   # shellcheck disable=SC2086
   "$PQ_C_COMPILER" -std=c99 -Wall -Werror -o "$out/plugin_probe" "$TESTS_DIR/plugin_probe.c" $flags \
@@ -61,7 +66,7 @@ build_consumers() {
   # find_package(pqcache) from a downstream CMake project.
   "$CMAKE_COMMAND" -S "$TESTS_DIR/consumer" -B "$out/consumer" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
-    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="$PQ_SOURCE_DIR/examples/decode_loop.c" \
+    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF -DDECODE_LOOP_SOURCE="$prefix/share/doc/$PQ_DEB_NAME_DEV/examples/decode_loop.c" \
     >"$out/consumer-configure.log" 2>&1 \
     || { cat "$out/consumer-configure.log" >&2; fail "find_package(pqcache) failed"; }
   grep 'pqcache .* at ' "$out/consumer-configure.log" | sed "s/^/[$(basename "$0" .sh)] /"
