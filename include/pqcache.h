@@ -472,8 +472,9 @@ typedef void (*pq_log_fn)(void* user, int32_t level, const char* message);
 
 /* Allocates `bytes` bytes aligned to `alignment` (a power of two, at most
  * 4096) for the host K/V store, or returns NULL (the call that needed them
- * then fails with PQ_ERR_OUT_OF_MEMORY, changing nothing). Pinned or
- * huge-page memory goes here. Called on the calling thread and on worker
+ * then fails with PQ_ERR_OUT_OF_MEMORY, changing nothing; memory aligned
+ * to less is given back to pq_free_fn and fails it with PQ_ERR_BACKEND).
+ * Pinned or huge-page memory goes here. Called on the calling thread and on worker
  * threads, possibly concurrently; it must not call into the library. */
 typedef void* (*pq_alloc_fn)(void* user, size_t bytes, size_t alignment);
 /* Frees what pq_alloc_fn returned, with the same size. Must not fail or

@@ -18,14 +18,20 @@ HostBlock::HostBlock(const HostAllocator& allocator, size_t bytes)
       allocator_.free(allocator_.user, data_, bytes);
       data_ = nullptr;
       fail(PQ_ERR_BACKEND, "the host_alloc hook returned memory aligned to less than the " +
-                               std::to_string(HostAllocator::kAlignment) + " bytes asked");
+                               std::to_string(HostAllocator::kAlignment) + " bytes asked (" +
+                               std::to_string(bytes) + " bytes of K/V)");
     }
     return;
   }
-  data_ = static_cast<uint8_t*>(
-      ::operator new(bytes, std::align_val_t{HostAllocator::kAlignment}, std::nothrow));
-  if (data_ == nullptr)
+  // The throwing form, paired with the delete below: a program (or a
+  // sanitizer) that replaces some forms of operator new and not the nothrow
+  // aligned one would otherwise allocate with one family and free with
+  // another.
+  try {
+    data_ = static_cast<uint8_t*>(::operator new(bytes, std::align_val_t{HostAllocator::kAlignment}));
+  } catch (const std::bad_alloc&) {
     fail(PQ_ERR_OUT_OF_MEMORY, "allocating " + std::to_string(bytes) + " bytes of K/V failed");
+  }
 }
 
 HostBlock::~HostBlock() {

@@ -171,6 +171,7 @@ struct CountingAllocator {
   std::map<void*, size_t> live;
   uint64_t allocations = 0;
   int64_t fail_after = -1;  // allocations to allow before returning NULL; -1: never
+  size_t misalign = 0;      // bytes added to what is returned (a broken allocator)
   bool misaligned_free = false;
 
   static void* alloc(void* user, size_t bytes, size_t alignment) {
@@ -178,11 +179,12 @@ struct CountingAllocator {
     std::lock_guard<std::mutex> lock(self->mutex);
     if (self->fail_after == 0) return nullptr;
     if (self->fail_after > 0) --self->fail_after;
-    void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-    if (p != nullptr) {
-      self->live[p] = bytes;
-      ++self->allocations;
-    }
+    void* p = std::aligned_alloc(alignment,
+                                 (bytes + self->misalign + alignment - 1) / alignment * alignment);
+    if (p == nullptr) return nullptr;
+    p = static_cast<char*>(p) + self->misalign;
+    self->live[p] = bytes;
+    ++self->allocations;
     return p;
   }
   static void release(void* user, void* p, size_t bytes) {
@@ -191,7 +193,7 @@ struct CountingAllocator {
     auto it = self->live.find(p);
     if (it == self->live.end() || it->second != bytes) self->misaligned_free = true;
     if (it != self->live.end()) self->live.erase(it);
-    std::free(p);
+    std::free(static_cast<char*>(p) - self->misalign);
   }
   uint64_t live_bytes() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -246,10 +248,19 @@ TEST(Hooks, AllocatorFailureFailsTheCallAndChangesNothing) {
   ASSERT_EQ(pq_sequence_length(ctx, 1, 0, &n), PQ_OK);
   EXPECT_EQ(n, 200) << "no token of the failed append stayed";
   EXPECT_EQ(a.live_bytes(), held) << "the block that was allocated went back";
+  // Memory aligned to less than asked goes back, and the call fails too.
   a.fail_after = -1;
+  a.misalign = 8;
+  EXPECT_TRUE(IsError(pq_decode_append(ctx, 1, 0, more.get(), more.get()), PQ_ERR_BACKEND,
+                      {"host_alloc", "aligned"}));
+  ASSERT_EQ(pq_sequence_length(ctx, 1, 0, &n), PQ_OK);
+  EXPECT_EQ(n, 200);
+  EXPECT_EQ(a.live_bytes(), held);
+  a.misalign = 0;
   EXPECT_EQ(pq_decode_append(ctx, 1, 0, more.get(), more.get()), PQ_OK) << pq_last_error();
   ASSERT_EQ(pq_sequence_length(ctx, 1, 0, &n), PQ_OK);
   EXPECT_EQ(n, 300);
+  EXPECT_FALSE(a.misaligned_free);
 }
 
 // ---------------------------------------------------------------------------
