@@ -136,7 +136,7 @@ void cpu_scan(benchmark::State& state) {
   for (auto _ : state)
     for (int32_t h = 0; h < kHeads; ++h) {
       cpu->pq_scores(in.lut.data() + h * kGroup * kM * kCentroids, kGroup, kM, kCentroids,
-                     in.codes.data() + h * n * kM, n, raw.data());
+                     in.codes.data() + h * n * kM, n, raw.data(), n);
       pq::combine_group_scores(raw.data(), kGroup, n, 0, 0.125f, out.data(), scratch);
     }
   state.SetItemsProcessed(state.iterations() * kHeads * n);

@@ -23,10 +23,11 @@ class CpuBackend final : public Backend {
   }
 
   void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
-                 const uint8_t* codes, int64_t tokens, float* out) const override {
+                 const uint8_t* codes, int64_t tokens, float* out,
+                 int64_t out_stride) const override {
     for (int32_t q = 0; q < queries; ++q) {
       const float* lq = lut + static_cast<size_t>(q) * subspaces * centroids;
-      float* oq = out + static_cast<size_t>(q) * tokens;
+      float* oq = out + static_cast<size_t>(q) * out_stride;
       if (subspaces == 2) {  // the paper's default; keep the loop tight
         const float* l0 = lq;
         const float* l1 = lq + centroids;

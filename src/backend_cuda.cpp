@@ -56,8 +56,9 @@ class CudaBackend final : public Backend {
 
   // Host scoring, for selectors other than PQ's device path.
   void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
-                 const uint8_t* codes, int64_t tokens, float* out) const override {
-    host_->pq_scores(lut, queries, subspaces, centroids, codes, tokens, out);
+                 const uint8_t* codes, int64_t tokens, float* out,
+                 int64_t out_stride) const override {
+    host_->pq_scores(lut, queries, subspaces, centroids, codes, tokens, out, out_stride);
   }
 
   // Prefill from device tensors: the copy into pinned memory is enqueued on

@@ -1,6 +1,5 @@
 // PQCache (paper section 3.4): score every middle token through a lookup
 // table of query sub-vector x centroid dot products, summed over the codes.
-#include <cstring>
 #include <vector>
 
 #include "pq_tuple_select.h"
@@ -108,25 +107,15 @@ class PqSelector final : public Selector {
     return bytes;
   }
 
-  // raw[g * middle + i]: query head g's score of middle token i, run by run
-  // (a fork's codes are several runs; code_column.h).
+  // raw[g * middle + i]: query head g's score of middle token i, each run
+  // of the codes (a fork's are several; code_column.h) into its part of the
+  // rows.
   static void score_runs(const SelectionRequest& r, const float* lut, const CodeColumn& codes,
                          float* raw) {
     const PqCodebook& cb = *r.index->codebook;
-    const int64_t m = r.middle();
-    if (codes.runs() <= 1) {
-      codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t, int64_t n, const uint8_t* p) {
-        r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n, raw);
-      });
-      return;
-    }
-    std::vector<float> part;
     codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t first, int64_t n, const uint8_t* p) {
-      part.resize(static_cast<size_t>(r.group_size) * n);
-      r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n, part.data());
-      for (int32_t g = 0; g < r.group_size; ++g)
-        std::memcpy(raw + static_cast<size_t>(g) * m + (first - r.mid_begin),
-                    part.data() + static_cast<size_t>(g) * n, static_cast<size_t>(n) * sizeof(float));
+      r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n,
+                          raw + (first - r.mid_begin), r.middle());
     });
   }
 };

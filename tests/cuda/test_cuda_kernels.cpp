@@ -418,7 +418,7 @@ void check_scan(const ScanCase& c, uint32_t seed) {
   for (int32_t h = 0; h < c.kv_heads; ++h) {
     cpu->pq_scores(lut.data() + static_cast<size_t>(h) * c.group * c.m * C, c.group, c.m, C,
                    codes.data() + static_cast<size_t>(h * c.stride + c.begin) * c.m, n,
-                   raw.data());
+                   raw.data(), n);
     pq::combine_group_scores(raw.data(), c.group, n, c.combine, scale,
                              expected.data() + static_cast<size_t>(h) * n, scratch);
   }
@@ -550,7 +550,7 @@ TEST(CudaPqScan, ScoreThenTopKSelectsWhatTheCpuSelects) {
     std::vector<int32_t> want(static_cast<size_t>(k));
     for (int32_t h = 0; h < kv; ++h) {
       cpu->pq_scores(lut.data() + static_cast<size_t>(h) * group * m * C, group, m, C,
-                     codes.data() + static_cast<size_t>(h * stride + begin) * m, n, raw.data());
+                     codes.data() + static_cast<size_t>(h * stride + begin) * m, n, raw.data(), n);
       pq::combine_group_scores(raw.data(), group, n, combine, scale, combined.data(), scratch);
       pq::select_top_k(combined.data(), n, k, begin, want.data(), scratch);
       EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + h * k))
