@@ -1,0 +1,81 @@
+"""The report's aims table judges what was measured, and names what was not:
+an interval that crosses an aim is not called met, a missing measurement has
+its row, and a partial trace says how much of it there is."""
+
+from pqeval import evaluate, longtrace, tasks
+
+PER_SEED = len(tasks.TASKS) * len(tasks.PLACEMENTS)
+DROPS = ("h2o", "snapkv", "pyramidkv", "scope")
+
+
+def task_summary(diff, pq_acc, drop_acc):
+    out = {"pq@1/5": {"diff": diff, "acc": (pq_acc, 0.0, 1.0)}}
+    for s in DROPS:
+        out[f"{s}@1/5"] = {"acc": (drop_acc, 0.0, 1.0)}
+    return out
+
+
+def study(pq, oracle, layers):
+    return {"layers": layers,
+            "selectors": {"pq@1/5": [{"mid_mass": pq}] * len(layers),
+                          "exact@1/5": [{"mid_mass": oracle}] * len(layers)}}
+
+
+def table(summaries, ppl, studies, prompts):
+    lines = []
+    evaluate.aims(summaries, ppl, studies, lines, prompts)
+    rows = {}
+    for line in lines[2:]:
+        aim, measured, verdict = [c.strip() for c in line.strip("|").split("|")]
+        rows[aim] = (measured, verdict)
+    return rows
+
+
+def test_every_planned_aim_has_a_row_and_unmeasured_ones_say_so():
+    rows = table({}, {}, {}, {})
+    expected = (2 * len(evaluate.AIM_LENGTHS) + len(longtrace.TRACES)
+                + len(evaluate.PERPLEXITY_RUNS))
+    assert len(rows) == expected
+    assert all(v == "not judged: not measured" for _, v in rows.values())
+
+
+def test_an_interval_crossing_the_aim_is_not_called_met():
+    smol = "smollm2-135m"
+    summaries = {(smol, 8192): task_summary((0.0, -0.05, 0.02), 0.3, 0.2)}
+    ppl = {smol: {"pq@1/5": (None, (0.3, -0.2, 0.7))}}
+    rows = table(summaries, ppl, {}, {(smol, 8192): PER_SEED})
+    within = rows[f"{smol} 8K tasks, 1/5: PQ within 1 point of full attention"]
+    assert within[1] == "on the point estimate only: the 95% interval reaches -5.0 points"
+    assert rows[f"{smol} 8K tasks, 1/5: PQ ahead of every drop method"][1] == "yes"
+    perplexity = rows[f"{smol} perplexity, 1/5: within 0.5% of full attention"]
+    assert perplexity == ("+0.30% [-0.20, +0.70]",
+                          "on the point estimate only: the 95% interval reaches +0.70%")
+
+
+def test_met_missed_and_too_few_prompts():
+    smol, gemma = "smollm2-135m", "gemma3-270m"
+    summaries = {(smol, 8192): task_summary((-0.002, -0.008, 0.0), 0.2, 0.2),
+                 (gemma, 32768): task_summary((0.0, 0.0, 0.0), 0.9, 0.1)}
+    ppl = {smol: {"pq@1/5": (None, (0.6, 0.55, 0.9))},
+           gemma: {"pq@1/5": (None, (0.1, -0.1, 0.4))}}
+    rows = table(summaries, ppl, {}, {(smol, 8192): PER_SEED, (gemma, 32768): 3})
+    assert rows[f"{smol} 8K tasks, 1/5: PQ within 1 point of full attention"][1] == "yes"
+    # level with the best drop method is not ahead of it
+    assert rows[f"{smol} 8K tasks, 1/5: PQ ahead of every drop method"][1] == "no"
+    few = f"not judged: 3 of the {PER_SEED} prompts of one seed"
+    assert rows[f"{gemma} 32K tasks, 1/5: PQ within 1 point of full attention"][1] == few
+    assert rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"][1] == few
+    assert rows[f"{smol} perplexity, 1/5: within 0.5% of full attention"][1] == "no"
+    assert rows[f"{gemma} perplexity, 1/5: within 0.5% of full attention"][1] == "yes"
+
+
+def test_a_partial_trace_says_how_many_layers_it_covers():
+    smol, gemma = "smollm2-135m", "gemma3-270m"
+    planned = len(longtrace.TRACES[smol]["layers"])
+    studies = {smol: study(0.90, 0.94, [0, 1]),
+               gemma: study(0.80, 0.90, longtrace.TRACES[gemma]["layers"])}
+    rows = table({}, {}, studies, {})
+    measured, verdict = rows[f"{smol} 8K trace, 1/5: middle-only mass within 0.05 of the oracle"]
+    assert measured == f"PQ 0.900, oracle 0.940 (gap 0.040), 2 of {planned} layers"
+    assert verdict == f"yes, on 2 of the {planned} layers"
+    assert rows[f"{gemma} 32K trace, 1/5: middle-only mass within 0.05 of the oracle"][1] == "no"
