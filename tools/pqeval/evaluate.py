@@ -66,12 +66,18 @@ def run_missing(data: Path, log=print) -> None:
                                range(len(tasks.PERPLEXITY_DOCUMENTS)), results, log=log)
     traces_file = data / "traces.json"
     studies = json.loads(traces_file.read_text()) if traces_file.exists() else {}
-    for model in longtrace.TRACES:
-        if model in studies:
+    for model, spec in longtrace.TRACES.items():
+        if model in studies and studies[model]["layers"] == spec["layers"]:
             continue
+        # A study of fewer layers than planned (an earlier, smaller plan) is
+        # measured again in full.
         log(f"trace study: {model}")
+        start = time.perf_counter()
         t = longtrace.capture(model, log=log)
+        captured = time.perf_counter()
         studies[model] = longtrace.study(t, SELECTORS, steps=TRACE_STEPS, log=log)
+        studies[model]["capture_seconds"] = captured - start
+        studies[model]["seconds"] = time.perf_counter() - captured
         tmp = traces_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(studies))
         tmp.replace(traces_file)
@@ -209,7 +215,7 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
         rate = {}  # mean seconds per prompt by (model, length); unmeasured lengths: the longest
         for r in task_records:
             rate.setdefault((r["model"], r["length"]), []).append(r["seconds"])
-        left = 0.0
+        left = whole = 0.0
         for model, lengths, seeds in TASK_RUNS:
             known = [k for k in rate if k[0] == model]
             for length in lengths:
@@ -220,11 +226,31 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
                 done = sum(1 for r in task_records if (r["model"], r["length"]) == (model, length))
                 per = sum(rate[key]) / len(rate[key]) * (length / key[1])
                 left += max(0, seeds * per_seed - done) * per
+                whole += seeds * per_seed * per
+        untimed = []
+        for model, _, _ in PERPLEXITY_RUNS:
+            secs_ppl = [r["seconds"] for r in ppl_records if r["model"] == model]
+            if not secs_ppl:
+                untimed.append(f"{model}'s perplexity")
+                continue
+            per = sum(secs_ppl) / len(secs_ppl)
+            left += max(0, len(tasks.PERPLEXITY_DOCUMENTS) - len(secs_ppl)) * per
+            whole += len(tasks.PERPLEXITY_DOCUMENTS) * per
+        for model, spec in longtrace.TRACES.items():
+            if model not in studies or "seconds" not in studies[model]:
+                untimed.append(f"{model}'s trace")
+                continue
+            per = studies[model]["seconds"] / len(studies[model]["layers"])
+            left += (len(spec["layers"]) - len(studies[model]["layers"])) * per
+            whole += len(spec["layers"]) * per
         lines.append(
             f"- Cost: one prompt took {min(secs):.0f}-{max(secs):.0f} s here (2 shared cores, "
-            f"{rows} rows, every selector and budget, in one batched forward); the missing task "
-            f"prompts of the full run would take about {left / 3600:.0f} hours more at that rate "
-            "(time scaled linearly with length where a length has no prompt yet). "
+            f"{rows} rows, every selector and budget, in one batched forward). At the recorded "
+            f"rates a full run from nothing takes about {whole / 3600:.0f} hours on 2 cores, and "
+            f"what is missing about {left / 3600:.0f} hours more"
+            + (f", plus {', '.join(untimed)}, not timed yet" if untimed else "")
+            + " (task time scaled linearly with length where a length has no prompt yet; the "
+            "model download and the traces' capture not counted). "
             "`scripts/evaluate.sh` resumes where it stopped, so the planned run can be completed "
             "over several sessions, or on a GPU host, without repeating a prompt.")
     missing = [m for m in longtrace.TRACES if m not in studies]

@@ -55,9 +55,12 @@ def capture(model_name: str, model=None, tokenizer=None, log=print) -> trace_io.
     from pqeval import capture as capture_mod, hf, tasks
 
     path = trace_path(model_name)
-    if path.exists():
-        return trace_io.read(path)
     spec = TRACES[model_name]
+    if path.exists():
+        cached = trace_io.read(path)
+        if list(cached.layers) == list(spec["layers"]):
+            return cached
+        log(f"{path} holds layers {list(cached.layers)}, not the planned ones: capturing again")
     if model is None:
         model, tokenizer = hf.load(model_name)
     ids = hf.encode(hf.MODELS[model_name], tokenizer, tasks.perplexity_text(0))[: spec["tokens"]]
