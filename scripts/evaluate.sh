@@ -9,6 +9,8 @@
 #   scripts/evaluate.sh                  everything still missing, then the report
 #   scripts/evaluate.sh --report-only    the report from the recorded measurements
 #   scripts/evaluate.sh --quick          the committed trace only (about a minute)
+#   scripts/evaluate.sh --parts traces --models gemma3-270m
+#                                        only what is missing of those parts and models
 #
 # A full run from nothing takes about 8 hours on 2 cores (docs/quality.md
 # gives the time of the recorded run); it resumes where it stopped, because

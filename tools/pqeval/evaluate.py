@@ -1,6 +1,7 @@
 """The quality evaluation: runs what is missing, then writes docs/quality.md.
 
-    python3 -m pqeval.evaluate [--report-only | --quick] [--data DIR] [--out DIR]
+    python3 -m pqeval.evaluate [--report-only | --quick] [--parts P,...] [--models M,...]
+                               [--data DIR] [--out DIR]
 
 A full run (scripts/evaluate.sh), everything through libpqcache:
 1. long-context tasks (pqeval.tasks, RULER's recipes) through the
@@ -14,7 +15,8 @@ A full run (scripts/evaluate.sh), everything through libpqcache:
 4. the committed 2K trace (tests/data, the one CI checks), replayed.
 Measurements are appended to DIR (docs/quality-data: longctx.jsonl,
 traces.json), so a run resumes where it stopped and --report-only rewrites
-the report from them.
+the report from them. --parts (tasks, ppl, traces) and --models narrow
+what is measured, to spread a full run over sessions in the order wanted.
 
 --quick replays the committed trace only (about a minute) into
 docs/quality-quick.md; CI's reduced version is tools/pqeval/tests.
@@ -52,22 +54,46 @@ def load_records(data: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_missing(data: Path, log=print) -> None:
-    """Runs (or resumes) every measurement of a full evaluation."""
+PARTS = ("tasks", "ppl", "traces")
+
+
+def check_selection(parts, models=None) -> set:
+    """The models to measure; ValueError names an unknown part or model."""
+    from pqeval import hf
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts {sorted(unknown)}: expected some of {', '.join(PARTS)}")
+    models = set(hf.MODELS if models is None else models)
+    if models - set(hf.MODELS):
+        raise ValueError(f"models {sorted(models - set(hf.MODELS))}: expected some of "
+                         f"{', '.join(sorted(hf.MODELS))}")
+    return models
+
+
+def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
+    """Runs (or resumes) the measurements of a full evaluation: `parts` of
+    PARTS, for `models` (default every model)."""
     from pqeval import longctx, longtrace, tasks
 
+    models = check_selection(parts, models)
     data.mkdir(parents=True, exist_ok=True)
     results = data / "longctx.jsonl"
     for model, lengths, seeds in TASK_RUNS:
-        longctx.run_tasks(model, lengths, tasks.TASKS, tasks.PLACEMENTS, range(seeds), results,
-                          log=log)
+        if "tasks" in parts and model in models:
+            longctx.run_tasks(model, lengths, tasks.TASKS, tasks.PLACEMENTS, range(seeds),
+                              results, log=log)
     for model, context, continuation in PERPLEXITY_RUNS:
-        longctx.run_perplexity(model, context, continuation,
-                               range(len(tasks.PERPLEXITY_DOCUMENTS)), results, log=log)
+        if "ppl" in parts and model in models:
+            longctx.run_perplexity(model, context, continuation,
+                                   range(len(tasks.PERPLEXITY_DOCUMENTS)), results, log=log)
+    if "traces" not in parts:
+        return
     traces_file = data / "traces.json"
     studies = json.loads(traces_file.read_text()) if traces_file.exists() else {}
     for model, spec in longtrace.TRACES.items():
-        if model in studies and studies[model]["layers"] == spec["layers"]:
+        if model not in models or (model in studies
+                                   and studies[model]["layers"] == spec["layers"]):
             continue
         # A study of fewer layers than planned (an earlier, smaller plan) is
         # measured again in full.
@@ -407,9 +433,19 @@ def main(argv: Optional[List[str]] = None) -> None:
                       help="the committed trace only, into quality-quick.md")
     mode.add_argument("--report-only", action="store_true",
                       help="rewrite the report from the data files, measure nothing new")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="what to measure before the report: some of " + ", ".join(PARTS))
+    ap.add_argument("--models", default=None,
+                    help="the models to measure (comma-separated; default every model)")
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--out", default=str(REPO / "docs"))
     args = ap.parse_args(argv)
+    parts = args.parts.split(",")
+    models = args.models.split(",") if args.models else None
+    try:
+        check_selection(parts, models)
+    except ValueError as e:
+        ap.error(str(e))
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +456,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         target.write_text("\n".join(lines) + "\n")
     else:
         if not args.report_only:
-            run_missing(Path(args.data))
+            run_missing(Path(args.data), parts, models)
         target = write_report(Path(args.data), out, committed_trace(),
                               time.perf_counter() - start)
     print(target.read_text())
