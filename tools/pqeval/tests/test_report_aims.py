@@ -65,7 +65,8 @@ def test_met_missed_and_too_few_prompts():
     few = f"not judged: 3 of the {PER_SEED} prompts of one seed"
     assert rows[f"{gemma} 32K tasks, 1/5: PQ within 1 point of full attention"][1] == few
     assert rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"][1] == few
-    assert rows[f"{smol} perplexity, 1/5: within 0.5% of full attention"][1] == "no"
+    assert rows[f"{smol} perplexity, 1/5: within 0.5% of full attention"][1] == \
+        "no, by 0.10 percentage points"
     assert rows[f"{gemma} perplexity, 1/5: within 0.5% of full attention"][1] == "yes"
 
 
@@ -79,3 +80,11 @@ def test_a_partial_trace_says_how_many_layers_it_covers():
     assert measured == f"PQ 0.900, oracle 0.940 (gap 0.040), 2 of {planned} layers"
     assert verdict == f"yes, on 2 of the {planned} layers"
     assert rows[f"{gemma} 32K trace, 1/5: middle-only mass within 0.05 of the oracle"][1] == "no"
+
+
+def test_a_missed_task_aim_says_by_how_much():
+    gemma = "gemma3-270m"
+    summaries = {(gemma, 32768): task_summary((-0.035, -0.08, 0.0), 0.5, 0.4)}
+    rows = table(summaries, {}, {}, {(gemma, 32768): 2 * PER_SEED})
+    within = rows[f"{gemma} 32K tasks, 1/5: PQ within 1 point of full attention"]
+    assert within == (f"-3.5 points [-8.0, +0.0] ({2 * PER_SEED} prompts)", "no, by 2.5 points")
