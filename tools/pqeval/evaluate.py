@@ -364,6 +364,19 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
             bm = report._layer_mean(study["selectors"][f"{best}@{b}"], "mid_mass")
             lines.append(f"- {model} {study['tokens'] // 1024}K trace, {b}: middle mass PQ "
                          f"{pq:.3f}, oracle {ex:.3f}, best other {best} {bm:.3f}.")
+        settings = {label: report._layer_mean(st["layers"], "mid_mass")
+                    for label, st in study.get("settings", {}).items()}
+        if settings:
+            code_bytes = {label: st["fields"].get("pq_subspaces", 2)
+                          for label, st in study["settings"].items()}
+            top = max(settings, key=settings.get)
+            per_byte = max(settings, key=lambda l: settings[l] / code_bytes[l])
+            default = next(iter(settings))
+            lines.append(f"- {model} {study['tokens'] // 1024}K trace, PQ settings at 1/5 "
+                         f"(middle mass): best \"{top}\" {settings[top]:.3f} "
+                         f"({code_bytes[top]} bytes per token), best per byte \"{per_byte}\" "
+                         f"{settings[per_byte]:.3f} ({code_bytes[per_byte]} bytes), "
+                         f"against \"{default}\" {settings[default]:.3f}.")
 
     lines += ["", "## What was measured, and what would close the gaps", ""]
     coverage_and_gaps(task_records, ppl_records, summaries, studies, lines)
