@@ -269,7 +269,8 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
             if model not in studies or "seconds" not in studies[model]:
                 untimed.append(f"{model}'s trace")
                 continue
-            per = studies[model]["seconds"] / len(studies[model]["layers"])
+            per = (studies[model]["seconds"] + studies[model].get("capture_seconds", 0.0)) \
+                / len(studies[model]["layers"])
             left += (len(spec["layers"]) - len(studies[model]["layers"])) * per
             whole += len(spec["layers"]) * per
         lines.append(
@@ -279,7 +280,7 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
             f"what is missing about {left / 3600:.0f} hours more"
             + (f", plus {', '.join(untimed)}, not timed yet" if untimed else "")
             + " (task time scaled linearly with length where a length has no prompt yet; the "
-            "model download and the traces' capture not counted). "
+            "model download not counted, nor the capture of a trace that did not record it). "
             "`scripts/evaluate.sh` resumes where it stopped, so the planned run can be completed "
             "over several sessions, or on a GPU host, without repeating a prompt.")
     missing = [m for m in longtrace.TRACES if m not in studies]
@@ -291,6 +292,53 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
             "). The committed 2K trace below, and issue 10's figures on two held-out "
             "texts (PQ's middle mass 0.729 against the oracle's 0.843 over 7 layers), are the "
             "other middle-only evidence.")
+
+
+def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]) -> None:
+    """For a model that misses the perplexity or middle-mass aim: whether the
+    budget or PQ's ranking is short (the oracle at the same budget), and what
+    the measured PQ settings and variants recover of it."""
+    for model in dict.fromkeys(list(ppl) + list(studies)):
+        table, study = ppl.get(model), studies.get(model)
+        ppl_miss = table is not None and table["pq@1/5"][1][0] > 0.5
+        mass = gap = None
+        if study is not None:
+            mass = report._layer_mean(study["selectors"]["pq@1/5"], "mid_mass")
+            gap = report._layer_mean(study["selectors"]["exact@1/5"], "mid_mass") - mass
+        if not ppl_miss and (gap is None or gap <= 0.05):
+            continue
+        parts = []
+        if ppl_miss:
+            pq, oracle = table["pq@1/5"][1][0], table["exact@1/5"][1][0]
+            variants = ", ".join(f"{v} {table[f'{v}@1/5'][1][0]:+.2f}%"
+                                 for v in report.PQ_VARIANTS if f"{v}@1/5" in table)
+            parts.append(f"its perplexity at 1/5 is {pq:+.2f}% against the aim's 0.5%, while "
+                         f"the oracle at the same budget is {oracle:+.2f}%: the budget is "
+                         "enough, PQ's ranking of the middle tokens is what loses"
+                         + (f" (PQ variants: {variants})" if variants else ""))
+        if gap is not None and gap > 0.05:
+            settings = {label: report._layer_mean(st["layers"], "mid_mass")
+                        for label, st in study.get("settings", {}).items()}
+            top = max(settings, key=settings.get) if settings else None
+            parts.append(f"on its {study['tokens'] // 1024}K trace PQ's middle mass is "
+                         f"{mass:.3f}, {gap:.3f} under the oracle"
+                         + (f"; the best measured setting, \"{top}\", reaches "
+                            f"{settings[top]:.3f}" if top else ""))
+        closing = ""
+        if study is not None and study.get("settings"):
+            settings = {label: report._layer_mean(st["layers"], "mid_mass")
+                        for label, st in study["settings"].items()}
+            default = next(iter(settings))
+            gains = sorted(((v - settings[default], label) for label, v in settings.items()
+                            if label != default), reverse=True)[:3]
+            oracle = report._layer_mean(study["selectors"]["exact@1/5"], "mid_mass")
+            close = [label for label, v in settings.items() if oracle - v <= 0.05]
+            closing = (". The settings that gain most middle mass over the default on that "
+                       "trace: " + ", ".join(f"\"{label}\" {g:+.3f}" for g, label in gains)
+                       + "; " + (f"within 0.05 of the oracle: {', '.join(close)}" if close
+                                 else "none measured comes within 0.05 of the oracle")
+                       + "; settings beyond the sweep are not measured yet")
+        lines.append(f"- {model}: " + "; ".join(parts) + closing + ".")
 
 
 def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
@@ -380,6 +428,7 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
 
     lines += ["", "## What was measured, and what would close the gaps", ""]
     coverage_and_gaps(task_records, ppl_records, summaries, studies, lines)
+    missed_aims(ppl, studies, lines)
 
     lines += ["", "## Long-context tasks", "",
               "RULER's recipes, generated from the State of the Union texts in "

@@ -201,6 +201,13 @@ def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
     return path.name
 
 
+# One colour per selector; PQ alone in red, the oracle black.
+_LAYER_STYLES = [("exact", dict(lw=2.5, color="black")), ("pq", dict(lw=2.5, color="tab:red")),
+                 ("h2o", dict(lw=1, color="tab:blue")), ("snapkv", dict(lw=1, color="tab:orange")),
+                 ("quest", dict(lw=1, color="tab:green")), ("sparq", dict(lw=1, color="tab:purple")),
+                 ("window", dict(lw=1, color="tab:gray"))]
+
+
 def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
     try:
         import matplotlib
@@ -210,12 +217,15 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
         return None
     fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4), squeeze=False)
     for ax, (model, study) in zip(axes[0], studies.items()):
-        for s in ["exact", "pq", "h2o", "snapkv", "quest", "sparq", "window"]:
-            layers = study["selectors"][f"{s}@1/5"]
-            style = dict(lw=2.5, color="tab:red") if s == "pq" else (
-                dict(lw=2.5, color="black") if s == "exact" else dict(lw=1))
+        lines = [(s, study["selectors"][f"{s}@1/5"], style) for s, style in _LAYER_STYLES]
+        settings = study.get("settings", {})
+        if settings:  # the best PQ setting next to the default
+            best = max(settings, key=lambda k: _layer_mean(settings[k]["layers"], "mid_mass"))
+            lines.append((f"pq {best}", settings[best]["layers"],
+                          dict(lw=1.5, color="tab:red", ls="--")))
+        for label, layers, style in lines:
             ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], marker="o",
-                    label=s, **style)
+                    label=label, **style)
         ax.set_ylim(0, 1.02)
         ax.set_title(f"{model}: {study['tokens']} tokens, budget 1/5")
         ax.set_xlabel("layer")
@@ -231,6 +241,13 @@ def best_other(summary: Dict[str, dict], budget: str, key: str = "acc") -> str:
     return max(OTHERS, key=lambda s: summary[f"{s}@{budget}"][key][0])
 
 
+def _standing(gap: float, rival: str) -> str:
+    """PQ against a rival, from the accuracy gap (a fraction)."""
+    if gap == 0:
+        return f"level with {rival}"
+    return f"{100 * abs(gap):.1f} points {'ahead of' if gap > 0 else 'behind'} {rival}"
+
+
 def cell_statements(model: str, length: int, summary: Dict[str, dict],
                     lines: List[str]) -> None:
     """One sentence per budget: PQ against full attention and the field."""
@@ -244,10 +261,9 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
             f"- {model} {length // 1024}K, {b}: PQ {_pct(pq['acc'][0])} against full "
             f"attention's {_pct(summary[FULL]['acc'][0])} ({_ci(*pq['diff'], sign=True)} points, "
             f"same answer on {100 * pq['agree']:.0f}% of prompts); "
-            f"{'ahead of' if gap > 0 else ('level with' if gap == 0 else 'behind')} the best "
-            f"other selector ({rival}, {_pct(summary[f'{rival}@{b}']['acc'][0])}) by "
-            f"{100 * abs(gap):.1f}; {'ahead of' if dgap > 0 else ('level with' if dgap == 0 else 'behind')} "
-            f"the best drop method ({drop}) by {100 * abs(dgap):.1f}.")
+            + _standing(gap, f"the best other selector ({rival}, "
+                             f"{_pct(summary[f'{rival}@{b}']['acc'][0])})") + "; "
+            + _standing(dgap, f"the best drop method ({drop})") + ".")
         variants = [f"{v} {_pct(summary[f'{v}@{b}']['acc'][0])} "
                     f"({_ci(*summary[f'{v}@{b}']['diff'], sign=True)})"
                     for v in PQ_VARIANTS if f"{v}@{b}" in summary]

@@ -88,3 +88,28 @@ def test_a_missed_task_aim_says_by_how_much():
     rows = table(summaries, {}, {}, {(gemma, 32768): 2 * PER_SEED})
     within = rows[f"{gemma} 32K tasks, 1/5: PQ within 1 point of full attention"]
     assert within == (f"-3.5 points [-8.0, +0.0] ({2 * PER_SEED} prompts)", "no, by 2.5 points")
+
+
+def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
+    def layers(v):
+        return [{"mid_mass": v}]
+    gemma, smol = "gemma3-270m", "smollm2-135m"
+    ppl = {gemma: {"pq@1/5": (None, (2.0, 0.7, 3.4)), "exact@1/5": (None, (0.03, -0.2, 0.3)),
+                   "pq-2x8-pairs@1/5": (None, (1.05, 0.3, 1.8))},
+           smol: {"pq@1/5": (None, (0.1, -0.4, 0.6)), "exact@1/5": (None, (0.0, -0.1, 0.1))}}
+    studies = {gemma: {"tokens": 32768, "layers": [5],
+                       "selectors": {"pq@1/5": layers(0.6), "exact@1/5": layers(0.94)},
+                       "settings": {"2x6 (default)": {"fields": {}, "layers": layers(0.6)},
+                                    "2x8": {"fields": {"pq_bits": 8}, "layers": layers(0.75)},
+                                    "4x8": {"fields": {"pq_subspaces": 4},
+                                            "layers": layers(0.91)}}}}
+    lines = []
+    evaluate.missed_aims(ppl, studies, lines)
+    assert len(lines) == 1   # SmolLM2 meets both aims: no line
+    line = lines[0]
+    assert line.startswith(f"- {gemma}: its perplexity at 1/5 is +2.00%")
+    assert "the oracle at the same budget is +0.03%" in line
+    assert "pq-2x8-pairs +1.05%" in line
+    assert "PQ's middle mass is 0.600, 0.340 under the oracle" in line
+    assert '"4x8" +0.310, "2x8" +0.150' in line
+    assert "within 0.05 of the oracle: 4x8" in line
