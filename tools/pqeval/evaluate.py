@@ -92,8 +92,21 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
     traces_file = data / "traces.json"
     studies = json.loads(traces_file.read_text()) if traces_file.exists() else {}
     for model, spec in longtrace.TRACES.items():
-        if model not in models or (model in studies
-                                   and studies[model]["layers"] == spec["layers"]):
+        if model not in models:
+            continue
+        if model in studies and studies[model]["layers"] == spec["layers"]:
+            # Settings added to the sweep since the study was made.
+            missing = [label for label, _, _ in longtrace.SETTINGS
+                       if label not in studies[model]["settings"]]
+            if missing:
+                log(f"trace study: {model}, settings {missing}")
+                start = time.perf_counter()
+                t = longtrace.capture(model, log=log)
+                studies[model]["settings"].update(
+                    longtrace.study_settings(t, missing, TRACE_STEPS, log=log))
+                studies[model]["seconds"] = (studies[model].get("seconds", 0.0)
+                                             + time.perf_counter() - start)
+                _write_studies(traces_file, studies)
             continue
         # A study of fewer layers than planned (an earlier, smaller plan) is
         # measured again in full.
@@ -104,9 +117,13 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
         studies[model] = longtrace.study(t, SELECTORS, steps=TRACE_STEPS, log=log)
         studies[model]["capture_seconds"] = captured - start
         studies[model]["seconds"] = time.perf_counter() - captured
-        tmp = traces_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(studies))
-        tmp.replace(traces_file)
+        _write_studies(traces_file, studies)
+
+
+def _write_studies(path: Path, studies: Dict[str, dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(studies))
+    tmp.replace(path)
 
 
 def committed_trace(steps: int = 64) -> Dict[str, replay.Result]:
@@ -346,8 +363,9 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
     from pqeval import hf
 
     records = load_records(data)
-    task_records = [r for r in records if r["kind"] == "task"]
-    ppl_records = [r for r in records if r["kind"] == "ppl"]
+    merged = report.merge_records(records)
+    task_records = [r for r in merged if r["kind"] == "task"]
+    ppl_records = [r for r in merged if r["kind"] == "ppl"]
     traces_file = data / "traces.json"
     studies = json.loads(traces_file.read_text()) if traces_file.exists() else {}
     compute = sum(r["seconds"] for r in records)

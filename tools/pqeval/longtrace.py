@@ -42,6 +42,8 @@ SETTINGS = [
     ("2x6, GQA mean", {"gqa_combine": "mean"}, "model"),
     ("2x6, rotary pairs", {}, "pairs"),
     ("2x8, rotary pairs", {"pq_bits": 8}, "pairs"),
+    ("4x8, rotary pairs", {"pq_subspaces": 4, "pq_bits": 8}, "pairs"),
+    ("8x8, rotary pairs", {"pq_subspaces": 8, "pq_bits": 8}, "pairs"),
 ]
 
 
@@ -109,9 +111,19 @@ def study(t: trace_io.Trace, selectors: List[str], fractions=(0.2, 0.1),
             out["selectors"][f"{name}@1/{round(1 / fraction)}"] = _layers(r)
             log(f"  {name} 1/{round(1 / fraction)}: middle mass {r.mean('mid_mass'):.3f} "
                 f"({r.seconds:.0f} s)")
+    out["settings"] = study_settings(t, [label for label, _, _ in SETTINGS], steps, log)
+    return out
+
+
+def study_settings(t: trace_io.Trace, labels: List[str], steps: Optional[int] = None,
+                   log=print) -> Dict:
+    """The PQ settings of SETTINGS named in `labels`, at 1/5, on every layer."""
     paired = rotary_pairs(t)
+    out = {}
     for label, fields, order in SETTINGS:
+        if label not in labels:
+            continue
         r = replay.replay(paired if order == "pairs" else t, "pq", 0.2, steps=steps, **fields)
-        out["settings"][label] = {"fields": fields, "order": order, "layers": _layers(r)}
+        out[label] = {"fields": fields, "order": order, "layers": _layers(r)}
         log(f"  setting {label}: middle mass {r.mean('mid_mass'):.3f}")
     return out

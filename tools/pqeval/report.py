@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from pqeval import stats
-from pqeval.longctx import DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS
+from pqeval.longctx import ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS
 
 BUDGETS = {"1/5": 0.2, "1/10": 0.1}
 OTHERS = [s for s in SELECTORS if s not in ("exact", "pq")]   # the non-oracle competition
@@ -33,6 +33,31 @@ def _ci(m: float, lo: float, hi: float, scale: float = 100, digits: int = 1,
         sign: bool = False) -> str:
     f = f"{{:{'+' if sign else ''}.{digits}f}}"
     return f"{f.format(scale * m)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
+
+
+def merge_records(records: List[dict]) -> List[dict]:
+    """One record per prompt or document: a run with rows other than the
+    default set (a key with a rows suffix, pqeval.longctx) adds its rows to
+    the record of the same prompt. Both measured full attention on the same
+    tokens, so their full rows must agree; a mismatch is an error, not a
+    silent choice."""
+    merged: Dict[str, dict] = {}
+    field = {"ppl": "nll", "task": "rows"}
+    for r in sorted(records, key=lambda r: len(r["key"].split("/"))):  # default runs first
+        parts = r["key"].split("/")
+        base = "/".join(parts[:5] if r["kind"] == "ppl" else parts[:6])
+        if base not in merged:
+            merged[base] = {**r, "key": base, field[r["kind"]]: dict(r[field[r["kind"]]])}
+            continue
+        into, f = merged[base], field[r["kind"]]
+        a, b = into[f][FULL], r[f][FULL]
+        same = (np.max(np.abs(np.array(a) - np.array(b))) <= 1e-3 if f == "nll"
+                else a["output"] == b["output"])
+        if not same:
+            raise ValueError(f"{r['key']}: its full-attention row differs from {base}'s")
+        into[f].update({k: v for k, v in r[f].items() if k != FULL})
+        into["seconds"] += r["seconds"]
+    return list(merged.values())
 
 
 def task_cells(records: List[dict]) -> Dict[tuple, List[dict]]:
@@ -58,7 +83,8 @@ def cell_summary(records: List[dict]) -> Dict[str, dict]:
     full = scores(records, FULL)
     out = {FULL: {"acc": stats.mean_ci(full), "diff": (0.0, 0.0, 0.0), "agree": 1.0}}
     for label in records[0]["rows"]:
-        if label == FULL:
+        # a row of a separate run (merge_records) counts where it ran on every prompt
+        if label == FULL or not all(label in r["rows"] for r in records):
             continue
         s = scores(records, label)
         out[label] = {"acc": stats.mean_ci(s), "diff": stats.paired_diff_ci(s, full),
@@ -72,7 +98,7 @@ def task_table(records: List[dict], lines: List[str]) -> Dict[str, dict]:
               "| 1/10 vs full | 1/10 same answer |", "|---|---:|---:|---:|---:|---:|---:|"]
     f = summary[FULL]
     lines.append(f"| full attention | {_ci(*f['acc'])} | | | {_ci(*f['acc'])} | | |")
-    for s in NAMES:
+    for s in ALL_NAMES:
         if f"{s}@1/5" not in summary:
             continue
         cols = []
@@ -99,8 +125,8 @@ def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -
         return cells
 
     lines.append("| full attention | " + " | ".join(group(FULL)) + " |")
-    for s in NAMES:
-        if f"{s}@{budget}" in records[0]["rows"]:
+    for s in ALL_NAMES:
+        if all(f"{s}@{budget}" in r["rows"] for r in records):
             lines.append(f"| {_name(s)} | " + " | ".join(group(f"{s}@{budget}")) + " |")
     per_task = len(records) // max(len(tasks_), 1)
     lines += ["", f"({per_task} prompts per task, {len(records)} in all; accuracy in points, "
@@ -108,7 +134,7 @@ def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -
 
 
 def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
-    labels = list(records[0]["nll"])
+    labels = [label for label in records[0]["nll"] if all(label in r["nll"] for r in records)]
     nll = {label: np.array([r["nll"][label] for r in records]) for label in labels}
     full = nll[FULL]
     out = {FULL: (stats.perplexity_ci(full), (0.0, 0.0, 0.0))}
@@ -117,7 +143,7 @@ def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
     p = out[FULL][0]
     lines.append(f"| full attention | {_ci(*p, scale=1, digits=3)} | | "
                  f"{_ci(*p, scale=1, digits=3)} | |")
-    for s in NAMES:
+    for s in ALL_NAMES:
         if f"{s}@1/5" not in nll:
             continue
         cols = []
