@@ -329,9 +329,10 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
             pq, oracle = table["pq@1/5"][1][0], table["exact@1/5"][1][0]
             variants = ", ".join(f"{v} {table[f'{v}@1/5'][1][0]:+.2f}%"
                                  for v in report.PQ_VARIANTS if f"{v}@1/5" in table)
+            why = ("the budget is enough, PQ's ranking of the middle tokens is what loses"
+                   if oracle <= 0.5 else "the budget itself is short of the aim")
             parts.append(f"its perplexity at 1/5 is {pq:+.2f}% against the aim's 0.5%, while "
-                         f"the oracle at the same budget is {oracle:+.2f}%: the budget is "
-                         "enough, PQ's ranking of the middle tokens is what loses"
+                         f"the oracle at the same budget is {oracle:+.2f}%: {why}"
                          + (f" (PQ variants: {variants})" if variants else ""))
         if gap is not None and gap > 0.05:
             settings = {label: report._layer_mean(st["layers"], "mid_mass")

@@ -113,3 +113,9 @@ def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
     assert "PQ's middle mass is 0.600, 0.340 under the oracle" in line
     assert '"4x8" +0.310, "2x8" +0.150' in line
     assert "within 0.05 of the oracle: 4x8" in line
+    assert "the budget is enough" in line
+
+    short = {gemma: {**ppl[gemma], "exact@1/5": (None, (0.8, 0.5, 1.1))}}
+    lines = []
+    evaluate.missed_aims(short, {}, lines)
+    assert "the oracle at the same budget is +0.80%: the budget itself is short" in lines[0]
