@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pqeval import replay, report, trace as trace_io
+from pqeval import replay, report, stats, trace as trace_io
 from pqeval.longctx import SELECTORS, budget
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,8 +186,16 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
         pq = summary["pq@1/5"]["acc"][0]
         drop = max(report.DROP, key=lambda s: summary[f"{s}@1/5"]["acc"][0])
         d = summary[f"{drop}@1/5"]["acc"][0]
-        row(ahead, f"PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}",
-            few or ("yes" if pq > d else "no"))
+        measured = f"PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
+        verdict = "yes" if pq > d else "no"
+        pq_scores = summary["pq@1/5"].get("scores")
+        drop_scores = summary[f"{drop}@1/5"].get("scores")
+        if pq_scores is not None and drop_scores is not None:
+            # paired over the same prompts, as the difference with full attention
+            m, lo, hi = [100 * x for x in stats.paired_diff_ci(pq_scores, drop_scores)]
+            measured += f", difference {m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+            verdict = _verdict(m > 0, lo > 0, f"{lo:+.1f} points", f"{-m:.1f} points")
+        row(ahead, measured, few or verdict)
     for model, spec in longtrace.TRACES.items():
         aim = (f"{model} {spec['tokens'] // 1024}K trace, 1/5: middle-only mass within 0.05 of "
                "the oracle")

@@ -88,7 +88,7 @@ def cell_summary(records: List[dict]) -> Dict[str, dict]:
             continue
         s = scores(records, label)
         out[label] = {"acc": stats.mean_ci(s), "diff": stats.paired_diff_ci(s, full),
-                      "agree": agreement(records, label)}
+                      "agree": agreement(records, label), "scores": s}
     return out
 
 

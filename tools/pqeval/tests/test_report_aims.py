@@ -119,3 +119,20 @@ def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
     lines = []
     evaluate.missed_aims(short, {}, lines)
     assert "the oracle at the same budget is +0.80%: the budget itself is short" in lines[0]
+
+
+def test_ahead_of_the_drop_methods_is_judged_on_the_paired_difference():
+    import numpy as np
+    gemma = "gemma3-270m"
+    summary = task_summary((0.0, 0.0, 0.0), 0.5, 0.4)
+    summary["pq@1/5"]["scores"] = np.array([1.0, 0.0] * 8)
+    for s in DROPS:
+        summary[f"{s}@1/5"]["scores"] = np.array([1.0, 0.0] * 7 + [0.0, 0.0])
+    rows = table({(gemma, 32768): summary}, {}, {}, {(gemma, 32768): PER_SEED})
+    measured, verdict = rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"]
+    assert measured.startswith("PQ 50.0, best drop method h2o 40.0, difference +6.2 [")
+    assert verdict.startswith("on the point estimate only: the 95% interval reaches +0.0")
+    for s in DROPS:
+        summary[f"{s}@1/5"]["scores"] = np.array([0.0] * 16)
+    rows = table({(gemma, 32768): summary}, {}, {}, {(gemma, 32768): PER_SEED})
+    assert rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"][1] == "yes"
