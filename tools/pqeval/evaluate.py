@@ -203,8 +203,7 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
         if study is None:
             row(aim, "no trace recorded", "not judged: not measured")
             continue
-        pq = report._layer_mean(study["selectors"]["pq@1/5"], "mid_mass")
-        ex = report._layer_mean(study["selectors"]["exact@1/5"], "mid_mass")
+        pq, ex = report.mid_mass(study, "pq@1/5"), report.mid_mass(study, "exact@1/5")
         layers, planned = len(study["layers"]), len(spec["layers"])
         row(aim, f"PQ {pq:.3f}, oracle {ex:.3f} (gap {ex - pq:.3f}), {layers} of {planned} "
             "layers", ("yes" if ex - pq <= 0.05 else "no")
@@ -326,39 +325,36 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
     for model in dict.fromkeys(list(ppl) + list(studies)):
         table, study = ppl.get(model), studies.get(model)
         ppl_miss = table is not None and table["pq@1/5"][1][0] > 0.5
-        mass = gap = None
+        mass = gap = oracle_mass = None
+        settings: Dict[str, float] = {}
         if study is not None:
-            mass = report._layer_mean(study["selectors"]["pq@1/5"], "mid_mass")
-            gap = report._layer_mean(study["selectors"]["exact@1/5"], "mid_mass") - mass
+            settings = report.settings_mid_mass(study)
+            mass = report.mid_mass(study, "pq@1/5")
+            oracle_mass = report.mid_mass(study, "exact@1/5")
+            gap = oracle_mass - mass
         if not ppl_miss and (gap is None or gap <= 0.05):
             continue
         parts = []
         if ppl_miss:
             pq, oracle = table["pq@1/5"][1][0], table["exact@1/5"][1][0]
-            variants = ", ".join(f"{v} {table[f'{v}@1/5'][1][0]:+.2f}%"
-                                 for v in report.PQ_VARIANTS if f"{v}@1/5" in table)
+            variants = ", ".join(report.variant_changes(table, "1/5"))
             why = ("the budget is enough, PQ's ranking of the middle tokens is what loses"
                    if oracle <= 0.5 else "the budget itself is short of the aim")
             parts.append(f"its perplexity at 1/5 is {pq:+.2f}% against the aim's 0.5%, while "
                          f"the oracle at the same budget is {oracle:+.2f}%: {why}"
                          + (f" (PQ variants: {variants})" if variants else ""))
         if gap is not None and gap > 0.05:
-            settings = {label: report._layer_mean(st["layers"], "mid_mass")
-                        for label, st in study.get("settings", {}).items()}
             top = max(settings, key=settings.get) if settings else None
             parts.append(f"on its {study['tokens'] // 1024}K trace PQ's middle mass is "
                          f"{mass:.3f}, {gap:.3f} under the oracle"
                          + (f"; the best measured setting, \"{top}\", reaches "
                             f"{settings[top]:.3f}" if top else ""))
         closing = ""
-        if study is not None and study.get("settings"):
-            settings = {label: report._layer_mean(st["layers"], "mid_mass")
-                        for label, st in study["settings"].items()}
+        if settings:
             default = next(iter(settings))
             gains = sorted(((v - settings[default], label) for label, v in settings.items()
                             if label != default), reverse=True)[:3]
-            oracle = report._layer_mean(study["selectors"]["exact@1/5"], "mid_mass")
-            close = [label for label, v in settings.items() if oracle - v <= 0.05]
+            close = [label for label, v in settings.items() if oracle_mass - v <= 0.05]
             closing = (". The settings that gain most middle mass over the default on that "
                        "trace: " + ", ".join(f"\"{label}\" {g:+.3f}" for g, label in gains)
                        + "; " + (f"within 0.05 of the oracle: {', '.join(close)}" if close
@@ -422,8 +418,7 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
         for b in report.BUDGETS:
             c = table[f"pq@{b}"][1]
             best = min(report.OTHERS, key=lambda s: table[f"{s}@{b}"][1][0])
-            variants = "; ".join(f"{v} {table[f'{v}@{b}'][1][0]:+.2f}%" for v in report.PQ_VARIANTS
-                                 if f"{v}@{b}" in table)
+            variants = "; ".join(report.variant_changes(table, b))
             lines.append(f"- {model} perplexity, {b}: PQ {c[0]:+.2f}% [{c[1]:+.2f}, {c[2]:+.2f}] "
                          f"against full attention; best other selector {best} "
                          f"{table[f'{best}@{b}'][1][0]:+.2f}%; the oracle (exact top-k at the "
@@ -432,18 +427,14 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
                 lines.append(f"  PQ variants: {variants}.")
     for model, study in studies.items():
         for b in report.BUDGETS:
-            pq = report._layer_mean(study["selectors"][f"pq@{b}"], "mid_mass")
-            ex = report._layer_mean(study["selectors"][f"exact@{b}"], "mid_mass")
-            best = max(report.OTHERS, key=lambda s: report._layer_mean(
-                study["selectors"][f"{s}@{b}"], "mid_mass"))
-            bm = report._layer_mean(study["selectors"][f"{best}@{b}"], "mid_mass")
+            pq, ex = report.mid_mass(study, f"pq@{b}"), report.mid_mass(study, f"exact@{b}")
+            best = max(report.OTHERS, key=lambda s: report.mid_mass(study, f"{s}@{b}"))
+            bm = report.mid_mass(study, f"{best}@{b}")
             lines.append(f"- {model} {study['tokens'] // 1024}K trace, {b}: middle mass PQ "
                          f"{pq:.3f}, oracle {ex:.3f}, best other {best} {bm:.3f}.")
-        settings = {label: report._layer_mean(st["layers"], "mid_mass")
-                    for label, st in study.get("settings", {}).items()}
+        settings = report.settings_mid_mass(study)
         if settings:
-            code_bytes = {label: st["fields"].get("pq_subspaces", 2)
-                          for label, st in study["settings"].items()}
+            code_bytes = {label: report.code_bytes(st) for label, st in study["settings"].items()}
             top = max(settings, key=settings.get)
             per_byte = max(settings, key=lambda l: settings[l] / code_bytes[l])
             default = next(iter(settings))

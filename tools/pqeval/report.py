@@ -161,6 +161,30 @@ def _layer_mean(layers: List[dict], metric: str) -> float:
     return float(np.mean([l[metric] for l in layers]))
 
 
+def mid_mass(study: Dict, label: str) -> float:
+    """A trace study's middle mass of one row ("pq@1/5"), over its layers."""
+    return _layer_mean(study["selectors"][label], "mid_mass")
+
+
+def settings_mid_mass(study: Dict) -> Dict[str, float]:
+    """Middle mass of each PQ setting of the study's sweep, in sweep order
+    (the default first)."""
+    return {label: _layer_mean(st["layers"], "mid_mass")
+            for label, st in study.get("settings", {}).items()}
+
+
+def code_bytes(setting: Dict) -> int:
+    """Bytes a selection reads per token and kv head: one per subspace,
+    whatever the bits (the library's default is 2 subspaces)."""
+    return setting["fields"].get("pq_subspaces", 2)
+
+
+def variant_changes(table: Dict[str, tuple], budget: str) -> List[str]:
+    """"name +x.xx%" of each PQ variant in a perplexity table at `budget`."""
+    return [f"{v} {table[f'{v}@{budget}'][1][0]:+.2f}%" for v in PQ_VARIANTS
+            if f"{v}@{budget}" in table]
+
+
 def trace_table(study: Dict, lines: List[str]) -> None:
     lines += ["| selector | budget | exact top-k recall | per-head recall | attention mass "
               "| sinks + local alone | middle mass | output error | tokens per kv head |",
@@ -183,7 +207,7 @@ def settings_table(study: Dict, lines: List[str]) -> None:
               "| per-head recall | middle mass | middle mass per byte |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for label, setting in study["settings"].items():
-        m = setting["fields"].get("pq_subspaces", 2)
+        m = code_bytes(setting)
         bits = m * setting["fields"].get("pq_bits", 6)
         layers = setting["layers"]
         mid = _layer_mean(layers, "mid_mass")
@@ -244,10 +268,10 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
     fig, axes = plt.subplots(1, len(studies), figsize=(6 * len(studies), 4), squeeze=False)
     for ax, (model, study) in zip(axes[0], studies.items()):
         lines = [(s, study["selectors"][f"{s}@1/5"], style) for s, style in _LAYER_STYLES]
-        settings = study.get("settings", {})
+        settings = settings_mid_mass(study)
         if settings:  # the best PQ setting next to the default
-            best = max(settings, key=lambda k: _layer_mean(settings[k]["layers"], "mid_mass"))
-            lines.append((f"pq {best}", settings[best]["layers"],
+            best = max(settings, key=settings.get)
+            lines.append((f"pq {best}", study["settings"][best]["layers"],
                           dict(lw=1.5, color="tab:red", ls="--")))
         for label, layers, style in lines:
             ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], marker="o",
