@@ -56,7 +56,9 @@ def merge_records(records: List[dict]) -> List[dict]:
         if not same:
             raise ValueError(f"{r['key']}: its full-attention row differs from {base}'s")
         into[f].update({k: v for k, v in r[f].items() if k != FULL})
-        into["seconds"] += r["seconds"]
+        # "seconds" stays the default run's: the report's cost estimate is
+        # of a default run, and a separate run is not part of it.
+        into["variant_seconds"] = into.get("variant_seconds", 0.0) + r["seconds"]
     return list(merged.values())
 
 

@@ -20,7 +20,8 @@ def test_a_separate_run_adds_its_rows_to_the_same_document():
     assert merged["key"] == "ppl/gemma3-270m/32512/256/0"
     assert merged["nll"]["full"] == [1.0, 2.0]          # the default run's own row
     assert set(merged["nll"]) == {"full", "pq@1/5", "pq-4x8-pairs@1/5"}
-    assert merged["seconds"] == 15.0
+    assert merged["seconds"] == 10.0                    # the default run's, for the cost
+    assert merged["variant_seconds"] == 5.0
     assert base["nll"].keys() == {"full", "pq@1/5"}     # the input is not changed
 
 
