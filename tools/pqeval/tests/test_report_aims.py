@@ -95,7 +95,8 @@ def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
         return [{"mid_mass": v}]
     gemma, smol = "gemma3-270m", "smollm2-135m"
     ppl = {gemma: {"pq@1/5": (None, (2.0, 0.7, 3.4)), "exact@1/5": (None, (0.03, -0.2, 0.3)),
-                   "pq-2x8-pairs@1/5": (None, (1.05, 0.3, 1.8))},
+                   "pq-2x8-pairs@1/5": (None, (1.05, 0.3, 1.8)),
+                   "pq-4x8-pairs@1/5": (None, (0.32, -0.2, 0.83))},
            smol: {"pq@1/5": (None, (0.1, -0.4, 0.6)), "exact@1/5": (None, (0.0, -0.1, 0.1))}}
     studies = {gemma: {"tokens": 32768, "layers": [5],
                        "selectors": {"pq@1/5": layers(0.6), "exact@1/5": layers(0.94)},
@@ -114,11 +115,19 @@ def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
     assert '"4x8" +0.310, "2x8" +0.150' in line
     assert "within 0.05 of the oracle: 4x8" in line
     assert "the budget is enough" in line
+    assert ("within the aim: pq-4x8-pairs +0.32% [-0.20, +0.83] (on the point estimate; its "
+            "interval reaches +0.83%), reading 4 code bytes per token") in line
+    assert "within the aim: pq-2x8" not in line
 
     short = {gemma: {**ppl[gemma], "exact@1/5": (None, (0.8, 0.5, 1.1))}}
     lines = []
     evaluate.missed_aims(short, {}, lines)
     assert "the oracle at the same budget is +0.80%: the budget itself is short" in lines[0]
+
+    tight = {gemma: {**ppl[gemma], "pq-4x8-pairs@1/5": (None, (0.2, 0.0, 0.4))}}
+    lines = []
+    evaluate.missed_aims(tight, {}, lines)
+    assert "pq-4x8-pairs +0.20% [+0.00, +0.40] (its interval too)" in lines[0]
 
 
 def test_ahead_of_the_drop_methods_is_judged_on_the_paired_difference():
