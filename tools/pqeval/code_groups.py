@@ -9,7 +9,10 @@ exact scores and PQ's scores rank them, and whether the library selected them.
 Scores are the library's default GQA combine (the sum over the group's query
 heads of each head's softmax over the middle tokens), from the exact keys
 and from the keys PQ reconstructs out of its codes and centroids; "selected"
-is the library's own selection at the same step.
+is the library's own selection at the same step. Over the coded middle
+tokens (neither sink nor local, and coded at prefill): "middle mass" is a
+group's share of the exact combined score, "rank" the median 1-based rank of
+its tokens, "logit gap" their mean logit (over query heads) above the mean.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def groups(t: trace_io.Trace, layer: int, kv_head: int = 0, step: int = 0,
     `layer`. `config` sets further pq_config fields (e.g. kmeans_iterations)."""
     q_heads, kv_heads, head_dim = t.geometry
     group = q_heads // kv_heads
+    if layer not in t.layers:
+        raise ValueError(f"layer {layer} is not in the trace (it holds {list(t.layers)})")
     if not 0 <= kv_head < kv_heads:
         raise ValueError(f"kv_head {kv_head} is outside [0, {kv_heads})")
     window = min(replay.OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
@@ -141,8 +146,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         from pqeval.longtrace import rotary_pairs
         t = rotary_pairs(t)
     for layer in args.layers or t.layers:
-        if layer not in t.layers:
-            ap.error(f"layer {layer} is not in the trace (it holds {list(t.layers)})")
         for it in args.iterations:
             config = dict(fields) if it is None else {**fields, "kmeans_iterations": it}
             try:

@@ -72,6 +72,8 @@ def test_bad_arguments_are_named(planted, capsys, tmp_path):
     t, _ = planted
     with pytest.raises(ValueError, match="step 500"):
         code_groups.groups(t, 0, step=500)
+    with pytest.raises(ValueError, match="layer 2 is not in the trace"):
+        code_groups.groups(t, 2)
     with pytest.raises(ValueError, match="kv_head 1"):
         code_groups.groups(t, 0, kv_head=1)
     path = tmp_path / "p.pqtrace"
