@@ -357,7 +357,7 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
             closers = [variant_within_aim(v, table[f"{v}@1/5"][1]) for v in PQ_VARIANTS
                        if f"{v}@1/5" in table and table[f"{v}@1/5"][1][0] <= 0.5]
             if closers:
-                parts.append("within the aim: " + ", ".join(closers))
+                parts.append("within the aim: " + " and ".join(closers))
         if gap is not None and gap > 0.05:
             top = max(settings, key=settings.get) if settings else None
             parts.append(f"on its {study['tokens'] // 1024}K trace PQ's middle mass is "
@@ -372,7 +372,8 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
             close = [label for label, v in settings.items() if oracle_mass - v <= 0.05]
             closing = (". The settings that gain most middle mass over the default on that "
                        "trace: " + ", ".join(f"\"{label}\" {g:+.3f}" for g, label in gains)
-                       + "; " + ("within 0.05 of the oracle: " + ", ".join(f'"{c}"' for c in close) if close
+                       + "; " + ("within 0.05 of the oracle: "
+                                 + ", ".join(f'"{label}"' for label in close) if close
                                  else "none measured comes within 0.05 of the oracle")
                        + "; settings beyond the sweep are not measured yet")
         lines.append(f"- {model}: " + "; ".join(parts) + closing + ".")
