@@ -27,11 +27,9 @@ import pqcache
 from pqeval import replay, trace as trace_io
 
 
-def _combined(q: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
-    """Sum over query heads of each head's softmax: q [g][dim], keys [n][dim]."""
-    logits = (q @ keys.T) * scale
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return (probs / probs.sum(axis=1, keepdims=True)).sum(axis=0)
+def _combined(logits: np.ndarray) -> np.ndarray:
+    """Sum over query heads of each head's softmax: logits [g][n]."""
+    return replay._softmax_rows(logits).sum(axis=0)
 
 
 def _median_rank(scores: np.ndarray, members: np.ndarray) -> float:
@@ -80,13 +78,15 @@ def groups(t: trace_io.Trace, layer: int, kv_head: int = 0, step: int = 0,
     exact_keys = keys[sink:mid_end, kv_head].astype(np.float32)
     pq_keys = np.concatenate([centroids[s][codes[sink:mid_end, s]] for s in range(m)], axis=1)
     scale = 1.0 / math.sqrt(head_dim)
-    exact = _combined(q, exact_keys, scale)
-    approx = _combined(q, pq_keys, scale)
+    exact_by_head = (q @ exact_keys.T) * scale           # [g][middle]
+    pq_by_head = (q @ pq_keys.T) * scale
+    exact = _combined(exact_by_head)
+    approx = _combined(pq_by_head)
     ids, inverse = np.unique(codes[sink:mid_end], axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     mass = np.bincount(inverse, weights=exact / exact.sum())
-    exact_logits = (q @ exact_keys.T).mean(axis=0) * scale
-    pq_logits = (q @ pq_keys.T).mean(axis=0) * scale
+    exact_logits = exact_by_head.mean(axis=0)
+    pq_logits = pq_by_head.mean(axis=0)
     out: List[Dict] = []
     for g in np.argsort(-mass)[:top]:
         members = np.nonzero(inverse == g)[0]
