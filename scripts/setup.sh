@@ -3,13 +3,18 @@
 # missing. Idempotent: a package already installed is never reinstalled, and
 # `apt-get update` runs only when something has to be installed.
 #
-#   scripts/setup.sh [--eval] [--bench]
+#   scripts/setup.sh [--eval] [--bench] [--fresh-venv]
 #
-# --eval also installs requirements-eval.txt (torch, transformers, gguf: the
-# transformers integration, its tests and the evaluation; about 4 GB from
-# PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
-# --bench also installs requirements-bench.txt (faiss-cpu, the K-Means
-# baseline of bench/kmeans_vs_faiss.py).
+# Debian packages (apt-get) for the build, the tests and the bindings; then
+# the Python environment (scripts/python-env.sh): a venv in
+# ~/.cache/pqcache/venv built from requirements.txt alone (numpy, pytest,
+# matplotlib, regex, scikit-build-core, build: about 60 MB from PyPI).
+# --eval adds requirements-eval.txt to it (torch, transformers, gguf,
+# accelerate: the transformers integration, its tests and the evaluation;
+# about 4 GB from PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
+# --bench adds requirements-bench.txt (faiss-cpu, the K-Means baseline of
+# bench/kmeans_vs_faiss.py).
+# --fresh-venv deletes the venv and builds it again from the files.
 #
 # Debian 12 (bookworm). Runs as root, or through sudo when it is available.
 # The CUDA toolkit (nvcc) is not an apt package here; it is optional: without
@@ -18,11 +23,13 @@ set -euo pipefail
 
 eval_requirements=0
 bench_requirements=0
+fresh_venv=0
 for arg in "$@"; do
   case "$arg" in
     --eval) eval_requirements=1 ;;
     --bench) bench_requirements=1 ;;
-    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --fresh-venv) fresh_venv=1 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +47,7 @@ packages=(
   "libopenblas-dev|"       # bench/bench_floor: the BLAS dense-attention baseline
   "binutils|readelf"       # nm, readelf: the export and NEEDED checks in tests/
   "pkg-config|pkg-config"  # dependency lookup
-  "python3|python3"        # scripts/bench.sh formats its table with it
+  "python3|python3"        # the base of the project's venv (scripts/python-env.sh)
   "python3-numpy|"         # packaging_deb_system: python3-pqcache's dependency, for dpkg -i
   "swig|swig"              # bindings/swig: the Go, Java and Python bindings
   "golang-go|go"           # bindings/go (Go 1.19, no module downloads)
@@ -77,7 +84,7 @@ for entry in "${packages[@]}"; do
   fi
 done
 
-# python3 -m venv (the python_wheel test's fresh venv) needs ensurepip, which
+# python3 -m venv (the project's venv, and the python_wheel test's) needs ensurepip, which
 # Debian ships in python3-venv; a python3 from elsewhere (pyenv, python.org)
 # has it built in, and then nothing is installed.
 if [[ " ${missing[*]} " == *" python3 "* ]] || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -103,32 +110,16 @@ else
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# Python packages (requirements.txt, and requirements-eval.txt with --eval):
-# pip installs only when an import fails, so a machine that has them never
-# touches the network.
+# The Python environment (scripts/python-env.sh): a venv built from
+# requirements.txt (and requirements-eval.txt / -bench.txt) alone, checked to
+# hold exactly what they name. The build configures its Python tests with it.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-requirement_files=("$root/requirements.txt")
-((eval_requirements)) && requirement_files+=("$root/requirements-eval.txt")
-((bench_requirements)) && requirement_files+=("$root/requirements-bench.txt")
-python_missing=()
-while read -r module requirement; do
-  # Imported with the current directory left off sys.path: in the repository
-  # root, build/ (the build tree) would pass for the module `build`.
-  if python3 -c "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; import $module" \
-       >/dev/null 2>&1; then
-    echo "setup: python module $module already installed"
-  else
-    python_missing+=("$requirement")
-  fi
-done < <(cat "${requirement_files[@]}" |
-         sed -n 's/^\([A-Za-z0-9_-]*\)\([<>=!].*\)\{0,1\}$/\1 &/p' |
-         awk '{m=tolower($1); gsub("-","_",m); if (m == "faiss_cpu") m = "faiss"; print m, $2}')
-if ((${#python_missing[@]} > 0)); then
-  echo "setup: pip installing ${python_missing[*]}"
-  started=$SECONDS
-  python3 -m pip install --quiet --disable-pip-version-check "${python_missing[@]}"
-  echo "setup: pip took $((SECONDS - started)) s"
-fi
+python_env_args=()
+((eval_requirements)) && python_env_args+=(--eval)
+((bench_requirements)) && python_env_args+=(--bench)
+((fresh_venv)) && python_env_args+=(--fresh)
+"$root/scripts/python-env.sh" "${python_env_args[@]}"
+venv_python=$("$root/scripts/python-env.sh" --python)
 
 # The python_wheel test installs the wheel into a fresh venv with pip
 # --no-index, from this folder of wheels, so that it needs no network: numpy
@@ -137,11 +128,11 @@ fi
 # satisfy them already; without network the test reports SKIPPED.
 wheel_dir=${PQCACHE_WHEEL_DIR:-${HOME:?HOME is not set}/.cache/pqcache/wheels}
 mapfile -t venv_requirements < <(grep -E '^(numpy|pytest)([<>=!]|$)' "$root/requirements.txt")
-if python3 -m pip download --quiet --disable-pip-version-check --no-index --find-links "$wheel_dir" \
+if "$venv_python" -m pip download --quiet --disable-pip-version-check --no-index --find-links "$wheel_dir" \
      --dest "$wheel_dir" "${venv_requirements[@]}" >/dev/null 2>&1; then
   echo "setup: $wheel_dir holds ${venv_requirements[*]} (the wheel test's offline venv)"
 elif mkdir -p "$wheel_dir" &&
-     python3 -m pip download --quiet --disable-pip-version-check --dest "$wheel_dir" "${venv_requirements[@]}"; then
+     "$venv_python" -m pip download --quiet --disable-pip-version-check --dest "$wheel_dir" "${venv_requirements[@]}"; then
   echo "setup: downloaded ${venv_requirements[*]} into $wheel_dir (the wheel test's offline venv)"
 else
   echo "setup: WARNING: could not download ${venv_requirements[*]} into $wheel_dir;" \
