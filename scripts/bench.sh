@@ -28,7 +28,7 @@ fi
 echo "bench: running $bin (about 2-4 minutes on 2 cores)"
 "$bin" --benchmark_out="$json" --benchmark_out_format=json "$@"
 
-python3 - "$json" <<'PY'
+"$("$root/scripts/python-env.sh" --python)" - "$json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
 ctx = data.get("context", {})

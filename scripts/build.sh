@@ -11,7 +11,8 @@
 #              benchmarks, bindings or packaging), into build-tsan/.
 #
 # Extra CMake arguments can be passed in PQ_CMAKE_ARGS (split on spaces).
-# Runs scripts/setup.sh first (installs only what is missing).
+# Runs scripts/setup.sh first (installs only what is missing), and configures
+# the Python tests with the project's venv (scripts/python-env.sh).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,6 +55,10 @@ fi
 if [[ -z ${CUDACXX:-} ]] && ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export CUDACXX=/usr/local/cuda/bin/nvcc
 fi
+
+# Every Python test, tool and example runs in the project's venv, which
+# setup.sh built from the requirement files alone (scripts/python-env.sh).
+config+=("-DPython3_EXECUTABLE=$("$root/scripts/python-env.sh" --python)")
 
 extra=()
 if [[ -n ${PQ_CMAKE_ARGS:-} ]]; then read -r -a extra <<<"$PQ_CMAKE_ARGS"; fi

@@ -22,7 +22,7 @@ echo
 
 echo
 echo "Selectors on real attention (the committed trace, first 64 decode steps):"
-# The build stages the Python binding (package pqcache) in $build_dir/python.
-PYTHONPATH="$root/tools:$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 -m pqeval.replay "$root/tests/data/smollm2_sotu_2k.pqtrace" --steps 64 \
+# In the project's venv, with the binding the build staged in $build_dir/python.
+PQ_BUILD_DIR=$build_dir "$root/scripts/run-python" -m pqeval.replay \
+  "$root/tests/data/smollm2_sotu_2k.pqtrace" --steps 64 \
   --selectors exact,pq,sparq,infllm,quest,h2o,snapkv,pyramidkv,scope,window,random

@@ -29,9 +29,8 @@ case " $* " in
 esac
 
 cd "$root/tools"
-# The build stages the Python binding (package pqcache) in $build_dir/python.
+# In the project's venv, with the binding the build staged in $build_dir/python.
 # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads must not spin against the
 # library's worker threads on a small machine.
-OMP_WAIT_POLICY=PASSIVE TQDM_DISABLE=1 \
-PYTHONPATH="$root/tools:$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 -u -m pqeval.evaluate "$@"
+OMP_WAIT_POLICY=PASSIVE TQDM_DISABLE=1 PQ_BUILD_DIR=$build_dir \
+  "$root/scripts/run-python" -u -m pqeval.evaluate "$@"

@@ -63,7 +63,9 @@ fi
 
 mkdir -p "$dir" || die "cannot create the cache directory $dir (set PQCACHE_MODEL_DIR)"
 
-py=$(command -v python3 || true)
+# The project's venv has pip (scripts/python-env.sh); a bare python3 may not.
+py=$("$(dirname "${BASH_SOURCE[0]}")/python-env.sh" --python)
+[[ -x $py ]] || py=$(command -v python3 || true)
 [[ -n $py ]] || die "python3 is needed (for pip and to unzip the wheels)"
 "$py" -m pip --version >/dev/null 2>&1 || die "pip is not available for $py (apt-get install python3-pip)"
 
