@@ -80,6 +80,19 @@ int copy(void* dst, const void* src, size_t bytes, int direction, char* err, siz
     write_error(err, err_len, "cudaMemcpy", s);
     return 1;
   }
+  // From pageable memory, cudaMemcpy returns once the bytes are staged, with
+  // the DMA to the device still queued on the legacy stream, which
+  // cudaStreamNonBlocking streams do not wait for: work on such a stream
+  // could read the old bytes, or have its writes overwritten by the late
+  // DMA (the copy_rows test saw its last rows overwritten so). The ABI
+  // promises a copy that has landed, so wait for it.
+  if (direction == PQ_COPY_HOST_TO_DEVICE) {
+    s = cudaStreamSynchronize(cudaStreamLegacy);
+    if (s != cudaSuccess) {
+      write_error(err, err_len, "cudaMemcpy (waiting for the DMA)", s);
+      return 1;
+    }
+  }
   return 0;
 }
 
@@ -137,6 +150,10 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::encode,
     pqcuda::gather_rows,
     pqcuda::copy_rows,
+    pqcuda::pq_scan_rows_workspace_size,
+    pqcuda::pq_scan_rows,
+    pqcuda::topk_rows_workspace_size,
+    pqcuda::topk_rows,
 };
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda_plugin_abi.h"
+
 namespace pqcuda {
 
 // printf-style message into err (truncated to err_len; err may be null);
@@ -24,9 +26,19 @@ int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_
             int32_t combine, float scale, float* d_scores, void* d_workspace,
             size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
+size_t pq_scan_rows_workspace_size(int32_t rows, int32_t group_size, int32_t subspaces,
+                                   int64_t max_n, int32_t combine);
+int pq_scan_rows(const pq_scan_row* d_rows, int32_t rows, int64_t max_n, int32_t group_size,
+                 int32_t subspaces, int32_t centroids, int32_t combine, float scale,
+                 void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                 size_t err_len);
+
 size_t topk_workspace_size(int32_t rows, int64_t n, int64_t k);
 int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first, int32_t* d_out,
          void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+size_t topk_rows_workspace_size(int32_t rows, int64_t max_n);
+int topk_rows(const pq_topk_row* d_rows, int32_t rows, int64_t max_n, void* d_workspace,
+              size_t workspace_bytes, void* stream, char* err, size_t err_len);
 
 // memory.cu: mapped pinned host memory, streams, events, asynchronous copies
 // and the cudaMemcpyAsync-per-run row copy (the baseline of gather_rows).

@@ -3,8 +3,11 @@
 // and the group's raw scores are combined into one score per token exactly
 // as the CPU's combine_group_scores (src/topk.cpp) does.
 //
-// Layout of the work: grid (blocks_per_head, kv_heads), 256 threads. A block
-// copies the LUT of its kv head into shared memory once, then walks "slots"
+// Layout of the work: grid (blocks_per_head, rows), 256 threads; a row is
+// one kv head of one sequence (pq_scan: the kv heads of one layer, laid out
+// uniformly; pq_scan_rows: a table of rows, e.g. every sequence of a batch,
+// each with its own LUT, codes and token range). A block
+// copies the LUT of its row into shared memory once, then walks "slots"
 // of 16 bytes of codes (16/m tokens; m = 2 gives 8 tokens per uint4 load)
 // with a grid-stride loop, so the LUT copy is amortised over several slots
 // per thread. Slots are aligned to 16 bytes of the codes array, so the first
@@ -32,6 +35,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cuda_plugin_abi.h"
 #include "kernels.h"
 #include "pqcache.h"
 
@@ -80,11 +84,15 @@ struct MaxOp {
 };
 
 struct ScanParams {
-  const float* lut;      // [kv][group][m][C]
-  const uint8_t* codes;  // [kv][stride][m]
-  float* out;            // [kv][n]
-  float* part_max;       // [kv][group][bph] per-block max of raw (softmax only)
-  float* part_sum;       // [kv][group][bph] per-block sum of exp (softmax only)
+  // Rows from a table (pq_scan_rows), or, when null, uniform rows (pq_scan):
+  // row r is kv head r of lut [kv][group][m][C], codes [kv][stride][m] and
+  // out [kv][n].
+  const pq_scan_row* rows;
+  const float* lut;
+  const uint8_t* codes;
+  float* out;
+  float* part_max;       // [row][group][bph] per-block max of raw (softmax only)
+  float* part_sum;       // [row][group][bph] per-block sum of exp (softmax only)
   int64_t stride, begin, n;
   int32_t group, m, C;
   int32_t heads_per_chunk;  // query heads whose LUT is in shared memory at once
@@ -117,15 +125,36 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
   const int C = p.C;
   const uint32_t code_mask = static_cast<uint32_t>(C - 1);  // C is a power of two
   const int mC = m * C;
-  const int kv = blockIdx.y;
+  const int kv = blockIdx.y;  // the row
   const int bph = gridDim.x;
-  const int64_t T0 = static_cast<int64_t>(kv) * p.stride + p.begin;  // first token, global index
-  const int64_t T1 = T0 + p.n;
+  // The row: its LUT, the codes its token indices count from, its first and
+  // end token (T0, T1) and its scores.
+  const float* lut_head;
+  const uint8_t* codes;
+  float* out_row;
+  int64_t T0, T1;
+  if (p.rows != nullptr) {
+    const pq_scan_row r = p.rows[kv];
+    lut_head = r.lut;
+    codes = r.codes;
+    out_row = r.scores;
+    T0 = r.begin;
+    T1 = r.end > r.begin ? r.end : r.begin;
+  } else {
+    lut_head = p.lut + static_cast<size_t>(kv) * p.group * mC;
+    codes = p.codes;
+    out_row = p.out + static_cast<size_t>(kv) * p.n;
+    T0 = static_cast<int64_t>(kv) * p.stride + p.begin;
+    T1 = T0 + p.n;
+  }
+  const int64_t n = T1 - T0;
+  // uint4 loads need 16-byte aligned codes (slot boundaries are multiples of
+  // 16 bytes from `codes`); otherwise every slot takes the byte path.
+  const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0;
   const int64_t A = T0 - T0 % TPT;  // the 16-byte aligned slot boundary at or before T0
   const int64_t slots = (T1 - A + TPT - 1) / TPT;
   const int64_t per_iter = static_cast<int64_t>(bph) * kThreads;
   const int64_t iters = (slots + per_iter - 1) / per_iter;  // uniform over the block
-  const float* lut_head = p.lut + static_cast<size_t>(kv) * p.group * mC;
 
   auto load_chunk = [&](int ch) {
     const int g0 = ch * p.heads_per_chunk;
@@ -142,8 +171,8 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
   uint32_t w[4];
   auto load_slot = [&](int64_t slot) {
     const int64_t t_first = A + slot * TPT;
-    if (t_first >= T0 && t_first + TPT <= T1) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.codes + t_first * M));
+    if (aligned && t_first >= T0 && t_first + TPT <= T1) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(codes + t_first * M));
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else {
       w[0] = w[1] = w[2] = w[3] = 0u;
@@ -151,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
       for (int idx = 0; idx < 16; ++idx) {
         const int64_t t = t_first + idx / (M > 0 ? M : 16);
         if (t >= T0 && t < T1)
-          w[idx / 4] |= static_cast<uint32_t>(p.codes[t * (M > 0 ? M : 1) + idx % (M > 0 ? M : 16)])
+          w[idx / 4] |= static_cast<uint32_t>(codes[t * (M > 0 ? M : 1) + idx % (M > 0 ? M : 16)])
                         << (8 * (idx % 4));
       }
     }
@@ -170,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
       for (int j = 1; j < M; ++j) s = __fadd_rn(s, L[j * C + code(j)]);
       return s;
     } else {
-      const uint8_t* c = p.codes + (A + slot) * m;
+      const uint8_t* c = codes + (A + slot) * m;
       float s = L[c[0] & code_mask];
       if (m != 2) s = __fadd_rn(0.f, s);
       for (int j = 1; j < m; ++j) s = __fadd_rn(s, L[j * C + (c[j] & code_mask)]);
@@ -249,7 +278,6 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
     load_chunk(0);
     __syncthreads();
   }
-  float* out_row = p.out + static_cast<size_t>(kv) * p.n;
   for (int64_t it = 0; it < iters; ++it) {
     const int64_t tile = it * bph + blockIdx.x;
     const int64_t slot = tile * kThreads + tid;
@@ -300,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
     const int64_t tile_first = A + tile * kThreads * TPT - T0;  // output index of element 0
     for (int e = tid; e < kThreads * TPT; e += kThreads) {
       const int64_t i = tile_first + e;
-      if (i >= 0 && i < p.n) out_row[i] = outbuf[(e / TPT) * kPad + e % TPT];
+      if (i >= 0 && i < n) out_row[i] = outbuf[(e / TPT) * kPad + e % TPT];
     }
   }
 }
@@ -338,60 +366,42 @@ int launch(const ScanParams& p, int32_t kv_heads, int32_t bph, cudaStream_t stre
   return 0;
 }
 
-}  // namespace
+// The checks both entry points share; 0 or the error.
+int check_shared(const char* fn, int32_t group_size, int32_t subspaces, int32_t centroids,
+                 int32_t combine, float scale, char* err, size_t err_len) {
+  if (group_size < 1 || group_size > kMaxGroup)
+    return set_error(err, err_len, "%s: group_size is %d; expected 1..%d", fn, group_size,
+                     kMaxGroup);
+  if (subspaces < 1)
+    return set_error(err, err_len, "%s: subspaces is %d; expected >= 1", fn, subspaces);
+  if (centroids < 1 || centroids > 256 || (centroids & (centroids - 1)) != 0)
+    return set_error(err, err_len, "%s: centroids is %d; expected a power of two <= 256", fn,
+                     centroids);
+  if (combine != PQ_GQA_SUM_SOFTMAX && combine != PQ_GQA_MAX && combine != PQ_GQA_MEAN)
+    return set_error(err, err_len, "%s: combine is %d; not a pq_gqa_combine", fn, combine);
+  if (!(scale > 0.f) || !std::isfinite(scale))
+    return set_error(err, err_len, "%s: scale is %g; expected finite and > 0", fn,
+                     static_cast<double>(scale));
+  return 0;
+}
 
-size_t pq_scan_workspace_size(int32_t kv_heads, int32_t group_size, int32_t subspaces, int64_t n,
-                              int32_t combine) {
-  if (combine != PQ_GQA_SUM_SOFTMAX || group_size <= 1 || kv_heads <= 0 || subspaces <= 0 ||
-      n <= 0)
+size_t workspace_size(int32_t rows, int32_t group_size, int32_t subspaces, int64_t n,
+                      int32_t combine) {
+  if (combine != PQ_GQA_SUM_SOFTMAX || group_size <= 1 || rows <= 0 || subspaces <= 0 || n <= 0)
     return 0;
-  return 2 * sizeof(float) * static_cast<size_t>(kv_heads) * static_cast<size_t>(group_size) *
+  return 2 * sizeof(float) * static_cast<size_t>(rows) * static_cast<size_t>(group_size) *
          static_cast<size_t>(blocks_per_head(subspaces, n));
 }
 
-int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_t group_size,
-            int32_t subspaces, int32_t centroids, int64_t codes_stride, int64_t begin, int64_t end,
-            int32_t combine, float scale, float* d_scores, void* d_workspace,
-            size_t workspace_bytes, void* stream, char* err, size_t err_len) {
-  if (kv_heads < 1 || kv_heads > 65535)
-    return set_error(err, err_len, "pq_scan: kv_heads is %d; expected 1..65535", kv_heads);
-  if (group_size < 1 || group_size > kMaxGroup)
-    return set_error(err, err_len, "pq_scan: group_size is %d; expected 1..%d", group_size,
-                     kMaxGroup);
-  if (subspaces < 1)
-    return set_error(err, err_len, "pq_scan: subspaces is %d; expected >= 1", subspaces);
-  if (centroids < 1 || centroids > 256 || (centroids & (centroids - 1)) != 0)
-    return set_error(err, err_len, "pq_scan: centroids is %d; expected a power of two <= 256",
-                     centroids);
-  if (begin < 0 || end < begin || end > codes_stride)
-    return set_error(err, err_len,
-                     "pq_scan: token range [%lld, %lld) is not inside [0, codes_stride = %lld)",
-                     static_cast<long long>(begin), static_cast<long long>(end),
-                     static_cast<long long>(codes_stride));
-  if (end - begin > INT32_MAX)
-    return set_error(err, err_len, "pq_scan: %lld tokens; at most INT32_MAX",
-                     static_cast<long long>(end - begin));
-  if (combine != PQ_GQA_SUM_SOFTMAX && combine != PQ_GQA_MAX && combine != PQ_GQA_MEAN)
-    return set_error(err, err_len, "pq_scan: combine is %d; not a pq_gqa_combine", combine);
-  if (!(scale > 0.f) || !std::isfinite(scale))
-    return set_error(err, err_len, "pq_scan: scale is %g; expected finite and > 0",
-                     static_cast<double>(scale));
-  const int64_t n = end - begin;
-  if (n == 0) return 0;
-  if (d_lut == nullptr || d_codes == nullptr || d_scores == nullptr)
-    return set_error(err, err_len, "pq_scan: d_lut, d_codes and d_scores must not be NULL");
-  const size_t need = pq_scan_workspace_size(kv_heads, group_size, subspaces, n, combine);
+// Fills the shared parameters, checks the workspace and launches every pass
+// over `rows` rows of at most n tokens.
+int run(ScanParams& p, int32_t rows, int64_t n, int32_t group_size, int32_t subspaces,
+        int32_t centroids, int32_t combine, float scale, void* d_workspace,
+        size_t workspace_bytes, void* stream, const char* fn, char* err, size_t err_len) {
+  const size_t need = workspace_size(rows, group_size, subspaces, n, combine);
   if (need > 0 && (d_workspace == nullptr || workspace_bytes < need))
-    return set_error(err, err_len, "pq_scan: workspace of %zu bytes at %p; SUM_SOFTMAX needs %zu",
+    return set_error(err, err_len, "%s: workspace of %zu bytes at %p; SUM_SOFTMAX needs %zu", fn,
                      workspace_bytes, d_workspace, need);
-
-  ScanParams p{};
-  p.lut = d_lut;
-  p.codes = d_codes;
-  p.out = d_scores;
-  p.stride = codes_stride;
-  p.begin = begin;
-  p.n = n;
   p.group = group_size;
   p.m = subspaces;
   p.C = centroids;
@@ -410,19 +420,81 @@ int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_
   const int32_t bph = blocks_per_head(subspaces, n);
   if (p.mode == kModeSoftmax) {
     p.part_max = static_cast<float*>(d_workspace);
-    p.part_sum = p.part_max + static_cast<size_t>(kv_heads) * group_size * bph;
+    p.part_sum = p.part_max + static_cast<size_t>(rows) * group_size * bph;
   }
-  // uint4 loads need 16-byte aligned codes; any other pointer takes the byte path.
-  const int M = reinterpret_cast<uintptr_t>(d_codes) % 16 == 0 ? vector_width(subspaces) : 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (M) {
-    case 1: return launch<1>(p, kv_heads, bph, s, err, err_len);
-    case 2: return launch<2>(p, kv_heads, bph, s, err, err_len);
-    case 4: return launch<4>(p, kv_heads, bph, s, err, err_len);
-    case 8: return launch<8>(p, kv_heads, bph, s, err, err_len);
-    case 16: return launch<16>(p, kv_heads, bph, s, err, err_len);
-    default: return launch<0>(p, kv_heads, bph, s, err, err_len);
+  switch (vector_width(subspaces)) {
+    case 1: return launch<1>(p, rows, bph, s, err, err_len);
+    case 2: return launch<2>(p, rows, bph, s, err, err_len);
+    case 4: return launch<4>(p, rows, bph, s, err, err_len);
+    case 8: return launch<8>(p, rows, bph, s, err, err_len);
+    case 16: return launch<16>(p, rows, bph, s, err, err_len);
+    default: return launch<0>(p, rows, bph, s, err, err_len);
   }
+}
+
+}  // namespace
+
+size_t pq_scan_workspace_size(int32_t kv_heads, int32_t group_size, int32_t subspaces, int64_t n,
+                              int32_t combine) {
+  return workspace_size(kv_heads, group_size, subspaces, n, combine);
+}
+
+int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_t group_size,
+            int32_t subspaces, int32_t centroids, int64_t codes_stride, int64_t begin, int64_t end,
+            int32_t combine, float scale, float* d_scores, void* d_workspace,
+            size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  if (kv_heads < 1 || kv_heads > 65535)
+    return set_error(err, err_len, "pq_scan: kv_heads is %d; expected 1..65535", kv_heads);
+  if (const int rc = check_shared("pq_scan", group_size, subspaces, centroids, combine, scale,
+                                  err, err_len))
+    return rc;
+  if (begin < 0 || end < begin || end > codes_stride)
+    return set_error(err, err_len,
+                     "pq_scan: token range [%lld, %lld) is not inside [0, codes_stride = %lld)",
+                     static_cast<long long>(begin), static_cast<long long>(end),
+                     static_cast<long long>(codes_stride));
+  if (end - begin > INT32_MAX)
+    return set_error(err, err_len, "pq_scan: %lld tokens; at most INT32_MAX",
+                     static_cast<long long>(end - begin));
+  const int64_t n = end - begin;
+  if (n == 0) return 0;
+  if (d_lut == nullptr || d_codes == nullptr || d_scores == nullptr)
+    return set_error(err, err_len, "pq_scan: d_lut, d_codes and d_scores must not be NULL");
+  ScanParams p{};
+  p.lut = d_lut;
+  p.codes = d_codes;
+  p.out = d_scores;
+  p.stride = codes_stride;
+  p.begin = begin;
+  p.n = n;
+  return run(p, kv_heads, n, group_size, subspaces, centroids, combine, scale, d_workspace,
+             workspace_bytes, stream, "pq_scan", err, err_len);
+}
+
+size_t pq_scan_rows_workspace_size(int32_t rows, int32_t group_size, int32_t subspaces,
+                                   int64_t max_n, int32_t combine) {
+  return workspace_size(rows, group_size, subspaces, max_n, combine);
+}
+
+int pq_scan_rows(const pq_scan_row* d_rows, int32_t rows, int64_t max_n, int32_t group_size,
+                 int32_t subspaces, int32_t centroids, int32_t combine, float scale,
+                 void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                 size_t err_len) {
+  if (rows < 0 || rows > 65535)
+    return set_error(err, err_len, "pq_scan_rows: rows is %d; expected 0..65535", rows);
+  if (max_n < 0 || max_n > INT32_MAX)
+    return set_error(err, err_len, "pq_scan_rows: max_n is %lld; expected 0..INT32_MAX",
+                     static_cast<long long>(max_n));
+  if (const int rc = check_shared("pq_scan_rows", group_size, subspaces, centroids, combine,
+                                  scale, err, err_len))
+    return rc;
+  if (rows == 0 || max_n == 0) return 0;
+  if (d_rows == nullptr) return set_error(err, err_len, "pq_scan_rows: d_rows is NULL");
+  ScanParams p{};
+  p.rows = d_rows;
+  return run(p, rows, max_n, group_size, subspaces, centroids, combine, scale, d_workspace,
+             workspace_bytes, stream, "pq_scan_rows", err, err_len);
 }
 
 }  // namespace pqcuda

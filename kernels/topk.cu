@@ -33,9 +33,12 @@
 // DeviceSelect::Flagged works on one sequence per call and could not express
 // the tie rank without another pass; the chunk-offset scheme handles all rows
 // in one launch per step. Nothing synchronises the device or the host.
+#include <cstdio>
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "cuda_plugin_abi.h"
 #include "kernels.h"
 
 namespace pqcuda {
@@ -64,6 +67,35 @@ __device__ __forceinline__ uint32_t ordered_key(float f) {
   f = __fadd_rn(f, 0.0f);  // -0 becomes +0: equal scores share a bucket
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The rows of a launch: a table (topk_rows: each row its own scores, n, k,
+// first and output), or, when null, `rows` uniform rows (topk: row r at
+// scores + r * n, out + r * k).
+struct Rows {
+  const pq_topk_row* table;
+  const float* scores;
+  int32_t* out;
+  int64_t n, k, first;
+};
+
+__device__ __forceinline__ pq_topk_row row_of(const Rows& r, int row) {
+  if (r.table != nullptr) return r.table[row];
+  pq_topk_row x;
+  x.scores = r.scores + static_cast<size_t>(row) * r.n;
+  x.out = r.out + static_cast<size_t>(row) * r.k;
+  x.n = r.n;
+  x.k = r.k;
+  x.first = r.first;
+  return x;
+}
+
+// Whether block (chunk) of row R takes part in the select passes: rows with
+// k == 0 or n == 0 write nothing, rows with k >= n are written whole by the
+// write kernel, and chunks past a shorter row's end have nothing to do.
+// Block-uniform, so a block may return on it before any barrier.
+__device__ __forceinline__ bool selects(const pq_topk_row& R, int64_t base) {
+  return R.k > 0 && R.n > 0 && R.k < R.n && base < R.n;
 }
 
 // Mask of the top `digits` bytes of a key (digits in 0..4).
@@ -106,18 +138,20 @@ __device__ Threshold derive(const uint32_t* hist_row, int passes, uint32_t k, Te
 }
 
 __global__ void __launch_bounds__(kThreads)
-    topk_hist_kernel(const float* __restrict__ scores, int64_t n, uint32_t k,
-                     uint32_t* __restrict__ hist, int pass) {
+    topk_hist_kernel(Rows rows, uint32_t* __restrict__ hist, int pass) {
   __shared__ TempStorage tmp;
   __shared__ uint32_t shared3[3];
   __shared__ uint32_t bins[kBins];
   const int row = blockIdx.y;
-  const float* s = scores + static_cast<size_t>(row) * n;
+  const pq_topk_row R = row_of(rows, row);
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kTile;
+  if (!selects(R, base)) return;
+  const float* __restrict__ s = R.scores;
+  const int64_t n = R.n;
   uint32_t* hist_row = hist + static_cast<size_t>(row) * kPasses * kBins;
-  const Threshold th = derive(hist_row, pass, k, tmp, shared3);
+  const Threshold th = derive(hist_row, pass, static_cast<uint32_t>(R.k), tmp, shared3);
   bins[threadIdx.x] = 0u;
   // All loads first (independent, in flight together), then the atomics.
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kTile;
   float v[kItems];
 #pragma unroll
   for (int r = 0; r < kItems; ++r) {
@@ -139,15 +173,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    topk_count_kernel(const float* __restrict__ scores, int64_t n, uint32_t k,
-                      const uint32_t* __restrict__ hist, uint2* __restrict__ counts) {
+    topk_count_kernel(Rows rows, const uint32_t* __restrict__ hist, uint2* __restrict__ counts) {
   __shared__ TempStorage tmp;
   __shared__ uint32_t shared3[3];
   const int row = blockIdx.y;
-  const float* s = scores + static_cast<size_t>(row) * n;
-  const Threshold th = derive(hist + static_cast<size_t>(row) * kPasses * kBins, kPasses, k, tmp,
-                              shared3);
+  const pq_topk_row R = row_of(rows, row);
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kTile;
+  if (!selects(R, base)) return;
+  const float* __restrict__ s = R.scores;
+  const int64_t n = R.n;
+  const Threshold th = derive(hist + static_cast<size_t>(row) * kPasses * kBins, kPasses,
+                              static_cast<uint32_t>(R.k), tmp, shared3);
   uint32_t greater = 0, equal = 0;
 #pragma unroll
   for (int r = 0; r < kItems; ++r) {
@@ -165,14 +201,27 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    topk_write_kernel(const float* __restrict__ scores, int64_t n, uint32_t k, int64_t first,
-                      const uint32_t* __restrict__ hist, const uint2* __restrict__ counts,
-                      int32_t* __restrict__ out) {
+    topk_write_kernel(Rows rows, const uint32_t* __restrict__ hist,
+                      const uint2* __restrict__ counts) {
   __shared__ TempStorage tmp;
   __shared__ uint32_t shared3[3];
   __shared__ unsigned long long before_shared;
   const int row = blockIdx.y;
-  const float* s = scores + static_cast<size_t>(row) * n;
+  const pq_topk_row R = row_of(rows, row);
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t n = R.n;
+  const int64_t first = R.first;
+  int32_t* __restrict__ out_row = R.out;
+  if (R.k > 0 && n > 0 && R.k >= n && base < n) {  // k >= n: every position (topk_rows only)
+    for (int r = 0; r < kItems; ++r) {
+      const int64_t i = base + r * kThreads + threadIdx.x;
+      if (i < n) out_row[i] = static_cast<int32_t>(first + i);
+    }
+    return;
+  }
+  if (!selects(R, base)) return;
+  const float* __restrict__ s = R.scores;
+  const uint32_t k = static_cast<uint32_t>(R.k);
   const Threshold th = derive(hist + static_cast<size_t>(row) * kPasses * kBins, kPasses, k, tmp,
                               shared3);
   // Equal keys with rank >= skip (in position order) are taken: the last `need`.
@@ -189,14 +238,12 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t run_greater = static_cast<uint32_t>(before_shared & 0xffffffffu);
   uint32_t run_equal = static_cast<uint32_t>(before_shared >> 32);
 
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kTile;
   float v[kItems];
 #pragma unroll
   for (int r = 0; r < kItems; ++r) {
     const int64_t i = base + r * kThreads + threadIdx.x;
     v[r] = i < n ? s[i] : 0.f;
   }
-  int32_t* out_row = out + static_cast<size_t>(row) * k;
 #pragma unroll
   for (int r = 0; r < kItems; ++r) {
     // Round r covers positions base + r*256 .. +255 in thread order, so a
@@ -230,12 +277,51 @@ size_t align_up(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
 
 int64_t chunks_of(int64_t n) { return (n + kTile - 1) / kTile; }
 
+// The histograms, then the per-chunk counts, for `rows` rows of up to n keys.
+size_t select_workspace_size(int32_t rows, int64_t n) {
+  return align_up(sizeof(uint32_t) * static_cast<size_t>(rows) * kPasses * kBins) +
+         sizeof(uint2) * static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(n));
+}
+
+// The select passes over `rows` rows of up to n keys: one memset and six
+// launches whatever the rows.
+int run_select(const Rows& r, int32_t rows, int64_t n, void* d_workspace, cudaStream_t s,
+               const char* fn, char* err, size_t err_len) {
+  uint32_t* hist = static_cast<uint32_t*>(d_workspace);
+  const size_t hist_bytes = sizeof(uint32_t) * static_cast<size_t>(rows) * kPasses * kBins;
+  uint2* counts = reinterpret_cast<uint2*>(static_cast<char*>(d_workspace) + align_up(hist_bytes));
+  const dim3 grid(static_cast<unsigned>(chunks_of(n)), static_cast<unsigned>(rows));
+  char what[64];
+  cudaError_t e = cudaMemsetAsync(hist, 0, hist_bytes, s);
+  if (e != cudaSuccess) {
+    std::snprintf(what, sizeof what, "%s: cudaMemsetAsync of the histograms", fn);
+    return cuda_fail(err, err_len, what, e);
+  }
+  for (int pass = 0; pass < kPasses; ++pass) {
+    topk_hist_kernel<<<grid, kThreads, 0, s>>>(r, hist, pass);
+    if ((e = cudaGetLastError()) != cudaSuccess) {
+      std::snprintf(what, sizeof what, "%s: histogram kernel", fn);
+      return cuda_fail(err, err_len, what, e);
+    }
+  }
+  topk_count_kernel<<<grid, kThreads, 0, s>>>(r, hist, counts);
+  if ((e = cudaGetLastError()) != cudaSuccess) {
+    std::snprintf(what, sizeof what, "%s: count kernel", fn);
+    return cuda_fail(err, err_len, what, e);
+  }
+  topk_write_kernel<<<grid, kThreads, 0, s>>>(r, hist, counts);
+  if ((e = cudaGetLastError()) != cudaSuccess) {
+    std::snprintf(what, sizeof what, "%s: write kernel", fn);
+    return cuda_fail(err, err_len, what, e);
+  }
+  return 0;
+}
+
 }  // namespace
 
 size_t topk_workspace_size(int32_t rows, int64_t n, int64_t k) {
   if (rows <= 0 || n <= 0 || k <= 0 || k >= n) return 0;
-  return align_up(sizeof(uint32_t) * static_cast<size_t>(rows) * kPasses * kBins) +
-         sizeof(uint2) * static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(n));
+  return select_workspace_size(rows, n);
 }
 
 int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t first, int32_t* d_out,
@@ -263,24 +349,31 @@ int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t firs
   if (d_workspace == nullptr || workspace_bytes < need)
     return set_error(err, err_len, "topk: workspace of %zu bytes at %p; needs %zu", workspace_bytes,
                      d_workspace, need);
-  uint32_t* hist = static_cast<uint32_t*>(d_workspace);
-  const size_t hist_bytes = sizeof(uint32_t) * static_cast<size_t>(rows) * kPasses * kBins;
-  uint2* counts = reinterpret_cast<uint2*>(static_cast<char*>(d_workspace) + align_up(hist_bytes));
-  const dim3 grid(static_cast<unsigned>(chunks_of(n)), static_cast<unsigned>(rows));
-  const uint32_t k32 = static_cast<uint32_t>(k);  // k < n <= INT32_MAX
+  const Rows r{nullptr, d_scores, d_out, n, k, first};
+  return run_select(r, rows, n, d_workspace, s, "topk", err, err_len);
+}
 
-  cudaError_t e = cudaMemsetAsync(hist, 0, hist_bytes, s);
-  if (e != cudaSuccess) return cuda_fail(err, err_len, "topk: cudaMemsetAsync of the histograms", e);
-  for (int pass = 0; pass < kPasses; ++pass) {
-    topk_hist_kernel<<<grid, kThreads, 0, s>>>(d_scores, n, k32, hist, pass);
-    if ((e = cudaGetLastError()) != cudaSuccess)
-      return cuda_fail(err, err_len, "topk: histogram kernel", e);
-  }
-  topk_count_kernel<<<grid, kThreads, 0, s>>>(d_scores, n, k32, hist, counts);
-  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail(err, err_len, "topk: count kernel", e);
-  topk_write_kernel<<<grid, kThreads, 0, s>>>(d_scores, n, k32, first, hist, counts, d_out);
-  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail(err, err_len, "topk: write kernel", e);
-  return 0;
+size_t topk_rows_workspace_size(int32_t rows, int64_t max_n) {
+  if (rows <= 0 || max_n <= 0) return 0;
+  return select_workspace_size(rows, max_n);
+}
+
+int topk_rows(const pq_topk_row* d_rows, int32_t rows, int64_t max_n, void* d_workspace,
+              size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  if (rows < 0 || rows > 65535)
+    return set_error(err, err_len, "topk_rows: rows is %d; expected 0..65535", rows);
+  if (max_n < 0 || max_n > INT32_MAX)
+    return set_error(err, err_len, "topk_rows: max_n is %lld; expected 0..INT32_MAX",
+                     static_cast<long long>(max_n));
+  if (rows == 0 || max_n == 0) return 0;
+  if (d_rows == nullptr) return set_error(err, err_len, "topk_rows: d_rows is NULL");
+  const size_t need = topk_rows_workspace_size(rows, max_n);
+  if (d_workspace == nullptr || workspace_bytes < need)
+    return set_error(err, err_len, "topk_rows: workspace of %zu bytes at %p; needs %zu",
+                     workspace_bytes, d_workspace, need);
+  const Rows r{d_rows, nullptr, nullptr, 0, 0, 0};
+  return run_select(r, rows, max_n, d_workspace, static_cast<cudaStream_t>(stream), "topk_rows",
+                    err, err_len);
 }
 
 }  // namespace pqcuda

@@ -15,11 +15,35 @@ extern "C" {
 /* One version at a time: libpqcache.so accepts exactly the version it was
  * built with (the packages pin the plug-in to the same release), so there
  * are no older tables to serve and no fallback modes. Version 4 replaced the
- * layered v1/v2/v3 tables of 0.3. */
-#define PQ_CUDA_PLUGIN_ABI_VERSION 4u
+ * layered v1/v2/v3 tables of 0.3; version 5 added the row-table scan and
+ * top-k (a batch of sequences in one launch each). */
+#define PQ_CUDA_PLUGIN_ABI_VERSION 5u
 #define PQ_CUDA_PLUGIN_ENTRY "pq_cuda_plugin_entry"
 
 enum { PQ_COPY_DEVICE_TO_HOST = 0, PQ_COPY_HOST_TO_DEVICE = 1 };
+
+/* One row of pq_scan_rows: one kv head of one sequence. All pointers are
+ * device memory. Token t's codes are codes[t * subspaces ..]; tokens
+ * [begin, end) are scored into scores[0 .. end - begin). codes 16-byte
+ * aligned take the vector loads, any other address byte loads. */
+typedef struct pq_scan_row {
+  const float* lut;     /* [group_size][subspaces][centroids] */
+  const uint8_t* codes;
+  float* scores;
+  int64_t begin;
+  int64_t end;
+} pq_scan_row;
+
+/* One row of topk_rows: the top k of n scores, positions first + index,
+ * written ascending into out (min(k, n) of them; all n when k >= n;
+ * nothing when k or n is 0). Device pointers. */
+typedef struct pq_topk_row {
+  const float* scores;
+  int32_t* out;
+  int64_t n;
+  int64_t k;
+  int64_t first;
+} pq_topk_row;
 
 /* Every function returns 0 on success, else non-zero and a message in err
  * (err_len bytes, NUL-terminated), except where noted.
@@ -67,7 +91,10 @@ typedef struct pq_cuda_plugin {
   int (*event_record)(void* event, void* stream, char* err, size_t err_len);
   int (*event_synchronize)(void* event, char* err, size_t err_len);
   int (*stream_wait_event)(void* stream, void* event, char* err, size_t err_len);
-  /* Synchronous copy on the legacy default stream (cudaMemcpy). */
+  /* Synchronous copy on the legacy default stream (cudaMemcpy): returns
+   * once the bytes have landed, so that work on any stream, non-blocking
+   * ones included, sees them (a pageable host-to-device cudaMemcpy alone
+   * returns with its DMA still queued). */
   int (*copy)(void* dst, const void* src, size_t bytes, int direction, char* err, size_t err_len);
   /* cudaMemcpyAsync with cudaMemcpyDefault (any direction, UVA). */
   int (*copy_async)(void* dst, const void* src, size_t bytes, void* stream, char* err,
@@ -124,6 +151,26 @@ typedef struct pq_cuda_plugin {
    * at both ends merged, one cudaMemcpyAsync each. HOST pointer arrays. */
   int (*copy_rows)(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,
                    void* stream, char* err, size_t err_len);
+
+  /* --- batches (version 5) ------------------------------------------------ */
+  /* pq_scan over a table of rows (d_rows: `rows` pq_scan_row in DEVICE
+   * memory, e.g. the kv heads of every sequence of a batch), one launch per
+   * pass whatever the rows: grid (blocks for max_n tokens, rows). Every
+   * row's end - begin must be <= max_n; group_size, subspaces, centroids,
+   * combine and scale are shared, with pq_scan's meaning. SUM_SOFTMAX with
+   * group_size > 1 needs pq_scan_rows_workspace_size(...) bytes. */
+  size_t (*pq_scan_rows_workspace_size)(int32_t rows, int32_t group_size, int32_t subspaces,
+                                        int64_t max_n, int32_t combine);
+  int (*pq_scan_rows)(const pq_scan_row* d_rows, int32_t rows, int64_t max_n,
+                      int32_t group_size, int32_t subspaces, int32_t centroids, int32_t combine,
+                      float scale, void* d_workspace, size_t workspace_bytes, void* stream,
+                      char* err, size_t err_len);
+  /* topk over a table of rows (d_rows: `rows` pq_topk_row in DEVICE
+   * memory), each with its own n, k and first (n <= max_n <= INT32_MAX):
+   * one launch per step for every row, topk's semantics per row. */
+  size_t (*topk_rows_workspace_size)(int32_t rows, int64_t max_n);
+  int (*topk_rows)(const pq_topk_row* d_rows, int32_t rows, int64_t max_n, void* d_workspace,
+                   size_t workspace_bytes, void* stream, char* err, size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

@@ -311,6 +311,23 @@ int copy(void* dst, const void* src, size_t bytes, int direction, char* err, siz
 
 // --- kernels -----------------------------------------------------------------
 
+// The scan of one row on the host (pq_scan's reference): raw sums of the
+// group's LUTs over the codes, then the CPU's combine.
+void scan_row(const float* lut, const uint8_t* codes, int64_t n, int32_t group_size,
+              int32_t subspaces, int32_t centroids, int32_t combine, float scale, float* out) {
+  pq::SelectScratch scratch;
+  std::vector<float> raw(static_cast<size_t>(group_size) * n);
+  for (int32_t g = 0; g < group_size; ++g) {
+    const float* l = lut + static_cast<size_t>(g) * subspaces * centroids;
+    for (int64_t t = 0; t < n; ++t) {
+      float s = 0.f;
+      for (int32_t j = 0; j < subspaces; ++j) s += l[j * centroids + codes[t * subspaces + j]];
+      raw[static_cast<size_t>(g) * n + t] = s;
+    }
+  }
+  pq::combine_group_scores(raw.data(), group_size, n, combine, scale, out, scratch);
+}
+
 size_t pq_scan_workspace_size(int32_t kv_heads, int32_t group_size, int32_t, int64_t n,
                               int32_t combine) {
   return combine == PQ_GQA_SUM_SOFTMAX && group_size > 1
@@ -340,22 +357,52 @@ int pq_scan(const float* d_lut, const uint8_t* d_codes, int32_t kv_heads, int32_
   if (!valid_stream(stream)) return error(err, len, "pq_scan: unknown stream");
   ++g_counters.kernel_launches;
   enqueue(stream, [=] {
-    pq::SelectScratch scratch;
-    std::vector<float> raw(static_cast<size_t>(group_size) * n);
-    for (int32_t h = 0; h < kv_heads; ++h) {
-      const uint8_t* codes = d_codes + (static_cast<size_t>(h) * codes_stride + begin) * subspaces;
-      for (int32_t g = 0; g < group_size; ++g) {
-        const float* lut =
-            d_lut + (static_cast<size_t>(h) * group_size + g) * subspaces * centroids;
-        for (int64_t t = 0; t < n; ++t) {
-          float s = 0.f;
-          for (int32_t j = 0; j < subspaces; ++j)
-            s += lut[j * centroids + codes[t * subspaces + j]];
-          raw[static_cast<size_t>(g) * n + t] = s;
-        }
-      }
-      pq::combine_group_scores(raw.data(), group_size, n, combine, scale,
-                               d_scores + static_cast<size_t>(h) * n, scratch);
+    for (int32_t h = 0; h < kv_heads; ++h)
+      scan_row(d_lut + static_cast<size_t>(h) * group_size * subspaces * centroids,
+               d_codes + (static_cast<size_t>(h) * codes_stride + begin) * subspaces, n,
+               group_size, subspaces, centroids, combine, scale,
+               d_scores + static_cast<size_t>(h) * n);
+  });
+  return 0;
+}
+
+size_t pq_scan_rows_workspace_size(int32_t rows, int32_t group_size, int32_t, int64_t max_n,
+                                   int32_t combine) {
+  return combine == PQ_GQA_SUM_SOFTMAX && group_size > 1
+             ? static_cast<size_t>(rows) * max_n * sizeof(float)
+             : 0;
+}
+
+// The table is read when the "kernel" runs, as on the device: an upload of
+// it enqueued before must have run by then.
+int pq_scan_rows(const pq_scan_row* d_rows, int32_t rows, int64_t max_n, int32_t group_size,
+                 int32_t subspaces, int32_t centroids, int32_t combine, float scale,
+                 void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0 || rows > 65535 || max_n < 0 || group_size < 1 || subspaces < 1 ||
+      centroids < 1 || centroids > 256)
+    return error(err, len, "pq_scan_rows: bad shape");
+  if (rows == 0 || max_n == 0) return 0;
+  if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_scan_row)))
+    return error(err, len, "pq_scan_rows: d_rows is not %d rows of device memory", rows);
+  const size_t need = pq_scan_rows_workspace_size(rows, group_size, subspaces, max_n, combine);
+  if (need > 0 && (workspace_bytes < need || !is_device(d_workspace, need)))
+    return error(err, len, "pq_scan_rows: the workspace is not %zu bytes of device memory", need);
+  if (!valid_stream(stream)) return error(err, len, "pq_scan_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    const size_t lut_bytes = static_cast<size_t>(group_size) * subspaces * centroids * sizeof(float);
+    for (int32_t r = 0; r < rows; ++r) {
+      const pq_scan_row row = d_rows[r];
+      const int64_t n = row.end - row.begin;
+      if (n < 0 || n > max_n) return fault("pq_scan_rows: a row's end - begin is not in 0..max_n");
+      if (n == 0) continue;
+      if (!is_device(row.lut, lut_bytes) ||
+          !is_device(row.codes + row.begin * subspaces, static_cast<size_t>(n) * subspaces) ||
+          !is_device(row.scores, static_cast<size_t>(n) * sizeof(float)))
+        return fault("pq_scan_rows: a row's LUT, codes or scores are not device memory");
+      scan_row(row.lut, row.codes + row.begin * subspaces, n, group_size, subspaces, centroids,
+               combine, scale, row.scores);
     }
   });
   return 0;
@@ -389,6 +436,43 @@ int topk(const float* d_scores, int32_t rows, int64_t n, int64_t k, int64_t firs
         continue;
       }
       pq::select_top_k(d_scores + static_cast<size_t>(r) * n, n, k, first, out, scratch);
+    }
+  });
+  return 0;
+}
+
+size_t topk_rows_workspace_size(int32_t rows, int64_t max_n) {
+  return static_cast<size_t>(rows) * max_n;  // something the backend must provide
+}
+
+int topk_rows(const pq_topk_row* d_rows, int32_t rows, int64_t max_n, void* d_workspace,
+              size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0 || rows > 65535 || max_n < 0) return error(err, len, "topk_rows: bad shape");
+  if (rows == 0 || max_n == 0) return 0;
+  if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_topk_row)))
+    return error(err, len, "topk_rows: d_rows is not %d rows of device memory", rows);
+  const size_t need = topk_rows_workspace_size(rows, max_n);
+  if (workspace_bytes < need || !is_device(d_workspace, need))
+    return error(err, len, "topk_rows: the workspace is not %zu bytes of device memory", need);
+  if (!valid_stream(stream)) return error(err, len, "topk_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    pq::SelectScratch scratch;
+    for (int32_t r = 0; r < rows; ++r) {
+      const pq_topk_row row = d_rows[r];
+      if (row.n < 0 || row.n > max_n || row.k < 0)
+        return fault("topk_rows: a row's n is not in 0..max_n, or its k is negative");
+      const int64_t written = std::min(row.n, row.k);
+      if (written == 0) continue;
+      if (!is_device(row.scores, static_cast<size_t>(row.n) * sizeof(float)) ||
+          !is_device(row.out, static_cast<size_t>(written) * sizeof(int32_t)))
+        return fault("topk_rows: a row's scores or output are not device memory");
+      if (row.k >= row.n) {
+        for (int64_t i = 0; i < row.n; ++i) row.out[i] = static_cast<int32_t>(row.first + i);
+        continue;
+      }
+      pq::select_top_k(row.scores, row.n, row.k, row.first, row.out, scratch);
     }
   });
   return 0;
@@ -493,6 +577,10 @@ const pq_cuda_plugin kTable = {
     encode,
     gather_rows,
     copy_rows,
+    pq_scan_rows_workspace_size,
+    pq_scan_rows,
+    topk_rows_workspace_size,
+    topk_rows,
 };
 
 }  // namespace

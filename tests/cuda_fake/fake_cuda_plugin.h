@@ -14,7 +14,7 @@ typedef struct pq_fake_cuda_counters {
   uint64_t host_waits;       /* stream/event synchronisations and synchronous copies */
   uint64_t bytes_to_device;  /* host -> device, by copy and copy_async */
   uint64_t bytes_to_host;    /* device -> host */
-  uint64_t kernel_launches;  /* pq_scan, topk, encode, gather_rows */
+  uint64_t kernel_launches;  /* pq_scan(_rows), topk(_rows), encode, gather_rows */
   uint64_t device_bytes_live;
 } pq_fake_cuda_counters;
 
