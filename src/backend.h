@@ -13,8 +13,10 @@
 
 #include "block_cache.h"
 #include "code_column.h"
+#include "hooks.h"
 #include "kv_store.h"
 #include "pqcache.h"
+#include "thread_pool.h"
 
 namespace pq {
 
@@ -52,6 +54,8 @@ struct DeviceFetchArgs {
   const BlockCache* cache;     // null when off; lookups only
   int64_t mid_begin, mid_end;  // only middle tokens can be cache hits
   void* stream;
+  ThreadPool* pool;            // spreads host work (staging); may be null
+  uint64_t* staged_bytes;      // += bytes the CPU copied to stage rows; may be null
 };
 
 // A device-to-host copy in flight into page-locked memory it owns.
@@ -81,6 +85,12 @@ class Backend {
 
   // Whether tensors in this memory kind can be read and written.
   virtual bool supports_memory(int32_t memory) const = 0;
+
+  // Where the K/V store's chunks come from when the caller's hooks give no
+  // host_alloc: memory this backend's device can read itself (the CUDA
+  // backend's page-locked, mapped pool, so a fetch gathers rows straight
+  // from the store), or the default allocator (operator new).
+  virtual HostAllocator store_allocator() const { return HostAllocator{}; }
 
   // Copies bytes between the caller's memory (host or device, by kind) and
   // host memory. Throws pq::Error on failure.
@@ -113,10 +123,11 @@ class Backend {
     return nullptr;
   }
 
-  // pq_fetch_kv into device tensors, entirely on the device: block-cache
-  // hits copied device to device, misses gathered from the host store into
-  // pinned memory and sent in one copy. Returns false when the backend has
-  // no such path (the caller stages through host memory).
+  // pq_fetch_kv into device tensors on the device, in one gather launch:
+  // block-cache hits and the window from device memory, the rest read from
+  // the host store across PCIe by the kernel (staged through pinned memory
+  // when the store is not device-readable). Returns false when the backend
+  // has no such path (the caller stages through host memory).
   virtual bool fetch_to_device(const DeviceFetchArgs& args) const { return false; }
 
   // Keeps the sink tokens and the local window of a layer on the device

@@ -20,6 +20,7 @@
 #include "backend_cuda_state.h"
 #include "dtype.h"
 #include "error.h"
+#include "slab_pool.h"
 
 namespace pq {
 
@@ -30,7 +31,28 @@ using namespace cuda_detail;
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const pq_cuda_plugin* plugin, int32_t device)
-      : k_(plugin), device_(device), host_(make_cpu_backend()) {}
+      : k_(plugin),
+        device_(device),
+        host_(make_cpu_backend()),
+        pinned_store_(
+            [this](size_t bytes) -> void* {
+              char err[512] = {0};
+              void* p = nullptr;
+              if (k_->set_device(device_, err, sizeof err) != 0 ||
+                  k_->host_alloc(&p, bytes, err, sizeof err) != 0)
+                return nullptr;
+              return p;
+            },
+            [this](void* p, size_t) {
+              char err[512] = {0};
+              k_->host_free(p, err, sizeof err);
+            },
+            "the CUDA backend's page-locked K/V pool (cudaHostAlloc)") {}
+
+  // The K/V store in page-locked, device-mapped memory: the gather kernel
+  // reads selected rows across PCIe itself, so a fetch copies nothing on
+  // the CPU (a caller's host_alloc hook still wins; its rows are staged).
+  HostAllocator store_allocator() const override { return pinned_store_.allocator(); }
 
   pq_backend kind() const override { return PQ_BACKEND_CUDA; }
   const char* name() const override { return "cuda"; }
@@ -138,6 +160,12 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // The rows of a selection into device tensors in one gather launch (K and
+  // V together): sinks and local tokens from the device window, block-cache
+  // hits from their device slots, the rest straight from the host store,
+  // which the kernel reads across PCIe when the store is in the pinned pool.
+  // A store in the caller's memory (host_alloc hook) is not device-readable:
+  // its rows are first copied into pinned staging, spread over the pool.
   bool fetch_to_device(const DeviceFetchArgs& a) const override {
     for (const pq_tensor* t : {&a.out_keys, &a.out_values})
       if (!k_->is_device_pointer(t->data))
@@ -154,28 +182,33 @@ class CudaBackend final : public Backend {
     int64_t rows = 0;
     for (int32_t h = 0; h < kv_heads; ++h) rows += a.selection.counts[h];
     if (rows == 0) return true;
+    const bool readable = a.store.allocator().user == pinned_store_.allocator().user;
 
     StreamScratch& scratch = scratch_for(s);
     std::lock_guard<std::mutex> lock(scratch.mutex);
-    // Pinned layout: misses' K rows, misses' V rows, then the plan:
-    // K sources, K destinations, V sources, V destinations (rows each).
-    const size_t data_bytes = 2 * static_cast<size_t>(rows) * rb;
+    // Pinned: the plan, sources then destinations, K rows then V rows
+    // (4 x rows pointers); then, for a store the device cannot read, the
+    // staged K and V rows of the misses.
     const size_t plan_bytes = 4 * static_cast<size_t>(rows) * sizeof(void*);
-    uint8_t* staging = scratch.fetch_staging.acquire(data_bytes + plan_bytes);
-    auto* d_data = static_cast<uint8_t*>(scratch.arena.get(StreamScratch::kFetchRows, data_bytes));
+    const size_t stage_bytes = readable ? 0 : 2 * static_cast<size_t>(rows) * rb;
+    uint8_t* staging = scratch.fetch_staging.acquire(plan_bytes + stage_bytes);
     auto* d_plan = static_cast<void**>(scratch.arena.get(StreamScratch::kFetchPlan, plan_bytes));
-    uint8_t* miss_k = staging;
-    uint8_t* miss_v = staging + static_cast<size_t>(rows) * rb;
-    void** plan = reinterpret_cast<void**>(staging + data_bytes);
-    void** src_k = plan;
-    void** dst_k = plan + rows;
-    void** src_v = plan + 2 * rows;
-    void** dst_v = plan + 3 * rows;
+    void** src_k = reinterpret_cast<void**>(staging);
+    void** src_v = src_k + rows;
+    void** dst_k = src_k + 2 * rows;
+    void** dst_v = src_k + 3 * rows;
+    uint8_t* stage = staging + plan_bytes;
 
     const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
     if (use_cache && layer->fill_recorded)  // slot fills of earlier fetches, maybe on another stream
       check(k_->stream_wait_event(s, layer->fill_event, err, sizeof err), "cache wait", err);
-    int64_t row = 0, misses = 0;
+    // Rows that come from the host store, for the staging pass: (row, position, head).
+    struct Miss {
+      int64_t row, position;
+      int32_t head;
+    };
+    std::vector<Miss> misses;
+    int64_t row = 0;
     for (int32_t h = 0; h < kv_heads; ++h) {
       const int32_t* pos = a.selection.positions + h * a.selection.capacity;
       for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++row) {
@@ -200,29 +233,43 @@ class CudaBackend final : public Backend {
           src_v[row] = layer->slot_row(slot, true, h, offset);
           continue;
         }
-        std::memcpy(miss_k + misses * rb, a.store.key_row(p, h), rb);
-        std::memcpy(miss_v + misses * rb, a.store.value_row(p, h), rb);
-        src_k[row] = d_data + misses * rb;
-        src_v[row] = d_data + (rows + misses) * rb;
-        ++misses;
+        if (readable) {
+          src_k[row] = const_cast<uint8_t*>(a.store.key_row(p, h));
+          src_v[row] = const_cast<uint8_t*>(a.store.value_row(p, h));
+        } else {
+          misses.push_back({row, p, h});
+        }
       }
     }
-    if (misses > 0) {
-      check(k_->copy_async(d_data, miss_k, static_cast<size_t>(misses) * rb, s, err, sizeof err),
-            "fetch upload (K)", err);
-      check(k_->copy_async(d_data + rows * rb, miss_v, static_cast<size_t>(misses) * rb, s, err,
-                           sizeof err),
-            "fetch upload (V)", err);
+    if (!misses.empty()) {
+      // Staged in blocks of rows over the pool; the kernel reads the pinned
+      // staging itself (mapped memory), so nothing else is copied.
+      const int64_t n = static_cast<int64_t>(misses.size());
+      constexpr int64_t kBlock = 512;
+      auto stage_block = [&](int64_t b) {
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+          const Miss& m = misses[static_cast<size_t>(i)];
+          uint8_t* k_row = stage + static_cast<size_t>(i) * rb;
+          uint8_t* v_row = stage + static_cast<size_t>(n + i) * rb;
+          std::memcpy(k_row, a.store.key_row(m.position, m.head), rb);
+          std::memcpy(v_row, a.store.value_row(m.position, m.head), rb);
+          src_k[m.row] = k_row;
+          src_v[m.row] = v_row;
+        }
+      };
+      const int64_t blocks = (n + kBlock - 1) / kBlock;
+      if (a.pool != nullptr && blocks > 1)
+        a.pool->parallel_for(blocks, stage_block);
+      else
+        for (int64_t b = 0; b < blocks; ++b) stage_block(b);
+      if (a.staged_bytes != nullptr) *a.staged_bytes += 2 * static_cast<uint64_t>(n) * rb;
     }
-    check(k_->copy_async(d_plan, plan, plan_bytes, s, err, sizeof err), "fetch plan upload", err);
-    check(k_->gather_rows(const_cast<const void* const*>(d_plan), d_plan + rows, rows, rb, s, err,
-                          sizeof err),
-          "gather (K)", err);
-    check(k_->gather_rows(const_cast<const void* const*>(d_plan + 2 * rows), d_plan + 3 * rows,
-                          rows, rb, s, err, sizeof err),
-          "gather (V)", err);
-    // After the gathers: the next fetch on this stream rewrites the staging
-    // only once these have run.
+    check(k_->copy_async(d_plan, staging, plan_bytes, s, err, sizeof err), "fetch plan upload", err);
+    check(k_->gather_rows(const_cast<const void* const*>(d_plan), d_plan + 2 * rows, 2 * rows, rb,
+                          s, err, sizeof err),
+          "gather", err);
+    // After the gather: the next fetch on this stream rewrites the staging
+    // (the plan, and rows the kernel reads from it) only once it has run.
     scratch.fetch_staging.release(s);
     return true;
   }
@@ -379,6 +426,7 @@ class CudaBackend final : public Backend {
   const pq_cuda_plugin* k_;
   const int32_t device_;
   std::unique_ptr<Backend> host_;
+  mutable SlabPool pinned_store_;
   mutable std::mutex scratch_mutex_;  // guards the map only
   mutable std::unordered_map<void*, std::unique_ptr<StreamScratch>> scratch_;
 };

@@ -205,11 +205,10 @@ class CudaLayer final : public DeviceLayer {
 // (sequences sharing it), never those on different streams.
 struct StreamScratch {
   explicit StreamScratch(const pq_cuda_plugin* k) : arena(k), fetch_staging(k), positions(k) {}
-  enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchRows,
-              kFetchPlan };
+  enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan };
   std::mutex mutex;
   DeviceArena arena;
-  PinnedStaging fetch_staging;  // a fetch's miss rows and plan
+  PinnedStaging fetch_staging;  // a fetch's plan and staged rows
   PinnedStaging positions;      // a selection's positions on their way to the host
 };
 

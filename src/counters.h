@@ -23,6 +23,7 @@ struct Counters {
   std::atomic<uint64_t> bytes_fetched{0};
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cache_misses{0};
+  std::atomic<uint64_t> bytes_staged{0};
 
   void add_to(pq_stats* s) const {
     s->builds_finished += builds_finished.load();
@@ -37,6 +38,7 @@ struct Counters {
     s->bytes_fetched += bytes_fetched.load();
     s->cache_hits += cache_hits.load();
     s->cache_misses += cache_misses.load();
+    s->bytes_staged += bytes_staged.load();
   }
 };
 

@@ -12,8 +12,8 @@ HostBlock::HostBlock(const HostAllocator& allocator, size_t bytes)
   if (allocator_.alloc) {
     data_ = static_cast<uint8_t*>(allocator_.alloc(allocator_.user, bytes, HostAllocator::kAlignment));
     if (data_ == nullptr)
-      fail(PQ_ERR_OUT_OF_MEMORY, "the host_alloc hook returned NULL for " + std::to_string(bytes) +
-                                     " bytes of K/V");
+      fail(PQ_ERR_OUT_OF_MEMORY, std::string(allocator_.name) + " returned NULL for " +
+                                     std::to_string(bytes) + " bytes of K/V");
     if (reinterpret_cast<uintptr_t>(data_) % HostAllocator::kAlignment != 0) {
       allocator_.free(allocator_.user, data_, bytes);
       data_ = nullptr;

@@ -18,6 +18,7 @@ struct HostAllocator {
   pq_alloc_fn alloc = nullptr;
   pq_free_fn free = nullptr;
   void* user = nullptr;
+  const char* name = "the host_alloc hook";  // who returned NULL, in messages
   static constexpr size_t kAlignment = 64;
 };
 

@@ -77,6 +77,8 @@ class KvStore {
   size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }
   int32_t head_dim() const { return head_dim_; }
   int32_t dtype() const { return dtype_; }
+  // Where the chunks come from (a backend tells its own pool by it).
+  const HostAllocator& allocator() const { return allocator_; }
 
   Snapshot snapshot() const;
 

@@ -13,13 +13,19 @@ namespace pq {
 
 namespace {
 std::string str(int64_t v) { return std::to_string(v); }
+
+// The caller's host_alloc hook, else the memory the backend's device reads
+// (the CUDA backend's pinned pool; operator new on the CPU backend).
+HostAllocator store_allocator(const ContextShared& shared) {
+  return shared.hooks.allocator.alloc ? shared.hooks.allocator : shared.backend->store_allocator();
+}
 }  // namespace
 
 Layer::Layer(ContextShared& shared, int32_t index)
     : shared_(shared),
       layer_index_(index),
       store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
-             &shared.budget, shared.cost.chunk, shared.hooks.allocator) {
+             &shared.budget, shared.cost.chunk, store_allocator(shared)) {
   const pq_config& c = shared.config;
   if (c.cache_tokens > 0)
     cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,

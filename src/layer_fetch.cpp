@@ -33,10 +33,12 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
     sorted_scratch.reserve(static_cast<size_t>(max_count));
   }
   const Backend& backend = *shared_.backend;
+  uint64_t staged = 0;
   const bool on_device =
       out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE &&
       backend.fetch_to_device(DeviceFetchArgs{device_.get(), store_, *sel, out_keys, out_values,
-                                              cache_.get(), r.sink_end, r.mid_end, seq.stream});
+                                              cache_.get(), r.sink_end, r.mid_end, seq.stream,
+                                              shared_.pool.get(), &staged});
   if (!on_device) gather_on_host(sel, out_keys, out_values, rows);
   // Device slots are filled only for device fetches: a host fetch never
   // reads them, so it should not pay their PCIe traffic.
@@ -48,6 +50,7 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
     c->bytes_fetched.fetch_add(rows * rb * 2);
     c->cache_hits.fetch_add(cached.hits);
     c->cache_misses.fetch_add(cached.misses);
+    c->bytes_staged.fetch_add(staged);
   }
 }
 

@@ -108,6 +108,7 @@
   X(pq_stats, cache_hits) \
   X(pq_stats, cache_misses) \
   X(pq_stats, host_bytes) \
+  X(pq_stats, bytes_staged) \
   X(pq_hooks, struct_size) \
   X(pq_hooks, log) \
   X(pq_hooks, log_user) \

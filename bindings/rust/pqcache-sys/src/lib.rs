@@ -280,6 +280,7 @@ c_struct! {
         pub cache_hits: u64,
         pub cache_misses: u64,
         pub host_bytes: u64,
+        pub bytes_staged: u64,
     }
 }
 

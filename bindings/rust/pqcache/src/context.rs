@@ -686,6 +686,9 @@ pub struct Stats {
     pub cache_misses: u64,
     /// Host bytes counted against the configured host_memory_limit.
     pub host_bytes: u64,
+    /// K/V bytes the CPU copied to stage rows for a device fetch (0 with
+    /// the CUDA backend's own pinned store).
+    pub bytes_staged: u64,
 }
 
 impl From<sys::pq_stats> for Stats {
@@ -708,6 +711,7 @@ impl From<sys::pq_stats> for Stats {
             cache_hits: s.cache_hits,
             cache_misses: s.cache_misses,
             host_bytes: s.host_bytes,
+            bytes_staged: s.bytes_staged,
         }
     }
 }

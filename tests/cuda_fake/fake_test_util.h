@@ -1,0 +1,120 @@
+// What the tests of the CUDA backend through the host fake of its plug-in
+// share: the fake itself (dlopened from the same file libpqcache opens, so
+// there is one instance and one set of counters), its "device" memory, and
+// the configuration and context the tests start from.
+#pragma once
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "api_test_util.h"
+#include "cuda_plugin_abi.h"
+#include "fake_cuda_plugin.h"
+
+namespace {
+
+using namespace pqt;
+
+struct Fake {
+  const pq_cuda_plugin* table = nullptr;
+  pq_fake_cuda_counters_get_fn counters_get = nullptr;
+  pq_fake_cuda_pending_fn pending = nullptr;
+
+  static Fake& get() {
+    static Fake fake = [] {
+      Fake f;
+      // The same file libpqcache opens: one instance, one set of counters.
+      void* h = dlopen(PQ_FAKE_CUDA_PLUGIN_FILE, RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) return f;
+      auto entry = reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(h, PQ_CUDA_PLUGIN_ENTRY));
+      f.table = entry ? entry(PQ_CUDA_PLUGIN_ABI_VERSION) : nullptr;
+      f.counters_get =
+          reinterpret_cast<pq_fake_cuda_counters_get_fn>(dlsym(h, "pq_fake_cuda_counters_get"));
+      f.pending = reinterpret_cast<pq_fake_cuda_pending_fn>(dlsym(h, "pq_fake_cuda_pending"));
+      return f;
+    }();
+    return fake;
+  }
+  pq_fake_cuda_counters counters() const {
+    pq_fake_cuda_counters c{};
+    counters_get(&c);
+    return c;
+  }
+};
+
+// "Device" memory of the fake, filled from / read back to the host.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    char err[256] = {0};
+    EXPECT_EQ(Fake::get().table->device_alloc(&ptr_, bytes, err, sizeof err), 0) << err;
+  }
+  ~DeviceBuffer() {
+    char err[256] = {0};
+    Fake::get().table->device_free(ptr_, err, sizeof err);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  void upload(const void* src, size_t bytes) {
+    char err[256] = {0};
+    ASSERT_EQ(Fake::get().table->copy(ptr_, src, bytes, PQ_COPY_HOST_TO_DEVICE, err, sizeof err),
+              0)
+        << err;
+  }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> out(bytes_);
+    char err[256] = {0};
+    EXPECT_EQ(Fake::get().table->copy(out.data(), ptr_, bytes_, PQ_COPY_DEVICE_TO_HOST, err,
+                                      sizeof err),
+              0)
+        << err;
+    return out;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+// A host tensor's bytes in device memory, with the same strides.
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  pq_tensor t;
+  explicit DeviceTensor(const HostTensor& host)
+      : buffer(std::max<size_t>(host.bytes.size(), 1)), t(host.t) {
+    if (!host.bytes.empty()) buffer.upload(host.bytes.data(), host.bytes.size());
+    t.data = buffer.get();
+    t.memory = PQ_MEMORY_DEVICE;
+  }
+};
+
+constexpr int32_t kLayers = 2, kQHeads = 8, kKvHeads = 2, kDim = 32;
+
+pq_config base_config(int32_t dtype) {
+  pq_config c = make_config(kLayers, kQHeads, kKvHeads, kDim, dtype);
+  c.sink_tokens = 4;
+  c.local_tokens = 16;
+  c.topk_tokens = 24;
+  c.pq_subspaces = 4;
+  c.pq_bits = 6;
+  c.kmeans_iterations = 6;
+  c.worker_threads = 2;
+  c.cache_tokens = 64;
+  c.cache_block_tokens = 8;
+  return c;
+}
+
+Ctx make_fake_cuda_ctx(pq_config c) {
+  c.backend = PQ_BACKEND_CUDA;
+  c.cuda_plugin_path = PQ_FAKE_CUDA_PLUGIN_FILE;
+  return Ctx(c);
+}
+
+std::vector<uint8_t> host_bytes(const HostTensor& t) { return t.bytes; }
+
+}  // namespace
