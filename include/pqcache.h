@@ -987,10 +987,12 @@ typedef struct pq_stats {
   /* Host bytes counted against config.host_memory_limit (appended in 0.4):
    * context-wide, everything held; per sequence, its own share. */
   uint64_t host_bytes;
-  /* K/V bytes the CPU copied to stage rows for a device fetch (appended in
-   * 0.7). With the CUDA backend the K/V store lives in its page-locked,
-   * device-mapped pool and the gather kernel reads the rows itself: 0. A
-   * store in the caller's pq_hooks.host_alloc memory is staged. */
+  /* K/V bytes the CPU copied to stage rows for the device (appended in
+   * 0.7): a fetch into device memory, and the device copies of the sink and
+   * local window and of block-cache blocks. With the CUDA backend the K/V
+   * store lives in its page-locked, device-mapped pool and the gather kernel
+   * reads the rows itself: 0. A store in the caller's pq_hooks.host_alloc
+   * memory is staged. Always 0 on the CPU backend. */
   uint64_t bytes_staged;
 } pq_stats;
 

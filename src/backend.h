@@ -135,15 +135,21 @@ class Backend {
   // [first, first + count) were stored, n tokens in all; the backend copies
   // the new ones that are sinks or among the last local tokens into its
   // window, stream-ordered. No-op without a device.
-  virtual void store_window(DeviceLayer* device, const KvStore& store, int64_t first,
-                            int64_t count, void* stream) const {}
+  // Returns the bytes the CPU copied to stage rows (0 when the device reads
+  // the store itself).
+  virtual uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first,
+                                int64_t count, void* stream) const {
+    return 0;
+  }
 
   // Copies the blocks the block cache just admitted into their device slots
   // (stream-ordered, after the fetch that decided them). No-op without a
-  // device.
-  virtual void fill_cache_blocks(DeviceLayer* device, const KvStore& store,
-                                 const std::vector<BlockCache::Admission>& admissions,
-                                 int32_t block_tokens, void* stream) const {}
+  // device. Returns the bytes the CPU copied to stage rows.
+  virtual uint64_t fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+                                     const std::vector<BlockCache::Admission>& admissions,
+                                     int32_t block_tokens, void* stream) const {
+    return 0;
+  }
 };
 
 // The built-in host backend.

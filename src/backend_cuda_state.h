@@ -99,6 +99,38 @@ class PinnedStaging {
   bool recorded_ = false;
 };
 
+// The plan of a row gather issued on the host's behalf (a window store, a
+// cache fill): pinned staging for the pointers (and staged rows), and the
+// device buffer the kernel reads them from, grown on demand.
+class RowPlan {
+ public:
+  explicit RowPlan(const pq_cuda_plugin* k) : staging(k), k_(k) {}
+  ~RowPlan() {
+    char err[256];
+    k_->device_free(device_, err, sizeof err);
+  }
+  // At least `bytes` of device memory. Called after staging.acquire(): the
+  // previous gather that read the buffer has run by then.
+  void* device(const pq_cuda_plugin* k, size_t bytes) {
+    if (bytes_ < bytes) {
+      char err[512] = {0};
+      k->device_free(device_, err, sizeof err);
+      device_ = nullptr;
+      bytes_ = 0;
+      if (k->device_alloc(&device_, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation of a row plan failed: ") + err);
+      bytes_ = bytes;
+    }
+    return device_;
+  }
+  PinnedStaging staging;
+
+ private:
+  const pq_cuda_plugin* k_;
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // A device-to-host copy into its own pinned buffer, with the event that
 // says it has landed.
 class CudaHostCopy final : public HostCopy {
@@ -141,10 +173,10 @@ class CudaLayer final : public DeviceLayer {
         row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
         block_tokens(c.cache_block_tokens),
         slot_count(c.cache_tokens / c.cache_block_tokens),
-        fill_staging(k),
+        fill_plan(k),
         sink_tokens(c.sink_tokens),
         local_tokens(c.local_tokens),
-        window_staging(k) {}
+        window_plan(k) {}
   ~CudaLayer() override {
     char err[256];
     k_->device_free(d_codes, err, sizeof err);
@@ -190,13 +222,13 @@ class CudaLayer final : public DeviceLayer {
   std::vector<int64_t> slot_block;    // block whose data a slot holds, -1 none
   void* fill_event = nullptr;         // recorded after the last slot fill
   bool fill_recorded = false;
-  PinnedStaging fill_staging;
+  RowPlan fill_plan;
   // The sink and local window.
   const int32_t sink_tokens;
   const int32_t local_tokens;
   void* d_window = nullptr;           // allocated at the first store
   std::vector<int64_t> window_pos;    // position a window slot holds, -1 none
-  PinnedStaging window_staging;
+  RowPlan window_plan;
 };
 
 // Working buffers of the device work issued on one stream. Work on one

@@ -63,7 +63,9 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
   const int64_t prefill_before = prefill_tokens_;
   store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
   try {
-    shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+    const uint64_t staged =
+        shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+    for (Counters* c : {&shared_.counters, seq.counters.get()}) c->bytes_staged.fetch_add(staged);
     if (is_prefill) prefill_tokens_ += keys.tokens;
     // The lengths are published before the build is queued: its build_done
     // hook may ask for them as soon as it finishes.

@@ -166,6 +166,7 @@ class Layer {
   struct CacheCount {
     uint64_t hits = 0;
     uint64_t misses = 0;
+    uint64_t staged = 0;  // bytes the CPU copied to fill device slots
   };
   CacheCount update_cache(const Regions& r, const pq_selection* sel, void* stream,
                           bool fill_device, std::vector<int32_t>& sorted);

@@ -50,7 +50,7 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
     c->bytes_fetched.fetch_add(rows * rb * 2);
     c->cache_hits.fetch_add(cached.hits);
     c->cache_misses.fetch_add(cached.misses);
-    c->bytes_staged.fetch_add(staged);
+    c->bytes_staged.fetch_add(staged + cached.staged);
   }
 }
 
@@ -117,8 +117,8 @@ Layer::CacheCount Layer::update_cache(const Regions& r, const pq_selection* sel,
   }
   const std::vector<BlockCache::Admission>& admitted = cache_->commit(r.n);
   if (fill_device)
-    shared_.backend->fill_cache_blocks(device_.get(), store_, admitted, cache_->block_tokens(),
-                                       stream);
+    count.staged = shared_.backend->fill_cache_blocks(device_.get(), store_, admitted,
+                                                      cache_->block_tokens(), stream);
   return count;
 }
 
