@@ -12,12 +12,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "api_test_util.h"
 #include "pqcache.h"
+#include "state_format.h"
 
 using namespace pqt;
 
@@ -466,37 +468,11 @@ TEST_F(StateTest, FilesAreWrittenAtomically) {
 // Bad input (each case is listed in docs/state-format.md)
 // ---------------------------------------------------------------------------
 
-// The format as the document describes it, read independently of the
-// library: a bitwise CRC-32C and the section walk.
-uint32_t reference_crc32c(const uint8_t* p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-  }
-  return ~c;
-}
-
-struct SectionAt {
-  size_t offset;  // of the section header
-  uint32_t type;
-  int32_t layer;
-  uint64_t payload;
-};
-
-std::vector<SectionAt> walk(const std::vector<uint8_t>& b) {
-  std::vector<SectionAt> out;
-  size_t at = 56;
-  while (at + 16 <= b.size()) {
-    SectionAt s{at, 0, 0, 0};
-    std::memcpy(&s.type, &b[at], 4);
-    std::memcpy(&s.layer, &b[at + 4], 4);
-    std::memcpy(&s.payload, &b[at + 8], 8);
-    out.push_back(s);
-    at += 16 + s.payload + 4;
-  }
-  return out;
-}
+using pqt_state::reference_crc32c;
+using pqt_state::reseal;
+using pqt_state::reseal_header;
+using pqt_state::SectionAt;
+using pqt_state::walk;
 
 // The section of `type` for `layer`.
 SectionAt section(const std::vector<SectionAt>& all, uint32_t type, int32_t layer) {
@@ -507,12 +483,6 @@ SectionAt section(const std::vector<SectionAt>& all, uint32_t type, int32_t laye
 }
 constexpr uint32_t kMeta = 1, kKeysValues = 2, kIndex = 3, kSelectorState = 4;
 
-// Recomputes a section's CRC (after the test changed its payload).
-void reseal(std::vector<uint8_t>& b, const SectionAt& s) {
-  const uint32_t crc = reference_crc32c(&b[s.offset], 16 + s.payload);
-  std::memcpy(&b[s.offset + 16 + s.payload], &crc, 4);
-}
-
 // A copy of `b` with `value` written at byte `at` of section `s`'s frame
 // (16 is the payload's first byte), resealed.
 template <typename T>
@@ -522,11 +492,6 @@ std::vector<uint8_t> patched(const std::vector<uint8_t>& b, const SectionAt& s, 
   std::memcpy(&out[s.offset + at], &value, sizeof value);
   reseal(out, s);
   return out;
-}
-
-void reseal_header(std::vector<uint8_t>& b) {
-  const uint32_t crc = reference_crc32c(b.data(), 52);
-  std::memcpy(&b[52], &crc, 4);
 }
 
 class StateBadInput : public StateTest {
