@@ -627,7 +627,15 @@ PQ_API pq_status pq_sequence_fork(pq_context* ctx, uint64_t parent_id,
                                   uint64_t child_id);
 
 /* Receives the saved state in pieces, in order. Returns 0 to go on; any
- * other value stops the save, which then fails with PQ_ERR_BACKEND. */
+ * other value stops the save, which then fails with PQ_ERR_BACKEND.
+ * Called on the thread of pq_sequence_save (or pq_sequence_save_file,
+ * pq_sequence_save_buffer), while the save holds the lock of the layer it
+ * writes. It may call the library on other sequences, of this context or
+ * another. Calls on the sequence being saved (pq_sequence_remove,
+ * pq_sequence_state_size, pq_sequence_truncate, pq_decode_append, a fork of
+ * it, any call naming its seq_id) and pq_wait_builds on its context return
+ * PQ_ERR_BAD_STATE at once: they would wait for the save, which waits for
+ * the callback. It must not call pq_destroy on the context. */
 typedef int (*pq_write_fn)(void* user, const void* data, size_t size);
 
 /* Writes seq_id's state (every layer's K/V, PQ index, window position and

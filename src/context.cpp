@@ -67,6 +67,7 @@ void Context::check_kv_head(int32_t kv_head) const {
 }
 
 std::shared_ptr<Sequence> Context::find(uint64_t id) const {
+  require_not_saving(id);
   std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
   auto it = sequences_.find(id);
   if (it == sequences_.end())
@@ -101,6 +102,7 @@ void Context::sequence_add(uint64_t id) {
 }
 
 void Context::sequence_remove(uint64_t id) {
+  require_not_saving(id);
   std::shared_ptr<Sequence> seq;
   {
     std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
@@ -391,6 +393,7 @@ void Context::sequence_stats(uint64_t id, pq_stats* out) const {
 }
 
 void Context::wait_builds() {
+  require_no_save_on_this_thread();
   std::vector<std::shared_ptr<Sequence>> seqs;
   {
     std::shared_lock<std::shared_mutex> lock(sequences_mutex_);

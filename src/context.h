@@ -131,6 +131,11 @@ class Context {
   // selection's largest count.
   int64_t fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
                      const pq_tensor* out_values) const;
+  // PQ_ERR_BAD_STATE when this thread is inside a pq_write_fn saving `id`
+  // (context_state.cpp): a call on it would wait for the save.
+  void require_not_saving(uint64_t id) const;
+  // The same for pq_wait_builds, which waits for every sequence's builds.
+  void require_no_save_on_this_thread() const;
 
   // First: the layers refer to it, and it outlives them.
   ContextShared shared_;
