@@ -35,8 +35,18 @@
  *    either finish on the data they already hold or return PQ_ERR_NOT_FOUND.
  *  - The library keeps no global mutable state: two contexts share nothing
  *    unless the caller gives them one worker pool (pq_pool).
- *  - Callbacks (pq_hooks) may run on the library's worker threads and on
- *    the calling thread, concurrently: each says what it may call.
+ *  - Callbacks (pq_hooks, pq_write_fn) may run on the library's worker
+ *    threads and on the calling thread, concurrently: each says what it may
+ *    call.
+ *
+ * Arguments: a call reads its inputs (descriptors, selections, queries,
+ * probabilities, a batch's items) once, into the library's own memory,
+ * before it writes any output, and checks and uses that copy. An output may
+ * therefore lie over an input of the same call (it is overwritten after it
+ * was read), and a caller thread that rewrites an input during the call
+ * cannot make the call read out of bounds. Outputs must not overlap one
+ * another (PQ_ERR_INVALID_ARGUMENT naming both): they would overwrite each
+ * other.
  */
 #ifndef PQCACHE_H
 #define PQCACHE_H
@@ -803,7 +813,11 @@ PQ_API pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer,
  * tokens, writing them ascending into *out. With the PQ selector it waits
  * for this layer's build if it is still running (other layers do not wait),
  * and codes any tokens that left the local window since the last call.
- * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, NaN in the query),
+ * out->positions (num_kv_heads * capacity entries) and out->counts
+ * (num_kv_heads entries) must not overlap; *out itself is read before
+ * anything is written, so the positions may lie over it.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, NaN in the query,
+ * positions and counts that overlap),
  * PQ_ERR_BUFFER_TOO_SMALL (out->capacity below the capacity needed, which
  * is written to every out->counts[h]; positions are not touched),
  * PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
@@ -818,6 +832,9 @@ PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
  * With PQ_LAYOUT_HEAD_MAJOR and tokens = capacity, each kv head's rows are
  * contiguous: [kv_head][capacity][head_dim], ready for attention. Bytes are
  * copied exactly as stored. Positions are checked against the length.
+ * The selection is read once, before any row is written: the outputs may
+ * lie over it (it is overwritten after it was read, and the rows are those
+ * of the positions as they were when the call began).
  * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED
  * (device memory on the CPU backend). Threading: as pq_decode_select. */
 PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
@@ -837,8 +854,9 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
  * one and one over tokens it keeps itself). query: 1 token x num_q_heads x
  * head_dim in the config dtype (host or device memory); scale 0 means
  * 1 / sqrt(head_dim); out: num_q_heads * head_dim floats of host memory;
- * out_lse: num_q_heads floats, or NULL. A kv head with no selected token
- * gives zeros and -inf. A repeated position counts as often as it appears.
+ * out_lse: num_q_heads floats, or NULL, not overlapping out. A kv head
+ * with no selected token gives zeros and -inf. A repeated position counts
+ * as often as it appears.
  * Works on every backend (the K/V are read on the host). Its time counts in
  * pq_stats.fetch_seconds, as the fetch it stands in for.
  * Errors: PQ_ERR_INVALID_ARGUMENT (shapes, scale < 0 or not finite, NaN in
@@ -861,9 +879,13 @@ PQ_API pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t laye
  * that call writes them. The call returns PQ_OK when every item succeeded;
  * else the status of the first failing item, with pq_last_error() naming it
  * ("items[3] (seq_id 42): ..."). A seq_id may appear once per batch.
- * Call-level errors (ctx or items NULL with count > 0, count < 0, a bad
- * layer, a repeated seq_id, outputs of two items that overlap) return
- * PQ_ERR_INVALID_ARGUMENT before any item runs; no item status is written.
+ * The items array is read once, before any item runs: an item's outputs
+ * may lie over another item's inputs (its selection, its query), which that
+ * item reads as they were when the call began. Call-level errors (ctx or
+ * items NULL with count > 0, count < 0, a bad layer, a repeated seq_id,
+ * outputs of two items that overlap, an output over the items array, where
+ * the statuses go) return PQ_ERR_INVALID_ARGUMENT before any item runs; no
+ * item status is written.
  * Threading: as the per-sequence calls, item by item; items of one batch
  * run concurrently, so they must not share outputs. */
 

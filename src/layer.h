@@ -103,16 +103,17 @@ class Layer {
   int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
   // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
   void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
-  // pq_observe_attention, after check_selection.
+  // pq_observe_attention, on the copied selection (call_args.h) and probs
+  // laid out as its rows.
   void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
 
   // --- attention (layer_attend.cpp) ---------------------------------------
-  // pq_decode_attend, after check_selection: queries [q_heads][head_dim].
+  // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
   void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
               float* out_lse, uint64_t seq_id);
 
   // --- fetch (layer_fetch.cpp) --------------------------------------------
-  // pq_fetch_kv, after check_selection and the output tensors' checks.
+  // pq_fetch_kv, on the copied selection, after the output tensors' checks.
   void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
              const pq_tensor& out_values, const SequenceInfo& seq);
 

@@ -48,6 +48,185 @@ HostTensor kv_rows(int64_t tokens, uint64_t seed) {
                      tokens, kKv, kDim, PQ_DTYPE_F32);
 }
 
+// Row (i, h) of a token-major [tokens][kKv][kDim] f32 buffer equals the
+// stored row (position, h) of `stored`.
+::testing::AssertionResult RowIs(const void* out, int64_t i, int32_t h, const HostTensor& stored,
+                                 int32_t position) {
+  const auto* row = static_cast<const unsigned char*>(out) + (i * kKv + h) * kDim * sizeof(float);
+  if (std::memcmp(row, stored.row(position, h), kDim * sizeof(float)) == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "row (" << i << ", " << h << ") is not the stored row of position " << position;
+}
+
+pq_tensor f32_tensor(void* data, int64_t tokens) {
+  pq_tensor t;
+  pq_tensor_init(&t, data, PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, tokens, kKv, kDim);
+  return t;
+}
+
+// ---------------------------------------------------------------------------
+// D1: outputs over the call's own inputs
+// ---------------------------------------------------------------------------
+
+TEST(Hostile, FetchIntoItsOwnSelectionReadsTheSelectionOnce) {
+  // The positions are the first elements of out_keys and the counts those
+  // of out_values: the first rows written overwrite them. The library read
+  // them before writing (it used to check them, then read them again while
+  // gathering, and crashed on the overwritten values).
+  Ctx ctx(hostile_config());
+  ASSERT_TRUE(ctx.ok());
+  HostTensor stored = kv_rows(64, 1);
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  PQ_ASSERT_OK(pq_prefill_layer(ctx, 1, 0, stored.get(), stored.get()));
+  std::vector<int32_t> keys(64 * kKv * kDim), values(64 * kKv * kDim);
+  for (int32_t h = 0; h < kKv; ++h)
+    for (int32_t i = 0; i < 64; ++i) keys[static_cast<size_t>(h * 64 + i)] = 63 - i;
+  values[0] = values[1] = 64;
+  const pq_selection sel{keys.data(), values.data(), 64};
+  const pq_tensor out_keys = f32_tensor(keys.data(), 64), out_values = f32_tensor(values.data(), 64);
+  PQ_ASSERT_OK(pq_fetch_kv(ctx, 1, 0, &sel, &out_keys, &out_values));
+  for (int32_t h = 0; h < kKv; ++h)
+    for (int32_t i = 0; i < 64; ++i) {
+      EXPECT_TRUE(RowIs(keys.data(), i, h, stored, 63 - i));
+      EXPECT_TRUE(RowIs(values.data(), i, h, stored, 63 - i));
+    }
+}
+
+TEST(Hostile, BatchFetchIntoAnotherItemsSelectionNeverCrashes) {
+  // The study's reproduction: item 1's out_keys start where item 0's
+  // positions are, and the items run concurrently. It crashed (SEGV in the
+  // gather) within 3,000 calls on every run.
+  Ctx ctx(hostile_config());
+  ASSERT_TRUE(ctx.ok());
+  HostTensor first = kv_rows(64, 2), second = kv_rows(64, 3);
+  for (uint64_t id : {1, 2}) {
+    PQ_ASSERT_OK(pq_sequence_add(ctx, id));
+    HostTensor& t = id == 1 ? first : second;
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, id, 0, t.get(), t.get()));
+  }
+  std::vector<int32_t> all(kKv * 64), all_counts(kKv, 64), counts0(kKv, 8);
+  for (int32_t h = 0; h < kKv; ++h)
+    for (int32_t i = 0; i < 64; ++i) all[static_cast<size_t>(h * 64 + i)] = i;
+  std::vector<float> keys0(8 * kKv * kDim), values0(keys0.size());
+  std::vector<float> keys1(64 * kKv * kDim), values1(keys1.size());
+  int32_t* positions0 = reinterpret_cast<int32_t*>(keys1.data());  // item 0's input, item 1's output
+  pq_fetch_item items[2] = {};
+  items[0] = {1, {positions0, counts0.data(), 8}, f32_tensor(keys0.data(), 8),
+              f32_tensor(values0.data(), 8), PQ_OK};
+  items[1] = {2, {all.data(), all_counts.data(), 64}, f32_tensor(keys1.data(), 64),
+              f32_tensor(values1.data(), 64), PQ_OK};
+  for (int round = 0; round < 3000; ++round) {
+    for (int32_t h = 0; h < kKv; ++h)
+      for (int32_t i = 0; i < 8; ++i) positions0[h * 8 + i] = 7 * i + h;
+    PQ_ASSERT_OK(pq_fetch_kv_batch(ctx, 0, items, 2)) << "round " << round;
+    for (int32_t h = 0; h < kKv; ++h)
+      for (int32_t i = 0; i < 8; ++i)
+        ASSERT_TRUE(RowIs(keys0.data(), i, h, first, 7 * i + h)) << "round " << round;
+  }
+  for (int32_t h = 0; h < kKv; ++h)
+    for (int32_t i = 0; i < 64; ++i) EXPECT_TRUE(RowIs(values1.data(), i, h, second, i));
+}
+
+TEST(Hostile, BatchOutputsMayNotOverlapTheItemsArray) {
+  // The call writes every item's status into the array after the items
+  // ran: an output over the array would be overwritten (and, before, items
+  // read their descriptors while other items wrote over them).
+  Ctx ctx(hostile_config());
+  ASSERT_TRUE(ctx.ok());
+  HostTensor stored = kv_rows(64, 4);
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 2));
+  for (uint64_t id : {1, 2}) PQ_ASSERT_OK(pq_prefill_layer(ctx, id, 0, stored.get(), stored.get()));
+  std::vector<int32_t> positions(kKv * 8, 5), counts(kKv, 8);
+  std::vector<double> arena(64 * kKv * kDim);  // item 1's out_keys, the items at its start
+  std::vector<float> keys0(8 * kKv * kDim), values0(keys0.size()), values1(arena.size() * 2);
+  auto* items = reinterpret_cast<pq_fetch_item*>(arena.data());
+  items[0] = {1, {positions.data(), counts.data(), 8}, f32_tensor(keys0.data(), 8),
+              f32_tensor(values0.data(), 8), static_cast<pq_status>(1)};
+  items[1] = {2, {positions.data(), counts.data(), 8}, f32_tensor(arena.data(), 64),
+              f32_tensor(values1.data(), 64), static_cast<pq_status>(1)};
+  PQ_EXPECT_ERR(pq_fetch_kv_batch(ctx, 0, items, 2), PQ_ERR_INVALID_ARGUMENT, "items[1].out_keys");
+  EXPECT_NE(std::string(pq_last_error()).find("the items array"), std::string::npos)
+      << pq_last_error();
+  EXPECT_EQ(items[0].status, 1);  // a call-level error writes no status
+  EXPECT_EQ(items[1].status, 1);
+  for (float k : keys0) EXPECT_EQ(k, 0.f);
+
+  std::vector<float> query = random_normal(kQ * kDim, 5);
+  auto* select_items = reinterpret_cast<pq_select_item*>(arena.data());
+  select_items[0] = {1, {}, {reinterpret_cast<int32_t*>(arena.data()), counts.data(), 16},
+                     static_cast<pq_status>(1)};
+  pq_tensor_init(&select_items[0].query, query.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQ,
+                 kDim);
+  PQ_EXPECT_ERR(pq_decode_select_batch(ctx, 0, select_items, 1), PQ_ERR_INVALID_ARGUMENT,
+                "items[0].out.positions");
+  EXPECT_EQ(select_items[0].status, 1);
+}
+
+// ---------------------------------------------------------------------------
+// D5: a selection's counts inside its own positions
+// ---------------------------------------------------------------------------
+
+// A sequence of 48 tokens (capacity 12: 4 sinks, 4 chosen, 4 local) and a
+// query for it.
+class HostileSelect : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(ctx_.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx_, 1));
+    PQ_ASSERT_OK(pq_prefill_layer(ctx_, 1, 0, stored_.get(), stored_.get()));
+    ASSERT_EQ(selection_capacity(ctx_, 1, 0), kCap);
+  }
+  static constexpr int64_t kCap = 12;
+  Ctx ctx_{hostile_config()};
+  HostTensor stored_ = make_tensor(random_normal(48 * kKv * kDim, 6), 48, kKv, kDim, PQ_DTYPE_F32);
+  HostTensor query_ = make_tensor(random_normal(kQ * kDim, 7), 1, kQ, kDim, PQ_DTYPE_F32);
+};
+
+TEST_F(HostileSelect, CountsInsidePositionsAreInvalid) {
+  // The study's case: out.counts = out.positions + 5 gave PQ_OK with row 0
+  // [0 1 2 3 20 20 20 46] (the counts overwrote positions as they were
+  // written), duplicates that pq_fetch_kv then accepted.
+  std::vector<int32_t> buffer(static_cast<size_t>(kKv * kCap), -7);
+  pq_selection out{buffer.data(), buffer.data() + 5, kCap};
+  PQ_EXPECT_ERR(pq_decode_select(ctx_, 1, 0, query_.get(), &out), PQ_ERR_INVALID_ARGUMENT,
+                "out->counts");
+  EXPECT_NE(std::string(pq_last_error()).find("out->positions"), std::string::npos);
+  for (int32_t v : buffer) EXPECT_EQ(v, -7);  // nothing written
+
+  // The same item in a batch fails on its own.
+  pq_select_item item{1, *query_.get(), out, PQ_OK};
+  PQ_EXPECT_ERR(pq_decode_select_batch(ctx_, 0, &item, 1), PQ_ERR_INVALID_ARGUMENT,
+                "out->counts");
+  EXPECT_EQ(item.status, PQ_ERR_INVALID_ARGUMENT);
+
+  // Counts right after the positions do not overlap them.
+  buffer.resize(static_cast<size_t>(kKv * kCap + kKv));
+  out = {buffer.data(), buffer.data() + kKv * kCap, kCap};
+  PQ_ASSERT_OK(pq_decode_select(ctx_, 1, 0, query_.get(), &out));
+  for (int32_t h = 0; h < kKv; ++h) {
+    EXPECT_EQ(out.counts[h], kCap);
+    for (int64_t i = 1; i < kCap; ++i) EXPECT_LT(buffer[h * kCap + i - 1], buffer[h * kCap + i]);
+  }
+}
+
+TEST_F(HostileSelect, PositionsOverTheirDescriptorGiveTheSelection) {
+  // out.positions starts at the pq_selection itself: the first row written
+  // replaces the descriptor's pointer and capacity, which the library read
+  // again for the next row (a write through a pointer made of positions).
+  Sel expected(kKv, kCap);
+  PQ_ASSERT_OK(pq_decode_select(ctx_, 1, 0, query_.get(), expected.get()));
+  std::vector<int64_t> arena(kKv * kCap);  // 8-byte aligned for the descriptor
+  auto* positions = reinterpret_cast<int32_t*>(arena.data());
+  std::vector<int32_t> counts(kKv, -1);
+  auto* out = reinterpret_cast<pq_selection*>(arena.data());
+  *out = {positions, counts.data(), kCap};
+  PQ_ASSERT_OK(pq_decode_select(ctx_, 1, 0, query_.get(), out));
+  EXPECT_TRUE(std::equal(positions, positions + kKv * kCap, expected.positions.begin()));
+  EXPECT_EQ(counts, expected.counts);
+}
+
 // ---------------------------------------------------------------------------
 // D6: a write callback that calls into the sequence it saves
 // ---------------------------------------------------------------------------
