@@ -569,7 +569,11 @@ PQ_API pq_status pq_create_with_hooks(const pq_config* config, const pq_hooks* h
 PQ_API pq_status pq_sequence_add(pq_context* ctx, uint64_t seq_id);
 
 /* Removes a sequence and frees its memory. Builds in flight for it are
- * cancelled; the call returns without waiting for them. Errors:
+ * cancelled; the call returns without waiting for them. Its memory leaves
+ * config.host_memory_limit (pq_stats.host_bytes) when the call returns: a
+ * queued build lets go of its K/V at once. A build that was running lets go
+ * at its next K-Means iteration, and pq_wait_builds waits for that (so do
+ * calls on seq_id racing with the remove, until they return). Errors:
  * PQ_ERR_NOT_FOUND. Thread-safe; calls on seq_id racing with it finish on
  * the data they hold or fail with PQ_ERR_NOT_FOUND. */
 PQ_API pq_status pq_sequence_remove(pq_context* ctx, uint64_t seq_id);
@@ -1027,7 +1031,12 @@ PQ_API pq_status pq_stats_get(const pq_context* ctx, pq_stats* out);
 PQ_API pq_status pq_sequence_stats_get(const pq_context* ctx, uint64_t seq_id,
                                        pq_stats* out);
 
-/* Blocks until every build queued so far has finished. Thread-safe. */
+/* Blocks until every build queued so far has finished, and until the
+ * cancelled builds that were running (of removed or truncated sequences,
+ * or superseded by a later prefill) have stopped: when it returns, a
+ * removed sequence holds nothing against config.host_memory_limit.
+ * Errors: the first failed build's status; PQ_ERR_BAD_STATE from inside a
+ * pq_write_fn of this context (it would wait for that save). Thread-safe. */
 PQ_API pq_status pq_wait_builds(pq_context* ctx);
 
 #ifdef __cplusplus

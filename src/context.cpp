@@ -112,8 +112,10 @@ void Context::sequence_remove(uint64_t id) {
     seq = std::move(it->second);
     sequences_.erase(it);
   }
-  // Builds in flight stop at their next iteration; their data is freed when
-  // the last reference (the build or a racing call) lets go.
+  // A queued build drops its snapshot of the K/V now, so the sequence's
+  // memory leaves the limit with this call (or with a racing call that
+  // still holds it); a running build stops at its next iteration, and
+  // pq_wait_builds waits for that.
   for (auto& layer : seq->layers) layer->cancel_build();
   debug([&] { return "sequence removed: seq_id " + std::to_string(id); });
 }
@@ -439,6 +441,9 @@ void Context::wait_builds() {
         }
       }
     }
+  // And the cancelled builds still running (removed, truncated or
+  // superseded): once they stop, what they held leaves the memory limit.
+  shared_.wait_draining_builds();
   if (first_status != PQ_OK) fail(first_status, first_error);
 }
 

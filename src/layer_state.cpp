@@ -52,7 +52,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   if (rebuild) schedule_build(seq, tokens);
   if (index_covers_dropped) {
     if (!rebuild && pending_) {
-      pending_->cancel.store(true);
+      pending_->stop(shared_);
       pending_.reset();
       pending_done_ = std::future<void>();
     }

@@ -228,6 +228,81 @@ TEST_F(HostileSelect, PositionsOverTheirDescriptorGiveTheSelection) {
 }
 
 // ---------------------------------------------------------------------------
+// D2: a removed sequence leaves the memory limit when it is removed
+// ---------------------------------------------------------------------------
+
+// A build_done hook that holds the pool's one worker in the first build's
+// hook until the test opens it: every build queued meanwhile stays queued.
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool entered = false, open = false;
+  static void hold(void* user, uint64_t, int32_t, pq_status) {
+    auto* g = static_cast<Gate*>(user);
+    std::unique_lock<std::mutex> lock(g->mutex);
+    if (g->entered) return;
+    g->entered = true;
+    g->cv.notify_all();
+    g->cv.wait(lock, [g] { return g->open; });
+  }
+  void wait_entered() {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [this] { return entered; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+TEST(Hostile, ARemovedSequenceLeavesTheLimitThoughItsBuildIsQueued) {
+  // The study's case: {add, prefill 256 tokens, remove, pq_wait_builds}
+  // with the worker busy left every removed sequence's chunk counted
+  // (75,776 bytes a cycle) until its cancelled build reached a worker, and
+  // refused cycles that fit the limit.
+  pq_config c = hostile_config(PQ_SELECTOR_PQ);
+  c.worker_threads = 1;
+  uint64_t fixed = 0, chunk = 0;
+  HostTensor t = kv_rows(256, 10);
+  {
+    Ctx probe(c);
+    ASSERT_TRUE(probe.ok());
+    PQ_ASSERT_OK(pq_sequence_add(probe, 1));
+    fixed = stats(probe).host_bytes;
+    PQ_ASSERT_OK(pq_prefill_layer(probe, 1, 0, t.get(), t.get()));
+    chunk = stats(probe).host_bytes - fixed;
+  }
+  c.host_memory_limit = 3 * fixed + 4 * chunk;
+  Gate gate;  // outlives the context, whose pq_destroy waits for the hook
+  pq_hooks hooks;
+  pq_hooks_default(&hooks);
+  hooks.build_done = &Gate::hold;
+  hooks.build_done_user = &gate;
+  Ctx ctx(c, hooks);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  struct Opener {  // destroyed before ctx, also when an assertion returns
+    Gate& g;
+    ~Opener() { g.release(); }
+  } opener{gate};
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  PQ_ASSERT_OK(pq_prefill_layer(ctx, 1, 0, t.get(), t.get()));
+  gate.wait_entered();  // the worker is held from here on
+  PQ_ASSERT_OK(pq_wait_builds(ctx));
+  const uint64_t held = stats(ctx).host_bytes;
+  EXPECT_EQ(held, fixed + chunk);
+  for (uint64_t id = 10; id < 16; ++id) {
+    PQ_ASSERT_OK(pq_sequence_add(ctx, id));
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, id, 0, t.get(), t.get())) << "cycle " << id - 10;
+    EXPECT_EQ(stats(ctx).host_bytes, held + fixed + chunk);
+    PQ_ASSERT_OK(pq_sequence_remove(ctx, id));
+    EXPECT_EQ(stats(ctx).host_bytes, held) << "cycle " << id - 10 << ": after the remove";
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    EXPECT_EQ(stats(ctx).host_bytes, held) << "cycle " << id - 10 << ": after pq_wait_builds";
+  }
+}
+
+// ---------------------------------------------------------------------------
 // D6: a write callback that calls into the sequence it saves
 // ---------------------------------------------------------------------------
 
