@@ -690,7 +690,11 @@ PQ_API pq_status pq_sequence_save_file(pq_context* ctx, uint64_t seq_id,
  * added: a restore either adds the whole sequence or nothing. The restored
  * sequence's selections and fetched bytes equal the saved one's; its PQ
  * index is loaded, not rebuilt (a layer saved without an index, after a
- * failed build, is rebuilt). Its block cache starts empty.
+ * failed build, is rebuilt). Its block cache starts empty. Beyond the
+ * checksums, every field is held to what a save can write (the reserved
+ * header word 0, the end section's layer -1, the build facts of
+ * pq_layer_info within their bounds, finite scores): a state with sound
+ * checksums but impossible numbers is PQ_ERR_CORRUPT naming the field.
  * Errors: PQ_ERR_INVALID_ARGUMENT (NULL data, seq_id exists),
  * PQ_ERR_CORRUPT, PQ_ERR_INCOMPATIBLE, PQ_ERR_OUT_OF_MEMORY (limit).
  * Thread-safe. */
@@ -709,7 +713,9 @@ PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
  * so a server can select before the K/V have arrived.
  *
  * pq_sequence_restore_begin reads the state's beginning from `data` (it may
- * hold more; only the description is read), checks it as
+ * hold more; only the description is read; with size 0, data may be NULL
+ * and the answer is PQ_ERR_BUFFER_TOO_SMALL with the header's 56 bytes in
+ * *out_consumed), checks it as
  * pq_sequence_restore does, reserves and allocates the memory of the whole
  * sequence (PQ_ERR_OUT_OF_MEMORY now, not later) and adds seq_id. *out_consumed
  * receives the bytes read: the next call starts there. If `data` ends before

@@ -686,6 +686,70 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
   }
 }
 
+// Issue 23, D4: sections whose checksums hold but whose build facts are
+// impossible restored with PQ_OK, and pq_layer_info_get reported them.
+TEST_F(StateBadInput, WellSealedButImpossibleNumbers) {
+  const std::vector<SectionAt> all = walk(bytes_);
+  const SectionAt meta = section(all, kMeta, 0), index = section(all, kIndex, 0);
+  // The layer section: tokens, prefill tokens, flags, then the last build's
+  // iterations (byte 16 + 17), budget (16 + 21) and seconds (16 + 25).
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 17, int32_t{-5}), PQ_ERR_CORRUPT,
+                      {"iterations is -5"}));
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 21, std::numeric_limits<int32_t>::min()),
+                      PQ_ERR_CORRUPT, {"budget is -2147483648"}));
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 25, std::nan("")), PQ_ERR_CORRUPT,
+                      {"build seconds is nan"}));
+  // More iterations than the budget the build was given (4).
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 17, int32_t{5}), PQ_ERR_CORRUPT,
+                      {"iterations is 5", "budget 4"}));
+  // The index section: coded tokens, iterations (16 + 8), budget (16 + 12),
+  // training points (16 + 16) and seconds (16 + 24).
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 16, int64_t{-7}), PQ_ERR_CORRUPT,
+                      {"training points is -7"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 16, int64_t{306}), PQ_ERR_CORRUPT,
+                      {"training points is 306"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 24, -1e300), PQ_ERR_CORRUPT,
+                      {"build seconds is -1e+300"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 24, HUGE_VAL), PQ_ERR_CORRUPT,
+                      {"build seconds is inf"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 8, int32_t{100001}), PQ_ERR_CORRUPT,
+                      {"iterations is 100001"}));
+  // The header's reserved word (bytes 48-51) must be 0, as written.
+  {
+    std::vector<uint8_t> b = bytes_;
+    b[49] = 1;
+    reseal_header(b);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"reserved"}));
+  }
+  // The end section belongs to no layer: its layer field is -1.
+  EXPECT_TRUE(Refused(patched(bytes_, all.back(), 4, int32_t{0}), PQ_ERR_CORRUPT,
+                      {"end section", "layer 0"}));
+  // The intact state restores, and reports the saved build's facts.
+  ASSERT_EQ(pq_sequence_restore(ctx_, 2, bytes_.data(), bytes_.size()), PQ_OK) << pq_last_error();
+  const pq_layer_info a = layer_info(ctx_, 1, 0), b = layer_info(ctx_, 2, 0);
+  EXPECT_EQ(b.kmeans_iterations, a.kmeans_iterations);
+  EXPECT_EQ(b.kmeans_budget, 4);
+  EXPECT_EQ(b.build_seconds, a.build_seconds);
+}
+
+// Issue 23, D3: no bytes at all (NULL, 0) reached a memcmp of a null
+// pointer (UBSan aborts there); it asks for the header like any short start.
+TEST_F(StateBadInput, RestoreBeginOfNoBytesAsksForTheHeader) {
+  uint64_t used = 0;
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(ctx_, 5, nullptr, 0, &used),
+                      PQ_ERR_BUFFER_TOO_SMALL, {"56"}));
+  EXPECT_EQ(used, 56u);
+  const uint8_t none = 0;
+  used = 0;
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(ctx_, 5, &none, 0, &used),
+                      PQ_ERR_BUFFER_TOO_SMALL, {"56"}));
+  EXPECT_EQ(used, 56u);
+  EXPECT_TRUE(IsError(pq_sequence_restore(ctx_, 5, nullptr, 0), PQ_ERR_CORRUPT, {"0 bytes"}));
+  int64_t n = 0;
+  ASSERT_EQ(pq_sequence_count(ctx_, &n), PQ_OK);
+  EXPECT_EQ(n, 1);
+}
+
 TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {
   Ctx h2o(state_config(PQ_SELECTOR_H2O));
   ASSERT_TRUE(h2o.ok());
