@@ -43,11 +43,19 @@ Context::Context(const pq_config& c, const char* plugin_path, const Hooks& hooks
 Context::~Context() {
   // Let asynchronous prefills land (they schedule builds on the pool), then
   // cancel every build, then join the workers while everything they use is
-  // alive (a cancelled build may still be inside an iteration).
-  std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
-  for (auto& entry : sequences_)
+  // alive (a cancelled build may still be inside an iteration). The map is
+  // taken out first and its lock not held while layers are locked: a
+  // build_done hook still running may take it (pq_stats_get), and every
+  // other path takes a layer's lock before the map's (a pq_write_fn's calls
+  // on other sequences), never after.
+  std::unordered_map<uint64_t, std::shared_ptr<Sequence>> sequences;
+  {
+    std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
+    sequences.swap(sequences_);
+  }
+  for (auto& entry : sequences)
     for (auto& layer : entry.second->layers) layer->wait_ingests();
-  for (auto& entry : sequences_)
+  for (auto& entry : sequences)
     for (auto& layer : entry.second->layers) layer->cancel_build();
   // Builds of removed sequences may still run too: wait for every task of
   // this context (a shared pool goes on serving other contexts).
