@@ -35,8 +35,18 @@
  *    either finish on the data they already hold or return PQ_ERR_NOT_FOUND.
  *  - The library keeps no global mutable state: two contexts share nothing
  *    unless the caller gives them one worker pool (pq_pool).
- *  - Callbacks (pq_hooks) may run on the library's worker threads and on
- *    the calling thread, concurrently: each says what it may call.
+ *  - Callbacks (pq_hooks, pq_write_fn) may run on the library's worker
+ *    threads and on the calling thread, concurrently: each says what it may
+ *    call.
+ *
+ * Arguments: a call reads its inputs (descriptors, selections, queries,
+ * probabilities, a batch's items) once, into the library's own memory,
+ * before it writes any output, and checks and uses that copy. An output may
+ * therefore lie over an input of the same call (it is overwritten after it
+ * was read), and a caller thread that rewrites an input during the call
+ * cannot make the call read out of bounds. Outputs must not overlap one
+ * another (PQ_ERR_INVALID_ARGUMENT naming both): they would overwrite each
+ * other.
  */
 #ifndef PQCACHE_H
 #define PQCACHE_H
@@ -559,7 +569,11 @@ PQ_API pq_status pq_create_with_hooks(const pq_config* config, const pq_hooks* h
 PQ_API pq_status pq_sequence_add(pq_context* ctx, uint64_t seq_id);
 
 /* Removes a sequence and frees its memory. Builds in flight for it are
- * cancelled; the call returns without waiting for them. Errors:
+ * cancelled; the call returns without waiting for them. Its memory leaves
+ * config.host_memory_limit (pq_stats.host_bytes) when the call returns: a
+ * queued build lets go of its K/V at once. A build that was running lets go
+ * at its next K-Means iteration, and pq_wait_builds waits for that (so do
+ * calls on seq_id racing with the remove, until they return). Errors:
  * PQ_ERR_NOT_FOUND. Thread-safe; calls on seq_id racing with it finish on
  * the data they hold or fail with PQ_ERR_NOT_FOUND. */
 PQ_API pq_status pq_sequence_remove(pq_context* ctx, uint64_t seq_id);
@@ -627,7 +641,15 @@ PQ_API pq_status pq_sequence_fork(pq_context* ctx, uint64_t parent_id,
                                   uint64_t child_id);
 
 /* Receives the saved state in pieces, in order. Returns 0 to go on; any
- * other value stops the save, which then fails with PQ_ERR_BACKEND. */
+ * other value stops the save, which then fails with PQ_ERR_BACKEND.
+ * Called on the thread of pq_sequence_save (or pq_sequence_save_file,
+ * pq_sequence_save_buffer), while the save holds the lock of the layer it
+ * writes. It may call the library on other sequences, of this context or
+ * another. Calls on the sequence being saved (pq_sequence_remove,
+ * pq_sequence_state_size, pq_sequence_truncate, pq_decode_append, a fork of
+ * it, any call naming its seq_id) and pq_wait_builds on its context return
+ * PQ_ERR_BAD_STATE at once: they would wait for the save, which waits for
+ * the callback. It must not call pq_destroy on the context. */
 typedef int (*pq_write_fn)(void* user, const void* data, size_t size);
 
 /* Writes seq_id's state (every layer's K/V, PQ index, window position and
@@ -668,7 +690,11 @@ PQ_API pq_status pq_sequence_save_file(pq_context* ctx, uint64_t seq_id,
  * added: a restore either adds the whole sequence or nothing. The restored
  * sequence's selections and fetched bytes equal the saved one's; its PQ
  * index is loaded, not rebuilt (a layer saved without an index, after a
- * failed build, is rebuilt). Its block cache starts empty.
+ * failed build, is rebuilt). Its block cache starts empty. Beyond the
+ * checksums, every field is held to what a save can write (the reserved
+ * header word 0, the end section's layer -1, the build facts of
+ * pq_layer_info within their bounds, finite scores): a state with sound
+ * checksums but impossible numbers is PQ_ERR_CORRUPT naming the field.
  * Errors: PQ_ERR_INVALID_ARGUMENT (NULL data, seq_id exists),
  * PQ_ERR_CORRUPT, PQ_ERR_INCOMPATIBLE, PQ_ERR_OUT_OF_MEMORY (limit).
  * Thread-safe. */
@@ -687,7 +713,9 @@ PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
  * so a server can select before the K/V have arrived.
  *
  * pq_sequence_restore_begin reads the state's beginning from `data` (it may
- * hold more; only the description is read), checks it as
+ * hold more; only the description is read; with size 0, data may be NULL
+ * and the answer is PQ_ERR_BUFFER_TOO_SMALL with the header's 56 bytes in
+ * *out_consumed), checks it as
  * pq_sequence_restore does, reserves and allocates the memory of the whole
  * sequence (PQ_ERR_OUT_OF_MEMORY now, not later) and adds seq_id. *out_consumed
  * receives the bytes read: the next call starts there. If `data` ends before
@@ -795,7 +823,11 @@ PQ_API pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer,
  * tokens, writing them ascending into *out. With the PQ selector it waits
  * for this layer's build if it is still running (other layers do not wait),
  * and codes any tokens that left the local window since the last call.
- * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, NaN in the query),
+ * out->positions (num_kv_heads * capacity entries) and out->counts
+ * (num_kv_heads entries) must not overlap; *out itself is read before
+ * anything is written, so the positions may lie over it.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (query shape, NaN in the query,
+ * positions and counts that overlap),
  * PQ_ERR_BUFFER_TOO_SMALL (out->capacity below the capacity needed, which
  * is written to every out->counts[h]; positions are not touched),
  * PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
@@ -810,6 +842,9 @@ PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
  * With PQ_LAYOUT_HEAD_MAJOR and tokens = capacity, each kv head's rows are
  * contiguous: [kv_head][capacity][head_dim], ready for attention. Bytes are
  * copied exactly as stored. Positions are checked against the length.
+ * The selection is read once, before any row is written: the outputs may
+ * lie over it (it is overwritten after it was read, and the rows are those
+ * of the positions as they were when the call began).
  * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED
  * (device memory on the CPU backend). Threading: as pq_decode_select. */
 PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
@@ -829,8 +864,9 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
  * one and one over tokens it keeps itself). query: 1 token x num_q_heads x
  * head_dim in the config dtype (host or device memory); scale 0 means
  * 1 / sqrt(head_dim); out: num_q_heads * head_dim floats of host memory;
- * out_lse: num_q_heads floats, or NULL. A kv head with no selected token
- * gives zeros and -inf. A repeated position counts as often as it appears.
+ * out_lse: num_q_heads floats, or NULL, not overlapping out. A kv head
+ * with no selected token gives zeros and -inf. A repeated position counts
+ * as often as it appears.
  * Works on every backend (the K/V are read on the host). Its time counts in
  * pq_stats.fetch_seconds, as the fetch it stands in for.
  * Errors: PQ_ERR_INVALID_ARGUMENT (shapes, scale < 0 or not finite, NaN in
@@ -853,9 +889,13 @@ PQ_API pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t laye
  * that call writes them. The call returns PQ_OK when every item succeeded;
  * else the status of the first failing item, with pq_last_error() naming it
  * ("items[3] (seq_id 42): ..."). A seq_id may appear once per batch.
- * Call-level errors (ctx or items NULL with count > 0, count < 0, a bad
- * layer, a repeated seq_id, outputs of two items that overlap) return
- * PQ_ERR_INVALID_ARGUMENT before any item runs; no item status is written.
+ * The items array is read once, before any item runs: an item's outputs
+ * may lie over another item's inputs (its selection, its query), which that
+ * item reads as they were when the call began. Call-level errors (ctx or
+ * items NULL with count > 0, count < 0, a bad layer, a repeated seq_id,
+ * outputs of two items that overlap, an output over the items array, where
+ * the statuses go) return PQ_ERR_INVALID_ARGUMENT before any item runs; no
+ * item status is written.
  * Threading: as the per-sequence calls, item by item; items of one batch
  * run concurrently, so they must not share outputs. */
 
@@ -1004,7 +1044,12 @@ PQ_API pq_status pq_stats_get(const pq_context* ctx, pq_stats* out);
 PQ_API pq_status pq_sequence_stats_get(const pq_context* ctx, uint64_t seq_id,
                                        pq_stats* out);
 
-/* Blocks until every build queued so far has finished. Thread-safe. */
+/* Blocks until every build queued so far has finished, and until the
+ * cancelled builds that were running (of removed or truncated sequences,
+ * or superseded by a later prefill) have stopped: when it returns, a
+ * removed sequence holds nothing against config.host_memory_limit.
+ * Errors: the first failed build's status; PQ_ERR_BAD_STATE from inside a
+ * pq_write_fn of this context (it would wait for that save). Thread-safe. */
 PQ_API pq_status pq_wait_builds(pq_context* ctx);
 
 #ifdef __cplusplus

@@ -4,19 +4,32 @@
 #
 #   scripts/fuzz.sh [seconds]        (default 300)
 #
-# Builds build-fuzz/ with clang (scripts/setup.sh installs clang and
-# libclang-rt-14-dev), unpacks tests/fuzz/corpus.tar.gz into
+# Builds build-fuzz/ with clang, unpacks tests/fuzz/corpus.tar.gz into
 # build-fuzz/corpus (new inputs go there, never into the repository), runs
 # on one core, and exits non-zero on a finding: the input is left in
 # build-fuzz/ as crash-* (or leak-*, timeout-*), with the command that
 # replays it. A fixed finding's input belongs in tests/fuzz/regressions/.
+#
+# It needs only the compiler and the build tools: clang++ with libFuzzer
+# (Debian: clang, libclang-rt-14-dev), cmake and ninja. It installs nothing
+# (scripts/setup.sh does, Python packages included; run it first on a bare
+# machine) and says what is missing.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 seconds=${1:-300}
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "fuzz.sh: seconds must be a number, not '$seconds'" >&2; exit 2; }
-"$root/scripts/setup.sh"
-command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is needed" >&2; exit 1; }
+for tool in clang clang++ cmake ninja; do
+  command -v "$tool" >/dev/null ||
+    { echo "fuzz.sh: $tool is needed (Debian: clang, libclang-rt-14-dev, cmake, ninja-build)" >&2; exit 1; }
+done
+# libFuzzer's runtime comes apart from clang (libclang-rt-14-dev on Debian).
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+  >"$probe/probe.cpp"
+clang++ -fsanitize=fuzzer "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/log" ||
+  { echo "fuzz.sh: clang++ cannot link libFuzzer (Debian: libclang-rt-14-dev):" >&2; cat "$probe/log" >&2; exit 1; }
 
 build=$root/build-fuzz
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -94,6 +94,25 @@ void restore_step(uint64_t size, uint64_t* out_consumed, Step&& step) {
   }
 }
 
+// pq_create and pq_create_with_hooks; `function` begins the messages.
+pq_status create(const char* function, const pq_config* config, const pq_hooks* hooks,
+                 pq_context** out) {
+  pq::Hooks checked;
+  const pq_status status = pq::guarded(function, [&] {
+    require_out(out, "out");
+    std::shared_ptr<pq::ThreadPool> pool;
+    checked = checked_hooks(hooks, &pool);
+    pq_config resolved = pq::resolve_config(config);
+    if (pool) resolved.worker_threads = pool->size();
+    const char* plugin_path =
+        config->struct_size >= offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)
+            ? config->cuda_plugin_path
+            : nullptr;
+    *out = new pq_context(resolved, plugin_path, checked, std::move(pool));
+  });
+  if (status != PQ_OK) checked.emit(PQ_LOG_ERROR, std::string(pq::last_error()));
+  return status;
+}
 }  // namespace
 
 extern "C" {
@@ -167,9 +186,6 @@ void pq_config_default(pq_config* c) {
   if (c != nullptr) pq::fill_config_defaults(c);
 }
 
-pq_status pq_create(const pq_config* config, pq_context** out) {
-  return pq_create_with_hooks(config, nullptr, out);
-}
 
 void pq_hooks_default(pq_hooks* h) {
   if (h == nullptr) return;
@@ -178,22 +194,12 @@ void pq_hooks_default(pq_hooks* h) {
   h->log_level = PQ_LOG_WARN;
 }
 
+pq_status pq_create(const pq_config* config, pq_context** out) {
+  return create(__func__, config, nullptr, out);
+}
+
 pq_status pq_create_with_hooks(const pq_config* config, const pq_hooks* hooks, pq_context** out) {
-  pq::Hooks checked;
-  const pq_status status = pq::guarded(__func__, [&] {
-    require_out(out, "out");
-    std::shared_ptr<pq::ThreadPool> pool;
-    checked = checked_hooks(hooks, &pool);
-    pq_config resolved = pq::resolve_config(config);
-    if (pool) resolved.worker_threads = pool->size();
-    const char* plugin_path =
-        config->struct_size >= offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)
-            ? config->cuda_plugin_path
-            : nullptr;
-    *out = new pq_context(resolved, plugin_path, checked, std::move(pool));
-  });
-  if (status != PQ_OK) checked.emit(PQ_LOG_ERROR, std::string(pq::last_error()));
-  return status;
+  return create(__func__, config, hooks, out);
 }
 
 pq_status pq_pool_create(int32_t threads, pq_pool** out) {

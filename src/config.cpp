@@ -51,13 +51,15 @@ void check_int(const char* field, int64_t value, int64_t lo, int64_t hi) {
             ".." + str(hi));
 }
 
-void check_real(const char* field, double value, double lo, double hi, bool lo_open) {
+// The value as the caller's field holds it (float or double), and the
+// bounds exactly as checked.
+template <typename Real>
+void check_real(const char* field, Real value, double lo, double hi, bool lo_open) {
   const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
   if (ok) return;
-  std::string want = hi >= 1e300 ? std::string("a finite value >= ") + std::to_string(lo)
-                                 : std::string("a value in ") + (lo_open ? "(" : "[") +
-                                       std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  invalid(std::string("config.") + field + " is " + std::to_string(value) + "; expected " + want);
+  invalid(std::string("config.") + field + " is " + number_text(value) + "; expected " +
+          (hi >= kMaxReal ? "a finite value in " : "a value in ") + (lo_open ? "(" : "[") +
+          number_text(lo) + ", " + number_text(hi) + "]");
 }
 
 void check_enum(const char* field, int32_t value, const Names& names) {
@@ -127,7 +129,7 @@ pq_config resolve_config(const pq_config* in) {
     invalid("config.head_dim " + str(c.head_dim) + " is not divisible by pq_subspaces " +
             str(c.pq_subspaces));
   if (c.topk_tokens == 0 && !(c.topk_fraction > 0.f && c.topk_fraction <= 1.f))
-    invalid("config.topk_fraction is " + std::to_string(c.topk_fraction) +
+    invalid("config.topk_fraction is " + number_text(c.topk_fraction) +
             "; expected a value in (0, 1] when topk_tokens is 0");
   if (c.pooling_kernel % 2 == 0)
     invalid("config.pooling_kernel is " + str(c.pooling_kernel) + "; expected an odd size");

@@ -22,6 +22,12 @@ pq_config resolve_config(const pq_config* config);
 // hardware threads, at least 1.
 int32_t hardware_threads();
 
+// The most K-Means iterations a configuration may ask for; a restored
+// state's build facts are held to it too (layer_state.cpp).
+constexpr int32_t kMaxKmeansIterations = 100000;
+// The bound of the real-valued fields that have no other (config_fields.h).
+constexpr double kMaxReal = 1e300;
+
 // "PQ_SELECTOR_H2O" for 7, and so on; "(unknown)" for a value no table has.
 std::string selector_value_name(int32_t selector);
 

@@ -21,17 +21,17 @@
   ENUM(dtype, PQ_DTYPE_F16, kDtypeNames)                                     \
   INT(pq_subspaces, 2, 1, c.head_dim)                                        \
   INT(pq_bits, 6, 1, 8)                                                      \
-  INT(kmeans_iterations, 0, 0, 100000)                                       \
-  INT(kmeans_min_iterations, 2, 0, 100000)                                   \
-  INT(kmeans_max_iterations, 25, c.kmeans_min_iterations, 100000)            \
-  REAL(kmeans_tolerance, 1e-4f, 0.0, 1e300, false)                           \
+  INT(kmeans_iterations, 0, 0, kMaxKmeansIterations)                         \
+  INT(kmeans_min_iterations, 2, 0, kMaxKmeansIterations)                     \
+  INT(kmeans_max_iterations, 25, c.kmeans_min_iterations, kMaxKmeansIterations) \
+  REAL(kmeans_tolerance, 1e-4f, 0.0, kMaxReal, false)                        \
   ENUM(kmeans_init, PQ_KMEANS_INIT_KMEANSPP, kKmeansInitNames)               \
   INT(kmeans_max_points_per_centroid, 256, 1, 1 << 24)                       \
   FREE(seed, 0x5eed)                                                         \
-  REAL(compute_alpha, 0.0, 0.0, 1e300, false)                                \
-  REAL(compute_beta, 0.0, 0.0, 1e300, false)                                 \
-  REAL(compute_gamma, 0.0, 0.0, 1e300, false)                                \
-  REAL(layer_time_budget, 0.0, 0.0, 1e300, false)                            \
+  REAL(compute_alpha, 0.0, 0.0, kMaxReal, false)                             \
+  REAL(compute_beta, 0.0, 0.0, kMaxReal, false)                              \
+  REAL(compute_gamma, 0.0, 0.0, kMaxReal, false)                             \
+  REAL(layer_time_budget, 0.0, 0.0, kMaxReal, false)                         \
   INT(worker_threads, 0, 0, 1024)                                            \
   ENUM(selector, PQ_SELECTOR_PQ, kSelectorNames)                             \
   INT(sink_tokens, 4, 0, INT32_MAX)                                          \

@@ -43,11 +43,19 @@ Context::Context(const pq_config& c, const char* plugin_path, const Hooks& hooks
 Context::~Context() {
   // Let asynchronous prefills land (they schedule builds on the pool), then
   // cancel every build, then join the workers while everything they use is
-  // alive (a cancelled build may still be inside an iteration).
-  std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
-  for (auto& entry : sequences_)
+  // alive (a cancelled build may still be inside an iteration). The map is
+  // taken out first and its lock not held while layers are locked: a
+  // build_done hook still running may take it (pq_stats_get), and every
+  // other path takes a layer's lock before the map's (a pq_write_fn's calls
+  // on other sequences), never after.
+  std::unordered_map<uint64_t, std::shared_ptr<Sequence>> sequences;
+  {
+    std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
+    sequences.swap(sequences_);
+  }
+  for (auto& entry : sequences)
     for (auto& layer : entry.second->layers) layer->wait_ingests();
-  for (auto& entry : sequences_)
+  for (auto& entry : sequences)
     for (auto& layer : entry.second->layers) layer->cancel_build();
   // Builds of removed sequences may still run too: wait for every task of
   // this context (a shared pool goes on serving other contexts).
@@ -67,6 +75,7 @@ void Context::check_kv_head(int32_t kv_head) const {
 }
 
 std::shared_ptr<Sequence> Context::find(uint64_t id) const {
+  require_not_saving(id);
   std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
   auto it = sequences_.find(id);
   if (it == sequences_.end())
@@ -101,6 +110,7 @@ void Context::sequence_add(uint64_t id) {
 }
 
 void Context::sequence_remove(uint64_t id) {
+  require_not_saving(id);
   std::shared_ptr<Sequence> seq;
   {
     std::unique_lock<std::shared_mutex> lock(sequences_mutex_);
@@ -110,8 +120,10 @@ void Context::sequence_remove(uint64_t id) {
     seq = std::move(it->second);
     sequences_.erase(it);
   }
-  // Builds in flight stop at their next iteration; their data is freed when
-  // the last reference (the build or a racing call) lets go.
+  // A queued build drops its snapshot of the K/V now, so the sequence's
+  // memory leaves the limit with this call (or with a racing call that
+  // still holds it); a running build stops at its next iteration, and
+  // pq_wait_builds waits for that.
   for (auto& layer : seq->layers) layer->cancel_build();
   debug([&] { return "sequence removed: seq_id " + std::to_string(id); });
 }
@@ -151,11 +163,16 @@ void Context::decode_append(uint64_t id, int32_t layer, const pq_tensor* keys,
   append(id, layer, keys, values, false);
 }
 
-void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys,
-                     const pq_tensor* values, bool is_prefill) {
+void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg,
+                     const pq_tensor* values_arg, bool is_prefill) {
   const pq_config& c = shared_.config;
   Backend& backend = *shared_.backend;
   check_layer(layer_index);
+  // The descriptors are read once: what was checked is what is used.
+  const pq_tensor key_copy = copy_descriptor(keys_arg, "keys");
+  const pq_tensor value_copy = copy_descriptor(values_arg, "values");
+  const pq_tensor* keys = &key_copy;
+  const pq_tensor* values = &value_copy;
   validate_tensor(keys, {"keys", c.num_kv_heads, c.head_dim, c.dtype, 1, -1});
   validate_tensor(values, {"values", c.num_kv_heads, c.head_dim, c.dtype, 1, -1});
   if (keys->tokens != values->tokens)
@@ -197,90 +214,107 @@ int64_t Context::selection_capacity_for(int32_t layer, int64_t tokens) const {
   return shared_.regions(tokens, layer).count();
 }
 
-std::vector<float> Context::select_args(const pq_tensor* query, const pq_selection* out) const {
+std::vector<float> Context::select_args(const pq_tensor* query_arg, const pq_selection* out,
+                                       pq_selection* copy) const {
   const pq_config& c = shared_.config;
-  validate_tensor(query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  const pq_tensor query = copy_descriptor(query_arg, "query");
+  validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
   if (out == nullptr) invalid("out is NULL");
-  if (out->capacity < 0) invalid("out->capacity is " + str(out->capacity) + "; expected >= 0");
+  // The descriptor is read once: the positions written may cover it.
+  *copy = *out;
+  if (copy->capacity < 0) invalid("out->capacity is " + str(copy->capacity) + "; expected >= 0");
   // positions may be NULL with capacity 0: the capacity check names it.
-  if (out->positions == nullptr && out->capacity > 0) invalid("out->positions is NULL");
-  if (out->counts == nullptr) invalid("out->counts is NULL");
+  if (copy->positions == nullptr && copy->capacity > 0) invalid("out->positions is NULL");
+  if (copy->counts == nullptr) invalid("out->counts is NULL");
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(out->capacity),
+  if (__builtin_mul_overflow(static_cast<uint64_t>(copy->capacity),
                              static_cast<uint64_t>(c.num_kv_heads) * sizeof(int32_t), &bytes) ||
-      reinterpret_cast<uintptr_t>(out->positions) > UINTPTR_MAX - bytes)
-    invalid("out->capacity is " + str(out->capacity) + "; num_kv_heads x capacity positions "
+      reinterpret_cast<uintptr_t>(copy->positions) > UINTPTR_MAX - bytes)
+    invalid("out->capacity is " + str(copy->capacity) + "; num_kv_heads x capacity positions "
             "from out->positions overflow the address space");
-  if (!shared_.backend->supports_memory(query->memory))
+  require_apart(copy->positions, bytes, "out->positions", copy->counts,
+                static_cast<uint64_t>(c.num_kv_heads) * sizeof(int32_t), "out->counts");
+  if (!shared_.backend->supports_memory(query.memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
                                  shared_.backend->name() + " backend cannot read");
-  return query_floats(*shared_.backend, *query, c.num_q_heads, c.head_dim, c.dtype);
+  return query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype);
 }
 
 void Context::decode_select(uint64_t id, int32_t layer, const pq_tensor* query,
                             pq_selection* out) {
   check_layer(layer);
-  const std::vector<float> queries = select_args(query, out);
+  pq_selection copy;
+  const std::vector<float> queries = select_args(query, out, &copy);
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
-  seq->layers[static_cast<size_t>(layer)]->select(queries, out, seq->info());
+  seq->layers[static_cast<size_t>(layer)]->select(queries, &copy, seq->info());
 }
 
-int64_t Context::fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
-                            const pq_tensor* out_values) const {
+Context::FetchArgs Context::fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
+                                       const pq_tensor* out_values) const {
   const pq_config& c = shared_.config;
-  const int64_t max_count = check_selection(sel, c.num_kv_heads);
-  validate_tensor(out_keys, {"out_keys", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
-  validate_tensor(out_values, {"out_values", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
-  for (const pq_tensor* t : {out_keys, out_values})
+  FetchArgs a{copy_selection(sel, c.num_kv_heads), copy_descriptor(out_keys, "out_keys"),
+              copy_descriptor(out_values, "out_values")};
+  const int64_t max_count = a.selection.max_count;
+  validate_tensor(&a.keys, {"out_keys", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
+  validate_tensor(&a.values, {"out_values", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
+  for (const pq_tensor* t : {&a.keys, &a.values})
     if (!shared_.backend->supports_memory(t->memory))
-      fail(PQ_ERR_UNSUPPORTED, std::string(t == out_keys ? "out_keys" : "out_values") +
+      fail(PQ_ERR_UNSUPPORTED, std::string(t == &a.keys ? "out_keys" : "out_values") +
                                    ".memory is PQ_MEMORY_DEVICE, which the " +
                                    shared_.backend->name() + " backend cannot write");
-  require_disjoint_rows(*out_keys, "out_keys");
-  require_disjoint_rows(*out_values, "out_values");
-  require_disjoint_outputs(*out_keys, "out_keys", *out_values, "out_values");
-  return max_count;
+  require_disjoint_rows(a.keys, "out_keys");
+  require_disjoint_rows(a.values, "out_values");
+  require_disjoint_outputs(a.keys, "out_keys", a.values, "out_values");
+  return a;
 }
 
 void Context::fetch(uint64_t id, int32_t layer, const pq_selection* sel,
                     const pq_tensor* out_keys, const pq_tensor* out_values) {
   check_layer(layer);
-  const int64_t max_count = fetch_args(sel, out_keys, out_values);
+  const FetchArgs a = fetch_args(sel, out_keys, out_values);
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
-  seq->layers[static_cast<size_t>(layer)]->fetch(sel, max_count, *out_keys, *out_values,
-                                                 seq->info());
+  seq->layers[static_cast<size_t>(layer)]->fetch(&a.selection.view, a.selection.max_count, a.keys,
+                                                 a.values, seq->info());
 }
 
-void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query,
+void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_arg,
                             const pq_selection* sel, float scale, float* out, float* out_lse) {
   const pq_config& c = shared_.config;
   check_layer(layer);
-  validate_tensor(query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
-  check_selection(sel, c.num_kv_heads);
+  const pq_tensor query = copy_descriptor(query_arg, "query");
+  validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  const SelectionCopy selection = copy_selection(sel, c.num_kv_heads);
   if (!std::isfinite(scale) || scale < 0.f)
-    invalid("scale is " + std::to_string(scale) + "; expected a finite value >= 0 (0: "
+    invalid("scale is " + number_text(scale) + "; expected a finite value >= 0 (0: "
             "1 / sqrt(head_dim))");
   if (out == nullptr) invalid("out is NULL");
-  if (!shared_.backend->supports_memory(query->memory))
+  const uint64_t heads = static_cast<uint64_t>(c.num_q_heads);
+  if (out_lse != nullptr)
+    require_apart(out, heads * c.head_dim * sizeof(float), "out", out_lse, heads * sizeof(float),
+                  "out_lse");
+  if (!shared_.backend->supports_memory(query.memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
                                  shared_.backend->name() + " backend cannot read");
   const std::vector<float> queries =
-      query_floats(*shared_.backend, *query, c.num_q_heads, c.head_dim, c.dtype);
+      query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype);
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
-  seq->layers[static_cast<size_t>(layer)]->attend(queries, sel, scale == 0.f ? shared_.scale : scale,
-                                                  out, out_lse, id);
+  seq->layers[static_cast<size_t>(layer)]->attend(queries, &selection.view,
+                                                  scale == 0.f ? shared_.scale : scale, out,
+                                                  out_lse, id);
 }
 
 // ---------------------------------------------------------------------------
 // Inputs some selectors need
 // ---------------------------------------------------------------------------
 
-void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queries) {
+void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queries_arg) {
   const pq_config& c = shared_.config;
   check_layer(layer);
+  const pq_tensor query_copy = copy_descriptor(queries_arg, "queries");
+  const pq_tensor* queries = &query_copy;
   validate_tensor(queries, {"queries", c.num_q_heads, c.head_dim, c.dtype, 1, -1});
   if (!shared_.backend->supports_memory(queries->memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("queries.memory is PQ_MEMORY_DEVICE, which the ") +
@@ -304,17 +338,20 @@ void Context::observe_attention(uint64_t id, int32_t layer, const pq_selection* 
                                 const float* probs) {
   check_layer(layer);
   const int32_t kv_heads = shared_.config.num_kv_heads;
-  check_selection(sel, kv_heads);
-  if (probs == nullptr && sel->capacity > 0) invalid("probs is NULL");
+  const SelectionCopy s = copy_selection(sel, kv_heads);
+  if (probs == nullptr && s.caller_capacity > 0) invalid("probs is NULL");
+  // Read once, laid out as the copied positions, and checked on the copy.
+  std::vector<float> p(s.positions.size());
   for (int32_t h = 0; h < kv_heads; ++h) {
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      const float p = probs[h * sel->capacity + i];
-      if (!std::isfinite(p) || p < 0.f)
-        invalid("probs[" + str(h) + " * capacity + " + str(i) + "] is " + std::to_string(p) +
+    for (int32_t i = 0; i < s.counts[static_cast<size_t>(h)]; ++i) {
+      const float v = probs[h * s.caller_capacity + i];
+      if (!std::isfinite(v) || v < 0.f)
+        invalid("probs[" + str(h) + " * capacity + " + str(i) + "] is " + number_text(v) +
                 "; attention probabilities must be finite and >= 0");
+      p[static_cast<size_t>(h * s.max_count + i)] = v;
     }
   }
-  find(id)->layers[static_cast<size_t>(layer)]->observe(sel, probs, id);
+  find(id)->layers[static_cast<size_t>(layer)]->observe(&s.view, p.data(), id);
 }
 
 // ---------------------------------------------------------------------------
@@ -391,6 +428,7 @@ void Context::sequence_stats(uint64_t id, pq_stats* out) const {
 }
 
 void Context::wait_builds() {
+  require_no_save_on_this_thread();
   std::vector<std::shared_ptr<Sequence>> seqs;
   {
     std::shared_lock<std::shared_mutex> lock(sequences_mutex_);
@@ -411,6 +449,9 @@ void Context::wait_builds() {
         }
       }
     }
+  // And the cancelled builds still running (removed, truncated or
+  // superseded): once they stop, what they held leaves the memory limit.
+  shared_.wait_draining_builds();
   if (first_status != PQ_OK) fail(first_status, first_error);
 }
 

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "call_args.h"
 #include "context_shared.h"
 #include "layer.h"
 #include "memory_budget.h"
@@ -124,13 +125,23 @@ class Context {
   void check_kv_head(int32_t kv_head) const;
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
-  // The checks of pq_decode_select that need no sequence; returns the query
-  // heads as floats.
-  std::vector<float> select_args(const pq_tensor* query, const pq_selection* out) const;
-  // The checks of pq_fetch_kv that need no sequence; returns the
-  // selection's largest count.
-  int64_t fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
-                     const pq_tensor* out_values) const;
+  // The checks of pq_decode_select that need no sequence: *out is read once
+  // into *copy, which the call then uses; returns the query heads as floats.
+  std::vector<float> select_args(const pq_tensor* query, const pq_selection* out,
+                                 pq_selection* copy) const;
+  // The checks of pq_fetch_kv that need no sequence, on copies of the
+  // arguments (call_args.h) that the call then uses.
+  struct FetchArgs {
+    SelectionCopy selection;
+    pq_tensor keys, values;
+  };
+  FetchArgs fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
+                       const pq_tensor* out_values) const;
+  // PQ_ERR_BAD_STATE when this thread is inside a pq_write_fn saving `id`
+  // (context_state.cpp): a call on it would wait for the save.
+  void require_not_saving(uint64_t id) const;
+  // The same for pq_wait_builds, which waits for every sequence's builds.
+  void require_no_save_on_this_thread() const;
 
   // First: the layers refer to it, and it outlives them.
   ContextShared shared_;

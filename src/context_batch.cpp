@@ -74,10 +74,20 @@ void require_unique_ids(const Item* items, int64_t count) {
 struct OutputSpan {
   uintptr_t begin, end;
   int32_t memory;
-  int64_t item;
+  int64_t item;             // kItemsArray for the caller's items array
   const pq_tensor* tensor;  // null for a plain array
   std::string name;
 };
+constexpr int64_t kItemsArray = -1;
+
+// The caller's items array: the call writes every item's status there
+// after the items ran, so no output may lie in it.
+template <typename Item>
+OutputSpan items_span(const Item* items, int64_t count) {
+  const auto begin = reinterpret_cast<uintptr_t>(items);
+  return {begin, begin + sizeof(Item) * static_cast<uint64_t>(count), PQ_MEMORY_HOST, kItemsArray,
+          nullptr, "the items array"};
+}
 
 // Items run concurrently, so no two may write the same bytes. Spans that
 // overlap are allowed only for two tensors whose rows interleave without
@@ -92,6 +102,9 @@ void require_disjoint_items(std::vector<OutputSpan>& spans) {
                  active.end());
     for (const OutputSpan* a : active) {
       if (a->item == s.item || a->memory != s.memory) continue;
+      if (a->item == kItemsArray || s.item == kItemsArray)
+        invalid((a->item == kItemsArray ? s.name : a->name) +
+                " overlaps the items array, where the call writes every item's status");
       if (a->tensor == nullptr || s.tensor == nullptr)
         invalid(a->name + " and " + s.name + " overlap; items of a batch run concurrently and "
                 "must not share outputs");
@@ -105,9 +118,11 @@ std::string item_name(int64_t i, const char* field) {
   return "items[" + str(i) + "]." + field;
 }
 
-// Writes every item's status and throws the first failure, naming it.
+// Writes every item's status and throws the first failure, naming it
+// (local: the items as the call read them).
 template <typename Item>
-void finish_batch(Item* items, const std::vector<Outcome>& outcomes) {
+void finish_batch(Item* items, const std::vector<Item>& local,
+                  const std::vector<Outcome>& outcomes) {
   const Outcome* first = nullptr;
   int64_t first_index = 0;
   for (size_t i = 0; i < outcomes.size(); ++i) {
@@ -119,25 +134,36 @@ void finish_batch(Item* items, const std::vector<Outcome>& outcomes) {
   }
   if (first != nullptr)
     fail(first->status, "items[" + str(first_index) + "] (seq_id " +
-                            std::to_string(items[first_index].seq_id) + "): " + first->message);
+                            std::to_string(local[static_cast<size_t>(first_index)].seq_id) +
+                            "): " + first->message);
 }
 
 }  // namespace
 
+// Both batched calls read the caller's items once, into `local`, before any
+// item runs: an item's outputs may then lie over another item's inputs (its
+// selection, its query) without changing what that item was checked with.
+
 void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t count) {
   check_batch(items, count);
   check_layer(layer);
-  require_unique_ids(items, count);
   const size_t n = static_cast<size_t>(count);
+  const std::vector<pq_select_item> local(items, items + n);
+  require_unique_ids(local.data(), count);
   const int32_t kv_heads = shared_.config.num_kv_heads;
   std::vector<Outcome> outcomes(n);
   std::vector<std::vector<float>> queries(n);
+  std::vector<pq_selection> outs(n);
   std::vector<OutputSpan> spans;
-  spans.reserve(2 * n);
+  spans.reserve(2 * n + 1);
+  spans.push_back(items_span(items, count));
   for (size_t i = 0; i < n; ++i) {
-    run_item(outcomes[i], [&] { queries[i] = select_args(&items[i].query, &items[i].out); });
+    run_item(outcomes[i], [&] {
+      require_not_saving(local[i].seq_id);
+      queries[i] = select_args(&local[i].query, &local[i].out, &outs[i]);
+    });
     if (outcomes[i].status != PQ_OK) continue;
-    const pq_selection& out = items[i].out;
+    const pq_selection& out = outs[i];
     const auto positions = reinterpret_cast<uintptr_t>(out.positions);
     const auto counts = reinterpret_cast<uintptr_t>(out.counts);
     spans.push_back({positions, positions + sizeof(int32_t) * kv_heads * out.capacity,
@@ -152,54 +178,56 @@ void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t 
     Outcome& outcome = outcomes[static_cast<size_t>(i)];
     if (outcome.status != PQ_OK) return;
     run_item(outcome, [&] {
-      std::shared_ptr<Sequence> seq = find(items[i].seq_id);
+      std::shared_ptr<Sequence> seq = find(local[static_cast<size_t>(i)].seq_id);
       ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
       seq->layers[static_cast<size_t>(layer)]->select(queries[static_cast<size_t>(i)],
-                                                      &items[i].out, seq->info());
+                                                      &outs[static_cast<size_t>(i)], seq->info());
     });
   });
-  finish_batch(items, outcomes);
+  finish_batch(items, local, outcomes);
 }
 
 void Context::fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
   check_batch(items, count);
   check_layer(layer);
-  require_unique_ids(items, count);
   const size_t n = static_cast<size_t>(count);
+  const std::vector<pq_fetch_item> local(items, items + n);
+  require_unique_ids(local.data(), count);
   std::vector<Outcome> outcomes(n);
-  std::vector<int64_t> max_counts(n, 0);
+  std::vector<FetchArgs> args(n);
   std::vector<OutputSpan> spans;
-  spans.reserve(2 * n);
+  spans.reserve(2 * n + 1);
+  spans.push_back(items_span(items, count));
   for (size_t i = 0; i < n; ++i) {
-    pq_fetch_item& item = items[i];
+    const pq_fetch_item& item = local[i];
     run_item(outcomes[i], [&] {
-      max_counts[i] = fetch_args(&item.selection, &item.out_keys, &item.out_values);
+      require_not_saving(item.seq_id);
+      args[i] = fetch_args(&item.selection, &item.out_keys, &item.out_values);
     });
     if (outcomes[i].status != PQ_OK) continue;
-    for (const pq_tensor* t : {&item.out_keys, &item.out_values}) {
+    for (const pq_tensor* t : {&args[i].keys, &args[i].values}) {
       int64_t bytes = 0;
       tensor_span_bytes(*t, &bytes);  // fetch_args checked that it fits
       const auto begin = reinterpret_cast<uintptr_t>(t->data);
       spans.push_back({begin, begin + static_cast<uintptr_t>(bytes), t->memory,
                        static_cast<int64_t>(i), t,
                        item_name(static_cast<int64_t>(i),
-                                 t == &item.out_keys ? "out_keys" : "out_values")});
+                                 t == &args[i].keys ? "out_keys" : "out_values")});
     }
   }
   require_disjoint_items(spans);
   shared_.pool->parallel_for(count, [&](int64_t i) {
     Outcome& outcome = outcomes[static_cast<size_t>(i)];
     if (outcome.status != PQ_OK) return;
-    const pq_fetch_item& item = items[i];
+    const FetchArgs& a = args[static_cast<size_t>(i)];
     run_item(outcome, [&] {
-      std::shared_ptr<Sequence> seq = find(item.seq_id);
+      std::shared_ptr<Sequence> seq = find(local[static_cast<size_t>(i)].seq_id);
       ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
-      seq->layers[static_cast<size_t>(layer)]->fetch(&item.selection,
-                                                     max_counts[static_cast<size_t>(i)],
-                                                     item.out_keys, item.out_values, seq->info());
+      seq->layers[static_cast<size_t>(layer)]->fetch(&a.selection.view, a.selection.max_count,
+                                                     a.keys, a.values, seq->info());
     });
   });
-  finish_batch(items, outcomes);
+  finish_batch(items, local, outcomes);
 }
 
 }  // namespace pq

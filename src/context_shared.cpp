@@ -100,6 +100,21 @@ void ContextShared::wait_tasks() {
   tasks_done_.wait(lock, [this] { return tasks_ == 0; });
 }
 
+void ContextShared::add_draining_build() {
+  std::lock_guard<std::mutex> lock(tasks_mutex_);
+  ++draining_builds_;
+}
+
+void ContextShared::remove_draining_build() {
+  std::lock_guard<std::mutex> lock(tasks_mutex_);
+  if (--draining_builds_ == 0) tasks_done_.notify_all();
+}
+
+void ContextShared::wait_draining_builds() {
+  std::unique_lock<std::mutex> lock(tasks_mutex_);
+  tasks_done_.wait(lock, [this] { return draining_builds_ == 0; });
+}
+
 int32_t ContextShared::iteration_budget(int64_t tokens, int64_t training_points) {
   if (config.kmeans_iterations > 0) return config.kmeans_iterations;
   const ComputeTimeModel compute{config.compute_alpha, config.compute_beta, config.compute_gamma,

@@ -54,6 +54,12 @@ struct ContextShared {
   // none to be left, since a shared pool outlives the context.
   std::future<void> submit(std::function<void()> task, std::function<void()> after = nullptr);
   void wait_tasks();
+  // Builds cancelled while they ran (BuildTask::stop), counted until they
+  // let go of their K/V; pq_wait_builds waits for none to be left, so that
+  // a removed sequence is no longer counted when it returns.
+  void add_draining_build();
+  void remove_draining_build();
+  void wait_draining_builds();
   void log(int32_t level, const std::string& message) const noexcept { hooks.emit(level, message); }
   bool logs(int32_t level) const { return hooks.logs(level); }
 
@@ -74,6 +80,7 @@ struct ContextShared {
   std::mutex tasks_mutex_;
   std::condition_variable tasks_done_;
   int64_t tasks_ = 0;  // queued or running, this context's
+  int64_t draining_builds_ = 0;  // under tasks_mutex_, signalled by tasks_done_ too
 
  public:
   const bool owns_pool;

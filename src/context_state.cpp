@@ -9,6 +9,42 @@
 
 namespace pq {
 
+namespace {
+// The saves in progress on this thread, innermost first. A pq_write_fn runs
+// while its save holds a layer's lock: a call from it on the sequence being
+// saved would wait for that lock, held by its own thread, for ever.
+struct SaveFrame {
+  const Context* context;
+  uint64_t id;
+  const SaveFrame* outer;
+};
+thread_local const SaveFrame* t_saves = nullptr;
+
+struct SaveScope {
+  SaveFrame frame;
+  SaveScope(const Context* context, uint64_t id) : frame{context, id, t_saves} {
+    t_saves = &frame;
+  }
+  ~SaveScope() { t_saves = frame.outer; }
+};
+
+[[noreturn]] void fail_in_write_fn(uint64_t id, const char* what) {
+  fail(PQ_ERR_BAD_STATE, "seq_id " + std::to_string(id) + " is being saved on this thread: " +
+                             what + " from inside its pq_write_fn would wait for that save "
+                             "to end; make the call after pq_sequence_save returns");
+}
+}  // namespace
+
+void Context::require_not_saving(uint64_t id) const {
+  for (const SaveFrame* f = t_saves; f != nullptr; f = f->outer)
+    if (f->context == this && f->id == id) fail_in_write_fn(id, "a call on it");
+}
+
+void Context::require_no_save_on_this_thread() const {
+  for (const SaveFrame* f = t_saves; f != nullptr; f = f->outer)
+    if (f->context == this) fail_in_write_fn(f->id, "pq_wait_builds");
+}
+
 void Context::sequence_truncate(uint64_t id, int64_t tokens) {
   std::shared_ptr<Sequence> seq = find(id);
   int64_t longest = 0;
@@ -38,6 +74,7 @@ void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {
 
 uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
   std::shared_ptr<Sequence> seq = find(id);
+  const SaveScope saving(this, id);
   StateWriter out(write, user);
   out.header(shared_.config);
   std::vector<int64_t> tokens;

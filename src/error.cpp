@@ -1,5 +1,9 @@
 #include "error.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 namespace pq {
 
 namespace {
@@ -10,6 +14,21 @@ thread_local const char* t_fallback = nullptr;
 }  // namespace
 
 void fail(pq_status status, const std::string& message) { throw Error(status, message); }
+
+namespace {
+template <typename Real>
+std::string shortest_text(Real value, Real (*parse)(const char*, char**)) {
+  char text[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(value));
+    if (std::isnan(value) || parse(text, nullptr) == value) break;
+  }
+  return text;
+}
+}  // namespace
+
+std::string number_text(double value) { return shortest_text<double>(value, std::strtod); }
+std::string number_text(float value) { return shortest_text<float>(value, std::strtof); }
 
 void set_last_error(const std::string& message) noexcept {
   try {

@@ -23,6 +23,11 @@ class Error : public std::runtime_error {
 // Throws Error(status, message) built from the streamed arguments.
 [[noreturn]] void fail(pq_status status, const std::string& message);
 
+// A number for messages: the shortest text that reads back as the same
+// value of its type ("1e+308", "0.1" for 0.1f, "nan", "-inf").
+std::string number_text(double value);
+std::string number_text(float value);
+
 // Records the calling thread's last error message. Never throws: without
 // memory for the message, pq_last_error() says that instead.
 void set_last_error(const std::string& message) noexcept;

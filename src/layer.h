@@ -34,7 +34,22 @@ namespace pq {
 // it: libstdc++ stores the packaged callable (which owns this object) in the
 // future's shared state, so holding the future here would be a cycle.
 struct BuildTask {
-  std::atomic<bool> cancel{false};
+  explicit BuildTask(std::shared_ptr<const KvStore::Snapshot> snapshot)
+      : snapshot_(std::move(snapshot)) {}
+
+  // Cancels the build. A build still queued lets go of its snapshot of the
+  // K/V at once, so a removed sequence's memory leaves the limit with the
+  // remove, not when a worker reaches the build; a running build stops at
+  // its next iteration and is counted in `shared` (ContextShared's
+  // draining builds, which pq_wait_builds waits for) until it let go.
+  void stop(ContextShared& shared);
+  // The worker's start: the snapshot it then holds, or null when the build
+  // was cancelled before it started.
+  std::shared_ptr<const KvStore::Snapshot> start();
+  // The worker's end, once it let go of the snapshot.
+  void end(ContextShared& shared);
+
+  std::atomic<bool> cancel{false};  // read by K-Means between iterations
   std::unique_ptr<PqIndex> result;  // set by the task when it finished
   // What the build's report (log, build_done hook) says, written by the
   // worker before the future is ready; the layer may take `result` away
@@ -48,6 +63,12 @@ struct BuildTask {
     double seconds = 0.0;
   } outcome;
   int64_t tokens = 0;
+
+ private:
+  std::mutex mutex_;  // over the three below
+  std::shared_ptr<const KvStore::Snapshot> snapshot_;  // until start() or stop()
+  bool running_ = false;
+  bool draining_ = false;  // stopped while running: counted in ContextShared
 };
 
 // What a call on a layer knows of its sequence.
@@ -103,16 +124,17 @@ class Layer {
   int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
   // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
   void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
-  // pq_observe_attention, after check_selection.
+  // pq_observe_attention, on the copied selection (call_args.h) and probs
+  // laid out as its rows.
   void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
 
   // --- attention (layer_attend.cpp) ---------------------------------------
-  // pq_decode_attend, after check_selection: queries [q_heads][head_dim].
+  // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
   void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
               float* out_lse, uint64_t seq_id);
 
   // --- fetch (layer_fetch.cpp) --------------------------------------------
-  // pq_fetch_kv, after check_selection and the output tensors' checks.
+  // pq_fetch_kv, on the copied selection, after the output tensors' checks.
   void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
              const pq_tensor& out_values, const SequenceInfo& seq);
 
@@ -151,7 +173,8 @@ class Layer {
   // them), with the window sent again.
   void reset_cache_and_device(void* stream);
   // The build itself, on a worker thread; touches no Layer member.
-  static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snapshot,
+  // snapshot: null when the build was cancelled before it started.
+  static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
                         int32_t layer_index, Counters& seq_counters);
   // The log line and the build_done hook of a build that ended (not of a
   // cancelled one), once its future is ready.

@@ -15,9 +15,37 @@
 
 namespace pq {
 
+void BuildTask::stop(ContextShared& shared) {
+  std::shared_ptr<const KvStore::Snapshot> dropped;  // released after the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cancel.exchange(true)) return;
+  dropped = std::move(snapshot_);
+  if (running_) {
+    draining_ = true;
+    shared.add_draining_build();
+  }
+}
+
+std::shared_ptr<const KvStore::Snapshot> BuildTask::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_ = snapshot_ != nullptr;
+  return std::move(snapshot_);
+}
+
+void BuildTask::end(ContextShared& shared) {
+  bool was_draining;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+    was_draining = draining_;
+    draining_ = false;
+  }
+  if (was_draining) shared.remove_draining_build();
+}
+
 void Layer::cancel_build() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (pending_) pending_->cancel.store(true);
+  if (pending_) pending_->stop(shared_);
 }
 
 void Layer::finish_build() {
@@ -73,12 +101,12 @@ void Layer::require_index(uint64_t seq_id) {
 }
 
 void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
-  auto task = std::make_shared<BuildTask>();
   auto snapshot = std::make_shared<KvStore::Snapshot>(store_.snapshot());
   snapshot->tokens = tokens;
   snapshot->chunks.resize(static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
                                               KvStore::kChunkTokens));
-  task->tokens = snapshot->tokens;
+  auto task = std::make_shared<BuildTask>(std::move(snapshot));
+  task->tokens = tokens;
   ContextShared& shared = shared_;
   const int32_t layer_index = layer_index_;
   std::shared_ptr<Counters> seq_counters = seq.counters;
@@ -89,19 +117,24 @@ void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
     report_build(shared, task->outcome, seq_id, layer_index);
   };
   std::future<void> done = shared_.submit(
-      [&shared, task, snapshot, layer_index, seq_counters]() mutable {
-        // This callable outlives the build (libstdc++ keeps it in the
-        // future's shared state, which the worker holds a moment longer and
-        // the layer until it installs the build): the snapshot, which keeps
-        // the layer's chunks and their share of the memory limit, goes as
-        // soon as the build ends, even when it throws.
+      [&shared, task, layer_index, seq_counters] {
+        // The snapshot keeps the layer's chunks and their share of the
+        // memory limit: the task holds it while queued (a cancel drops it
+        // there), this frame while the build runs, and it goes as soon as
+        // the build ends, even when it throws (this callable outlives the
+        // build in the future's shared state, so it must not hold it).
         struct Release {
-          std::shared_ptr<KvStore::Snapshot>& snapshot;
-          ~Release() { snapshot.reset(); }
-        } release{snapshot};
+          BuildTask& task;
+          ContextShared& shared;
+          std::shared_ptr<const KvStore::Snapshot> snapshot;
+          ~Release() {
+            snapshot.reset();
+            task.end(shared);
+          }
+        } held{*task, shared, task->start()};
         BuildTask::Outcome& out = task->outcome;
         try {
-          run_build(shared, *task, *snapshot, layer_index, *seq_counters);
+          run_build(shared, *task, held.snapshot.get(), layer_index, *seq_counters);
         } catch (const Error& e) {
           out.status = e.status();
           out.error = e.what();
@@ -126,7 +159,7 @@ void Layer::schedule_build(const SequenceInfo& seq, int64_t tokens) {
       std::move(after));
   // Only now, with the new build queued, is the old one superseded (it
   // covers fewer tokens): nothing below can fail.
-  if (pending_) pending_->cancel.store(true);
+  if (pending_) pending_->stop(shared_);
   pending_done_ = std::move(done);
   pending_ = std::move(task);
 }
@@ -150,13 +183,14 @@ void Layer::report_build(const ContextShared& shared, const BuildTask::Outcome& 
                             out.built ? PQ_OK : out.status);
 }
 
-void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot& snap,
+void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
                       int32_t layer_index, Counters& seq_counters) {
-  if (task.cancel.load()) {
+  if (snapshot == nullptr || task.cancel.load()) {
     shared.counters.builds_cancelled.fetch_add(1);
     seq_counters.builds_cancelled.fetch_add(1);
     return;
   }
+  const KvStore::Snapshot& snap = *snapshot;
   const pq_config& config = shared.config;
   const auto start = std::chrono::steady_clock::now();
   const int32_t dtype = config.dtype;

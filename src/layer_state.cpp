@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "config.h"
 #include "dtype.h"
 #include "error.h"
 #include "layer.h"
@@ -19,6 +20,22 @@ std::string str(int64_t v) { return std::to_string(v); }
 // Layer meta flags.
 constexpr uint8_t kHasIndex = 1;
 constexpr uint8_t kHasSelectorState = 2;
+
+// The facts of a build a state records, held to what a build can produce
+// as resolve_config holds the configuration to its table: a state whose
+// checksums hold but whose numbers do not is corrupt, not restored (and
+// then reported by pq_layer_info_get).
+void check_build_facts(const ByteReader& in, int32_t iterations, int32_t budget, double seconds) {
+  if (budget < 0 || budget > kMaxKmeansIterations)
+    in.corrupt("iteration budget is " + str(budget) + "; expected 0.." +
+               str(kMaxKmeansIterations));
+  if (iterations < 0 || iterations > budget)
+    in.corrupt("iterations is " + str(iterations) + "; expected 0.." + str(budget) +
+               " (the iteration budget)");
+  if (!(seconds >= 0.0 && seconds <= kMaxReal))
+    in.corrupt("build seconds is " + number_text(seconds) + "; expected a finite value in [0, " +
+               number_text(kMaxReal) + "]");
+}
 }  // namespace
 
 void Layer::reset_cache_and_device(void* stream) {
@@ -52,7 +69,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   if (rebuild) schedule_build(seq, tokens);
   if (index_covers_dropped) {
     if (!rebuild && pending_) {
-      pending_->cancel.store(true);
+      pending_->stop(shared_);
       pending_.reset();
       pending_done_ = std::future<void>();
     }
@@ -197,6 +214,11 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
   index->seconds = in.get<double>("build seconds");
   if (index->coded_tokens < 0 || index->coded_tokens > tokens)
     in.corrupt("it codes " + str(index->coded_tokens) + " tokens; the layer holds " + str(tokens));
+  check_build_facts(in, index->iterations, index->budget, index->seconds);
+  // A build trains on at most the tokens it covers, all of them the layer's.
+  if (index->training_points < 0 || index->training_points > tokens)
+    in.corrupt("training points is " + str(index->training_points) + "; expected 0.." +
+               str(tokens) + " (the layer's tokens)");
   auto codebook = std::make_shared<PqCodebook>();
   PqCodebook& cb = *codebook;
   cb.heads = c.num_kv_heads;
@@ -221,9 +243,9 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
     const uint8_t* p = in.take(codes, "codes");
     uint8_t* dst = head.grow(index->coded_tokens, chunked);
     if (codes > 0) std::memcpy(dst, p, codes);
-    if (c.pq_bits < 8)
+    if (c.pq_bits < 8)  // the copy is checked: it is what the index keeps
       for (uint64_t i = 0; i < codes; ++i)
-        if (const uint8_t code = p[i]; code >= cb.centroids)
+        if (const uint8_t code = dst[i]; code >= cb.centroids)
           in.corrupt("a code is " + str(code) + "; pq_bits " + str(c.pq_bits) + " allows < " +
                      str(cb.centroids));
   }
@@ -245,6 +267,7 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   const int32_t budget = meta.get<int32_t>("iteration budget");
   const double seconds = meta.get<double>("build seconds");
   meta.finish();
+  check_build_facts(meta, iterations, budget, seconds);
   if (n < 0 || n > INT32_MAX || prefill < 0 || prefill > n)
     meta.corrupt("it holds " + str(n) + " tokens of which " + str(prefill) +
                  " are prefill; expected 0 <= prefill <= tokens <= 2147483647");

@@ -132,10 +132,14 @@ void check_header(const uint8_t* data, uint64_t size, const pq_config& c) {
   if (words[1] != state::kHeaderBytes)
     corrupt("the header says it has " + str(words[1]) + " bytes; version 1 headers have " +
             str(state::kHeaderBytes));
-  uint32_t header_crc;
+  uint32_t header_crc, reserved;
   std::memcpy(&header_crc, data + state::kHeaderBytes - 4, 4);
   if (crc32c(data, state::kHeaderBytes - 4) != header_crc)
     corrupt("the header's checksum does not match");
+  std::memcpy(&reserved, data + state::kHeaderBytes - 8, 4);
+  if (reserved != 0)
+    corrupt("the header's reserved word (bytes 48-51) is " + str(reserved) +
+            "; version 1 writes 0 there");
   size_t at = kGeometryOffset;
   for (const GeometryField& g : kGeometry) {
     int32_t v;
@@ -212,6 +216,9 @@ void SectionOrder::accept(const Frame& f, std::vector<LayerImage>& images) {
       ++kv_next_;
       break;
     case state::kEnd: {
+      if (f.layer != -1)
+        corrupt(name + " is for layer " + str(f.layer) + "; the end section belongs to no "
+                "layer (-1)");
       if (kv_next_ != layers)
         corrupt(name + " comes before every layer was complete (the keys and values of " +
                 str(kv_next_) + " of " + str(layers) + " layers were read)");
@@ -258,8 +265,10 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
 
 uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& c,
                            SectionOrder& order, std::vector<LayerImage>& layers) {
-  // A beginning of the magic, or a magic without the rest of the header.
-  if (size < state::kHeaderBytes && std::memcmp(data, state::kMagic, std::min<uint64_t>(size, 8)) == 0)
+  // No bytes yet (data may then be NULL: no memcmp of it), a beginning of
+  // the magic, or a magic without the rest of the header.
+  if (size < state::kHeaderBytes &&
+      (size == 0 || std::memcmp(data, state::kMagic, std::min<uint64_t>(size, 8)) == 0))
     throw NeedMore{state::kHeaderBytes};
   check_header(data, size, c);
   layers.assign(static_cast<size_t>(c.num_layers), LayerImage{});

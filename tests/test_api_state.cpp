@@ -12,12 +12,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "api_test_util.h"
 #include "pqcache.h"
+#include "state_format.h"
 
 using namespace pqt;
 
@@ -466,37 +468,11 @@ TEST_F(StateTest, FilesAreWrittenAtomically) {
 // Bad input (each case is listed in docs/state-format.md)
 // ---------------------------------------------------------------------------
 
-// The format as the document describes it, read independently of the
-// library: a bitwise CRC-32C and the section walk.
-uint32_t reference_crc32c(const uint8_t* p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-  }
-  return ~c;
-}
-
-struct SectionAt {
-  size_t offset;  // of the section header
-  uint32_t type;
-  int32_t layer;
-  uint64_t payload;
-};
-
-std::vector<SectionAt> walk(const std::vector<uint8_t>& b) {
-  std::vector<SectionAt> out;
-  size_t at = 56;
-  while (at + 16 <= b.size()) {
-    SectionAt s{at, 0, 0, 0};
-    std::memcpy(&s.type, &b[at], 4);
-    std::memcpy(&s.layer, &b[at + 4], 4);
-    std::memcpy(&s.payload, &b[at + 8], 8);
-    out.push_back(s);
-    at += 16 + s.payload + 4;
-  }
-  return out;
-}
+using pqt_state::reference_crc32c;
+using pqt_state::reseal;
+using pqt_state::reseal_header;
+using pqt_state::SectionAt;
+using pqt_state::walk;
 
 // The section of `type` for `layer`.
 SectionAt section(const std::vector<SectionAt>& all, uint32_t type, int32_t layer) {
@@ -507,12 +483,6 @@ SectionAt section(const std::vector<SectionAt>& all, uint32_t type, int32_t laye
 }
 constexpr uint32_t kMeta = 1, kKeysValues = 2, kIndex = 3, kSelectorState = 4;
 
-// Recomputes a section's CRC (after the test changed its payload).
-void reseal(std::vector<uint8_t>& b, const SectionAt& s) {
-  const uint32_t crc = reference_crc32c(&b[s.offset], 16 + s.payload);
-  std::memcpy(&b[s.offset + 16 + s.payload], &crc, 4);
-}
-
 // A copy of `b` with `value` written at byte `at` of section `s`'s frame
 // (16 is the payload's first byte), resealed.
 template <typename T>
@@ -522,11 +492,6 @@ std::vector<uint8_t> patched(const std::vector<uint8_t>& b, const SectionAt& s, 
   std::memcpy(&out[s.offset + at], &value, sizeof value);
   reseal(out, s);
   return out;
-}
-
-void reseal_header(std::vector<uint8_t>& b) {
-  const uint32_t crc = reference_crc32c(b.data(), 52);
-  std::memcpy(&b[52], &crc, 4);
 }
 
 class StateBadInput : public StateTest {
@@ -719,6 +684,70 @@ TEST_F(StateBadInput, WellSealedButInconsistentContent) {
     b.push_back(0);
     EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"follow the end"}));
   }
+}
+
+// Issue 23, D4: sections whose checksums hold but whose build facts are
+// impossible restored with PQ_OK, and pq_layer_info_get reported them.
+TEST_F(StateBadInput, WellSealedButImpossibleNumbers) {
+  const std::vector<SectionAt> all = walk(bytes_);
+  const SectionAt meta = section(all, kMeta, 0), index = section(all, kIndex, 0);
+  // The layer section: tokens, prefill tokens, flags, then the last build's
+  // iterations (byte 16 + 17), budget (16 + 21) and seconds (16 + 25).
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 17, int32_t{-5}), PQ_ERR_CORRUPT,
+                      {"iterations is -5"}));
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 21, std::numeric_limits<int32_t>::min()),
+                      PQ_ERR_CORRUPT, {"budget is -2147483648"}));
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 25, std::nan("")), PQ_ERR_CORRUPT,
+                      {"build seconds is nan"}));
+  // More iterations than the budget the build was given (4).
+  EXPECT_TRUE(Refused(patched(bytes_, meta, 16 + 17, int32_t{5}), PQ_ERR_CORRUPT,
+                      {"iterations is 5", "budget 4"}));
+  // The index section: coded tokens, iterations (16 + 8), budget (16 + 12),
+  // training points (16 + 16) and seconds (16 + 24).
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 16, int64_t{-7}), PQ_ERR_CORRUPT,
+                      {"training points is -7"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 16, int64_t{306}), PQ_ERR_CORRUPT,
+                      {"training points is 306"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 24, -1e300), PQ_ERR_CORRUPT,
+                      {"build seconds is -1e+300"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 24, HUGE_VAL), PQ_ERR_CORRUPT,
+                      {"build seconds is inf"}));
+  EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 8, int32_t{100001}), PQ_ERR_CORRUPT,
+                      {"iterations is 100001"}));
+  // The header's reserved word (bytes 48-51) must be 0, as written.
+  {
+    std::vector<uint8_t> b = bytes_;
+    b[49] = 1;
+    reseal_header(b);
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"reserved"}));
+  }
+  // The end section belongs to no layer: its layer field is -1.
+  EXPECT_TRUE(Refused(patched(bytes_, all.back(), 4, int32_t{0}), PQ_ERR_CORRUPT,
+                      {"end section", "layer 0"}));
+  // The intact state restores, and reports the saved build's facts.
+  ASSERT_EQ(pq_sequence_restore(ctx_, 2, bytes_.data(), bytes_.size()), PQ_OK) << pq_last_error();
+  const pq_layer_info a = layer_info(ctx_, 1, 0), b = layer_info(ctx_, 2, 0);
+  EXPECT_EQ(b.kmeans_iterations, a.kmeans_iterations);
+  EXPECT_EQ(b.kmeans_budget, 4);
+  EXPECT_EQ(b.build_seconds, a.build_seconds);
+}
+
+// Issue 23, D3: no bytes at all (NULL, 0) reached a memcmp of a null
+// pointer (UBSan aborts there); it asks for the header like any short start.
+TEST_F(StateBadInput, RestoreBeginOfNoBytesAsksForTheHeader) {
+  uint64_t used = 0;
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(ctx_, 5, nullptr, 0, &used),
+                      PQ_ERR_BUFFER_TOO_SMALL, {"56"}));
+  EXPECT_EQ(used, 56u);
+  const uint8_t none = 0;
+  used = 0;
+  EXPECT_TRUE(IsError(pq_sequence_restore_begin(ctx_, 5, &none, 0, &used),
+                      PQ_ERR_BUFFER_TOO_SMALL, {"56"}));
+  EXPECT_EQ(used, 56u);
+  EXPECT_TRUE(IsError(pq_sequence_restore(ctx_, 5, nullptr, 0), PQ_ERR_CORRUPT, {"0 bytes"}));
+  int64_t n = 0;
+  ASSERT_EQ(pq_sequence_count(ctx_, &n), PQ_OK);
+  EXPECT_EQ(n, 1);
 }
 
 TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {

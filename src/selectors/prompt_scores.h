@@ -67,6 +67,11 @@ struct PromptScores {
       if (static_cast<int64_t>(s.size()) != prompt_tokens)
         in.corrupt("a kv head has " + std::to_string(s.size()) + " prompt scores; expected " +
                    std::to_string(prompt_tokens));
+      // Sums of attention probabilities: a NaN would break the top-k's order.
+      for (size_t t = 0; t < s.size(); ++t)
+        if (!(s[t] >= 0.f && s[t] < std::numeric_limits<float>::infinity()))
+          in.corrupt("the prompt score of token " + std::to_string(t) + " is " +
+                     number_text(s[t]) + "; expected a finite value >= 0");
     }
   }
 

@@ -9,7 +9,14 @@
 //    one-element buffer, so accepting it would read out of bounds);
 //  - a selection that succeeded is ascending, in range, within capacity;
 //  - outputs are written only inside the buffers the harness allocated to
-//    the exact span of their tensors (ASan checks every byte).
+//    the exact span of their tensors (ASan checks every byte);
+//  - outputs that overlap each other (a selection's counts inside its
+//    positions, an output over a batch's items) are refused, and outputs
+//    laid over the call's own inputs (a selection inside the fetch's
+//    outputs, across batch items, a descriptor inside its positions) never
+//    make it read what it did not check;
+//  - a restored state whose numbers were changed under valid checksums
+//    never reports impossible build facts.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -20,6 +27,7 @@
 #include <limits>
 #include <vector>
 
+#include "fuzz_state.h"
 #include "pqcache.h"
 
 namespace {
@@ -180,7 +188,26 @@ void select(FuzzedDataProvider& in, State& s) {
   s.counts.assign(static_cast<size_t>(c.num_kv_heads), -1);
   Tensor q = make_tensor(in, c.dtype, 1, c.num_q_heads, c.head_dim, in.ConsumeBool());
   pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
-  const pq_status st = pq_decode_select(s.ctx, seq, layer, &q.t, &sel);
+  pq_selection* out = &sel;
+  const int shape = in.ConsumeIntegralInRange(0, 7);
+  if (shape == 1 && s.positions.size() > static_cast<size_t>(c.num_kv_heads)) {
+    // The counts inside the positions: two outputs over each other.
+    std::vector<int32_t> both = s.positions;
+    pq_selection inside{both.data(), both.data() + in.ConsumeIntegralInRange<size_t>(
+                                                        0, both.size() - c.num_kv_heads),
+                        s.capacity};
+    const pq_status st = pq_decode_select(s.ctx, seq, layer, &q.t, &inside);
+    check(st);
+    if (st == PQ_OK && s.capacity > 0) finding("a selection's counts inside its positions were accepted");
+    return;
+  }
+  if (shape == 2 && s.positions.size() * sizeof(int32_t) >= sizeof(pq_selection)) {
+    // The descriptor inside its own positions (the vector's storage is
+    // aligned for it): the first row written replaces it.
+    out = reinterpret_cast<pq_selection*>(s.positions.data());
+    *out = sel;
+  }
+  const pq_status st = pq_decode_select(s.ctx, seq, layer, &q.t, out);
   check(st);
   if (st != PQ_OK) return;
   int64_t length = 0;
@@ -204,6 +231,25 @@ void mangle_selection(FuzzedDataProvider& in, State& s) {
   if (!s.counts.empty() && in.ConsumeBool())
     s.counts[in.ConsumeIntegralInRange<size_t>(0, s.counts.size() - 1)] =
         in.ConsumeIntegralInRange<int32_t>(-1, static_cast<int32_t>(s.capacity) + 1);
+}
+
+// A copy of the harness's selection inside an output tensor's buffer, at a
+// 4-byte aligned offset: positions, or counts, or both (when they fit).
+void place_selection(FuzzedDataProvider& in, const State& s, Tensor& out, pq_selection* sel) {
+  const size_t pos_bytes = s.positions.size() * sizeof(int32_t);
+  const size_t count_bytes = s.counts.size() * sizeof(int32_t);
+  const size_t room = out.bytes.size() & ~size_t{3};
+  const int what = in.ConsumeIntegralInRange(0, 2);
+  if (what != 1 && pos_bytes <= room) {
+    const size_t at = in.ConsumeIntegralInRange<size_t>(0, (room - pos_bytes) / 4) * 4;
+    std::memcpy(out.bytes.data() + at, s.positions.data(), pos_bytes);
+    sel->positions = reinterpret_cast<int32_t*>(out.bytes.data() + at);
+  }
+  if (what != 0 && count_bytes <= room) {
+    const size_t at = in.ConsumeIntegralInRange<size_t>(0, (room - count_bytes) / 4) * 4;
+    std::memcpy(out.bytes.data() + at, s.counts.data(), count_bytes);
+    sel->counts = reinterpret_cast<int32_t*>(out.bytes.data() + at);
+  }
 }
 
 // pq_decode_select_batch over 0..4 items (seq_ids may repeat: a call-level
@@ -256,12 +302,23 @@ void fetch_batch(FuzzedDataProvider& in, State& s) {
   for (size_t i = 0; i < n; ++i) {
     items[i].seq_id = seq_id(in);
     items[i].selection = pq_selection{s.positions.data(), s.counts.data(), s.capacity};
+    // Sometimes a copy of the selection inside another item's (or its
+    // own) output, which that item overwrites while this one reads it.
+    if (in.ConsumeBool()) place_selection(in, s, outs[in.ConsumeIntegralInRange<size_t>(0, 2 * n - 1)],
+                                          &items[i].selection);
     items[i].out_keys = outs[2 * i].t;
     items[i].out_values = outs[2 * i + 1].t;
+  }
+  // Rarely an output over the items array, where the statuses go.
+  bool over_items = false;
+  if (n > 0 && in.ConsumeIntegralInRange(0, 15) == 0) {
+    items[0].out_values.data = items.data();
+    over_items = items[0].out_values.tokens > 0;
   }
   const pq_status st = pq_fetch_kv_batch(s.ctx, layer_of(in, c), items.data(),
                                          static_cast<int64_t>(n));
   check(st);
+  if (st == PQ_OK && over_items) finding("a batch output over the items array was accepted");
   for (size_t i = 0; st == PQ_OK && i < n; ++i)
     if (outs[2 * i].overflows || outs[2 * i + 1].overflows)
       finding("an overflowing batch output was accepted");
@@ -275,6 +332,8 @@ void fetch(FuzzedDataProvider& in, State& s) {
   const int64_t rows = std::max<int64_t>(1, s.capacity);
   Tensor k = make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, true);
   Tensor v = make_tensor(in, c.dtype, rows, c.num_kv_heads, c.head_dim, in.ConsumeBool());
+  // Sometimes the selection inside the outputs it fills.
+  if (in.ConsumeBool()) place_selection(in, s, in.ConsumeBool() ? k : v, &sel);
   const pq_status st = pq_fetch_kv(s.ctx, seq_id(in), layer_of(in, c), &sel,
                                    in.ConsumeBool() ? &k.t : &v.t, &v.t);
   check(st);
@@ -330,6 +389,14 @@ void introspect(FuzzedDataProvider& in, State& s) {
   check(pq_sequence_count(s.ctx, &n));
 }
 
+// What pq_layer_info_get reports of a restored sequence's builds must be
+// what a build can produce, whatever the state said.
+void check_build_facts(State& s, uint64_t seq) {
+  for (int32_t layer = 0; layer < s.config.num_layers; ++layer)
+    if (!build_facts_possible(s.ctx, seq, layer))
+      finding("a restored state reports impossible build facts");
+}
+
 // Save a sequence, damage the bytes or not, restore them into a sequence at
 // once or in pieces: a damaged state must be refused with a status, never
 // crash or load.
@@ -344,7 +411,8 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
   st = pq_sequence_save_buffer(s.ctx, from, bytes.data(), size, &written);
   check(st);
   if (st != PQ_OK) return;
-  const int damage = in.ConsumeIntegralInRange(0, 3);
+  int damage = in.ConsumeIntegralInRange(0, 4);
+  if (damage == 4 && !reseal_a_number(in, bytes)) damage = 0;
   if (damage == 1) {
     bytes.resize(in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1));
   } else if (damage == 2) {
@@ -360,6 +428,7 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
     check(st);
     if (damage == 0 && st != PQ_OK && st != PQ_ERR_OUT_OF_MEMORY && st != PQ_ERR_INVALID_ARGUMENT)
       finding("an intact saved state was refused");
+    if (st == PQ_OK) check_build_facts(s, to);
     return;
   }
   // In pieces: the description, then one section a call, with selections
@@ -368,7 +437,9 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
   uint64_t at = 0, used = 0;
   uint64_t given = in.ConsumeIntegralInRange<uint64_t>(0, bytes.size());
   for (int i = 0; i < 64; ++i) {
-    st = pq_sequence_restore_begin(s.ctx, to, bytes.data(), given, &used);
+    // No bytes at all may come as NULL.
+    const uint8_t* data = given == 0 && in.ConsumeBool() ? nullptr : bytes.data();
+    st = pq_sequence_restore_begin(s.ctx, to, data, given, &used);
     check(st);
     if (st != PQ_ERR_BUFFER_TOO_SMALL) break;
     if (used <= given) finding("restore_begin asked for no more bytes than it had");
@@ -379,6 +450,7 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
     given = used;
   }
   if (st != PQ_OK) return;
+  check_build_facts(s, to);
   at = used;
   for (int i = 0; i < 16 && at < bytes.size(); ++i) {
     select(in, s);
