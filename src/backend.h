@@ -117,6 +117,18 @@ class Backend {
     return false;
   }
 
+  // pq_select_layer for the same layer of several sequences at once
+  // (pq_decode_select_batch): one upload, one scan and one top-k over every
+  // kv head of every item, one download and one wait, where each item's
+  // positions go to outs[i] as pq_select_layer writes them. Items share the
+  // configuration (group size, subspaces, centroids, combine, scale). Returns
+  // false when the backend has no such path or the items do not allow it
+  // (different streams); nothing is written then.
+  virtual bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
+                               const std::vector<int32_t*>& outs) const {
+    return false;
+  }
+
   // The device-side state of one (sequence, layer), or null for a backend
   // without a device. Created with the layer, destroyed with it.
   virtual std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& config) const {
@@ -129,6 +141,12 @@ class Backend {
   // when the store is not device-readable). Returns false when the backend
   // has no such path (the caller stages through host memory).
   virtual bool fetch_to_device(const DeviceFetchArgs& args) const { return false; }
+  // fetch_to_device for the items of a batch (pq_fetch_kv_batch) in one
+  // launch; false, with nothing done, when the backend has no such path or
+  // the items do not allow it (different streams).
+  virtual bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const {
+    return false;
+  }
 
   // Keeps the sink tokens and the local window of a layer on the device
   // (paper Algorithm 1: they stay on the GPU): called after tokens

@@ -160,84 +160,191 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // The rows of a selection into device tensors in one gather launch (K and
-  // V together): sinks and local tokens from the device window, block-cache
-  // hits from their device slots, the rest straight from the host store,
-  // which the kernel reads across PCIe when the store is in the pinned pool.
-  // A store in the caller's memory (host_alloc hook) is not device-readable:
-  // its rows are first copied into pinned staging, spread over the pool.
-  bool fetch_to_device(const DeviceFetchArgs& a) const override {
-    for (const pq_tensor* t : {&a.out_keys, &a.out_values})
-      if (!k_->is_device_pointer(t->data))
-        fail(PQ_ERR_INVALID_ARGUMENT, std::string(t == &a.out_keys ? "out_keys" : "out_values") +
-                                          " is marked PQ_MEMORY_DEVICE but points to memory "
-                                          "CUDA does not know as device memory");
+  // The selection of one layer for every item of a batch in one launch
+  // chain: every item's LUTs and the two row tables go up in one copy, the
+  // codes stay resident per layer (only new codes go up), one scan and one
+  // top-k cover every kv head of every item, and the positions come back in
+  // one copy with the one wait of the call.
+  bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
+                       const std::vector<int32_t*>& outs) const override {
+    if (items.empty()) return true;
+    const PqLayerSelectArgs& first = items.front();
+    for (const PqLayerSelectArgs& a : items)
+      if (a.stream != first.stream || a.device == nullptr || a.kv_heads != first.kv_heads ||
+          a.group_size != first.group_size || a.subspaces != first.subspaces ||
+          a.centroids != first.centroids || a.combine != first.combine || a.scale != first.scale)
+        return false;  // one launch chain needs one stream and one shape
     use_device();
     char err[512] = {0};
-    void* s = a.stream;
-    auto* layer = static_cast<CudaLayer*>(a.device);
-    const int32_t kv_heads = a.out_keys.heads;
-    const size_t rb = a.store.row_bytes();
-    const size_t es = dtype_size(a.out_keys.dtype);
-    int64_t rows = 0;
-    for (int32_t h = 0; h < kv_heads; ++h) rows += a.selection.counts[h];
+    void* s = first.stream;
+    StreamScratch& scratch = scratch_for(s);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    const int32_t m = first.subspaces;
+    const size_t lut_floats = static_cast<size_t>(first.group_size) * m * first.centroids;
+    const size_t rows = items.size() * static_cast<size_t>(first.kv_heads);
+    if (rows > 65535) return false;  // the kernels' grid limit: the caller splits
+    size_t score_floats = 0, out_ints = 0;
+    int64_t max_n = 0;
+    for (const PqLayerSelectArgs& a : items) {
+      score_floats += static_cast<size_t>(a.kv_heads) * (a.end - a.begin);
+      out_ints += static_cast<size_t>(a.kv_heads) * a.k;
+      max_n = std::max(max_n, a.end - a.begin);
+    }
+    // One upload: [LUTs][scan rows][top-k rows], pointers to device memory.
+    const size_t lut_bytes = rows * lut_floats * sizeof(float);
+    const size_t scan_at = lut_bytes;
+    const size_t topk_at = scan_at + rows * sizeof(pq_scan_row);
+    const size_t up_bytes = topk_at + rows * sizeof(pq_topk_row);
+    uint8_t* up = scratch.batch_staging.acquire(up_bytes);
+    auto* d_up = static_cast<uint8_t*>(scratch.arena.get(StreamScratch::kLut, up_bytes));
+    auto* d_scores = static_cast<float*>(
+        scratch.arena.get(StreamScratch::kScores, std::max<size_t>(score_floats, 1) * sizeof(float)));
+    auto* d_out = static_cast<int32_t*>(
+        scratch.arena.get(StreamScratch::kPositions, std::max<size_t>(out_ints, 1) * sizeof(int32_t)));
+    auto* scan_rows = reinterpret_cast<pq_scan_row*>(up + scan_at);
+    auto* topk_rows = reinterpret_cast<pq_topk_row*>(up + topk_at);
+    size_t row = 0, score_at = 0, out_at = 0;
+    for (const PqLayerSelectArgs& a : items) {
+      auto& layer = *static_cast<CudaLayer*>(a.device);
+      const uint8_t* d_codes = resident_codes(layer, a, s);
+      const int64_t n = a.end - a.begin;
+      for (int32_t h = 0; h < a.kv_heads; ++h, ++row) {
+        std::memcpy(up + row * lut_floats * sizeof(float), a.lut + h * lut_floats,
+                    lut_floats * sizeof(float));
+        scan_rows[row] = {reinterpret_cast<const float*>(d_up + row * lut_floats * sizeof(float)),
+                          d_codes + static_cast<size_t>(h) * layer.codes_capacity * m,
+                          d_scores + score_at, a.begin, a.end};
+        topk_rows[row] = {d_scores + score_at, d_out + out_at, n, a.k, a.begin};
+        score_at += static_cast<size_t>(n);
+        out_at += static_cast<size_t>(a.k);
+      }
+    }
+    check(k_->copy_async(d_up, up, up_bytes, s, err, sizeof err), "batch upload", err);
+    scratch.batch_staging.release(s);
+    const int32_t r = static_cast<int32_t>(rows);
+    const size_t scan_ws = k_->pq_scan_rows_workspace_size(r, first.group_size, m, max_n,
+                                                           first.combine);
+    const size_t topk_ws = k_->topk_rows_workspace_size(r, max_n);
+    void* d_scan_ws = scan_ws ? scratch.arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
+    void* d_topk_ws = topk_ws ? scratch.arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
+    check(k_->pq_scan_rows(reinterpret_cast<const pq_scan_row*>(d_up + scan_at), r, max_n,
+                           first.group_size, m, first.centroids, first.combine, first.scale,
+                           d_scan_ws, scan_ws, s, err, sizeof err),
+          "pq_scan_rows", err);
+    check(k_->topk_rows(reinterpret_cast<const pq_topk_row*>(d_up + topk_at), r, max_n, d_topk_ws,
+                        topk_ws, s, err, sizeof err),
+          "topk_rows", err);
+    const size_t out_bytes = out_ints * sizeof(int32_t);
+    uint8_t* positions = scratch.positions.acquire(std::max<size_t>(out_bytes, 1));
+    check(k_->copy_async(positions, d_out, out_bytes, s, err, sizeof err), "positions download",
+          err);
+    check(k_->stream_synchronize(s, err, sizeof err), "batched selection", err);
+    out_at = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(items[i].kv_heads) * items[i].k * sizeof(int32_t);
+      std::memcpy(outs[i], positions + out_at, bytes);
+      out_at += bytes;
+    }
+    return true;
+  }
+
+  bool fetch_to_device(const DeviceFetchArgs& a) const override {
+    return fetch_batch_to_device(std::vector<DeviceFetchArgs>{a});
+  }
+
+  // The rows of the selections of a batch (one item: pq_fetch_kv) into
+  // device tensors in one gather launch, K and V together: sinks and local
+  // tokens from the device window, block-cache hits from their device
+  // slots, the rest straight from the host store, which the kernel reads
+  // across PCIe when the store is in the pinned pool. A store in the
+  // caller's memory (host_alloc hook) is not device-readable: its rows are
+  // first copied into pinned staging, spread over the pool.
+  bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const override {
+    if (items.empty()) return true;
+    void* s = items.front().stream;
+    for (const DeviceFetchArgs& a : items)
+      if (a.stream != s || a.store.row_bytes() != items.front().store.row_bytes()) return false;
+    for (const DeviceFetchArgs& a : items)
+      for (const pq_tensor* t : {&a.out_keys, &a.out_values})
+        if (!k_->is_device_pointer(t->data))
+          fail(PQ_ERR_INVALID_ARGUMENT,
+               std::string(t == &a.out_keys ? "out_keys" : "out_values") +
+                   " is marked PQ_MEMORY_DEVICE but points to memory CUDA does not know as "
+                   "device memory");
+    use_device();
+    char err[512] = {0};
+    const size_t rb = items.front().store.row_bytes();
+    int64_t rows = 0, unreadable_rows = 0;
+    for (const DeviceFetchArgs& a : items) {
+      int64_t item_rows = 0;
+      for (int32_t h = 0; h < a.out_keys.heads; ++h) item_rows += a.selection.counts[h];
+      rows += item_rows;
+      if (!device_reads(a.store)) unreadable_rows += item_rows;
+    }
     if (rows == 0) return true;
-    const bool readable = a.store.allocator().user == pinned_store_.allocator().user;
 
     StreamScratch& scratch = scratch_for(s);
     std::lock_guard<std::mutex> lock(scratch.mutex);
     // Pinned: the plan, sources then destinations, K rows then V rows
-    // (4 x rows pointers); then, for a store the device cannot read, the
-    // staged K and V rows of the misses.
+    // (4 x rows pointers); then room for the staged K and V rows of stores
+    // the device cannot read.
     const size_t plan_bytes = 4 * static_cast<size_t>(rows) * sizeof(void*);
-    const size_t stage_bytes = readable ? 0 : 2 * static_cast<size_t>(rows) * rb;
-    uint8_t* staging = scratch.fetch_staging.acquire(plan_bytes + stage_bytes);
+    uint8_t* staging =
+        scratch.fetch_staging.acquire(plan_bytes + 2 * static_cast<size_t>(unreadable_rows) * rb);
     auto* d_plan = static_cast<void**>(scratch.arena.get(StreamScratch::kFetchPlan, plan_bytes));
     void** src_k = reinterpret_cast<void**>(staging);
     void** src_v = src_k + rows;
     void** dst_k = src_k + 2 * rows;
     void** dst_v = src_k + 3 * rows;
     uint8_t* stage = staging + plan_bytes;
-
-    const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
-    if (use_cache && layer->fill_recorded)  // slot fills of earlier fetches, maybe on another stream
-      check(k_->stream_wait_event(s, layer->fill_event, err, sizeof err), "cache wait", err);
-    // Rows that come from the host store, for the staging pass: (row, position, head).
+    // Rows that must be staged: (plan row, store, position, head).
     struct Miss {
       int64_t row, position;
+      const KvStore* store;
       int32_t head;
+      uint64_t* staged_bytes;
     };
     std::vector<Miss> misses;
     int64_t row = 0;
-    for (int32_t h = 0; h < kv_heads; ++h) {
-      const int32_t* pos = a.selection.positions + h * a.selection.capacity;
-      for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++row) {
-        const int64_t p = pos[i];
-        dst_k[row] = static_cast<uint8_t*>(a.out_keys.data) +
-                     (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
-        dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
-                     (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
-        if (layer != nullptr && layer->d_window != nullptr && (p < a.mid_begin || p >= a.mid_end)) {
-          const int64_t w = layer->window_slot(p);
-          if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
-            src_k[row] = layer->window_row(w, false, h);
-            src_v[row] = layer->window_row(w, true, h);
+    for (const DeviceFetchArgs& a : items) {
+      auto* layer = static_cast<CudaLayer*>(a.device);
+      const size_t es = dtype_size(a.out_keys.dtype);
+      const bool readable = device_reads(a.store);
+      const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
+      if (use_cache && layer->fill_recorded)  // slot fills of earlier fetches, maybe on another stream
+        check(k_->stream_wait_event(s, layer->fill_event, err, sizeof err), "cache wait", err);
+      for (int32_t h = 0; h < a.out_keys.heads; ++h) {
+        const int32_t* pos = a.selection.positions + h * a.selection.capacity;
+        for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++row) {
+          const int64_t p = pos[i];
+          dst_k[row] = static_cast<uint8_t*>(a.out_keys.data) +
+                       (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
+          dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
+                       (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
+          if (layer != nullptr && layer->d_window != nullptr &&
+              (p < a.mid_begin || p >= a.mid_end)) {
+            const int64_t w = layer->window_slot(p);
+            if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
+              src_k[row] = layer->window_row(w, false, h);
+              src_v[row] = layer->window_row(w, true, h);
+              continue;
+            }
+          }
+          int32_t slot = -1;
+          if (use_cache && p >= a.mid_begin && p < a.mid_end) slot = a.cache->lookup(p);
+          if (slot >= 0 &&
+              layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
+            const int64_t offset = p % layer->block_tokens;
+            src_k[row] = layer->slot_row(slot, false, h, offset);
+            src_v[row] = layer->slot_row(slot, true, h, offset);
             continue;
           }
-        }
-        int32_t slot = -1;
-        if (use_cache && p >= a.mid_begin && p < a.mid_end) slot = a.cache->lookup(p);
-        if (slot >= 0 && layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
-          const int64_t offset = p % layer->block_tokens;
-          src_k[row] = layer->slot_row(slot, false, h, offset);
-          src_v[row] = layer->slot_row(slot, true, h, offset);
-          continue;
-        }
-        if (readable) {
-          src_k[row] = const_cast<uint8_t*>(a.store.key_row(p, h));
-          src_v[row] = const_cast<uint8_t*>(a.store.value_row(p, h));
-        } else {
-          misses.push_back({row, p, h});
+          if (readable) {
+            src_k[row] = const_cast<uint8_t*>(a.store.key_row(p, h));
+            src_v[row] = const_cast<uint8_t*>(a.store.value_row(p, h));
+          } else {
+            misses.push_back({row, p, &a.store, h, a.staged_bytes});
+          }
         }
       }
     }
@@ -251,18 +358,20 @@ class CudaBackend final : public Backend {
           const Miss& m = misses[static_cast<size_t>(i)];
           uint8_t* k_row = stage + static_cast<size_t>(i) * rb;
           uint8_t* v_row = stage + static_cast<size_t>(n + i) * rb;
-          std::memcpy(k_row, a.store.key_row(m.position, m.head), rb);
-          std::memcpy(v_row, a.store.value_row(m.position, m.head), rb);
+          std::memcpy(k_row, m.store->key_row(m.position, m.head), rb);
+          std::memcpy(v_row, m.store->value_row(m.position, m.head), rb);
           src_k[m.row] = k_row;
           src_v[m.row] = v_row;
         }
       };
       const int64_t blocks = (n + kBlock - 1) / kBlock;
-      if (a.pool != nullptr && blocks > 1)
-        a.pool->parallel_for(blocks, stage_block);
+      ThreadPool* pool = items.front().pool;
+      if (pool != nullptr && blocks > 1)
+        pool->parallel_for(blocks, stage_block);
       else
         for (int64_t b = 0; b < blocks; ++b) stage_block(b);
-      if (a.staged_bytes != nullptr) *a.staged_bytes += 2 * static_cast<uint64_t>(n) * rb;
+      for (const Miss& m : misses)
+        if (m.staged_bytes != nullptr) *m.staged_bytes += 2 * static_cast<uint64_t>(rb);
     }
     check(k_->copy_async(d_plan, staging, plan_bytes, s, err, sizeof err), "fetch plan upload", err);
     check(k_->gather_rows(const_cast<const void* const*>(d_plan), d_plan + 2 * rows, 2 * rows, rb,
@@ -361,7 +470,7 @@ class CudaBackend final : public Backend {
     char err[512] = {0};
     const int64_t n = static_cast<int64_t>(rows.srcs.size());
     if (n == 0) return 0;
-    const bool readable = store.allocator().user == pinned_store_.allocator().user;
+    const bool readable = device_reads(store);
     const size_t plan_bytes = 2 * static_cast<size_t>(n) * sizeof(void*);
     const size_t stage_bytes = readable ? 0 : static_cast<size_t>(n) * rb;
     uint8_t* pinned = plan.staging.acquire(plan_bytes + stage_bytes);
@@ -385,6 +494,12 @@ class CudaBackend final : public Backend {
           "row gather", err);
     plan.staging.release(stream);
     return stage_bytes;
+  }
+
+  // Whether the device reads the store's rows itself: its chunks are in the
+  // pinned pool (not the caller's host_alloc memory).
+  bool device_reads(const KvStore& store) const {
+    return store.allocator().user == pinned_store_.allocator().user;
   }
 
   // CUDA's current device is per host thread: every entry makes it ours.
@@ -424,7 +539,9 @@ class CudaBackend final : public Backend {
       layer.codes_uploaded = 0;
     }
     if (layer.codes_capacity < a.end) {
-      const int64_t grown = std::max<int64_t>({a.end, 2 * layer.codes_capacity, 4096});
+      // A multiple of 16 tokens: every kv head's codes then start 16-byte
+      // aligned (the scan's vector loads, row by row).
+      const int64_t grown = (std::max<int64_t>({a.end, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
       k_->device_free(layer.d_codes, err, sizeof err);
       layer.d_codes = nullptr;
       layer.codes_capacity = layer.codes_uploaded = 0;

@@ -236,12 +236,14 @@ class CudaLayer final : public DeviceLayer {
 // read it; the mutex serialises host threads that issue on the same stream
 // (sequences sharing it), never those on different streams.
 struct StreamScratch {
-  explicit StreamScratch(const pq_cuda_plugin* k) : arena(k), fetch_staging(k), positions(k) {}
+  explicit StreamScratch(const pq_cuda_plugin* k)
+      : arena(k), fetch_staging(k), positions(k), batch_staging(k) {}
   enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan };
   std::mutex mutex;
   DeviceArena arena;
   PinnedStaging fetch_staging;  // a fetch's plan and staged rows
   PinnedStaging positions;      // a selection's positions on their way to the host
+  PinnedStaging batch_staging;  // a batched selection's LUTs and row tables
 };
 
 }  // namespace cuda_detail

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -30,6 +31,13 @@ struct RestoreProgress {
   SectionOrder order;   // the sections read so far
   uint64_t offset = 0;  // bytes of the state read so far
   std::string failure;  // why a K/V section could not be loaded, if one could not
+};
+
+// What one item of a batched call came to: its status and, on failure,
+// the message (context_batch.cpp).
+struct BatchOutcome {
+  pq_status status = PQ_OK;
+  std::string message;
 };
 
 struct Sequence {
@@ -115,6 +123,24 @@ class Context {
 
  private:
   std::shared_ptr<Sequence> find(uint64_t id) const;
+  // The work of a batch under every item's layer lock (context_batch.cpp):
+  // items (indices), their layers and sequences, in the same order.
+  using BatchRun = std::function<void(const std::vector<size_t>& items,
+                                      const std::vector<Layer*>& layers,
+                                      const std::vector<SequenceInfo>& infos)>;
+  bool run_batch_locked(int32_t layer, const std::vector<uint64_t>& ids,
+                        std::vector<BatchOutcome>& outcomes, std::atomic<uint64_t> Counters::*time,
+                        const BatchRun& run);
+  // decode_select_batch's path for a backend that chooses every item's
+  // middle in one call; false when it does not apply (context_batch.cpp).
+  bool select_batch_on_device(int32_t layer, const std::vector<pq_select_item>& local,
+                              const std::vector<std::vector<float>>& queries,
+                              std::vector<pq_selection>& outs, std::vector<BatchOutcome>& outcomes);
+  struct FetchArgs;
+  // fetch_batch's path for a backend that gathers every item in one launch.
+  bool fetch_batch_on_device(int32_t layer, const std::vector<pq_fetch_item>& local,
+                             const std::vector<FetchArgs>& args,
+                             std::vector<BatchOutcome>& outcomes);
   // A new sequence with its fixed state reserved, not yet in the map;
   // `what` names the call for the memory limit's message.
   std::shared_ptr<Sequence> new_sequence(uint64_t id, const std::string& what);

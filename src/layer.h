@@ -16,6 +16,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,25 @@ class Layer {
   // pq_decode_select: queries [q_heads][head_dim] as floats. Returns the
   // entries written per kv head.
   int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
+
+  // pq_decode_select in two halves around the choice of the middle, so that
+  // a batch can have the middles of many sequences' layers chosen in one
+  // device call (Context::decode_select_batch). The caller holds mutex()
+  // (after settle()) across both halves. select_prepare() checks, codes the
+  // tokens that left the window and brings the selector's state up to
+  // date; select_finish() writes the sinks, the chosen middle and the local
+  // window, and counts the call.
+  struct PreparedSelect {
+    Regions regions{};
+    std::optional<LayerSelection> request;  // refers to this layer: valid under its lock
+    std::vector<int32_t> middle;            // [kv_heads][k], chosen by the selector
+    uint64_t bytes = 0;                     // what the selector read to choose it
+  };
+  std::mutex& mutex() { return mutex_; }
+  void select_prepare(const std::vector<float>& queries, pq_selection* out,
+                      const SequenceInfo& seq, PreparedSelect& prepared);
+  int64_t select_finish(const PreparedSelect& prepared, pq_selection* out,
+                        const SequenceInfo& seq);
   // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
   void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
   // pq_observe_attention, on the copied selection (call_args.h) and probs
@@ -137,6 +157,29 @@ class Layer {
   // pq_fetch_kv, on the copied selection, after the output tensors' checks.
   void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
              const pq_tensor& out_values, const SequenceInfo& seq);
+  // pq_fetch_kv in two halves around the gather, so that a batch's device
+  // fetches run in one launch (Context::fetch_batch), under mutex() as for
+  // select_prepare. fetch_prepare() checks and reserves what the block
+  // cache's update needs and, for device outputs, says what the backend's
+  // gather needs; fetch_finish() gathers on the host if the device did not
+  // (on_device false), updates the cache and counts.
+  struct PreparedFetch {
+    Regions regions{};
+    const pq_selection* selection = nullptr;
+    const pq_tensor* out_keys = nullptr;
+    const pq_tensor* out_values = nullptr;
+    uint64_t rows = 0;    // selected rows, all kv heads
+    uint64_t staged = 0;  // bytes the backend staged on the CPU
+    std::vector<int32_t> sorted_scratch;
+    std::optional<DeviceFetchArgs> device_args;  // for device outputs; points at `staged`
+    PreparedFetch() = default;
+    PreparedFetch(const PreparedFetch&) = delete;  // device_args points into it
+    PreparedFetch& operator=(const PreparedFetch&) = delete;
+  };
+  void fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
+                     const pq_tensor& out_values, const SequenceInfo& seq,
+                     PreparedFetch& prepared);
+  void fetch_finish(PreparedFetch& prepared, bool on_device, const SequenceInfo& seq);
 
   // --- sequence state (layer_state.cpp) ------------------------------------
   // pq_sequence_truncate: keeps the first `tokens` tokens (fewer than held).

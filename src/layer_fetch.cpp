@@ -17,40 +17,55 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
                   const pq_tensor& out_values, const SequenceInfo& seq) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
+  PreparedFetch prepared;
+  fetch_prepare(sel, max_count, out_keys, out_values, seq, prepared);
+  const bool on_device = prepared.device_args.has_value() &&
+                         shared_.backend->fetch_to_device(*prepared.device_args);
+  fetch_finish(prepared, on_device, seq);
+}
+
+void Layer::fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
+                          const pq_tensor& out_values, const SequenceInfo& seq,
+                          PreparedFetch& prepared) {
   require_prefill(seq.id, "pq_fetch_kv");
   require_kv(seq.id, "pq_fetch_kv");
   const int32_t kv_heads = shared_.config.num_kv_heads;
   check_positions(sel, kv_heads, store_.tokens(), layer_index_);
   const Regions r = shared_.regions(store_.tokens(), layer_index_);
-  const size_t rb = store_.row_bytes();
-  uint64_t rows = 0;
-  for (int32_t h = 0; h < kv_heads; ++h) rows += static_cast<uint64_t>(sel->counts[h]);
+  prepared.regions = r;
+  prepared.selection = sel;
+  prepared.out_keys = &out_keys;
+  prepared.out_values = &out_values;
+  prepared.rows = 0;
+  for (int32_t h = 0; h < kv_heads; ++h) prepared.rows += static_cast<uint64_t>(sel->counts[h]);
   // Every allocation the cache's update needs happens here, before any
   // output is written: past this point the fetch cannot fail halfway.
-  std::vector<int32_t> sorted_scratch;
   if (cache_) {
     cache_->reserve(r.n);
-    sorted_scratch.reserve(static_cast<size_t>(max_count));
+    prepared.sorted_scratch.reserve(static_cast<size_t>(max_count));
   }
-  const Backend& backend = *shared_.backend;
-  uint64_t staged = 0;
-  const bool on_device =
-      out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE &&
-      backend.fetch_to_device(DeviceFetchArgs{device_.get(), store_, *sel, out_keys, out_values,
-                                              cache_.get(), r.sink_end, r.mid_end, seq.stream,
-                                              shared_.pool.get(), &staged});
-  if (!on_device) gather_on_host(sel, out_keys, out_values, rows);
+  if (out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE)
+    prepared.device_args.emplace(DeviceFetchArgs{device_.get(), store_, *sel, out_keys, out_values,
+                                                 cache_.get(), r.sink_end, r.mid_end, seq.stream,
+                                                 shared_.pool.get(), &prepared.staged});
+}
+
+void Layer::fetch_finish(PreparedFetch& prepared, bool on_device, const SequenceInfo& seq) {
+  if (!on_device)
+    gather_on_host(prepared.selection, *prepared.out_keys, *prepared.out_values, prepared.rows);
   // Device slots are filled only for device fetches: a host fetch never
   // reads them, so it should not pay their PCIe traffic.
   const CacheCount cached =
-      cache_ ? update_cache(r, sel, on_device ? seq.stream : nullptr, on_device, sorted_scratch)
+      cache_ ? update_cache(prepared.regions, prepared.selection, on_device ? seq.stream : nullptr,
+                            on_device, prepared.sorted_scratch)
              : CacheCount{};
+  const uint64_t rb = store_.row_bytes();
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->fetch_calls.fetch_add(1);
-    c->bytes_fetched.fetch_add(rows * rb * 2);
+    c->bytes_fetched.fetch_add(prepared.rows * rb * 2);
     c->cache_hits.fetch_add(cached.hits);
     c->cache_misses.fetch_add(cached.misses);
-    c->bytes_staged.fetch_add(staged + cached.staged);
+    c->bytes_staged.fetch_add(prepared.staged + cached.staged);
   }
 }
 

@@ -19,6 +19,14 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
                       const SequenceInfo& seq) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
+  PreparedSelect prepared;
+  select_prepare(queries, out, seq, prepared);
+  prepared.bytes = shared_.selector->select_layer(*prepared.request, prepared.middle.data());
+  return select_finish(prepared, out, seq);
+}
+
+void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
+                           const SequenceInfo& seq, PreparedSelect& prepared) {
   const Selector& selector = *shared_.selector;
   if (selector.needs_index()) {
     require_index(seq.id);
@@ -50,44 +58,50 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
 
   // The middle is chosen aside and the rows written only when every head
   // succeeded: outputs are written only on success.
-  std::vector<int32_t> middle(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k));
-  const LayerSelection request{store_,
-                               index_.get(),
-                               *shared_.backend,
-                               kv_heads,
-                               shared_.group_size,
-                               shared_.config.head_dim,
-                               shared_.config.dtype,
-                               queries.data(),
-                               r.sink_end,
-                               r.mid_end,
-                               r.k,
-                               shared_.config.gqa_combine,
-                               shared_.scale,
-                               shared_.scratch,
-                               selector_state_.get(),
-                               shared_.config,
-                               layer_index_,
-                               device_.get(),
-                               index_generation_,
-                               seq.stream,
-                               shared_.pool.get()};
-  const uint64_t bytes = selector.select_layer(request, middle.data());
+  prepared.regions = r;
+  prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
+  prepared.request.emplace(LayerSelection{store_,
+                                          index_.get(),
+                                          *shared_.backend,
+                                          kv_heads,
+                                          shared_.group_size,
+                                          shared_.config.head_dim,
+                                          shared_.config.dtype,
+                                          queries.data(),
+                                          r.sink_end,
+                                          r.mid_end,
+                                          r.k,
+                                          shared_.config.gqa_combine,
+                                          shared_.scale,
+                                          shared_.scratch,
+                                          selector_state_.get(),
+                                          shared_.config,
+                                          layer_index_,
+                                          device_.get(),
+                                          index_generation_,
+                                          seq.stream,
+                                          shared_.pool.get()});
+}
 
-  for (int32_t h = 0; h < kv_heads; ++h) {
+int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
+                             const SequenceInfo& seq) {
+  const Regions& r = prepared.regions;
+  const int64_t count = r.count();
+  for (int32_t h = 0; h < shared_.config.num_kv_heads; ++h) {
     int32_t* row = out->positions + h * out->capacity;
     int64_t w = 0;
     for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
     if (r.k > 0)  // middle is empty then, and memcpy from its null data() is undefined
-      std::memcpy(row + w, middle.data() + h * r.k, static_cast<size_t>(r.k) * sizeof(int32_t));
+      std::memcpy(row + w, prepared.middle.data() + h * r.k,
+                  static_cast<size_t>(r.k) * sizeof(int32_t));
     w += r.k;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
     out->counts[h] = static_cast<int32_t>(count);
   }
-  last_select_bytes_ = bytes;
+  last_select_bytes_ = prepared.bytes;
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->select_calls.fetch_add(1);
-    c->bytes_scored.fetch_add(bytes);
+    c->bytes_scored.fetch_add(prepared.bytes);
   }
   return count;
 }

@@ -42,30 +42,76 @@ class PqSelector final : public Selector {
   // (one upload, scan, top-k and wait for all heads) where the backend has
   // a device, else the host path head by head.
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
-    const int64_t m = r.middle();
-    if (r.k == 0 || r.k >= m) return Selector::select_layer(r, out);  // nothing to score
+    if (trivial(r)) return Selector::select_layer(r, out);  // nothing to score
+    std::vector<float> luts = layer_luts(r);
+    if (r.backend.pq_select_layer(device_args(r, luts), out)) return bytes_read(r);
+    return scan_layer_on_host(r, luts, out);
+  }
+
+  // A batch of sequences at one layer: every LUT on the host, then one
+  // device call for all of them where the backend has one.
+  bool batched_layers() const override { return true; }
+  void select_layers(const std::vector<const LayerSelection*>& requests,
+                     const std::vector<int32_t*>& outs,
+                     std::vector<uint64_t>& bytes) const override {
+    bytes.assign(requests.size(), 0);
+    std::vector<std::vector<float>> luts(requests.size());
+    std::vector<PqLayerSelectArgs> args;
+    std::vector<int32_t*> device_outs;
+    std::vector<size_t> scored;  // requests in args, by index
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const LayerSelection& r = *requests[i];
+      if (trivial(r)) {
+        bytes[i] = Selector::select_layer(r, outs[i]);
+        continue;
+      }
+      luts[i] = layer_luts(r);
+      args.push_back(device_args(r, luts[i]));
+      device_outs.push_back(outs[i]);
+      scored.push_back(i);
+    }
+    if (scored.empty()) return;
+    const bool on_device = requests[scored.front()]->backend.pq_select_batch(args, device_outs);
+    for (size_t i : scored)
+      bytes[i] = on_device ? bytes_read(*requests[i])
+                           : scan_layer_on_host(*requests[i], luts[i], outs[i]);
+  }
+
+ private:
+  static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle(); }
+  static uint64_t bytes_read(const LayerSelection& r) {
+    return static_cast<uint64_t>(r.middle()) * r.index->codebook->subspaces * r.kv_heads;
+  }
+  // Every kv head's LUT, [kv_heads][group][m][centroids].
+  static std::vector<float> layer_luts(const LayerSelection& r) {
     const PqCodebook& cb = *r.index->codebook;
     const size_t per_head = lut_floats(cb, r.group_size);
     std::vector<float> luts(per_head * static_cast<size_t>(r.kv_heads));
     for (int32_t h = 0; h < r.kv_heads; ++h)
       build_lut(cb, h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim,
                 r.group_size, r.head_dim, luts.data() + per_head * h);
-    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces * r.kv_heads;
-    const PqLayerSelectArgs device_args{r.device,       r.index_generation, r.kv_heads,
-                                        r.group_size,   cb.subspaces,       cb.centroids,
-                                        luts.data(),    r.index->codes.data(), r.index->coded_tokens,
-                                        r.mid_begin,    r.mid_end,          r.combine,
-                                        r.scale,        r.k,                r.stream};
-    if (r.backend.pq_select_layer(device_args, out)) return bytes;
+    return luts;
+  }
+  static PqLayerSelectArgs device_args(const LayerSelection& r, const std::vector<float>& luts) {
+    const PqCodebook& cb = *r.index->codebook;
+    return PqLayerSelectArgs{r.device,       r.index_generation, r.kv_heads,
+                             r.group_size,   cb.subspaces,       cb.centroids,
+                             luts.data(),    r.index->codes.data(), r.index->coded_tokens,
+                             r.mid_begin,    r.mid_end,          r.combine,
+                             r.scale,        r.k,                r.stream};
+  }
+  // The host path of a layer: head by head (in parallel for a large one).
+  uint64_t scan_layer_on_host(const LayerSelection& r, const std::vector<float>& luts,
+                              int32_t* out) const {
+    const size_t per_head = lut_floats(*r.index->codebook, r.group_size);
     r.for_each_head([&](int64_t h) {
       ScratchLease scratch(r.scratch);
       scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
                    out + h * r.k);
     });
-    return bytes;
+    return bytes_read(r);
   }
 
- private:
   static size_t lut_floats(const PqCodebook& cb, int32_t group_size) {
     return static_cast<size_t>(group_size) * cb.subspaces * cb.centroids;
   }

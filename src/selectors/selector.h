@@ -167,6 +167,15 @@ class Selector {
   // top-k and one wait for all of them).
   virtual uint64_t select_layer(const LayerSelection& r, int32_t* out) const;
 
+  // select_layer for the same layer of several sequences (a batch), each
+  // request's middle into outs[i]; bytes[i] gets what each read. Whether a
+  // batch is worth a call of its own is the backend's to say (a device
+  // chooses every middle in one launch chain); the default selects item by
+  // item, and batched_layers() says whether a selector does better.
+  virtual void select_layers(const std::vector<const LayerSelection*>& requests,
+                             const std::vector<int32_t*>& outs, std::vector<uint64_t>& bytes) const;
+  virtual bool batched_layers() const { return false; }
+
   // Middle tokens to select at `layer`, given the configured k and the
   // number of middle tokens (PyramidKV varies it by layer). At most middle.
   virtual int64_t budget(int64_t k, int64_t middle, int32_t layer, const pq_config& c) const {

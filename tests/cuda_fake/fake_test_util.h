@@ -117,4 +117,15 @@ Ctx make_fake_cuda_ctx(pq_config c) {
 
 std::vector<uint8_t> host_bytes(const HostTensor& t) { return t.bytes; }
 
+// One decode step's data for (layer, step): a token's K/V and its query.
+struct Step {
+  HostTensor k, v, q;
+};
+Step step_data(int32_t layer, int64_t step, int32_t dtype, uint64_t seq) {
+  const uint64_t seed = 1000003 * seq + 7919 * layer + step;
+  return Step{make_tensor(random_normal(kKvHeads * kDim, seed), 1, kKvHeads, kDim, dtype),
+              make_tensor(random_normal(kKvHeads * kDim, seed + 1), 1, kKvHeads, kDim, dtype),
+              make_tensor(random_normal(kQHeads * kDim, seed + 2), 1, kQHeads, kDim, dtype)};
+}
+
 }  // namespace

@@ -25,17 +25,6 @@ namespace {
 
 using namespace pqt;
 
-// One decode step's data for (layer, step): a token's K/V and its query.
-struct Step {
-  HostTensor k, v, q;
-};
-Step step_data(int32_t layer, int64_t step, int32_t dtype, uint64_t seq) {
-  const uint64_t seed = 1000003 * seq + 7919 * layer + step;
-  return Step{make_tensor(random_normal(kKvHeads * kDim, seed), 1, kKvHeads, kDim, dtype),
-              make_tensor(random_normal(kKvHeads * kDim, seed + 1), 1, kKvHeads, kDim, dtype),
-              make_tensor(random_normal(kQHeads * kDim, seed + 2), 1, kQHeads, kDim, dtype)};
-}
-
 class FakeCudaBackend : public ::testing::TestWithParam<int32_t> {
  protected:
   void SetUp() override {
