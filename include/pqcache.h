@@ -922,6 +922,53 @@ typedef struct pq_fetch_item {
 PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
                                    pq_fetch_item* items, int64_t count);
 
+/* --- A decode step that stays on the device (added in 0.7) ---------------
+ * On the CUDA backend a selection can live in device memory: its
+ * positions (num_kv_heads * capacity int32) and counts (num_kv_heads int32)
+ * are device arrays of the context's device, with pq_selection's layout.
+ * pq_decode_select_device writes one and pq_fetch_kv_device reads it, both
+ * enqueued on the sequence's stream (pq_sequence_set_stream) without a host
+ * wait, so that select and fetch overlap the caller's own work on that
+ * stream; the host-positions calls above wait once for the positions. The
+ * results are complete once the stream is. */
+
+/* pq_decode_select with a query and a selection in device memory: the
+ * lookup table is built on the device from the query (bit-identical to the
+ * host's), the middle is scored and its top k chosen there, and the sinks,
+ * the middle and the local window are written into out's device arrays,
+ * all on the sequence's stream; the call returns without waiting. It
+ * selects what pq_decode_select would. A NaN in the query is not detected
+ * (that needs the host to read it). PQ selector only.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (query shape or dtype, out or its arrays
+ * NULL), PQ_ERR_BUFFER_TOO_SMALL (out->capacity below
+ * pq_selection_capacity; the message says what is needed; nothing is
+ * written), PQ_ERR_UNSUPPORTED (the CPU backend, another selector, a query
+ * or arrays the device does not know as its memory), PQ_ERR_NOT_FOUND,
+ * PQ_ERR_BAD_STATE (layer never prefilled).
+ * Threading: as pq_decode_select. */
+PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,
+                                         int32_t layer, const pq_tensor* query,
+                                         pq_selection* out);
+
+/* pq_fetch_kv of a selection in device memory, as pq_decode_select_device
+ * writes it, into device tensors of at least selection->capacity tokens:
+ * one gather on the device reads the selection there, the sink and local
+ * rows from the device window and the others from the host store across
+ * PCIe; the call returns without waiting. The block cache is neither read
+ * nor updated (its bookkeeping needs the positions on the host) and its
+ * counters do not move. Positions are read by the device: a count above
+ * capacity is taken as capacity, and a position outside the sequence's
+ * tokens is not read, its rows written as zeros.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (output shapes, dtype, overlap, NULL
+ * arrays), PQ_ERR_UNSUPPORTED (the CPU backend, host outputs, arrays the
+ * device does not know as its memory, a K/V store in the caller's
+ * host_alloc memory, which the device cannot read), PQ_ERR_NOT_FOUND,
+ * PQ_ERR_BAD_STATE (layer never prefilled). Threading: as pq_fetch_kv. */
+PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
+                                    int32_t layer, const pq_selection* selection,
+                                    const pq_tensor* out_keys,
+                                    const pq_tensor* out_values);
+
 /* ------------------------------------------------------------------------ */
 /* Inputs some selectors need                                               */
 /* ------------------------------------------------------------------------ */

@@ -2,8 +2,9 @@
 // dlopen at run time, so the core never links cudart. Its one table
 // (src/cuda_plugin_abi.h) carries device memory, mapped pinned host memory,
 // streams, events and copies (memory.cu), the PQ scoring (pq_scan.cu) and
-// top-k (topk.cu) kernels, PQ encoding (encode.cu) and the row gather of
-// pq_fetch_kv (gather.cu).
+// top-k (topk.cu) kernels, PQ encoding (encode.cu), the row gather of
+// pq_fetch_kv (gather.cu) and the kernels of a decode step that stays on the
+// device (device_selection.cu).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -154,6 +155,9 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::pq_scan_rows,
     pqcuda::topk_rows_workspace_size,
     pqcuda::topk_rows,
+    pqcuda::pq_lut,
+    pqcuda::fill_selection,
+    pqcuda::gather_selected,
 };
 
 }  // namespace

@@ -59,6 +59,15 @@ int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t r
 int gather_rows(const void* const* d_srcs, void* const* d_dsts, int64_t rows, size_t row_bytes,
                 void* stream, char* err, size_t err_len);
 
+// device_selection.cu: a decode step that stays on the device.
+int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+           int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
+           int32_t sub_dim, float* d_lut, void* stream, char* err, size_t err_len);
+int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64_t capacity,
+                   int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
+                   int64_t n, void* stream, char* err, size_t err_len);
+int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t err_len);
+
 // encode.cu: PQ codes with the CPU's nearest-centroid rule.
 int encode(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,
            int32_t subspaces, int32_t centroids, int32_t sub_dim, uint8_t* d_codes,

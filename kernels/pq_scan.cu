@@ -108,6 +108,21 @@ struct ScanParams {
 // constant); any other m (M = 0) uses one token per slot with byte loads.
 __host__ __device__ constexpr int tokens_per_slot(int M) { return M > 0 ? 16 / M : 1; }
 
+__host__ __device__ int vector_width(int32_t m) {
+  return (m == 1 || m == 2 || m == 4 || m == 8 || m == 16) ? m : 0;
+}
+
+// Blocks per row for n tokens. A row of a table (pq_scan_rows) gets exactly
+// the blocks a single row of its n gets (the grid's extra blocks return), so
+// its partial sums, and with them its SUM_SOFTMAX scores, are bit for bit
+// those of the same row scored alone.
+__host__ __device__ int32_t blocks_per_head(int32_t m, int64_t n) {
+  const int M = vector_width(m);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kSlotsPerThread * tokens_per_slot(M);
+  const int64_t b = (n + 16 + per_block - 1) / per_block;  // +16: a partial slot at each end
+  return static_cast<int32_t>(b < 1 ? 1 : b);
+}
+
 template <int M>
 __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int stage) {
   constexpr int TPT = tokens_per_slot(M);
@@ -126,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
   const uint32_t code_mask = static_cast<uint32_t>(C - 1);  // C is a power of two
   const int mC = m * C;
   const int kv = blockIdx.y;  // the row
-  const int bph = gridDim.x;
+  const int stride = gridDim.x;  // of the partial arrays: blocks of the longest row
   // The row: its LUT, the codes its token indices count from, its first and
   // end token (T0, T1) and its scores.
   const float* lut_head;
@@ -148,6 +163,8 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
     T1 = T0 + p.n;
   }
   const int64_t n = T1 - T0;
+  const int bph = p.rows != nullptr ? blocks_per_head(m, n) : stride;
+  if (static_cast<int>(blockIdx.x) >= bph) return;  // a shorter row's spare block
   // uint4 loads need 16-byte aligned codes (slot boundaries are multiples of
   // 16 bytes from `codes`); otherwise every slot takes the byte path.
   const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0;
@@ -215,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
   // per-block partials of its head in the same fixed order.
   if (p.mode == kModeSoftmax && stage != kStageMax) {
     for (int g = 0; g < p.group; ++g) {
-      const size_t row = (static_cast<size_t>(kv) * p.group + g) * bph;
+      const size_t row = (static_cast<size_t>(kv) * p.group + g) * stride;
       float v = -INFINITY;
       for (int b = tid; b < bph; b += kThreads) v = fmaxf(v, p.part_max[row + b]);
       v = Reduce(reduce_tmp).Reduce(v, MaxOp());
@@ -259,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
               local += exp_nonpositive(__fsub_rn(__fmul_rn(s, p.scale), max_logit));
           }
         }
-        const size_t at = (static_cast<size_t>(kv) * p.group + g) * bph + blockIdx.x;
+        const size_t at = (static_cast<size_t>(kv) * p.group + g) * stride + blockIdx.x;
         if (stage == kStageMax) {
           local = Reduce(reduce_tmp).Reduce(local, MaxOp());
           if (tid == 0) p.part_max[at] = local;
@@ -331,15 +348,6 @@ __global__ void __launch_bounds__(kThreads) pq_scan_kernel(ScanParams p, int sta
       if (i >= 0 && i < n) out_row[i] = outbuf[(e / TPT) * kPad + e % TPT];
     }
   }
-}
-
-int vector_width(int32_t m) { return (m == 1 || m == 2 || m == 4 || m == 8 || m == 16) ? m : 0; }
-
-int32_t blocks_per_head(int32_t m, int64_t n) {
-  const int M = vector_width(m);
-  const int64_t per_block = static_cast<int64_t>(kThreads) * kSlotsPerThread * tokens_per_slot(M);
-  const int64_t b = (n + 16 + per_block - 1) / per_block;  // +16: a partial slot at each end
-  return static_cast<int32_t>(b < 1 ? 1 : b);
 }
 
 template <int M>

@@ -320,6 +320,20 @@ pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer, pq_fetch_item* items
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).fetch_batch(layer, items, count); });
 }
 
+pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                  const pq_tensor* query, pq_selection* out) {
+  return guarded_on(ctx, __func__,
+                    [&] { ctx_of(ctx).decode_select_device(seq_id, layer, query, out); });
+}
+
+pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                             const pq_selection* selection, const pq_tensor* out_keys,
+                             const pq_tensor* out_values) {
+  return guarded_on(ctx, __func__, [&] {
+    ctx_of(ctx).fetch_kv_device(seq_id, layer, selection, out_keys, out_values);
+  });
+}
+
 pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,
                            pq_selection* out) {
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });

@@ -14,6 +14,7 @@
 #include "block_cache.h"
 #include "code_column.h"
 #include "hooks.h"
+#include "kmeans.h"
 #include "kv_store.h"
 #include "pqcache.h"
 #include "thread_pool.h"
@@ -56,6 +57,27 @@ struct DeviceFetchArgs {
   void* stream;
   ThreadPool* pool;            // spreads host work (staging); may be null
   uint64_t* staged_bytes;      // += bytes the CPU copied to stage rows; may be null
+};
+
+// pq_decode_select_device of one layer: the whole selection written into
+// device memory on the stream, the LUT built there from the device query.
+struct DeviceSelectArgs {
+  PqLayerSelectArgs layer;     // lut unused; k may be 0 or the whole middle
+  const PqCodebook* codebook;  // its centroids go up once per index
+  const pq_tensor& query;      // device memory, 1 token x q heads
+  int64_t tokens;              // sinks [0, layer.begin), local [layer.end, tokens)
+  const pq_selection& out;     // device arrays
+};
+
+// pq_fetch_kv_device of one layer: a selection in device memory gathered
+// on the device.
+struct DeviceSelectionFetchArgs {
+  DeviceLayer* device;
+  const KvStore& store;
+  const pq_selection& selection;  // device arrays
+  const pq_tensor& out_keys;      // device memory, >= selection.capacity tokens
+  const pq_tensor& out_values;
+  void* stream;
 };
 
 // A device-to-host copy in flight into page-locked memory it owns.
@@ -126,6 +148,15 @@ class Backend {
   // (different streams); nothing is written then.
   virtual bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
                                const std::vector<int32_t*>& outs) const {
+    return false;
+  }
+
+  // The decode step kept on the device (pq_decode_select_device,
+  // pq_fetch_kv_device): enqueued on the stream, no host wait. False when
+  // the backend has no such path; throws PQ_ERR_UNSUPPORTED for memory the
+  // device does not know, or a store it cannot read.
+  virtual bool select_to_device(const DeviceSelectArgs& args) const { return false; }
+  virtual bool fetch_device_selection(const DeviceSelectionFetchArgs& args) const {
     return false;
   }
 

@@ -248,6 +248,135 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // The whole selection of one layer written into device memory with no
+  // host wait: the LUT from the device query (pq_lut), the resident codes,
+  // one scan, one top-k into scratch, then fill_selection writes the sinks,
+  // the middle and the local window into the caller's arrays.
+  bool select_to_device(const DeviceSelectArgs& a) const override {
+    const PqLayerSelectArgs& l = a.layer;
+    require_device_memory(a.query.data, "query.data");
+    if (a.out.capacity > 0) require_device_memory(a.out.positions, "out->positions");
+    require_device_memory(a.out.counts, "out->counts");
+    use_device();
+    char err[512] = {0};
+    void* s = l.stream;
+    StreamScratch& scratch = scratch_for(s);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    const int64_t n = l.end - l.begin;
+    if (l.k == 0 || l.k >= n) {  // nothing to score: the whole middle, or none of it
+      const int64_t sinks = l.k == 0 ? l.begin : l.end;
+      check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads, a.out.capacity, sinks,
+                               nullptr, 0, l.end, a.tokens, s, err, sizeof err),
+            "fill_selection", err);
+      return true;
+    }
+    auto& layer = *static_cast<CudaLayer*>(l.device);
+    const PqCodebook& cb = *a.codebook;
+    const size_t centroid_bytes = cb.data.size() * sizeof(float);
+    if (layer.centroids_generation != l.index_generation) {
+      if (layer.centroids_bytes < centroid_bytes) {
+        k_->device_free(layer.d_centroids, err, sizeof err);
+        layer.d_centroids = nullptr;
+        layer.centroids_bytes = 0;
+        if (k_->device_alloc(&layer.d_centroids, centroid_bytes, err, sizeof err) != 0)
+          fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(centroid_bytes) +
+                                         " device bytes of the layer's centroids could not be "
+                                         "allocated: " + err);
+        layer.centroids_bytes = centroid_bytes;
+      }
+      check(k_->copy_async(layer.d_centroids, cb.data.data(), centroid_bytes, s, err, sizeof err),
+            "centroids upload", err);
+      layer.centroids_generation = l.index_generation;
+    }
+    const int32_t m = l.subspaces;
+    const size_t lut_bytes =
+        static_cast<size_t>(l.kv_heads) * l.group_size * m * l.centroids * sizeof(float);
+    auto* d_lut = static_cast<float*>(scratch.arena.get(StreamScratch::kLut, lut_bytes));
+    const int64_t head_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
+    check(k_->pq_lut(a.query.data, a.query.dtype, head_stride, l.kv_heads, l.group_size,
+                     static_cast<const float*>(layer.d_centroids), m, l.centroids, cb.sub_dim,
+                     d_lut, s, err, sizeof err),
+          "pq_lut", err);
+    const uint8_t* d_codes = resident_codes(layer, l, s);
+    const size_t scan_ws = k_->pq_scan_workspace_size(l.kv_heads, l.group_size, m, n, l.combine);
+    const size_t topk_ws = k_->topk_workspace_size(l.kv_heads, n, l.k);
+    auto* d_scores = static_cast<float*>(
+        scratch.arena.get(StreamScratch::kScores, static_cast<size_t>(l.kv_heads) * n * sizeof(float)));
+    auto* d_middle = static_cast<int32_t*>(scratch.arena.get(
+        StreamScratch::kPositions, static_cast<size_t>(l.kv_heads) * l.k * sizeof(int32_t)));
+    void* d_scan_ws = scan_ws ? scratch.arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
+    void* d_topk_ws = topk_ws ? scratch.arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
+    check(k_->pq_scan(d_lut, d_codes, l.kv_heads, l.group_size, m, l.centroids,
+                      layer.codes_capacity, l.begin, l.end, l.combine, l.scale, d_scores,
+                      d_scan_ws, scan_ws, s, err, sizeof err),
+          "pq_scan", err);
+    check(k_->topk(d_scores, l.kv_heads, n, l.k, l.begin, d_middle, d_topk_ws, topk_ws, s, err,
+                   sizeof err),
+          "topk", err);
+    check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads, a.out.capacity, l.begin,
+                             d_middle, l.k, l.end, a.tokens, s, err, sizeof err),
+          "fill_selection", err);
+    return true;
+  }
+
+  // A selection in device memory gathered in one launch, the store read
+  // through device tables of its chunk addresses (sent again only when the
+  // chunks changed) and the sink and local rows from the device window.
+  bool fetch_device_selection(const DeviceSelectionFetchArgs& a) const override {
+    require_device_memory(a.out_keys.data, "out_keys.data");
+    require_device_memory(a.out_values.data, "out_values.data");
+    if (a.selection.capacity > 0) require_device_memory(a.selection.positions, "selection->positions");
+    require_device_memory(a.selection.counts, "selection->counts");
+    if (!device_reads(a.store))
+      fail(PQ_ERR_UNSUPPORTED,
+           "the K/V store is in the caller's host_alloc memory, which the device cannot read; "
+           "a selection in device memory needs the CUDA backend's own store (no host_alloc "
+           "hook), or use pq_fetch_kv with host positions");
+    auto* layer = static_cast<CudaLayer*>(a.device);
+    if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
+    use_device();
+    char err[512] = {0};
+    void* s = a.stream;
+    const size_t chunks = a.store.chunk_count();
+    std::vector<const uint8_t*> table(2 * chunks);
+    for (size_t c = 0; c < chunks; ++c) {
+      table[c] = a.store.chunk_keys(c);
+      table[chunks + c] = a.store.chunk_values(c);
+    }
+    if (table != layer->chunks_sent) {
+      const size_t bytes = table.size() * sizeof(const uint8_t*);
+      uint8_t* pinned = layer->chunk_tables.staging.acquire(bytes);
+      std::memcpy(pinned, table.data(), bytes);
+      void* d_table = layer->chunk_tables.device(k_, bytes);
+      check(k_->copy_async(d_table, pinned, bytes, s, err, sizeof err), "chunk table upload", err);
+      layer->chunk_tables.staging.release(s);
+      layer->chunks_sent = std::move(table);
+    }
+    auto* d_tables = static_cast<const uint8_t* const*>(layer->chunk_tables.device(k_, 0));
+    const size_t es = dtype_size(a.out_keys.dtype);
+    pq_selected_gather g{};
+    g.positions = a.selection.positions;
+    g.counts = a.selection.counts;
+    g.capacity = a.selection.capacity;
+    g.heads = layer->kv_heads;
+    g.key_chunks = d_tables;
+    g.value_chunks = d_tables + chunks;
+    g.chunk_tokens = KvStore::kChunkTokens;
+    g.tokens = a.store.tokens();
+    g.row_bytes = a.store.row_bytes();
+    g.window = static_cast<const uint8_t*>(layer->d_window);
+    g.sink_tokens = layer->sink_tokens;
+    g.local_tokens = layer->local_tokens;
+    g.out_keys = static_cast<uint8_t*>(a.out_keys.data);
+    g.out_values = static_cast<uint8_t*>(a.out_values.data);
+    g.keys_token_stride = a.out_keys.token_stride * static_cast<int64_t>(es);
+    g.keys_head_stride = a.out_keys.head_stride * static_cast<int64_t>(es);
+    g.values_token_stride = a.out_values.token_stride * static_cast<int64_t>(es);
+    g.values_head_stride = a.out_values.head_stride * static_cast<int64_t>(es);
+    check(k_->gather_selected(&g, s, err, sizeof err), "gather_selected", err);
+    return true;
+  }
+
   bool fetch_to_device(const DeviceFetchArgs& a) const override {
     return fetch_batch_to_device(std::vector<DeviceFetchArgs>{a});
   }
@@ -494,6 +623,13 @@ class CudaBackend final : public Backend {
           "row gather", err);
     plan.staging.release(stream);
     return stage_bytes;
+  }
+
+  void require_device_memory(const void* p, const char* name) const {
+    if (!k_->is_device_pointer(p))
+      fail(PQ_ERR_UNSUPPORTED, std::string(name) + " is not memory CUDA knows as device memory "
+                                                   "(a decode step on the device reads and "
+                                                   "writes device arrays only)");
   }
 
   // Whether the device reads the store's rows itself: its chunks are in the

@@ -176,12 +176,14 @@ class CudaLayer final : public DeviceLayer {
         fill_plan(k),
         sink_tokens(c.sink_tokens),
         local_tokens(c.local_tokens),
-        window_plan(k) {}
+        window_plan(k),
+        chunk_tables(k) {}
   ~CudaLayer() override {
     char err[256];
     k_->device_free(d_codes, err, sizeof err);
     k_->device_free(d_slots, err, sizeof err);
     k_->device_free(d_window, err, sizeof err);
+    k_->device_free(d_centroids, err, sizeof err);
     k_->event_destroy(fill_event, err, sizeof err);
   }
   // One slot: K then V, each [kv_head][block_tokens][row_bytes].
@@ -229,6 +231,14 @@ class CudaLayer final : public DeviceLayer {
   void* d_window = nullptr;           // allocated at the first store
   std::vector<int64_t> window_pos;    // position a window slot holds, -1 none
   RowPlan window_plan;
+  // For the decode step kept on the device: the index's centroids, and the
+  // store's chunk addresses as device tables (K then V), re-sent when the
+  // chunks change (a new chunk every 256 tokens, a fork, a truncate).
+  void* d_centroids = nullptr;
+  size_t centroids_bytes = 0;
+  uint64_t centroids_generation = ~uint64_t{0};
+  std::vector<const uint8_t*> chunks_sent;  // K addresses, then V addresses
+  RowPlan chunk_tables;
 };
 
 // Working buffers of the device work issued on one stream. Work on one

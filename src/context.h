@@ -89,6 +89,12 @@ class Context {
   void fetch(uint64_t id, int32_t layer, const pq_selection* selection, const pq_tensor* keys,
              const pq_tensor* values);
 
+  // The decode step kept on the device (context_device.cpp).
+  void decode_select_device(uint64_t id, int32_t layer, const pq_tensor* query,
+                            pq_selection* out);
+  void fetch_kv_device(uint64_t id, int32_t layer, const pq_selection* selection,
+                       const pq_tensor* out_keys, const pq_tensor* out_values);
+
   void decode_attend(uint64_t id, int32_t layer, const pq_tensor* query, const pq_selection* sel,
                      float scale, float* out, float* out_lse);
 
@@ -123,6 +129,8 @@ class Context {
 
  private:
   std::shared_ptr<Sequence> find(uint64_t id) const;
+  // UNSUPPORTED unless this is the CUDA backend and t is device memory.
+  void require_device_step(const char* call, const pq_tensor& t, const char* name) const;
   // The work of a batch under every item's layer lock (context_batch.cpp):
   // items (indices), their layers and sequences, in the same order.
   using BatchRun = std::function<void(const std::vector<size_t>& items,

@@ -34,6 +34,34 @@ typedef struct pq_scan_row {
   int64_t end;
 } pq_scan_row;
 
+/* What gather_selected reads: a selection in device memory (row h of
+ * positions at positions[h * capacity], counts[h] of them), the host K/V
+ * store as tables of chunk addresses (device arrays; the chunks are mapped
+ * pinned memory, [head][token in chunk][row_bytes] each), the device window
+ * of sink and local tokens, and the outputs (byte strides). */
+typedef struct pq_selected_gather {
+  const int32_t* positions;
+  const int32_t* counts;
+  int64_t capacity;
+  int32_t heads;
+  int32_t reserved;
+  const uint8_t* const* key_chunks;
+  const uint8_t* const* value_chunks;
+  int64_t chunk_tokens;
+  int64_t tokens;          /* the sequence's length: positions >= tokens are not read */
+  uint64_t row_bytes;
+  /* Window slot w holds all heads' K rows, then their V rows; sinks in
+   * slots [0, sink_tokens), the last local_tokens tokens in a ring after
+   * them (slot sink_tokens + p % local_tokens). NULL: no window. */
+  const uint8_t* window;
+  int64_t sink_tokens;
+  int64_t local_tokens;
+  uint8_t* out_keys;
+  uint8_t* out_values;
+  int64_t keys_token_stride, keys_head_stride;     /* bytes */
+  int64_t values_token_stride, values_head_stride; /* bytes */
+} pq_selected_gather;
+
 /* One row of topk_rows: the top k of n scores, positions first + index,
  * written ascending into out (min(k, n) of them; all n when k >= n;
  * nothing when k or n is 0). Device pointers. */
@@ -171,6 +199,34 @@ typedef struct pq_cuda_plugin {
   size_t (*topk_rows_workspace_size)(int32_t rows, int64_t max_n);
   int (*topk_rows)(const pq_topk_row* d_rows, int32_t rows, int64_t max_n, void* d_workspace,
                    size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+  /* --- selections in device memory (version 5) ---------------------------- */
+  /* The lookup tables of a layer from a query in device memory:
+   *   d_lut[h][g][j][c] = q[h * group_size + g][j * sub_dim ..] . centroid[h][j][c]
+   * with q head i at d_query + i * head_stride bytes (dtype pq_dtype: f32,
+   * f16 or bf16, converted to float exactly) and d_centroids float
+   * [kv_heads][subspaces][centroids][sub_dim], each dot product summed as
+   * the CPU's dot() (eight lanes, then the tail), so the table is
+   * bit-identical to the host's. */
+  int (*pq_lut)(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+                int32_t group_size, const float* d_centroids, int32_t subspaces,
+                int32_t centroids, int32_t sub_dim, float* d_lut, void* stream, char* err,
+                size_t err_len);
+  /* Writes a whole selection of `heads` rows into device memory: row h of
+   * d_positions (stride capacity) gets 0 .. sink_end-1, then the k middle
+   * positions d_middle[h * k ..], then mid_end .. n-1; d_counts[h] gets
+   * sink_end + k + n - mid_end (<= capacity). */
+  int (*fill_selection)(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64_t capacity,
+                        int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
+                        int64_t n, void* stream, char* err, size_t err_len);
+  /* The fetch of a selection in device memory, in one launch: for each head
+   * h and i < min(counts[h], capacity), position p's K and V rows to
+   * out + i * token_stride + h * head_stride, from the window when p is a
+   * sink or one of the last local_tokens tokens (and the window is given),
+   * else from the store's chunks. A position outside [0, tokens) is not
+   * read; its rows are zero-filled. *args is read at the call. */
+  int (*gather_selected)(const pq_selected_gather* args, void* stream, char* err,
+                         size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

@@ -79,6 +79,11 @@ class KvStore {
   int32_t dtype() const { return dtype_; }
   // Where the chunks come from (a backend tells its own pool by it).
   const HostAllocator& allocator() const { return allocator_; }
+  // The chunks' K and V blocks, [head][token in chunk][dim] each: chunk c
+  // holds tokens [c * kChunkTokens, (c + 1) * kChunkTokens).
+  size_t chunk_count() const { return chunks_.size(); }
+  const uint8_t* chunk_keys(size_t c) const { return chunks_[c]->keys.get(); }
+  const uint8_t* chunk_values(size_t c) const { return chunks_[c]->values.get(); }
 
   Snapshot snapshot() const;
 

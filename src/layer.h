@@ -138,10 +138,19 @@ class Layer {
     uint64_t bytes = 0;                     // what the selector read to choose it
   };
   std::mutex& mutex() { return mutex_; }
+  // host_out false: out's arrays are device memory, never written here.
   void select_prepare(const std::vector<float>& queries, pq_selection* out,
-                      const SequenceInfo& seq, PreparedSelect& prepared);
+                      const SequenceInfo& seq, PreparedSelect& prepared, bool host_out = true);
   int64_t select_finish(const PreparedSelect& prepared, pq_selection* out,
                         const SequenceInfo& seq);
+
+  // --- the decode step kept on the device (layer_device.cpp) ---------------
+  // pq_decode_select_device: the selection written into out's device arrays
+  // on the sequence's stream. pq_fetch_kv_device: a device selection
+  // gathered on the device. UNSUPPORTED where the backend has no such path.
+  void select_to_device(const pq_tensor& query, const pq_selection& out, const SequenceInfo& seq);
+  void fetch_device_selection(const pq_selection& sel, const pq_tensor& out_keys,
+                              const pq_tensor& out_values, const SequenceInfo& seq);
   // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
   void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
   // pq_observe_attention, on the copied selection (call_args.h) and probs
@@ -203,6 +212,8 @@ class Layer {
 
  private:
   // Under mutex_ from here on.
+  // The statistics of one selection: last_select_bytes_ and the counters.
+  void count_selection(uint64_t bytes, const SequenceInfo& seq);
   void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                     const SequenceInfo& seq);
   void require_prefill(uint64_t seq_id, const char* call) const;

@@ -26,7 +26,7 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
 }
 
 void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
-                           const SequenceInfo& seq, PreparedSelect& prepared) {
+                           const SequenceInfo& seq, PreparedSelect& prepared, bool host_out) {
   const Selector& selector = *shared_.selector;
   if (selector.needs_index()) {
     require_index(seq.id);
@@ -45,12 +45,14 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   const int32_t kv_heads = shared_.config.num_kv_heads;
   if (out->capacity < count) {
     // As snprintf does: the caller learns the size it needs, and nothing
-    // else is written.
-    for (int32_t h = 0; h < kv_heads; ++h) out->counts[h] = static_cast<int32_t>(count);
+    // else is written (device counts are not written at all).
+    if (host_out)
+      for (int32_t h = 0; h < kv_heads; ++h) out->counts[h] = static_cast<int32_t>(count);
     fail(PQ_ERR_BUFFER_TOO_SMALL, "out->capacity is " + str(out->capacity) +
                                       "; this selection needs " + str(count) +
-                                      " entries per kv head (written to out->counts; see "
-                                      "pq_selection_capacity_for)");
+                                      " entries per kv head (" +
+                                      (host_out ? "written to out->counts; " : "") +
+                                      "see pq_selection_capacity_for)");
   }
   if (selector.needs_index()) code_tokens(r.mid_end);
   selector.update_state(selector_state_.get(), store_, r.n, r.sink_end, r.mid_end,
@@ -85,6 +87,10 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
 
 int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
                              const SequenceInfo& seq) {
+  if (out == nullptr) {  // written on the device (select_to_device): count it only
+    count_selection(prepared.bytes, seq);
+    return prepared.regions.count();
+  }
   const Regions& r = prepared.regions;
   const int64_t count = r.count();
   for (int32_t h = 0; h < shared_.config.num_kv_heads; ++h) {
@@ -98,12 +104,16 @@ int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
     out->counts[h] = static_cast<int32_t>(count);
   }
-  last_select_bytes_ = prepared.bytes;
+  count_selection(prepared.bytes, seq);
+  return count;
+}
+
+void Layer::count_selection(uint64_t bytes, const SequenceInfo& seq) {
+  last_select_bytes_ = bytes;
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->select_calls.fetch_add(1);
-    c->bytes_scored.fetch_add(prepared.bytes);
+    c->bytes_scored.fetch_add(bytes);
   }
-  return count;
 }
 
 void Layer::prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id) {

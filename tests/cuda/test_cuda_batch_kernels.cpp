@@ -1,9 +1,11 @@
-// The plug-in's row-table kernels (ABI version 5: pq_scan_rows, topk_rows),
-// which score and select every kv head of a whole batch of sequences in one
-// launch per pass, against the CPU code they replace; and the synchronous
-// copy's promise that its bytes have landed for work on any stream (the
-// ordering defect the copy_rows test showed on a GPU). Without a GPU every
-// test reports SKIPPED with the reason.
+// The plug-in's kernels of ABI version 5 against the CPU code they replace:
+// the row-table scan and top-k (pq_scan_rows, topk_rows), which score and
+// select every kv head of a whole batch of sequences in one launch per pass,
+// and the kernels of a decode step kept on the device (pq_lut,
+// fill_selection, gather_selected); and the synchronous copy's promise that
+// its bytes have landed for work on any stream (the ordering defect the
+// copy_rows test showed on a GPU). Without a GPU every device test reports
+// SKIPPED with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "backend.h"
@@ -19,7 +22,9 @@
 #include "plugin_test_util.h"
 #include "pqcache.h"
 #include "scratch.h"
+#include "dtype.h"
 #include "topk.h"
+#include "vector_math.h"
 
 namespace {
 
@@ -246,6 +251,175 @@ TEST(CudaPqScanRows, EmptyTablesAndBadArgumentsAreRefusedOrNoOps) {
   EXPECT_GT(p->topk_rows_workspace_size(3, 100000), 3u * 4 * 256 * sizeof(uint32_t));
   EXPECT_EQ(p->pq_scan_rows_workspace_size(8, 4, 2, 1 << 17, PQ_GQA_MAX), 0u);
   EXPECT_GT(p->pq_scan_rows_workspace_size(8, 4, 2, 1 << 17, PQ_GQA_SUM_SOFTMAX), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// The decode step kept on the device
+// ---------------------------------------------------------------------------
+
+// The LUT built on the device from a query in each dtype is bit for bit the
+// host's: the same float inputs (f16 and bf16 convert exactly) and the same
+// operations in the same order as the CPU's dot().
+TEST(CudaDeviceStep, LutFromADeviceQueryIsTheHostLutBitForBit) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin* p = plugin();
+  const int32_t kv = 4, group = 3, m = 4, C = 64, sd = 36;  // sd: 4 lanes of 8, then a tail of 4
+  const int32_t head_dim = m * sd, q_heads = kv * group;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> centroids(static_cast<size_t>(kv) * m * C * sd);
+  for (float& x : centroids) x = normal(rng);
+  DeviceBuffer d_centroids(centroids.size() * sizeof(float));
+  upload(d_centroids, centroids);
+  for (int32_t dtype : {PQ_DTYPE_F32, PQ_DTYPE_F16, PQ_DTYPE_BF16}) {
+    const size_t es = pq::dtype_size(dtype);
+    const int64_t head_stride = static_cast<int64_t>(head_dim + 8) * es;  // padded heads
+    std::vector<uint8_t> query(static_cast<size_t>(q_heads) * head_stride);
+    std::vector<float> as_float(static_cast<size_t>(q_heads) * head_dim);
+    for (int32_t q = 0; q < q_heads; ++q)
+      for (int32_t d = 0; d < head_dim; ++d) {
+        const float x = normal(rng);
+        uint8_t* at = query.data() + q * head_stride + d * es;
+        if (dtype == PQ_DTYPE_F32) {
+          std::memcpy(at, &x, 4);
+        } else {
+          const uint16_t bits = dtype == PQ_DTYPE_F16 ? pq::float_to_half(x) : pq::float_to_bf16(x);
+          std::memcpy(at, &bits, 2);
+        }
+        pq::to_float(at, dtype, 1, &as_float[static_cast<size_t>(q) * head_dim + d]);
+      }
+    std::vector<float> expected(static_cast<size_t>(q_heads) * m * C);
+    for (int32_t q = 0; q < q_heads; ++q)
+      for (int32_t j = 0; j < m; ++j)
+        for (int32_t c = 0; c < C; ++c)
+          expected[(static_cast<size_t>(q) * m + j) * C + c] =
+              pq::dot(as_float.data() + static_cast<size_t>(q) * head_dim + j * sd,
+                      centroids.data() + ((static_cast<size_t>(q / group) * m + j) * C + c) * sd, sd);
+    DeviceBuffer d_query(query.size());
+    DeviceBuffer d_lut(expected.size() * sizeof(float));
+    upload(d_query, query);
+    char err[256] = "";
+    ASSERT_EQ(p->pq_lut(d_query.get(), dtype, head_stride, kv, group, d_centroids.as<float>(), m, C,
+                        sd, d_lut.as<float>(), nullptr, err, sizeof err),
+              0)
+        << err;
+    sync();
+    const std::vector<float> got = download<float>(d_lut, expected.size());
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), expected.size() * sizeof(float)), 0)
+        << "dtype " << dtype << ": the device LUT differs from the host's";
+  }
+}
+
+TEST(CudaDeviceStep, FillSelectionWritesSinksMiddleAndLocal) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin* p = plugin();
+  const int32_t heads = 3;
+  const int64_t capacity = 20, sinks = 4, k = 5, mid_end = 90, n = 100;
+  std::vector<int32_t> middle(static_cast<size_t>(heads * k));
+  for (size_t i = 0; i < middle.size(); ++i) middle[i] = static_cast<int32_t>(10 + 7 * i);
+  DeviceBuffer d_middle(middle.size() * 4), d_positions(heads * capacity * 4), d_counts(heads * 4);
+  upload(d_middle, middle);
+  upload(d_positions, std::vector<int32_t>(static_cast<size_t>(heads * capacity), -5));
+  char err[256] = "";
+  ASSERT_EQ(p->fill_selection(d_positions.as<int32_t>(), d_counts.as<int32_t>(), heads, capacity,
+                              sinks, d_middle.as<int32_t>(), k, mid_end, n, nullptr, err,
+                              sizeof err),
+            0)
+      << err;
+  sync();
+  const std::vector<int32_t> positions = download<int32_t>(d_positions, heads * capacity);
+  const std::vector<int32_t> counts = download<int32_t>(d_counts, heads);
+  for (int32_t h = 0; h < heads; ++h) {
+    std::vector<int32_t> want = {0, 1, 2, 3};
+    for (int64_t i = 0; i < k; ++i) want.push_back(middle[static_cast<size_t>(h * k + i)]);
+    for (int64_t q = mid_end; q < n; ++q) want.push_back(static_cast<int32_t>(q));
+    want.push_back(-5);  // the rest of the row untouched
+    EXPECT_EQ(counts[static_cast<size_t>(h)], 19);
+    EXPECT_EQ(std::vector<int32_t>(positions.begin() + h * capacity,
+                                   positions.begin() + h * capacity + 20),
+              want)
+        << "head " << h;
+  }
+  // A selection longer than the capacity is refused before any launch.
+  EXPECT_NE(p->fill_selection(d_positions.as<int32_t>(), d_counts.as<int32_t>(), heads, 18, sinks,
+                              d_middle.as<int32_t>(), k, mid_end, n, nullptr, err, sizeof err),
+            0);
+}
+
+// gather_selected over a store of three chunks in mapped pinned memory and a
+// device window of 2 sinks + 3 local tokens: rows from either, positions
+// outside the sequence zero-filled, counts above the capacity clamped.
+TEST(CudaDeviceStep, GatherSelectedReadsChunksWindowAndZeroesOutsiders) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin* p = plugin();
+  const int32_t heads = 2;
+  const int64_t chunk_tokens = 256, tokens = 600, capacity = 6;
+  const uint64_t rb = 40;  // not a multiple of 16: the byte path for the tail
+  const int64_t sinks = 2, local = 3;
+  auto key_byte = [](int64_t pos, int32_t h, uint64_t b, bool value) {
+    return static_cast<uint8_t>(pos * 7 + h * 31 + b + (value ? 101 : 0));
+  };
+  std::vector<std::unique_ptr<PinnedBuffer>> chunks;
+  std::vector<const uint8_t*> table;
+  for (int v = 0; v < 2; ++v)
+    for (int64_t c = 0; c < 3; ++c) {
+      chunks.push_back(std::make_unique<PinnedBuffer>(heads * chunk_tokens * rb));
+      uint8_t* base = reinterpret_cast<uint8_t*>(chunks.back()->get());
+      for (int32_t h = 0; h < heads; ++h)
+        for (int64_t t = 0; t < chunk_tokens; ++t)
+          for (uint64_t b = 0; b < rb; ++b)
+            base[(h * chunk_tokens + t) * rb + b] = key_byte(c * chunk_tokens + t, h, b, v == 1);
+      table.push_back(base);
+    }
+  // The window says "window" in every byte, so a row read from it shows.
+  std::vector<uint8_t> window((sinks + local) * 2 * heads * rb, 0xEE);
+  DeviceBuffer d_window(window.size()), d_table(table.size() * sizeof(void*));
+  upload(d_window, window);
+  upload(d_table, table);
+  const std::vector<int32_t> positions = {0, 300, 598, -1, 1, 700,  // head 0
+                                          599, 1, 255, 256, 511, 512};  // head 1
+  const std::vector<int32_t> counts = {6, 99};  // head 1's count is clamped to the capacity
+  DeviceBuffer d_positions(positions.size() * 4), d_counts(8);
+  upload(d_positions, positions);
+  upload(d_counts, counts);
+  const int64_t token_stride = heads * rb, head_stride = rb;
+  DeviceBuffer d_keys(capacity * token_stride), d_values(capacity * token_stride);
+  pq_selected_gather g{};
+  g.positions = d_positions.as<int32_t>();
+  g.counts = d_counts.as<int32_t>();
+  g.capacity = capacity;
+  g.heads = heads;
+  g.key_chunks = d_table.as<const uint8_t*>();
+  g.value_chunks = d_table.as<const uint8_t*>() + 3;
+  g.chunk_tokens = chunk_tokens;
+  g.tokens = tokens;
+  g.row_bytes = rb;
+  g.window = d_window.as<uint8_t>();
+  g.sink_tokens = sinks;
+  g.local_tokens = local;
+  g.out_keys = d_keys.as<uint8_t>();
+  g.out_values = d_values.as<uint8_t>();
+  g.keys_token_stride = g.values_token_stride = token_stride;
+  g.keys_head_stride = g.values_head_stride = head_stride;
+  char err[256] = "";
+  ASSERT_EQ(p->gather_selected(&g, nullptr, err, sizeof err), 0) << err;
+  sync();
+  for (int v = 0; v < 2; ++v) {
+    const std::vector<uint8_t> got = download<uint8_t>(v ? d_values : d_keys, capacity * token_stride);
+    for (int32_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < capacity; ++i) {
+        const int64_t pos = positions[static_cast<size_t>(h * capacity + i)];
+        const bool in_window = pos >= 0 && pos < tokens && (pos < sinks || pos >= tokens - local);
+        for (uint64_t b = 0; b < rb; ++b) {
+          const uint8_t want = pos < 0 || pos >= tokens ? 0
+                               : in_window             ? 0xEE
+                                                       : key_byte(pos, h, b, v == 1);
+          ASSERT_EQ(got[static_cast<size_t>(i * token_stride + h * head_stride + b)], want)
+              << (v ? "V" : "K") << " head " << h << " row " << i << " (position " << pos
+              << ") byte " << b;
+        }
+      }
+  }
 }
 
 }  // namespace

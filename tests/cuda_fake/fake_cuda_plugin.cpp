@@ -33,10 +33,12 @@
 #include <vector>
 
 #include "cuda_plugin_abi.h"
+#include "dtype.h"
 #include "fake_cuda_plugin.h"
 #include "pqcache.h"
 #include "scratch.h"
 #include "topk.h"
+#include "vector_math.h"
 
 namespace {
 
@@ -549,6 +551,121 @@ int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t r
   return 0;
 }
 
+// --- selections in device memory -------------------------------------------
+
+int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+           int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
+           int32_t sub_dim, float* d_lut, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || sub_dim < 1 ||
+      head_stride < 0 ||
+      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16))
+    return error(err, len, "pq_lut: bad shape");
+  const int32_t head_dim = subspaces * sub_dim;
+  const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
+  const int32_t q_heads = kv_heads * group_size;
+  if (!is_device(d_query, static_cast<size_t>(q_heads - 1) * head_stride + head_dim * es))
+    return error(err, len, "pq_lut: the query is not device memory");
+  if (!is_device(d_centroids,
+                 static_cast<size_t>(kv_heads) * subspaces * centroids * sub_dim * sizeof(float)) ||
+      !is_device(d_lut, static_cast<size_t>(q_heads) * subspaces * centroids * sizeof(float)))
+    return error(err, len, "pq_lut: the centroids or the LUT are not device memory");
+  if (!valid_stream(stream)) return error(err, len, "pq_lut: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    std::vector<float> q(static_cast<size_t>(head_dim));
+    for (int32_t qh = 0; qh < q_heads; ++qh) {
+      pq::to_float(static_cast<const uint8_t*>(d_query) + qh * head_stride, dtype, head_dim,
+                   q.data());
+      const int32_t h = qh / group_size;
+      for (int32_t j = 0; j < subspaces; ++j)
+        for (int32_t c = 0; c < centroids; ++c)
+          d_lut[(static_cast<size_t>(qh) * subspaces + j) * centroids + c] = pq::dot(
+              q.data() + j * sub_dim,
+              d_centroids + ((static_cast<size_t>(h) * subspaces + j) * centroids + c) * sub_dim,
+              sub_dim);
+    }
+  });
+  return 0;
+}
+
+int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64_t capacity,
+                   int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
+                   int64_t n, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  const int64_t count = sink_end + k + (n - mid_end);
+  if (heads < 1 || sink_end < 0 || k < 0 || mid_end < sink_end || n < mid_end || count > capacity)
+    return error(err, len, "fill_selection: bad shape");
+  if (!is_device(d_positions, static_cast<size_t>(heads) * capacity * sizeof(int32_t)) ||
+      !is_device(d_counts, static_cast<size_t>(heads) * sizeof(int32_t)) ||
+      (k > 0 && !is_device(d_middle, static_cast<size_t>(heads) * k * sizeof(int32_t))))
+    return error(err, len, "fill_selection: an array is not device memory");
+  if (!valid_stream(stream)) return error(err, len, "fill_selection: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    for (int32_t h = 0; h < heads; ++h) {
+      int32_t* row = d_positions + h * capacity;
+      int64_t w = 0;
+      for (int64_t p = 0; p < sink_end; ++p) row[w++] = static_cast<int32_t>(p);
+      for (int64_t i = 0; i < k; ++i) row[w++] = d_middle[h * k + i];
+      for (int64_t p = mid_end; p < n; ++p) row[w++] = static_cast<int32_t>(p);
+      d_counts[h] = static_cast<int32_t>(count);
+    }
+  });
+  return 0;
+}
+
+int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (args == nullptr) return error(err, len, "gather_selected: args is NULL");
+  const pq_selected_gather a = *args;  // read at the call
+  if (a.heads < 1 || a.capacity < 0 || a.chunk_tokens < 1 || a.row_bytes == 0)
+    return error(err, len, "gather_selected: bad shape");
+  if (a.capacity == 0) return 0;
+  const size_t rows = static_cast<size_t>(a.heads) * a.capacity;
+  if (!is_device(a.positions, rows * sizeof(int32_t)) ||
+      !is_device(a.counts, static_cast<size_t>(a.heads) * sizeof(int32_t)) ||
+      !is_device(a.key_chunks) || !is_device(a.value_chunks))
+    return error(err, len, "gather_selected: the selection or the chunk tables are not device memory");
+  if (!valid_stream(stream)) return error(err, len, "gather_selected: unknown stream");
+  ++g_counters.kernel_launches;
+  // Everything the "kernel" reads is read when it runs, as on the device.
+  enqueue(stream, [=] {
+    const int64_t rb = static_cast<int64_t>(a.row_bytes);
+    for (int32_t h = 0; h < a.heads; ++h) {
+      const int64_t count = std::min<int64_t>(a.counts[h], a.capacity);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t p = a.positions[h * a.capacity + i];
+        for (int v = 0; v < 2; ++v) {
+          uint8_t* dst = v ? a.out_values + i * a.values_token_stride + h * a.values_head_stride
+                           : a.out_keys + i * a.keys_token_stride + h * a.keys_head_stride;
+          if (!is_device(dst, a.row_bytes))
+            return fault("gather_selected: an output row is not device memory");
+          if (p < 0 || p >= a.tokens) {
+            std::memset(dst, 0, a.row_bytes);
+            continue;
+          }
+          int64_t w = -1;
+          if (a.window != nullptr) {
+            if (p < a.sink_tokens)
+              w = p;
+            else if (a.local_tokens > 0 && p >= a.tokens - a.local_tokens)
+              w = a.sink_tokens + p % a.local_tokens;
+          }
+          const uint8_t* src =
+              w >= 0 ? a.window + (w * 2 * a.heads + (v ? a.heads : 0) + h) * rb
+                     : (v ? a.value_chunks : a.key_chunks)[p / a.chunk_tokens] +
+                           (h * a.chunk_tokens + p % a.chunk_tokens) * rb;
+          if (!(is_device(src, a.row_bytes) || is_pinned(src, a.row_bytes)))
+            return fault("gather_selected: a source row is not device or pinned memory");
+          std::memcpy(dst, src, a.row_bytes);
+        }
+      }
+    }
+  });
+  return 0;
+}
+
 const pq_cuda_plugin kTable = {
     PQ_CUDA_PLUGIN_ABI_VERSION,
     sizeof(pq_cuda_plugin),
@@ -581,6 +698,9 @@ const pq_cuda_plugin kTable = {
     pq_scan_rows,
     topk_rows_workspace_size,
     topk_rows,
+    pq_lut,
+    fill_selection,
+    gather_selected,
 };
 
 }  // namespace

@@ -46,6 +46,17 @@ struct Fake {
   }
 };
 
+// What the fake counted since `before` (waits, launches, bytes up).
+pq_fake_cuda_counters counters_since(const pq_fake_cuda_counters& before) {
+  const pq_fake_cuda_counters after = Fake::get().counters();
+  pq_fake_cuda_counters d{};
+  d.host_waits = after.host_waits - before.host_waits;
+  d.kernel_launches = after.kernel_launches - before.kernel_launches;
+  d.bytes_to_device = after.bytes_to_device - before.bytes_to_device;
+  d.bytes_to_host = after.bytes_to_host - before.bytes_to_host;
+  return d;
+}
+
 // "Device" memory of the fake, filled from / read back to the host.
 class DeviceBuffer {
  public:

@@ -57,15 +57,6 @@ Batch make_batch(pq_context* cpu, pq_context* cuda, int n) {
   return b;
 }
 
-pq_fake_cuda_counters delta(const pq_fake_cuda_counters& before) {
-  const pq_fake_cuda_counters after = Fake::get().counters();
-  pq_fake_cuda_counters d{};
-  d.host_waits = after.host_waits - before.host_waits;
-  d.kernel_launches = after.kernel_launches - before.kernel_launches;
-  d.bytes_to_device = after.bytes_to_device - before.bytes_to_device;
-  return d;
-}
-
 TEST(FakeCudaBatch, SelectBatchIsOneLaunchChainAndOneWait) {
   ASSERT_NE(Fake::get().table, nullptr) << "cannot open " << PQ_FAKE_CUDA_PLUGIN_FILE;
   const pq_config c = batch_config();
@@ -84,7 +75,7 @@ TEST(FakeCudaBatch, SelectBatchIsOneLaunchChainAndOneWait) {
   for (int i = 0; i < n; ++i)
     ASSERT_EQ(pq_decode_select(cuda, b.ids[i], kLayer, b.steps[i].q.get(), single[i].get()), PQ_OK)
         << pq_last_error();
-  const pq_fake_cuda_counters loop = delta(before);
+  const pq_fake_cuda_counters loop = counters_since(before);
   EXPECT_EQ(loop.kernel_launches, 2u * n);
   EXPECT_EQ(loop.host_waits, static_cast<uint64_t>(n));
 
@@ -97,7 +88,7 @@ TEST(FakeCudaBatch, SelectBatchIsOneLaunchChainAndOneWait) {
   }
   before = Fake::get().counters();
   ASSERT_EQ(pq_decode_select_batch(cuda, kLayer, items.data(), n), PQ_OK) << pq_last_error();
-  const pq_fake_cuda_counters batch = delta(before);
+  const pq_fake_cuda_counters batch = counters_since(before);
   EXPECT_EQ(batch.kernel_launches, 2u) << "one scan and one top-k for the batch";
   EXPECT_EQ(batch.host_waits, 1u) << "one wait for the batch";
   // Up: every item's LUTs and the two row tables, in one copy; the codes
@@ -143,7 +134,7 @@ TEST(FakeCudaBatch, FetchBatchIsOneGather) {
   }
   const pq_fake_cuda_counters before = Fake::get().counters();
   ASSERT_EQ(pq_fetch_kv_batch(cuda, kLayer, items.data(), n), PQ_OK) << pq_last_error();
-  const pq_fake_cuda_counters d = delta(before);
+  const pq_fake_cuda_counters d = counters_since(before);
   EXPECT_EQ(d.kernel_launches, 1u) << "one gather for every item's K and V";
   EXPECT_LE(d.host_waits, 1u);
   EXPECT_EQ(d.bytes_to_device, rows * 4 * sizeof(void*)) << "the plan only";
@@ -179,7 +170,7 @@ TEST(FakeCudaBatch, ItemsOnDifferentStreamsRunOneChainEach) {
   }
   const pq_fake_cuda_counters before = Fake::get().counters();
   ASSERT_EQ(pq_decode_select_batch(cuda, kLayer, items.data(), n), PQ_OK) << pq_last_error();
-  const pq_fake_cuda_counters d = delta(before);
+  const pq_fake_cuda_counters d = counters_since(before);
   EXPECT_EQ(d.kernel_launches, 2u * n);
   EXPECT_EQ(d.host_waits, static_cast<uint64_t>(n));
   for (int i = 0; i < n; ++i)

@@ -66,11 +66,8 @@ FetchCount fetch_both(pq_context* cpu, pq_context* cuda) {
   const pq_stats before_stats = stats(cuda);
   const pq_fake_cuda_counters before = Fake::get().counters();
   EXPECT_EQ(pq_fetch_kv(cuda, 1, 0, b.get(), &dk.t, &dv.t), PQ_OK) << pq_last_error();
-  const pq_fake_cuda_counters after = Fake::get().counters();
+  out.device = counters_since(before);
   out.staged = stats(cuda).bytes_staged - before_stats.bytes_staged;
-  out.device.host_waits = after.host_waits - before.host_waits;
-  out.device.kernel_launches = after.kernel_launches - before.kernel_launches;
-  out.device.bytes_to_device = after.bytes_to_device - before.bytes_to_device;
   char err[256] = {0};
   EXPECT_EQ(Fake::get().table->stream_synchronize(nullptr, err, sizeof err), 0) << err;
   EXPECT_TRUE(dk.buffer.download() == hk.bytes) << "fetched keys differ";

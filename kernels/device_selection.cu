@@ -1,0 +1,213 @@
+// The kernels of a decode step that stays on the device (ABI version 5):
+// the lookup tables from a query in device memory (pq_lut), the selection
+// written whole into device memory (fill_selection) and the fetch that reads
+// it there (gather_selected). With them, select and fetch are enqueued on
+// the sequence's stream with no host round trip.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+#include "pqcache.h"
+
+namespace pqcuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunkBytes = 16;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the grid-stride loops take the rest
+
+__device__ __forceinline__ float load_element(const uint8_t* p, int32_t dtype) {
+  if (dtype == PQ_DTYPE_F16) return __half2float(*reinterpret_cast<const __half*>(p));
+  if (dtype == PQ_DTYPE_BF16) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+  return *reinterpret_cast<const float*>(p);
+}
+
+// One LUT entry per thread: (kv head, query head of its group, subspace,
+// centroid). The dot product is the CPU's dot() (src/vector_math.h)
+// operation for operation: lane l sums the products of dimensions l, l + 8,
+// ..., the lanes are added in order to 0, then the tail; __fmul_rn /
+// __fadd_rn keep nvcc from contracting into FMAs, which the CPU build never
+// uses.
+__global__ void __launch_bounds__(kThreads)
+    lut_kernel(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
+               const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
+               int64_t entries) {
+  const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < entries;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = e % C;
+    const int64_t j = (e / C) % m;
+    const int64_t g = (e / (static_cast<int64_t>(C) * m)) % group;
+    const int64_t h = e / (static_cast<int64_t>(C) * m * group);
+    const uint8_t* q = query + (h * group + g) * head_stride + j * sd * es;
+    const float* y = centroids + ((h * m + j) * C + c) * sd;
+    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int32_t d = 0;
+    for (; d + 8 <= sd; d += 8)
+#pragma unroll
+      for (int l = 0; l < 8; ++l)
+        lanes[l] = __fadd_rn(lanes[l], __fmul_rn(load_element(q + (d + l) * es, dtype), y[d + l]));
+    float s = 0.f;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) s = __fadd_rn(s, lanes[l]);
+    for (; d < sd; ++d) s = __fadd_rn(s, __fmul_rn(load_element(q + d * es, dtype), y[d]));
+    lut[e] = s;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fill_selection_kernel(int32_t* positions, int32_t* counts, int32_t heads, int64_t capacity,
+                          int64_t sink_end, const int32_t* middle, int64_t k, int64_t mid_end,
+                          int64_t n) {
+  const int64_t count = sink_end + k + (n - mid_end);
+  const int64_t total = static_cast<int64_t>(heads) * count;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t h = e / count;
+    const int64_t i = e % count;
+    int32_t p;
+    if (i < sink_end)
+      p = static_cast<int32_t>(i);
+    else if (i < sink_end + k)
+      p = middle[h * k + (i - sink_end)];
+    else
+      p = static_cast<int32_t>(mid_end + (i - sink_end - k));
+    positions[h * capacity + i] = p;
+    if (i == 0) counts[h] = static_cast<int32_t>(count);
+  }
+  if (count == 0)  // no position at all: the counts still say so
+    for (int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; h < heads;
+         h += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      counts[h] = 0;
+}
+
+// One thread per 16-byte chunk of a (row, K or V) pair, over every head's
+// capacity: rows past a head's count do nothing.
+__global__ void __launch_bounds__(kThreads)
+    gather_selected_kernel(pq_selected_gather a, int64_t chunks_per_row, int64_t total) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t chunk = c % chunks_per_row;
+    const int64_t pair = c / chunks_per_row;  // (head, i, K or V)
+    const bool value = pair % 2 == 1;
+    const int64_t slot = pair / 2;
+    const int64_t h = slot / a.capacity;
+    const int64_t i = slot % a.capacity;
+    int64_t count = a.counts[h];
+    if (count > a.capacity) count = a.capacity;
+    if (i >= count) continue;
+    const int64_t p = a.positions[h * a.capacity + i];
+    const int64_t rb = static_cast<int64_t>(a.row_bytes);
+    uint8_t* dst = value ? a.out_values + i * a.values_token_stride + h * a.values_head_stride
+                         : a.out_keys + i * a.keys_token_stride + h * a.keys_head_stride;
+    const int64_t offset = chunk * kChunkBytes;
+    const int bytes = static_cast<int>(rb - offset < kChunkBytes ? rb - offset : kChunkBytes);
+    dst += offset;
+    if (p < 0 || p >= a.tokens) {
+      for (int b = 0; b < bytes; ++b) dst[b] = 0;
+      continue;
+    }
+    const uint8_t* src;
+    int64_t w = -1;
+    if (a.window != nullptr) {
+      if (p < a.sink_tokens)
+        w = p;
+      else if (a.local_tokens > 0 && p >= a.tokens - a.local_tokens)
+        w = a.sink_tokens + p % a.local_tokens;
+    }
+    if (w >= 0) {
+      src = a.window + (w * 2 * a.heads + (value ? a.heads : 0) + h) * rb;
+    } else {
+      const uint8_t* const* chunks = value ? a.value_chunks : a.key_chunks;
+      src = chunks[p / a.chunk_tokens] + (h * a.chunk_tokens + p % a.chunk_tokens) * rb;
+    }
+    src += offset;
+    const uintptr_t addresses = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+    if (bytes == kChunkBytes && addresses % 16 == 0) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int b = 0; b < bytes; ++b) dst[b] = src[b];
+    }
+  }
+}
+
+unsigned blocks_for(int64_t work) {
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks > kMaxBlocks ? kMaxBlocks : blocks);
+}
+
+}  // namespace
+
+int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+           int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
+           int32_t sub_dim, float* d_lut, void* stream, char* err, size_t err_len) {
+  if (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16)
+    return set_error(err, err_len, "pq_lut: dtype is %d; expected f32, f16 or bf16", dtype);
+  if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || centroids > 256 ||
+      sub_dim < 1)
+    return set_error(err, err_len,
+                     "pq_lut: kv_heads %d, group_size %d, subspaces %d, centroids %d, sub_dim "
+                     "%d; expected each >= 1 and centroids <= 256",
+                     kv_heads, group_size, subspaces, centroids, sub_dim);
+  if (head_stride < 0) return set_error(err, err_len, "pq_lut: head_stride is negative");
+  if (d_query == nullptr || d_centroids == nullptr || d_lut == nullptr)
+    return set_error(err, err_len, "pq_lut: d_query, d_centroids and d_lut must not be NULL");
+  const int64_t entries =
+      static_cast<int64_t>(kv_heads) * group_size * subspaces * static_cast<int64_t>(centroids);
+  lut_kernel<<<blocks_for(entries), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(d_query), dtype, head_stride, group_size, d_centroids,
+      subspaces, centroids, sub_dim, d_lut, entries);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "pq_lut: launch", s);
+}
+
+int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64_t capacity,
+                   int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
+                   int64_t n, void* stream, char* err, size_t err_len) {
+  if (heads < 1 || sink_end < 0 || k < 0 || mid_end < sink_end || n < mid_end ||
+      n > INT32_MAX || sink_end + k + (n - mid_end) > capacity)
+    return set_error(err, err_len,
+                     "fill_selection: heads %d, sinks [0, %lld), k %lld, local [%lld, %lld), "
+                     "capacity %lld do not make a selection",
+                     heads, static_cast<long long>(sink_end), static_cast<long long>(k),
+                     static_cast<long long>(mid_end), static_cast<long long>(n),
+                     static_cast<long long>(capacity));
+  if (d_positions == nullptr || d_counts == nullptr || (k > 0 && d_middle == nullptr))
+    return set_error(err, err_len, "fill_selection: a device array is NULL");
+  const int64_t work = static_cast<int64_t>(heads) * (sink_end + k + (n - mid_end));
+  fill_selection_kernel<<<blocks_for(work > heads ? work : heads), kThreads, 0,
+                          static_cast<cudaStream_t>(stream)>>>(d_positions, d_counts, heads,
+                                                               capacity, sink_end, d_middle, k,
+                                                               mid_end, n);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "fill_selection: launch", s);
+}
+
+int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t err_len) {
+  if (args == nullptr) return set_error(err, err_len, "gather_selected: args is NULL");
+  const pq_selected_gather& a = *args;
+  if (a.heads < 1 || a.capacity < 0 || a.chunk_tokens < 1 || a.tokens < 0 || a.row_bytes == 0 ||
+      a.row_bytes > (uint64_t{1} << 30) || a.sink_tokens < 0 || a.local_tokens < 0)
+    return set_error(err, err_len,
+                     "gather_selected: heads %d, capacity %lld, chunk_tokens %lld, tokens %lld, "
+                     "row_bytes %llu: not a selection over a store",
+                     a.heads, static_cast<long long>(a.capacity),
+                     static_cast<long long>(a.chunk_tokens), static_cast<long long>(a.tokens),
+                     static_cast<unsigned long long>(a.row_bytes));
+  if (a.capacity == 0) return 0;
+  if (a.positions == nullptr || a.counts == nullptr || a.key_chunks == nullptr ||
+      a.value_chunks == nullptr || a.out_keys == nullptr || a.out_values == nullptr)
+    return set_error(err, err_len, "gather_selected: a pointer is NULL");
+  const int64_t chunks_per_row = (static_cast<int64_t>(a.row_bytes) + kChunkBytes - 1) / kChunkBytes;
+  const int64_t total = static_cast<int64_t>(a.heads) * a.capacity * 2 * chunks_per_row;
+  gather_selected_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      a, chunks_per_row, total);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "gather_selected: launch", s);
+}
+
+}  // namespace pqcuda

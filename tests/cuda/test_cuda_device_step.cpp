@@ -1,0 +1,185 @@
+// The CUDA backend's decode step on a real GPU through the public API: the
+// step kept on the device (pq_decode_select_device + pq_fetch_kv_device)
+// against the host-positions step on the same context, and a batch of
+// sequences in one launch chain (pq_decode_select_batch, pq_fetch_kv_batch)
+// against per-sequence calls. Without a GPU every test reports SKIPPED with
+// the reason (the same logic runs on every build through the host fake of
+// the plug-in: tests/cuda_fake).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <pqcache.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int32_t kQHeads = 32, kKvHeads = 8, kDim = 128;
+
+std::string no_device() {
+  int n = 0;
+  cudaError_t s = cudaGetDeviceCount(&n);
+  if (s != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorName(s);
+  return n == 0 ? "no CUDA device: cudaGetDeviceCount reports 0" : "";
+}
+#define REQUIRE_GPU()                                 \
+  do {                                                \
+    const std::string why_ = no_device();             \
+    if (!why_.empty()) GTEST_SKIP() << why_;          \
+  } while (0)
+
+// Device memory freed at scope exit.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count, const T* host = nullptr) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, count * sizeof(T)), cudaSuccess);
+    if (host != nullptr)
+      EXPECT_EQ(cudaMemcpy(p, host, count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(p, 0, count * sizeof(T)), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+pq_context* make_context(int32_t combine) {
+  pq_config c;
+  pq_config_default(&c);
+  c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
+  c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = combine;
+  c.backend = PQ_BACKEND_CUDA;
+  pq_context* ctx = nullptr;
+  EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+  return ctx;
+}
+
+std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> mant(0, 1023), sign(0, 1), ex(12, 16);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = static_cast<uint16_t>((sign(rng) << 15) | (ex(rng) << 10) | mant(rng));
+  return v;
+}
+
+void prefill(pq_context* ctx, uint64_t id, int64_t tokens) {
+  ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
+  const std::vector<uint16_t> k = random_f16(static_cast<size_t>(tokens) * kKvHeads * kDim, id);
+  const std::vector<uint16_t> v = random_f16(k.size(), id + 1000);
+  pq_tensor kt, vt;
+  pq_tensor_init(&kt, const_cast<uint16_t*>(k.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, tokens,
+                 kKvHeads, kDim);
+  pq_tensor_init(&vt, const_cast<uint16_t*>(v.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, tokens,
+                 kKvHeads, kDim);
+  ASSERT_EQ(pq_prefill_layer(ctx, id, 0, &kt, &vt), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+}
+
+// MAX and MEAN combine bit-identically on the device and the host (the LUT
+// too), so the device-resident step must select exactly the host step's
+// positions and fetch the same bytes.
+TEST(CudaDeviceStep, DeviceSelectionAndFetchEqualTheHostStep) {
+  REQUIRE_GPU();
+  for (int32_t combine : {PQ_GQA_MAX, PQ_GQA_MEAN}) {
+    pq_context* ctx = make_context(combine);
+    ASSERT_NE(ctx, nullptr);
+    prefill(ctx, 1, 20000);
+    int64_t cap = 0;
+    ASSERT_EQ(pq_selection_capacity(ctx, 1, 0, &cap), PQ_OK);
+    const std::vector<uint16_t> q = random_f16(static_cast<size_t>(kQHeads) * kDim, 77);
+    pq_tensor hq;
+    pq_tensor_init(&hq, const_cast<uint16_t*>(q.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1,
+                   kQHeads, kDim);
+    std::vector<int32_t> pos(kKvHeads * cap), cnt(kKvHeads);
+    pq_selection host{pos.data(), cnt.data(), cap};
+    ASSERT_EQ(pq_decode_select(ctx, 1, 0, &hq, &host), PQ_OK) << pq_last_error();
+
+    Dev<uint16_t> dq(q.size(), q.data());
+    pq_tensor query = hq;
+    query.data = dq.p, query.memory = PQ_MEMORY_DEVICE;
+    Dev<int32_t> dpos(kKvHeads * cap), dcnt(kKvHeads);
+    pq_selection device{dpos.p, dcnt.p, cap};
+    ASSERT_EQ(pq_decode_select_device(ctx, 1, 0, &query, &device), PQ_OK) << pq_last_error();
+    Dev<uint16_t> k1(kKvHeads * cap * kDim), v1(k1.n), k2(k1.n), v2(k1.n);
+    pq_tensor ok1;
+    pq_tensor_init(&ok1, k1.p, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, cap, kKvHeads, kDim);
+    ok1.memory = PQ_MEMORY_DEVICE;
+    pq_tensor ov1 = ok1, ok2 = ok1, ov2 = ok1;
+    ov1.data = v1.p, ok2.data = k2.p, ov2.data = v2.p;
+    ASSERT_EQ(pq_fetch_kv_device(ctx, 1, 0, &device, &ok2, &ov2), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_fetch_kv(ctx, 1, 0, &host, &ok1, &ov1), PQ_OK) << pq_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(dcnt.get(), cnt) << "combine " << combine;
+    EXPECT_EQ(dpos.get(), pos) << "combine " << combine;
+    EXPECT_TRUE(k1.get() == k2.get()) << "combine " << combine << ": fetched keys differ";
+    EXPECT_TRUE(v1.get() == v2.get()) << "combine " << combine << ": fetched values differ";
+    pq_destroy(ctx);
+  }
+}
+
+// A batch of 8 sequences of different lengths: one launch chain selects
+// what 8 per-sequence calls select, and one gather fetches the same bytes.
+TEST(CudaDeviceStep, BatchedSelectAndFetchEqualPerSequenceCalls) {
+  REQUIRE_GPU();
+  pq_context* ctx = make_context(PQ_GQA_SUM_SOFTMAX);
+  ASSERT_NE(ctx, nullptr);
+  const int n = 8;
+  std::vector<int64_t> caps(n);
+  for (int i = 0; i < n; ++i) {
+    prefill(ctx, 10 + i, 3000 + 1700 * i);
+    ASSERT_EQ(pq_selection_capacity(ctx, 10 + i, 0, &caps[i]), PQ_OK);
+  }
+  const std::vector<uint16_t> q = random_f16(static_cast<size_t>(kQHeads) * kDim, 5);
+  pq_tensor hq;
+  pq_tensor_init(&hq, const_cast<uint16_t*>(q.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1,
+                 kQHeads, kDim);
+  std::vector<std::vector<int32_t>> pos1(n), cnt1(n), pos2(n), cnt2(n);
+  std::vector<pq_select_item> items(n);
+  for (int i = 0; i < n; ++i) {
+    pos1[i].assign(kKvHeads * caps[i], -1), cnt1[i].assign(kKvHeads, -1);
+    pos2[i] = pos1[i], cnt2[i] = cnt1[i];
+    pq_selection one{pos1[i].data(), cnt1[i].data(), caps[i]};
+    ASSERT_EQ(pq_decode_select(ctx, 10 + i, 0, &hq, &one), PQ_OK) << pq_last_error();
+    items[i].seq_id = 10 + i;
+    items[i].query = hq;
+    items[i].out = pq_selection{pos2[i].data(), cnt2[i].data(), caps[i]};
+  }
+  ASSERT_EQ(pq_decode_select_batch(ctx, 0, items.data(), n), PQ_OK) << pq_last_error();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(cnt2[i], cnt1[i]) << "item " << i;
+    EXPECT_EQ(pos2[i], pos1[i]) << "item " << i;
+  }
+  std::vector<std::unique_ptr<Dev<uint16_t>>> outs;
+  std::vector<pq_fetch_item> fetch(n);
+  for (int i = 0; i < n; ++i) {
+    for (int t = 0; t < 4; ++t)
+      outs.push_back(std::make_unique<Dev<uint16_t>>(kKvHeads * caps[i] * kDim));
+    pq_tensor t;
+    pq_tensor_init(&t, nullptr, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, caps[i], kKvHeads, kDim);
+    t.memory = PQ_MEMORY_DEVICE;
+    pq_tensor k1 = t, v1 = t;
+    k1.data = outs[4 * i]->p, v1.data = outs[4 * i + 1]->p;
+    pq_selection one{pos1[i].data(), cnt1[i].data(), caps[i]};
+    ASSERT_EQ(pq_fetch_kv(ctx, 10 + i, 0, &one, &k1, &v1), PQ_OK) << pq_last_error();
+    fetch[i].seq_id = 10 + i;
+    fetch[i].selection = one;
+    fetch[i].out_keys = t, fetch[i].out_values = t;
+    fetch[i].out_keys.data = outs[4 * i + 2]->p, fetch[i].out_values.data = outs[4 * i + 3]->p;
+  }
+  ASSERT_EQ(pq_fetch_kv_batch(ctx, 0, fetch.data(), n), PQ_OK) << pq_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(outs[4 * i]->get() == outs[4 * i + 2]->get()) << "item " << i << " keys";
+    EXPECT_TRUE(outs[4 * i + 1]->get() == outs[4 * i + 3]->get()) << "item " << i << " values";
+  }
+  pq_destroy(ctx);
+}
+
+}  // namespace

@@ -1,0 +1,254 @@
+// The decode step kept on the device (pq_decode_select_device,
+// pq_fetch_kv_device) on the CUDA backend through the host fake of the
+// plug-in: with a device query and device selection arrays, select and
+// fetch are enqueued on the stream with no host wait and no LUT upload (the
+// table is built on the device), and give what the CPU backend's
+// pq_decode_select and pq_fetch_kv give. Plus every refusal: the CPU
+// backend, host memory, another selector, a small capacity, a store the
+// device cannot read; and positions outside the sequence, which are not
+// read.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "api_test_util.h"
+#include "fake_test_util.h"
+
+namespace {
+
+// A selection whose arrays are fake device memory.
+struct DeviceSel {
+  DeviceBuffer positions, counts;
+  pq_selection s{};
+  int64_t capacity;
+  DeviceSel(int64_t cap)
+      : positions(std::max<size_t>(static_cast<size_t>(kKvHeads * cap) * 4, 4)),
+        counts(kKvHeads * 4),
+        capacity(cap) {
+    s.positions = static_cast<int32_t*>(positions.get());
+    s.counts = static_cast<int32_t*>(counts.get());
+    s.capacity = cap;
+  }
+  // Row h as the host sees it after the stream ran.
+  std::vector<int32_t> row(int32_t h) const {
+    const std::vector<uint8_t> p = positions.download(), c = counts.download();
+    int32_t count = 0;
+    std::memcpy(&count, c.data() + 4 * h, 4);
+    std::vector<int32_t> out(static_cast<size_t>(std::max(count, 0)));
+    std::memcpy(out.data(), p.data() + 4 * h * capacity, 4 * out.size());
+    return out;
+  }
+};
+
+void sync_all() {
+  char err[256] = {0};
+  ASSERT_EQ(Fake::get().table->stream_synchronize(nullptr, err, sizeof err), 0) << err;
+}
+
+void prefill(pq_context* ctx, uint64_t id, int64_t tokens, int32_t dtype) {
+  ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    HostTensor k = make_tensor(random_normal(tokens * kKvHeads * kDim, 3 * id + l), tokens,
+                               kKvHeads, kDim, dtype);
+    HostTensor v = make_tensor(random_normal(tokens * kKvHeads * kDim, 5 * id + l), tokens,
+                               kKvHeads, kDim, dtype);
+    ASSERT_EQ(pq_prefill_layer(ctx, id, l, k.get(), v.get()), PQ_OK) << pq_last_error();
+  }
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+}
+
+class FakeCudaDeviceStep : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(FakeCudaDeviceStep, SelectAndFetchStayOnTheDeviceAndMatchTheCpu) {
+  ASSERT_NE(Fake::get().table, nullptr) << "cannot open " << PQ_FAKE_CUDA_PLUGIN_FILE;
+  const int32_t dtype = GetParam();
+  const pq_config c = base_config(dtype);  // block cache on: a device fetch bypasses it
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, 1, 700, dtype);
+  if (HasFatalFailure()) return;
+  const int32_t m = c.pq_subspaces;
+  for (int64_t step = 0; step < 40; ++step)
+    for (int32_t l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l) + " step " + std::to_string(step));
+      Step d = step_data(l, step, dtype, 1);
+      for (pq_context* ctx : {cpu.get(), cuda.get()})
+        ASSERT_EQ(pq_decode_append(ctx, 1, l, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
+      const int64_t cap = selection_capacity(cpu, 1, l);
+      Sel want(kKvHeads, cap);
+      ASSERT_EQ(pq_decode_select(cpu, 1, l, d.q.get(), want.get()), PQ_OK);
+      DeviceTensor dq(d.q);
+      DeviceSel got(cap);
+      pq_fake_cuda_counters before = Fake::get().counters();
+      ASSERT_EQ(pq_decode_select_device(cuda, 1, l, &dq.t, &got.s), PQ_OK) << pq_last_error();
+      pq_fake_cuda_counters sel = counters_since(before);
+      EXPECT_EQ(sel.host_waits, 0u) << "the selection stays on the device";
+      EXPECT_EQ(sel.kernel_launches, 4u) << "LUT, scan, top-k, fill";
+      // Up: the codes of the token that left the window (and, at a layer's
+      // first device selection, its middle's codes and its centroids); never
+      // a LUT.
+      if (step > 0) EXPECT_EQ(sel.bytes_to_device, uint64_t{kKvHeads} * m);
+
+      HostTensor hk = make_tensor(nullptr, cap, kKvHeads, kDim, dtype, PQ_LAYOUT_HEAD_MAJOR);
+      HostTensor hv = make_tensor(nullptr, cap, kKvHeads, kDim, dtype, PQ_LAYOUT_HEAD_MAJOR);
+      ASSERT_EQ(pq_fetch_kv(cpu, 1, l, want.get(), hk.get(), hv.get()), PQ_OK);
+      DeviceTensor dk(make_tensor(nullptr, cap, kKvHeads, kDim, dtype, PQ_LAYOUT_HEAD_MAJOR));
+      DeviceTensor dv(make_tensor(nullptr, cap, kKvHeads, kDim, dtype, PQ_LAYOUT_HEAD_MAJOR));
+      before = Fake::get().counters();
+      ASSERT_EQ(pq_fetch_kv_device(cuda, 1, l, &got.s, &dk.t, &dv.t), PQ_OK) << pq_last_error();
+      const pq_fake_cuda_counters fetch = counters_since(before);
+      EXPECT_EQ(fetch.host_waits, 0u) << "the fetch reads the selection on the device";
+      EXPECT_EQ(fetch.kernel_launches, 1u);
+      EXPECT_EQ(Fake::get().pending() > 0, true) << "nothing was left for the stream to run";
+      sync_all();
+      for (int32_t h = 0; h < kKvHeads; ++h) ASSERT_EQ(got.row(h), want.row(h)) << "head " << h;
+      ASSERT_TRUE(dk.buffer.download() == hk.bytes) << "fetched keys differ";
+      ASSERT_TRUE(dv.buffer.download() == hv.bytes) << "fetched values differ";
+    }
+  EXPECT_EQ(stats(cuda).bytes_staged, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, FakeCudaDeviceStep,
+                         ::testing::Values(PQ_DTYPE_F32, PQ_DTYPE_F16, PQ_DTYPE_BF16),
+                         [](const ::testing::TestParamInfo<int32_t>& p) {
+                           return std::string(p.param == PQ_DTYPE_F32   ? "f32"
+                                              : p.param == PQ_DTYPE_F16 ? "f16"
+                                                                        : "bf16");
+                         });
+
+TEST(FakeCudaDeviceStepErrors, RefusalsNameWhatIsWrongAndWriteNothing) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  const pq_config c = base_config(PQ_DTYPE_F32);
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, 1, 300, PQ_DTYPE_F32);
+  if (HasFatalFailure()) return;
+  Step d = step_data(0, 0, PQ_DTYPE_F32, 1);
+  DeviceTensor dq(d.q);
+  const int64_t cap = selection_capacity(cuda, 1, 0);
+  DeviceSel sel(cap);
+  PQ_EXPECT_ERR(pq_decode_select_device(cpu, 1, 0, d.q.get(), &sel.s), PQ_ERR_UNSUPPORTED,
+                "needs the CUDA backend");
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, d.q.get(), &sel.s), PQ_ERR_UNSUPPORTED,
+                "query.memory is PQ_MEMORY_HOST");
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, &dq.t, nullptr), PQ_ERR_INVALID_ARGUMENT,
+                "out is NULL");
+  // Host arrays for the selection: the device does not know them.
+  Sel host(kKvHeads, cap);
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, &dq.t, host.get()), PQ_ERR_UNSUPPORTED,
+                "out->positions is not memory CUDA knows as device memory");
+  // Too small: the message says what is needed; the device counts stay as
+  // they were (0xCD from the fake's allocation).
+  DeviceSel small(cap - 1);
+  const std::vector<uint8_t> counts_before = small.counts.download();
+  const std::string needs = "needs " + std::to_string(cap);
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, &dq.t, &small.s), PQ_ERR_BUFFER_TOO_SMALL,
+                needs.c_str());
+  EXPECT_TRUE(small.counts.download() == counts_before);
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 9, 0, &dq.t, &sel.s), PQ_ERR_NOT_FOUND, "9");
+
+  // The fetch: host outputs, outputs shorter than the capacity.
+  ASSERT_EQ(pq_decode_select_device(cuda, 1, 0, &dq.t, &sel.s), PQ_OK) << pq_last_error();
+  HostTensor hk = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32);
+  HostTensor hv = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32);
+  PQ_EXPECT_ERR(pq_fetch_kv_device(cuda, 1, 0, &sel.s, hk.get(), hv.get()), PQ_ERR_UNSUPPORTED,
+                "out_keys.memory is PQ_MEMORY_HOST");
+  DeviceTensor short_k(make_tensor(nullptr, cap - 1, kKvHeads, kDim, PQ_DTYPE_F32));
+  DeviceTensor dv(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32));
+  PQ_EXPECT_ERR(pq_fetch_kv_device(cuda, 1, 0, &sel.s, &short_k.t, &dv.t),
+                PQ_ERR_INVALID_ARGUMENT, "out_keys");
+  sync_all();
+}
+
+TEST(FakeCudaDeviceStepErrors, OtherSelectorsAndCallerStoresAreRefused) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  pq_config c = base_config(PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_EXACT;
+  Ctx exact = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(exact.ok()) << pq_last_error();
+  prefill(exact, 1, 300, PQ_DTYPE_F32);
+  if (HasFatalFailure()) return;
+  Step d = step_data(0, 0, PQ_DTYPE_F32, 1);
+  DeviceTensor dq(d.q);
+  const int64_t cap = selection_capacity(exact, 1, 0);
+  DeviceSel sel(cap);
+  PQ_EXPECT_ERR(pq_decode_select_device(exact, 1, 0, &dq.t, &sel.s), PQ_ERR_UNSUPPORTED,
+                "PQ selector only");
+
+  // A store in the caller's host_alloc memory: the device cannot read it.
+  pq_hooks hooks;
+  pq_hooks_default(&hooks);
+  hooks.host_alloc = [](void*, size_t bytes, size_t alignment) -> void* {
+    return std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  };
+  hooks.host_free = [](void*, void* p, size_t) { std::free(p); };
+  pq_config pc = base_config(PQ_DTYPE_F32);
+  pc.backend = PQ_BACKEND_CUDA;
+  pc.cuda_plugin_path = PQ_FAKE_CUDA_PLUGIN_FILE;
+  Ctx hooked(pc, hooks);
+  ASSERT_TRUE(hooked.ok()) << pq_last_error();
+  prefill(hooked, 1, 300, PQ_DTYPE_F32);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(pq_decode_select_device(hooked, 1, 0, &dq.t, &sel.s), PQ_OK) << pq_last_error();
+  DeviceTensor dk(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32));
+  DeviceTensor dv(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32));
+  PQ_EXPECT_ERR(pq_fetch_kv_device(hooked, 1, 0, &sel.s, &dk.t, &dv.t), PQ_ERR_UNSUPPORTED,
+                "host_alloc memory, which the device cannot read");
+  sync_all();
+}
+
+// Positions the device reads are not checked by the host: one outside the
+// sequence is not read, and its rows come out as zeros; the others are
+// fetched as usual.
+TEST(FakeCudaDeviceStepErrors, PositionsOutsideTheSequenceAreNotRead) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  pq_config c = base_config(PQ_DTYPE_F32);
+  c.cache_tokens = 0;
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, 1, 300, PQ_DTYPE_F32);
+  if (HasFatalFailure()) return;
+  const int64_t cap = 4;
+  const std::vector<int32_t> positions = {0, 299, 300, -1, 5, 100000, 17, 250};
+  const std::vector<int32_t> counts = {4, 4};
+  DeviceSel sel(cap);
+  sel.positions.upload(positions.data(), positions.size() * 4);
+  sel.counts.upload(counts.data(), counts.size() * 4);
+  HostTensor zeros = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32);
+  std::memset(zeros.bytes.data(), 0x5A, zeros.bytes.size());  // not zero: a row not written shows
+  DeviceTensor dk(zeros), dv(zeros);
+  ASSERT_EQ(pq_fetch_kv_device(cuda, 1, 0, &sel.s, &dk.t, &dv.t), PQ_OK) << pq_last_error();
+  sync_all();
+  // The in-range rows as the CPU backend fetches them.
+  Sel valid(kKvHeads, cap);
+  const std::vector<int32_t> valid_positions = {0, 299, 299, 299, 5, 17, 17, 250};
+  std::copy(valid_positions.begin(), valid_positions.end(), valid.positions.begin());
+  valid.counts = {4, 4};
+  HostTensor hk = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32);
+  HostTensor hv = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32);
+  ASSERT_EQ(pq_fetch_kv(cpu, 1, 0, valid.get(), hk.get(), hv.get()), PQ_OK) << pq_last_error();
+  const std::vector<uint8_t> got = dk.buffer.download();
+  const size_t row = kDim * sizeof(float);
+  for (int32_t h = 0; h < kKvHeads; ++h)
+    for (int64_t i = 0; i < cap; ++i) {
+      const int32_t p = positions[static_cast<size_t>(h * cap + i)];
+      const size_t at = static_cast<size_t>((i * kKvHeads + h)) * row;  // token-major
+      const bool outside = p < 0 || p >= 300;
+      if (outside)
+        EXPECT_TRUE(std::all_of(got.begin() + at, got.begin() + at + row,
+                                [](uint8_t b) { return b == 0; }))
+            << "head " << h << " row " << i << " (position " << p << ") was not zeroed";
+      else
+        EXPECT_EQ(std::memcmp(got.data() + at, hk.bytes.data() + at, row), 0)
+            << "head " << h << " row " << i << " (position " << p << ")";
+    }
+}
+
+}  // namespace
