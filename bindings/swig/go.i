@@ -42,6 +42,11 @@
 %ignore pq_index_codes;
 %ignore pq_index_centroids;
 %ignore pq_sequence_set_stream;
+/* The decode step kept on the device (0.7) takes device arrays and a CUDA
+ * stream, which a Go program does not hold (as pq_sequence_set_stream);
+ * a Go server with CUDA memory calls the C API through cgo. */
+%ignore pq_decode_select_device;
+%ignore pq_fetch_kv_device;
 /* The batch calls' items point at the data as well; bindings/go/batch.go
  * builds them in C memory. */
 %ignore pq_select_item;

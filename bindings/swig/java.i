@@ -146,8 +146,11 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
  * leak; the Java binding leaves it to $PQCACHE_CUDA_PLUGIN and the default
  * search order. */
 %ignore pq_config::cuda_plugin_path;
-/* pq_sequence_set_stream's cudaStream_t has no Java counterpart. */
+/* pq_sequence_set_stream's cudaStream_t has no Java counterpart, nor do
+ * the device arrays of the decode step kept on the device (0.7). */
 %ignore pq_sequence_set_stream;
+%ignore pq_decode_select_device;
+%ignore pq_fetch_kv_device;
 
 /* Structs the library reads a struct_size from come out of Java's `new`
  * ready to use (zeroed, struct_size = sizeof as this binding was built). */

@@ -564,6 +564,34 @@ static PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id,
                                            const void* data, uint64_t size) {
   return pq_py_restore_step(pq_sequence_restore_kv, ctx, seq_id, data, size);
 }
+
+/* The decode step kept on the device (0.7): device memory has no buffer
+ * protocol, so the Python layer (pqcache.DeviceSelection) reads each device
+ * array's address, shape and strides (__cuda_array_interface__, or a torch
+ * tensor's data_ptr) and passes them here as integers. */
+static pq_status pq_py_decode_select_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                            uint64_t query_data, int32_t query_dtype,
+                                            int32_t q_heads, int32_t head_dim,
+                                            int64_t query_head_stride, uint64_t positions,
+                                            uint64_t counts, int64_t capacity) {
+  pq_tensor query = {(void*)(uintptr_t)query_data, query_dtype, PQ_MEMORY_DEVICE, 1, q_heads,
+                     head_dim, (int64_t)q_heads * query_head_stride, query_head_stride};
+  pq_selection out = {(int32_t*)(uintptr_t)positions, (int32_t*)(uintptr_t)counts, capacity};
+  return pq_decode_select_device(ctx, seq_id, layer, &query, &out);
+}
+static pq_status pq_py_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                       uint64_t positions, uint64_t counts, int64_t capacity,
+                                       uint64_t keys, uint64_t values, int32_t dtype,
+                                       int64_t tokens, int32_t heads, int32_t head_dim,
+                                       int64_t token_stride, int64_t head_stride) {
+  pq_selection selection = {(int32_t*)(uintptr_t)positions, (int32_t*)(uintptr_t)counts,
+                            capacity};
+  pq_tensor k = {(void*)(uintptr_t)keys, dtype, PQ_MEMORY_DEVICE, tokens, heads, head_dim,
+                 token_stride, head_stride};
+  pq_tensor v = k;
+  v.data = (void*)(uintptr_t)values;
+  return pq_fetch_kv_device(ctx, seq_id, layer, &selection, &k, &v);
+}
 %}
 
 %init %{
@@ -648,6 +676,20 @@ PQError = _pqcache_swig.PQError
 %ignore pq_fetch_item;
 %ignore pq_decode_select_batch;
 %ignore pq_fetch_kv_batch;
+/* The decode step kept on the device: addresses in, see above. */
+%ignore pq_decode_select_device;
+%ignore pq_fetch_kv_device;
+%rename(pq_decode_select_device) pq_py_decode_select_device;
+%rename(pq_fetch_kv_device) pq_py_fetch_kv_device;
+pq_status pq_py_decode_select_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                     uint64_t query_data, int32_t query_dtype, int32_t q_heads,
+                                     int32_t head_dim, int64_t query_head_stride,
+                                     uint64_t positions, uint64_t counts, int64_t capacity);
+pq_status pq_py_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                uint64_t positions, uint64_t counts, int64_t capacity,
+                                uint64_t keys, uint64_t values, int32_t dtype, int64_t tokens,
+                                int32_t heads, int32_t head_dim, int64_t token_stride,
+                                int64_t head_stride);
 %exception pq_py_decode_select_batch %{ $action %}
 %exception pq_py_fetch_kv_batch %{ $action %}
 %rename(pq_decode_select_batch) pq_py_decode_select_batch;

@@ -732,6 +732,17 @@ __attribute__((visibility("default"))) void pq_fake_cuda_synchronize_all(void) {
   run_everything();
 }
 
+__attribute__((visibility("default"))) void* pq_fake_cuda_malloc(size_t bytes) {
+  void* p = nullptr;
+  char err[256];
+  return device_alloc(&p, bytes, err, sizeof err) == 0 ? p : nullptr;
+}
+
+__attribute__((visibility("default"))) void pq_fake_cuda_free(void* ptr) {
+  char err[256];
+  device_free(ptr, err, sizeof err);
+}
+
 __attribute__((visibility("default"))) uint64_t pq_fake_cuda_pending(void) {
   Lock lock(g_mutex);
   uint64_t pending = g_legacy.queue.size();

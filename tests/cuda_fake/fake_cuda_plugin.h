@@ -4,6 +4,7 @@
 #ifndef PQCACHE_FAKE_CUDA_PLUGIN_H
 #define PQCACHE_FAKE_CUDA_PLUGIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -29,6 +30,13 @@ typedef void (*pq_fake_cuda_synchronize_all_fn)(void);
 /* Operations enqueued and not yet run, on all streams. */
 uint64_t pq_fake_cuda_pending(void);
 typedef uint64_t (*pq_fake_cuda_pending_fn)(void);
+
+/* "Device" memory for tests that cannot reach the table (the Python
+ * binding's, through ctypes): device_alloc and device_free. It is host
+ * memory, so such a test reads and writes it directly once the streams
+ * have run (pq_fake_cuda_synchronize_all). NULL on failure. */
+void* pq_fake_cuda_malloc(size_t bytes);
+void pq_fake_cuda_free(void* ptr);
 
 #ifdef __cplusplus
 }

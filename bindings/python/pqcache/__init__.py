@@ -37,6 +37,10 @@ PQError with status_name "PQ_ERR_CORRUPT", one from another format version or
 geometry "PQ_ERR_INCOMPATIBLE". restore_begin and restore_kv restore a state
 that arrives in pieces: the sequence selects before its K/V have arrived; too
 few bytes raise PQError "PQ_ERR_BUFFER_TOO_SMALL" with .needed.
+
+On the CUDA backend, select_device and fetch_device keep a decode step on
+the device: a device query, a DeviceSelection in device memory, device K/V
+outputs, all on the sequence's stream with no host wait (pqcache.device).
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import device as _device
 from . import pqcache_swig as _c
+from .device import DeviceSelection
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "SelectionResult", "PQError", "BatchError", "version", "SELECTORS",
+__all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "version",
+           "SELECTORS",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "STATUS_NAMES"]
 
 # --- enumerations, by the names the tools and the config kwargs use ----------
@@ -498,6 +505,18 @@ class Context:
         _c.pq_decode_attend(self._ctx, seq, layer, self._query(query), selection.arrays,
                             0.0 if scale is None else scale, out, lse)
         return out, lse
+
+    def select_device(self, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
+        """pq_decode_select_device (CUDA backend): the selection written into
+        out's device arrays on the sequence's stream, no host wait; query is
+        a device array [q_heads][head_dim] (pqcache.device)."""
+        return _device.select_device(self, seq, layer, query, out)
+
+    def fetch_device(self, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
+        """pq_fetch_kv_device (CUDA backend): a device selection's rows
+        gathered on the device into keys and values, device arrays
+        [kv_heads][>= capacity][head_dim] (pqcache.device)."""
+        _device.fetch_device(self, seq, layer, selection, keys, values)
 
     def _fetch_buffers(self, selection: SelectionResult) -> Tuple[np.ndarray, np.ndarray]:
         shape = (self.num_kv_heads, selection.positions.shape[1], self.head_dim)

@@ -90,7 +90,7 @@ expected_name="pqcache-$PQ_VERSION-$py_tag-$py_tag-linux_$arch.whl"
 # The file names: the first column of zipfile -l, without the header line.
 awk 'NR > 1 { print $1 }' "$tmp/list.txt" | sort >"$tmp/files.txt"
 sed 's/^/  /' "$tmp/list.txt"
-expected=(pqcache/__init__.py pqcache/selector_inputs.py pqcache/transformers.py pqcache/pqcache_swig.py
+expected=(pqcache/__init__.py pqcache/device.py pqcache/selector_inputs.py pqcache/transformers.py pqcache/pqcache_swig.py
           "pqcache/_pqcache_swig$ext_suffix" "pqcache/libpqcache.so.$PQ_ABI_MAJOR")
 ((PQ_WITH_CUDA_PLUGIN)) && expected+=(pqcache/libpqcache_cuda.so)
 dist_info="pqcache-$PQ_VERSION.dist-info"

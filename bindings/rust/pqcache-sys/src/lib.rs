@@ -569,6 +569,14 @@ pq_functions! {
                               count: i64) -> pq_status;
     fn pq_fetch_kv_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_fetch_item,
                          count: i64) -> pq_status;
+    /// Added in 0.7 (CUDA backend): the selection written into device
+    /// arrays on the sequence's stream, no host wait.
+    fn pq_decode_select_device(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                               query: *const pq_tensor, out: *mut pq_selection) -> pq_status;
+    /// Added in 0.7: a device selection gathered on the device.
+    fn pq_fetch_kv_device(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                          selection: *const pq_selection, out_keys: *const pq_tensor,
+                          out_values: *const pq_tensor) -> pq_status;
     fn pq_prefill_queries(ctx: *mut pq_context, seq_id: u64, layer: i32,
                           queries: *const pq_tensor) -> pq_status;
     fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,

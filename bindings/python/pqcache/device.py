@@ -1,0 +1,131 @@
+"""The decode step kept on the device (CUDA backend, added in 0.7).
+
+    sel = pqcache.DeviceSelection(positions, counts)   # int32 device arrays
+    ctx.select_device(seq, layer, query, sel)          # query: [q_heads][head_dim] on the device
+    ctx.fetch_device(seq, layer, sel, keys, values)    # [kv_heads][capacity][head_dim] on the device
+
+Both calls are enqueued on the sequence's CUDA stream (Context.set_stream)
+and return without waiting: the results are complete once that stream is
+(torch.cuda.current_stream().synchronize(), or work queued after them on the
+same stream sees them). Nothing crosses to the host. Device arrays are any
+objects that describe device memory: PyTorch CUDA tensors (read through
+data_ptr(), so bfloat16 works too), or anything with __cuda_array_interface__
+(CuPy, Numba). Malformed arrays raise TypeError or ValueError before the
+library sees them; the library's own refusals raise PQError (e.g.
+PQ_ERR_UNSUPPORTED on the CPU backend or for host memory).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Tuple
+
+from . import pqcache_swig as _c
+
+# __cuda_array_interface__ typestr -> element size and pq_dtype (or int32).
+_TYPESTRS = {"<f4": (4, _c.PQ_DTYPE_F32), "<f2": (2, _c.PQ_DTYPE_F16),
+             "<i4": (4, None), "<u2": (2, _c.PQ_DTYPE_BF16)}
+_TORCH_DTYPES = {"torch.float32": (4, _c.PQ_DTYPE_F32), "torch.float16": (2, _c.PQ_DTYPE_F16),
+                 "torch.bfloat16": (2, _c.PQ_DTYPE_BF16), "torch.int32": (4, None)}
+
+
+class DeviceArray(NamedTuple):
+    """What the library needs of a device array: its address, shape, strides
+    in elements, element size and pq_dtype (None for int32)."""
+    address: int
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    itemsize: int
+    dtype: object
+
+
+def device_array(obj, name: str, ndim: int) -> DeviceArray:
+    """Describes `obj`, which must be device memory of `ndim` dimensions."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):  # a torch tensor
+        if not obj.is_cuda:
+            raise TypeError(f"{name} is a torch tensor on {obj.device}; the decode step on the "
+                            "device takes CUDA tensors")
+        kind = _TORCH_DTYPES.get(str(obj.dtype))
+        if kind is None:
+            raise TypeError(f"{name} has dtype {obj.dtype}; expected float32, float16, "
+                            "bfloat16 or int32")
+        shape, strides = tuple(obj.shape), tuple(obj.stride())
+        address = obj.data_ptr()
+    else:
+        iface = getattr(obj, "__cuda_array_interface__", None)
+        if iface is None:
+            raise TypeError(f"{name} is a {type(obj).__name__}; the decode step on the device "
+                            "takes device arrays (a CUDA torch tensor, or an object with "
+                            "__cuda_array_interface__)")
+        kind = _TYPESTRS.get(iface["typestr"])
+        if kind is None:
+            raise TypeError(f"{name} has typestr {iface['typestr']!r}; expected '<f4', '<f2', "
+                            "'<u2' (bf16 bits) or '<i4'")
+        shape = tuple(iface["shape"])
+        address = iface["data"][0]
+        byte_strides = iface.get("strides")
+        if byte_strides is None:  # C-contiguous
+            byte_strides, step = [], kind[0]
+            for extent in reversed(shape):
+                byte_strides.insert(0, step)
+                step *= extent
+        if any(s % kind[0] for s in byte_strides):
+            raise ValueError(f"{name}: strides {tuple(byte_strides)} are not whole elements")
+        strides = tuple(s // kind[0] for s in byte_strides)
+    if len(shape) != ndim:
+        raise ValueError(f"{name} has shape {shape}; expected {ndim} dimensions")
+    if shape and shape[-1] > 1 and strides[-1] != 1:
+        raise ValueError(f"{name}: the last axis must be contiguous (stride {strides[-1]})")
+    return DeviceArray(address, shape, strides, kind[0], kind[1])
+
+
+class DeviceSelection:
+    """A selection in device memory: positions [kv_heads][capacity] and
+    counts [kv_heads], int32, rows contiguous (the caller owns both)."""
+
+    def __init__(self, positions, counts):
+        p = device_array(positions, "positions", 2)
+        c = device_array(counts, "counts", 1)
+        for a, name in ((p, "positions"), (c, "counts")):
+            if a.dtype is not None or a.itemsize != 4:
+                raise TypeError(f"{name} must be int32")
+        if c.shape[0] != p.shape[0]:
+            raise ValueError(f"counts has {c.shape[0]} entries for {p.shape[0]} rows of positions")
+        if p.shape[0] > 1 and p.strides[0] != p.shape[1]:
+            raise ValueError("positions: rows must follow each other (a contiguous "
+                             "[kv_heads][capacity] array)")
+        self.positions, self.counts = positions, counts  # kept alive with the selection
+        self.capacity = p.shape[1]
+        self.kv_heads = p.shape[0]
+        self._addresses = (p.address, c.address)
+
+
+def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
+    """pq_decode_select_device: the selection of one decode step written into
+    `out` on the device. query: [q_heads][head_dim] (or [1][q_heads][head_dim])
+    in the context's dtype, device memory."""
+    q = device_array(query, "query", len(getattr(query, "shape", ())) or 2)
+    shape, strides = (q.shape[1:], q.strides[1:]) if len(q.shape) == 3 else (q.shape, q.strides)
+    if len(shape) != 2:
+        raise ValueError(f"query has shape {q.shape}; expected [q_heads][head_dim]")
+    if q.dtype is None:
+        raise TypeError("query must be float32, float16 or bfloat16")
+    _c.pq_decode_select_device(ctx._ctx, seq, layer, q.address, q.dtype, shape[0], shape[1],
+                               strides[0], out._addresses[0], out._addresses[1], out.capacity)
+    return out
+
+
+def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
+    """pq_fetch_kv_device: the selected rows gathered on the device into
+    keys and values, [kv_heads][>= capacity][head_dim] device arrays in the
+    context's dtype, row i of head h being the token positions[h][i]."""
+    k = device_array(keys, "keys", 3)
+    v = device_array(values, "values", 3)
+    if k.shape != v.shape or k.strides != v.strides or k.dtype != v.dtype:
+        raise ValueError(f"keys {k.shape} (strides {k.strides}) and values {v.shape} (strides "
+                         f"{v.strides}) must have one shape, layout and dtype")
+    if k.dtype is None:
+        raise TypeError("keys and values must be float32, float16 or bfloat16")
+    heads, tokens, head_dim = k.shape
+    _c.pq_fetch_kv_device(ctx._ctx, seq, layer, selection._addresses[0], selection._addresses[1],
+                          selection.capacity, k.address, v.address, k.dtype, tokens, heads,
+                          head_dim, k.strides[1], k.strides[0])

@@ -1,0 +1,120 @@
+"""The decode step kept on the device (Context.select_device, fetch_device)
+on the CUDA backend, through the host fake of the plug-in that CTest builds:
+its "device" memory is host memory the fake registers, handed to the binding
+as objects with __cuda_array_interface__ (what CuPy and Numba arrays offer;
+CUDA torch tensors are read through data_ptr the same way). The selection and
+the fetched rows must equal the host-positions calls'. Skipped outside CTest
+(PQ_FAKE_CUDA_PLUGIN names the fake)."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import pqcache
+
+FAKE = os.environ.get("PQ_FAKE_CUDA_PLUGIN")
+pytestmark = pytest.mark.skipif(
+    not FAKE, reason="PQ_FAKE_CUDA_PLUGIN is not set: run through CTest, which builds the fake")
+
+
+class FakeDeviceArray:
+    """An array in the fake's device memory, with __cuda_array_interface__."""
+
+    def __init__(self, lib, shape, dtype):
+        self.lib, self.shape, self.dtype = lib, tuple(shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.ptr = lib.pq_fake_cuda_malloc(max(self.nbytes, 1))
+        assert self.ptr, "the fake could not allocate"
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def host(self):
+        """A numpy view of the memory (it is host memory in the fake)."""
+        buf = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+        return np.frombuffer(buf, self.dtype).reshape(self.shape)
+
+    def __del__(self):
+        self.lib.pq_fake_cuda_free(ctypes.c_void_p(self.ptr))
+
+
+@pytest.fixture(scope="module")
+def fake():
+    lib = ctypes.CDLL(FAKE)  # the instance libpqcache loads: one set of allocations
+    lib.pq_fake_cuda_malloc.restype = ctypes.c_void_p
+    lib.pq_fake_cuda_malloc.argtypes = [ctypes.c_size_t]
+    lib.pq_fake_cuda_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def make(backend, **kw):
+    options = dict(sink_tokens=4, local_tokens=16, topk_tokens=24, pq_subspaces=4,
+                   kmeans_iterations=5, worker_threads=1, backend=backend)
+    if backend == "cuda":
+        options["cuda_plugin_path"] = FAKE
+    options.update(kw)
+    return pqcache.Context(1, 8, 2, 32, "f16", **options)
+
+
+def test_device_step_equals_the_host_step(fake):
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((500, 2, 32)).astype(np.float16)
+    values = rng.standard_normal((500, 2, 32)).astype(np.float16)
+    query = rng.standard_normal((8, 32)).astype(np.float16)
+    with make("cpu") as cpu, make("cuda") as cuda:
+        assert cuda.backend() == "cuda"
+        for ctx in (cpu, cuda):
+            ctx.add_sequence(1)
+            ctx.prefill(1, 0, keys, values)
+            ctx.wait_builds()
+        want = cpu.select(1, 0, query)
+        k_want, v_want = cpu.fetch(1, 0, want)
+        cap = cuda.capacity(1, 0)
+        positions = FakeDeviceArray(fake, (2, cap), np.int32)
+        counts = FakeDeviceArray(fake, (2,), np.int32)
+        dq = FakeDeviceArray(fake, (8, 32), np.float16)
+        dq.host()[:] = query
+        sel = pqcache.DeviceSelection(positions, counts)
+        assert cuda.select_device(1, 0, dq, sel) is sel
+        dk = FakeDeviceArray(fake, (2, cap, 32), np.float16)
+        dv = FakeDeviceArray(fake, (2, cap, 32), np.float16)
+        dk.host()[:] = 0
+        dv.host()[:] = 0
+        cuda.fetch_device(1, 0, sel, dk, dv)
+        fake.pq_fake_cuda_synchronize_all()
+        assert counts.host().tolist() == want.counts.tolist()
+        for h in range(2):
+            n = want.counts[h]
+            assert positions.host()[h, :n].tolist() == want.positions[h, :n].tolist()
+            assert np.array_equal(dk.host()[h, :n], k_want[h, :n])
+            assert np.array_equal(dv.host()[h, :n], v_want[h, :n])
+
+
+def test_device_step_refusals(fake):
+    with make("cpu") as cpu, make("cuda") as cuda:
+        for ctx in (cpu, cuda):
+            ctx.add_sequence(1)
+            ctx.prefill(1, 0, np.ones((100, 2, 32), np.float16), np.ones((100, 2, 32), np.float16))
+        positions = FakeDeviceArray(fake, (2, 40), np.int32)
+        counts = FakeDeviceArray(fake, (2,), np.int32)
+        sel = pqcache.DeviceSelection(positions, counts)
+        dq = FakeDeviceArray(fake, (8, 32), np.float16)
+        with pytest.raises(pqcache.PQError) as e:
+            cpu.select_device(1, 0, dq, sel)
+        assert e.value.status_name == "PQ_ERR_UNSUPPORTED"
+        assert "CUDA backend" in e.value.message
+        # numpy arrays are host memory: refused before the library sees them.
+        with pytest.raises(TypeError, match="device arrays"):
+            cuda.select_device(1, 0, np.zeros((8, 32), np.float16), sel)
+        with pytest.raises(TypeError, match="int32"):
+            pqcache.DeviceSelection(FakeDeviceArray(fake, (2, 40), np.float32), counts)
+        with pytest.raises(ValueError, match="entries for 2 rows"):
+            pqcache.DeviceSelection(positions, FakeDeviceArray(fake, (3,), np.int32))
+        small = pqcache.DeviceSelection(FakeDeviceArray(fake, (2, 3), np.int32), counts)
+        with pytest.raises(pqcache.PQError) as e:
+            cuda.select_device(1, 0, dq, small)
+        assert e.value.status_name == "PQ_ERR_BUFFER_TOO_SMALL"
