@@ -590,9 +590,11 @@ PQ_API pq_status pq_sequence_count(const pq_context* ctx, int64_t* out_count);
  * passed as an opaque pointer. NULL (the default) is CUDA's legacy default
  * stream, ordered with the caller's default-stream kernels. The library
  * never synchronises the device; a call waits on the stream only where its
- * result must reach the host (pq_decode_select's positions). Device outputs
- * of pq_fetch_kv are complete once the stream reaches the point of the
- * call. Work already enqueued on a previous stream is not waited for:
+ * result must reach the host (pq_decode_select's positions, and a device
+ * query it must check on the host). Device inputs (a query, K/V to append)
+ * are read in order on this stream, after the caller's work enqueued on it
+ * before the call. Device outputs of pq_fetch_kv are complete once the
+ * stream reaches the point of the call. Work already enqueued on a previous stream is not waited for:
  * synchronise it before switching. The stream must outlive its use: set
  * NULL before destroying it.
  * Errors: PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED (a non-NULL stream on the

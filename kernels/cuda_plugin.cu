@@ -158,6 +158,7 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::pq_lut,
     pqcuda::fill_selection,
     pqcuda::gather_selected,
+    pqcuda::event_query,
 };
 
 }  // namespace

@@ -50,6 +50,7 @@ int event_create(void** event, char* err, size_t err_len);
 int event_destroy(void* event, char* err, size_t err_len);
 int event_record(void* event, void* stream, char* err, size_t err_len);
 int event_synchronize(void* event, char* err, size_t err_len);
+int event_query(void* event, char* err, size_t err_len);
 int stream_wait_event(void* stream, void* event, char* err, size_t err_len);
 int copy_async(void* dst, const void* src, size_t bytes, void* stream, char* err, size_t err_len);
 int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t row_bytes,

@@ -90,6 +90,18 @@ int event_synchronize(void* event, char* err, size_t err_len) {
   return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "cudaEventSynchronize", s);
 }
 
+int event_query(void* event, char* err, size_t err_len) {
+  if (event == nullptr) {
+    set_error(err, err_len, "event_query: event is NULL");
+    return -1;
+  }
+  const cudaError_t s = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (s == cudaSuccess) return 1;
+  if (s == cudaErrorNotReady) return 0;
+  cuda_fail(err, err_len, "cudaEventQuery", s);
+  return -1;
+}
+
 int stream_wait_event(void* stream, void* event, char* err, size_t err_len) {
   if (event == nullptr) return set_error(err, err_len, "stream_wait_event: event is NULL");
   cudaError_t s = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),

@@ -115,10 +115,24 @@ class Backend {
   virtual HostAllocator store_allocator() const { return HostAllocator{}; }
 
   // Copies bytes between the caller's memory (host or device, by kind) and
-  // host memory. Throws pq::Error on failure.
-  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes, int32_t src_memory) = 0;
-  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes,
-                              int32_t dst_memory) = 0;
+  // host memory, in order on `stream` (the sequence's: device memory the
+  // caller's kernels write on it is read after them); the host side is
+  // complete when the call returns. Throws pq::Error on failure.
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes, int32_t src_memory,
+                            void* stream) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes, int32_t dst_memory,
+                              void* stream) = 0;
+  // Several device-to-host reads on one stream with one wait in all (a
+  // batch's device queries). The default reads them one by one.
+  struct HostRead {
+    void* host_dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void read_to_host(const std::vector<HostRead>& reads, void* stream) {
+    for (const HostRead& r : reads)
+      copy_to_host(r.host_dst, r.src, r.bytes, PQ_MEMORY_DEVICE, stream);
+  }
 
   // Approximate raw scores through PQ codes: for each of `queries` query
   // heads q, out[q * out_stride + t] = sum_j lut[q][j][codes[t * m + j]],

@@ -13,11 +13,13 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   bool supports_memory(int32_t memory) const override { return memory == PQ_MEMORY_HOST; }
 
-  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory) override {
+  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory,
+                    void*) override {
     require_host(src_memory);
     std::memcpy(dst, src, bytes);
   }
-  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory) override {
+  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory,
+                      void*) override {
     require_host(dst_memory);
     std::memcpy(dst, src, bytes);
   }

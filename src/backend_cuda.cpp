@@ -61,19 +61,55 @@ class CudaBackend final : public Backend {
     return memory == PQ_MEMORY_HOST || memory == PQ_MEMORY_DEVICE;
   }
 
-  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory) override {
+  // Device memory is copied on the sequence's stream: the caller's kernels
+  // that wrote it (or will read it) are ordered with the copy. With pageable
+  // host memory cudaMemcpyAsync returns once the host side is done.
+  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory,
+                    void* stream) override {
     if (src_memory == PQ_MEMORY_HOST) {
       std::memcpy(dst, src, bytes);
       return;
     }
-    device_copy(dst, src, bytes, PQ_COPY_DEVICE_TO_HOST);
+    stream_copy(dst, src, bytes, src, stream);
   }
-  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory) override {
+  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory,
+                      void* stream) override {
     if (dst_memory == PQ_MEMORY_HOST) {
       std::memcpy(dst, src, bytes);
       return;
     }
-    device_copy(dst, src, bytes, PQ_COPY_HOST_TO_DEVICE);
+    stream_copy(dst, src, bytes, dst, stream);
+  }
+
+  // The reads go into one pinned buffer, asynchronously, and one wait
+  // covers them all.
+  void read_to_host(const std::vector<HostRead>& reads, void* stream) override {
+    size_t total = 0;
+    for (const HostRead& r : reads) {
+      if (!k_->is_device_pointer(r.src))
+        fail(PQ_ERR_INVALID_ARGUMENT,
+             "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device "
+             "memory");
+      total += r.bytes;
+    }
+    if (total == 0) return;
+    use_device();
+    char err[512] = {0};
+    StreamScratch& scratch = scratch_for(stream);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    uint8_t* pinned = scratch.reads.acquire(total);
+    size_t at = 0;
+    for (const HostRead& r : reads) {
+      check(k_->copy_async(pinned + at, r.src, r.bytes, stream, err, sizeof err), "device read",
+            err);
+      at += r.bytes;
+    }
+    check(k_->stream_synchronize(stream, err, sizeof err), "device reads", err);
+    at = 0;
+    for (const HostRead& r : reads) {
+      std::memcpy(r.host_dst, pinned + at, r.bytes);
+      at += r.bytes;
+    }
   }
 
   // Host scoring, for selectors other than PQ's device path.
@@ -699,14 +735,14 @@ class CudaBackend final : public Backend {
     return static_cast<const uint8_t*>(layer.d_codes);
   }
 
-  void device_copy(void* dst, const void* src, size_t bytes, int direction) {
+  void stream_copy(void* dst, const void* src, size_t bytes, const void* device_side,
+                   void* stream) {
     char err[512] = {0};
-    const void* device_ptr = direction == PQ_COPY_DEVICE_TO_HOST ? src : dst;
-    if (!k_->is_device_pointer(device_ptr))
+    if (!k_->is_device_pointer(device_side))
       fail(PQ_ERR_INVALID_ARGUMENT,
            "a tensor marked PQ_MEMORY_DEVICE points to memory CUDA does not know as device memory");
     use_device();
-    check(k_->copy(dst, src, bytes, direction, err, sizeof err), "device copy", err);
+    check(k_->copy_async(dst, src, bytes, stream, err, sizeof err), "device copy", err);
   }
 
   const pq_cuda_plugin* k_;

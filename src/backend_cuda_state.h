@@ -70,7 +70,13 @@ class PinnedStaging {
   // least `bytes` of it.
   uint8_t* acquire(size_t bytes) {
     char err[512] = {0};
-    if (recorded_) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
+    // Waits only when the last copy from the buffer has not run yet (a
+    // query first: a wait on a finished event is still a host round trip).
+    if (recorded_) {
+      const int done = k_->event_query(event_, err, sizeof err);
+      if (done < 0) check(1, "staging query", err);
+      if (done == 0) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
+    }
     recorded_ = false;
     if (bytes_ < bytes) {
       k_->host_free(ptr_, err, sizeof err);
@@ -247,13 +253,14 @@ class CudaLayer final : public DeviceLayer {
 // (sequences sharing it), never those on different streams.
 struct StreamScratch {
   explicit StreamScratch(const pq_cuda_plugin* k)
-      : arena(k), fetch_staging(k), positions(k), batch_staging(k) {}
+      : arena(k), fetch_staging(k), positions(k), batch_staging(k), reads(k) {}
   enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan };
   std::mutex mutex;
   DeviceArena arena;
   PinnedStaging fetch_staging;  // a fetch's plan and staged rows
   PinnedStaging positions;      // a selection's positions on their way to the host
   PinnedStaging batch_staging;  // a batched selection's LUTs and row tables
+  PinnedStaging reads;          // device reads on their way to the host
 };
 
 }  // namespace cuda_detail

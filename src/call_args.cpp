@@ -77,25 +77,35 @@ void check_positions(const pq_selection* sel, int32_t kv_heads, int64_t n, int32
     }
 }
 
-StagedTensor stage_input(Backend& backend, const pq_tensor& t) {
+StagedTensor stage_input(Backend& backend, const pq_tensor& t, void* stream) {
+  StagedTensor s = staging_for(t);
+  if (!s.buffer.empty())
+    backend.copy_to_host(s.buffer.data(), t.data, s.buffer.size(), t.memory, stream);
+  return s;
+}
+
+StagedTensor staging_for(const pq_tensor& t) {
   StagedTensor s;
   s.view = t;
   if (t.memory == PQ_MEMORY_HOST) return s;
   const size_t bytes = static_cast<size_t>(tensor_span_elements(t)) * dtype_size(t.dtype);
   s.buffer.resize(bytes);
-  backend.copy_to_host(s.buffer.data(), t.data, bytes, t.memory);
   s.view.data = s.buffer.data();
   s.view.memory = PQ_MEMORY_HOST;
   return s;
 }
 
 std::vector<float> query_floats(Backend& backend, const pq_tensor& query, int32_t q_heads,
-                                int32_t head_dim, int32_t dtype) {
-  StagedTensor q = stage_input(backend, query);
-  reject_non_finite(q.view, "query");
+                                int32_t head_dim, int32_t dtype, void* stream) {
+  return query_floats(stage_input(backend, query, stream).view, q_heads, head_dim, dtype);
+}
+
+std::vector<float> query_floats(const pq_tensor& host_query, int32_t q_heads, int32_t head_dim,
+                                int32_t dtype) {
+  reject_non_finite(host_query, "query");
   std::vector<float> out(static_cast<size_t>(q_heads) * head_dim);
   for (int32_t h = 0; h < q_heads; ++h)
-    to_float(tensor_row(q.view, 0, h, dtype_size(dtype)), dtype, head_dim,
+    to_float(tensor_row(host_query, 0, h, dtype_size(dtype)), dtype, head_dim,
              out.data() + static_cast<size_t>(h) * head_dim);
   return out;
 }

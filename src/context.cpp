@@ -190,8 +190,8 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
   if (is_prefill && keys->memory == PQ_MEMORY_DEVICE && values->memory == PQ_MEMORY_DEVICE &&
       layer.append_async(*keys, *values, seq->info(), seq))
     return;
-  StagedTensor k = stage_input(backend, *keys);
-  StagedTensor v = stage_input(backend, *values);
+  StagedTensor k = stage_input(backend, *keys, seq->info().stream);
+  StagedTensor v = stage_input(backend, *values, seq->info().stream);
   layer.append(k.view, v.view, is_prefill, seq->info());
 }
 
@@ -214,8 +214,8 @@ int64_t Context::selection_capacity_for(int32_t layer, int64_t tokens) const {
   return shared_.regions(tokens, layer).count();
 }
 
-std::vector<float> Context::select_args(const pq_tensor* query_arg, const pq_selection* out,
-                                       pq_selection* copy) const {
+pq_tensor Context::select_args(const pq_tensor* query_arg, const pq_selection* out,
+                               pq_selection* copy) const {
   const pq_config& c = shared_.config;
   const pq_tensor query = copy_descriptor(query_arg, "query");
   validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
@@ -237,17 +237,23 @@ std::vector<float> Context::select_args(const pq_tensor* query_arg, const pq_sel
   if (!shared_.backend->supports_memory(query.memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
                                  shared_.backend->name() + " backend cannot read");
-  return query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype);
+  return query;
 }
 
-void Context::decode_select(uint64_t id, int32_t layer, const pq_tensor* query,
+std::vector<float> Context::read_query(const pq_tensor& query, const Sequence& seq) const {
+  const pq_config& c = shared_.config;
+  return query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype,
+                      seq.info().stream);
+}
+
+void Context::decode_select(uint64_t id, int32_t layer, const pq_tensor* query_arg,
                             pq_selection* out) {
   check_layer(layer);
   pq_selection copy;
-  const std::vector<float> queries = select_args(query, out, &copy);
+  const pq_tensor query = select_args(query_arg, out, &copy);
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
-  seq->layers[static_cast<size_t>(layer)]->select(queries, &copy, seq->info());
+  seq->layers[static_cast<size_t>(layer)]->select(read_query(query, *seq), &copy, seq->info());
 }
 
 Context::FetchArgs Context::fetch_args(const pq_selection* sel, const pq_tensor* out_keys,
@@ -297,9 +303,8 @@ void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_a
   if (!shared_.backend->supports_memory(query.memory))
     fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
                                  shared_.backend->name() + " backend cannot read");
-  const std::vector<float> queries =
-      query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype);
   std::shared_ptr<Sequence> seq = find(id);
+  const std::vector<float> queries = read_query(query, *seq);
   ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
   seq->layers[static_cast<size_t>(layer)]->attend(queries, &selection.view,
                                                   scale == 0.f ? shared_.scale : scale, out,
@@ -320,7 +325,7 @@ void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queri
     fail(PQ_ERR_UNSUPPORTED, std::string("queries.memory is PQ_MEMORY_DEVICE, which the ") +
                                  shared_.backend->name() + " backend cannot read");
   std::shared_ptr<Sequence> seq = find(id);
-  StagedTensor q = stage_input(*shared_.backend, *queries);
+  StagedTensor q = stage_input(*shared_.backend, *queries, seq->info().stream);
   reject_non_finite(q.view, "queries");
   // Only the last observation_window queries matter.
   const int64_t w = std::min<int64_t>(queries->tokens, c.observation_window);

@@ -142,7 +142,7 @@ class Context {
   // decode_select_batch's path for a backend that chooses every item's
   // middle in one call; false when it does not apply (context_batch.cpp).
   bool select_batch_on_device(int32_t layer, const std::vector<pq_select_item>& local,
-                              const std::vector<std::vector<float>>& queries,
+                              const std::vector<pq_tensor>& queries,
                               std::vector<pq_selection>& outs, std::vector<BatchOutcome>& outcomes);
   struct FetchArgs;
   // fetch_batch's path for a backend that gathers every item in one launch.
@@ -160,9 +160,11 @@ class Context {
   void append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values,
               bool is_prefill);
   // The checks of pq_decode_select that need no sequence: *out is read once
-  // into *copy, which the call then uses; returns the query heads as floats.
-  std::vector<float> select_args(const pq_tensor* query, const pq_selection* out,
-                                 pq_selection* copy) const;
+  // into *copy, which the call then uses; returns the checked query's
+  // descriptor (read_query reads it, on the sequence's stream).
+  pq_tensor select_args(const pq_tensor* query, const pq_selection* out,
+                        pq_selection* copy) const;
+  std::vector<float> read_query(const pq_tensor& query, const Sequence& seq) const;
   // The checks of pq_fetch_kv that need no sequence, on copies of the
   // arguments (call_args.h) that the call then uses.
   struct FetchArgs {

@@ -177,7 +177,7 @@ void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t 
   require_unique_ids(local.data(), count);
   const int32_t kv_heads = shared_.config.num_kv_heads;
   std::vector<Outcome> outcomes(n);
-  std::vector<std::vector<float>> queries(n);
+  std::vector<pq_tensor> queries(n);  // checked; read on each sequence's stream
   std::vector<pq_selection> outs(n);
   std::vector<OutputSpan> spans;
   spans.reserve(2 * n + 1);
@@ -206,8 +206,9 @@ void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t 
       run_item(outcome, [&] {
         std::shared_ptr<Sequence> seq = find(local[static_cast<size_t>(i)].seq_id);
         ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
-        seq->layers[static_cast<size_t>(layer)]->select(queries[static_cast<size_t>(i)],
-                                                        &outs[static_cast<size_t>(i)], seq->info());
+        seq->layers[static_cast<size_t>(layer)]->select(
+            read_query(queries[static_cast<size_t>(i)], *seq), &outs[static_cast<size_t>(i)],
+            seq->info());
       });
     });
   finish_batch(items, local, outcomes);
@@ -264,7 +265,7 @@ bool Context::run_batch_locked(int32_t layer, const std::vector<uint64_t>& ids,
 // call, or where run_batch_locked declines: the items then run on the pool
 // one by one.
 bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_item>& local,
-                                     const std::vector<std::vector<float>>& queries,
+                                     const std::vector<pq_tensor>& queries,
                                      std::vector<pq_selection>& outs,
                                      std::vector<Outcome>& outcomes) {
   if (!shared_.selector->batched_layers() || shared_.backend->kind() != PQ_BACKEND_CUDA)
@@ -274,12 +275,31 @@ bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_
   return run_batch_locked(layer, ids, outcomes, &Counters::select_ns,
                           [&](const std::vector<size_t>& items, const std::vector<Layer*>& layers,
                               const std::vector<SequenceInfo>& infos) {
+    // The device queries come over in one read with one wait (on the one
+    // stream of the batch), then become floats item by item.
+    const pq_config& c = shared_.config;
+    std::vector<StagedTensor> staged;
+    std::vector<Backend::HostRead> reads;
+    for (size_t i : items) {
+      staged.push_back(staging_for(queries[i]));
+      if (!staged.back().buffer.empty())
+        reads.push_back({staged.back().buffer.data(), queries[i].data, staged.back().buffer.size()});
+    }
+    Outcome read;
+    run_item(read, [&] { shared_.backend->read_to_host(reads, infos.front().stream); });
+    std::vector<std::vector<float>> floats(items.size());
     std::vector<Layer::PreparedSelect> prepared(items.size());
     std::vector<size_t> ready;  // indices into items
     for (size_t j = 0; j < items.size(); ++j) {
       const size_t i = items[j];
-      run_item(outcomes[i],
-               [&] { layers[j]->select_prepare(queries[i], &outs[i], infos[j], prepared[j]); });
+      if (read.status != PQ_OK) {
+        outcomes[i] = read;
+        continue;
+      }
+      run_item(outcomes[i], [&] {
+        floats[j] = query_floats(staged[j].view, c.num_q_heads, c.head_dim, c.dtype);
+        layers[j]->select_prepare(floats[j], &outs[i], infos[j], prepared[j]);
+      });
       if (outcomes[i].status == PQ_OK) ready.push_back(j);
     }
     std::vector<const LayerSelection*> requests;

@@ -227,6 +227,10 @@ typedef struct pq_cuda_plugin {
    * read; its rows are zero-filled. *args is read at the call. */
   int (*gather_selected)(const pq_selected_gather* args, void* stream, char* err,
                          size_t err_len);
+  /* Whether the work before the event's record has run (cudaEventQuery):
+   * 1 done (or never recorded), 0 not yet, -1 an error (in err). Never
+   * waits. */
+  int (*event_query)(void* event, char* err, size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

@@ -248,7 +248,7 @@ class Layer {
   CacheCount update_cache(const Regions& r, const pq_selection* sel, void* stream,
                           bool fill_device, std::vector<int32_t>& sorted);
   void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
-                      const pq_tensor& out_values, uint64_t rows);
+                      const pq_tensor& out_values, uint64_t rows, void* stream);
   void update_mirrors();
 
   ContextShared& shared_;

@@ -52,7 +52,8 @@ void Layer::fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_t
 
 void Layer::fetch_finish(PreparedFetch& prepared, bool on_device, const SequenceInfo& seq) {
   if (!on_device)
-    gather_on_host(prepared.selection, *prepared.out_keys, *prepared.out_values, prepared.rows);
+    gather_on_host(prepared.selection, *prepared.out_keys, *prepared.out_values, prepared.rows,
+                   seq.stream);
   // Device slots are filled only for device fetches: a host fetch never
   // reads them, so it should not pay their PCIe traffic.
   const CacheCount cached =
@@ -73,11 +74,11 @@ void Layer::fetch_finish(PreparedFetch& prepared, bool on_device, const Sequence
 // memory (the span is read first so that bytes between the rows the caller
 // did not ask for are preserved).
 void Layer::gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
-                           const pq_tensor& out_values, uint64_t rows) {
+                           const pq_tensor& out_values, uint64_t rows, void* stream) {
   Backend& backend = *shared_.backend;
   const int32_t kv_heads = shared_.config.num_kv_heads;
-  StagedTensor k = stage_input(backend, out_keys);
-  StagedTensor v = stage_input(backend, out_values);
+  StagedTensor k = stage_input(backend, out_keys, stream);
+  StagedTensor v = stage_input(backend, out_values, stream);
   const size_t es = dtype_size(shared_.config.dtype);
   const size_t rb = store_.row_bytes();
   // A gather of scattered rows is bound by memory latency, not bandwidth:
@@ -101,8 +102,10 @@ void Layer::gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
   else
     for (int32_t h = 0; h < kv_heads; ++h) gather_head(h);
   if (out_keys.memory != PQ_MEMORY_HOST) {
-    backend.copy_from_host(out_keys.data, k.buffer.data(), k.buffer.size(), out_keys.memory);
-    backend.copy_from_host(out_values.data, v.buffer.data(), v.buffer.size(), out_values.memory);
+    backend.copy_from_host(out_keys.data, k.buffer.data(), k.buffer.size(), out_keys.memory,
+                           stream);
+    backend.copy_from_host(out_values.data, v.buffer.data(), v.buffer.size(), out_values.memory,
+                           stream);
   }
 }
 

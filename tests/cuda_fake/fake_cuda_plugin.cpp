@@ -253,6 +253,18 @@ int event_synchronize(void* event, char* err, size_t len) {
   if (e->stream != nullptr) run_until(*e->stream, e->ticket);
   return take_sticky(err, len);
 }
+// Done when the work before the record has run; deferred work has not until
+// something waits for it, so a query does not make it run.
+int event_query(void* event, char* err, size_t len) {
+  Lock lock(g_mutex);
+  auto* e = static_cast<Event*>(event);
+  if (g_events.count(e) == 0) {
+    error(err, len, "cudaEventQuery: unknown event");
+    return -1;
+  }
+  return e->stream == nullptr || e->stream->done >= e->ticket ? 1 : 0;
+}
+
 int stream_wait_event(void* stream, void* event, char* err, size_t len) {
   Lock lock(g_mutex);
   auto* e = static_cast<Event*>(event);
@@ -701,6 +713,7 @@ const pq_cuda_plugin kTable = {
     pq_lut,
     fill_selection,
     gather_selected,
+    event_query,
 };
 
 }  // namespace

@@ -91,6 +91,17 @@ TEST(FakeCudaBatch, SelectBatchIsOneLaunchChainAndOneWait) {
   const pq_fake_cuda_counters batch = counters_since(before);
   EXPECT_EQ(batch.kernel_launches, 2u) << "one scan and one top-k for the batch";
   EXPECT_EQ(batch.host_waits, 1u) << "one wait for the batch";
+
+  // Device queries: they come over together, one more wait in all.
+  std::vector<std::unique_ptr<DeviceTensor>> dq;
+  for (int i = 0; i < n; ++i) {
+    dq.push_back(std::make_unique<DeviceTensor>(b.steps[i].q));
+    items[i].query = dq.back()->t;
+  }
+  before = Fake::get().counters();
+  ASSERT_EQ(pq_decode_select_batch(cuda, kLayer, items.data(), n), PQ_OK) << pq_last_error();
+  EXPECT_EQ(counters_since(before).host_waits, 2u) << "the queries' read and the positions'";
+  EXPECT_EQ(counters_since(before).kernel_launches, 2u);
   // Up: every item's LUTs and the two row tables, in one copy; the codes
   // stayed resident from the per-sequence calls.
   const uint64_t lut_bytes = uint64_t{kKvHeads} * (kQHeads / kKvHeads) * c.pq_subspaces *
@@ -103,7 +114,7 @@ TEST(FakeCudaBatch, SelectBatchIsOneLaunchChainAndOneWait) {
       ASSERT_EQ(single[i].row(h), b.want[i].row(h)) << "item " << i << " head " << h;
     }
   const pq_stats s = stats(cuda);
-  EXPECT_EQ(s.select_calls, 2u * n) << "each batched item counts as a selection";
+  EXPECT_EQ(s.select_calls, 3u * n) << "each batched item counts as a selection";
 }
 
 TEST(FakeCudaBatch, FetchBatchIsOneGather) {

@@ -203,6 +203,41 @@ TEST(FakeCudaDeviceStepErrors, OtherSelectorsAndCallerStoresAreRefused) {
   sync_all();
 }
 
+// A device query written by work on the sequence's stream (the caller's
+// kernels) is read after that work: the library's copies of device inputs
+// are ordered on the sequence's stream, not on the legacy stream that a
+// non-blocking stream does not wait for. The fake holds the write back
+// until something waits on that stream, so a read on another stream would
+// see the allocation's poison bytes and select something else.
+TEST(FakeCudaDeviceInputs, ADeviceQueryIsReadInOrderOnTheSequencesStream) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  const pq_config c = base_config(PQ_DTYPE_F32);
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, 1, 400, PQ_DTYPE_F32);
+  if (HasFatalFailure()) return;
+  const pq_cuda_plugin* t = Fake::get().table;
+  void* stream = nullptr;
+  char err[256] = {0};
+  ASSERT_EQ(t->stream_create(&stream, err, sizeof err), 0) << err;
+  ASSERT_EQ(pq_sequence_set_stream(cuda, 1, stream), PQ_OK) << pq_last_error();
+  Step d = step_data(0, 0, PQ_DTYPE_F32, 1);
+  DeviceBuffer dq(d.q.bytes.size());  // poisoned until the stream's copy runs
+  ASSERT_EQ(t->copy_async(dq.get(), d.q.bytes.data(), d.q.bytes.size(), stream, err, sizeof err), 0)
+      << err;
+  pq_tensor query = d.q.t;
+  query.data = dq.get();
+  query.memory = PQ_MEMORY_DEVICE;
+  const int64_t cap = selection_capacity(cpu, 1, 0);
+  Sel want(kKvHeads, cap), got(kKvHeads, cap);
+  ASSERT_EQ(pq_decode_select(cpu, 1, 0, d.q.get(), want.get()), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_decode_select(cuda, 1, 0, &query, got.get()), PQ_OK) << pq_last_error();
+  for (int32_t h = 0; h < kKvHeads; ++h) EXPECT_EQ(got.row(h), want.row(h)) << "head " << h;
+  ASSERT_EQ(pq_sequence_set_stream(cuda, 1, nullptr), PQ_OK);
+  ASSERT_EQ(t->stream_destroy(stream, err, sizeof err), 0) << err;
+}
+
 // Positions the device reads are not checked by the host: one outside the
 // sequence is not read, and its rows come out as zeros; the others are
 // fetched as usual.
