@@ -29,6 +29,10 @@
 //       into device buffers [kv_head][capacity][128] on the caller's stream
 //       (pq_sequence_set_stream), cudaStreamSynchronize. C = 0 (no block
 //       cache), 4096 or 8192 tokens (LRU, 128-token blocks).
+//   cuda_decode_step_device/P  the step kept on the device (0.7): append,
+//       pq_decode_select_device (the selection into device arrays) and
+//       pq_fetch_kv_device on the stream, one cudaStreamSynchronize; no host
+//       wait inside the library (no block cache: it needs host positions).
 // Counters: hit_rate (cache_hits / (hits + misses) over the timed steps, 0
 // without a cache), fetched_MB_per_step (K and V), selected_per_head,
 // select_ms and fetch_ms (host time inside the two calls, from pq_stats),
@@ -318,7 +322,10 @@ class Session {
 
   // pq_decode_append of the next decode token, then pq_decode_select with
   // the next query (device memory). Returns the selected rows (all heads).
-  int64_t append_and_select() {
+  // pq_decode_append of the next decode token; returns the next query
+  // (device memory), back and forth over the query pool: the drift never
+  // jumps.
+  pq_tensor append_next() {
     const size_t t = size_t(steps_ % kDecodePool);
     const size_t row = t * kKvHeads * kHeadDim;
     pq_tensor k, v, q;
@@ -327,12 +334,16 @@ class Session {
     CHECK(pq_tensor_init(&v, const_cast<uint16_t*>(&prompt_.decode_values[row]), PQ_DTYPE_F16,
                          PQ_LAYOUT_TOKEN_MAJOR, 1, kKvHeads, kHeadDim));
     CHECK(pq_decode_append(ctx_, kSeq, 0, &k, &v));
-    // Back and forth over the query pool: the drift never jumps.
     int64_t i = steps_ % (2 * kQueryPool - 2);
     if (i >= kQueryPool) i = 2 * kQueryPool - 2 - i;
     uint16_t* query = static_cast<uint16_t*>(queries_.p) + size_t(i) * kQHeads * kHeadDim;
     CHECK(pq_tensor_init(&q, query, PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kHeadDim));
     q.memory = PQ_MEMORY_DEVICE;
+    return q;
+  }
+
+  int64_t append_and_select() {
+    const pq_tensor q = append_next();
     CHECK(pq_decode_select(ctx_, kSeq, 0, &q, &sel_));
     ++steps_;
     int64_t rows = 0;
@@ -344,6 +355,22 @@ class Session {
   void fetch() {
     CHECK(pq_fetch_kv(ctx_, kSeq, 0, &sel_, &out_k_, &out_v_));
     CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  // The step kept on the device: selection and fetch enqueued on the stream,
+  // no host round trip until the caller's sync.
+  void device_step() {
+    const pq_tensor q = append_next();
+    if (!device_sel_) {
+      device_sel_ = std::make_unique<DeviceMemory>(size_t(capacity_ + 1) * kKvHeads * 4);
+      device_counts_ = std::make_unique<DeviceMemory>(kKvHeads * 4);
+    }
+    pq_selection sel{static_cast<int32_t*>(device_sel_->p), static_cast<int32_t*>(device_counts_->p),
+                     capacity_};
+    CHECK(pq_decode_select_device(ctx_, kSeq, 0, &q, &sel));
+    CHECK(pq_fetch_kv_device(ctx_, kSeq, 0, &sel, &out_k_, &out_v_));
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    ++steps_;
   }
 
   // The baseline's fetch: the same bytes as one copy from pinned memory.
@@ -373,6 +400,7 @@ class Session {
   pq_tensor out_k_{}, out_v_{};
   std::unique_ptr<DeviceMemory> kv_out_;
   std::unique_ptr<PinnedMemory> baseline_src_;
+  std::unique_ptr<DeviceMemory> device_sel_, device_counts_;
 };
 
 // One prompt and one session at a time (a 1M prompt and its context take
@@ -424,6 +452,25 @@ void cuda_decode_step(benchmark::State& state) {
   state.counters["fetched_MB_per_step"] =
       double(after.bytes_fetched - before.bytes_fetched) / n / 1e6;
   state.counters["selected_per_head"] = double(s.selected_per_head());
+  state.counters["select_ms"] = 1e3 * (after.select_seconds - before.select_seconds) / n;
+  state.counters["fetch_ms"] = 1e3 * (after.fetch_seconds - before.fetch_seconds) / n;
+  state.counters["tokens_at_end"] = double(s.length());
+  const auto baseline = g_baseline_step_seconds.find(prompt_tokens);
+  if (baseline != g_baseline_step_seconds.end())
+    state.counters["vs_memcpy_baseline"] = step_seconds / baseline->second;
+}
+
+void cuda_decode_step_device(benchmark::State& state) {
+  const int64_t prompt_tokens = state.range(0);
+  Session& s = session_for(prompt_tokens, 0);
+  s.reserve_steps(kWarmupSteps + int64_t(state.max_iterations));
+  for (int i = 0; i < kWarmupSteps; ++i) s.device_step();
+  const pq_stats before = stats_of(s.ctx());
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) s.device_step();
+  const double step_seconds = seconds_since(start) / double(state.iterations());
+  const pq_stats after = stats_of(s.ctx());
+  const double n = double(state.iterations());
   state.counters["select_ms"] = 1e3 * (after.select_seconds - before.select_seconds) / n;
   state.counters["fetch_ms"] = 1e3 * (after.fetch_seconds - before.fetch_seconds) / n;
   state.counters["tokens_at_end"] = double(s.length());
@@ -503,6 +550,11 @@ int main(int argc, char** argv) {
   // and the step rows find the baseline's time for their ratio.
   for (const Plan& plan : kPlans) {
     benchmark::RegisterBenchmark("cuda_decode_memcpy_baseline", cuda_decode_memcpy_baseline)
+        ->Arg(plan.prompt_tokens)
+        ->Iterations(plan.steps)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("cuda_decode_step_device", cuda_decode_step_device)
         ->Arg(plan.prompt_tokens)
         ->Iterations(plan.steps)
         ->Unit(benchmark::kMillisecond)

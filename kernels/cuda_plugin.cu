@@ -159,6 +159,7 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::fill_selection,
     pqcuda::gather_selected,
     pqcuda::event_query,
+    pqcuda::gather_selected_rows,
 };
 
 }  // namespace

@@ -84,54 +84,72 @@ __global__ void __launch_bounds__(kThreads)
       counts[h] = 0;
 }
 
-// One thread per 16-byte chunk of a (row, K or V) pair, over every head's
-// capacity: rows past a head's count do nothing.
-__global__ void __launch_bounds__(kThreads)
-    gather_selected_kernel(pq_selected_gather a, int64_t chunks_per_row, int64_t total) {
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t chunk = c % chunks_per_row;
-    const int64_t pair = c / chunks_per_row;  // (head, i, K or V)
-    const bool value = pair % 2 == 1;
-    const int64_t slot = pair / 2;
-    const int64_t h = slot / a.capacity;
-    const int64_t i = slot % a.capacity;
-    int64_t count = a.counts[h];
-    if (count > a.capacity) count = a.capacity;
-    if (i >= count) continue;
-    const int64_t p = a.positions[h * a.capacity + i];
-    const int64_t rb = static_cast<int64_t>(a.row_bytes);
-    uint8_t* dst = value ? a.out_values + i * a.values_token_stride + h * a.values_head_stride
-                         : a.out_keys + i * a.keys_token_stride + h * a.keys_head_stride;
-    const int64_t offset = chunk * kChunkBytes;
-    const int bytes = static_cast<int>(rb - offset < kChunkBytes ? rb - offset : kChunkBytes);
-    dst += offset;
-    if (p < 0 || p >= a.tokens) {
-      for (int b = 0; b < bytes; ++b) dst[b] = 0;
-      continue;
-    }
-    const uint8_t* src;
-    int64_t w = -1;
-    if (a.window != nullptr) {
-      if (p < a.sink_tokens)
-        w = p;
-      else if (a.local_tokens > 0 && p >= a.tokens - a.local_tokens)
-        w = a.sink_tokens + p % a.local_tokens;
-    }
-    if (w >= 0) {
-      src = a.window + (w * 2 * a.heads + (value ? a.heads : 0) + h) * rb;
-    } else {
-      const uint8_t* const* chunks = value ? a.value_chunks : a.key_chunks;
-      src = chunks[p / a.chunk_tokens] + (h * a.chunk_tokens + p % a.chunk_tokens) * rb;
-    }
-    src += offset;
-    const uintptr_t addresses = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
-    if (bytes == kChunkBytes && addresses % 16 == 0) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int b = 0; b < bytes; ++b) dst[b] = src[b];
-    }
+// Chunk c of selection a's work: one 16-byte chunk of a (row, K or V) pair,
+// over every head's capacity; rows past a head's count do nothing.
+__device__ void gather_chunk(const pq_selected_gather& a, int64_t chunks_per_row, int64_t c) {
+  const int64_t chunk = c % chunks_per_row;
+  const int64_t pair = c / chunks_per_row;  // (head, i, K or V)
+  const bool value = pair % 2 == 1;
+  const int64_t slot = pair / 2;
+  const int64_t h = slot / a.capacity;
+  const int64_t i = slot % a.capacity;
+  int64_t count = a.counts[h];
+  if (count > a.capacity) count = a.capacity;
+  if (i >= count) return;
+  const int64_t p = a.positions[h * a.capacity + i];
+  const int64_t rb = static_cast<int64_t>(a.row_bytes);
+  uint8_t* dst = value ? a.out_values + i * a.values_token_stride + h * a.values_head_stride
+                       : a.out_keys + i * a.keys_token_stride + h * a.keys_head_stride;
+  const int64_t offset = chunk * kChunkBytes;
+  const int bytes = static_cast<int>(rb - offset < kChunkBytes ? rb - offset : kChunkBytes);
+  dst += offset;
+  if (p < 0 || p >= a.tokens) {
+    for (int b = 0; b < bytes; ++b) dst[b] = 0;
+    return;
   }
+  const uint8_t* src;
+  int64_t w = -1;
+  if (a.window != nullptr) {
+    if (p < a.sink_tokens)
+      w = p;
+    else if (a.local_tokens > 0 && p >= a.tokens - a.local_tokens)
+      w = a.sink_tokens + p % a.local_tokens;
+  }
+  if (w >= 0) {
+    src = a.window + (w * 2 * a.heads + (value ? a.heads : 0) + h) * rb;
+  } else {
+    const uint8_t* const* chunks = value ? a.value_chunks : a.key_chunks;
+    src = chunks[p / a.chunk_tokens] + (h * a.chunk_tokens + p % a.chunk_tokens) * rb;
+  }
+  src += offset;
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  if (bytes == kChunkBytes && addresses % 16 == 0) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  } else {
+    for (int b = 0; b < bytes; ++b) dst[b] = src[b];
+  }
+}
+
+int64_t chunks_per_row(const pq_selected_gather& a) {
+  return (static_cast<int64_t>(a.row_bytes) + kChunkBytes - 1) / kChunkBytes;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    gather_selected_kernel(pq_selected_gather a, int64_t per_row, int64_t total) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    gather_chunk(a, per_row, c);
+}
+
+// One selection per grid row (blockIdx.y), each with its own work.
+__global__ void __launch_bounds__(kThreads)
+    gather_selected_rows_kernel(const pq_selected_gather* items) {
+  const pq_selected_gather a = items[blockIdx.y];
+  const int64_t per_row = (static_cast<int64_t>(a.row_bytes) + kChunkBytes - 1) / kChunkBytes;
+  const int64_t total = static_cast<int64_t>(a.heads) * a.capacity * 2 * per_row;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    gather_chunk(a, per_row, c);
 }
 
 unsigned blocks_for(int64_t work) {
@@ -202,12 +220,26 @@ int gather_selected(const pq_selected_gather* args, void* stream, char* err, siz
   if (a.positions == nullptr || a.counts == nullptr || a.key_chunks == nullptr ||
       a.value_chunks == nullptr || a.out_keys == nullptr || a.out_values == nullptr)
     return set_error(err, err_len, "gather_selected: a pointer is NULL");
-  const int64_t chunks_per_row = (static_cast<int64_t>(a.row_bytes) + kChunkBytes - 1) / kChunkBytes;
-  const int64_t total = static_cast<int64_t>(a.heads) * a.capacity * 2 * chunks_per_row;
+  const int64_t per_row = chunks_per_row(a);
+  const int64_t total = static_cast<int64_t>(a.heads) * a.capacity * 2 * per_row;
   gather_selected_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      a, chunks_per_row, total);
+      a, per_row, total);
   cudaError_t s = cudaGetLastError();
   return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "gather_selected: launch", s);
+}
+
+int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
+                         void* stream, char* err, size_t err_len) {
+  if (items < 0 || items > 65535)
+    return set_error(err, err_len, "gather_selected_rows: items is %d; expected 0..65535", items);
+  if (max_chunks < 0)
+    return set_error(err, err_len, "gather_selected_rows: max_chunks is negative");
+  if (items == 0 || max_chunks == 0) return 0;
+  if (d_items == nullptr) return set_error(err, err_len, "gather_selected_rows: d_items is NULL");
+  const dim3 grid(blocks_for(max_chunks), static_cast<unsigned>(items));
+  gather_selected_rows_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_items);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "gather_selected_rows: launch", s);
 }
 
 }  // namespace pqcuda

@@ -68,6 +68,8 @@ int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64
                    int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
                    int64_t n, void* stream, char* err, size_t err_len);
 int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t err_len);
+int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
+                         void* stream, char* err, size_t err_len);
 
 // encode.cu: PQ codes with the CPU's nearest-centroid rule.
 int encode(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,

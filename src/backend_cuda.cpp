@@ -372,45 +372,41 @@ class CudaBackend final : public Backend {
     if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
     use_device();
     char err[512] = {0};
-    void* s = a.stream;
-    const size_t chunks = a.store.chunk_count();
-    std::vector<const uint8_t*> table(2 * chunks);
-    for (size_t c = 0; c < chunks; ++c) {
-      table[c] = a.store.chunk_keys(c);
-      table[chunks + c] = a.store.chunk_values(c);
-    }
-    if (table != layer->chunks_sent) {
-      const size_t bytes = table.size() * sizeof(const uint8_t*);
-      uint8_t* pinned = layer->chunk_tables.staging.acquire(bytes);
-      std::memcpy(pinned, table.data(), bytes);
-      void* d_table = layer->chunk_tables.device(k_, bytes);
-      check(k_->copy_async(d_table, pinned, bytes, s, err, sizeof err), "chunk table upload", err);
-      layer->chunk_tables.staging.release(s);
-      layer->chunks_sent = std::move(table);
-    }
-    auto* d_tables = static_cast<const uint8_t* const*>(layer->chunk_tables.device(k_, 0));
-    const size_t es = dtype_size(a.out_keys.dtype);
-    pq_selected_gather g{};
-    g.positions = a.selection.positions;
-    g.counts = a.selection.counts;
-    g.capacity = a.selection.capacity;
-    g.heads = layer->kv_heads;
-    g.key_chunks = d_tables;
-    g.value_chunks = d_tables + chunks;
-    g.chunk_tokens = KvStore::kChunkTokens;
-    g.tokens = a.store.tokens();
-    g.row_bytes = a.store.row_bytes();
-    g.window = static_cast<const uint8_t*>(layer->d_window);
-    g.sink_tokens = layer->sink_tokens;
-    g.local_tokens = layer->local_tokens;
-    g.out_keys = static_cast<uint8_t*>(a.out_keys.data);
-    g.out_values = static_cast<uint8_t*>(a.out_values.data);
-    g.keys_token_stride = a.out_keys.token_stride * static_cast<int64_t>(es);
-    g.keys_head_stride = a.out_keys.head_stride * static_cast<int64_t>(es);
-    g.values_token_stride = a.out_values.token_stride * static_cast<int64_t>(es);
-    g.values_head_stride = a.out_values.head_stride * static_cast<int64_t>(es);
-    check(k_->gather_selected(&g, s, err, sizeof err), "gather_selected", err);
+    const pq_selected_gather g =
+        selected_gather(*layer, a.store, a.selection.positions, a.selection.counts,
+                        a.selection.capacity, a.out_keys, a.out_values, a.stream);
+    check(k_->gather_selected(&g, a.stream, err, sizeof err), "gather_selected", err);
     return true;
+  }
+
+  // What gather_selected needs of a layer's store, window and outputs, for
+  // a selection at positions/counts (device addresses) of `capacity` rows.
+  pq_selected_gather selected_gather(CudaLayer& layer, const KvStore& store,
+                                     const int32_t* positions, const int32_t* counts,
+                                     int64_t capacity, const pq_tensor& out_keys,
+                                     const pq_tensor& out_values, void* s) const {
+    const uint8_t* const* d_tables = chunk_tables(layer, store, s);
+    const auto es = static_cast<int64_t>(dtype_size(out_keys.dtype));
+    pq_selected_gather g{};
+    g.positions = positions;
+    g.counts = counts;
+    g.capacity = capacity;
+    g.heads = layer.kv_heads;
+    g.key_chunks = d_tables;
+    g.value_chunks = d_tables + store.chunk_count();
+    g.chunk_tokens = KvStore::kChunkTokens;
+    g.tokens = store.tokens();
+    g.row_bytes = store.row_bytes();
+    g.window = static_cast<const uint8_t*>(layer.d_window);
+    g.sink_tokens = layer.sink_tokens;
+    g.local_tokens = layer.local_tokens;
+    g.out_keys = static_cast<uint8_t*>(out_keys.data);
+    g.out_values = static_cast<uint8_t*>(out_values.data);
+    g.keys_token_stride = out_keys.token_stride * es;
+    g.keys_head_stride = out_keys.head_stride * es;
+    g.values_token_stride = out_values.token_stride * es;
+    g.values_head_stride = out_values.head_stride * es;
+    return g;
   }
 
   bool fetch_to_device(const DeviceFetchArgs& a) const override {
@@ -437,6 +433,11 @@ class CudaBackend final : public Backend {
                    " is marked PQ_MEMORY_DEVICE but points to memory CUDA does not know as "
                    "device memory");
     use_device();
+    bool by_positions = true;  // no block cache, stores the device reads
+    for (const DeviceFetchArgs& a : items)
+      by_positions = by_positions && a.cache == nullptr && a.device != nullptr &&
+                     device_reads(a.store);
+    if (by_positions) return gather_by_positions(items, s);
     char err[512] = {0};
     const size_t rb = items.front().store.row_bytes();
     int64_t rows = 0, unreadable_rows = 0;
@@ -546,6 +547,79 @@ class CudaBackend final : public Backend {
     // (the plan, and rows the kernel reads from it) only once it has run.
     scratch.fetch_staging.release(s);
     return true;
+  }
+
+  // The fetch without a block cache from stores the device reads: the
+  // positions go up (4 bytes a row, instead of a plan's 32) with one
+  // pq_selected_gather per item, and one gather_selected_rows launch finds
+  // each row in the device window or the store's chunks itself.
+  bool gather_by_positions(const std::vector<DeviceFetchArgs>& items, void* s) const {
+    char err[512] = {0};
+    StreamScratch& scratch = scratch_for(s);
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    const size_t n = items.size();
+    // Pinned layout: the gather table, then per item its counts and its
+    // positions [heads][widest count].
+    std::vector<int64_t> width(n, 0);
+    size_t bytes = n * sizeof(pq_selected_gather);
+    int64_t max_chunks = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const DeviceFetchArgs& a = items[i];
+      for (int32_t h = 0; h < a.out_keys.heads; ++h)
+        width[i] = std::max<int64_t>(width[i], a.selection.counts[h]);
+      bytes += static_cast<size_t>(a.out_keys.heads) * (1 + width[i]) * sizeof(int32_t);
+      max_chunks = std::max<int64_t>(max_chunks, int64_t{a.out_keys.heads} * width[i] * 2 *
+                                                     ((static_cast<int64_t>(a.store.row_bytes()) + 15) / 16));
+    }
+    if (max_chunks == 0) return true;
+    uint8_t* pinned = scratch.fetch_staging.acquire(bytes);
+    auto* d_up = static_cast<uint8_t*>(scratch.arena.get(StreamScratch::kFetchPlan, bytes));
+    auto* table = reinterpret_cast<pq_selected_gather*>(pinned);
+    size_t at = n * sizeof(pq_selected_gather);
+    for (size_t i = 0; i < n; ++i) {
+      const DeviceFetchArgs& a = items[i];
+      auto* layer = static_cast<CudaLayer*>(a.device);
+      const int32_t heads = a.out_keys.heads;
+      auto* counts = reinterpret_cast<int32_t*>(pinned + at);
+      int32_t* positions = counts + heads;
+      for (int32_t h = 0; h < heads; ++h) {
+        counts[h] = a.selection.counts[h];
+        std::memcpy(positions + h * width[i], a.selection.positions + h * a.selection.capacity,
+                    static_cast<size_t>(counts[h]) * sizeof(int32_t));
+      }
+      const auto* d_counts = reinterpret_cast<const int32_t*>(d_up + at);
+      table[i] = selected_gather(*layer, a.store, d_counts + heads, d_counts, width[i],
+                                 a.out_keys, a.out_values, s);
+      at += static_cast<size_t>(heads) * (1 + width[i]) * sizeof(int32_t);
+    }
+    check(k_->copy_async(d_up, pinned, bytes, s, err, sizeof err), "fetch positions upload", err);
+    check(k_->gather_selected_rows(reinterpret_cast<const pq_selected_gather*>(d_up),
+                                   static_cast<int32_t>(n), max_chunks, s, err, sizeof err),
+          "gather_selected_rows", err);
+    scratch.fetch_staging.release(s);
+    return true;
+  }
+
+  // The store's chunk addresses as device tables (K, then V) of the layer,
+  // sent again only when the chunks changed.
+  const uint8_t* const* chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const {
+    char err[512] = {0};
+    const size_t chunks = store.chunk_count();
+    std::vector<const uint8_t*> table(2 * chunks);
+    for (size_t c = 0; c < chunks; ++c) {
+      table[c] = store.chunk_keys(c);
+      table[chunks + c] = store.chunk_values(c);
+    }
+    if (table != layer.chunks_sent) {
+      const size_t bytes = table.size() * sizeof(const uint8_t*);
+      uint8_t* pinned = layer.chunk_tables.staging.acquire(bytes);
+      std::memcpy(pinned, table.data(), bytes);
+      void* d_table = layer.chunk_tables.device(k_, bytes);
+      check(k_->copy_async(d_table, pinned, bytes, s, err, sizeof err), "chunk table upload", err);
+      layer.chunk_tables.staging.release(s);
+      layer.chunks_sent = std::move(table);
+    }
+    return static_cast<const uint8_t* const*>(layer.chunk_tables.device(k_, 0));
   }
 
   uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,

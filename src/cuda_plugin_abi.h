@@ -231,6 +231,11 @@ typedef struct pq_cuda_plugin {
    * 1 done (or never recorded), 0 not yet, -1 an error (in err). Never
    * waits. */
   int (*event_query)(void* event, char* err, size_t err_len);
+  /* gather_selected for `items` selections in one launch: d_items is a
+   * DEVICE array of pq_selected_gather (their pointers device memory too);
+   * max_chunks >= every item's heads * capacity * 2 * ceil(row_bytes / 16). */
+  int (*gather_selected_rows)(const pq_selected_gather* d_items, int32_t items,
+                              int64_t max_chunks, void* stream, char* err, size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

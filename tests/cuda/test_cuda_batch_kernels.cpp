@@ -422,4 +422,87 @@ TEST(CudaDeviceStep, GatherSelectedReadsChunksWindowAndZeroesOutsiders) {
   }
 }
 
+// gather_selected_rows: two selections of one store, with their own
+// positions, capacities and outputs, in one launch.
+TEST(CudaDeviceStep, GatherSelectedRowsGathersEveryItem) {
+  REQUIRE_DEVICE();
+  const pq_cuda_plugin* p = plugin();
+  const int32_t heads = 2;
+  const int64_t chunk_tokens = 256, tokens = 300;
+  const uint64_t rb = 32;
+  auto byte_of = [](int64_t pos, int32_t h, uint64_t b, bool value) {
+    return static_cast<uint8_t>(pos * 3 + h * 17 + b + (value ? 50 : 0));
+  };
+  std::vector<std::unique_ptr<PinnedBuffer>> chunks;
+  std::vector<const uint8_t*> table;
+  for (int v = 0; v < 2; ++v)
+    for (int64_t c = 0; c < 2; ++c) {
+      chunks.push_back(std::make_unique<PinnedBuffer>(heads * chunk_tokens * rb));
+      uint8_t* base = reinterpret_cast<uint8_t*>(chunks.back()->get());
+      for (int32_t h = 0; h < heads; ++h)
+        for (int64_t t = 0; t < chunk_tokens; ++t)
+          for (uint64_t b = 0; b < rb; ++b)
+            base[(h * chunk_tokens + t) * rb + b] = byte_of(c * chunk_tokens + t, h, b, v == 1);
+      table.push_back(base);
+    }
+  DeviceBuffer d_table(table.size() * sizeof(void*));
+  upload(d_table, table);
+  const std::vector<std::vector<int32_t>> positions = {{5, 260, 7, 299}, {1, 2, 3, 0, 0, 0}};
+  const std::vector<int64_t> capacity = {2, 3};
+  const std::vector<std::vector<int32_t>> counts = {{2, 2}, {3, 1}};
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<pq_selected_gather> items;
+  std::vector<DeviceBuffer*> outs;
+  for (size_t i = 0; i < 2; ++i) {
+    keep.push_back(std::make_unique<DeviceBuffer>(positions[i].size() * 4));
+    upload(*keep.back(), positions[i]);
+    const int32_t* d_positions = keep.back()->as<int32_t>();
+    keep.push_back(std::make_unique<DeviceBuffer>(8));
+    upload(*keep.back(), counts[i]);
+    const int32_t* d_counts = keep.back()->as<int32_t>();
+    pq_selected_gather g{};
+    g.positions = d_positions;
+    g.counts = d_counts;
+    g.capacity = capacity[i];
+    g.heads = heads;
+    g.key_chunks = d_table.as<const uint8_t*>();
+    g.value_chunks = d_table.as<const uint8_t*>() + 2;
+    g.chunk_tokens = chunk_tokens;
+    g.tokens = tokens;
+    g.row_bytes = rb;
+    for (int v = 0; v < 2; ++v) {
+      keep.push_back(std::make_unique<DeviceBuffer>(capacity[i] * heads * rb));
+      upload(*keep.back(), std::vector<uint8_t>(capacity[i] * heads * rb, 0x77));
+      outs.push_back(keep.back().get());
+    }
+    g.out_keys = outs[2 * i]->as<uint8_t>();
+    g.out_values = outs[2 * i + 1]->as<uint8_t>();
+    g.keys_token_stride = g.values_token_stride = heads * rb;
+    g.keys_head_stride = g.values_head_stride = rb;
+    items.push_back(g);
+  }
+  DeviceBuffer d_items(items.size() * sizeof(pq_selected_gather));
+  upload(d_items, items);
+  char err[256] = "";
+  ASSERT_EQ(p->gather_selected_rows(d_items.as<pq_selected_gather>(), 2, 3 * heads * 2 * 2,
+                                    nullptr, err, sizeof err),
+            0)
+      << err;
+  sync();
+  for (size_t i = 0; i < 2; ++i)
+    for (int v = 0; v < 2; ++v) {
+      const std::vector<uint8_t> got =
+          download<uint8_t>(*outs[2 * i + v], capacity[i] * heads * rb);
+      for (int32_t h = 0; h < heads; ++h)
+        for (int64_t r = 0; r < capacity[i]; ++r)
+          for (uint64_t b = 0; b < rb; ++b) {
+            const bool written = r < counts[i][h];
+            const uint8_t want =
+                written ? byte_of(positions[i][h * capacity[i] + r], h, b, v == 1) : 0x77;
+            ASSERT_EQ(got[(r * heads + h) * rb + b], want)
+                << "item " << i << (v ? " V" : " K") << " head " << h << " row " << r;
+          }
+    }
+}
+
 }  // namespace

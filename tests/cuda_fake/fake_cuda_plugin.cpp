@@ -627,6 +627,9 @@ int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64
   return 0;
 }
 
+// One selection's gather on the host, as the kernel does it.
+void run_gather_selected(const pq_selected_gather& a);
+
 int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t len) {
   Lock lock(g_mutex);
   if (args == nullptr) return error(err, len, "gather_selected: args is NULL");
@@ -642,7 +645,37 @@ int gather_selected(const pq_selected_gather* args, void* stream, char* err, siz
   if (!valid_stream(stream)) return error(err, len, "gather_selected: unknown stream");
   ++g_counters.kernel_launches;
   // Everything the "kernel" reads is read when it runs, as on the device.
+  enqueue(stream, [=] { run_gather_selected(a); });
+  return 0;
+}
+
+int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
+                         void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (items < 0 || items > 65535 || max_chunks < 0)
+    return error(err, len, "gather_selected_rows: bad shape");
+  if (items == 0 || max_chunks == 0) return 0;
+  if (!is_device(d_items, static_cast<size_t>(items) * sizeof(pq_selected_gather)))
+    return error(err, len, "gather_selected_rows: d_items is not device memory");
+  if (!valid_stream(stream)) return error(err, len, "gather_selected_rows: unknown stream");
+  ++g_counters.kernel_launches;
   enqueue(stream, [=] {
+    for (int32_t i = 0; i < items; ++i) {
+      const pq_selected_gather a = d_items[i];  // the table, read when the kernel runs
+      const int64_t chunks = static_cast<int64_t>(a.heads) * a.capacity * 2 *
+                             ((static_cast<int64_t>(a.row_bytes) + 15) / 16);
+      if (chunks > max_chunks) return fault("gather_selected_rows: an item exceeds max_chunks");
+      if (!is_device(a.positions) || !is_device(a.counts) || !is_device(a.key_chunks) ||
+          !is_device(a.value_chunks))
+        return fault("gather_selected_rows: an item's arrays are not device memory");
+      run_gather_selected(a);
+    }
+  });
+  return 0;
+}
+
+void run_gather_selected(const pq_selected_gather& a) {
+  {
     const int64_t rb = static_cast<int64_t>(a.row_bytes);
     for (int32_t h = 0; h < a.heads; ++h) {
       const int64_t count = std::min<int64_t>(a.counts[h], a.capacity);
@@ -674,8 +707,7 @@ int gather_selected(const pq_selected_gather* args, void* stream, char* err, siz
         }
       }
     }
-  });
-  return 0;
+  }
 }
 
 const pq_cuda_plugin kTable = {
@@ -714,6 +746,7 @@ const pq_cuda_plugin kTable = {
     fill_selection,
     gather_selected,
     event_query,
+    gather_selected_rows,
 };
 
 }  // namespace

@@ -148,7 +148,17 @@ TEST(FakeCudaBatch, FetchBatchIsOneGather) {
   const pq_fake_cuda_counters d = counters_since(before);
   EXPECT_EQ(d.kernel_launches, 1u) << "one gather for every item's K and V";
   EXPECT_LE(d.host_waits, 1u);
-  EXPECT_EQ(d.bytes_to_device, rows * 4 * sizeof(void*)) << "the plan only";
+  // Up: each item's positions, counts and gather entry, and each layer's
+  // chunk addresses at its first device fetch: 4 bytes a row and a little.
+  uint64_t positions = 0, chunk_tables = 0;
+  for (int i = 0; i < n; ++i) {
+    positions += sizeof(pq_selected_gather) +
+                 uint64_t{kKvHeads} * (1 + b.want[i].max_count()) * sizeof(int32_t);
+    int64_t tokens = 0;
+    ASSERT_EQ(pq_sequence_length(cuda, b.ids[i], kLayer, &tokens), PQ_OK);
+    chunk_tables += 2 * ((tokens + 255) / 256) * sizeof(void*);
+  }
+  EXPECT_EQ(d.bytes_to_device, positions + chunk_tables) << "positions, not a plan or rows";
   EXPECT_EQ(stats(cuda).bytes_staged, 0u);
   char err[256] = {0};
   ASSERT_EQ(Fake::get().table->stream_synchronize(nullptr, err, sizeof err), 0) << err;

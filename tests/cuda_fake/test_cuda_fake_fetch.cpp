@@ -88,9 +88,14 @@ TEST(FakeCudaFetch, PinnedStoreIsReadByTheGatherWithNoCpuCopy) {
     if (HasFailure()) return;
     EXPECT_EQ(f.staged, 0u) << "round " << round << ": the CPU copied rows of a pinned store";
     EXPECT_EQ(f.device.kernel_launches, 1u) << "one gather for K and V";
-    // Up: the plan only, four pointers per row (K and V sources and
-    // destinations), not the rows.
-    EXPECT_EQ(f.device.bytes_to_device, static_cast<uint64_t>(f.rows) * 4 * sizeof(void*));
+    // Up: the positions and counts (4 bytes a row) and the gather's table;
+    // the store's chunk addresses (3 chunks, K and V) once, at the first
+    // fetch. Not the rows, nor a plan of pointers.
+    const uint64_t positions = sizeof(pq_selected_gather) +
+                               uint64_t{kKvHeads} * (1 + f.rows / kKvHeads) * sizeof(int32_t);
+    EXPECT_EQ(f.device.bytes_to_device,
+              positions + (round == 0 ? 2 * 3 * sizeof(void*) : 0))
+        << "round " << round;
     EXPECT_EQ(f.device.host_waits, 0u)
         << "the previous fetch has run (the test waited for it): nothing to wait for";
   }
