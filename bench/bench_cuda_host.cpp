@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "bench_data.h"
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "fake_cuda_plugin.h"
 #include "pqcache.h"
 

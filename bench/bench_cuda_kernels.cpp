@@ -29,11 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "cuda_plugin_abi.h"
-#include "kmeans.h"
-#include "scratch.h"
-#include "topk.h"
+#include "backend/backend.h"
+#include "backend/cuda/cuda_plugin_abi.h"
+#include "pq/kmeans.h"
+#include "base/scratch.h"
+#include "base/topk.h"
 
 namespace {
 

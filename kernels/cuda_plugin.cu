@@ -1,6 +1,6 @@
 // libpqcache_cuda.so: the CUDA backend plug-in. libpqcache.so opens it with
 // dlopen at run time, so the core never links cudart. Its one table
-// (src/cuda_plugin_abi.h) carries device memory, mapped pinned host memory,
+// (src/backend/cuda/cuda_plugin_abi.h) carries device memory, mapped pinned host memory,
 // streams, events and copies (memory.cu), the PQ scoring (pq_scan.cu) and
 // top-k (topk.cu) kernels, PQ encoding (encode.cu), the row gather of
 // pq_fetch_kv (gather.cu) and the kernels of a decode step that stays on the
@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "kernels.h"
 
 namespace pqcuda {

@@ -26,7 +26,7 @@ __device__ __forceinline__ float load_element(const uint8_t* p, int32_t dtype) {
 }
 
 // One LUT entry per thread: (kv head, query head of its group, subspace,
-// centroid). The dot product is the CPU's dot() (src/vector_math.h)
+// centroid). The dot product is the CPU's dot() (src/base/vector_math.h)
 // operation for operation: lane l sums the products of dimensions l, l + 8,
 // ..., the lanes are added in order to 0, then the tail; __fmul_rn /
 // __fadd_rn keep nvcc from contracting into FMAs, which the CPU build never

@@ -1,7 +1,7 @@
 // PQ encoding on the GPU (ABI version 3): the code of token t in subspace j
 // is the index of the centroid nearest to the sub-vector
 // keys[t][j * sub_dim, (j + 1) * sub_dim), exactly as the CPU's
-// encode_tokens / nearest_centroid (src/kmeans.cpp, src/nearest_centroid.cpp)
+// encode_tokens / nearest_centroid (src/pq/kmeans.cpp, src/pq/nearest_centroid.cpp)
 // choose it: the argmin of squared_distance(), ties to the lowest index.
 //
 // Bit-identical codes need bit-identical distances: squared_distance below
@@ -34,7 +34,7 @@ constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int32_t kNoCentroid = INT32_MAX;  // above every index: loses every tie
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the grid-stride loop takes the rest
 
-// The CPU's squared_distance (src/nearest_centroid.cpp), operation for operation.
+// The CPU's squared_distance (src/pq/nearest_centroid.cpp), operation for operation.
 __device__ float squared_distance(const float* a, const float* b, int32_t dim) {
   float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int32_t d = 0;

@@ -1,5 +1,5 @@
 // Host-side entry points of the plug-in's kernels, shared by the .cu files of
-// libpqcache_cuda.so (internal; the ABI in src/cuda_plugin_abi.h wraps them).
+// libpqcache_cuda.so (internal; the ABI in src/backend/cuda/cuda_plugin_abi.h wraps them).
 // Every function returns 0 on success, else non-zero with a message in err.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 
 namespace pqcuda {
 

@@ -1,7 +1,7 @@
 // PQ scoring on the GPU (paper section 3.4): for every kv head of a layer,
 // the raw score of query head g for token t is sum_j LUT[g][j][code[t][j]],
 // and the group's raw scores are combined into one score per token exactly
-// as the CPU's combine_group_scores (src/topk.cpp) does.
+// as the CPU's combine_group_scores (src/base/topk.cpp) does.
 //
 // Layout of the work: grid (blocks_per_head, rows), 256 threads; a row is
 // one kv head of one sequence (pq_scan: the kv heads of one layer, laid out
@@ -35,7 +35,7 @@
 #include <cmath>
 #include <limits>
 
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "kernels.h"
 #include "pqcache.h"
 
@@ -57,7 +57,7 @@ constexpr int kMaxGroup = 1024;
 enum Stage : int { kStageFinal = 0, kStageMax = 1, kStageSum = 2 };
 enum Mode : int { kModeMax = 0, kModeMean = 1, kModeSoftmax = 2 };
 
-// The CPU's exp_nonpositive (src/topk.cpp), operation for operation, so that
+// The CPU's exp_nonpositive (src/base/topk.cpp), operation for operation, so that
 // the softmax numerators are the same floats on both sides.
 __device__ __forceinline__ float exp_nonpositive(float x) {
   int32_t magnitude = __float_as_int(x) & 0x7fffffff;

@@ -1,5 +1,5 @@
 // Top-k per row on the GPU with the CPU's exact semantics (select_top_k in
-// src/topk.cpp): the k highest scores, ties to the larger position, output
+// src/base/topk.cpp): the k highest scores, ties to the larger position, output
 // positions ascending. Rows of up to INT32_MAX tokens (1M in practice), any k.
 //
 // An MSD radix select over the order-preserving 32-bit key of each score
@@ -38,7 +38,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "kernels.h"
 
 namespace pqcuda {
@@ -62,7 +62,7 @@ union TempStorage {
   typename Reduce64::TempStorage r64;
 };
 
-// src/topk.cpp's ordered_key: unsigned order of the key = float order.
+// src/base/topk.cpp's ordered_key: unsigned order of the key = float order.
 __device__ __forceinline__ uint32_t ordered_key(float f) {
   f = __fadd_rn(f, 0.0f);  // -0 becomes +0: equal scores share a bucket
   const uint32_t u = __float_as_uint(f);

@@ -67,7 +67,7 @@ packages=(
   "universal-ctags|ctags"  # abi-dumper needs ctags to list the public symbols
   "clang|clang++"          # scripts/fuzz.sh: libFuzzer needs clang
   "libclang-rt-14-dev|"    # libFuzzer, and FuzzedDataProvider.h for the fuzz_replay test
-  "libhiredis-dev|"        # src/redis: libpqcache_redis.so, the Redis tier (optional component)
+  "libhiredis-dev|"        # redis/: libpqcache_redis.so, the Redis tier (optional component)
   "redis-server|redis-server"  # tests/redis: each test starts a redis-server of its own
 )
 

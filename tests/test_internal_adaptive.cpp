@@ -1,8 +1,8 @@
-// The adaptive K-Means iteration budget (src/adaptive_budget.cpp).
+// The adaptive K-Means iteration budget (src/pq/adaptive_budget.cpp).
 #include <gtest/gtest.h>
 
-#include "adaptive_budget.h"
-#include "thread_pool.h"
+#include "pq/adaptive_budget.h"
+#include "base/thread_pool.h"
 
 namespace {
 

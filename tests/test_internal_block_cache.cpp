@@ -1,4 +1,4 @@
-// The block cache's bookkeeping (src/block_cache.h): ranking, admission,
+// The block cache's bookkeeping (src/store/block_cache.h): ranking, admission,
 // LRU and LFU eviction, partial blocks. It runs the same on every backend,
 // so it is tested here without a GPU.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "block_cache.h"
+#include "store/block_cache.h"
 #include "pqcache.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// CodeColumn (src/code_column.h): a fork shares the frozen prefix with its
+// CodeColumn (src/store/code_column.h): a fork shares the frozen prefix with its
 // parent, and from then on neither side's appends, truncates or further
 // forks change what the other reads.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "code_column.h"
+#include "store/code_column.h"
 
 namespace {
 

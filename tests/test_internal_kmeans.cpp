@@ -1,4 +1,4 @@
-// K-Means training and PQ encoding (src/kmeans.cpp).
+// K-Means training and PQ encoding (src/pq/kmeans.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,9 +10,9 @@
 #include <set>
 #include <vector>
 
-#include "error.h"
-#include "kmeans.h"
-#include "thread_pool.h"
+#include "base/error.h"
+#include "pq/kmeans.h"
+#include "base/thread_pool.h"
 
 namespace {
 

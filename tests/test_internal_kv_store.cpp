@@ -1,4 +1,4 @@
-// The K/V store's sharing rules (src/kv_store.h): a row a snapshot or a
+// The K/V store's sharing rules (src/store/kv_store.h): a row a snapshot or a
 // fork can still read is never written again. Checked directly on the
 // store, because through the API the readers (an index build in flight)
 // are a race window that a test cannot hold open.
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kv_store.h"
-#include "memory_budget.h"
+#include "store/kv_store.h"
+#include "store/memory_budget.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 // reads another selector's memory.
 #include <gtest/gtest.h>
 
-#include "error.h"
-#include "kv_store.h"
+#include "base/error.h"
+#include "store/kv_store.h"
 #include "selectors/selector.h"
 
 namespace {

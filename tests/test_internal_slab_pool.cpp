@@ -1,4 +1,4 @@
-// SlabPool (src/slab_pool.h), the CUDA backend's pool of page-locked K/V
+// SlabPool (src/store/slab_pool.h), the CUDA backend's pool of page-locked K/V
 // blocks, over plain memory with counted slab allocations: blocks come from
 // few slabs, slabs go back when empty (but one spare), allocation failures
 // reach the caller as null, and the pool works as a store's HostAllocator.
@@ -9,9 +9,9 @@
 #include <set>
 #include <vector>
 
-#include "hooks.h"
-#include "kv_store.h"
-#include "slab_pool.h"
+#include "base/hooks.h"
+#include "store/kv_store.h"
+#include "store/slab_pool.h"
 
 namespace {
 

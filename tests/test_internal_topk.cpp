@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "pqcache.h"
-#include "topk.h"
+#include "base/topk.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The tuple path of PQ selection (src/pq_tuple_select.cpp) against the
+// The tuple path of PQ selection (src/pq/pq_tuple_select.cpp) against the
 // per-token pipeline it replaces (pq_scores, combine_group_scores,
 // select_top_k): bit-identical selections for MAX, MEAN and single-head
 // softmax, over shapes, many ties and the k edges; for softmax over a
@@ -13,11 +13,11 @@
 #include <random>
 #include <vector>
 
-#include "backend.h"
-#include "pq_index.h"
-#include "pq_tuple_select.h"
-#include "scratch.h"
-#include "topk.h"
+#include "backend/backend.h"
+#include "pq/pq_index.h"
+#include "pq/pq_tuple_select.h"
+#include "base/scratch.h"
+#include "base/topk.h"
 
 namespace {
 

@@ -46,7 +46,7 @@ missing=""
 for sym in $(nm -D --defined-only "$lib" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }'); do
   grep -q "'ShortName' => '$sym'" "$work/new.dump" || missing+=" $sym"
 done
-[[ -z $missing ]] || fail "the ABI dump lacks the signatures of:$missing (defined outside src/api.cpp? \
+[[ -z $missing ]] || fail "the ABI dump lacks the signatures of:$missing (defined outside src/api/api.cpp? \
 compile that file with -g in packaging/abi/CMakeLists.txt)"
 
 rc=0

@@ -25,9 +25,9 @@
 #include <limits>
 #include <vector>
 
-#include "selector.h"
-#include "state_io.h"
-#include "topk.h"
+#include "selectors/selector.h"
+#include "format/state_io.h"
+#include "base/topk.h"
 
 namespace pq {
 

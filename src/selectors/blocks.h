@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "selector.h"
+#include "selectors/selector.h"
 
 namespace pq {
 

@@ -3,9 +3,9 @@
 // reference for recall.
 #include <vector>
 
-#include "dtype.h"
-#include "selector.h"
-#include "vector_math.h"
+#include "base/dtype.h"
+#include "selectors/selector.h"
+#include "base/vector_math.h"
 
 namespace pq {
 

@@ -17,9 +17,9 @@
 // sums before the first select.
 //
 // Bytes: the scores live in the state; a decode step reads no key (0).
-#include "attention_accumulator.h"
-#include "error.h"
-#include "selector.h"
+#include "selectors/attention_accumulator.h"
+#include "base/error.h"
+#include "selectors/selector.h"
 
 namespace pq {
 

@@ -36,12 +36,12 @@
 #include <limits>
 #include <vector>
 
-#include "dtype.h"
-#include "blocks.h"
-#include "error.h"
-#include "selector.h"
-#include "topk.h"
-#include "vector_math.h"
+#include "base/dtype.h"
+#include "selectors/blocks.h"
+#include "base/error.h"
+#include "selectors/selector.h"
+#include "base/topk.h"
+#include "base/vector_math.h"
 
 namespace pq {
 

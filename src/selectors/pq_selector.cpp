@@ -2,9 +2,9 @@
 // table of query sub-vector x centroid dot products, summed over the codes.
 #include <vector>
 
-#include "pq_tuple_select.h"
-#include "selector.h"
-#include "vector_math.h"
+#include "pq/pq_tuple_select.h"
+#include "selectors/selector.h"
+#include "base/vector_math.h"
 
 namespace pq {
 

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "dtype.h"
-#include "error.h"
-#include "selector.h"
-#include "state_io.h"
-#include "topk.h"
-#include "vector_math.h"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "selectors/selector.h"
+#include "format/state_io.h"
+#include "base/topk.h"
+#include "base/vector_math.h"
 
 namespace pq {
 

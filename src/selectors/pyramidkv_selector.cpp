@@ -19,7 +19,7 @@
 // is its exact linear form.)
 #include <cmath>
 
-#include "prompt_scores.h"
+#include "selectors/prompt_scores.h"
 
 namespace pq {
 

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "rng.h"
-#include "selector.h"
-#include "state_io.h"
+#include "base/rng.h"
+#include "selectors/selector.h"
+#include "format/state_io.h"
 
 namespace pq {
 

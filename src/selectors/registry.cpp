@@ -1,8 +1,8 @@
 #include <vector>
 
-#include "error.h"
-#include "selector.h"
-#include "topk.h"
+#include "base/error.h"
+#include "selectors/selector.h"
+#include "base/topk.h"
 
 namespace pq {
 

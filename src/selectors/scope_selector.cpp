@@ -25,9 +25,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "attention_accumulator.h"
-#include "error.h"
-#include "prompt_scores.h"
+#include "selectors/attention_accumulator.h"
+#include "base/error.h"
+#include "selectors/prompt_scores.h"
 
 namespace pq {
 

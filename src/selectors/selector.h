@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "error.h"
+#include "backend/backend.h"
+#include "base/error.h"
 #include "pqcache.h"
-#include "kv_store.h"
-#include "pq_index.h"
-#include "scratch.h"
-#include "thread_pool.h"
+#include "store/kv_store.h"
+#include "pq/pq_index.h"
+#include "base/scratch.h"
+#include "base/thread_pool.h"
 
 namespace pq {
 

@@ -16,7 +16,7 @@
 //
 // Bytes: the scoring reads every prompt key once at pq_prefill_queries; a
 // decode step reads no key and reports 0.
-#include "prompt_scores.h"
+#include "selectors/prompt_scores.h"
 
 namespace pq {
 

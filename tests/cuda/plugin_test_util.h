@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 
 #ifndef PQ_CUDA_PLUGIN_FILE
 #error "the build passes the plug-in's path as PQ_CUDA_PLUGIN_FILE"

@@ -17,14 +17,14 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
-#include "cuda_plugin_abi.h"
+#include "backend/backend.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "plugin_test_util.h"
 #include "pqcache.h"
-#include "scratch.h"
-#include "dtype.h"
-#include "topk.h"
-#include "vector_math.h"
+#include "base/scratch.h"
+#include "base/dtype.h"
+#include "base/topk.h"
+#include "base/vector_math.h"
 
 namespace {
 

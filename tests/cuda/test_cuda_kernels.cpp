@@ -1,8 +1,8 @@
 // The plug-in's kernels against the CPU code they replace: PQ scoring and
-// top-k against select_top_k and combine_group_scores (src/topk.cpp)
+// top-k against select_top_k and combine_group_scores (src/base/topk.cpp)
 // and the CPU backend's pq_scores; the row gather and the per-run copies
 // against a host memcpy gather; PQ encoding against the
-// CPU's encode_tokens and nearest_centroid (src/kmeans.cpp). The plug-in is opened with dlopen from the path
+// CPU's encode_tokens and nearest_centroid (src/pq/kmeans.cpp). The plug-in is opened with dlopen from the path
 // the build passes in PQ_CUDA_PLUGIN_FILE, exactly as libpqcache.so opens it,
 // and device memory goes through the plug-in's own helpers. Without a GPU
 // every device test reports SKIPPED with the reason; the ABI tests run
@@ -22,13 +22,13 @@
 #include <utility>
 #include <vector>
 
-#include "backend.h"
-#include "cuda_plugin_abi.h"
-#include "kmeans.h"
+#include "backend/backend.h"
+#include "backend/cuda/cuda_plugin_abi.h"
+#include "pq/kmeans.h"
 #include "plugin_test_util.h"
 #include "pqcache.h"
-#include "scratch.h"
-#include "topk.h"
+#include "base/scratch.h"
+#include "base/topk.h"
 
 namespace {
 

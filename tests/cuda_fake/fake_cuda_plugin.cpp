@@ -1,10 +1,10 @@
-// libpqcache_cuda_fake.so: the CUDA plug-in's C table (src/cuda_plugin_abi.h)
+// libpqcache_cuda_fake.so: the CUDA plug-in's C table (src/backend/cuda/cuda_plugin_abi.h)
 // implemented over host memory, so that every build, CI included, runs the
-// CUDA backend's own logic (backend_cuda.cpp: the fetch plan, the window
+// CUDA backend's own logic (src/backend/cuda: the fetch plans, the window
 // ring, the resident codes and their delta uploads, the device block cache,
 // the stream ordering, the asynchronous prefill) without a GPU. Only the
 // kernels themselves need the device; they are replaced here by the CPU code
-// they are tested against (src/topk.cpp).
+// they are tested against (src/base/topk.cpp).
 //
 // It behaves like CUDA where the backend could get it wrong:
 //   - work is deferred: a copy or kernel enqueued on a stream runs only when
@@ -32,13 +32,13 @@
 #include <set>
 #include <vector>
 
-#include "cuda_plugin_abi.h"
-#include "dtype.h"
+#include "backend/cuda/cuda_plugin_abi.h"
+#include "base/dtype.h"
 #include "fake_cuda_plugin.h"
 #include "pqcache.h"
-#include "scratch.h"
-#include "topk.h"
-#include "vector_math.h"
+#include "base/scratch.h"
+#include "base/topk.h"
+#include "base/vector_math.h"
 
 namespace {
 

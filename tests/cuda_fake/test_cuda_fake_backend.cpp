@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "api_test_util.h"
-#include "cuda_plugin_abi.h"
+#include "backend/cuda/cuda_plugin_abi.h"
 #include "fake_cuda_plugin.h"
 #include "fake_test_util.h"
 

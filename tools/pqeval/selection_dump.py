@@ -10,7 +10,7 @@ steps, then every step appends its token and selects with the trace's query.
 Run it once per build (LD_LIBRARY_PATH picks the libpqcache.so.0 the binding
 loads); --compare prints, per layer, the share of selected middle positions
 both builds chose and the steps whose selections differ at all. Used to
-measure what the tuple path of PQ selection (src/pq_tuple_select.cpp)
+measure what the tuple path of PQ selection (src/pq/pq_tuple_select.cpp)
 changes on real data: its group-softmax combine rounds differently from the
 per-token pipeline (docs/perf.md).
 """

@@ -1,0 +1,226 @@
+// The seam between the backend-agnostic core and a compute backend. The CPU
+// backend is always built in; the CUDA backend lives in a plug-in
+// (libpqcache_cuda.so) that plugin_loader.cpp opens at run time, so that
+// libpqcache.so never links the CUDA libraries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <vector>
+
+#include "store/block_cache.h"
+#include "store/code_column.h"
+#include "base/hooks.h"
+#include "pq/kmeans.h"
+#include "store/kv_store.h"
+#include "pqcache.h"
+#include "base/thread_pool.h"
+
+namespace pq {
+
+// Device-side state of one (sequence, layer): the resident PQ codes and the
+// block cache's slots. Opaque to the core; owned by the Layer.
+class DeviceLayer {
+ public:
+  virtual ~DeviceLayer() = default;
+};
+
+// The PQ selection of every kv head of one layer.
+struct PqLayerSelectArgs {
+  DeviceLayer* device;        // the layer's device state; may be null
+  uint64_t index_generation;  // changes when the layer's index is rebuilt
+  int32_t kv_heads;
+  int32_t group_size;         // query heads per kv head
+  int32_t subspaces;
+  int32_t centroids;
+  const float* lut;           // [kv_heads][group_size][subspaces][centroids]
+  const CodeColumn* codes;    // per kv head: host codes of tokens [0, coded_tokens)
+  int64_t coded_tokens;
+  int64_t begin, end;         // the middle tokens to score, end <= coded_tokens
+  int32_t combine;            // pq_gqa_combine, logits raw * scale
+  float scale;
+  int64_t k;                  // per kv head, 0 < k < end - begin
+  void* stream;               // the sequence's stream, or null
+};
+
+struct DeviceFetchArgs {
+  DeviceLayer* device;
+  const KvStore& store;
+  const pq_selection& selection;
+  const pq_tensor& out_keys;   // device memory
+  const pq_tensor& out_values; // device memory
+  const BlockCache* cache;     // null when off; lookups only
+  int64_t mid_begin, mid_end;  // only middle tokens can be cache hits
+  void* stream;
+  ThreadPool* pool;            // spreads host work (staging); may be null
+  uint64_t* staged_bytes;      // += bytes the CPU copied to stage rows; may be null
+};
+
+// pq_decode_select_device of one layer: the whole selection written into
+// device memory on the stream, the LUT built there from the device query.
+struct DeviceSelectArgs {
+  PqLayerSelectArgs layer;     // lut unused; k may be 0 or the whole middle
+  const PqCodebook* codebook;  // its centroids go up once per index
+  const pq_tensor& query;      // device memory, 1 token x q heads
+  int64_t tokens;              // sinks [0, layer.begin), local [layer.end, tokens)
+  const pq_selection& out;     // device arrays
+};
+
+// pq_fetch_kv_device of one layer: a selection in device memory gathered
+// on the device.
+struct DeviceSelectionFetchArgs {
+  DeviceLayer* device;
+  const KvStore& store;
+  const pq_selection& selection;  // device arrays
+  const pq_tensor& out_keys;      // device memory, >= selection.capacity tokens
+  const pq_tensor& out_values;
+  void* stream;
+};
+
+// A device-to-host copy in flight into page-locked memory it owns.
+class HostCopy {
+ public:
+  virtual ~HostCopy() = default;
+  // Blocks until the copy has landed; throws PQ_ERR_BACKEND if it failed.
+  virtual void wait() = 0;
+  virtual const void* data() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual pq_backend kind() const = 0;
+  virtual const char* name() const = 0;
+
+  // Starts copying `bytes` of device memory at `src` to the host on
+  // `stream`, or returns null when the backend copies synchronously only.
+  virtual std::unique_ptr<HostCopy> copy_to_host_async(const void* src, size_t bytes,
+                                                       void* stream) const {
+    return nullptr;
+  }
+
+  // Whether pq_sequence_set_stream may name a device stream.
+  virtual bool supports_streams() const { return false; }
+
+  // Whether tensors in this memory kind can be read and written.
+  virtual bool supports_memory(int32_t memory) const = 0;
+
+  // Where the K/V store's chunks come from when the caller's hooks give no
+  // host_alloc: memory this backend's device can read itself (the CUDA
+  // backend's page-locked, mapped pool, so a fetch gathers rows straight
+  // from the store), or the default allocator (operator new).
+  virtual HostAllocator store_allocator() const { return HostAllocator{}; }
+
+  // Copies bytes between the caller's memory (host or device, by kind) and
+  // host memory, in order on `stream` (the sequence's: device memory the
+  // caller's kernels write on it is read after them); the host side is
+  // complete when the call returns. Throws pq::Error on failure.
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes, int32_t src_memory,
+                            void* stream) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes, int32_t dst_memory,
+                              void* stream) = 0;
+  // Several device-to-host reads on one stream with one wait in all (a
+  // batch's device queries). The default reads them one by one.
+  struct HostRead {
+    void* host_dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void read_to_host(const std::vector<HostRead>& reads, void* stream) {
+    for (const HostRead& r : reads)
+      copy_to_host(r.host_dst, r.src, r.bytes, PQ_MEMORY_DEVICE, stream);
+  }
+
+  // Approximate raw scores through PQ codes: for each of `queries` query
+  // heads q, out[q * out_stride + t] = sum_j lut[q][j][codes[t * m + j]],
+  // where lut is [queries][m][centroids] and out_stride >= tokens (a run of
+  // a fork's codes writes its part of a longer row). The hot loop of PQ
+  // selection.
+  virtual void pq_scores(const float* lut, int32_t queries, int32_t subspaces,
+                         int32_t centroids, const uint8_t* codes, int64_t tokens,
+                         float* out, int64_t out_stride) const = 0;
+
+  // The whole PQ selection of one layer on the backend's device, when it has
+  // one: scores through the LUT, the GQA combine and the top k of every kv
+  // head, in one upload, one scan, one top-k and one wait; the positions of
+  // head h written ascending into out[h * k]. Returns false when the backend
+  // has no such path (the caller then runs the host code), throws on
+  // failure. Same semantics as the host path (ties to the larger position).
+  virtual bool pq_select_layer(const PqLayerSelectArgs& args, int32_t* out) const {
+    return false;
+  }
+
+  // pq_select_layer for the same layer of several sequences at once
+  // (pq_decode_select_batch): one upload, one scan and one top-k over every
+  // kv head of every item, one download and one wait, where each item's
+  // positions go to outs[i] as pq_select_layer writes them. Items share the
+  // configuration (group size, subspaces, centroids, combine, scale). Returns
+  // false when the backend has no such path or the items do not allow it
+  // (different streams); nothing is written then.
+  virtual bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
+                               const std::vector<int32_t*>& outs) const {
+    return false;
+  }
+
+  // The decode step kept on the device (pq_decode_select_device,
+  // pq_fetch_kv_device): enqueued on the stream, no host wait. False when
+  // the backend has no such path; throws PQ_ERR_UNSUPPORTED for memory the
+  // device does not know, or a store it cannot read.
+  virtual bool select_to_device(const DeviceSelectArgs& args) const { return false; }
+  virtual bool fetch_device_selection(const DeviceSelectionFetchArgs& args) const {
+    return false;
+  }
+
+  // The device-side state of one (sequence, layer), or null for a backend
+  // without a device. Created with the layer, destroyed with it.
+  virtual std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& config) const {
+    return nullptr;
+  }
+
+  // pq_fetch_kv into device tensors on the device, in one gather launch:
+  // block-cache hits and the window from device memory, the rest read from
+  // the host store across PCIe by the kernel (staged through pinned memory
+  // when the store is not device-readable). Returns false when the backend
+  // has no such path (the caller stages through host memory).
+  virtual bool fetch_to_device(const DeviceFetchArgs& args) const { return false; }
+  // fetch_to_device for the items of a batch (pq_fetch_kv_batch) in one
+  // launch; false, with nothing done, when the backend has no such path or
+  // the items do not allow it (different streams).
+  virtual bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const {
+    return false;
+  }
+
+  // Keeps the sink tokens and the local window of a layer on the device
+  // (paper Algorithm 1: they stay on the GPU): called after tokens
+  // [first, first + count) were stored, n tokens in all; the backend copies
+  // the new ones that are sinks or among the last local tokens into its
+  // window, stream-ordered. No-op without a device.
+  // Returns the bytes the CPU copied to stage rows (0 when the device reads
+  // the store itself).
+  virtual uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first,
+                                int64_t count, void* stream) const {
+    return 0;
+  }
+
+  // Copies the blocks the block cache just admitted into their device slots
+  // (stream-ordered, after the fetch that decided them). No-op without a
+  // device. Returns the bytes the CPU copied to stage rows.
+  virtual uint64_t fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+                                     const std::vector<BlockCache::Admission>& admissions,
+                                     int32_t block_tokens, void* stream) const {
+    return 0;
+  }
+};
+
+// The built-in host backend.
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Opens the CUDA plug-in and returns a backend that uses device `device_id`.
+// Throws PQ_ERR_NOT_FOUND with the reason (file missing, dlopen error, no
+// device) when it cannot. plugin_path may be null (search order in pqcache.h).
+std::unique_ptr<Backend> load_cuda_backend(const char* plugin_path, int32_t device_id);
+
+}  // namespace pq

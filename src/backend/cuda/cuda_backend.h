@@ -1,0 +1,189 @@
+// The CUDA backend: the core's Backend over the plug-in's C table
+// (cuda_plugin_abi.h). libpqcache.so never links CUDA; every CUDA call goes
+// through the plug-in that plugin_loader.cpp opened. Its methods are spread
+// over the folder by concept: cuda_backend.cpp (copies, streams, the pinned
+// store), cuda_select.cpp (selection on the device), cuda_fetch.cpp (the
+// gathers of a fetch), cuda_copies.cpp (the window and the block cache's
+// slots).
+//
+// Device work is stream-ordered on the sequence's stream (pq_sequence_set_
+// stream) or the legacy default stream; the host waits only where a result
+// must reach it. Nothing is shared by sequences on different streams: the
+// working buffers are per stream (StreamScratch), the device state per
+// (sequence, layer) under the layer's lock.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_plugin_abi.h"
+#include "backend/cuda/device_state.h"
+#include "store/slab_pool.h"
+
+namespace pq {
+
+// The backend over a plug-in table of this library's ABI version, on
+// device `device`.
+std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin* plugin, int32_t device);
+
+namespace cuda_detail {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const pq_cuda_plugin* plugin, int32_t device);
+
+  // The K/V store in page-locked, device-mapped memory: the gather kernel
+  // reads selected rows across PCIe itself, so a fetch copies nothing on
+  // the CPU (a caller's host_alloc hook still wins; its rows are staged).
+  HostAllocator store_allocator() const override { return pinned_store_.allocator(); }
+
+  pq_backend kind() const override { return PQ_BACKEND_CUDA; }
+  const char* name() const override { return "cuda"; }
+  bool supports_streams() const override { return true; }
+  bool supports_memory(int32_t memory) const override {
+    return memory == PQ_MEMORY_HOST || memory == PQ_MEMORY_DEVICE;
+  }
+
+  // Device memory is copied on the sequence's stream: the caller's kernels
+  // that wrote it (or will read it) are ordered with the copy. With pageable
+  // host memory cudaMemcpyAsync returns once the host side is done.
+  void copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory,
+                    void* stream) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes, int32_t dst_memory,
+                      void* stream) override;
+
+  // The reads go into one pinned buffer, asynchronously, and one wait
+  // covers them all.
+  void read_to_host(const std::vector<HostRead>& reads, void* stream) override;
+
+  // Host scoring, for selectors other than PQ's device path.
+  void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
+                 const uint8_t* codes, int64_t tokens, float* out,
+                 int64_t out_stride) const override;
+
+  // Prefill from device tensors: the copy into pinned memory is enqueued on
+  // the sequence's stream (after the kernels that produced K/V) and the
+  // call returns; the core ingests it once the event has fired.
+  std::unique_ptr<HostCopy> copy_to_host_async(const void* src, size_t bytes,
+                                               void* stream) const override;
+
+  std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& c) const override;
+
+  // PQ selection of a whole layer on the GPU: the LUTs of every kv head go
+  // up in one copy, the codes stay resident (only tokens coded since the
+  // last call go up), one scan + GQA combine and one radix top-k cover every
+  // head, and the positions come back with the one wait of the selection.
+  bool pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) const override;
+
+  // The selection of one layer for every item of a batch in one launch
+  // chain: every item's LUTs and the two row tables go up in one copy, the
+  // codes stay resident per layer (only new codes go up), one scan and one
+  // top-k cover every kv head of every item, and the positions come back in
+  // one copy with the one wait of the call.
+  bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
+                       const std::vector<int32_t*>& outs) const override;
+
+  // The whole selection of one layer written into device memory with no
+  // host wait: the LUT from the device query (pq_lut), the resident codes,
+  // one scan, one top-k into scratch, then fill_selection writes the sinks,
+  // the middle and the local window into the caller's arrays.
+  bool select_to_device(const DeviceSelectArgs& a) const override;
+
+  // A selection in device memory gathered in one launch, the store read
+  // through device tables of its chunk addresses (sent again only when the
+  // chunks changed) and the sink and local rows from the device window.
+  bool fetch_device_selection(const DeviceSelectionFetchArgs& a) const override;
+
+  // What gather_selected needs of a layer's store, window and outputs, for
+  // a selection at positions/counts (device addresses) of `capacity` rows.
+  pq_selected_gather selected_gather(CudaLayer& layer, const KvStore& store,
+                                     const int32_t* positions, const int32_t* counts,
+                                     int64_t capacity, const pq_tensor& out_keys,
+                                     const pq_tensor& out_values, void* s) const;
+
+  bool fetch_to_device(const DeviceFetchArgs& a) const override;
+
+  // The rows of the selections of a batch (one item: pq_fetch_kv) into
+  // device tensors in one gather launch, K and V together: sinks and local
+  // tokens from the device window, block-cache hits from their device
+  // slots, the rest straight from the host store, which the kernel reads
+  // across PCIe when the store is in the pinned pool. A store in the
+  // caller's memory (host_alloc hook) is not device-readable: its rows are
+  // first copied into pinned staging, spread over the pool.
+  bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const override;
+
+  // The fetch without a block cache from stores the device reads: the
+  // positions go up (4 bytes a row, instead of a plan's 32) with one
+  // pq_selected_gather per item, and one gather_selected_rows launch finds
+  // each row in the device window or the store's chunks itself.
+  bool gather_by_positions(const std::vector<DeviceFetchArgs>& items, void* s) const;
+
+  // The store's chunk addresses as device tables (K, then V) of the layer,
+  // sent again only when the chunks changed.
+  const uint8_t* const* chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const;
+
+  uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,
+                        void* stream) const override;
+
+  uint64_t fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+                             const std::vector<BlockCache::Admission>& admissions,
+                             int32_t block_tokens, void* stream) const override;
+
+ private:
+  // Rows to copy from the host store into device memory: sources, then
+  // their destinations.
+  struct RowCopies {
+    std::vector<const void*> srcs;
+    std::vector<void*> dsts;
+    void add(const void* src, void* dst) {
+      srcs.push_back(src);
+      dsts.push_back(dst);
+    }
+  };
+
+  // One gather launch on `stream` for all the rows, with its plan (source
+  // and destination pointers) uploaded through `plan`. A store in the pinned
+  // pool is read by the kernel itself; any other store's rows are copied
+  // into the plan's pinned buffer first (mapped: the kernel reads them
+  // there). Returns the bytes the CPU copied.
+  uint64_t copy_rows_to_device(const KvStore& store, const RowCopies& rows, size_t rb,
+                               RowPlan& plan, void* stream) const;
+
+  void require_device_memory(const void* p, const char* name) const;
+
+  // Whether the device reads the store's rows itself: its chunks are in the
+  // pinned pool (not the caller's host_alloc memory).
+  bool device_reads(const KvStore& store) const;
+
+  // CUDA's current device is per host thread: every entry makes it ours.
+  void use_device() const;
+
+  StreamScratch& scratch_for(void* stream) const;
+
+  // Copies the codes of tokens [first, end) to d, one copy per run of the
+  // column (one, unless the sequence is a fork).
+  void upload_codes(const CodeColumn& codes, int64_t first, int64_t end, uint8_t* d,
+                    void* s) const;
+
+  // The layer's codes on the device, tokens [0, a.end) of every kv head
+  // present: uploads only what was coded since the last call (a rebuilt
+  // index, or a grown buffer, uploads everything again).
+  const uint8_t* resident_codes(CudaLayer& layer, const PqLayerSelectArgs& a, void* s) const;
+
+  void stream_copy(void* dst, const void* src, size_t bytes, const void* device_side,
+                   void* stream);
+
+  const pq_cuda_plugin* k_;
+  const int32_t device_;
+  std::unique_ptr<Backend> host_;
+  mutable SlabPool pinned_store_;
+  mutable std::mutex scratch_mutex_;  // guards the map only
+  mutable std::unordered_map<void*, std::unique_ptr<StreamScratch>> scratch_;
+};
+
+}  // namespace cuda_detail
+}  // namespace pq

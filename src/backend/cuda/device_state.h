@@ -1,0 +1,267 @@
+// The CUDA backend's memory and device state over the plug-in table:
+// reusable device buffers, pinned staging guarded by an event, the
+// asynchronous device-to-host copy of a prefill, the per-(sequence, layer)
+// device state (resident codes, cache slots, the sink and local window) and
+// the per-stream working buffers. Internal to the CUDA backend (cuda_backend.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_plugin_abi.h"
+#include "base/dtype.h"
+#include "base/error.h"
+
+namespace pq {
+namespace cuda_detail {
+
+// Throws PQ_ERR_BACKEND "<what>: <plug-in message>" for a failed call.
+inline void check(int rc, const char* what, const char* err) {
+  if (rc != 0) fail(PQ_ERR_BACKEND, std::string(what) + ": " + err);
+}
+
+// Device buffers reused across calls, grown on demand (never shrunk).
+class DeviceArena {
+ public:
+  explicit DeviceArena(const pq_cuda_plugin* k) : k_(k) {}
+  ~DeviceArena() {
+    char err[256];
+    for (auto& b : buffers_) k_->device_free(b.ptr, err, sizeof err);
+  }
+  void* get(size_t slot, size_t bytes) {
+    if (buffers_.size() <= slot) buffers_.resize(slot + 1);
+    Buffer& b = buffers_[slot];
+    if (b.bytes < bytes) {
+      char err[512] = {0};
+      k_->device_free(b.ptr, err, sizeof err);
+      b = Buffer{};
+      if (k_->device_alloc(&b.ptr, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation failed: ") + err);
+      b.bytes = bytes;
+    }
+    return b.ptr;
+  }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  const pq_cuda_plugin* k_;
+  std::vector<Buffer> buffers_;
+};
+
+// Page-locked host memory for staging copies, with the event of the last
+// copy that reads it: it is rewritten only after that copy has run.
+class PinnedStaging {
+ public:
+  explicit PinnedStaging(const pq_cuda_plugin* k) : k_(k) {}
+  ~PinnedStaging() {
+    char err[256];
+    k_->host_free(ptr_, err, sizeof err);
+    k_->event_destroy(event_, err, sizeof err);
+  }
+  // Waits until the previous copy from the buffer is done, then returns at
+  // least `bytes` of it.
+  uint8_t* acquire(size_t bytes) {
+    char err[512] = {0};
+    // Waits only when the last copy from the buffer has not run yet (a
+    // query first: a wait on a finished event is still a host round trip).
+    if (recorded_) {
+      const int done = k_->event_query(event_, err, sizeof err);
+      if (done < 0) check(1, "staging query", err);
+      if (done == 0) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
+    }
+    recorded_ = false;
+    if (bytes_ < bytes) {
+      k_->host_free(ptr_, err, sizeof err);
+      ptr_ = nullptr;
+      bytes_ = 0;
+      const size_t grown = std::max(bytes, bytes_ * 2);
+      if (k_->host_alloc(&ptr_, grown, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation failed: ") + err);
+      bytes_ = grown;
+    }
+    return static_cast<uint8_t*>(ptr_);
+  }
+  // Marks the copies enqueued on `stream` so far as the buffer's readers.
+  void release(void* stream) {
+    char err[512] = {0};
+    if (event_ == nullptr) check(k_->event_create(&event_, err, sizeof err), "event create", err);
+    check(k_->event_record(event_, stream, err, sizeof err), "event record", err);
+    recorded_ = true;
+  }
+
+ private:
+  const pq_cuda_plugin* k_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  void* event_ = nullptr;
+  bool recorded_ = false;
+};
+
+// The plan of a row gather issued on the host's behalf (a window store, a
+// cache fill): pinned staging for the pointers (and staged rows), and the
+// device buffer the kernel reads them from, grown on demand.
+class RowPlan {
+ public:
+  explicit RowPlan(const pq_cuda_plugin* k) : staging(k), k_(k) {}
+  ~RowPlan() {
+    char err[256];
+    k_->device_free(device_, err, sizeof err);
+  }
+  // At least `bytes` of device memory. Called after staging.acquire(): the
+  // previous gather that read the buffer has run by then.
+  void* device(const pq_cuda_plugin* k, size_t bytes) {
+    if (bytes_ < bytes) {
+      char err[512] = {0};
+      k->device_free(device_, err, sizeof err);
+      device_ = nullptr;
+      bytes_ = 0;
+      if (k->device_alloc(&device_, bytes, err, sizeof err) != 0)
+        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation of a row plan failed: ") + err);
+      bytes_ = bytes;
+    }
+    return device_;
+  }
+  PinnedStaging staging;
+
+ private:
+  const pq_cuda_plugin* k_;
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A device-to-host copy into its own pinned buffer, with the event that
+// says it has landed.
+class CudaHostCopy final : public HostCopy {
+ public:
+  CudaHostCopy(const pq_cuda_plugin* k, size_t bytes) : k_(k) {
+    char err[512] = {0};
+    if (k_->host_alloc(&ptr_, bytes, err, sizeof err) != 0)
+      fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation for the prefill copy "
+                                             "failed: ") + err);
+    check(k_->event_create(&event_, err, sizeof err), "event create", err);
+  }
+  ~CudaHostCopy() override {
+    char err[256];
+    k_->event_destroy(event_, err, sizeof err);
+    k_->host_free(ptr_, err, sizeof err);
+  }
+  void start(const void* src, size_t bytes, void* stream) {
+    char err[512] = {0};
+    check(k_->copy_async(ptr_, src, bytes, stream, err, sizeof err), "prefill copy", err);
+    check(k_->event_record(event_, stream, err, sizeof err), "event record", err);
+  }
+  void wait() override {
+    char err[512] = {0};
+    check(k_->event_synchronize(event_, err, sizeof err), "prefill copy", err);
+  }
+  const void* data() const override { return ptr_; }
+
+ private:
+  const pq_cuda_plugin* k_;
+  void* ptr_ = nullptr;
+  void* event_ = nullptr;
+};
+
+// The device state of one (sequence, layer), used under the layer's lock.
+class CudaLayer final : public DeviceLayer {
+ public:
+  CudaLayer(const pq_cuda_plugin* k, const pq_config& c)
+      : k_(k),
+        kv_heads(c.num_kv_heads),
+        row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
+        block_tokens(c.cache_block_tokens),
+        slot_count(c.cache_tokens / c.cache_block_tokens),
+        fill_plan(k),
+        sink_tokens(c.sink_tokens),
+        local_tokens(c.local_tokens),
+        window_plan(k),
+        chunk_tables(k) {}
+  ~CudaLayer() override {
+    char err[256];
+    k_->device_free(d_codes, err, sizeof err);
+    k_->device_free(d_slots, err, sizeof err);
+    k_->device_free(d_window, err, sizeof err);
+    k_->device_free(d_centroids, err, sizeof err);
+    k_->event_destroy(fill_event, err, sizeof err);
+  }
+  // One slot: K then V, each [kv_head][block_tokens][row_bytes].
+  size_t slot_bytes() const { return 2 * static_cast<size_t>(kv_heads) * block_tokens * row_bytes; }
+  uint8_t* slot_row(int32_t slot, bool value, int32_t head, int64_t offset) const {
+    return static_cast<uint8_t*>(d_slots) + static_cast<size_t>(slot) * slot_bytes() +
+           ((static_cast<size_t>(value ? kv_heads : 0) + head) * block_tokens + offset) * row_bytes;
+  }
+
+  // The window: sink tokens in slots [0, sink_tokens), the last
+  // local_tokens tokens in a ring after them. A slot holds all kv heads'
+  // K rows, then their V rows.
+  int64_t window_slots() const { return static_cast<int64_t>(sink_tokens) + local_tokens; }
+  size_t window_slot_bytes() const { return 2 * static_cast<size_t>(kv_heads) * row_bytes; }
+  int64_t window_slot(int64_t position) const {
+    if (position < sink_tokens) return position;
+    return local_tokens > 0 ? sink_tokens + position % local_tokens : -1;
+  }
+  uint8_t* window_row(int64_t slot, bool value, int32_t head) const {
+    return static_cast<uint8_t*>(d_window) + static_cast<size_t>(slot) * window_slot_bytes() +
+           (static_cast<size_t>(value ? kv_heads : 0) + head) * row_bytes;
+  }
+
+  const pq_cuda_plugin* k_;
+  const int32_t kv_heads;
+  const size_t row_bytes;
+  // The PQ codes resident on the device, one buffer for the layer,
+  // [kv_head][codes_capacity][subspaces]: tokens [0, codes_uploaded) of
+  // index `codes_generation` (a rebuilt index starts over).
+  void* d_codes = nullptr;
+  int64_t codes_capacity = 0;
+  int64_t codes_uploaded = 0;
+  uint64_t codes_generation = 0;
+  // The block cache's slots.
+  const int32_t block_tokens;
+  const int64_t slot_count;
+  void* d_slots = nullptr;            // allocated at the first admission
+  std::vector<int64_t> slot_block;    // block whose data a slot holds, -1 none
+  void* fill_event = nullptr;         // recorded after the last slot fill
+  bool fill_recorded = false;
+  RowPlan fill_plan;
+  // The sink and local window.
+  const int32_t sink_tokens;
+  const int32_t local_tokens;
+  void* d_window = nullptr;           // allocated at the first store
+  std::vector<int64_t> window_pos;    // position a window slot holds, -1 none
+  RowPlan window_plan;
+  // For the decode step kept on the device: the index's centroids, and the
+  // store's chunk addresses as device tables (K then V), re-sent when the
+  // chunks change (a new chunk every 256 tokens, a fork, a truncate).
+  void* d_centroids = nullptr;
+  size_t centroids_bytes = 0;
+  uint64_t centroids_generation = ~uint64_t{0};
+  std::vector<const uint8_t*> chunks_sent;  // K addresses, then V addresses
+  RowPlan chunk_tables;
+};
+
+// Working buffers of the device work issued on one stream. Work on one
+// stream runs in order, so a buffer is reused only after the work that
+// read it; the mutex serialises host threads that issue on the same stream
+// (sequences sharing it), never those on different streams.
+struct StreamScratch {
+  explicit StreamScratch(const pq_cuda_plugin* k)
+      : arena(k), fetch_staging(k), positions(k), batch_staging(k), reads(k) {}
+  enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan };
+  std::mutex mutex;
+  DeviceArena arena;
+  PinnedStaging fetch_staging;  // a fetch's plan and staged rows
+  PinnedStaging positions;      // a selection's positions on their way to the host
+  PinnedStaging batch_staging;  // a batched selection's LUTs and row tables
+  PinnedStaging reads;          // device reads on their way to the host
+};
+
+}  // namespace cuda_detail
+}  // namespace pq

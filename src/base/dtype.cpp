@@ -1,0 +1,201 @@
+#include "base/dtype.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <cpuid.h>
+
+#include "base/cpu_dispatch.h"
+#include <immintrin.h>
+
+namespace pq {
+
+bool dtype_valid(int32_t dtype) {
+  return dtype == PQ_DTYPE_F32 || dtype == PQ_DTYPE_F16 || dtype == PQ_DTYPE_BF16;
+}
+
+size_t dtype_size(int32_t dtype) { return dtype == PQ_DTYPE_F32 ? 4 : 2; }
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case PQ_DTYPE_F32: return "f32";
+    case PQ_DTYPE_F16: return "f16";
+    case PQ_DTYPE_BF16: return "bf16";
+    default: return "invalid";
+  }
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int shift = 0;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        ++shift;
+      }
+      mantissa &= 0x3ffu;
+      bits = sign | static_cast<uint32_t>(127 - 15 + 1 - shift) << 23 | mantissa << 13;
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | mantissa << 13;
+  } else {
+    bits = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to Inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t exponent = abs >> 23;
+    uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exponent;  // 14 - (exponent - 127) + 13 - 1 ... bits to drop
+    uint32_t half_m = mantissa >> (shift);
+    uint32_t rem = mantissa & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t half_bits = ((abs - 0x38000000u) >> 13);
+  uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half_bits & 1u))) ++half_bits;
+  return static_cast<uint16_t>(sign | half_bits);
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+namespace {
+
+// Element i of a caller's buffer, which need not be aligned (a numpy view at
+// any byte offset): memcpy is the defined way, and compiles to one load.
+template <typename T>
+inline T load(const void* base, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(sizeof(T)),
+              sizeof(T));
+  return v;
+}
+
+// F16C converts eight halves per instruction, exactly; the exact scan and
+// K-Means read every key through here. The portable loop is the fallback.
+__attribute__((target("avx,f16c"))) void halves_to_float_f16c(const void* h, int64_t count,
+                                                             float* out) {
+  int64_t i = 0;
+  const unsigned char* bytes = static_cast<const unsigned char*>(h);
+  for (; i + 8 <= count; i += 8) {  // loadu: no alignment needed
+    __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(packed));
+  }
+  for (; i < count; ++i) out[i] = half_to_float(load<uint16_t>(h, i));
+}
+
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports has no "f16c").
+bool cpu_has_f16c() {
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 &&
+           __builtin_cpu_supports("avx");
+  }();
+  return has;
+}
+
+}  // namespace
+
+void to_float(const void* src, int32_t dtype, int64_t count, float* out) {
+  switch (dtype) {
+    case PQ_DTYPE_F32:
+      std::memcpy(out, src, static_cast<size_t>(count) * 4);
+      break;
+    case PQ_DTYPE_F16:
+      if (cpu_has_f16c()) {
+        halves_to_float_f16c(src, count, out);
+      } else {
+        for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(load<uint16_t>(src, i));
+      }
+      break;
+    default:
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(load<uint16_t>(src, i));
+      break;
+  }
+}
+
+namespace {
+// One pass: each element is stored and its exponent tested, branch-free,
+// so that the loop vectorises (the AVX2 build runs 16 halves a step).
+template <typename Bits>
+PQ_ALWAYS_INLINE bool copy_checking(void* dst, const void* src, int64_t count, Bits exponent) {
+  Bits bad = 0;
+  unsigned char* d = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < count; ++i) {
+    const Bits v = load<Bits>(src, i);
+    std::memcpy(d + i * static_cast<int64_t>(sizeof(Bits)), &v, sizeof(Bits));
+    bad |= static_cast<Bits>((v & exponent) == exponent);
+  }
+  return bad == 0;
+}
+PQ_ALWAYS_INLINE bool copy_if_finite_body(void* dst, const void* src, int64_t count,
+                                          int32_t dtype) {
+  switch (dtype) {
+    case PQ_DTYPE_F32: return copy_checking<uint32_t>(dst, src, count, 0x7f800000u);
+    case PQ_DTYPE_F16: return copy_checking<uint16_t>(dst, src, count, 0x7c00u);
+    default: return copy_checking<uint16_t>(dst, src, count, 0x7f80u);
+  }
+}
+PQ_TARGET_AVX2 bool copy_if_finite_avx2(void* dst, const void* src, int64_t count, int32_t dtype) {
+  return copy_if_finite_body(dst, src, count, dtype);
+}
+bool copy_if_finite_portable(void* dst, const void* src, int64_t count, int32_t dtype) {
+  return copy_if_finite_body(dst, src, count, dtype);
+}
+}  // namespace
+
+bool copy_if_finite(void* dst, const void* src, int64_t count, int32_t dtype) {
+  static const auto impl = cpu_has_avx2() ? copy_if_finite_avx2 : copy_if_finite_portable;
+  return impl(dst, src, count, dtype);
+}
+
+int64_t find_non_finite(const void* src, int32_t dtype, int64_t count) {
+  switch (dtype) {
+    case PQ_DTYPE_F32:
+      for (int64_t i = 0; i < count; ++i)
+        if ((load<uint32_t>(src, i) & 0x7f800000u) == 0x7f800000u) return i;
+      return -1;
+    case PQ_DTYPE_F16:
+      for (int64_t i = 0; i < count; ++i)
+        if ((load<uint16_t>(src, i) & 0x7c00u) == 0x7c00u) return i;
+      return -1;
+    default:
+      for (int64_t i = 0; i < count; ++i)
+        if ((load<uint16_t>(src, i) & 0x7f80u) == 0x7f80u) return i;
+      return -1;
+  }
+}
+
+}  // namespace pq

@@ -1,0 +1,33 @@
+// Combining the scores of a GQA group and picking the top k in O(n).
+#pragma once
+
+#include <cstdint>
+
+#include "base/scratch.h"
+
+namespace pq {
+
+// Reduces raw[g * n + i] (raw dot products of group_size query heads) to one
+// score per token, out[i], by pq_gqa_combine `mode`, using logits
+// raw * scale. SUM_SOFTMAX with one head reduces to the logit itself (softmax
+// is monotone, so the order is the same and no exp is spent).
+void combine_group_scores(const float* raw, int32_t group_size, int64_t n, int32_t mode,
+                          float scale, float* out, SelectScratch& scratch);
+
+// combine_group_scores's SUM_SOFTMAX for values that stand for several
+// tokens each: raw[g * n + i] is the raw dot product of query head g with
+// counts[i] tokens. The softmax normalisers weigh each value by its count
+// (summed in double); out[i] is then what every one of those tokens scores.
+void combine_softmax_weighted(const float* raw, const uint32_t* counts, int32_t group_size,
+                              int64_t n, float scale, float* out, SelectScratch& scratch);
+
+// Maps a float to a uint32 whose unsigned order is the float's order, with
+// -0 and +0 equal (select_top_k's order).
+uint32_t ordered_score_key(float f);
+
+// Writes the positions (first + i) of the k highest scores[i] into out,
+// ascending. Ties go to the larger position. O(n): a radix select.
+void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
+                  SelectScratch& scratch);
+
+}  // namespace pq

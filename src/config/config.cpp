@@ -1,0 +1,148 @@
+#include "config/config.h"
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "config/config_fields.h"
+#include "base/error.h"
+#include "selectors/selector.h"
+
+namespace pq {
+
+namespace {
+
+struct Name {
+  int32_t value;
+  const char* name;
+};
+using Names = std::vector<Name>;
+
+const Names kDtypeNames = {
+    {PQ_DTYPE_F32, "PQ_DTYPE_F32"}, {PQ_DTYPE_F16, "PQ_DTYPE_F16"}, {PQ_DTYPE_BF16, "PQ_DTYPE_BF16"}};
+const Names kKmeansInitNames = {{PQ_KMEANS_INIT_RANDOM, "PQ_KMEANS_INIT_RANDOM"},
+                                {PQ_KMEANS_INIT_KMEANSPP, "PQ_KMEANS_INIT_KMEANSPP"}};
+const Names kGqaCombineNames = {
+    {PQ_GQA_SUM_SOFTMAX, "PQ_GQA_SUM_SOFTMAX"}, {PQ_GQA_MAX, "PQ_GQA_MAX"}, {PQ_GQA_MEAN, "PQ_GQA_MEAN"}};
+const Names kBackendNames = {
+    {PQ_BACKEND_CPU, "PQ_BACKEND_CPU"}, {PQ_BACKEND_CUDA, "PQ_BACKEND_CUDA"}, {PQ_BACKEND_AUTO, "PQ_BACKEND_AUTO"}};
+const Names kCachePolicyNames = {{PQ_CACHE_LRU, "PQ_CACHE_LRU"}, {PQ_CACHE_LFU, "PQ_CACHE_LFU"}};
+
+// The selectors' names come from their registry, the one list of them.
+const Names& selector_names() {
+  static const Names names = [] {
+    Names n;
+    for (const SelectorInfo& s : selector_registry()) n.push_back({s.value, s.enum_name});
+    return n;
+  }();
+  return names;
+}
+#define kSelectorNames selector_names()
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
+
+void check_int(const char* field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi)
+    invalid(std::string("config.") + field + " is " + str(value) + "; expected " + str(lo) +
+            ".." + str(hi));
+}
+
+// The value as the caller's field holds it (float or double), and the
+// bounds exactly as checked.
+template <typename Real>
+void check_real(const char* field, Real value, double lo, double hi, bool lo_open) {
+  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
+  if (ok) return;
+  invalid(std::string("config.") + field + " is " + number_text(value) + "; expected " +
+          (hi >= kMaxReal ? "a finite value in " : "a value in ") + (lo_open ? "(" : "[") +
+          number_text(lo) + ", " + number_text(hi) + "]");
+}
+
+void check_enum(const char* field, int32_t value, const Names& names) {
+  for (const Name& n : names)
+    if (n.value == value) return;
+  std::string want;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) want += i + 1 == names.size() ? " or " : ", ";
+    want += std::string(names[i].name) + " (" + str(names[i].value) + ")";
+  }
+  invalid(std::string("config.") + field + " is " + str(value) + "; expected " + want);
+}
+
+}  // namespace
+
+void fill_config_defaults(pq_config* c) {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof(pq_config);
+#define PQ_DEFAULT_INT(f, d, lo, hi) c->f = d;
+#define PQ_DEFAULT_REAL(f, d, lo, hi, open) c->f = d;
+#define PQ_DEFAULT_ENUM(f, d, names) c->f = d;
+#define PQ_DEFAULT_FREE(f, d) c->f = d;
+  PQ_CONFIG_FIELDS(PQ_DEFAULT_INT, PQ_DEFAULT_REAL, PQ_DEFAULT_ENUM, PQ_DEFAULT_FREE)
+#undef PQ_DEFAULT_INT
+#undef PQ_DEFAULT_REAL
+#undef PQ_DEFAULT_ENUM
+#undef PQ_DEFAULT_FREE
+}
+
+int32_t hardware_threads() {
+  return std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+}
+
+pq_config resolve_config(const pq_config* in) {
+  if (in == nullptr) invalid("config is NULL");
+  const uint32_t min_size = offsetof(pq_config, pq_subspaces);
+  if (in->struct_size < min_size || in->struct_size > sizeof(pq_config))
+    invalid("config->struct_size is " + str(in->struct_size) + "; expected " + str(min_size) +
+            ".." + str(sizeof(pq_config)) +
+            " (initialise the struct with pq_config_default; a larger size means the caller was "
+            "built against a newer pqcache.h than this library)");
+  pq_config c;
+  fill_config_defaults(&c);
+  std::memcpy(&c, in, in->struct_size);  // an older caller's struct: the rest stays default
+  c.struct_size = sizeof(pq_config);
+
+  // A value this build could support with wider codes is UNSUPPORTED, not
+  // INVALID: codes are one byte per subspace.
+  if (c.pq_bits > 8)
+    fail(PQ_ERR_UNSUPPORTED, "config.pq_bits is " + str(c.pq_bits) +
+                                 "; codes are one byte per subspace, so at most 8 bits");
+#define PQ_CHECK_INT(f, d, lo, hi) check_int(#f, c.f, lo, hi);
+#define PQ_CHECK_REAL(f, d, lo, hi, open) check_real(#f, c.f, lo, hi, open);
+#define PQ_CHECK_ENUM(f, d, names) check_enum(#f, c.f, names);
+#define PQ_CHECK_FREE(f, d)
+  PQ_CONFIG_FIELDS(PQ_CHECK_INT, PQ_CHECK_REAL, PQ_CHECK_ENUM, PQ_CHECK_FREE)
+#undef PQ_CHECK_INT
+#undef PQ_CHECK_REAL
+#undef PQ_CHECK_ENUM
+#undef PQ_CHECK_FREE
+
+  // What ties fields together.
+  if (c.num_q_heads % c.num_kv_heads != 0)
+    invalid("config.num_q_heads is " + str(c.num_q_heads) + ", not a multiple of num_kv_heads " +
+            str(c.num_kv_heads) + " (GQA groups query heads evenly)");
+  if (c.head_dim % c.pq_subspaces != 0)
+    invalid("config.head_dim " + str(c.head_dim) + " is not divisible by pq_subspaces " +
+            str(c.pq_subspaces));
+  if (c.topk_tokens == 0 && !(c.topk_fraction > 0.f && c.topk_fraction <= 1.f))
+    invalid("config.topk_fraction is " + number_text(c.topk_fraction) +
+            "; expected a value in (0, 1] when topk_tokens is 0");
+  if (c.pooling_kernel % 2 == 0)
+    invalid("config.pooling_kernel is " + str(c.pooling_kernel) + "; expected an odd size");
+
+  if (c.worker_threads == 0) c.worker_threads = hardware_threads();
+  c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
+  return c;
+}
+
+std::string selector_value_name(int32_t selector) {
+  for (const SelectorInfo& s : selector_registry())
+    if (s.value == selector) return s.enum_name;
+  return "(unknown)";
+}
+
+}  // namespace pq

@@ -1,0 +1,138 @@
+#include "layer/context_shared.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "base/error.h"
+
+namespace pq {
+
+namespace {
+std::unique_ptr<Backend> make_backend(const pq_config& c, const char* plugin_path) {
+  switch (c.backend) {
+    case PQ_BACKEND_CUDA:
+      return load_cuda_backend(plugin_path, c.device_id);
+    case PQ_BACKEND_AUTO:
+      try {
+        return load_cuda_backend(plugin_path, c.device_id);
+      } catch (const Error&) {
+        return make_cpu_backend();  // no plug-in or no device: the host does the work
+      }
+    default:
+      return make_cpu_backend();
+  }
+}
+
+std::unique_ptr<Selector> built_in_selector(int32_t kind) {
+  std::unique_ptr<Selector> s = make_selector(kind);
+  if (!s)
+    fail(PQ_ERR_UNSUPPORTED,
+         "config.selector " + std::to_string(kind) + " is not built into this library");
+  return s;
+}
+}  // namespace
+
+ContextShared::ContextShared(const pq_config& c, const char* plugin_path, const Hooks& h,
+                             std::shared_ptr<ThreadPool> shared_pool)
+    : config(c),
+      group_size(c.num_q_heads / c.num_kv_heads),
+      scale(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
+      budget(c.host_memory_limit),
+      backend(make_backend(c, plugin_path)),
+      selector(built_in_selector(c.selector)),
+      cost(memory_cost(c, *selector)),
+      hooks(h),
+      owns_pool(shared_pool == nullptr),
+      pool(shared_pool ? std::move(shared_pool) : std::make_shared<ThreadPool>(c.worker_threads)) {
+  const uint64_t fixed = cost.sequence_fixed(c.num_layers);
+  if (c.host_memory_limit != 0 && fixed > c.host_memory_limit)
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "config.host_memory_limit is " + std::to_string(c.host_memory_limit) +
+             " bytes, but one sequence's fixed state alone takes " + std::to_string(fixed) +
+             " (" + cost.explain(c) + "); raise the limit or shrink the configuration");
+}
+
+Regions ContextShared::regions(int64_t n, int32_t layer) const {
+  Regions r;
+  r.n = n;
+  r.sink_end = std::min<int64_t>(config.sink_tokens, n);
+  r.mid_end = std::max(r.sink_end, n - static_cast<int64_t>(config.local_tokens));
+  const int64_t middle = r.mid_end - r.sink_end;
+  if (config.topk_tokens > 0) {
+    r.k = std::min<int64_t>(config.topk_tokens, middle);
+  } else {
+    // ceil, forgiving the float representation of the fraction (0.2f is a
+    // hair above 0.2, and 0.2 * 1000 must give 200, not 201).
+    const double want =
+        std::ceil(static_cast<double>(config.topk_fraction) * middle * (1.0 - 1e-6));
+    r.k = std::min<int64_t>(middle, static_cast<int64_t>(want));
+  }
+  r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector->budget(r.k, middle, layer, config)));
+  return r;
+}
+
+std::future<void> ContextShared::submit(std::function<void()> task, std::function<void()> after) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    ++tasks_;
+  }
+  auto finished = [this] {
+    std::lock_guard<std::mutex> lock(tasks_mutex_);
+    if (--tasks_ == 0) tasks_done_.notify_all();
+  };
+  try {
+    return pool->submit(std::move(task), [after = std::move(after), finished] {
+      struct Finish {
+        const decltype(finished)& f;
+        ~Finish() { f(); }
+      } finish{finished};
+      if (after) after();
+    });
+  } catch (...) {
+    finished();
+    throw;
+  }
+}
+
+void ContextShared::wait_tasks() {
+  std::unique_lock<std::mutex> lock(tasks_mutex_);
+  tasks_done_.wait(lock, [this] { return tasks_ == 0; });
+}
+
+void ContextShared::add_draining_build() {
+  std::lock_guard<std::mutex> lock(tasks_mutex_);
+  ++draining_builds_;
+}
+
+void ContextShared::remove_draining_build() {
+  std::lock_guard<std::mutex> lock(tasks_mutex_);
+  if (--draining_builds_ == 0) tasks_done_.notify_all();
+}
+
+void ContextShared::wait_draining_builds() {
+  std::unique_lock<std::mutex> lock(tasks_mutex_);
+  tasks_done_.wait(lock, [this] { return draining_builds_ == 0; });
+}
+
+int32_t ContextShared::iteration_budget(int64_t tokens, int64_t training_points) {
+  if (config.kmeans_iterations > 0) return config.kmeans_iterations;
+  const ComputeTimeModel compute{config.compute_alpha, config.compute_beta, config.compute_gamma,
+                                 config.layer_time_budget};
+  const bool has_model = compute.alpha2 > 0 || compute.beta2 > 0 || compute.gamma2 > 0 ||
+                         compute.layer_budget > 0;
+  if (has_model) {
+    std::call_once(profile_once_, [&] {
+      KMeansParams p;
+      p.subspaces = config.pq_subspaces;
+      p.bits = config.pq_bits;
+      p.init = config.kmeans_init;
+      p.seed = config.seed;
+      cluster_model_ = profile_cluster_time(config.num_kv_heads, config.head_dim, p, *pool);
+    });
+  }
+  return adaptive_iterations(cluster_model_, compute, tokens, training_points,
+                             config.kmeans_min_iterations, config.kmeans_max_iterations);
+}
+
+}  // namespace pq

@@ -1,0 +1,227 @@
+// A layer's storing, its asynchronous ingests and its introspection.
+#include "layer/layer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/tensor.h"
+
+namespace pq {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+
+// The caller's host_alloc hook, else the memory the backend's device reads
+// (the CUDA backend's pinned pool; operator new on the CPU backend).
+HostAllocator store_allocator(const ContextShared& shared) {
+  return shared.hooks.allocator.alloc ? shared.hooks.allocator : shared.backend->store_allocator();
+}
+}  // namespace
+
+Layer::Layer(ContextShared& shared, int32_t index)
+    : shared_(shared),
+      layer_index_(index),
+      store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
+             &shared.budget, shared.cost.chunk, store_allocator(shared)) {
+  const pq_config& c = shared.config;
+  if (c.cache_tokens > 0)
+    cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
+                                          c.cache_update_blocks);
+  device_ = shared.backend->make_device_layer(c);
+}
+
+Layer::~Layer() { cancel_build(); }
+
+void Layer::require_prefill(uint64_t seq_id, const char* call) const {
+  if (prefill_tokens_ == 0)
+    fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index_) + " of seq_id " + std::to_string(seq_id) +
+                               " has no prefill yet; call pq_prefill_layer before " + call);
+}
+
+// ---------------------------------------------------------------------------
+// Storing
+// ---------------------------------------------------------------------------
+
+void Layer::append(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                   const SequenceInfo& seq) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!is_prefill) require_prefill(seq.id, "pq_decode_append");
+  store_tokens(keys, values, is_prefill, seq);
+}
+
+// Appends checked host K/V and, for a prefill, schedules the index build
+// over all the layer's tokens; as a whole or not at all.
+void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                         const SequenceInfo& seq) {
+  require_kv(seq.id, is_prefill ? "pq_prefill_layer" : "pq_decode_append");
+  if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
+  const int64_t first = store_.tokens();
+  const int64_t prefill_before = prefill_tokens_;
+  store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
+  try {
+    const uint64_t staged =
+        shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+    for (Counters* c : {&shared_.counters, seq.counters.get()}) c->bytes_staged.fetch_add(staged);
+    if (is_prefill) prefill_tokens_ += keys.tokens;
+    // The lengths are published before the build is queued: its build_done
+    // hook may ask for them as soon as it finishes.
+    update_mirrors();
+    // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
+    if (is_prefill && shared_.selector->needs_index()) schedule_build(seq, store_.tokens());
+  } catch (...) {
+    prefill_tokens_ = prefill_before;
+    store_.truncate(first);  // the call fails as a whole: as if it never came
+    update_mirrors();
+    throw;
+  }
+}
+
+// Prefill from device memory on a backend that copies asynchronously (paper
+// Algorithm 1): the copies into pinned memory are enqueued on the sequence's
+// stream and the call returns. A pool task waits for them (and for the
+// layer's previous ingest, to keep the order), checks the values, stores
+// them and schedules the build, so K-Means starts once the copy has landed.
+bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
+                         std::shared_ptr<void> owner) {
+  const size_t es = dtype_size(keys.dtype);
+  std::shared_ptr<HostCopy> k_copy = shared_.backend->copy_to_host_async(
+      keys.data, static_cast<size_t>(tensor_span_elements(keys)) * es, seq.stream);
+  if (!k_copy) return false;
+  std::shared_ptr<HostCopy> v_copy = shared_.backend->copy_to_host_async(
+      values.data, static_cast<size_t>(tensor_span_elements(values)) * es, seq.stream);
+  std::lock_guard<std::mutex> chain(ingest_mutex_);
+  std::shared_future<void> previous = ingest_done_;
+  ingest_done_ =
+      shared_
+          .submit([this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values,
+                    previous]() mutable {
+            try {
+              if (previous.valid()) previous.wait();
+              k_copy->wait();
+              v_copy->wait();
+              k_view.data = const_cast<void*>(k_copy->data());
+              v_view.data = const_cast<void*>(v_copy->data());
+              k_view.memory = v_view.memory = PQ_MEMORY_HOST;
+              std::lock_guard<std::mutex> lock(mutex_);
+              store_tokens(k_view, v_view, true, seq);
+            } catch (const Error& e) {
+              std::lock_guard<std::mutex> lock(ingest_mutex_);
+              ingest_status_ = e.status();
+              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
+                              " failed; nothing was stored: " + e.what();
+            } catch (const std::exception& e) {
+              std::lock_guard<std::mutex> lock(ingest_mutex_);
+              ingest_status_ = PQ_ERR_INTERNAL;
+              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
+                              " failed: " + e.what();
+            }
+            // The future's shared state keeps this callable (libstdc++ stores
+            // it there) and the layer keeps that future, so what the callable
+            // holds must go now: otherwise the sequence owns itself and is
+            // never freed. The owner goes last, and `this` is not touched
+            // after it (it may be the sequence's last reference).
+            previous = std::shared_future<void>();
+            k_copy.reset();
+            v_copy.reset();
+            owner.reset();
+          })
+          .share();
+  return true;
+}
+
+void Layer::wait_ingests() {
+  std::shared_future<void> done;
+  {
+    std::lock_guard<std::mutex> lock(ingest_mutex_);
+    done = ingest_done_;
+  }
+  if (done.valid()) done.wait();
+}
+
+void Layer::settle() {
+  wait_ingests();
+  std::lock_guard<std::mutex> lock(ingest_mutex_);
+  if (ingest_status_ != PQ_OK) {
+    const pq_status status = ingest_status_;
+    const std::string message = std::move(ingest_error_);
+    ingest_status_ = PQ_OK;
+    ingest_error_.clear();
+    fail(status, message);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+// ---------------------------------------------------------------------------
+
+int64_t Layer::capacity() const {
+  return shared_.regions(tokens_mirror_.load(), layer_index_).count();
+}
+
+void Layer::info(pq_layer_info* out) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    poll_build();
+  } catch (const Error&) {
+    // A failed build is reported by the next select; info stays readable.
+  }
+  pq_layer_info info{};
+  info.struct_size = out->struct_size;
+  info.tokens = store_.tokens();
+  info.prefill_tokens = prefill_tokens_;
+  const Regions r = shared_.regions(info.tokens, layer_index_);
+  info.middle_tokens = r.mid_end - r.sink_end;
+  info.coded_tokens = index_ ? index_->coded_tokens : 0;
+  info.build_pending = pending_ ? 1 : 0;
+  info.kmeans_iterations = last_iterations_;
+  info.kmeans_budget = last_budget_;
+  info.index_ready = index_ ? 1 : 0;
+  info.build_seconds = last_build_seconds_;
+  info.last_select_bytes = last_select_bytes_;
+  std::memcpy(out, &info, out->struct_size);
+}
+
+void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_kv(seq_id, "pq_index_codes");
+  require_index(seq_id);
+  code_tokens(shared_.regions(store_.tokens(), layer_index_).mid_end);
+  const int64_t coded = index_->coded_tokens;
+  if (first > coded || count > coded - first)  // no first + count: it may overflow
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "first " + str(first) + " and count " + str(count) +
+             " reach past the coded tokens: tokens [0, " + str(coded) +
+             ") have codes (a build codes every token it covers; decode tokens are coded when "
+             "they leave the local window)");
+  index_->codes[static_cast<size_t>(kv_head)].copy_out(first, count, out);
+}
+
+void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_index(seq_id);
+  const int64_t floats = (int64_t{1} << shared_.config.pq_bits) * shared_.config.head_dim;
+  std::memcpy(out, index_->codebook->at(kv_head, 0), static_cast<size_t>(floats) * sizeof(float));
+}
+
+void Layer::add_sizes(pq_stats* out) const {
+  out->tokens += tokens_mirror_.load();
+  out->kv_bytes += kv_bytes_mirror_.load();
+  out->index_bytes += index_bytes_mirror_.load();
+  out->host_bytes += charged_bytes_mirror_.load();
+}
+
+void Layer::update_mirrors() {
+  tokens_mirror_.store(store_.tokens());
+  kv_bytes_mirror_.store(store_.bytes_held());
+  charged_bytes_mirror_.store(store_.bytes_charged());
+  index_bytes_mirror_.store(index_ ? index_->bytes() : 0);
+}
+
+}  // namespace pq

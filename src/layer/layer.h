@@ -1,0 +1,295 @@
+// One (sequence, layer) and everything done to it, under its own lock: its
+// K/V store, its PQ index and the build in flight, its selector's state,
+// its block-cache bookkeeping and device state, and the asynchronous
+// prefills from device memory. The Context checks the arguments that need
+// no layer, finds the layer and calls it; the Layer does the rest.
+//
+// The methods are spread over files by concept: layer.cpp (stores,
+// ingests, introspection), layer_build.cpp (the index build and coding),
+// layer_select.cpp (selection and the inputs selectors learn from),
+// layer_fetch.cpp (the fetch and the block cache), layer_state.cpp
+// (truncate, fork, save and restore).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "store/block_cache.h"
+#include "layer/context_shared.h"
+#include "base/counters.h"
+#include "store/kv_store.h"
+#include "pq/pq_index.h"
+#include "selectors/selector.h"
+#include "format/sequence_state.h"
+
+namespace pq {
+
+// What a build shares with the layer. The future is kept beside it, not in
+// it: libstdc++ stores the packaged callable (which owns this object) in the
+// future's shared state, so holding the future here would be a cycle.
+struct BuildTask {
+  explicit BuildTask(std::shared_ptr<const KvStore::Snapshot> snapshot)
+      : snapshot_(std::move(snapshot)) {}
+
+  // Cancels the build. A build still queued lets go of its snapshot of the
+  // K/V at once, so a removed sequence's memory leaves the limit with the
+  // remove, not when a worker reaches the build; a running build stops at
+  // its next iteration and is counted in `shared` (ContextShared's
+  // draining builds, which pq_wait_builds waits for) until it let go.
+  void stop(ContextShared& shared);
+  // The worker's start: the snapshot it then holds, or null when the build
+  // was cancelled before it started.
+  std::shared_ptr<const KvStore::Snapshot> start();
+  // The worker's end, once it let go of the snapshot.
+  void end(ContextShared& shared);
+
+  std::atomic<bool> cancel{false};  // read by K-Means between iterations
+  std::unique_ptr<PqIndex> result;  // set by the task when it finished
+  // What the build's report (log, build_done hook) says, written by the
+  // worker before the future is ready; the layer may take `result` away
+  // from then on, so the report reads only these.
+  struct Outcome {
+    bool built = false;
+    pq_status status = PQ_OK;  // the error, when it failed
+    std::string error;
+    int64_t tokens = 0;
+    int32_t iterations = 0, budget = 0;
+    double seconds = 0.0;
+  } outcome;
+  int64_t tokens = 0;
+
+ private:
+  std::mutex mutex_;  // over the three below
+  std::shared_ptr<const KvStore::Snapshot> snapshot_;  // until start() or stop()
+  bool running_ = false;
+  bool draining_ = false;  // stopped while running: counted in ContextShared
+};
+
+// What a call on a layer knows of its sequence.
+struct SequenceInfo {
+  uint64_t id;
+  std::shared_ptr<Counters> counters;  // shared: a build may outlive the sequence
+  void* stream;                        // the caller's cudaStream_t, or null
+};
+
+class Layer {
+ public:
+  Layer(ContextShared& shared, int32_t index);
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // --- storing (layer.cpp) ------------------------------------------------
+  // Appends checked host K/V: a prefill (index rebuilt) or decode tokens.
+  // All or nothing.
+  void append(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+              const SequenceInfo& seq);
+  // A prefill from device memory, copied on the sequence's stream and
+  // stored by a pool task once it landed; `owner` keeps the layer alive
+  // until then. False when the backend copies synchronously only.
+  bool append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
+                    std::shared_ptr<void> owner);
+  // Waits for the asynchronous prefills in flight and throws the error of
+  // one that failed (once). Every call on the layer starts with it; call it
+  // without the lock (an ingest in flight takes it).
+  void settle();
+  void wait_ingests();
+
+  // --- reading (layer.cpp) ------------------------------------------------
+  int64_t tokens() const { return tokens_mirror_.load(); }
+  // Entries per kv head a selection at the current length needs.
+  int64_t capacity() const;
+  void info(pq_layer_info* out);
+  void codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id);
+  void centroids(int32_t kv_head, float* out, uint64_t seq_id);
+  // Adds this layer's sizes to statistics (lock-free mirrors).
+  void add_sizes(pq_stats* out) const;
+
+  // --- builds (layer_build.cpp) -------------------------------------------
+  // Cancels the build in flight (the sequence is going); it stops at its
+  // next iteration.
+  void cancel_build();
+  // Waits for the build in flight and installs it; throws its error.
+  void finish_build();
+
+  // --- selection (layer_select.cpp) ---------------------------------------
+  // pq_decode_select: queries [q_heads][head_dim] as floats. Returns the
+  // entries written per kv head.
+  int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
+
+  // pq_decode_select in two halves around the choice of the middle, so that
+  // a batch can have the middles of many sequences' layers chosen in one
+  // device call (Context::decode_select_batch). The caller holds mutex()
+  // (after settle()) across both halves. select_prepare() checks, codes the
+  // tokens that left the window and brings the selector's state up to
+  // date; select_finish() writes the sinks, the chosen middle and the local
+  // window, and counts the call.
+  struct PreparedSelect {
+    Regions regions{};
+    std::optional<LayerSelection> request;  // refers to this layer: valid under its lock
+    std::vector<int32_t> middle;            // [kv_heads][k], chosen by the selector
+    uint64_t bytes = 0;                     // what the selector read to choose it
+  };
+  std::mutex& mutex() { return mutex_; }
+  // host_out false: out's arrays are device memory, never written here.
+  void select_prepare(const std::vector<float>& queries, pq_selection* out,
+                      const SequenceInfo& seq, PreparedSelect& prepared, bool host_out = true);
+  int64_t select_finish(const PreparedSelect& prepared, pq_selection* out,
+                        const SequenceInfo& seq);
+
+  // --- the decode step kept on the device (layer_device.cpp) ---------------
+  // pq_decode_select_device: the selection written into out's device arrays
+  // on the sequence's stream. pq_fetch_kv_device: a device selection
+  // gathered on the device. UNSUPPORTED where the backend has no such path.
+  void select_to_device(const pq_tensor& query, const pq_selection& out, const SequenceInfo& seq);
+  void fetch_device_selection(const pq_selection& sel, const pq_tensor& out_keys,
+                              const pq_tensor& out_values, const SequenceInfo& seq);
+  // pq_prefill_queries: the last w queries [w][q_heads][head_dim].
+  void prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id);
+  // pq_observe_attention, on the copied selection (call_args.h) and probs
+  // laid out as its rows.
+  void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
+
+  // --- attention (layer_attend.cpp) ---------------------------------------
+  // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
+  void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
+              float* out_lse, uint64_t seq_id);
+
+  // --- fetch (layer_fetch.cpp) --------------------------------------------
+  // pq_fetch_kv, on the copied selection, after the output tensors' checks.
+  void fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
+             const pq_tensor& out_values, const SequenceInfo& seq);
+  // pq_fetch_kv in two halves around the gather, so that a batch's device
+  // fetches run in one launch (Context::fetch_batch), under mutex() as for
+  // select_prepare. fetch_prepare() checks and reserves what the block
+  // cache's update needs and, for device outputs, says what the backend's
+  // gather needs; fetch_finish() gathers on the host if the device did not
+  // (on_device false), updates the cache and counts.
+  struct PreparedFetch {
+    Regions regions{};
+    const pq_selection* selection = nullptr;
+    const pq_tensor* out_keys = nullptr;
+    const pq_tensor* out_values = nullptr;
+    uint64_t rows = 0;    // selected rows, all kv heads
+    uint64_t staged = 0;  // bytes the backend staged on the CPU
+    std::vector<int32_t> sorted_scratch;
+    std::optional<DeviceFetchArgs> device_args;  // for device outputs; points at `staged`
+    PreparedFetch() = default;
+    PreparedFetch(const PreparedFetch&) = delete;  // device_args points into it
+    PreparedFetch& operator=(const PreparedFetch&) = delete;
+  };
+  void fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_tensor& out_keys,
+                     const pq_tensor& out_values, const SequenceInfo& seq,
+                     PreparedFetch& prepared);
+  void fetch_finish(PreparedFetch& prepared, bool on_device, const SequenceInfo& seq);
+
+  // --- sequence state (layer_state.cpp) ------------------------------------
+  // pq_sequence_truncate: keeps the first `tokens` tokens (fewer than held).
+  void truncate(int64_t tokens, const SequenceInfo& seq);
+  // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
+  void fork_from(Layer& parent, uint64_t parent_id);
+  // pq_sequence_save, in two parts so that every layer's index comes before
+  // any K/V (a reader can select before the K/V arrive): save_index waits
+  // for the build in flight, then writes the layer, index and selector
+  // state sections and returns the tokens they describe; save_kv writes the
+  // K/V of those tokens.
+  int64_t save_index(StateWriter& out, uint64_t seq_id);
+  void save_kv(StateWriter& out, int64_t tokens);
+  // pq_sequence_restore into this new, empty layer, from checked sections;
+  // without a keys-and-values section (pq_sequence_restore_begin) the layer
+  // holds its tokens' room, its index and selector state, selects (PQ) and
+  // waits for restore_kv; every call that reads or changes K/V is
+  // PQ_ERR_BAD_STATE until then.
+  void restore(const LayerImage& image, const SequenceInfo& seq);
+  void restore_kv(const SectionView& keys_values, const SequenceInfo& seq);
+
+ private:
+  // Under mutex_ from here on.
+  // The statistics of one selection: last_select_bytes_ and the counters.
+  void count_selection(uint64_t bytes, const SequenceInfo& seq);
+  void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
+                    const SequenceInfo& seq);
+  void require_prefill(uint64_t seq_id, const char* call) const;
+  // BAD_STATE while a restore waits for this layer's K/V.
+  void require_kv(uint64_t seq_id, const char* call) const;
+  void fill_kv(const SectionView& keys_values, const SequenceInfo& seq);
+  void require_index(uint64_t seq_id);
+  // A build over the first `tokens` tokens of the store.
+  void schedule_build(const SequenceInfo& seq, int64_t tokens);
+  // A fresh block cache and device state (after the tokens changed under
+  // them), with the window sent again.
+  void reset_cache_and_device(void* stream);
+  // The build itself, on a worker thread; touches no Layer member.
+  // snapshot: null when the build was cancelled before it started.
+  static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
+                        int32_t layer_index, Counters& seq_counters);
+  // The log line and the build_done hook of a build that ended (not of a
+  // cancelled one), once its future is ready.
+  static void report_build(const ContextShared& shared, const BuildTask::Outcome& outcome,
+                           uint64_t seq_id, int32_t layer_index);
+  void poll_build();
+  void install_build();
+  // Codes tokens [index_->coded_tokens, end) with the layer's centroids.
+  void code_tokens(int64_t end);
+  // Bookkeeping of the block cache after a fetch; allocates nothing after
+  // cache_->reserve(r.n) and with `sorted` holding room for the largest count.
+  struct CacheCount {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t staged = 0;  // bytes the CPU copied to fill device slots
+  };
+  CacheCount update_cache(const Regions& r, const pq_selection* sel, void* stream,
+                          bool fill_device, std::vector<int32_t>& sorted);
+  void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
+                      const pq_tensor& out_values, uint64_t rows, void* stream);
+  void update_mirrors();
+
+  ContextShared& shared_;
+  const int32_t layer_index_;
+
+  std::mutex mutex_;
+  KvStore store_;
+  int64_t prefill_tokens_ = 0;
+  std::shared_ptr<BuildTask> pending_;  // null when no build is in flight
+  std::future<void> pending_done_;      // carries the build's exception, if any
+  std::unique_ptr<PqIndex> index_;
+  std::unique_ptr<SelectorState> selector_state_;
+  std::unique_ptr<BlockCache> cache_;     // null when config.cache_tokens is 0
+  std::unique_ptr<DeviceLayer> device_;   // the backend's state (CUDA); may be null
+  uint64_t index_generation_ = 0;         // bumped at every installed build
+  // A fork's share of the per-chunk state (codes, selector and cache state)
+  // of the chunks it shares: the chunks' own charge stays with them.
+  Reservation fork_state_;
+  // Restored without its K/V yet (pq_sequence_restore_begin): the store's
+  // rows are allocated but not written, and nothing may read them.
+  bool awaiting_kv_ = false;
+  uint64_t last_select_bytes_ = 0;
+  std::string build_error_;               // why the last build failed, if it did
+  int32_t last_iterations_ = 0;
+  int32_t last_budget_ = 0;
+  double last_build_seconds_ = 0.0;
+
+  // Asynchronous prefills from device memory: the last one's completion
+  // (each waits for the one before), and the error of one that failed,
+  // reported by the next call on the layer. Guarded by ingest_mutex_, never
+  // by mutex_ (an ingest takes mutex_ to store).
+  std::mutex ingest_mutex_;
+  std::shared_future<void> ingest_done_;
+  std::string ingest_error_;
+  pq_status ingest_status_ = PQ_OK;
+
+  // Sizes for lock-free statistics.
+  std::atomic<int64_t> tokens_mirror_{0};
+  std::atomic<uint64_t> kv_bytes_mirror_{0};
+  std::atomic<uint64_t> charged_bytes_mirror_{0};
+  std::atomic<uint64_t> index_bytes_mirror_{0};
+};
+
+}  // namespace pq

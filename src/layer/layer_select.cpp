@@ -1,0 +1,140 @@
+// A layer's selection (paper section 3.4: sinks, the top-k of the middle,
+// the local window) and the inputs that selectors learn from.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "base/call_args.h"
+#include "base/error.h"
+#include "layer/layer.h"
+
+namespace pq {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
+                      const SequenceInfo& seq) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  PreparedSelect prepared;
+  select_prepare(queries, out, seq, prepared);
+  prepared.bytes = shared_.selector->select_layer(*prepared.request, prepared.middle.data());
+  return select_finish(prepared, out, seq);
+}
+
+void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
+                           const SequenceInfo& seq, PreparedSelect& prepared, bool host_out) {
+  const Selector& selector = *shared_.selector;
+  if (selector.needs_index()) {
+    require_index(seq.id);
+  } else {
+    require_prefill(seq.id, "pq_decode_select");
+    poll_build();
+  }
+  const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  // Before a restore's K/V arrive, only what the index already holds can be
+  // selected: codes of the whole middle, scored without a key.
+  if (awaiting_kv_ && !(selector.needs_index() && index_->coded_tokens >= r.mid_end))
+    require_kv(seq.id, selector.needs_index()
+                           ? "pq_decode_select (tokens not coded at save time must be coded)"
+                           : "pq_decode_select with a selector other than PQ");
+  const int64_t count = r.count();
+  const int32_t kv_heads = shared_.config.num_kv_heads;
+  if (out->capacity < count) {
+    // As snprintf does: the caller learns the size it needs, and nothing
+    // else is written (device counts are not written at all).
+    if (host_out)
+      for (int32_t h = 0; h < kv_heads; ++h) out->counts[h] = static_cast<int32_t>(count);
+    fail(PQ_ERR_BUFFER_TOO_SMALL, "out->capacity is " + str(out->capacity) +
+                                      "; this selection needs " + str(count) +
+                                      " entries per kv head (" +
+                                      (host_out ? "written to out->counts; " : "") +
+                                      "see pq_selection_capacity_for)");
+  }
+  if (selector.needs_index()) code_tokens(r.mid_end);
+  selector.update_state(selector_state_.get(), store_, r.n, r.sink_end, r.mid_end,
+                        shared_.config);
+
+  // The middle is chosen aside and the rows written only when every head
+  // succeeded: outputs are written only on success.
+  prepared.regions = r;
+  prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
+  prepared.request.emplace(LayerSelection{store_,
+                                          index_.get(),
+                                          *shared_.backend,
+                                          kv_heads,
+                                          shared_.group_size,
+                                          shared_.config.head_dim,
+                                          shared_.config.dtype,
+                                          queries.data(),
+                                          r.sink_end,
+                                          r.mid_end,
+                                          r.k,
+                                          shared_.config.gqa_combine,
+                                          shared_.scale,
+                                          shared_.scratch,
+                                          selector_state_.get(),
+                                          shared_.config,
+                                          layer_index_,
+                                          device_.get(),
+                                          index_generation_,
+                                          seq.stream,
+                                          shared_.pool.get()});
+}
+
+int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
+                             const SequenceInfo& seq) {
+  if (out == nullptr) {  // written on the device (select_to_device): count it only
+    count_selection(prepared.bytes, seq);
+    return prepared.regions.count();
+  }
+  const Regions& r = prepared.regions;
+  const int64_t count = r.count();
+  for (int32_t h = 0; h < shared_.config.num_kv_heads; ++h) {
+    int32_t* row = out->positions + h * out->capacity;
+    int64_t w = 0;
+    for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
+    if (r.k > 0)  // middle is empty then, and memcpy from its null data() is undefined
+      std::memcpy(row + w, prepared.middle.data() + h * r.k,
+                  static_cast<size_t>(r.k) * sizeof(int32_t));
+    w += r.k;
+    for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
+    out->counts[h] = static_cast<int32_t>(count);
+  }
+  count_selection(prepared.bytes, seq);
+  return count;
+}
+
+void Layer::count_selection(uint64_t bytes, const SequenceInfo& seq) {
+  last_select_bytes_ = bytes;
+  for (Counters* c : {&shared_.counters, seq.counters.get()}) {
+    c->select_calls.fetch_add(1);
+    c->bytes_scored.fetch_add(bytes);
+  }
+}
+
+void Layer::prefill_queries(const std::vector<float>& queries, int64_t w, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_prefill(seq_id, "pq_prefill_queries");
+  require_kv(seq_id, "pq_prefill_queries");
+  shared_.selector->observe_queries(selector_state_.get(), store_, queries.data(), w,
+                                    shared_.config);
+}
+
+void Layer::observe(const pq_selection* sel, const float* probs, uint64_t seq_id) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_prefill(seq_id, "pq_observe_attention");
+  const int32_t kv_heads = shared_.config.num_kv_heads;
+  check_positions(sel, kv_heads, store_.tokens(), layer_index_);
+  for (int32_t h = 0; h < kv_heads; ++h)
+    shared_.selector->observe_attention(selector_state_.get(), h,
+                                        sel->positions + h * sel->capacity,
+                                        probs + h * sel->capacity, sel->counts[h]);
+}
+
+}  // namespace pq

@@ -1,0 +1,126 @@
+// The host K/V store of one (sequence, layer). It grows in fixed chunks of
+// kChunkTokens tokens, so appending never recopies what is stored and a
+// build can read a snapshot while the caller appends more tokens.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/hooks.h"
+#include "store/memory_budget.h"
+#include "pqcache.h"
+#include "base/thread_pool.h"
+
+namespace pq {
+
+class KvStore {
+ public:
+  static constexpr int64_t kChunkTokens = 256;
+
+  // One chunk: keys and values, each laid out [head][token in chunk][dim],
+  // so one head's rows are contiguous (K-Means and scoring read by head).
+  // It holds its share of the budget (its K/V and the state that grows with
+  // its tokens elsewhere: codes, selector and cache state) while it lives.
+  //
+  // A chunk another store shares (pq_sequence_fork), or whose dropped rows a
+  // snapshot may still read (truncate_under_readers), is marked `shared` for
+  // good, and no store writes into it again: an append that would write
+  // into a shared partial chunk copies it first.
+  struct Chunk {
+    Chunk(const HostAllocator& allocator, size_t bytes_per_tensor, Reservation charge);
+    HostBlock keys;
+    HostBlock values;
+    Reservation charge;
+    std::atomic<bool> shared{false};
+  };
+
+  // A read-only view of the first `tokens` tokens, valid while held.
+  struct Snapshot {
+    std::vector<std::shared_ptr<const Chunk>> chunks;
+    int64_t tokens = 0;
+    int32_t heads = 0;
+    int32_t head_dim = 0;
+    size_t element_size = 0;
+    const uint8_t* key_row(int64_t token, int32_t head) const;
+  };
+
+  // chunk_charge: the budget bytes each chunk holds (>= its K/V); the
+  // chunks' K and V blocks come from `allocator` (the caller's host_alloc).
+  KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* budget,
+          uint64_t chunk_charge, const HostAllocator& allocator = HostAllocator{});
+
+  int64_t tokens() const { return tokens_; }
+  uint64_t bytes_held() const { return chunks_.size() * chunk_bytes(); }
+  uint64_t bytes_charged() const { return chunks_.size() * chunk_charge_; }
+
+  // Appends keys.tokens tokens from host tensors (already validated: same
+  // token count, heads, head_dim, dtype), checking that every value is
+  // finite in the same pass; a large append is spread over `pool` (may be
+  // null). All or nothing: on an error (a NaN or Inf, the memory limit, an
+  // allocation) nothing is appended and nothing is held.
+  void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool = nullptr);
+
+  // append() in two steps, for K/V that arrive after their tokens are
+  // known (pq_sequence_restore_begin): open() holds and allocates `count`
+  // more tokens whose rows are not written yet (all or nothing; nothing may
+  // read them until copy_in() wrote them); copy_in() writes rows from
+  // `first` on and returns false if a value was not finite (the rows are
+  // then partly written).
+  void open(int64_t count);
+  bool copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
+               ThreadPool* pool = nullptr);
+
+  const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
+  const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }
+  size_t row_bytes() const { return static_cast<size_t>(head_dim_) * element_size_; }
+  int32_t head_dim() const { return head_dim_; }
+  int32_t dtype() const { return dtype_; }
+  // Where the chunks come from (a backend tells its own pool by it).
+  const HostAllocator& allocator() const { return allocator_; }
+  // The chunks' K and V blocks, [head][token in chunk][dim] each: chunk c
+  // holds tokens [c * kChunkTokens, (c + 1) * kChunkTokens).
+  size_t chunk_count() const { return chunks_.size(); }
+  const uint8_t* chunk_keys(size_t c) const { return chunks_[c]->keys.get(); }
+  const uint8_t* chunk_values(size_t c) const { return chunks_[c]->values.get(); }
+
+  Snapshot snapshot() const;
+
+  // Makes this empty store hold `parent`'s tokens: its full chunks shared
+  // (marked shared in both stores, charged once), the partial last chunk
+  // copied into a chunk of its own (charged here). All or nothing. Returns
+  // the number of chunks shared.
+  int64_t fork_from(const KvStore& parent);
+  // Chunks this store holds that another store may hold too.
+  int64_t shared_chunks() const;
+
+  // Drops the tokens from `tokens` on (and the chunks they alone used):
+  // undoes an append whose call failed afterwards. Never throws.
+  void truncate(int64_t tokens) noexcept;
+  // truncate() for pq_sequence_truncate: the rows it drops may still be read
+  // by a snapshot (an index build in flight, cancelled or not), so a partial
+  // last chunk is marked shared and the next append writes into a copy.
+  void truncate_under_readers(int64_t tokens) noexcept;
+
+ private:
+  size_t chunk_bytes() const { return 2 * tensor_bytes_per_chunk(); }
+  size_t tensor_bytes_per_chunk() const {
+    return static_cast<size_t>(kChunkTokens) * heads_ * row_bytes();
+  }
+  const uint8_t* row(bool key, int64_t token, int32_t head) const;
+  // A private chunk holding the first `rows` token rows of `from`.
+  std::shared_ptr<Chunk> copy_chunk(const Chunk& from, int64_t rows, Reservation charge) const;
+
+  int32_t heads_;
+  int32_t head_dim_;
+  int32_t dtype_;
+  size_t element_size_;
+  MemoryBudget* budget_;
+  uint64_t chunk_charge_;
+  HostAllocator allocator_;
+  int64_t tokens_ = 0;
+  std::vector<std::shared_ptr<Chunk>> chunks_;
+};
+
+}  // namespace pq

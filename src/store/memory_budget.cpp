@@ -1,0 +1,41 @@
+#include "store/memory_budget.h"
+
+#include "base/error.h"
+
+namespace pq {
+
+Reservation& Reservation::operator=(Reservation&& o) noexcept {
+  if (this != &o) {
+    release();
+    budget_ = o.budget_;
+    bytes_ = o.bytes_;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Reservation Reservation::split(uint64_t bytes) {
+  if (bytes > bytes_) fail(PQ_ERR_INTERNAL, "Reservation::split: more than held");
+  bytes_ -= bytes;
+  return Reservation(budget_, bytes);
+}
+
+void Reservation::release() {
+  if (budget_ != nullptr && bytes_ != 0) budget_->used_.fetch_sub(bytes_);
+  bytes_ = 0;
+}
+
+Reservation MemoryBudget::reserve(uint64_t bytes, const std::string& what,
+                                  const std::string& how) {
+  uint64_t held = used_.load();
+  do {
+    if (limit_ != 0 && (bytes > limit_ || held > limit_ - bytes))
+      fail(PQ_ERR_OUT_OF_MEMORY, what + " needs " + std::to_string(bytes) +
+                                     " bytes, which would pass the host memory limit of " +
+                                     std::to_string(limit_) + " bytes: " +
+                                     std::to_string(held) + " held" + how);
+  } while (!used_.compare_exchange_weak(held, held + bytes));
+  return Reservation(this, bytes);
+}
+
+}  // namespace pq

@@ -1,0 +1,109 @@
+// SlabPool (slab_pool.h).
+#include "store/slab_pool.h"
+
+#include <algorithm>
+
+namespace pq {
+
+SlabPool::SlabPool(AllocFn alloc, FreeFn free, const char* name, size_t slab_bytes)
+    : alloc_(std::move(alloc)), free_(std::move(free)), name_(name), slab_bytes_(slab_bytes) {}
+
+SlabPool::~SlabPool() {
+  for (const auto& [base, slab] : slabs_) free_(reinterpret_cast<void*>(base), slab.bytes);
+}
+
+void* SlabPool::allocate(size_t bytes) noexcept {
+  const size_t block = rounded(std::max<size_t>(bytes, 1));
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    std::vector<void*>& free_blocks = blocks_[block];
+    if (free_blocks.empty()) {
+      // A block too large to share a slab gets a slab of its own.
+      const size_t per_slab = std::max<size_t>(slab_bytes_ / block, 1);
+      const size_t bytes_of_slab = per_slab * block;
+      void* base = alloc_(bytes_of_slab);
+      if (base == nullptr) return nullptr;
+      slabs_[reinterpret_cast<uintptr_t>(base)] = Slab{bytes_of_slab, block, 0};
+      free_blocks.reserve(free_blocks.size() + per_slab);
+      // Handed out from the front of the slab first (popped from the back).
+      for (size_t i = per_slab; i-- > 0;)
+        free_blocks.push_back(static_cast<uint8_t*>(base) + i * block);
+    }
+    void* p = free_blocks.back();
+    free_blocks.pop_back();
+    ++slab_of(p)->in_use;
+    return p;
+  } catch (...) {  // bad_alloc of the bookkeeping
+    return nullptr;
+  }
+}
+
+void SlabPool::release(void* ptr, size_t) noexcept {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = find_slab(ptr);
+  if (it == slabs_.end()) return;  // not ours: never handed out
+  Slab& slab = it->second;
+  blocks_[slab.block].push_back(ptr);  // capacity reserved when the slab was cut
+  if (--slab.in_use > 0) return;
+  // Keep one empty slab of this size as a spare; give back any other.
+  int64_t empty = 0;
+  for (const auto& [base, other] : slabs_)
+    if (other.block == slab.block && other.in_use == 0) ++empty;
+  if (empty > 1) drop_slab(it->first);
+}
+
+std::map<uintptr_t, SlabPool::Slab>::iterator SlabPool::find_slab(const void* ptr) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto it = slabs_.upper_bound(a);
+  if (it == slabs_.begin()) return slabs_.end();
+  --it;
+  return a < it->first + it->second.bytes ? it : slabs_.end();
+}
+
+SlabPool::Slab* SlabPool::slab_of(const void* ptr) {
+  auto it = find_slab(ptr);
+  return it == slabs_.end() ? nullptr : &it->second;
+}
+
+void SlabPool::drop_slab(uintptr_t base) {
+  auto it = slabs_.find(base);
+  if (it == slabs_.end()) return;
+  const Slab slab = it->second;
+  std::vector<void*>& free_blocks = blocks_[slab.block];
+  free_blocks.erase(std::remove_if(free_blocks.begin(), free_blocks.end(),
+                                   [&](void* p) {
+                                     const auto a = reinterpret_cast<uintptr_t>(p);
+                                     return a >= base && a < base + slab.bytes;
+                                   }),
+                    free_blocks.end());
+  slabs_.erase(it);
+  free_(reinterpret_cast<void*>(base), slab.bytes);
+}
+
+bool SlabPool::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return const_cast<SlabPool*>(this)->slab_of(ptr) != nullptr;
+}
+
+size_t SlabPool::bytes_held() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& [base, slab] : slabs_) total += slab.bytes;
+  return total;
+}
+
+HostAllocator SlabPool::allocator() {
+  HostAllocator a;
+  a.alloc = [](void* user, size_t bytes, size_t) -> void* {
+    return static_cast<SlabPool*>(user)->allocate(bytes);
+  };
+  a.free = [](void* user, void* ptr, size_t bytes) {
+    static_cast<SlabPool*>(user)->release(ptr, bytes);
+  };
+  a.user = this;
+  a.name = name_;
+  return a;
+}
+
+}  // namespace pq

@@ -1,0 +1,71 @@
+// Blocks carved from large slabs of memory that is costly to allocate one
+// block at a time: the CUDA backend's K/V store lives in page-locked,
+// device-mapped host memory (the plug-in's host_alloc, cudaHostAlloc), which
+// pins every page when it is allocated, so a store of 128K tokens in 1,024
+// chunk blocks would pay that 1,024 times. The pool asks for a slab at a
+// time and hands out blocks of the sizes asked for (a context asks for one
+// size: a chunk's K or V tensor). A slab goes back once none of its blocks
+// is in use, except one spare per block size, so that adding and removing
+// sequences does not pin and unpin at every turn.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "base/hooks.h"
+
+namespace pq {
+
+class SlabPool {
+ public:
+  // alloc returns `bytes` of memory (aligned to 256) or null; free gives it
+  // back. Neither may throw.
+  using AllocFn = std::function<void*(size_t bytes)>;
+  using FreeFn = std::function<void(void* ptr, size_t bytes)>;
+  static constexpr size_t kDefaultSlabBytes = size_t{32} << 20;
+
+  // name: what a failed allocation names in messages (hooks.h).
+  SlabPool(AllocFn alloc, FreeFn free, const char* name, size_t slab_bytes = kDefaultSlabBytes);
+  // Every block must have been released.
+  ~SlabPool();
+  SlabPool(const SlabPool&) = delete;
+  SlabPool& operator=(const SlabPool&) = delete;
+
+  // A block of `bytes` (rounded up to 256), or null when a slab could not
+  // be allocated.
+  void* allocate(size_t bytes) noexcept;
+  void release(void* ptr, size_t bytes) noexcept;
+
+  // The pool as a K/V store allocator (hooks.h): the store's HostBlocks
+  // allocate and free through it.
+  HostAllocator allocator();
+  // Whether ptr lies in one of the pool's slabs.
+  bool owns(const void* ptr) const;
+  // Bytes of slabs held, in use or not.
+  size_t bytes_held() const;
+
+ private:
+  struct Slab {
+    size_t bytes = 0;
+    size_t block = 0;    // the block size it is cut into
+    int64_t in_use = 0;  // blocks handed out
+  };
+  static size_t rounded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  std::map<uintptr_t, Slab>::iterator find_slab(const void* ptr);
+  Slab* slab_of(const void* ptr);
+  void drop_slab(uintptr_t base);
+
+  const AllocFn alloc_;
+  const FreeFn free_;
+  const char* const name_;
+  const size_t slab_bytes_;
+  mutable std::mutex mutex_;
+  std::map<uintptr_t, Slab> slabs_;               // by base address
+  std::map<size_t, std::vector<void*>> blocks_;   // free blocks by size
+};
+
+}  // namespace pq

@@ -1,0 +1,64 @@
+"""Checks the layering of src/: every folder has a rank, and a file may
+include only headers of its own folder or of folders ranked below it (so
+the include graph climbs back nowhere); every quoted include names an
+existing file by its path from src/ (or the public header); and no source
+file passes the line limit.
+
+    python3 tests/check_layout.py [SRC_DIR]
+
+CTest runs it as `source_layout`. The ranks, bottom first, are the design's
+(docs/design.md, "The pieces"): a folder sees the ones above it in this
+list, never the ones below.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+RANKS = ["base", "format", "store", "pq", "backend", "selectors", "config", "layer", "sequence",
+         "api"]
+LINE_LIMIT = 500
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def main(src: Path) -> int:
+    problems = []
+    rank = {name: i for i, name in enumerate(RANKS)}
+    for path in sorted(src.rglob("*")):
+        if path.suffix not in (".h", ".cpp", ".cu") or not path.is_file():
+            continue
+        rel = path.relative_to(src)
+        folder = rel.parts[0] if len(rel.parts) > 1 else None
+        if folder not in rank:
+            problems.append(f"{rel}: not in one of the ranked folders {RANKS}")
+            continue
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > LINE_LIMIT:
+            problems.append(f"{rel}: {lines} lines; the limit is {LINE_LIMIT}")
+        for name in INCLUDE.findall(text):
+            if name == "pqcache.h":
+                continue
+            target = src / name
+            if not target.is_file():
+                problems.append(f'{rel}: #include "{name}" names no file under src/ '
+                                "(includes are paths from src/)")
+                continue
+            to = Path(name).parts[0]
+            if to not in rank:
+                problems.append(f'{rel}: #include "{name}" is outside the ranked folders')
+            elif rank[to] > rank[folder]:
+                problems.append(f'{rel}: #include "{name}": {folder}/ may not include {to}/, '
+                                f"which is above it ({' < '.join(RANKS)})")
+    for p in problems:
+        print(f"check_layout: {p}")
+    if problems:
+        return 1
+    print(f"check_layout: {src}: every include goes to its own folder or one below it "
+          f"({' < '.join(RANKS)}); no file over {LINE_LIMIT} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "src"
+    sys.exit(main(root))
