@@ -11,7 +11,7 @@
 // ceiling measured in the same run: one cudaMemcpyAsync of the same total
 // bytes from pinned memory. Counters: GB_per_s, ceiling_GB_per_s and
 // of_ceiling (the ratio). And PQ encoding of 1 and 4096 tokens (8 kv heads,
-// m = 2, 64 or 256 centroids) on the GPU and with the CPU's encode_tokens.
+// m = 2, 64 or 256 centroids) on the GPU and with the CPU's PqCodebook::encode.
 //
 // Without a GPU the program says so once, the GPU benchmarks report an error
 // saying why, the CPU ones still run, and it exits with 0.
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "pq/codebook.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "pq/kmeans.h"
 #include "base/scratch.h"
@@ -130,12 +131,11 @@ struct Stream {
 void cpu_scan(benchmark::State& state) {
   const int64_t n = state.range(0);
   Inputs in(n);
-  auto cpu = pq::make_cpu_backend();
   pq::SelectScratch scratch;
   std::vector<float> raw(kGroup * n), out(n);
   for (auto _ : state)
     for (int32_t h = 0; h < kHeads; ++h) {
-      cpu->pq_scores(in.lut.data() + h * kGroup * kM * kCentroids, kGroup, kM, kCentroids,
+      pq::PqCodebook::pq_scores(in.lut.data() + h * kGroup * kM * kCentroids, kGroup, kM, kCentroids,
                      in.codes.data() + h * n * kM, n, raw.data(), n);
       pq::combine_group_scores(raw.data(), kGroup, n, 0, 0.125f, out.data(), scratch);
     }
@@ -320,7 +320,7 @@ void cpu_encode(benchmark::State& state) {
                   kHeadDim * sizeof(float));
   };
   for (auto _ : state)
-    pq::encode_tokens(in.book, kHeadDim, 0, tokens, gather, nullptr, code_rows.data());
+    in.book.encode(kHeadDim, 0, tokens, gather, nullptr, code_rows.data());
   state.SetItemsProcessed(state.iterations() * tokens * kKvHeads);
 }
 

@@ -1,7 +1,7 @@
 // PQ encoding on the GPU (ABI version 3): the code of token t in subspace j
 // is the index of the centroid nearest to the sub-vector
 // keys[t][j * sub_dim, (j + 1) * sub_dim), exactly as the CPU's
-// encode_tokens / nearest_centroid (src/pq/kmeans.cpp, src/pq/nearest_centroid.cpp)
+// PqCodebook::encode / nearest_centroid (src/pq/codebook.cpp, src/pq/nearest_centroid.cpp)
 // choose it: the argmin of squared_distance(), ties to the lowest index.
 //
 // Bit-identical codes need bit-identical distances: squared_distance below

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "pq/kmeans.h"
+#include "pq/nearest_centroid.h"
 #include "base/thread_pool.h"
 
 namespace {
@@ -91,7 +92,7 @@ std::vector<std::vector<uint8_t>> encode_all(const pq::PqCodebook& codebook, con
     codes[h].assign(static_cast<size_t>(keys.tokens) * codebook.subspaces, 0xEE);
     pointers[h] = codes[h].data();
   }
-  pq::encode_tokens(codebook, keys.head_dim, 0, keys.tokens, keys.gather(), pool, pointers.data());
+  codebook.encode(keys.head_dim, 0, keys.tokens, keys.gather(), pool, pointers.data());
   return codes;
 }
 
@@ -370,7 +371,7 @@ TEST(KMeans, EncodeMatchesBruteForce) {
     const int64_t first = 37, count = tokens - 100;
     std::vector<std::vector<uint8_t>> codes(3, std::vector<uint8_t>(count * geometry.subspaces));
     std::vector<uint8_t*> pointers = {codes[0].data(), codes[1].data(), codes[2].data()};
-    pq::encode_tokens(codebook, geometry.head_dim, first, count, keys.gather(), &pool,
+    codebook.encode(geometry.head_dim, first, count, keys.gather(), &pool,
                       pointers.data());
     for (int32_t h = 0; h < 3; ++h)
       for (int64_t i = 0; i < count; ++i)
@@ -384,7 +385,7 @@ TEST(KMeans, EncodeMatchesBruteForce) {
 }
 
 // Points exactly between two centroids, and duplicated centroids: the
-// lowest index wins, in nearest_centroid and in encode_tokens alike.
+// lowest index wins, in nearest_centroid and in PqCodebook::encode alike.
 TEST(KMeans, TiesPickTheLowestIndex) {
   pq::PqCodebook codebook;
   codebook.heads = 1;
@@ -397,7 +398,7 @@ TEST(KMeans, TiesPickTheLowestIndex) {
   std::memcpy(keys.data.data(), rows, sizeof(rows));
   std::vector<uint8_t> codes(3);
   uint8_t* pointer = codes.data();
-  pq::encode_tokens(codebook, 2, 0, 3, keys.gather(), nullptr, &pointer);
+  codebook.encode(2, 0, 3, keys.gather(), nullptr, &pointer);
   // (1,0): centroids 0, 1, 2 (at (1,1)), 3 all at distance 1 -> 0.
   EXPECT_EQ(codes[0], 0);
   // (0.25,0): nearest are the coinciding 1 and 3 -> 1.

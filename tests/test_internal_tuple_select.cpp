@@ -32,7 +32,7 @@ std::vector<int32_t> reference(const std::vector<float>& lut, const std::vector<
   pq::SelectScratch scratch;
   const int32_t centroids = 1 << c.bits;
   std::vector<float> raw(static_cast<size_t>(c.group) * c.n), combined(static_cast<size_t>(c.n));
-  pq::make_cpu_backend()->pq_scores(lut.data(), c.group, c.m, centroids, codes.data(), c.n,
+  pq::PqCodebook::pq_scores(lut.data(), c.group, c.m, centroids, codes.data(), c.n,
                                     raw.data(), c.n);
   pq::combine_group_scores(raw.data(), c.group, c.n, c.combine, 0.125f, combined.data(), scratch);
   std::vector<int32_t> out(static_cast<size_t>(c.k));

@@ -134,14 +134,6 @@ class Backend {
       copy_to_host(r.host_dst, r.src, r.bytes, PQ_MEMORY_DEVICE, stream);
   }
 
-  // Approximate raw scores through PQ codes: for each of `queries` query
-  // heads q, out[q * out_stride + t] = sum_j lut[q][j][codes[t * m + j]],
-  // where lut is [queries][m][centroids] and out_stride >= tokens (a run of
-  // a fork's codes writes its part of a longer row). The hot loop of PQ
-  // selection.
-  virtual void pq_scores(const float* lut, int32_t queries, int32_t subspaces,
-                         int32_t centroids, const uint8_t* codes, int64_t tokens,
-                         float* out, int64_t out_stride) const = 0;
 
   // The whole PQ selection of one layer on the backend's device, when it has
   // one: scores through the LUT, the GQA combine and the top k of every kv

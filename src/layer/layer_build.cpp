@@ -227,7 +227,7 @@ void Layer::run_build(ContextShared& shared, BuildTask& task, const KvStore::Sna
   index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
   std::vector<uint8_t*> heads(index->codes.size());
   for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens);
-  encode_tokens(*index->codebook, head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
+  index->codebook->encode(head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
   pq_index_count_tuples(*index, 0, snap.tokens);
   index->coded_tokens = snap.tokens;
   index->iterations = report.iterations;
@@ -264,7 +264,7 @@ void Layer::code_tokens(int64_t end) {
   for (size_t h = 0; h < heads.size(); ++h) heads[h] = index.codes[h].grow(end, chunked);
   const int64_t count = end - index.coded_tokens;
   // A decode step codes one token: not worth waking the pool.
-  encode_tokens(*index.codebook, head_dim, index.coded_tokens, count, gather,
+  index.codebook->encode(head_dim, index.coded_tokens, count, gather,
                 count >= 4096 ? shared_.pool.get() : nullptr, heads.data());
   pq_index_count_tuples(index, index.coded_tokens, end);
   index.coded_tokens = end;

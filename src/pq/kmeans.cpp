@@ -3,8 +3,8 @@
 //
 // Numerics live in nearest_centroid.cpp: the assignment scores points with
 // the GEMM form and re-checks near ties exactly, so the chosen centroid is
-// always the argmin of squared_distance() (ties: lowest index). encode_tokens
-// therefore agrees bit for bit with nearest_centroid, equal sub-vectors get
+// always the argmin of squared_distance() (ties: lowest index). The encoding
+// (PqCodebook::encode) therefore agrees bit for bit with nearest_centroid, equal sub-vectors get
 // distance exactly 0 (the exact regime), and the objective is the true Lloyd
 // objective, so it never rises.
 //
@@ -402,50 +402,6 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
 
   pool.parallel_for(group_count, [&](int64_t g) { final_repair(groups[g], n, k, dim); });
   return report;
-}
-
-void encode_tokens(const PqCodebook& codebook, int32_t head_dim, int64_t first, int64_t count,
-                   const KeyGather& gather, ThreadPool* pool, uint8_t* const* codes) {
-  const int32_t heads = codebook.heads;
-  const int32_t m = codebook.subspaces;
-  const int32_t k = codebook.centroids;
-  const int32_t dim = codebook.sub_dim;
-  if (heads < 1 || m < 1 || dim < 1 || k < 1 || k > 256 || head_dim != m * dim ||
-      codebook.data.size() != static_cast<size_t>(heads) * m * k * dim)
-    fail(PQ_ERR_INVALID_ARGUMENT, "encode_tokens: codebook does not match head_dim " +
-                                      std::to_string(head_dim));
-  if (first < 0 || count < 0) fail(PQ_ERR_INVALID_ARGUMENT, "encode_tokens: negative range");
-  if (count == 0) return;
-  if (!gather || codes == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "encode_tokens: null gather or codes");
-
-  std::vector<PreparedCentroids> prepared(static_cast<size_t>(heads) * m);
-  for (int32_t h = 0; h < heads; ++h)
-    for (int32_t j = 0; j < m; ++j)
-      prepare_centroids(codebook.at(h, j), k, dim, &prepared[static_cast<size_t>(h) * m + j]);
-
-  const int64_t chunks = (count + kGatherRows - 1) / kGatherRows;
-  auto encode_chunk = [&](int64_t task) {
-    const int32_t h = static_cast<int32_t>(task / chunks);
-    const int64_t start = (task % chunks) * kGatherRows;
-    const int64_t rows = std::min(kGatherRows, count - start);
-    std::vector<int64_t> row_ids(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) row_ids[r] = first + start + r;
-    std::vector<float> buffer(static_cast<size_t>(rows) * head_dim);
-    gather(h, row_ids.data(), rows, buffer.data());
-    std::vector<float> scores(static_cast<size_t>(kScoreBlock) *
-                              prepared[static_cast<size_t>(h) * m].padded);
-    for (int32_t j = 0; j < m; ++j) {
-      assign_points(prepared[static_cast<size_t>(h) * m + j],
-                    buffer.data() + static_cast<size_t>(j) * dim, rows, head_dim, nullptr,
-                    codes[h] + start * m + j, m, nullptr, scores.data());
-    }
-  };
-  const int64_t tasks = static_cast<int64_t>(heads) * chunks;
-  if (pool != nullptr) {
-    pool->parallel_for(tasks, encode_chunk);
-  } else {
-    for (int64_t task = 0; task < tasks; ++task) encode_chunk(task);
-  }
 }
 
 }  // namespace pq

@@ -45,4 +45,8 @@ double assign_points(const PreparedCentroids& pc, const float* points, int64_t c
                      int64_t stride, const float* point_norms, uint8_t* codes,
                      int64_t code_stride, float* distances, float* scores);
 
+// Nearest centroid of one sub-vector (squared L2; ties: the lowest index).
+int32_t nearest_centroid(const float* centroids, int32_t count, int32_t sub_dim,
+                         const float* x);
+
 }  // namespace pq

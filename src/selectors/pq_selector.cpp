@@ -4,7 +4,6 @@
 
 #include "pq/pq_tuple_select.h"
 #include "selectors/selector.h"
-#include "base/vector_math.h"
 
 namespace pq {
 
@@ -33,8 +32,8 @@ class PqSelector final : public Selector {
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
     const PqCodebook& cb = *r.index->codebook;
-    std::vector<float> lut(lut_floats(cb, r.group_size));
-    build_lut(cb, r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
+    std::vector<float> lut(cb.lut_floats(r.group_size));
+    cb.lut(r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
     return scan_on_host(r, lut.data(), out);
   }
 
@@ -85,11 +84,11 @@ class PqSelector final : public Selector {
   // Every kv head's LUT, [kv_heads][group][m][centroids].
   static std::vector<float> layer_luts(const LayerSelection& r) {
     const PqCodebook& cb = *r.index->codebook;
-    const size_t per_head = lut_floats(cb, r.group_size);
+    const size_t per_head = cb.lut_floats(r.group_size);
     std::vector<float> luts(per_head * static_cast<size_t>(r.kv_heads));
     for (int32_t h = 0; h < r.kv_heads; ++h)
-      build_lut(cb, h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim,
-                r.group_size, r.head_dim, luts.data() + per_head * h);
+      cb.lut(h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim, r.group_size,
+             r.head_dim, luts.data() + per_head * h);
     return luts;
   }
   static PqLayerSelectArgs device_args(const LayerSelection& r, const std::vector<float>& luts) {
@@ -103,30 +102,13 @@ class PqSelector final : public Selector {
   // The host path of a layer: head by head (in parallel for a large one).
   uint64_t scan_layer_on_host(const LayerSelection& r, const std::vector<float>& luts,
                               int32_t* out) const {
-    const size_t per_head = lut_floats(*r.index->codebook, r.group_size);
+    const size_t per_head = r.index->codebook->lut_floats(r.group_size);
     r.for_each_head([&](int64_t h) {
       ScratchLease scratch(r.scratch);
       scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
                    out + h * r.k);
     });
     return bytes_read(r);
-  }
-
-  static size_t lut_floats(const PqCodebook& cb, int32_t group_size) {
-    return static_cast<size_t>(group_size) * cb.subspaces * cb.centroids;
-  }
-
-  // lut[g][j][c] = q_g[j*sd : (j+1)*sd] . centroid[head][j][c]
-  static void build_lut(const PqCodebook& cb, int32_t kv_head, const float* queries,
-                        int32_t group_size, int32_t head_dim, float* lut) {
-    const int32_t m = cb.subspaces, k = cb.centroids, sd = cb.sub_dim;
-    for (int32_t g = 0; g < group_size; ++g)
-      for (int32_t j = 0; j < m; ++j) {
-        const float* q = queries + static_cast<size_t>(g) * head_dim + j * sd;
-        const float* c = cb.at(kv_head, j);
-        float* l = lut + (static_cast<size_t>(g) * m + j) * k;
-        for (int32_t ci = 0; ci < k; ++ci) l[ci] = dot(q, c + static_cast<size_t>(ci) * sd, sd);
-      }
   }
 
   // Scores the head's middle through its LUT, combines and takes the top k.
@@ -160,8 +142,7 @@ class PqSelector final : public Selector {
                          float* raw) {
     const PqCodebook& cb = *r.index->codebook;
     codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t first, int64_t n, const uint8_t* p) {
-      r.backend.pq_scores(lut, r.group_size, cb.subspaces, cb.centroids, p, n,
-                          raw + (first - r.mid_begin), r.middle());
+      cb.scores(lut, r.group_size, p, n, raw + (first - r.mid_begin), r.middle());
     });
   }
 };

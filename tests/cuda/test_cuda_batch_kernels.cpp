@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "pq/codebook.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "plugin_test_util.h"
 #include "pqcache.h"
@@ -172,7 +173,6 @@ void check_scan_rows(int32_t group, int32_t m, int32_t bits, int32_t combine, ui
   DeviceBuffer d_scores(static_cast<size_t>(score_floats) * sizeof(float));
   std::vector<pq_scan_row> table;
   std::vector<float> expected;
-  std::unique_ptr<pq::Backend> cpu = pq::make_cpu_backend();
   pq::SelectScratch scratch;
   int64_t at = 0;
   for (size_t i = 0; i < sequences.size(); ++i) {
@@ -184,7 +184,7 @@ void check_scan_rows(int32_t group, int32_t m, int32_t bits, int32_t combine, ui
       table.push_back({d_luts[i]->as<float>() + lut_floats * h, head_codes,
                        d_scores.as<float>() + at, q.begin, q.end});
       std::vector<float> raw(static_cast<size_t>(group * n)), combined(static_cast<size_t>(n));
-      cpu->pq_scores(luts[i].data() + lut_floats * h, group, m, C,
+      pq::PqCodebook::pq_scores(luts[i].data() + lut_floats * h, group, m, C,
                      codes[i].data() + (static_cast<size_t>(h) * q.tokens + q.begin) * m, n,
                      raw.data(), n);
       pq::combine_group_scores(raw.data(), group, n, combine, scale, combined.data(), scratch);

@@ -2,7 +2,7 @@
 // top-k against select_top_k and combine_group_scores (src/base/topk.cpp)
 // and the CPU backend's pq_scores; the row gather and the per-run copies
 // against a host memcpy gather; PQ encoding against the
-// CPU's encode_tokens and nearest_centroid (src/pq/kmeans.cpp). The plug-in is opened with dlopen from the path
+// CPU's PqCodebook::encode and nearest_centroid (src/pq/codebook.cpp). The plug-in is opened with dlopen from the path
 // the build passes in PQ_CUDA_PLUGIN_FILE, exactly as libpqcache.so opens it,
 // and device memory goes through the plug-in's own helpers. Without a GPU
 // every device test reports SKIPPED with the reason; the ABI tests run
@@ -23,8 +23,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "pq/codebook.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "pq/kmeans.h"
+#include "pq/nearest_centroid.h"
 #include "plugin_test_util.h"
 #include "pqcache.h"
 #include "base/scratch.h"
@@ -317,12 +319,11 @@ void check_scan(const ScanCase& c, uint32_t seed) {
   const float scale = c.integer_lut ? 0.5f : 1.0f / std::sqrt(128.0f);
 
   // CPU: the backend's LUT scan, then the combine, per kv head.
-  std::unique_ptr<pq::Backend> cpu = pq::make_cpu_backend();
   pq::SelectScratch scratch;
   std::vector<float> expected(static_cast<size_t>(c.kv_heads * n));
   std::vector<float> raw(static_cast<size_t>(c.group * n));
   for (int32_t h = 0; h < c.kv_heads; ++h) {
-    cpu->pq_scores(lut.data() + static_cast<size_t>(h) * c.group * c.m * C, c.group, c.m, C,
+    pq::PqCodebook::pq_scores(lut.data() + static_cast<size_t>(h) * c.group * c.m * C, c.group, c.m, C,
                    codes.data() + static_cast<size_t>(h * c.stride + c.begin) * c.m, n,
                    raw.data(), n);
     pq::combine_group_scores(raw.data(), c.group, n, c.combine, scale,
@@ -450,12 +451,11 @@ TEST(CudaPqScan, ScoreThenTopKSelectsWhatTheCpuSelects) {
         << err;
     sync();
     std::vector<int32_t> got = download<int32_t>(d_out, static_cast<size_t>(kv * k));
-    std::unique_ptr<pq::Backend> cpu = pq::make_cpu_backend();
     pq::SelectScratch scratch;
     std::vector<float> raw(static_cast<size_t>(group * n)), combined(static_cast<size_t>(n));
     std::vector<int32_t> want(static_cast<size_t>(k));
     for (int32_t h = 0; h < kv; ++h) {
-      cpu->pq_scores(lut.data() + static_cast<size_t>(h) * group * m * C, group, m, C,
+      pq::PqCodebook::pq_scores(lut.data() + static_cast<size_t>(h) * group * m * C, group, m, C,
                      codes.data() + static_cast<size_t>(h * stride + begin) * m, n, raw.data(), n);
       pq::combine_group_scores(raw.data(), group, n, combine, scale, combined.data(), scratch);
       pq::select_top_k(combined.data(), n, k, begin, want.data(), scratch);
@@ -671,7 +671,7 @@ std::string describe(const EncodeCase& c) {
          std::to_string(c.code_padding) + ", " + kData[static_cast<int>(c.data)];
 }
 
-// Encodes on the GPU and compares every code with the CPU's encode_tokens
+// Encodes on the GPU and compares every code with the CPU's PqCodebook::encode
 // (the code path the GPU replaces) and with nearest_centroid; the padding
 // bytes of the code rows must stay untouched.
 void check_encode(const EncodeCase& c, uint32_t seed) {
@@ -720,7 +720,7 @@ void check_encode(const EncodeCase& c, uint32_t seed) {
     for (int64_t t = 0; t < c.tokens; t += 7)
       keys[static_cast<size_t>(t * key_stride + rng() % head_dim)] = std::nanf("");
 
-  // CPU: encode_tokens over a gather of the (strided) keys.
+  // CPU: PqCodebook::encode over a gather of the (strided) keys.
   std::vector<uint8_t> want(static_cast<size_t>(c.tokens * m));
   pq::KeyGather gather = [&](int32_t, const int64_t* rows, int64_t count, float* out) {
     for (int64_t i = 0; i < count; ++i)
@@ -728,7 +728,7 @@ void check_encode(const EncodeCase& c, uint32_t seed) {
                   head_dim * sizeof(float));
   };
   uint8_t* code_rows[1] = {want.data()};
-  pq::encode_tokens(book, head_dim, 0, c.tokens, gather, nullptr, code_rows);
+  book.encode(head_dim, 0, c.tokens, gather, nullptr, code_rows);
 
   DeviceBuffer d_keys(std::max<size_t>(keys.size(), 1) * sizeof(float));
   DeviceBuffer d_book(book.data.size() * sizeof(float));
@@ -755,7 +755,7 @@ void check_encode(const EncodeCase& c, uint32_t seed) {
           book.at(0, j), k, dim, &keys[static_cast<size_t>(t * key_stride + j * dim)]);
       if (gpu != cpu || cpu != nearest) {
         ADD_FAILURE() << what << ": token " << t << ", subspace " << j << ": GPU " << gpu
-                      << ", encode_tokens " << cpu << ", nearest_centroid " << nearest;
+                      << ", PqCodebook::encode " << cpu << ", nearest_centroid " << nearest;
         ++reported;
       }
     }

@@ -16,7 +16,6 @@ namespace cuda_detail {
 CudaBackend::CudaBackend(const pq_cuda_plugin* plugin, int32_t device)
     : k_(plugin),
       device_(device),
-      host_(make_cpu_backend()),
       pinned_store_(
           [this](size_t bytes) -> void* {
             char err[512] = {0};
@@ -80,11 +79,6 @@ void CudaBackend::read_to_host(const std::vector<HostRead>& reads, void* stream)
   }
 }
 
-void CudaBackend::pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
-               const uint8_t* codes, int64_t tokens, float* out,
-               int64_t out_stride) const {
-  host_->pq_scores(lut, queries, subspaces, centroids, codes, tokens, out, out_stride);
-}
 
 std::unique_ptr<HostCopy> CudaBackend::copy_to_host_async(const void* src, size_t bytes,
                                              void* stream) const {

@@ -60,10 +60,6 @@ class CudaBackend final : public Backend {
   // covers them all.
   void read_to_host(const std::vector<HostRead>& reads, void* stream) override;
 
-  // Host scoring, for selectors other than PQ's device path.
-  void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
-                 const uint8_t* codes, int64_t tokens, float* out,
-                 int64_t out_stride) const override;
 
   // Prefill from device tensors: the copy into pinned memory is enqueued on
   // the sequence's stream (after the kernels that produced K/V) and the
@@ -179,7 +175,6 @@ class CudaBackend final : public Backend {
 
   const pq_cuda_plugin* k_;
   const int32_t device_;
-  std::unique_ptr<Backend> host_;
   mutable SlabPool pinned_store_;
   mutable std::mutex scratch_mutex_;  // guards the map only
   mutable std::unordered_map<void*, std::unique_ptr<StreamScratch>> scratch_;

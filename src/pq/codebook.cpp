@@ -1,0 +1,95 @@
+// PqCodebook (codebook.h): the LUT, the host scan, the encoding.
+#include "pq/codebook.h"
+
+#include <algorithm>
+#include <string>
+
+#include "base/error.h"
+#include "base/vector_math.h"
+#include "pq/nearest_centroid.h"
+
+namespace pq {
+
+namespace {
+constexpr int64_t kGatherRows = 256;  // rows fetched through KeyGather at once
+}  // namespace
+
+void PqCodebook::lut(int32_t head, const float* queries, int32_t group, int32_t head_dim,
+                     float* out) const {
+  for (int32_t g = 0; g < group; ++g)
+    for (int32_t j = 0; j < subspaces; ++j) {
+      const float* q = queries + static_cast<size_t>(g) * head_dim + j * sub_dim;
+      const float* c = at(head, j);
+      float* l = out + (static_cast<size_t>(g) * subspaces + j) * centroids;
+      for (int32_t ci = 0; ci < centroids; ++ci)
+        l[ci] = dot(q, c + static_cast<size_t>(ci) * sub_dim, sub_dim);
+    }
+}
+
+void PqCodebook::pq_scores(const float* lut, int32_t queries, int32_t subspaces,
+                           int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
+                           int64_t out_stride) {
+  for (int32_t q = 0; q < queries; ++q) {
+    const float* lq = lut + static_cast<size_t>(q) * subspaces * centroids;
+    float* oq = out + static_cast<size_t>(q) * out_stride;
+    if (subspaces == 2) {  // the paper's default; keep the loop tight
+      const float* l0 = lq;
+      const float* l1 = lq + centroids;
+      for (int64_t t = 0; t < tokens; ++t) oq[t] = l0[codes[2 * t]] + l1[codes[2 * t + 1]];
+      continue;
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      const uint8_t* c = codes + t * subspaces;
+      float s = 0.f;
+      for (int32_t j = 0; j < subspaces; ++j) s += lq[j * centroids + c[j]];
+      oq[t] = s;
+    }
+  }
+}
+
+void PqCodebook::encode(int32_t head_dim, int64_t first, int64_t count, const KeyGather& gather,
+                        ThreadPool* pool, uint8_t* const* codes) const {
+  const PqCodebook& codebook = *this;
+  const int32_t heads = codebook.heads;
+  const int32_t m = codebook.subspaces;
+  const int32_t k = codebook.centroids;
+  const int32_t dim = codebook.sub_dim;
+  if (heads < 1 || m < 1 || dim < 1 || k < 1 || k > 256 || head_dim != m * dim ||
+      codebook.data.size() != static_cast<size_t>(heads) * m * k * dim)
+    fail(PQ_ERR_INVALID_ARGUMENT, "PqCodebook::encode: codebook does not match head_dim " +
+                                      std::to_string(head_dim));
+  if (first < 0 || count < 0) fail(PQ_ERR_INVALID_ARGUMENT, "PqCodebook::encode: negative range");
+  if (count == 0) return;
+  if (!gather || codes == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "PqCodebook::encode: null gather or codes");
+
+  std::vector<PreparedCentroids> prepared(static_cast<size_t>(heads) * m);
+  for (int32_t h = 0; h < heads; ++h)
+    for (int32_t j = 0; j < m; ++j)
+      prepare_centroids(codebook.at(h, j), k, dim, &prepared[static_cast<size_t>(h) * m + j]);
+
+  const int64_t chunks = (count + kGatherRows - 1) / kGatherRows;
+  auto encode_chunk = [&](int64_t task) {
+    const int32_t h = static_cast<int32_t>(task / chunks);
+    const int64_t start = (task % chunks) * kGatherRows;
+    const int64_t rows = std::min(kGatherRows, count - start);
+    std::vector<int64_t> row_ids(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) row_ids[r] = first + start + r;
+    std::vector<float> buffer(static_cast<size_t>(rows) * head_dim);
+    gather(h, row_ids.data(), rows, buffer.data());
+    std::vector<float> scores(static_cast<size_t>(kScoreBlock) *
+                              prepared[static_cast<size_t>(h) * m].padded);
+    for (int32_t j = 0; j < m; ++j) {
+      assign_points(prepared[static_cast<size_t>(h) * m + j],
+                    buffer.data() + static_cast<size_t>(j) * dim, rows, head_dim, nullptr,
+                    codes[h] + start * m + j, m, nullptr, scores.data());
+    }
+  };
+  const int64_t tasks = static_cast<int64_t>(heads) * chunks;
+  if (pool != nullptr) {
+    pool->parallel_for(tasks, encode_chunk);
+  } else {
+    for (int64_t task = 0; task < tasks; ++task) encode_chunk(task);
+  }
+}
+
+}  // namespace pq

@@ -1,0 +1,70 @@
+// Product quantization's one home, as faiss's ProductQuantizer: the
+// codebook of one layer (m subspaces of sub_dim dimensions, 2^b centroids
+// each, for every kv head) and what is done with it: the inner-product table
+// of a query, scores of codes through that table, the codes of keys.
+// Training is K-Means (kmeans.h: train_codebook); the index that holds a
+// codebook with the codes of a layer is pq_index.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/thread_pool.h"
+
+namespace pq {
+
+// Writes the keys of kv head `head` at the given token rows as float, one
+// row of head_dim floats after another: out[i * head_dim + d]. Must be safe to
+// call from several threads at once.
+using KeyGather =
+    std::function<void(int32_t head, const int64_t* rows, int64_t count, float* out)>;
+
+// The codebook of one layer: [head][subspace][centroid][sub_dim] floats,
+// and what is done with it.
+struct PqCodebook {
+  int32_t heads = 0;
+  int32_t subspaces = 0;
+  int32_t centroids = 0;  // 2^bits
+  int32_t sub_dim = 0;    // head_dim / subspaces
+  std::vector<float> data;
+
+  const float* at(int32_t head, int32_t subspace) const {
+    return data.data() +
+           (static_cast<size_t>(head) * subspaces + subspace) * centroids * sub_dim;
+  }
+  float* at(int32_t head, int32_t subspace) {
+    return data.data() +
+           (static_cast<size_t>(head) * subspaces + subspace) * centroids * sub_dim;
+  }
+
+  // The inner-product table of one kv head's group of queries
+  // ([group][head_dim] floats): lut[g][j][c] = q_g[j * sub_dim ..] .
+  // centroid[head][j][c] (paper section 3.4), lut_floats(group) floats.
+  size_t lut_floats(int32_t group) const {
+    return static_cast<size_t>(group) * subspaces * centroids;
+  }
+  void lut(int32_t head, const float* queries, int32_t group, int32_t head_dim, float* out) const;
+
+  // The approximate raw scores of `tokens` tokens through such a table: for
+  // each of `queries` query heads q, out[q * out_stride + t] = sum_j
+  // lut[q][j][codes[t * subspaces + j]] (out_stride >= tokens, so that a run
+  // of a fork's codes writes its part of a longer row). The hot loop of PQ
+  // selection on the host.
+  void scores(const float* lut, int32_t queries, const uint8_t* codes, int64_t tokens,
+              float* out, int64_t out_stride) const {
+    pq_scores(lut, queries, subspaces, centroids, codes, tokens, out, out_stride);
+  }
+  static void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
+                        const uint8_t* codes, int64_t tokens, float* out, int64_t out_stride);
+
+  // Encodes tokens [first, first + count) of every head: codes[head] points
+  // to that head's code array at token `first` (count * subspaces bytes,
+  // token-major). Each code is the index of the nearest centroid (ties: the
+  // lowest index); spread over `pool` when given.
+  void encode(int32_t head_dim, int64_t first, int64_t count, const KeyGather& gather,
+              ThreadPool* pool, uint8_t* const* codes) const;
+};
+
+}  // namespace pq
