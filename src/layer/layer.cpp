@@ -25,7 +25,8 @@ Layer::Layer(ContextShared& shared, int32_t index)
     : shared_(shared),
       layer_index_(index),
       store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
-             &shared.budget, shared.cost.chunk, store_allocator(shared)) {
+             &shared.budget, shared.cost.chunk, store_allocator(shared)),
+      build_(shared, index) {
   const pq_config& c = shared.config;
   if (c.cache_tokens > 0)
     cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
@@ -71,7 +72,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     // hook may ask for them as soon as it finishes.
     update_mirrors();
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
-    if (is_prefill && shared_.selector->needs_index()) schedule_build(seq, store_.tokens());
+    if (is_prefill && shared_.selector->needs_index()) build_.schedule(store_, store_.tokens(), seq);
   } catch (...) {
     prefill_tokens_ = prefill_before;
     store_.truncate(first);  // the call fails as a whole: as if it never came
@@ -93,66 +94,24 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
   if (!k_copy) return false;
   std::shared_ptr<HostCopy> v_copy = shared_.backend->copy_to_host_async(
       values.data, static_cast<size_t>(tensor_span_elements(values)) * es, seq.stream);
-  std::lock_guard<std::mutex> chain(ingest_mutex_);
-  std::shared_future<void> previous = ingest_done_;
-  ingest_done_ =
-      shared_
-          .submit([this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values,
-                    previous]() mutable {
-            try {
-              if (previous.valid()) previous.wait();
-              k_copy->wait();
-              v_copy->wait();
-              k_view.data = const_cast<void*>(k_copy->data());
-              v_view.data = const_cast<void*>(v_copy->data());
-              k_view.memory = v_view.memory = PQ_MEMORY_HOST;
-              std::lock_guard<std::mutex> lock(mutex_);
-              store_tokens(k_view, v_view, true, seq);
-            } catch (const Error& e) {
-              std::lock_guard<std::mutex> lock(ingest_mutex_);
-              ingest_status_ = e.status();
-              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
-                              " failed; nothing was stored: " + e.what();
-            } catch (const std::exception& e) {
-              std::lock_guard<std::mutex> lock(ingest_mutex_);
-              ingest_status_ = PQ_ERR_INTERNAL;
-              ingest_error_ = "the asynchronous pq_prefill_layer of layer " + str(layer_index_) +
-                              " failed: " + e.what();
-            }
-            // The future's shared state keeps this callable (libstdc++ stores
-            // it there) and the layer keeps that future, so what the callable
-            // holds must go now: otherwise the sequence owns itself and is
-            // never freed. The owner goes last, and `this` is not touched
-            // after it (it may be the sequence's last reference).
-            previous = std::shared_future<void>();
-            k_copy.reset();
-            v_copy.reset();
-            owner.reset();
-          })
-          .share();
+  ingest_.chain(
+      shared_,
+      [this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values]() mutable {
+        k_copy->wait();
+        v_copy->wait();
+        k_view.data = const_cast<void*>(k_copy->data());
+        v_view.data = const_cast<void*>(v_copy->data());
+        k_view.memory = v_view.memory = PQ_MEMORY_HOST;
+        std::lock_guard<std::mutex> lock(mutex_);
+        store_tokens(k_view, v_view, true, seq);
+      },
+      "the asynchronous pq_prefill_layer of layer " + str(layer_index_) + " failed");
   return true;
 }
 
-void Layer::wait_ingests() {
-  std::shared_future<void> done;
-  {
-    std::lock_guard<std::mutex> lock(ingest_mutex_);
-    done = ingest_done_;
-  }
-  if (done.valid()) done.wait();
-}
+void Layer::wait_ingests() { ingest_.wait(); }
 
-void Layer::settle() {
-  wait_ingests();
-  std::lock_guard<std::mutex> lock(ingest_mutex_);
-  if (ingest_status_ != PQ_OK) {
-    const pq_status status = ingest_status_;
-    const std::string message = std::move(ingest_error_);
-    ingest_status_ = PQ_OK;
-    ingest_error_.clear();
-    fail(status, message);
-  }
-}
+void Layer::settle() { ingest_.settle(); }
 
 // ---------------------------------------------------------------------------
 // Introspection
@@ -176,12 +135,13 @@ void Layer::info(pq_layer_info* out) {
   info.prefill_tokens = prefill_tokens_;
   const Regions r = shared_.regions(info.tokens, layer_index_);
   info.middle_tokens = r.mid_end - r.sink_end;
-  info.coded_tokens = index_ ? index_->coded_tokens : 0;
-  info.build_pending = pending_ ? 1 : 0;
-  info.kmeans_iterations = last_iterations_;
-  info.kmeans_budget = last_budget_;
-  info.index_ready = index_ ? 1 : 0;
-  info.build_seconds = last_build_seconds_;
+  const PqIndex* index = build_.index();
+  info.coded_tokens = index ? index->coded_tokens : 0;
+  info.build_pending = build_.pending() ? 1 : 0;
+  info.kmeans_iterations = build_.facts().iterations;
+  info.kmeans_budget = build_.facts().budget;
+  info.index_ready = index ? 1 : 0;
+  info.build_seconds = build_.facts().seconds;
   info.last_select_bytes = last_select_bytes_;
   std::memcpy(out, &info, out->struct_size);
 }
@@ -192,14 +152,14 @@ void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, u
   require_kv(seq_id, "pq_index_codes");
   require_index(seq_id);
   code_tokens(shared_.regions(store_.tokens(), layer_index_).mid_end);
-  const int64_t coded = index_->coded_tokens;
+  const int64_t coded = build_.index()->coded_tokens;
   if (first > coded || count > coded - first)  // no first + count: it may overflow
     fail(PQ_ERR_INVALID_ARGUMENT,
          "first " + str(first) + " and count " + str(count) +
              " reach past the coded tokens: tokens [0, " + str(coded) +
              ") have codes (a build codes every token it covers; decode tokens are coded when "
              "they leave the local window)");
-  index_->codes[static_cast<size_t>(kv_head)].copy_out(first, count, out);
+  build_.index()->codes[static_cast<size_t>(kv_head)].copy_out(first, count, out);
 }
 
 void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
@@ -207,7 +167,8 @@ void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_index(seq_id);
   const int64_t floats = (int64_t{1} << shared_.config.pq_bits) * shared_.config.head_dim;
-  std::memcpy(out, index_->codebook->at(kv_head, 0), static_cast<size_t>(floats) * sizeof(float));
+  std::memcpy(out, build_.index()->codebook->at(kv_head, 0),
+              static_cast<size_t>(floats) * sizeof(float));
 }
 
 void Layer::add_sizes(pq_stats* out) const {
@@ -221,7 +182,7 @@ void Layer::update_mirrors() {
   tokens_mirror_.store(store_.tokens());
   kv_bytes_mirror_.store(store_.bytes_held());
   charged_bytes_mirror_.store(store_.bytes_charged());
-  index_bytes_mirror_.store(index_ ? index_->bytes() : 0);
+  index_bytes_mirror_.store(build_.index() ? build_.index()->bytes() : 0);
 }
 
 }  // namespace pq

@@ -28,56 +28,10 @@
 #include "pq/pq_index.h"
 #include "selectors/selector.h"
 #include "format/sequence_state.h"
+#include "layer/index_build.h"
+#include "layer/ingest.h"
 
 namespace pq {
-
-// What a build shares with the layer. The future is kept beside it, not in
-// it: libstdc++ stores the packaged callable (which owns this object) in the
-// future's shared state, so holding the future here would be a cycle.
-struct BuildTask {
-  explicit BuildTask(std::shared_ptr<const KvStore::Snapshot> snapshot)
-      : snapshot_(std::move(snapshot)) {}
-
-  // Cancels the build. A build still queued lets go of its snapshot of the
-  // K/V at once, so a removed sequence's memory leaves the limit with the
-  // remove, not when a worker reaches the build; a running build stops at
-  // its next iteration and is counted in `shared` (ContextShared's
-  // draining builds, which pq_wait_builds waits for) until it let go.
-  void stop(ContextShared& shared);
-  // The worker's start: the snapshot it then holds, or null when the build
-  // was cancelled before it started.
-  std::shared_ptr<const KvStore::Snapshot> start();
-  // The worker's end, once it let go of the snapshot.
-  void end(ContextShared& shared);
-
-  std::atomic<bool> cancel{false};  // read by K-Means between iterations
-  std::unique_ptr<PqIndex> result;  // set by the task when it finished
-  // What the build's report (log, build_done hook) says, written by the
-  // worker before the future is ready; the layer may take `result` away
-  // from then on, so the report reads only these.
-  struct Outcome {
-    bool built = false;
-    pq_status status = PQ_OK;  // the error, when it failed
-    std::string error;
-    int64_t tokens = 0;
-    int32_t iterations = 0, budget = 0;
-    double seconds = 0.0;
-  } outcome;
-  int64_t tokens = 0;
-
- private:
-  std::mutex mutex_;  // over the three below
-  std::shared_ptr<const KvStore::Snapshot> snapshot_;  // until start() or stop()
-  bool running_ = false;
-  bool draining_ = false;  // stopped while running: counted in ContextShared
-};
-
-// What a call on a layer knows of its sequence.
-struct SequenceInfo {
-  uint64_t id;
-  std::shared_ptr<Counters> counters;  // shared: a build may outlive the sequence
-  void* stream;                        // the caller's cudaStream_t, or null
-};
 
 class Layer {
  public:
@@ -221,22 +175,13 @@ class Layer {
   void require_kv(uint64_t seq_id, const char* call) const;
   void fill_kv(const SectionView& keys_values, const SequenceInfo& seq);
   void require_index(uint64_t seq_id);
-  // A build over the first `tokens` tokens of the store.
-  void schedule_build(const SequenceInfo& seq, int64_t tokens);
   // A fresh block cache and device state (after the tokens changed under
   // them), with the window sent again.
   void reset_cache_and_device(void* stream);
-  // The build itself, on a worker thread; touches no Layer member.
-  // snapshot: null when the build was cancelled before it started.
-  static void run_build(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
-                        int32_t layer_index, Counters& seq_counters);
-  // The log line and the build_done hook of a build that ended (not of a
-  // cancelled one), once its future is ready.
-  static void report_build(const ContextShared& shared, const BuildTask::Outcome& outcome,
-                           uint64_t seq_id, int32_t layer_index);
+  // The build's installation (IndexBuild), with the size mirrors updated.
   void poll_build();
   void install_build();
-  // Codes tokens [index_->coded_tokens, end) with the layer's centroids.
+  // Codes tokens [index->coded_tokens, end) with the layer's centroids.
   void code_tokens(int64_t end);
   // Bookkeeping of the block cache after a fetch; allocates nothing after
   // cache_->reserve(r.n) and with `sorted` holding room for the largest count.
@@ -257,13 +202,10 @@ class Layer {
   std::mutex mutex_;
   KvStore store_;
   int64_t prefill_tokens_ = 0;
-  std::shared_ptr<BuildTask> pending_;  // null when no build is in flight
-  std::future<void> pending_done_;      // carries the build's exception, if any
-  std::unique_ptr<PqIndex> index_;
+  IndexBuild build_;  // the PQ index and its build in flight
   std::unique_ptr<SelectorState> selector_state_;
   std::unique_ptr<BlockCache> cache_;     // null when config.cache_tokens is 0
   std::unique_ptr<DeviceLayer> device_;   // the backend's state (CUDA); may be null
-  uint64_t index_generation_ = 0;         // bumped at every installed build
   // A fork's share of the per-chunk state (codes, selector and cache state)
   // of the chunks it shares: the chunks' own charge stays with them.
   Reservation fork_state_;
@@ -271,19 +213,10 @@ class Layer {
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;
   uint64_t last_select_bytes_ = 0;
-  std::string build_error_;               // why the last build failed, if it did
-  int32_t last_iterations_ = 0;
-  int32_t last_budget_ = 0;
-  double last_build_seconds_ = 0.0;
 
-  // Asynchronous prefills from device memory: the last one's completion
-  // (each waits for the one before), and the error of one that failed,
-  // reported by the next call on the layer. Guarded by ingest_mutex_, never
-  // by mutex_ (an ingest takes mutex_ to store).
-  std::mutex ingest_mutex_;
-  std::shared_future<void> ingest_done_;
-  std::string ingest_error_;
-  pq_status ingest_status_ = PQ_OK;
+  // Asynchronous prefills from device memory; never under mutex_ (an
+  // ingest takes mutex_ to store).
+  Ingest ingest_;
 
   // Sizes for lock-free statistics.
   std::atomic<int64_t> tokens_mirror_{0};

@@ -37,7 +37,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   const Regions r = shared_.regions(store_.tokens(), layer_index_);
   // Before a restore's K/V arrive, only what the index already holds can be
   // selected: codes of the whole middle, scored without a key.
-  if (awaiting_kv_ && !(selector.needs_index() && index_->coded_tokens >= r.mid_end))
+  if (awaiting_kv_ && !(selector.needs_index() && build_.index()->coded_tokens >= r.mid_end))
     require_kv(seq.id, selector.needs_index()
                            ? "pq_decode_select (tokens not coded at save time must be coded)"
                            : "pq_decode_select with a selector other than PQ");
@@ -63,7 +63,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   prepared.regions = r;
   prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
   prepared.request.emplace(LayerSelection{store_,
-                                          index_.get(),
+                                          build_.index(),
                                           *shared_.backend,
                                           kv_heads,
                                           shared_.group_size,
@@ -80,7 +80,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
                                           shared_.config,
                                           layer_index_,
                                           device_.get(),
-                                          index_generation_,
+                                          build_.generation(),
                                           seq.stream,
                                           shared_.pool.get()});
 }

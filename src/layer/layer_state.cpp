@@ -48,7 +48,7 @@ void Layer::reset_cache_and_device(void* stream) {
   shared_.backend->store_window(device.get(), store_, 0, store_.tokens(), stream);
   cache_ = std::move(cache);
   device_ = std::move(device);
-  ++index_generation_;  // device-resident codes are gone with the old state
+  build_.bump_generation();  // device-resident codes are gone with the old state
 }
 
 // ---------------------------------------------------------------------------
@@ -64,20 +64,17 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   // a prefill of them would build it. Queued first: it is the only step
   // that can fail, and until it is queued nothing has changed.
   const bool index_covers_dropped =
-      tokens < prefill_tokens_ || (pending_ && pending_->tokens > tokens);
+      tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
-  if (rebuild) schedule_build(seq, tokens);
+  if (rebuild) build_.schedule(store_, tokens, seq);
+  PqIndex* index = build_.index();
   if (index_covers_dropped) {
-    if (!rebuild && pending_) {
-      pending_->stop(shared_);
-      pending_.reset();
-      pending_done_ = std::future<void>();
-    }
-    index_.reset();
-  } else if (index_ && index_->coded_tokens > tokens) {
-    for (auto& codes : index_->codes) codes.shrink(tokens);
-    index_->coded_tokens = tokens;
-    pq_index_count_tuples(*index_, 0, tokens);
+    if (!rebuild) build_.forget();
+    build_.set(nullptr, build_.facts());
+  } else if (index && index->coded_tokens > tokens) {
+    for (auto& codes : index->codes) codes.shrink(tokens);
+    index->coded_tokens = tokens;
+    pq_index_count_tuples(*index, 0, tokens);
   }
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
   store_.truncate_under_readers(tokens);
@@ -103,18 +100,14 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
       "forking layer " + str(layer_index_) + " (the fork's own codes, selector and cache state "
                                              "for " + str(full_chunks) + " shared chunks)");
   std::unique_ptr<PqIndex> index;
-  if (parent.index_) index = std::make_unique<PqIndex>(parent.index_->fork());
+  if (parent.build_.index()) index = std::make_unique<PqIndex>(parent.build_.index()->fork());
   std::unique_ptr<SelectorState> selector_state;
   if (parent.selector_state_) selector_state = parent.selector_state_->clone();
   store_.fork_from(parent.store_);  // the last step that can fail
   fork_state_ = std::move(state);
-  index_ = std::move(index);
+  build_.set(std::move(index), parent.build_.facts());
   selector_state_ = std::move(selector_state);
   prefill_tokens_ = parent.prefill_tokens_;
-  build_error_ = parent.build_error_;
-  last_iterations_ = parent.last_iterations_;
-  last_budget_ = parent.last_budget_;
-  last_build_seconds_ = parent.last_build_seconds_;
   reset_cache_and_device(nullptr);
   update_mirrors();
 }
@@ -127,7 +120,7 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq_id, "pq_sequence_save");
-  if (pending_) {
+  if (build_.pending()) {
     try {
       install_build();
     } catch (const Error&) {
@@ -137,32 +130,33 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
   const int64_t n = store_.tokens();
   // Every middle token coded, as the next selection would code it: a
   // restore can then select before the K/V arrive.
-  if (index_) code_tokens(shared_.regions(n, layer_index_).mid_end);
+  if (build_.index()) code_tokens(shared_.regions(n, layer_index_).mid_end);
+  const PqIndex* index = build_.index();
   ByteWriter meta;
   meta.put<int64_t>(n);
   meta.put<int64_t>(prefill_tokens_);
-  meta.put<uint8_t>(static_cast<uint8_t>((index_ ? kHasIndex : 0) |
+  meta.put<uint8_t>(static_cast<uint8_t>((index ? kHasIndex : 0) |
                                          (selector_state_ ? kHasSelectorState : 0)));
-  meta.put<int32_t>(last_iterations_);
-  meta.put<int32_t>(last_budget_);
-  meta.put<double>(last_build_seconds_);
+  meta.put<int32_t>(build_.facts().iterations);
+  meta.put<int32_t>(build_.facts().budget);
+  meta.put<double>(build_.facts().seconds);
   out.section(state::kLayerMeta, layer_index_, meta.bytes());
 
-  if (index_) {
-    const PqCodebook& cb = *index_->codebook;
+  if (index) {
+    const PqCodebook& cb = *index->codebook;
     ByteWriter head;
-    head.put<int64_t>(index_->coded_tokens);
-    head.put<int32_t>(index_->iterations);
-    head.put<int32_t>(index_->budget);
-    head.put<int64_t>(index_->training_points);
-    head.put<double>(index_->seconds);
-    const uint64_t codes = static_cast<uint64_t>(index_->coded_tokens) * cb.subspaces;
+    head.put<int64_t>(index->coded_tokens);
+    head.put<int32_t>(index->iterations);
+    head.put<int32_t>(index->budget);
+    head.put<int64_t>(index->training_points);
+    head.put<double>(index->seconds);
+    const uint64_t codes = static_cast<uint64_t>(index->coded_tokens) * cb.subspaces;
     out.begin(state::kIndex, layer_index_,
-              head.bytes().size() + cb.data.size() * sizeof(float) + codes * index_->codes.size());
+              head.bytes().size() + cb.data.size() * sizeof(float) + codes * index->codes.size());
     out.payload(head.bytes().data(), head.bytes().size());
     out.payload(cb.data.data(), cb.data.size() * sizeof(float));
-    for (const auto& c : index_->codes)
-      c.for_each_run(0, index_->coded_tokens, [&](int64_t, int64_t count, const uint8_t* data) {
+    for (const auto& c : index->codes)
+      c.for_each_run(0, index->coded_tokens, [&](int64_t, int64_t count, const uint8_t* data) {
         out.payload(data, static_cast<size_t>(count) * cb.subspaces);
       });
     out.end_section();
@@ -294,11 +288,8 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   // restore that starts before they arrive, at restore_kv.
   store_.open(n);
   prefill_tokens_ = prefill;
-  index_ = std::move(index);
+  build_.set(std::move(index), IndexBuild::Facts{"", iterations, budget, seconds});
   selector_state_ = std::move(selector_state);
-  last_iterations_ = iterations;
-  last_budget_ = budget;
-  last_build_seconds_ = seconds;
   awaiting_kv_ = n > 0;
   update_mirrors();
   if (image.keys_values.present()) fill_kv(image.keys_values, seq);
@@ -336,8 +327,8 @@ void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
     fail(PQ_ERR_INTERNAL, "a non-finite value was seen while restoring but not found again");
   }
   awaiting_kv_ = false;
-  if (!index_ && prefill_tokens_ > 0 && shared_.selector->needs_index())
-    schedule_build(seq, prefill_tokens_);
+  if (!build_.index() && prefill_tokens_ > 0 && shared_.selector->needs_index())
+    build_.schedule(store_, prefill_tokens_, seq);
   shared_.backend->store_window(device_.get(), store_, 0, n, seq.stream);
   update_mirrors();
 }

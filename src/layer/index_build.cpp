@@ -1,0 +1,239 @@
+// IndexBuild (index_build.h): a layer's build on the worker pool (K-Means
+// over every token, paper section 3.3), its report and its installation.
+#include "layer/index_build.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "pq/kmeans.h"
+#include "pq/pq_tuple_select.h"
+
+namespace pq {
+
+void BuildTask::stop(ContextShared& shared) {
+  std::shared_ptr<const KvStore::Snapshot> dropped;  // released after the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cancel.exchange(true)) return;
+  dropped = std::move(snapshot_);
+  if (running_) {
+    draining_ = true;
+    shared.add_draining_build();
+  }
+}
+
+std::shared_ptr<const KvStore::Snapshot> BuildTask::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_ = snapshot_ != nullptr;
+  return std::move(snapshot_);
+}
+
+void BuildTask::end(ContextShared& shared) {
+  bool was_draining;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+    was_draining = draining_;
+    draining_ = false;
+  }
+  if (was_draining) shared.remove_draining_build();
+}
+
+void IndexBuild::cancel() {
+  if (pending_) pending_->stop(shared_);
+}
+
+void IndexBuild::forget() {
+  cancel();
+  pending_.reset();
+  pending_done_ = std::future<void>();
+}
+
+bool IndexBuild::poll() {
+  return pending_ &&
+         pending_done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready &&
+         install();
+}
+
+bool IndexBuild::install() {
+  if (!pending_) return false;
+  std::shared_ptr<BuildTask> task = std::move(pending_);
+  std::future<void> done = std::move(pending_done_);
+  pending_.reset();
+  try {
+    done.get();
+  } catch (const Error& e) {
+    facts_.error = e.what();
+    throw;
+  } catch (const std::bad_alloc&) {
+    facts_.error = "the index build ran out of memory";
+    fail(PQ_ERR_OUT_OF_MEMORY, facts_.error);
+  } catch (const std::exception& e) {
+    facts_.error = std::string("the index build failed: ") + e.what();
+    fail(PQ_ERR_INTERNAL, facts_.error);
+  }
+  if (!task->result) {
+    facts_.error = "the index build was cancelled";
+    fail(PQ_ERR_BAD_STATE, facts_.error);
+  }
+  index_ = std::move(task->result);
+  ++generation_;
+  facts_ = Facts{"", index_->iterations, index_->budget, index_->seconds};
+  return true;
+}
+
+void IndexBuild::set(std::unique_ptr<PqIndex> index, Facts facts) {
+  index_ = std::move(index);
+  ++generation_;
+  facts_ = std::move(facts);
+}
+
+void IndexBuild::schedule(const KvStore& store, int64_t tokens, const SequenceInfo& seq) {
+  auto snapshot = std::make_shared<KvStore::Snapshot>(store.snapshot());
+  snapshot->tokens = tokens;
+  snapshot->chunks.resize(static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
+                                              KvStore::kChunkTokens));
+  auto task = std::make_shared<BuildTask>(std::move(snapshot));
+  task->tokens = tokens;
+  ContextShared& shared = shared_;
+  const int32_t layer_index = layer_index_;
+  std::shared_ptr<Counters> seq_counters = seq.counters;
+  const uint64_t seq_id = seq.id;
+  // Once the build's future is ready: the log and the caller's
+  // notification (which may call into this layer: it waits on that future).
+  auto after = [&shared, task, layer_index, seq_id] {
+    report(shared, task->outcome, seq_id, layer_index);
+  };
+  std::future<void> done = shared_.submit(
+      [&shared, task, layer_index, seq_counters] {
+        // The snapshot keeps the layer's chunks and their share of the
+        // memory limit: the task holds it while queued (a cancel drops it
+        // there), this frame while the build runs, and it goes as soon as
+        // the build ends, even when it throws (this callable outlives the
+        // build in the future's shared state, so it must not hold it).
+        struct Release {
+          BuildTask& task;
+          ContextShared& shared;
+          std::shared_ptr<const KvStore::Snapshot> snapshot;
+          ~Release() {
+            snapshot.reset();
+            task.end(shared);
+          }
+        } held{*task, shared, task->start()};
+        BuildTask::Outcome& out = task->outcome;
+        try {
+          run(shared, *task, held.snapshot.get(), layer_index, *seq_counters);
+        } catch (const Error& e) {
+          out.status = e.status();
+          out.error = e.what();
+          throw;
+        } catch (const std::bad_alloc&) {
+          out.status = PQ_ERR_OUT_OF_MEMORY;
+          out.error = "the index build ran out of memory";
+          throw;
+        } catch (const std::exception& e) {
+          out.status = PQ_ERR_INTERNAL;
+          out.error = e.what();
+          throw;
+        }
+        if (const PqIndex* index = task->result.get()) {
+          out.built = true;
+          out.tokens = index->coded_tokens;
+          out.iterations = index->iterations;
+          out.budget = index->budget;
+          out.seconds = index->seconds;
+        }
+      },
+      std::move(after));
+  // Only now, with the new build queued, is the old one superseded (it
+  // covers fewer tokens): nothing below can fail.
+  if (pending_) pending_->stop(shared_);
+  pending_done_ = std::move(done);
+  pending_ = std::move(task);
+}
+
+void IndexBuild::report(const ContextShared& shared, const BuildTask::Outcome& out,
+                         uint64_t seq_id, int32_t layer_index) {
+  if (!out.built && out.status == PQ_OK) return;  // cancelled: nobody waits for it
+  const std::string which =
+      "seq_id " + std::to_string(seq_id) + " layer " + std::to_string(layer_index);
+  if (out.built && shared.logs(PQ_LOG_INFO)) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.3f", out.seconds);
+    shared.log(PQ_LOG_INFO, "index built: " + which + ", " + std::to_string(out.tokens) +
+                                " tokens, " + std::to_string(out.iterations) + " of " +
+                                std::to_string(out.budget) + " K-Means iterations, " + seconds +
+                                " s");
+  }
+  if (!out.built) shared.log(PQ_LOG_WARN, "index build failed: " + which + ": " + out.error);
+  if (shared.hooks.build_done)
+    shared.hooks.build_done(shared.hooks.build_done_user, seq_id, layer_index,
+                            out.built ? PQ_OK : out.status);
+}
+
+void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
+                      int32_t layer_index, Counters& seq_counters) {
+  if (snapshot == nullptr || task.cancel.load()) {
+    shared.counters.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  const KvStore::Snapshot& snap = *snapshot;
+  const pq_config& config = shared.config;
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t dtype = config.dtype;
+  const int32_t head_dim = config.head_dim;
+  KeyGather gather = [&snap, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
+                                              float* out) {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(snap.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  };
+  KMeansParams params;
+  params.subspaces = config.pq_subspaces;
+  params.bits = config.pq_bits;
+  params.tolerance = config.kmeans_tolerance;
+  params.init = config.kmeans_init;
+  params.max_points_per_centroid = config.kmeans_max_points_per_centroid;
+  params.seed = config.seed;
+  params.layer = layer_index;
+  const int64_t centroids = int64_t{1} << config.pq_bits;
+  const int64_t training =
+      std::min<int64_t>(snap.tokens, centroids * params.max_points_per_centroid);
+  params.max_iterations = shared.iteration_budget(snap.tokens, training);
+
+  auto index = std::make_unique<PqIndex>();
+  auto codebook = std::make_shared<PqCodebook>();
+  const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens, gather,
+                                             params, *shared.pool, &task.cancel, codebook.get());
+  index->codebook = std::move(codebook);
+  if (report.cancelled || task.cancel.load()) {
+    shared.counters.builds_cancelled.fetch_add(1);
+    seq_counters.builds_cancelled.fetch_add(1);
+    return;
+  }
+  const int32_t m = config.pq_subspaces;
+  index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
+  std::vector<uint8_t*> heads(index->codes.size());
+  for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens);
+  index->codebook->encode(head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
+  pq_index_count_tuples(*index, 0, snap.tokens);
+  index->coded_tokens = snap.tokens;
+  index->iterations = report.iterations;
+  index->budget = params.max_iterations;
+  index->training_points = report.training_points;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  index->seconds = ns * 1e-9;
+  task.result = std::move(index);
+  for (Counters* c : {&shared.counters, &seq_counters}) {
+    c->builds_finished.fetch_add(1);
+    c->kmeans_iterations.fetch_add(static_cast<uint64_t>(report.iterations));
+    c->build_ns.fetch_add(static_cast<uint64_t>(ns));
+  }
+}
+
+}  // namespace pq
