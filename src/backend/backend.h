@@ -13,8 +13,9 @@
 
 #include "store/block_cache.h"
 #include "store/code_column.h"
+#include "backend/layer_context.h"
 #include "base/hooks.h"
-#include "pq/kmeans.h"
+#include "pq/codebook.h"
 #include "store/kv_store.h"
 #include "pqcache.h"
 #include "base/thread_pool.h"
@@ -28,42 +29,44 @@ class DeviceLayer {
   virtual ~DeviceLayer() = default;
 };
 
-// The PQ selection of every kv head of one layer.
+// The PQ selection of every kv head of one layer, set by name:
+//   PqLayerSelectArgs a{context, codebook}; a.lut = ...; a.middle = {b, e};
 struct PqLayerSelectArgs {
-  DeviceLayer* device;        // the layer's device state; may be null
-  uint64_t index_generation;  // changes when the layer's index is rebuilt
-  int32_t kv_heads;
-  int32_t group_size;         // query heads per kv head
-  int32_t subspaces;
-  int32_t centroids;
-  const float* lut;           // [kv_heads][group_size][subspaces][centroids]
-  const CodeColumn* codes;    // per kv head: host codes of tokens [0, coded_tokens)
-  int64_t coded_tokens;
-  int64_t begin, end;         // the middle tokens to score, end <= coded_tokens
-  int32_t combine;            // pq_gqa_combine, logits raw * scale
-  float scale;
-  int64_t k;                  // per kv head, 0 < k < end - begin
-  void* stream;               // the sequence's stream, or null
+  const LayerContext& context;        // kv heads, group, combine, scale; device, stream
+  const PqCodebook& codebook;         // subspaces and centroids of the codes
+  const float* lut = nullptr;         // [kv_heads][group_size][subspaces][centroids]
+  const CodeColumn* codes = nullptr;  // per kv head: host codes of tokens [0, coded_tokens)
+  int64_t coded_tokens = 0;
+  TokenRange middle;                  // the tokens to score, middle.end <= coded_tokens
+  int64_t k = 0;                      // per kv head, 0 < k < middle.size()
+
+  int32_t kv_heads() const { return context.kv_heads(); }
+  int32_t group_size() const { return context.group_size(); }
+  int32_t combine() const { return context.combine(); }  // logits raw * scale()
+  float scale() const { return context.scale(); }
+  int32_t subspaces() const { return codebook.subspaces; }
+  int32_t centroids() const { return codebook.centroids; }
+  DeviceLayer* device() const { return context.device; }
+  uint64_t index_generation() const { return context.index_generation; }
+  void* stream() const { return context.stream; }
 };
 
 struct DeviceFetchArgs {
-  DeviceLayer* device;
+  LayerContext context;          // the layer's device state, the stream, the pool for staging
   const KvStore& store;
   const pq_selection& selection;
-  const pq_tensor& out_keys;   // device memory
-  const pq_tensor& out_values; // device memory
-  const BlockCache* cache;     // null when off; lookups only
-  int64_t mid_begin, mid_end;  // only middle tokens can be cache hits
-  void* stream;
-  ThreadPool* pool;            // spreads host work (staging); may be null
-  uint64_t* staged_bytes;      // += bytes the CPU copied to stage rows; may be null
+  const pq_tensor& out_keys;     // device memory
+  const pq_tensor& out_values;   // device memory
+  const BlockCache* cache = nullptr;  // null when off; lookups only
+  TokenRange middle;             // only middle tokens can be cache hits
+  uint64_t* staged_bytes = nullptr;   // += bytes the CPU copied to stage rows; may be null
 };
 
 // pq_decode_select_device of one layer: the whole selection written into
 // device memory on the stream, the LUT built there from the device query.
 struct DeviceSelectArgs {
-  PqLayerSelectArgs layer;     // lut unused; k may be 0 or the whole middle
-  const PqCodebook* codebook;  // its centroids go up once per index
+  PqLayerSelectArgs pq;        // lut unused; k may be 0 or the whole middle;
+                               // the codebook's centroids go up once per index
   const pq_tensor& query;      // device memory, 1 token x q heads
   int64_t tokens;              // sinks [0, layer.begin), local [layer.end, tokens)
   const pq_selection& out;     // device arrays
@@ -72,12 +75,11 @@ struct DeviceSelectArgs {
 // pq_fetch_kv_device of one layer: a selection in device memory gathered
 // on the device.
 struct DeviceSelectionFetchArgs {
-  DeviceLayer* device;
+  LayerContext context;           // the layer's device state and the stream
   const KvStore& store;
   const pq_selection& selection;  // device arrays
   const pq_tensor& out_keys;      // device memory, >= selection.capacity tokens
   const pq_tensor& out_values;
-  void* stream;
 };
 
 // A device-to-host copy in flight into page-locked memory it owns.

@@ -165,6 +165,8 @@ class Layer {
   void restore_kv(const SectionView& keys_values, const SequenceInfo& seq);
 
  private:
+  // What this layer's selection and fetch for `seq` run against.
+  LayerContext context(const SequenceInfo& seq) const;
   // Under mutex_ from here on.
   // The statistics of one selection: last_select_bytes_ and the counters.
   void count_selection(uint64_t bytes, const SequenceInfo& seq);

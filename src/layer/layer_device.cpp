@@ -19,18 +19,13 @@ void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
   select_prepare(no_host_queries, &descriptor, seq, prepared, /*host_out=*/false);
   const LayerSelection& r = *prepared.request;
   const Regions& regions = prepared.regions;
-  const bool scored = r.k > 0 && r.k < r.middle();
-  const DeviceSelectArgs args{
-      PqLayerSelectArgs{r.device, r.index_generation, r.kv_heads, r.group_size,
-                        r.index->codebook->subspaces, r.index->codebook->centroids, nullptr,
-                        r.index->codes.data(), r.index->coded_tokens, r.mid_begin, r.mid_end,
-                        r.combine, r.scale, r.k, r.stream},
-      r.index->codebook.get(), query, regions.n, descriptor};
+  const bool scored = r.k > 0 && r.k < r.middle.size();
+  const DeviceSelectArgs args{r.pq_args(/*luts=*/nullptr), query, regions.n, descriptor};
   if (!shared_.backend->select_to_device(args))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device: the ") +
                                  shared_.backend->name() + " backend has no device");
-  prepared.bytes = scored ? static_cast<uint64_t>(r.middle()) * r.index->codebook->subspaces *
-                                r.kv_heads
+  prepared.bytes = scored ? static_cast<uint64_t>(r.middle.size()) *
+                                r.index->codebook->subspaces * r.context.kv_heads()
                           : 0;
   select_finish(prepared, nullptr, seq);
 }
@@ -42,7 +37,7 @@ void Layer::fetch_device_selection(const pq_selection& sel, const pq_tensor& out
   require_prefill(seq.id, "pq_fetch_kv_device");
   require_kv(seq.id, "pq_fetch_kv_device");
   if (!shared_.backend->fetch_device_selection(
-          DeviceSelectionFetchArgs{device_.get(), store_, sel, out_keys, out_values, seq.stream}))
+          DeviceSelectionFetchArgs{context(seq), store_, sel, out_keys, out_values}))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_fetch_kv_device: the ") + shared_.backend->name() +
                                  " backend has no device");
   const uint64_t bytes = static_cast<uint64_t>(sel.capacity) * shared_.config.num_kv_heads *

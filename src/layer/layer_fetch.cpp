@@ -45,10 +45,13 @@ void Layer::fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_t
     cache_->reserve(r.n);
     prepared.sorted_scratch.reserve(static_cast<size_t>(max_count));
   }
-  if (out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE)
-    prepared.device_args.emplace(DeviceFetchArgs{device_.get(), store_, *sel, out_keys, out_values,
-                                                 cache_.get(), r.sink_end, r.mid_end, seq.stream,
-                                                 shared_.pool.get(), &prepared.staged});
+  if (out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE) {
+    DeviceFetchArgs& a = prepared.device_args.emplace(
+        DeviceFetchArgs{context(seq), store_, *sel, out_keys, out_values});
+    a.cache = cache_.get();
+    a.middle = {r.sink_end, r.mid_end};
+    a.staged_bytes = &prepared.staged;
+  }
 }
 
 void Layer::fetch_finish(PreparedFetch& prepared, bool on_device, const SequenceInfo& seq) {

@@ -62,27 +62,23 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   // succeeded: outputs are written only on success.
   prepared.regions = r;
   prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
-  prepared.request.emplace(LayerSelection{store_,
-                                          build_.index(),
-                                          *shared_.backend,
-                                          kv_heads,
-                                          shared_.group_size,
-                                          shared_.config.head_dim,
-                                          shared_.config.dtype,
-                                          queries.data(),
-                                          r.sink_end,
-                                          r.mid_end,
-                                          r.k,
-                                          shared_.config.gqa_combine,
-                                          shared_.scale,
-                                          shared_.scratch,
-                                          selector_state_.get(),
-                                          shared_.config,
-                                          layer_index_,
-                                          device_.get(),
-                                          build_.generation(),
-                                          seq.stream,
-                                          shared_.pool.get()});
+  LayerSelection& s = prepared.request.emplace(
+      LayerSelection{context(seq), store_, *shared_.backend, shared_.scratch});
+  s.index = build_.index();
+  s.state = selector_state_.get();
+  s.queries = queries.data();
+  s.middle = {r.sink_end, r.mid_end};
+  s.k = r.k;
+}
+
+LayerContext Layer::context(const SequenceInfo& seq) const {
+  LayerContext c{shared_.config};
+  c.layer = layer_index_;
+  c.device = device_.get();
+  c.index_generation = build_.generation();
+  c.stream = seq.stream;
+  c.pool = shared_.pool.get();
+  return c;
 }
 
 int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,

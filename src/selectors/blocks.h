@@ -50,7 +50,7 @@ struct BlockCoverage {
 };
 
 // Takes whole blocks of the middle in the order of `score` (descending, ties:
-// the later block) until r.k tokens are taken; the last one is cut to its
+// the later block) until r.k() tokens are taken; the last one is cut to its
 // highest positions. Writes the positions ascending.
 inline void take_blocks(const SelectionRequest& r, int32_t B, const float* score, int64_t nb,
                  int32_t* out) {
@@ -64,11 +64,11 @@ inline void take_blocks(const SelectionRequest& r, int32_t B, const float* score
     float sa = key(a), sb = key(b);
     return sa != sb ? sa > sb : a > b;
   });
-  const int64_t first_block = r.mid_begin / B;
-  auto block_begin = [&](int64_t j) { return std::max((first_block + j) * B, r.mid_begin); };
-  auto block_end = [&](int64_t j) { return std::min((first_block + j + 1) * B, r.mid_end); };
+  const int64_t first_block = r.mid_begin() / B;
+  auto block_begin = [&](int64_t j) { return std::max((first_block + j) * B, r.mid_begin()); };
+  auto block_end = [&](int64_t j) { return std::min((first_block + j + 1) * B, r.mid_end()); };
   std::vector<int64_t> taken(static_cast<size_t>(nb), 0);
-  int64_t left = r.k;
+  int64_t left = r.k();
   for (int64_t j : order) {
     if (left == 0) break;
     int64_t t = std::min(left, block_end(j) - block_begin(j));

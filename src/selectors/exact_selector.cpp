@@ -18,14 +18,14 @@ class ExactSelector final : public Selector {
  protected:
   uint64_t score(const SelectionRequest& r, float* raw) const override {
     const int64_t m = r.middle();
-    std::vector<float> key(static_cast<size_t>(r.head_dim));
+    std::vector<float> key(static_cast<size_t>(r.head_dim()));
     for (int64_t i = 0; i < m; ++i) {
-      to_float(r.store.key_row(r.mid_begin + i, r.kv_head), r.dtype, r.head_dim, key.data());
-      for (int32_t g = 0; g < r.group_size; ++g)
+      to_float(r.store().key_row(r.mid_begin() + i, r.kv_head), r.dtype(), r.head_dim(), key.data());
+      for (int32_t g = 0; g < r.group_size(); ++g)
         raw[static_cast<size_t>(g) * m + i] =
-            dot(r.queries + static_cast<size_t>(g) * r.head_dim, key.data(), r.head_dim);
+            dot(r.queries() + static_cast<size_t>(g) * r.head_dim(), key.data(), r.head_dim());
     }
-    return static_cast<uint64_t>(m) * r.store.row_bytes();
+    return static_cast<uint64_t>(m) * r.store().row_bytes();
   }
 };
 

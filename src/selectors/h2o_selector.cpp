@@ -57,7 +57,7 @@ class H2oSelector final : public Selector {
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    state_of<H2oState>(r.state, "h2o").attention.select_and_drop(r, r.mid_begin, r.mid_end, r.k,
+    state_of<H2oState>(r.state(), "h2o").attention.select_and_drop(r, r.mid_begin(), r.mid_end(), r.k(),
                                                                  out);
     return 0;
   }

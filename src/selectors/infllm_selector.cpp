@@ -146,12 +146,12 @@ class InfllmSelector final : public Selector {
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
-    const int32_t B = r.config.block_tokens, R = r.config.block_representatives;
-    const int32_t d = r.head_dim, G = r.group_size;
-    const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
-    const InfllmState* s = &state_of<const InfllmState>(r.state, "infllm");
+    const int32_t B = r.config().block_tokens, R = r.config().block_representatives;
+    const int32_t d = r.head_dim(), G = r.group_size();
+    const int64_t nb = block_count(r.mid_begin(), r.mid_end(), B);
+    const InfllmState* s = &state_of<const InfllmState>(r.state(), "infllm");
     // The core calls update_state with this very middle just before.
-    if (!s->covers(r.mid_begin, r.mid_end))
+    if (!s->covers(r.mid_begin(), r.mid_end()))
       fail(PQ_ERR_INTERNAL, "infllm: block summaries do not cover the middle being selected");
     const int32_t* reps = s->reps[static_cast<size_t>(r.kv_head)].data();
 
@@ -163,19 +163,19 @@ class InfllmSelector final : public Selector {
       for (int32_t i = 0; i < R; ++i) {
         const int32_t p = reps[static_cast<size_t>(j) * R + i];
         if (p < 0) break;
-        to_float(r.store.key_row(p, r.kv_head), r.dtype, d, key.data());
+        to_float(r.store().key_row(p, r.kv_head), r.dtype(), d, key.data());
         ++read;
         for (int32_t g = 0; g < G; ++g) {
           float& best = raw[static_cast<size_t>(g) * nb + j];
-          best = std::max(best, dot(r.queries + static_cast<size_t>(g) * d, key.data(), d));
+          best = std::max(best, dot(r.queries() + static_cast<size_t>(g) * d, key.data(), d));
         }
       }
     }
     std::vector<float>& combined = r.scratch.combined;
     combined.resize(static_cast<size_t>(nb));
-    combine_group_scores(raw.data(), G, nb, r.combine, r.scale, combined.data(), r.scratch);
+    combine_group_scores(raw.data(), G, nb, r.combine(), r.scale(), combined.data(), r.scratch);
     take_blocks(r, B, combined.data(), nb, out);
-    return read * r.store.row_bytes();
+    return read * r.store().row_bytes();
   }
 };
 

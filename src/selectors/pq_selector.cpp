@@ -31,9 +31,9 @@ class PqSelector final : public Selector {
   // combine and the top k.
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
-    const PqCodebook& cb = *r.index->codebook;
-    std::vector<float> lut(cb.lut_floats(r.group_size));
-    cb.lut(r.kv_head, r.queries, r.group_size, r.head_dim, lut.data());
+    const PqCodebook& cb = *r.index()->codebook;
+    std::vector<float> lut(cb.lut_floats(r.group_size()));
+    cb.lut(r.kv_head, r.queries(), r.group_size(), r.head_dim(), lut.data());
     return scan_on_host(r, lut.data(), out);
   }
 
@@ -43,7 +43,7 @@ class PqSelector final : public Selector {
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
     if (trivial(r)) return Selector::select_layer(r, out);  // nothing to score
     std::vector<float> luts = layer_luts(r);
-    if (r.backend.pq_select_layer(device_args(r, luts), out)) return bytes_read(r);
+    if (r.backend.pq_select_layer(r.pq_args(luts.data()), out)) return bytes_read(r);
     return scan_layer_on_host(r, luts, out);
   }
 
@@ -65,7 +65,7 @@ class PqSelector final : public Selector {
         continue;
       }
       luts[i] = layer_luts(r);
-      args.push_back(device_args(r, luts[i]));
+      args.push_back(r.pq_args(luts[i].data()));
       device_outs.push_back(outs[i]);
       scored.push_back(i);
     }
@@ -77,32 +77,26 @@ class PqSelector final : public Selector {
   }
 
  private:
-  static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle(); }
+  static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle.size(); }
   static uint64_t bytes_read(const LayerSelection& r) {
-    return static_cast<uint64_t>(r.middle()) * r.index->codebook->subspaces * r.kv_heads;
+    return static_cast<uint64_t>(r.middle.size()) * r.index->codebook->subspaces *
+           r.context.kv_heads();
   }
   // Every kv head's LUT, [kv_heads][group][m][centroids].
   static std::vector<float> layer_luts(const LayerSelection& r) {
     const PqCodebook& cb = *r.index->codebook;
-    const size_t per_head = cb.lut_floats(r.group_size);
-    std::vector<float> luts(per_head * static_cast<size_t>(r.kv_heads));
-    for (int32_t h = 0; h < r.kv_heads; ++h)
-      cb.lut(h, r.queries + static_cast<size_t>(h) * r.group_size * r.head_dim, r.group_size,
-             r.head_dim, luts.data() + per_head * h);
+    const int32_t group = r.context.group_size(), dim = r.context.head_dim();
+    const size_t per_head = cb.lut_floats(group);
+    std::vector<float> luts(per_head * static_cast<size_t>(r.context.kv_heads()));
+    for (int32_t h = 0; h < r.context.kv_heads(); ++h)
+      cb.lut(h, r.queries + static_cast<size_t>(h) * group * dim, group, dim,
+             luts.data() + per_head * h);
     return luts;
-  }
-  static PqLayerSelectArgs device_args(const LayerSelection& r, const std::vector<float>& luts) {
-    const PqCodebook& cb = *r.index->codebook;
-    return PqLayerSelectArgs{r.device,       r.index_generation, r.kv_heads,
-                             r.group_size,   cb.subspaces,       cb.centroids,
-                             luts.data(),    r.index->codes.data(), r.index->coded_tokens,
-                             r.mid_begin,    r.mid_end,          r.combine,
-                             r.scale,        r.k,                r.stream};
   }
   // The host path of a layer: head by head (in parallel for a large one).
   uint64_t scan_layer_on_host(const LayerSelection& r, const std::vector<float>& luts,
                               int32_t* out) const {
-    const size_t per_head = r.index->codebook->lut_floats(r.group_size);
+    const size_t per_head = r.index->codebook->lut_floats(r.context.group_size());
     r.for_each_head([&](int64_t h) {
       ScratchLease scratch(r.scratch);
       scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
@@ -114,22 +108,22 @@ class PqSelector final : public Selector {
   // Scores the head's middle through its LUT, combines and takes the top k.
   uint64_t scan_on_host(const SelectionRequest& r, const float* lut, int32_t* out) const {
     const int64_t m = r.middle();
-    const PqCodebook& cb = *r.index->codebook;
-    const CodeColumn& codes = r.index->codes[static_cast<size_t>(r.kv_head)];
+    const PqCodebook& cb = *r.index()->codebook;
+    const CodeColumn& codes = r.index()->codes[static_cast<size_t>(r.kv_head)];
     const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
     // Few possible code tuples (m * b <= 16): score the tuples, not the
     // tokens (pq_tuple_select.h).
     if (pq_tuple_select_applies(cb.subspaces, cb.centroids, m)) {
       TupleCountTable table;
-      const auto& kept = r.index->tuple_counts;
+      const auto& kept = r.index()->tuple_counts;
       if (static_cast<size_t>(r.kv_head) < kept.size())
-        table = {kept[static_cast<size_t>(r.kv_head)].data(), r.index->coded_tokens};
-      pq_tuple_select(lut, r.group_size, cb.subspaces, cb.centroids, codes, m, r.mid_begin,
-                      r.combine, r.scale, r.k, out, r.scratch, table);
+        table = {kept[static_cast<size_t>(r.kv_head)].data(), r.index()->coded_tokens};
+      pq_tuple_select(lut, r.group_size(), cb.subspaces, cb.centroids, codes, m, r.mid_begin(),
+                      r.combine(), r.scale(), r.k(), out, r.scratch, table);
       return bytes;
     }
     std::vector<float>& raw = r.scratch.raw;
-    raw.resize(static_cast<size_t>(r.group_size) * m);
+    raw.resize(static_cast<size_t>(r.group_size()) * m);
     score_runs(r, lut, codes, raw.data());
     select_from_raw(r, raw.data(), out);
     return bytes;
@@ -140,9 +134,9 @@ class PqSelector final : public Selector {
   // rows.
   static void score_runs(const SelectionRequest& r, const float* lut, const CodeColumn& codes,
                          float* raw) {
-    const PqCodebook& cb = *r.index->codebook;
-    codes.for_each_run(r.mid_begin, r.mid_end, [&](int64_t first, int64_t n, const uint8_t* p) {
-      cb.scores(lut, r.group_size, p, n, raw + (first - r.mid_begin), r.middle());
+    const PqCodebook& cb = *r.index()->codebook;
+    codes.for_each_run(r.mid_begin(), r.mid_end(), [&](int64_t first, int64_t n, const uint8_t* p) {
+      cb.scores(lut, r.group_size(), p, n, raw + (first - r.mid_begin()), r.middle());
     });
   }
 };

@@ -209,9 +209,9 @@ class PromptScoreSelector : public Selector {
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    PromptState& s = state_of<PromptState>(r.state, name());
-    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
-    s.prompt.select(r, r.mid_begin, r.mid_end, r.k, out);
+    PromptState& s = state_of<PromptState>(r.state(), name());
+    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), r.layer_index());
+    s.prompt.select(r, r.mid_begin(), r.mid_end(), r.k(), out);
     return 0;  // the prompt keys were read once, at pq_prefill_queries
   }
 };

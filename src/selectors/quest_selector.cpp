@@ -97,11 +97,11 @@ class QuestSelector final : public Selector {
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
-    const int32_t B = r.config.block_tokens, d = r.head_dim, G = r.group_size;
-    const int64_t nb = block_count(r.mid_begin, r.mid_end, B);
-    const QuestState* s = &state_of<const QuestState>(r.state, "quest");
+    const int32_t B = r.config().block_tokens, d = r.head_dim(), G = r.group_size();
+    const int64_t nb = block_count(r.mid_begin(), r.mid_end(), B);
+    const QuestState* s = &state_of<const QuestState>(r.state(), "quest");
     // The core calls update_state with this very middle just before.
-    if (!s->covers(r.mid_begin, r.mid_end))
+    if (!s->covers(r.mid_begin(), r.mid_end()))
       fail(PQ_ERR_INTERNAL, "quest: block summaries do not cover the middle being selected");
     const float* mm = s->minmax[static_cast<size_t>(r.kv_head)].data();
 
@@ -111,7 +111,7 @@ class QuestSelector final : public Selector {
       const float* mn = mm + static_cast<size_t>(j) * 2 * d;
       const float* mx = mn + d;
       for (int32_t g = 0; g < G; ++g) {
-        const float* q = r.queries + static_cast<size_t>(g) * d;
+        const float* q = r.queries() + static_cast<size_t>(g) * d;
         float bound = 0.f;
         for (int32_t i = 0; i < d; ++i) bound += std::max(q[i] * mn[i], q[i] * mx[i]);
         raw[static_cast<size_t>(g) * nb + j] = bound;
@@ -119,9 +119,9 @@ class QuestSelector final : public Selector {
     }
     std::vector<float>& combined = r.scratch.combined;
     combined.resize(static_cast<size_t>(nb));
-    combine_group_scores(raw.data(), G, nb, r.combine, r.scale, combined.data(), r.scratch);
+    combine_group_scores(raw.data(), G, nb, r.combine(), r.scale(), combined.data(), r.scratch);
     take_blocks(r, B, combined.data(), nb, out);
-    return static_cast<uint64_t>(nb) * 2 * r.store.row_bytes();
+    return static_cast<uint64_t>(nb) * 2 * r.store().row_bytes();
   }
 };
 

@@ -47,15 +47,15 @@ class RandomSelector final : public Selector {
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
     if (select_without_scoring(r, out)) return 0;
     const int64_t m = r.middle();
-    const uint64_t step = state_of<const RandomState>(r.state, "random").step;
-    uint64_t seed = mix_seed(r.config.seed ^ kSalt, static_cast<uint64_t>(r.layer));
+    const uint64_t step = state_of<const RandomState>(r.state(), "random").step;
+    uint64_t seed = mix_seed(r.config().seed ^ kSalt, static_cast<uint64_t>(r.layer_index()));
     seed = mix_seed(seed, static_cast<uint64_t>(r.kv_head));
     seed = mix_seed(seed, step);
     Rng rng(seed);
     // Floyd: for j = m-k .. m-1 draw t in [0, j]; take t, or j if t is taken.
     std::vector<uint8_t>& chosen = r.scratch.chosen;
     chosen.assign(static_cast<size_t>(m), 0);
-    for (int64_t j = m - r.k; j < m; ++j) {
+    for (int64_t j = m - r.k(); j < m; ++j) {
       const uint64_t t = rng.below(static_cast<uint64_t>(j) + 1);
       uint8_t& slot = chosen[static_cast<size_t>(t)];
       if (slot) chosen[static_cast<size_t>(j)] = 1;
@@ -63,7 +63,7 @@ class RandomSelector final : public Selector {
     }
     int64_t w = 0;
     for (int64_t i = 0; i < m; ++i)
-      if (chosen[static_cast<size_t>(i)]) out[w++] = static_cast<int32_t>(r.mid_begin + i);
+      if (chosen[static_cast<size_t>(i)]) out[w++] = static_cast<int32_t>(r.mid_begin() + i);
     return 0;
   }
 };

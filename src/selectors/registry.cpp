@@ -35,29 +35,13 @@ uint64_t Selector::score(const SelectionRequest&, float*) const {
 
 bool Selector::select_without_scoring(const SelectionRequest& r, int32_t* out) {
   const int64_t m = r.middle();
-  if (r.k != 0 && r.k != m) return false;
-  for (int64_t i = 0; i < r.k; ++i) out[i] = static_cast<int32_t>(r.mid_begin + i);
+  if (r.k() != 0 && r.k() != m) return false;
+  for (int64_t i = 0; i < r.k(); ++i) out[i] = static_cast<int32_t>(r.mid_begin() + i);
   return true;
 }
 
-SelectionRequest LayerSelection::head(int32_t h, SelectScratch& s) const {
-  return SelectionRequest{store,      index,   backend, h,      group_size, head_dim,
-                          dtype,      queries + static_cast<size_t>(h) * group_size * head_dim,
-                          mid_begin,  mid_end, k,       combine, scale,     s,
-                          state,      config,  layer,   device, index_generation, stream};
-}
-
-void LayerSelection::for_each_head(const std::function<void(int64_t)>& fn) const {
-  // A large middle: heads in parallel (the caller's thread works too, so a
-  // pool busy with builds cannot stall the decode step).
-  if (pool != nullptr && kv_heads > 1 && middle() >= 4096)
-    pool->parallel_for(kv_heads, fn);
-  else
-    for (int32_t h = 0; h < kv_heads; ++h) fn(h);
-}
-
 uint64_t Selector::select_layer(const LayerSelection& r, int32_t* out) const {
-  std::vector<uint64_t> bytes(static_cast<size_t>(r.kv_heads), 0);
+  std::vector<uint64_t> bytes(static_cast<size_t>(r.context.kv_heads()), 0);
   r.for_each_head([&](int64_t h) {
     ScratchLease scratch(r.scratch);
     bytes[static_cast<size_t>(h)] =
@@ -79,7 +63,7 @@ uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const 
   const int64_t m = r.middle();
   if (select_without_scoring(r, out)) return 0;
   std::vector<float>& raw = r.scratch.raw;
-  raw.resize(static_cast<size_t>(r.group_size) * m);
+  raw.resize(static_cast<size_t>(r.group_size()) * m);
   uint64_t bytes = score(r, raw.data());
   select_from_raw(r, raw.data(), out);
   return bytes;
@@ -89,8 +73,8 @@ void Selector::select_from_raw(const SelectionRequest& r, const float* raw, int3
   const int64_t m = r.middle();
   std::vector<float>& combined = r.scratch.combined;
   combined.resize(static_cast<size_t>(m));
-  combine_group_scores(raw, r.group_size, m, r.combine, r.scale, combined.data(), r.scratch);
-  select_top_k(combined.data(), m, r.k, r.mid_begin, out, r.scratch);
+  combine_group_scores(raw, r.group_size(), m, r.combine(), r.scale(), combined.data(), r.scratch);
+  select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
 }
 
 }  // namespace pq

@@ -83,15 +83,15 @@ class ScopeSelector final : public Selector {
   }
 
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    ScopeState* s = &state_of<ScopeState>(r.state, "scope");
-    if (!s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer);
-    const int64_t k = r.k;
+    ScopeState* s = &state_of<ScopeState>(r.state(), "scope");
+    if (!s->prompt.ready()) fail_needs_prefill_queries(name(), r.layer_index());
+    const int64_t k = r.k();
     // Prompt middle: [mid_begin, split); decode middle: [split, mid_end).
-    const int64_t split = std::clamp(s->prompt.prompt_tokens, r.mid_begin, r.mid_end);
-    const int64_t n_pre = split - r.mid_begin;
-    const int64_t n_dec = s->attention.available(r.kv_head, split, r.mid_end);
+    const int64_t split = std::clamp(s->prompt.prompt_tokens, r.mid_begin(), r.mid_end());
+    const int64_t n_pre = split - r.mid_begin();
+    const int64_t n_dec = s->attention.available(r.kv_head, split, r.mid_end());
     int64_t k_dec = static_cast<int64_t>(
-        std::llround(static_cast<double>(r.config.scope_decode_share) * static_cast<double>(k)));
+        std::llround(static_cast<double>(r.config().scope_decode_share) * static_cast<double>(k)));
     k_dec = std::clamp<int64_t>(k_dec, 0, k);
     int64_t k_pre = k - k_dec;
     if (k_pre > n_pre) {  // short prompt side: decode takes the rest
@@ -102,8 +102,8 @@ class ScopeSelector final : public Selector {
       k_pre = std::min(n_pre, k - k_dec);
       k_dec = k - k_pre;  // both short (not with the core's budgets): revive
     }
-    s->prompt.select(r, r.mid_begin, split, k_pre, out);
-    s->attention.select_and_drop(r, split, r.mid_end, k_dec, out + k_pre);
+    s->prompt.select(r, r.mid_begin(), split, k_pre, out);
+    s->attention.select_and_drop(r, split, r.mid_end(), k_dec, out + k_pre);
     return 0;
   }
 };

@@ -17,6 +17,7 @@
 #include "pq/pq_index.h"
 #include "base/scratch.h"
 #include "base/thread_pool.h"
+#include "selectors/selection_request.h"
 
 namespace pq {
 
@@ -89,63 +90,6 @@ inline uint64_t per_block_cost(const pq_config& c, int32_t block_tokens,
                                uint64_t bytes_per_block) {
   return kGrowthRoom * blocks_per_chunk(block_tokens) * c.num_kv_heads * bytes_per_block;
 }
-
-struct SelectionRequest {
-  const KvStore& store;
-  const PqIndex* index;      // non-null when the selector needs_index()
-  const Backend& backend;
-  int32_t kv_head;
-  int32_t group_size;        // query heads per kv head (GQA)
-  int32_t head_dim;
-  int32_t dtype;             // of the stored K/V
-  const float* queries;      // [group_size][head_dim]: this kv head's query heads
-  int64_t mid_begin;         // middle tokens are [mid_begin, mid_end)
-  int64_t mid_end;
-  int64_t k;                 // how many to pick, 0 <= k <= mid_end - mid_begin
-  int32_t combine;           // pq_gqa_combine
-  float scale;               // 1 / sqrt(head_dim)
-  SelectScratch& scratch;    // working memory, reused across calls
-  SelectorState* state;      // from make_state(); may be null
-  const pq_config& config;   // the context's resolved configuration
-  int32_t layer;
-  DeviceLayer* device;        // the layer's device state (CUDA); may be null
-  uint64_t index_generation;  // the layer's, for device-resident codes
-  void* stream;               // the sequence's CUDA stream, or null
-  int64_t middle() const { return mid_end - mid_begin; }
-};
-
-// One layer's selection for every kv head: what Selector::select_layer
-// needs. The per-head requests it makes share everything but the head, the
-// queries and the scratch.
-struct LayerSelection {
-  const KvStore& store;
-  const PqIndex* index;      // non-null when the selector needs_index()
-  const Backend& backend;
-  int32_t kv_heads;
-  int32_t group_size;
-  int32_t head_dim;
-  int32_t dtype;
-  const float* queries;      // [kv_heads][group_size][head_dim]
-  int64_t mid_begin;
-  int64_t mid_end;
-  int64_t k;
-  int32_t combine;
-  float scale;
-  ScratchPool& scratch;
-  SelectorState* state;
-  const pq_config& config;
-  int32_t layer;
-  DeviceLayer* device;
-  uint64_t index_generation;
-  void* stream;
-  ThreadPool* pool;          // large layers spread their heads over it; may be null
-  int64_t middle() const { return mid_end - mid_begin; }
-  // The request of kv head h, working in `scratch`.
-  SelectionRequest head(int32_t h, SelectScratch& scratch) const;
-  // Runs fn(h) for every kv head: on the pool for a large middle (the
-  // caller's thread works too), else in turn on the caller's thread.
-  void for_each_head(const std::function<void(int64_t)>& fn) const;
-};
 
 class Selector {
  public:

@@ -45,13 +45,13 @@ class SparqSelector final : public Selector {
 
  protected:
   uint64_t score(const SelectionRequest& r, float* raw) const override {
-    const int32_t d = r.head_dim, G = r.group_size;
-    int32_t dims = r.config.sparq_dims > 0 ? r.config.sparq_dims : (d + 127) / 128;
+    const int32_t d = r.head_dim(), G = r.group_size();
+    int32_t dims = r.config().sparq_dims > 0 ? r.config().sparq_dims : (d + 127) / 128;
     dims = std::min(dims, d);
     // Magnitude of each dimension over the group.
     std::vector<float> magnitude(static_cast<size_t>(d), 0.f);
     for (int32_t g = 0; g < G; ++g) {
-      const float* q = r.queries + static_cast<size_t>(g) * d;
+      const float* q = r.queries() + static_cast<size_t>(g) * d;
       for (int32_t i = 0; i < d; ++i) magnitude[static_cast<size_t>(i)] += std::fabs(q[i]);
     }
     std::vector<int32_t> order(static_cast<size_t>(d));
@@ -70,16 +70,16 @@ class SparqSelector final : public Selector {
     for (int32_t g = 0; g < G; ++g)
       for (int32_t j = 0; j < dims; ++j)
         qs[static_cast<size_t>(g) * dims + j] =
-            r.queries[static_cast<size_t>(g) * d + order[static_cast<size_t>(j)]];
+            r.queries()[static_cast<size_t>(g) * d + order[static_cast<size_t>(j)]];
 
     const int64_t m = r.middle();
-    const size_t es = dtype_size(r.dtype);
+    const size_t es = dtype_size(r.dtype());
     std::vector<float> ks(static_cast<size_t>(dims));
     for (int64_t i = 0; i < m; ++i) {
-      const uint8_t* row = r.store.key_row(r.mid_begin + i, r.kv_head);
+      const uint8_t* row = r.store().key_row(r.mid_begin() + i, r.kv_head);
       for (int32_t j = 0; j < dims; ++j)
         ks[static_cast<size_t>(j)] =
-            load_element(row + static_cast<size_t>(order[static_cast<size_t>(j)]) * es, r.dtype);
+            load_element(row + static_cast<size_t>(order[static_cast<size_t>(j)]) * es, r.dtype());
       for (int32_t g = 0; g < G; ++g)
         raw[static_cast<size_t>(g) * m + i] =
             dot(qs.data() + static_cast<size_t>(g) * dims, ks.data(), dims);

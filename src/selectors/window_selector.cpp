@@ -11,7 +11,7 @@ class WindowSelector final : public Selector {
  public:
   const char* name() const override { return "window"; }
   uint64_t select_middle(const SelectionRequest& r, int32_t* out) const override {
-    for (int64_t i = 0; i < r.k; ++i) out[i] = static_cast<int32_t>(r.mid_end - r.k + i);
+    for (int64_t i = 0; i < r.k(); ++i) out[i] = static_cast<int32_t>(r.mid_end() - r.k() + i);
     return 0;
   }
 };

@@ -24,14 +24,14 @@ bool CudaBackend::fetch_device_selection(const DeviceSelectionFetchArgs& a) cons
          "the K/V store is in the caller's host_alloc memory, which the device cannot read; "
          "a selection in device memory needs the CUDA backend's own store (no host_alloc "
          "hook), or use pq_fetch_kv with host positions");
-  auto* layer = static_cast<CudaLayer*>(a.device);
+  auto* layer = static_cast<CudaLayer*>(a.context.device);
   if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
   use_device();
   char err[512] = {0};
   const pq_selected_gather g =
       selected_gather(*layer, a.store, a.selection.positions, a.selection.counts,
-                      a.selection.capacity, a.out_keys, a.out_values, a.stream);
-  check(k_->gather_selected(&g, a.stream, err, sizeof err), "gather_selected", err);
+                      a.selection.capacity, a.out_keys, a.out_values, a.context.stream);
+  check(k_->gather_selected(&g, a.context.stream, err, sizeof err), "gather_selected", err);
   return true;
 }
 
@@ -69,9 +69,9 @@ bool CudaBackend::fetch_to_device(const DeviceFetchArgs& a) const {
 
 bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const {
   if (items.empty()) return true;
-  void* s = items.front().stream;
+  void* s = items.front().context.stream;
   for (const DeviceFetchArgs& a : items)
-    if (a.stream != s || a.store.row_bytes() != items.front().store.row_bytes()) return false;
+    if (a.context.stream != s || a.store.row_bytes() != items.front().store.row_bytes()) return false;
   for (const DeviceFetchArgs& a : items)
     for (const pq_tensor* t : {&a.out_keys, &a.out_values})
       if (!k_->is_device_pointer(t->data))
@@ -82,7 +82,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
   use_device();
   bool by_positions = true;  // no block cache, stores the device reads
   for (const DeviceFetchArgs& a : items)
-    by_positions = by_positions && a.cache == nullptr && a.device != nullptr &&
+    by_positions = by_positions && a.cache == nullptr && a.context.device != nullptr &&
                    device_reads(a.store);
   if (by_positions) return gather_by_positions(items, s);
   char err[512] = {0};
@@ -120,7 +120,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
   std::vector<Miss> misses;
   int64_t row = 0;
   for (const DeviceFetchArgs& a : items) {
-    auto* layer = static_cast<CudaLayer*>(a.device);
+    auto* layer = static_cast<CudaLayer*>(a.context.device);
     const size_t es = dtype_size(a.out_keys.dtype);
     const bool readable = device_reads(a.store);
     const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
@@ -135,7 +135,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
         dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
                      (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
         if (layer != nullptr && layer->d_window != nullptr &&
-            (p < a.mid_begin || p >= a.mid_end)) {
+            (p < a.middle.begin || p >= a.middle.end)) {
           const int64_t w = layer->window_slot(p);
           if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
             src_k[row] = layer->window_row(w, false, h);
@@ -144,7 +144,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
           }
         }
         int32_t slot = -1;
-        if (use_cache && p >= a.mid_begin && p < a.mid_end) slot = a.cache->lookup(p);
+        if (use_cache && p >= a.middle.begin && p < a.middle.end) slot = a.cache->lookup(p);
         if (slot >= 0 &&
             layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
           const int64_t offset = p % layer->block_tokens;
@@ -178,7 +178,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
       }
     };
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    ThreadPool* pool = items.front().pool;
+    ThreadPool* pool = items.front().context.pool;
     if (pool != nullptr && blocks > 1)
       pool->parallel_for(blocks, stage_block);
     else
@@ -221,7 +221,7 @@ bool CudaBackend::gather_by_positions(const std::vector<DeviceFetchArgs>& items,
   size_t at = n * sizeof(pq_selected_gather);
   for (size_t i = 0; i < n; ++i) {
     const DeviceFetchArgs& a = items[i];
-    auto* layer = static_cast<CudaLayer*>(a.device);
+    auto* layer = static_cast<CudaLayer*>(a.context.device);
     const int32_t heads = a.out_keys.heads;
     auto* counts = reinterpret_cast<int32_t*>(pinned + at);
     int32_t* positions = counts + heads;

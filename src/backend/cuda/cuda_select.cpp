@@ -17,45 +17,45 @@ namespace cuda_detail {
 bool CudaBackend::pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) const {
   use_device();
   char err[512] = {0};
-  void* s = a.stream;
+  void* s = a.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
   DeviceArena& arena = scratch.arena;
-  const int64_t n = a.end - a.begin;
-  const int32_t m = a.subspaces;
+  const int64_t n = a.middle.size();
+  const int32_t m = a.subspaces();
   const size_t lut_bytes =
-      static_cast<size_t>(a.kv_heads) * a.group_size * m * a.centroids * sizeof(float);
-  const size_t out_bytes = static_cast<size_t>(a.kv_heads) * a.k * sizeof(int32_t);
-  const size_t scan_ws = k_->pq_scan_workspace_size(a.kv_heads, a.group_size, m, n, a.combine);
-  const size_t topk_ws = k_->topk_workspace_size(a.kv_heads, n, a.k);
+      static_cast<size_t>(a.kv_heads()) * a.group_size() * m * a.centroids() * sizeof(float);
+  const size_t out_bytes = static_cast<size_t>(a.kv_heads()) * a.k * sizeof(int32_t);
+  const size_t scan_ws = k_->pq_scan_workspace_size(a.kv_heads(), a.group_size(), m, n, a.combine());
+  const size_t topk_ws = k_->topk_workspace_size(a.kv_heads(), n, a.k);
   void* d_lut = arena.get(StreamScratch::kLut, lut_bytes);
   auto* d_scores = static_cast<float*>(
-      arena.get(StreamScratch::kScores, static_cast<size_t>(a.kv_heads) * n * sizeof(float)));
+      arena.get(StreamScratch::kScores, static_cast<size_t>(a.kv_heads()) * n * sizeof(float)));
   auto* d_out = static_cast<int32_t*>(arena.get(StreamScratch::kPositions, out_bytes));
   void* d_scan_ws = scan_ws ? arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
   void* d_topk_ws = topk_ws ? arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
   check(k_->copy_async(d_lut, a.lut, lut_bytes, s, err, sizeof err), "LUT upload", err);
 
   const uint8_t* d_codes = nullptr;
-  int64_t stride = 0, begin = a.begin, end = a.end;
-  if (auto* layer = static_cast<CudaLayer*>(a.device)) {
+  int64_t stride = 0, begin = a.middle.begin, end = a.middle.end;
+  if (auto* layer = static_cast<CudaLayer*>(a.device())) {
     d_codes = resident_codes(*layer, a, s);
     stride = layer->codes_capacity;
   } else {  // no device state: the middle's codes go up at every call
     auto* d = static_cast<uint8_t*>(arena.get(
-        StreamScratch::kCodes, static_cast<size_t>(a.kv_heads) * n * m));
-    for (int32_t h = 0; h < a.kv_heads; ++h)
-      upload_codes(a.codes[h], a.begin, a.end, d + static_cast<size_t>(h) * n * m, s);
+        StreamScratch::kCodes, static_cast<size_t>(a.kv_heads()) * n * m));
+    for (int32_t h = 0; h < a.kv_heads(); ++h)
+      upload_codes(a.codes[h], a.middle.begin, a.middle.end, d + static_cast<size_t>(h) * n * m, s);
     d_codes = d;
     stride = n;
     begin = 0;
     end = n;
   }
-  check(k_->pq_scan(static_cast<const float*>(d_lut), d_codes, a.kv_heads, a.group_size, m,
-                    a.centroids, stride, begin, end, a.combine, a.scale, d_scores, d_scan_ws,
+  check(k_->pq_scan(static_cast<const float*>(d_lut), d_codes, a.kv_heads(), a.group_size(), m,
+                    a.centroids(), stride, begin, end, a.combine(), a.scale(), d_scores, d_scan_ws,
                     scan_ws, s, err, sizeof err),
         "pq_scan", err);
-  check(k_->topk(d_scores, a.kv_heads, n, a.k, a.begin, d_out, d_topk_ws, topk_ws, s, err,
+  check(k_->topk(d_scores, a.kv_heads(), n, a.k, a.middle.begin, d_out, d_topk_ws, topk_ws, s, err,
                  sizeof err),
         "topk", err);
   // Through pinned memory: a copy into pageable memory would be a second
@@ -74,25 +74,25 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   if (items.empty()) return true;
   const PqLayerSelectArgs& first = items.front();
   for (const PqLayerSelectArgs& a : items)
-    if (a.stream != first.stream || a.device == nullptr || a.kv_heads != first.kv_heads ||
-        a.group_size != first.group_size || a.subspaces != first.subspaces ||
-        a.centroids != first.centroids || a.combine != first.combine || a.scale != first.scale)
+    if (a.stream() != first.stream() || a.device() == nullptr || a.kv_heads() != first.kv_heads() ||
+        a.group_size() != first.group_size() || a.subspaces() != first.subspaces() ||
+        a.centroids() != first.centroids() || a.combine() != first.combine() || a.scale() != first.scale())
       return false;  // one launch chain needs one stream and one shape
   use_device();
   char err[512] = {0};
-  void* s = first.stream;
+  void* s = first.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
-  const int32_t m = first.subspaces;
-  const size_t lut_floats = static_cast<size_t>(first.group_size) * m * first.centroids;
-  const size_t rows = items.size() * static_cast<size_t>(first.kv_heads);
+  const int32_t m = first.subspaces();
+  const size_t lut_floats = static_cast<size_t>(first.group_size()) * m * first.centroids();
+  const size_t rows = items.size() * static_cast<size_t>(first.kv_heads());
   if (rows > 65535) return false;  // the kernels' grid limit: the caller splits
   size_t score_floats = 0, out_ints = 0;
   int64_t max_n = 0;
   for (const PqLayerSelectArgs& a : items) {
-    score_floats += static_cast<size_t>(a.kv_heads) * (a.end - a.begin);
-    out_ints += static_cast<size_t>(a.kv_heads) * a.k;
-    max_n = std::max(max_n, a.end - a.begin);
+    score_floats += static_cast<size_t>(a.kv_heads()) * (a.middle.size());
+    out_ints += static_cast<size_t>(a.kv_heads()) * a.k;
+    max_n = std::max(max_n, a.middle.size());
   }
   // One upload: [LUTs][scan rows][top-k rows], pointers to device memory.
   const size_t lut_bytes = rows * lut_floats * sizeof(float);
@@ -109,16 +109,16 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   auto* topk_rows = reinterpret_cast<pq_topk_row*>(up + topk_at);
   size_t row = 0, score_at = 0, out_at = 0;
   for (const PqLayerSelectArgs& a : items) {
-    auto& layer = *static_cast<CudaLayer*>(a.device);
+    auto& layer = *static_cast<CudaLayer*>(a.device());
     const uint8_t* d_codes = resident_codes(layer, a, s);
-    const int64_t n = a.end - a.begin;
-    for (int32_t h = 0; h < a.kv_heads; ++h, ++row) {
+    const int64_t n = a.middle.size();
+    for (int32_t h = 0; h < a.kv_heads(); ++h, ++row) {
       std::memcpy(up + row * lut_floats * sizeof(float), a.lut + h * lut_floats,
                   lut_floats * sizeof(float));
       scan_rows[row] = {reinterpret_cast<const float*>(d_up + row * lut_floats * sizeof(float)),
                         d_codes + static_cast<size_t>(h) * layer.codes_capacity * m,
-                        d_scores + score_at, a.begin, a.end};
-      topk_rows[row] = {d_scores + score_at, d_out + out_at, n, a.k, a.begin};
+                        d_scores + score_at, a.middle.begin, a.middle.end};
+      topk_rows[row] = {d_scores + score_at, d_out + out_at, n, a.k, a.middle.begin};
       score_at += static_cast<size_t>(n);
       out_at += static_cast<size_t>(a.k);
     }
@@ -126,13 +126,13 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   check(k_->copy_async(d_up, up, up_bytes, s, err, sizeof err), "batch upload", err);
   scratch.batch_staging.release(s);
   const int32_t r = static_cast<int32_t>(rows);
-  const size_t scan_ws = k_->pq_scan_rows_workspace_size(r, first.group_size, m, max_n,
-                                                         first.combine);
+  const size_t scan_ws = k_->pq_scan_rows_workspace_size(r, first.group_size(), m, max_n,
+                                                         first.combine());
   const size_t topk_ws = k_->topk_rows_workspace_size(r, max_n);
   void* d_scan_ws = scan_ws ? scratch.arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
   void* d_topk_ws = topk_ws ? scratch.arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
   check(k_->pq_scan_rows(reinterpret_cast<const pq_scan_row*>(d_up + scan_at), r, max_n,
-                         first.group_size, m, first.centroids, first.combine, first.scale,
+                         first.group_size(), m, first.centroids(), first.combine(), first.scale(),
                          d_scan_ws, scan_ws, s, err, sizeof err),
         "pq_scan_rows", err);
   check(k_->topk_rows(reinterpret_cast<const pq_topk_row*>(d_up + topk_at), r, max_n, d_topk_ws,
@@ -145,7 +145,7 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   check(k_->stream_synchronize(s, err, sizeof err), "batched selection", err);
   out_at = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(items[i].kv_heads) * items[i].k * sizeof(int32_t);
+    const size_t bytes = static_cast<size_t>(items[i].kv_heads()) * items[i].k * sizeof(int32_t);
     std::memcpy(outs[i], positions + out_at, bytes);
     out_at += bytes;
   }
@@ -153,27 +153,27 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
 }
 
 bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
-  const PqLayerSelectArgs& l = a.layer;
+  const PqLayerSelectArgs& l = a.pq;
   require_device_memory(a.query.data, "query.data");
   if (a.out.capacity > 0) require_device_memory(a.out.positions, "out->positions");
   require_device_memory(a.out.counts, "out->counts");
   use_device();
   char err[512] = {0};
-  void* s = l.stream;
+  void* s = l.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
-  const int64_t n = l.end - l.begin;
+  const int64_t n = l.middle.size();
   if (l.k == 0 || l.k >= n) {  // nothing to score: the whole middle, or none of it
-    const int64_t sinks = l.k == 0 ? l.begin : l.end;
-    check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads, a.out.capacity, sinks,
-                             nullptr, 0, l.end, a.tokens, s, err, sizeof err),
+    const int64_t sinks = l.k == 0 ? l.middle.begin : l.middle.end;
+    check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads(), a.out.capacity, sinks,
+                             nullptr, 0, l.middle.end, a.tokens, s, err, sizeof err),
           "fill_selection", err);
     return true;
   }
-  auto& layer = *static_cast<CudaLayer*>(l.device);
-  const PqCodebook& cb = *a.codebook;
+  auto& layer = *static_cast<CudaLayer*>(l.device());
+  const PqCodebook& cb = l.codebook;
   const size_t centroid_bytes = cb.data.size() * sizeof(float);
-  if (layer.centroids_generation != l.index_generation) {
+  if (layer.centroids_generation != l.index_generation()) {
     if (layer.centroids_bytes < centroid_bytes) {
       k_->device_free(layer.d_centroids, err, sizeof err);
       layer.d_centroids = nullptr;
@@ -186,35 +186,35 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
     }
     check(k_->copy_async(layer.d_centroids, cb.data.data(), centroid_bytes, s, err, sizeof err),
           "centroids upload", err);
-    layer.centroids_generation = l.index_generation;
+    layer.centroids_generation = l.index_generation();
   }
-  const int32_t m = l.subspaces;
+  const int32_t m = l.subspaces();
   const size_t lut_bytes =
-      static_cast<size_t>(l.kv_heads) * l.group_size * m * l.centroids * sizeof(float);
+      static_cast<size_t>(l.kv_heads()) * l.group_size() * m * l.centroids() * sizeof(float);
   auto* d_lut = static_cast<float*>(scratch.arena.get(StreamScratch::kLut, lut_bytes));
   const int64_t head_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
-  check(k_->pq_lut(a.query.data, a.query.dtype, head_stride, l.kv_heads, l.group_size,
-                   static_cast<const float*>(layer.d_centroids), m, l.centroids, cb.sub_dim,
+  check(k_->pq_lut(a.query.data, a.query.dtype, head_stride, l.kv_heads(), l.group_size(),
+                   static_cast<const float*>(layer.d_centroids), m, l.centroids(), cb.sub_dim,
                    d_lut, s, err, sizeof err),
         "pq_lut", err);
   const uint8_t* d_codes = resident_codes(layer, l, s);
-  const size_t scan_ws = k_->pq_scan_workspace_size(l.kv_heads, l.group_size, m, n, l.combine);
-  const size_t topk_ws = k_->topk_workspace_size(l.kv_heads, n, l.k);
+  const size_t scan_ws = k_->pq_scan_workspace_size(l.kv_heads(), l.group_size(), m, n, l.combine());
+  const size_t topk_ws = k_->topk_workspace_size(l.kv_heads(), n, l.k);
   auto* d_scores = static_cast<float*>(
-      scratch.arena.get(StreamScratch::kScores, static_cast<size_t>(l.kv_heads) * n * sizeof(float)));
+      scratch.arena.get(StreamScratch::kScores, static_cast<size_t>(l.kv_heads()) * n * sizeof(float)));
   auto* d_middle = static_cast<int32_t*>(scratch.arena.get(
-      StreamScratch::kPositions, static_cast<size_t>(l.kv_heads) * l.k * sizeof(int32_t)));
+      StreamScratch::kPositions, static_cast<size_t>(l.kv_heads()) * l.k * sizeof(int32_t)));
   void* d_scan_ws = scan_ws ? scratch.arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
   void* d_topk_ws = topk_ws ? scratch.arena.get(StreamScratch::kTopkWorkspace, topk_ws) : nullptr;
-  check(k_->pq_scan(d_lut, d_codes, l.kv_heads, l.group_size, m, l.centroids,
-                    layer.codes_capacity, l.begin, l.end, l.combine, l.scale, d_scores,
+  check(k_->pq_scan(d_lut, d_codes, l.kv_heads(), l.group_size(), m, l.centroids(),
+                    layer.codes_capacity, l.middle.begin, l.middle.end, l.combine(), l.scale(), d_scores,
                     d_scan_ws, scan_ws, s, err, sizeof err),
         "pq_scan", err);
-  check(k_->topk(d_scores, l.kv_heads, n, l.k, l.begin, d_middle, d_topk_ws, topk_ws, s, err,
+  check(k_->topk(d_scores, l.kv_heads(), n, l.k, l.middle.begin, d_middle, d_topk_ws, topk_ws, s, err,
                  sizeof err),
         "topk", err);
-  check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads, a.out.capacity, l.begin,
-                           d_middle, l.k, l.end, a.tokens, s, err, sizeof err),
+  check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads(), a.out.capacity, l.middle.begin,
+                           d_middle, l.k, l.middle.end, a.tokens, s, err, sizeof err),
         "fill_selection", err);
   return true;
 }
@@ -232,32 +232,32 @@ void CudaBackend::upload_codes(const CodeColumn& codes, int64_t first, int64_t e
 
 const uint8_t* CudaBackend::resident_codes(CudaLayer& layer, const PqLayerSelectArgs& a, void* s) const {
   char err[512] = {0};
-  const int32_t m = a.subspaces;
-  if (layer.codes_generation != a.index_generation) {
-    layer.codes_generation = a.index_generation;
+  const int32_t m = a.subspaces();
+  if (layer.codes_generation != a.index_generation()) {
+    layer.codes_generation = a.index_generation();
     layer.codes_uploaded = 0;
   }
-  if (layer.codes_capacity < a.end) {
+  if (layer.codes_capacity < a.middle.end) {
     // A multiple of 16 tokens: every kv head's codes then start 16-byte
     // aligned (the scan's vector loads, row by row).
-    const int64_t grown = (std::max<int64_t>({a.end, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
+    const int64_t grown = (std::max<int64_t>({a.middle.end, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
     k_->device_free(layer.d_codes, err, sizeof err);
     layer.d_codes = nullptr;
     layer.codes_capacity = layer.codes_uploaded = 0;
-    const size_t bytes = static_cast<size_t>(grown) * a.kv_heads * m;
+    const size_t bytes = static_cast<size_t>(grown) * a.kv_heads() * m;
     if (k_->device_alloc(&layer.d_codes, bytes, err, sizeof err) != 0)
       fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(bytes) +
                                      " device bytes of the layer's PQ codes could not be "
                                      "allocated: " + err);
     layer.codes_capacity = grown;
   }
-  if (layer.codes_uploaded < a.end) {
+  if (layer.codes_uploaded < a.middle.end) {
     auto* d = static_cast<uint8_t*>(layer.d_codes);
     const int64_t from = layer.codes_uploaded;
-    for (int32_t h = 0; h < a.kv_heads; ++h)
-      upload_codes(a.codes[h], from, a.end,
+    for (int32_t h = 0; h < a.kv_heads(); ++h)
+      upload_codes(a.codes[h], from, a.middle.end,
                    d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m, s);
-    layer.codes_uploaded = a.end;
+    layer.codes_uploaded = a.middle.end;
   }
   return static_cast<const uint8_t*>(layer.d_codes);
 }
