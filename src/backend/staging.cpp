@@ -2,9 +2,18 @@
 #include "backend/staging.h"
 
 #include "base/dtype.h"
+#include "base/error.h"
 #include "base/tensor.h"
 
 namespace pq {
+
+void require_memory_access(const Backend& backend, const pq_tensor& t, const char* name,
+                           const char* access) {
+  if (!backend.supports_memory(t.memory))
+    fail(PQ_ERR_UNSUPPORTED, std::string(name) + ".memory is PQ_MEMORY_DEVICE, which the " +
+                                 backend.name() + " backend cannot " + access +
+                                 " (use PQ_BACKEND_CUDA or PQ_BACKEND_AUTO)");
+}
 
 StagedTensor stage_input(Backend& backend, const pq_tensor& t, void* stream) {
   StagedTensor s = staging_for(t);

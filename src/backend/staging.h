@@ -3,12 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "pqcache.h"
 
 namespace pq {
+
+// PQ_ERR_UNSUPPORTED, naming the tensor, unless `backend` can `access`
+// ("read" or "write") the memory `t` lives in.
+void require_memory_access(const Backend& backend, const pq_tensor& t, const char* name,
+                           const char* access);
 
 // Host copy of a caller tensor that may live in device memory, read on
 // `stream` (the sequence's). For host tensors it is a plain view; the copy

@@ -10,11 +10,6 @@
 
 namespace pq {
 
-namespace {
-std::string str(int64_t v) { return std::to_string(v); }
-[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
-}  // namespace
-
 SelectionCopy copy_selection(const pq_selection* caller, int32_t kv_heads) {
   if (caller == nullptr) invalid("selection is NULL");
   const pq_selection sel = *caller;

@@ -39,11 +39,6 @@ const Names& selector_names() {
   }();
   return names;
 }
-#define kSelectorNames selector_names()
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
 
 void check_int(const char* field, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi)

@@ -33,7 +33,7 @@
   REAL(compute_gamma, 0.0, 0.0, kMaxReal, false)                             \
   REAL(layer_time_budget, 0.0, 0.0, kMaxReal, false)                         \
   INT(worker_threads, 0, 0, 1024)                                            \
-  ENUM(selector, PQ_SELECTOR_PQ, kSelectorNames)                             \
+  ENUM(selector, PQ_SELECTOR_PQ, selector_names())                          \
   INT(sink_tokens, 4, 0, INT32_MAX)                                          \
   INT(local_tokens, 128, 0, INT32_MAX)                                       \
   INT(topk_tokens, 0, 0, INT32_MAX)                                          \

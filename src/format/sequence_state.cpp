@@ -23,8 +23,6 @@ const char* section_name(uint32_t type) {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // The header's geometry fields, in file order, with the config field each
 // must equal.
 struct GeometryField {

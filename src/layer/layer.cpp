@@ -12,7 +12,6 @@
 namespace pq {
 
 namespace {
-std::string str(int64_t v) { return std::to_string(v); }
 
 // The caller's host_alloc hook, else the memory the backend's device reads
 // (the CUDA backend's pinned pool; operator new on the CPU backend).

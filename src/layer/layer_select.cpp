@@ -11,10 +11,6 @@
 
 namespace pq {
 
-namespace {
-std::string str(int64_t v) { return std::to_string(v); }
-}  // namespace
-
 int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
                       const SequenceInfo& seq) {
   settle();

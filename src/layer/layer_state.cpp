@@ -15,7 +15,6 @@
 namespace pq {
 
 namespace {
-std::string str(int64_t v) { return std::to_string(v); }
 
 // Layer meta flags.
 constexpr uint8_t kHasIndex = 1;

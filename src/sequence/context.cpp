@@ -13,11 +13,6 @@
 
 namespace pq {
 
-namespace {
-std::string str(int64_t v) { return std::to_string(v); }
-[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
-}  // namespace
-
 // ---------------------------------------------------------------------------
 // Context and sequences
 // ---------------------------------------------------------------------------
@@ -179,11 +174,8 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
   if (keys->tokens != values->tokens)
     invalid("keys.tokens is " + str(keys->tokens) + " but values.tokens is " +
             str(values->tokens) + "; they must match");
-  for (const pq_tensor* t : {keys, values})
-    if (!backend.supports_memory(t->memory))
-      fail(PQ_ERR_UNSUPPORTED, std::string(t == keys ? "keys" : "values") +
-                                   ".memory is PQ_MEMORY_DEVICE, which the " + backend.name() +
-                                   " backend cannot read (use PQ_BACKEND_CUDA or AUTO)");
+  require_memory_access(backend, *keys, "keys", "read");
+  require_memory_access(backend, *values, "values", "read");
   std::shared_ptr<Sequence> seq = find(id);
   Layer& layer = *seq->layers[static_cast<size_t>(layer_index)];
   // A prefill from device memory lands asynchronously where the backend
@@ -235,9 +227,7 @@ pq_tensor Context::select_args(const pq_tensor* query_arg, const pq_selection* o
             "from out->positions overflow the address space");
   require_apart(copy->positions, bytes, "out->positions", copy->counts,
                 static_cast<uint64_t>(c.num_kv_heads) * sizeof(int32_t), "out->counts");
-  if (!shared_.backend->supports_memory(query.memory))
-    fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
-                                 shared_.backend->name() + " backend cannot read");
+  require_memory_access(*shared_.backend, query, "query", "read");
   return query;
 }
 
@@ -265,11 +255,8 @@ Context::FetchArgs Context::fetch_args(const pq_selection* sel, const pq_tensor*
   const int64_t max_count = a.selection.max_count;
   validate_tensor(&a.keys, {"out_keys", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
   validate_tensor(&a.values, {"out_values", c.num_kv_heads, c.head_dim, c.dtype, max_count, -1});
-  for (const pq_tensor* t : {&a.keys, &a.values})
-    if (!shared_.backend->supports_memory(t->memory))
-      fail(PQ_ERR_UNSUPPORTED, std::string(t == &a.keys ? "out_keys" : "out_values") +
-                                   ".memory is PQ_MEMORY_DEVICE, which the " +
-                                   shared_.backend->name() + " backend cannot write");
+  require_memory_access(*shared_.backend, a.keys, "out_keys", "write");
+  require_memory_access(*shared_.backend, a.values, "out_values", "write");
   require_disjoint_rows(a.keys, "out_keys");
   require_disjoint_rows(a.values, "out_values");
   require_disjoint_outputs(a.keys, "out_keys", a.values, "out_values");
@@ -301,9 +288,7 @@ void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_a
   if (out_lse != nullptr)
     require_apart(out, heads * c.head_dim * sizeof(float), "out", out_lse, heads * sizeof(float),
                   "out_lse");
-  if (!shared_.backend->supports_memory(query.memory))
-    fail(PQ_ERR_UNSUPPORTED, std::string("query.memory is PQ_MEMORY_DEVICE, which the ") +
-                                 shared_.backend->name() + " backend cannot read");
+  require_memory_access(*shared_.backend, query, "query", "read");
   std::shared_ptr<Sequence> seq = find(id);
   const std::vector<float> queries = read_query(query, *seq);
   ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
@@ -322,9 +307,7 @@ void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queri
   const pq_tensor query_copy = copy_descriptor(queries_arg, "queries");
   const pq_tensor* queries = &query_copy;
   validate_tensor(queries, {"queries", c.num_q_heads, c.head_dim, c.dtype, 1, -1});
-  if (!shared_.backend->supports_memory(queries->memory))
-    fail(PQ_ERR_UNSUPPORTED, std::string("queries.memory is PQ_MEMORY_DEVICE, which the ") +
-                                 shared_.backend->name() + " backend cannot read");
+  require_memory_access(*shared_.backend, *queries, "queries", "read");
   std::shared_ptr<Sequence> seq = find(id);
   StagedTensor q = stage_input(*shared_.backend, *queries, seq->info().stream);
   reject_non_finite(q.view, "queries");

@@ -1,10 +1,12 @@
 // pq_context: the sequences and the dispatch of every call to a layer. The
-// C API in api.cpp checks pointers and forwards here; Context checks what
+// C API (src/api/) checks pointers and forwards here; Context checks what
 // needs no layer (layer index, tensor shapes, selections), finds the
 // sequence and calls its Layer, which does the rest under its own lock.
 //
 // context.cpp holds the sequences, the per-sequence calls and statistics;
-// context_batch.cpp the calls over a batch of sequences.
+// context_batch.cpp the calls over a batch of sequences; context_device.cpp
+// the decode step kept on the device; context_state.cpp truncate, fork,
+// save and restore.
 #pragma once
 
 #include <atomic>

@@ -19,36 +19,19 @@ namespace pq {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
-
 using Outcome = BatchOutcome;
 
-// Runs fn, turning its exception into the outcome as pq::guarded does.
+// Runs fn, its exception becoming the item's outcome as at the C API
+// boundary (the batch call names the function when it reports the item).
 template <typename Fn>
 void run_item(Outcome& outcome, Fn&& fn) noexcept {
-  try {
-    fn();
-    return;
-  } catch (const Error& e) {
-    outcome.status = e.status();
+  outcome.status = catch_status(std::forward<Fn>(fn), [&outcome](const char* what,
+                                                                   const char* prefix) {
     try {
-      outcome.message = e.what();
-    } catch (...) {
+      outcome.message = std::string(prefix) + what;
+    } catch (...) {  // no memory for the text: the status still says what happened
     }
-  } catch (const std::bad_alloc&) {
-    outcome.status = PQ_ERR_OUT_OF_MEMORY;
-  } catch (...) {
-    outcome.status = PQ_ERR_INTERNAL;
-  }
-  if (outcome.message.empty()) {
-    try {
-      outcome.message = outcome.status == PQ_ERR_OUT_OF_MEMORY
-                            ? "out of host memory (allocation failed)"
-                            : "internal error";
-    } catch (...) {
-    }
-  }
+  });
 }
 
 // Locks every mutex, in no order the rest of the library must share: one

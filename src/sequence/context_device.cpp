@@ -13,9 +13,6 @@ namespace pq {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-[[noreturn]] void invalid(const std::string& message) { fail(PQ_ERR_INVALID_ARGUMENT, message); }
-
 // A device selection's descriptor, read once: capacity >= 0, arrays given,
 // positions and counts apart.
 pq_selection device_selection(const pq_selection* sel, const char* name, int32_t kv_heads) {
