@@ -1,4 +1,4 @@
-// The kernels of a decode step that stays on the device (ABI version 5):
+// The kernels of a decode step that stays on the device (plug-in ABI 5 on):
 // the lookup tables from a query in device memory (pq_lut), the selection
 // written whole into device memory (fill_selection) and the fetch that reads
 // it there (gather_selected). With them, select and fetch are enqueued on

@@ -1,4 +1,4 @@
-// PQ encoding on the GPU (ABI version 3): the code of token t in subspace j
+// PQ encoding on the GPU (the plug-in ABI, src/backend/cuda/cuda_plugin_abi.h): the code of token t in subspace j
 // is the index of the centroid nearest to the sub-vector
 // keys[t][j * sub_dim, (j + 1) * sub_dim), exactly as the CPU's
 // PqCodebook::encode / nearest_centroid (src/pq/codebook.cpp, src/pq/nearest_centroid.cpp)

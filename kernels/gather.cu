@@ -1,4 +1,4 @@
-// The fetch kernel of ABI version 3: gathers `rows` rows of row_bytes each,
+// The fetch kernel of the plug-in ABI: gathers `rows` rows of row_bytes each,
 // row i from srcs[i] to dsts[i], in one launch. A source may be device
 // memory or mapped pinned host memory (read across PCIe by the kernel
 // itself, UVA), so selected K/V rows scattered in the host store reach the

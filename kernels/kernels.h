@@ -16,7 +16,7 @@ namespace pqcuda {
 // returns 1, so that `return set_error(...)` reports the failure.
 int set_error(char* err, size_t err_len, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
-// "what: cudaErrorX (description)" into err; returns 1 for `return fail(...)`.
+// "what: cudaErrorX (description)" into err; returns 1 for `return cuda_fail(...)`.
 int cuda_fail(char* err, size_t err_len, const char* what, cudaError_t status);
 
 size_t pq_scan_workspace_size(int32_t kv_heads, int32_t group_size, int32_t subspaces, int64_t n,

@@ -1,4 +1,4 @@
-// Memory, streams and copies of ABI version 3 (src/backend/cuda/cuda_plugin_abi.h): the
+// Memory, streams and copies of the plug-in ABI (src/backend/cuda/cuda_plugin_abi.h): the
 // host K/V store in mapped pinned memory, streams and events so that fetches
 // overlap with compute, and copy_rows, one cudaMemcpyAsync per contiguous run
 // of rows: the baseline the gather kernel (gather.cu) is measured against.

@@ -16,7 +16,9 @@ foreach(_comp IN LISTS PQ_PACKAGE_COMPONENTS)
   endif()
 endforeach()
 set(_pq_unpackaged ${_pq_defined_components})
-list(REMOVE_ITEM _pq_unpackaged ${PQ_PACKAGE_COMPONENTS})
+# "Unspecified" is registered by the libdir rule's install(CODE ...
+# ALL_COMPONENTS), which runs inside every package; it installs nothing.
+list(REMOVE_ITEM _pq_unpackaged ${PQ_PACKAGE_COMPONENTS} Unspecified)
 if(_pq_unpackaged)
   message(WARNING "packaging: install components not packaged by CPack: ${_pq_unpackaged} "
                   "(add them to PQ_PACKAGE_COMPONENTS in packaging/names.cmake)")

@@ -1,8 +1,10 @@
 """Checks the layering of src/: every folder has a rank, and a file may
 include only headers of its own folder or of folders ranked below it (so
 the include graph climbs back nowhere); every quoted include names an
-existing file by its path from src/ (or the public header); and no source
-file passes the line limit.
+existing file by its path from src/ (or the public header); no header
+includes itself through others (no cycle in the file graph); every folder
+with sources is one the build compiles (PQ_CORE_FOLDERS in CMakeLists.txt);
+and no source file passes the line limit.
 
     python3 tests/check_layout.py [SRC_DIR]
 
@@ -21,8 +23,36 @@ LINE_LIMIT = 500
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
+def cycles(graph: dict) -> list:
+    """Every include cycle in graph (file -> files it includes), once."""
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def built_folders(cmake: Path) -> set:
+    match = re.search(r"set\(PQ_CORE_FOLDERS([^)]*)\)", cmake.read_text())
+    return set(match.group(1).split()) if match else set()
+
+
 def main(src: Path) -> int:
     problems = []
+    graph = {}
+    built = built_folders(src.parent / "CMakeLists.txt")
     rank = {name: i for i, name in enumerate(RANKS)}
     for path in sorted(src.rglob("*")):
         if path.suffix not in (".h", ".cpp", ".cu") or not path.is_file():
@@ -33,6 +63,10 @@ def main(src: Path) -> int:
             problems.append(f"{rel}: not in one of the ranked folders {RANKS}")
             continue
         text = path.read_text()
+        if path.suffix == ".cpp" and str(rel.parent) not in built:
+            problems.append(f"{rel}: its folder is not in PQ_CORE_FOLDERS (CMakeLists.txt), "
+                            "so the build would not compile it")
+        graph[str(rel)] = []
         lines = text.count("\n")
         if lines > LINE_LIMIT:
             problems.append(f"{rel}: {lines} lines; the limit is {LINE_LIMIT}")
@@ -44,18 +78,22 @@ def main(src: Path) -> int:
                 problems.append(f'{rel}: #include "{name}" names no file under src/ '
                                 "(includes are paths from src/)")
                 continue
+            graph[str(rel)].append(name)
             to = Path(name).parts[0]
             if to not in rank:
                 problems.append(f'{rel}: #include "{name}" is outside the ranked folders')
             elif rank[to] > rank[folder]:
                 problems.append(f'{rel}: #include "{name}": {folder}/ may not include {to}/, '
                                 f"which is above it ({' < '.join(RANKS)})")
+    for cycle in cycles(graph):
+        problems.append("include cycle: " + " -> ".join(cycle))
     for p in problems:
         print(f"check_layout: {p}")
     if problems:
         return 1
     print(f"check_layout: {src}: every include goes to its own folder or one below it "
-          f"({' < '.join(RANKS)}); no file over {LINE_LIMIT} lines")
+          f"({' < '.join(RANKS)}), {sum(map(len, graph.values()))} includes among {len(graph)} "
+          f"files and no cycle; no file over {LINE_LIMIT} lines")
     return 0
 
 

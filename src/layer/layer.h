@@ -1,14 +1,16 @@
 // One (sequence, layer) and everything done to it, under its own lock: its
-// K/V store, its PQ index and the build in flight, its selector's state,
-// its block-cache bookkeeping and device state, and the asynchronous
-// prefills from device memory. The Context checks the arguments that need
-// no layer, finds the layer and calls it; the Layer does the rest.
+// K/V store, its selector's state, its block-cache bookkeeping and device
+// state, and two parts it owns: the PQ index and its build (IndexBuild,
+// index_build.h) and the asynchronous prefills from device memory (Ingest,
+// ingest.h). The Context checks the arguments that need no layer, finds the
+// layer and calls it; the Layer does the rest.
 //
-// The methods are spread over files by concept: layer.cpp (stores,
-// ingests, introspection), layer_build.cpp (the index build and coding),
+// The methods are spread over files by concept: layer.cpp (stores, ingests,
+// introspection), layer_build.cpp (starting the build and coding tokens),
 // layer_select.cpp (selection and the inputs selectors learn from),
-// layer_fetch.cpp (the fetch and the block cache), layer_state.cpp
-// (truncate, fork, save and restore).
+// layer_fetch.cpp (the fetch and the block cache), layer_attend.cpp
+// (pq_attend), layer_device.cpp (the step kept on the device),
+// layer_state.cpp (truncate, fork, save and restore).
 #pragma once
 
 #include <atomic>

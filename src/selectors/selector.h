@@ -1,7 +1,11 @@
 // The selector interface. A selector picks, for one kv head, k of the middle
-// tokens of a layer. Adding a selector is one new file in src/selectors/
-// that implements this interface, plus its enum value in pqcache.h and one
-// line in registry.cpp.
+// tokens of a layer (selection_request.h says what it is asked). Adding one
+// touches: its file src/selectors/<name>_selector.cpp (the build compiles
+// every file there), its make_<name>_selector() declaration at the end of
+// this header, its line in registry.cpp, its PQ_SELECTOR_ value in
+// pqcache.h, and the bindings' copies of that enum (Python, Go, Java, Rust);
+// docs/design.md, "Adding a selector", lists each place and the test that
+// fails when one is missed.
 #pragma once
 
 #include <cstdint>
