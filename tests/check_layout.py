@@ -9,7 +9,7 @@ and no source file passes the line limit.
     python3 tests/check_layout.py [SRC_DIR]
 
 CTest runs it as `source_layout`. The ranks, bottom first, are the design's
-(docs/design.md, "The pieces"): a folder sees the ones above it in this
+(docs/design.md, "Layout"): a folder sees the ones above it in this
 list, never the ones below.
 """
 
