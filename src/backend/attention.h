@@ -1,6 +1,13 @@
 // Attention of one token's query over selected rows of the host store, for
 // pq_decode_attend: what a CPU inference engine needs from a decode step,
 // computed where the K/V already are, with no gathered copy.
+//
+// The rows are read once, in blocks: each block's keys give the group's
+// logits, an online softmax (as flash-decoding) rescales what was
+// accumulated so far, and the same block's values are added in while they
+// are still in L1. A kv head's rows may be cut into parts attended
+// independently (on different threads) and merged through their maxima and
+// sums, which is exact up to float rounding.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +16,46 @@
 
 namespace pq {
 
-// For one kv head and its group of query heads: out[g][d] = sum_i w[g][i] *
-// V[pos[i]][d] with w[g] = softmax_i(scale * q_g . K[pos[i]]), accumulated
-// in float; lse[g] = the natural log of sum_i exp(scale * q_g . K[pos[i]])
-// (so that attentions over disjoint sets of tokens can be merged). count 0
-// gives zeros and -inf. work: at least attention_work_floats(...) floats.
-void attend_head(const KvStore& store, int32_t kv_head, const int32_t* pos, int64_t count,
-                 const float* queries, int32_t group_size, float scale, float* out, float* lse,
-                 float* work);
+// The running state of an attention over some rows, not yet normalised: for
+// each query head g of the group, max[g] = the largest logit so far, sum[g] =
+// sum_i exp(logit_i - max[g]) and acc[g][:] = sum_i exp(logit_i - max[g]) *
+// V_i. No rows: max -inf, sum 0, acc 0.
+struct AttentionPart {
+  float* acc;   // [group][head_dim]
+  float* max;   // [group]
+  double* sum;  // [group]
+};
 
-// Floats of working memory attend_head needs.
-int64_t attention_work_floats(int64_t count, int32_t group_size, int32_t head_dim);
+// Attends queries ([group][head_dim] floats) over rows pos[0..count) of
+// kv_head (logit = scale * q_g . K[pos[i]]) and writes their part.
+void attend_rows(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* pos,
+                 int64_t count, const float* queries, int32_t group, float scale,
+                 AttentionPart part);
+
+// Merges the parts of disjoint row sets of one group and normalises:
+// out[g][:] = the attention over all their rows, lse[g] = the natural log of
+// sum over those rows of exp(logit) (zeros and -inf when no part has a row).
+// lse may be null.
+void merge_attention(const AttentionPart* parts, int count, int32_t group, int32_t head_dim,
+                     float* out, float* lse);
+
+// The AVX2 + FMA + F16C kernel behind attend_rows (attention_avx2.cpp), for
+// head_dim a multiple of 8 and a group of at most 8; false when it does not
+// apply (the portable kernel then runs).
+bool attend_rows_avx2(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* pos,
+                      int64_t count, const float* queries, int32_t group, float scale,
+                      AttentionPart part);
+
+// Shared by both kernels: the rows of one block.
+#ifndef PQ_ATTEND_BLOCK
+#define PQ_ATTEND_BLOCK 32
+#endif
+constexpr int64_t kAttentionBlockRows = PQ_ATTEND_BLOCK;
+
+// The online softmax step for one block: logits[g * stride + i] (i < rows)
+// become exp(logit - new max), and the part's max, sum and acc are rescaled
+// to the new max.
+void softmax_block(float* logits, int64_t stride, int64_t rows, int32_t group,
+                   int32_t head_dim, AttentionPart part);
 
 }  // namespace pq

@@ -1,5 +1,7 @@
 // A layer's attention over a selection (pq_decode_attend), read from the
-// host store: kv heads in parallel when the selection is large.
+// host store: kv heads, and at long selections parts of a head's rows, in
+// parallel on the pool, merged through their maxima and sums.
+#include <algorithm>
 #include <vector>
 
 #include "backend/attention.h"
@@ -7,6 +9,20 @@
 #include "layer/layer.h"
 
 namespace pq {
+
+namespace {
+
+// Below this many rows in a call the pool's hand-off costs more than the
+// second core gives; a part of a head is at least this long.
+constexpr int64_t kParallelRows = 4096;
+constexpr int64_t kMinPartRows = 2048;
+
+struct AttendTask {
+  int32_t head;
+  int64_t begin, end;
+};
+
+}  // namespace
 
 void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, float scale,
                    float* out, float* out_lse, uint64_t seq_id) {
@@ -17,25 +33,45 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   const int32_t kv_heads = shared_.config.num_kv_heads, group = shared_.group_size;
   const int32_t d = shared_.config.head_dim;
   check_positions(sel, kv_heads, store_.tokens(), layer_index_);
-  // Results aside first: out and out_lse are written only on success.
-  std::vector<float> result(static_cast<size_t>(kv_heads) * group * d);
-  std::vector<float> lse(static_cast<size_t>(kv_heads) * group);
   int64_t rows = 0;
   for (int32_t h = 0; h < kv_heads; ++h) rows += sel->counts[h];
-  auto head = [&](int64_t h) {
+  const bool parallel = shared_.pool != nullptr && rows >= kParallelRows;
+  // Enough tasks for every thread: a head is cut into parts when there are
+  // fewer heads than threads (one or two kv heads, a large pool).
+  const int64_t threads = parallel ? shared_.pool->size() + 1 : 1;
+  const int64_t parts_per_head = (threads + kv_heads - 1) / kv_heads;
+  std::vector<AttendTask> tasks;
+  std::vector<int32_t> first_task(static_cast<size_t>(kv_heads) + 1);
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    first_task[h] = static_cast<int32_t>(tasks.size());
     const int64_t count = sel->counts[h];
-    std::vector<float> work(static_cast<size_t>(attention_work_floats(count, group, d)));
-    attend_head(store_, static_cast<int32_t>(h), sel->positions + h * sel->capacity, count,
-                queries.data() + static_cast<size_t>(h) * group * d, group, scale,
-                result.data() + static_cast<size_t>(h) * group * d,
-                lse.data() + static_cast<size_t>(h) * group, work.data());
+    const int64_t parts = std::max<int64_t>(1, std::min(parts_per_head, count / kMinPartRows));
+    for (int64_t p = 0; p < parts; ++p)
+      tasks.push_back({h, count * p / parts, count * (p + 1) / parts});
+  }
+  first_task[kv_heads] = static_cast<int32_t>(tasks.size());
+  const size_t n = tasks.size();
+  std::vector<float> acc(n * group * d), max(n * group);
+  std::vector<double> sum(n * group);
+  std::vector<AttentionPart> parts(n);
+  for (size_t i = 0; i < n; ++i)
+    parts[i] = {acc.data() + i * group * d, max.data() + i * group, sum.data() + i * group};
+  const KvStore::RowTable table = store_.row_table();
+  auto run = [&](int64_t i) {
+    const AttendTask& t = tasks[static_cast<size_t>(i)];
+    attend_rows(table, t.head, sel->positions + t.head * sel->capacity + t.begin, t.end - t.begin,
+                queries.data() + static_cast<size_t>(t.head) * group * d, group, scale,
+                parts[static_cast<size_t>(i)]);
   };
-  if (kv_heads > 1 && rows >= 4096)
-    shared_.pool->parallel_for(kv_heads, head);
+  if (parallel && n > 1)
+    shared_.pool->parallel_for(static_cast<int64_t>(n), run);
   else
-    for (int32_t h = 0; h < kv_heads; ++h) head(h);
-  std::copy(result.begin(), result.end(), out);
-  if (out_lse != nullptr) std::copy(lse.begin(), lse.end(), out_lse);
+    for (size_t i = 0; i < n; ++i) run(static_cast<int64_t>(i));
+  // out and out_lse are written only now, on success.
+  for (int32_t h = 0; h < kv_heads; ++h)
+    merge_attention(parts.data() + first_task[h], first_task[h + 1] - first_task[h], group, d,
+                    out + static_cast<size_t>(h) * group * d,
+                    out_lse != nullptr ? out_lse + static_cast<size_t>(h) * group : nullptr);
 }
 
 }  // namespace pq

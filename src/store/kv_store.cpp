@@ -30,6 +30,21 @@ const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   return base + (static_cast<size_t>(head) * kChunkTokens + in_chunk) * row_bytes();
 }
 
+KvStore::RowTable KvStore::row_table() const {
+  RowTable t;
+  t.keys.reserve(chunks_.size());
+  t.values.reserve(chunks_.size());
+  for (const auto& c : chunks_) {
+    t.keys.push_back(c->keys.get());
+    t.values.push_back(c->values.get());
+  }
+  t.row_bytes = row_bytes();
+  t.head_bytes = static_cast<size_t>(kChunkTokens) * row_bytes();
+  t.head_dim = head_dim_;
+  t.dtype = dtype_;
+  return t;
+}
+
 void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) {
   const int64_t count = keys.tokens;
   if (count <= 0) return;

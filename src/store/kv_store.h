@@ -18,6 +18,8 @@ namespace pq {
 class KvStore {
  public:
   static constexpr int64_t kChunkTokens = 256;
+  static constexpr int kChunkShift = 8;
+  static_assert(kChunkTokens == int64_t{1} << kChunkShift, "chunks hold a power of two tokens");
 
   // One chunk: keys and values, each laid out [head][token in chunk][dim],
   // so one head's rows are contiguous (K-Means and scoring read by head).
@@ -86,6 +88,29 @@ class KvStore {
   const uint8_t* chunk_values(size_t c) const { return chunks_[c]->values.get(); }
 
   Snapshot snapshot() const;
+
+  // Every row's address in a few instructions, for loops over thousands of
+  // scattered rows (pq_decode_attend): the chunks' K and V bases copied out
+  // once, so a row costs a shift, a mask and a multiply-add instead of a
+  // call. Valid until the store changes.
+  struct RowTable {
+    std::vector<const uint8_t*> keys, values;  // chunk c's K and V blocks
+    size_t row_bytes = 0;
+    size_t head_bytes = 0;  // one head's rows in a chunk
+    int32_t head_dim = 0;
+    int32_t dtype = 0;
+    const uint8_t* key_row(int32_t token, int32_t head) const {
+      return keys[static_cast<size_t>(token) >> kChunkShift] + offset(token, head);
+    }
+    const uint8_t* value_row(int32_t token, int32_t head) const {
+      return values[static_cast<size_t>(token) >> kChunkShift] + offset(token, head);
+    }
+    size_t offset(int32_t token, int32_t head) const {
+      return static_cast<size_t>(head) * head_bytes +
+             static_cast<size_t>(token & (kChunkTokens - 1)) * row_bytes;
+    }
+  };
+  RowTable row_table() const;
 
   // Makes this empty store hold `parent`'s tokens: its full chunks shared
   // (marked shared in both stores, charged once), the partial last chunk

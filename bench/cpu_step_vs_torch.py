@@ -1,0 +1,189 @@
+"""The CPU decode step of libpqcache against what a PyTorch engine on the CPU
+would run instead, in one process on the same cores, interleaved round by
+round (medians and same-round ratios; only ratios travel between machines):
+
+  lib            select + pq_decode_attend: the step, attention read from the
+                 store (no gathered copy);
+  select         pq_decode_select alone;
+  attend         pq_decode_attend alone over a fixed selection;
+  fetch          pq_fetch_kv alone of the same rows (the library's gather);
+  fetch_sdpa     select + pq_fetch_kv + scaled_dot_product_attention over the
+                 gathered rows, the queries viewed as [8 kv heads][4 q heads]
+                 so each K/V row is read once ("grouped");
+  fetch_sdpa_f32 the same with the gathered rows converted to float32 first
+                 (torch's CPU SDPA is several times slower on float16 than on
+                 float32 or bfloat16 where the CPU has no float16 arithmetic:
+                 the baseline is the faster of the two);
+  fetch_sdpa_gqa select + fetch + SDPA's enable_gqa over the 32 query heads;
+  torch_gather   select + torch.index_select of the rows from a [kv][n][d]
+                 tensor + grouped SDPA (the gather a PyTorch engine writes);
+  sdpa_gathered  grouped SDPA alone over rows gathered beforehand;
+  dense          grouped SDPA over every token (no selection at all).
+
+Geometry: one layer of Llama-3-8B (32 q / 8 kv heads, head_dim 128, f16 or
+--dtype bf16), PQ
+2x6 (the defaults), 4 sinks, 128 local tokens, top 1/5 of the middle.
+
+    scripts/run-python bench/cpu_step_vs_torch.py [--tokens 8192 32768 131072]
+        [--dtype f16 bf16] [--rounds 15] [--threads 2] [--json OUT]
+
+Needs torch (scripts/setup.sh --eval); without it prints SKIPPED and exits 0.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+KV, Q, DIM, SINK, LOCAL = 8, 32, 128, 4, 128
+G = Q // KV
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 as uint16 bits (round to nearest even)."""
+    bits = a.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def as_torch(a: np.ndarray):
+    import torch
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768, 131072])
+    ap.add_argument("--dtype", nargs="+", default=["f16", "bf16"], choices=["f16", "bf16"])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        print(f"cpu_step_vs_torch: SKIPPED: torch is not importable ({e})")
+        return 0
+    import pqcache
+
+    torch.set_num_threads(args.threads)
+    print(f"cpu_step_vs_torch: torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"libpqcache {pqcache.version()}, {os.cpu_count()} cpus, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    rows = []
+    for dtype, n in [(d, n) for d in args.dtype for n in args.tokens]:
+        rng = np.random.default_rng(n)
+        as_dtype = to_bf16_bits if dtype == "bf16" else (lambda a: a.astype(np.float16))
+        keys = as_dtype(rng.standard_normal((n, KV, DIM), dtype=np.float32))
+        values = as_dtype(rng.standard_normal((n, KV, DIM), dtype=np.float32))
+        ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
+                              topk_fraction=0.2, worker_threads=args.threads)
+        ctx.add_sequence(0)
+        ctx.prefill(0, 0, keys, values)
+        ctx.wait_builds()
+        query = as_dtype(rng.standard_normal((Q, DIM), dtype=np.float32))
+        sel = ctx.select(0, 0, query)
+        counts = sel.counts
+        if len(set(counts.tolist())) != 1:
+            raise SystemExit(f"expected equal counts per kv head, got {counts}")
+        count = int(counts[0])
+        gathered = ctx.fetch(0, 0, sel)
+        tq = as_torch(query).view(1, KV, G, DIM)      # grouped: [1][kv][g][d]
+        tq_gqa = as_torch(query).view(1, Q, 1, DIM)   # [1][q][1][d]
+        tq_f32 = tq.float()
+        tk = as_torch(np.ascontiguousarray(keys.transpose(1, 0, 2)))   # [kv][n][d]
+        tv = as_torch(np.ascontiguousarray(values.transpose(1, 0, 2)))
+
+        def select():
+            ctx.select(0, 0, query, out=sel)
+
+        def sdpa_rows(k, v, gqa=False, f32=False):
+            kk = as_torch(k)[:, :count].unsqueeze(0)
+            vv = as_torch(v)[:, :count].unsqueeze(0)
+            if gqa:
+                return F.scaled_dot_product_attention(tq_gqa, kk, vv, enable_gqa=True)
+            if f32:
+                return F.scaled_dot_product_attention(tq_f32, kk.float(), vv.float())
+            return F.scaled_dot_product_attention(tq, kk, vv)
+
+        def lib():
+            select()
+            ctx.attend(0, 0, query, sel)
+
+        def attend():
+            ctx.attend(0, 0, query, sel)
+
+        def fetch():
+            ctx.fetch(0, 0, sel, out=gathered)
+
+        def fetch_sdpa():
+            select()
+            ctx.fetch(0, 0, sel, out=gathered)
+            sdpa_rows(*gathered)
+
+        def fetch_sdpa_f32():
+            select()
+            ctx.fetch(0, 0, sel, out=gathered)
+            sdpa_rows(*gathered, f32=True)
+
+        def fetch_sdpa_gqa():
+            select()
+            ctx.fetch(0, 0, sel, out=gathered)
+            sdpa_rows(*gathered, gqa=True)
+
+        def torch_gather():
+            select()
+            index = torch.from_numpy(sel.positions[:, :count].astype(np.int64))
+            k = torch.stack([tk[h].index_select(0, index[h]) for h in range(KV)]).unsqueeze(0)
+            v = torch.stack([tv[h].index_select(0, index[h]) for h in range(KV)]).unsqueeze(0)
+            F.scaled_dot_product_attention(tq, k, v)
+
+        def sdpa_gathered():
+            sdpa_rows(*gathered)
+
+        def dense():
+            F.scaled_dot_product_attention(tq, tk.unsqueeze(0), tv.unsqueeze(0))
+
+        # The outputs agree (the library and SDPA over the same rows).
+        out, _ = ctx.attend(0, 0, query, sel)
+        ref = sdpa_rows(*gathered, f32=True).reshape(Q, DIM).numpy()
+        err = float(np.abs(out - ref).max())
+        candidates = {"lib": lib, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
+                      "fetch_sdpa_f32": fetch_sdpa_f32, "fetch_sdpa_gqa": fetch_sdpa_gqa, "torch_gather": torch_gather,
+                      "sdpa_gathered": sdpa_gathered, "dense": dense}
+        for fn in candidates.values():
+            fn()
+        times = {name: [] for name in candidates}
+        ratios = {"best_fetch_sdpa/lib": [], "attend/fetch": [], "torch_gather/lib": [],
+                  "dense/lib": []}
+        for _ in range(args.rounds):
+            this = {}
+            for name, fn in candidates.items():
+                start = time.perf_counter()
+                fn()
+                this[name] = time.perf_counter() - start
+                times[name].append(this[name])
+            this["best_fetch_sdpa"] = min(this["fetch_sdpa"], this["fetch_sdpa_f32"])
+            for key in ratios:
+                a, b = key.split("/")
+                ratios[key].append(this[a] / this[b])
+        row = {"dtype": dtype, "tokens": n, "rows_per_kv_head": count, "load": round(os.getloadavg()[0], 2),
+               "max_abs_diff_vs_sdpa": err,
+               "ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()},
+               "median_ratio": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        ctx.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+// The AVX2 + FMA + F16C kernel of attend_rows (attention.h): per block of
+// rows, the group's logits with two rows and all query heads in registers,
+// then the values added into output strips held in registers across the
+// block. Row addresses come from the store's RowTable; the rows of the
+// blocks ahead are prefetched, since scattered rows leave the hardware
+// prefetcher nothing to follow.
+#include "backend/attention.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "base/cpu_dispatch.h"
+#include "pqcache.h"
+
+#define PQ_TARGET_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
+#define PQ_KERNEL PQ_ALWAYS_INLINE PQ_TARGET_AVX2_FMA
+#if defined(__clang__)
+#define PQ_UNROLL _Pragma("unroll")
+#else
+#define PQ_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+namespace pq {
+
+namespace {
+
+constexpr int64_t kB = kAttentionBlockRows;
+// Blocks prefetched ahead of the one being computed: at 32 rows of 512 bytes
+// (K and V, head_dim 128, f16) two blocks keep about 32 KB in flight, what
+// hides DRAM latency on the 2-core machine of docs/perf.md.
+#ifndef PQ_ATTEND_PREFETCH_BLOCKS
+#define PQ_ATTEND_PREFETCH_BLOCKS 2
+#endif
+constexpr int64_t kPrefetchBlocks = PQ_ATTEND_PREFETCH_BLOCKS;
+
+// Eight elements of a row as floats.
+template <int Dtype>
+PQ_KERNEL __m256 load8(const uint8_t* p) {
+  if constexpr (Dtype == PQ_DTYPE_F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else if constexpr (Dtype == PQ_DTYPE_BF16) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+}
+
+PQ_KERNEL float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+PQ_KERNEL void prefetch_rows(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
+                             int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint8_t* k = t.key_row(pos[i], kv_head);
+    const uint8_t* v = t.value_row(pos[i], kv_head);
+    for (size_t b = 0; b < t.row_bytes; b += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(k + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + b), _MM_HINT_T0);
+    }
+  }
+}
+
+// logits[g * kB + i] for R rows from i: each key vector loaded once for the
+// group, R x G accumulators.
+template <int Dtype, int G, int R>
+PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d, float scale,
+                           float* logits, int64_t i) {
+  __m256 acc[R][G];
+  PQ_UNROLL for (int r = 0; r < R; ++r) PQ_UNROLL for (int g = 0; g < G; ++g) acc[r][g] =
+      _mm256_setzero_ps();
+  constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4 : 2;
+  for (int32_t k = 0; k < d; k += 8) {
+    __m256 key[R];
+    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load8<Dtype>(keys[i + r] + k * kElem);
+    PQ_UNROLL for (int g = 0; g < G; ++g) {
+      const __m256 qg = _mm256_loadu_ps(q + static_cast<size_t>(g) * d + k);
+      PQ_UNROLL for (int r = 0; r < R; ++r) acc[r][g] = _mm256_fmadd_ps(qg, key[r], acc[r][g]);
+    }
+  }
+  PQ_UNROLL for (int r = 0; r < R; ++r) PQ_UNROLL for (int g = 0; g < G; ++g)
+      logits[g * kB + i + r] = hsum(acc[r][g]) * scale;
+}
+
+// acc[g][k..k + 8W) += sum_i w[g][i] * V_i[k..k + 8W) over the block, the
+// strip of every query head in registers.
+template <int Dtype, int G, int W>
+PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t rows, int32_t d,
+                          int32_t k, float* acc) {
+  constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4 : 2;
+  __m256 o[G][W];
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] =
+      _mm256_loadu_ps(acc + static_cast<size_t>(g) * d + k + 8 * s);
+  for (int64_t i = 0; i < rows; ++i) {
+    __m256 v[W];
+    PQ_UNROLL for (int s = 0; s < W; ++s) v[s] = load8<Dtype>(values[i] + (k + 8 * s) * kElem);
+    PQ_UNROLL for (int g = 0; g < G; ++g) {
+      const __m256 wg = _mm256_broadcast_ss(w + g * kB + i);
+      PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm256_fmadd_ps(wg, v[s], o[g][s]);
+    }
+  }
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s)
+      _mm256_storeu_ps(acc + static_cast<size_t>(g) * d + k + 8 * s, o[g][s]);
+}
+
+template <int Dtype, int G>
+PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
+                                          const int32_t* pos, int64_t count,
+                                          const float* queries, float scale, AttentionPart part) {
+  // Registers: logits use 2G accumulators + 2 keys + 1 query (16 for G = 4
+  // with two rows; one row above); values 2 strips of G (one above 4).
+  constexpr int kRows = G <= 4 ? 2 : 1;
+  constexpr int kStrips = G <= 4 ? 2 : 1;
+  const int32_t d = t.head_dim;
+  alignas(32) float logits[G * kB];
+  const uint8_t* keys[kB];
+  const uint8_t* values[kB];
+  prefetch_rows(t, kv_head, pos, std::min(count, kPrefetchBlocks * kB));
+  for (int64_t b = 0; b < count; b += kB) {
+    const int64_t rows = std::min(kB, count - b);
+    const int64_t ahead = b + kPrefetchBlocks * kB;
+    if (ahead < count) prefetch_rows(t, kv_head, pos + ahead, std::min(kB, count - ahead));
+    for (int64_t i = 0; i < rows; ++i) {
+      keys[i] = t.key_row(pos[b + i], kv_head);
+      values[i] = t.value_row(pos[b + i], kv_head);
+    }
+    int64_t i = 0;
+    for (; i + kRows <= rows; i += kRows)
+      logits_rows<Dtype, G, kRows>(keys, queries, d, scale, logits, i);
+    for (; i < rows; ++i) logits_rows<Dtype, G, 1>(keys, queries, d, scale, logits, i);
+    softmax_block(logits, kB, rows, G, d, part);
+    int32_t k = 0;
+    for (; k + 8 * kStrips <= d; k += 8 * kStrips)
+      add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);
+    for (; k < d; k += 8) add_values<Dtype, G, 1>(values, logits, rows, d, k, part.acc);
+  }
+}
+
+template <int Dtype>
+bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
+                  const float* q, int32_t group, float scale, AttentionPart part) {
+  switch (group) {
+    case 1: attend_block_rows<Dtype, 1>(t, kv_head, pos, count, q, scale, part); return true;
+    case 2: attend_block_rows<Dtype, 2>(t, kv_head, pos, count, q, scale, part); return true;
+    case 3: attend_block_rows<Dtype, 3>(t, kv_head, pos, count, q, scale, part); return true;
+    case 4: attend_block_rows<Dtype, 4>(t, kv_head, pos, count, q, scale, part); return true;
+    case 5: attend_block_rows<Dtype, 5>(t, kv_head, pos, count, q, scale, part); return true;
+    case 6: attend_block_rows<Dtype, 6>(t, kv_head, pos, count, q, scale, part); return true;
+    case 7: attend_block_rows<Dtype, 7>(t, kv_head, pos, count, q, scale, part); return true;
+    case 8: attend_block_rows<Dtype, 8>(t, kv_head, pos, count, q, scale, part); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool attend_rows_avx2(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
+                      int64_t count, const float* queries, int32_t group, float scale,
+                      AttentionPart part) {
+  if (t.head_dim % 8 != 0) return false;
+  switch (t.dtype) {
+    case PQ_DTYPE_F16: return attend_dtype<PQ_DTYPE_F16>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_BF16: return attend_dtype<PQ_DTYPE_BF16>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_F32: return attend_dtype<PQ_DTYPE_F32>(t, kv_head, pos, count, queries, group, scale, part);
+    default: return false;
+  }
+}
+
+}  // namespace pq
+
+#else  // not x86-64 with GCC or Clang: the portable kernel alone
+
+namespace pq {
+bool attend_rows_avx2(const KvStore::RowTable&, int32_t, const int32_t*, int64_t, const float*,
+                      int32_t, float, AttentionPart) {
+  return false;
+}
+}  // namespace pq
+
+#endif
