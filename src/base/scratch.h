@@ -21,9 +21,9 @@ struct SelectScratch {
   std::vector<uint32_t> histogram;  // top-k: radix histograms; tuple path: tuple counts
   std::vector<uint32_t> weights;    // tuple path: tokens per present tuple
   std::vector<int32_t> candidates;  // tuple path: threshold candidates
-  // Tuple path, two subspaces: the class of each pair of code bytes
-  // (code0 | code1 << 8); all zero between calls.
-  std::vector<uint8_t> pair_class;
+  // Tuple path, two subspaces: the classes of the code pairs, zero between
+  // calls (pq/pq_tuple_emit.h's PairClassTable).
+  std::vector<uint8_t> pair_classes;
 };
 
 class ScratchPool {

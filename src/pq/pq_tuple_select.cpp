@@ -8,6 +8,7 @@
 #include "pqcache.h"
 #include "base/cpu_dispatch.h"
 #include "base/topk.h"
+#include "pq/pq_tuple_emit.h"
 
 namespace pq {
 
@@ -148,33 +149,6 @@ void emit_positions(const CodeColumn& codes, int64_t first, int64_t n, int32_t m
   });
 }
 
-// Two subspaces, the default: a token's two code bytes read as one 16-bit
-// index (code0 | code1 << 8) into a table of classes, so the loop does no
-// shifts to build the tuple, and runs eight tokens between checks of w while
-// eight or more are still to be found. It was 97% of a selection at 128K
-// tokens. The table holds the present tuples' classes during the call only.
-void emit_positions_pairs(const CodeColumn& codes, int64_t first, int64_t n, int32_t b,
-                          const std::vector<int32_t>& used, const std::vector<uint8_t>& cls_of_tuple,
-                          int64_t ties, int64_t k, int32_t* out, std::vector<uint8_t>& table) {
-  if (table.size() != 65536) table.assign(65536, 0);
-  const uint32_t mask = (uint32_t{1} << b) - 1;
-  auto pair_of_tuple = [&](uint32_t t) { return (t & mask) | ((t >> b) << 8); };
-  for (int32_t t : used)
-    table[pair_of_tuple(static_cast<uint32_t>(t))] = cls_of_tuple[static_cast<size_t>(t)];
-  const uint8_t* cls = table.data();
-  Emitter e{out, k, ties};
-  codes.for_each_run_reverse(first, first + n, [&](int64_t run_first, int64_t count,
-                                                   const uint8_t* p) {
-    auto pair = [p](int64_t i) { return static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)); };
-    int64_t i = count - 1;
-    while (i >= 7 && e.w >= 8) {
-      for (int j = 0; j < 8; ++j, --i) e.visit(run_first + i, cls[pair(i)]);
-    }
-    for (; i >= 0 && e.w > 0; --i) e.visit(run_first + i, cls[pair(i)]);
-  });
-  for (int32_t t : used) table[pair_of_tuple(static_cast<uint32_t>(t))] = 0;
-}
-
 }  // namespace
 
 int64_t pq_tuple_table_size(int32_t subspaces, int32_t centroids) {
@@ -278,10 +252,23 @@ void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, in
 
   // 4. The positions, from the last token down, written from out[k - 1]
   // down so that they come out ascending; stops once k are found.
-  if (m == 2)
-    emit_positions_pairs(codes, first, n, b, used, cls, ties, k, out, scratch.pair_class);
-  else
+  if (m == 2) {
+    // Forward, by code pairs: the tie tokens are counted first, so that the
+    // last `ties` of them are the ones taken.
+    PairClassTable table(scratch.pair_classes);
+    const uint32_t mask = (uint32_t{1} << b) - 1;
+    auto pair_of = [&](int32_t t) { return (t & mask) | ((static_cast<uint32_t>(t) >> b) << 8); };
+    int64_t tie_tokens = 0;
+    for (int64_t i = 0; i < u; ++i) {
+      const int32_t t = used[static_cast<size_t>(i)];
+      table.set(pair_of(t), cls[static_cast<size_t>(t)]);
+      if (cls[static_cast<size_t>(t)] == 1) tie_tokens += weights[static_cast<size_t>(i)];
+    }
+    emit_chosen_pairs(codes, first, n, table, tie_tokens, ties, k, out);
+    for (int32_t t : used) table.clear(pair_of(t));
+  } else {
     emit_positions(codes, first, n, m, b, cls, ties, k, out);
+  }
 }
 
 }  // namespace pq
