@@ -1,26 +1,35 @@
 // bench_floor.cpp - the CPU decode step against the memory floor and its
 // baselines (issue 13), side by side in one run. The machine's bandwidths are
 // measured first, by this program, and printed in the context:
-//   read_GBps        summing a 1 GiB buffer, all hardware threads
-//   copy_fresh_GBps  memcpy into freshly allocated memory (page faults
+//   read_GBps        summing a 1 GiB buffer, all hardware threads: the best
+//                    of 9 runs (read_median_GBps: their median), with the
+//                    load average when measured (load_at_bandwidth) and
+//                    when each benchmark ends (load)
+//   copy_fresh_GBps  memcpy into pages fresh from mmap (page faults
 //                    included: what an ingest into a new chunk pays), 1 thread
 //
 // Benchmarks (first argument: context length in tokens):
 //   select/N/m      pq_decode_select (PQ m x b: m = 2 -> 2x6, m = 4 -> 4x4).
-//                   floor_us = the middle's code bytes / read bandwidth;
+//                   floor_us = the middle's code bytes / the best read
+//                   bandwidth;
 //                   over_floor = time / floor.
 //   attend/N        one decode step through pq_decode_select +
 //                   pq_decode_attend (top 1/5), timed; measured in the same
-//                   iteration, interleaved: select + pq_fetch_kv + attention
-//                   over the gathered copy (gather_ms), dense attention over
-//                   every token through the same kernel (dense_ms, the
-//                   project's AVX2/F16C kernel), and dense attention through
-//                   BLAS sgemv on f32 copies of K and V (blas_ms, N <= 128K).
-//                   median_ms is the step's median; dense_over_ours and
-//                   gather_over_ours are ratios of medians.
+//                   iteration, interleaved: pq_decode_attend alone
+//                   (attend_ms) and pq_fetch_kv alone (fetch_ms) over the
+//                   same selection; select + pq_fetch_kv + the library's
+//                   attention kernel over the gathered copy, kv heads on all
+//                   threads (gather_ms: the best "gather + attention" without
+//                   pq_decode_attend); dense attention over every token
+//                   through pq_decode_attend (dense_ms) and through BLAS
+//                   sgemm on f32 copies of K and V (blas_ms, N <= 128K).
+//                   median_ms is the step's median; attend_over_fetch,
+//                   dense_over_ours and gather_over_ours are ratios of
+//                   medians. PyTorch's SDPA: bench/cpu_step_vs_torch.py.
 //   ingest/N        pq_prefill_layer of N tokens into a fresh sequence
 //                   (WINDOW selector: no build), timed; memcpy of the same
-//                   bytes into fresh memory in the same iteration (memcpy_ms);
+//                   bytes into pages fresh from mmap in the same iteration
+//                   (memcpy_ms), as the ingest writes into new chunks;
 //                   of_memcpy = memcpy's median / the ingest's median.
 // Geometry: one layer of a Llama-3-8B-like model (bench_data.h).
 #include <benchmark/benchmark.h>
@@ -36,6 +45,7 @@
 #include <vector>
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include "backend/attention.h"
 #include "bench_data.h"
@@ -53,8 +63,28 @@ double seconds_since(Clock::time_point t) {
 // --- the machine's bandwidths ----------------------------------------------
 
 struct Bandwidth {
-  double read_gbps = 0, copy_fresh_gbps = 0;
+  // read: the best of the reads (the floor must not flatter a step measured
+  // under load with a bandwidth measured under load); read_median beside it.
+  double read_gbps = 0, read_median_gbps = 0, copy_fresh_gbps = 0;
+  double load = 0;  // 1-minute load average when measured
 };
+
+double load_average() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
+// `bytes` of fresh pages from the kernel (unmapped by the deleter): what an
+// ingest into new chunks writes into, page faults included.
+struct FreshPages {
+  void operator()(uint8_t* p) const { munmap(p, bytes); }
+  size_t bytes;
+};
+std::unique_ptr<uint8_t, FreshPages> fresh_pages(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) std::abort();
+  return std::unique_ptr<uint8_t, FreshPages>(static_cast<uint8_t*>(p), FreshPages{bytes});
+}
 
 Bandwidth measure_bandwidth() {
   Bandwidth b;
@@ -62,7 +92,8 @@ Bandwidth measure_bandwidth() {
   std::vector<uint64_t> buf(bytes / 8, 1);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<double> reads;
-  for (int rep = 0; rep < 5; ++rep) {
+  b.load = load_average();
+  for (int rep = 0; rep < 9; ++rep) {
     std::vector<uint64_t> sums(threads, 0);
     auto t = Clock::now();
     std::vector<std::thread> pool;
@@ -83,12 +114,13 @@ Bandwidth measure_bandwidth() {
     benchmark::DoNotOptimize(sums.data());
   }
   std::sort(reads.begin(), reads.end());
-  b.read_gbps = reads[reads.size() / 2];
+  b.read_gbps = reads.back();
+  b.read_median_gbps = reads[reads.size() / 2];
   std::vector<double> copies;
   const size_t copy_bytes = size_t{256} << 20;
   for (int rep = 0; rep < 5; ++rep) {
     auto t = Clock::now();
-    std::unique_ptr<uint8_t[]> dst(new uint8_t[copy_bytes]);
+    auto dst = fresh_pages(copy_bytes);
     std::memcpy(dst.get(), buf.data(), copy_bytes);
     copies.push_back(copy_bytes / seconds_since(t) / 1e9);
     benchmark::DoNotOptimize(dst.get());
@@ -152,7 +184,10 @@ struct Selection {
 
 void report_bandwidth(benchmark::State& state) {
   state.counters["read_GBps"] = bandwidth().read_gbps;
+  state.counters["read_median_GBps"] = bandwidth().read_median_gbps;
   state.counters["copy_fresh_GBps"] = bandwidth().copy_fresh_gbps;
+  state.counters["load_at_bandwidth"] = bandwidth().load;
+  state.counters["load"] = load_average();
 }
 
 // --- select ------------------------------------------------------------------
@@ -364,7 +399,7 @@ void ingest(benchmark::State& state) {
     state.SetIterationTime(ingests.back());
     CHECK(pq_sequence_remove(ctx, seq++));
     t = Clock::now();
-    std::unique_ptr<uint8_t[]> dk(new uint8_t[bytes]), dv(new uint8_t[bytes]);
+    auto dk = fresh_pages(bytes), dv = fresh_pages(bytes);
     std::memcpy(dk.get(), tr.keys.data(), bytes);
     std::memcpy(dv.get(), tr.values.data(), bytes);
     benchmark::DoNotOptimize(dk.get());

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct Geometry {
   int64_t tokens, selected;  // selected rows per kv head
   bool unsorted_with_repeats;
 };
+
+void PrintTo(const Geometry& g, std::ostream* os) { *os << g.name; }
 
 class AttendGeometry : public ::testing::TestWithParam<Geometry> {};
 

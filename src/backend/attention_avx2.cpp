@@ -1,9 +1,8 @@
 // The AVX2 + FMA + F16C kernel of attend_rows (attention.h): per block of
 // rows, the group's logits with two rows and all query heads in registers,
 // then the values added into output strips held in registers across the
-// block. Row addresses come from the store's RowTable; the rows of the
-// blocks ahead are prefetched, since scattered rows leave the hardware
-// prefetcher nothing to follow.
+// block. Row addresses come from the store's RowTable; rows ahead are
+// prefetched a row at a time between the logits.
 #include "backend/attention.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -28,13 +27,13 @@ namespace pq {
 namespace {
 
 constexpr int64_t kB = kAttentionBlockRows;
-// Blocks prefetched ahead of the one being computed: at 32 rows of 512 bytes
-// (K and V, head_dim 128, f16) two blocks keep about 32 KB in flight, what
-// hides DRAM latency on the 2-core machine of docs/perf.md.
-#ifndef PQ_ATTEND_PREFETCH_BLOCKS
-#define PQ_ATTEND_PREFETCH_BLOCKS 2
-#endif
-constexpr int64_t kPrefetchBlocks = PQ_ATTEND_PREFETCH_BLOCKS;
+// Rows prefetched ahead of the one being computed. Selectors return
+// positions ascending, which the hardware prefetcher follows within a page;
+// positions in any other order (the API accepts them) need the software
+// prefetch: on the 2-core machine of docs/perf.md, shuffled positions over
+// 128K tokens took 69 ms without it and 43-58 ms with 64 rows ahead, while
+// ascending ones took the same either way.
+constexpr int64_t kPrefetchRows = 64;
 
 // Eight elements of a row as floats.
 template <int Dtype>
@@ -122,19 +121,27 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
   alignas(32) float logits[G * kB];
   const uint8_t* keys[kB];
   const uint8_t* values[kB];
-  prefetch_rows(t, kv_head, pos, std::min(count, kPrefetchBlocks * kB));
+  // Prefetches go out a row at a time between the logits of the current
+  // rows, kPrefetchRows ahead: a burst of a block's prefetches fills the
+  // core's miss buffers and stalls it, so memory and arithmetic would take
+  // turns instead of overlapping.
+  prefetch_rows(t, kv_head, pos, std::min(count, kPrefetchRows));
   for (int64_t b = 0; b < count; b += kB) {
     const int64_t rows = std::min(kB, count - b);
-    const int64_t ahead = b + kPrefetchBlocks * kB;
-    if (ahead < count) prefetch_rows(t, kv_head, pos + ahead, std::min(kB, count - ahead));
     for (int64_t i = 0; i < rows; ++i) {
       keys[i] = t.key_row(pos[b + i], kv_head);
       values[i] = t.value_row(pos[b + i], kv_head);
     }
+    const int64_t ahead = b + kPrefetchRows;
     int64_t i = 0;
-    for (; i + kRows <= rows; i += kRows)
+    for (; i + kRows <= rows; i += kRows) {
+      if (ahead + i + kRows <= count) prefetch_rows(t, kv_head, pos + ahead + i, kRows);
       logits_rows<Dtype, G, kRows>(keys, queries, d, scale, logits, i);
-    for (; i < rows; ++i) logits_rows<Dtype, G, 1>(keys, queries, d, scale, logits, i);
+    }
+    for (; i < rows; ++i) {
+      if (ahead + i < count) prefetch_rows(t, kv_head, pos + ahead + i, 1);
+      logits_rows<Dtype, G, 1>(keys, queries, d, scale, logits, i);
+    }
     softmax_block(logits, kB, rows, G, d, part);
     int32_t k = 0;
     for (; k + 8 * kStrips <= d; k += 8 * kStrips)
