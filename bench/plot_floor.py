@@ -61,11 +61,11 @@ def main():
     pts = sorted((k[0], v) for k, v in r["attend"].items())
     n = [p[0] for p in pts]
     b.plot(n, [p[1]["median_ms"] for p in pts], "o-", label="select + pq_decode_attend (1/5)")
-    b.plot(n, [p[1]["gather_ms"] for p in pts], "s-", label="select + fetch + attention")
-    b.plot(n, [p[1]["dense_ms"] for p in pts], "^-", label="dense, own AVX2 kernel")
+    b.plot(n, [p[1]["gather_ms"] for p in pts], "s-", label="select + fetch + the same kernel (threaded)")
+    b.plot(n, [p[1]["dense_ms"] for p in pts], "^-", label="dense: pq_decode_attend over every token")
     blas = [(p[0], p[1]["blas_ms"]) for p in pts if "blas_ms" in p[1]]
     if blas:
-        b.plot(*zip(*blas), "v-", label="dense, BLAS sgemv (f32)")
+        b.plot(*zip(*blas), "v-", label="dense, BLAS sgemm (f32)")
     b.set(xscale="log", yscale="log", xlabel="context tokens", ylabel="ms per layer",
           title="one decode step, 32 q / 8 kv heads, f16")
     b.legend(fontsize=8)

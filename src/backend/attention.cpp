@@ -63,7 +63,7 @@ void attend_rows_portable(const KvStore::RowTable& t, int32_t kv_head, const int
 
 bool cpu_has_avx2_fma_f16c() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  return cpu_has_avx2() && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return cpu_has_avx2() && cpu_has_f16c() && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif

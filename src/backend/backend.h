@@ -37,7 +37,7 @@ struct PqLayerSelectArgs {
   const float* lut = nullptr;         // [kv_heads][group_size][subspaces][centroids]
   const CodeColumn* codes = nullptr;  // per kv head: host codes of tokens [0, coded_tokens)
   int64_t coded_tokens = 0;
-  TokenRange middle;                  // the tokens to score, middle.end <= coded_tokens
+  TokenRange middle{};                // the tokens to score, middle.end <= coded_tokens
   int64_t k = 0;                      // per kv head, 0 < k < middle.size()
 
   int32_t kv_heads() const { return context.kv_heads(); }
@@ -58,7 +58,7 @@ struct DeviceFetchArgs {
   const pq_tensor& out_keys;     // device memory
   const pq_tensor& out_values;   // device memory
   const BlockCache* cache = nullptr;  // null when off; lookups only
-  TokenRange middle;             // only middle tokens can be cache hits
+  TokenRange middle{};           // only middle tokens can be cache hits
   uint64_t* staged_bytes = nullptr;   // += bytes the CPU copied to stage rows; may be null
 };
 

@@ -27,5 +27,7 @@ namespace pq {
 
 // Whether the CPU has AVX2 (asked once). False off x86-64.
 bool cpu_has_avx2();
+// Whether the CPU has F16C (and AVX), from CPUID (asked once).
+bool cpu_has_f16c();
 
 }  // namespace pq

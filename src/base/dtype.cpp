@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <cpuid.h>
 
 #include "base/cpu_dispatch.h"
 #include <immintrin.h>
@@ -114,16 +113,6 @@ __attribute__((target("avx,f16c"))) void halves_to_float_f16c(const void* h, int
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(packed));
   }
   for (; i < count; ++i) out[i] = half_to_float(load<uint16_t>(h, i));
-}
-
-// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports has no "f16c").
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 &&
-           __builtin_cpu_supports("avx");
-  }();
-  return has;
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ struct LayerSelection {
   const PqIndex* index = nullptr;    // non-null when the selector needs_index()
   SelectorState* state = nullptr;    // from make_state(); may be null
   const float* queries = nullptr;    // [kv_heads][group_size][head_dim]
-  TokenRange middle;                 // the middle tokens, chosen from
+  TokenRange middle{};               // the middle tokens, chosen from
   int64_t k = 0;                     // per kv head, 0 <= k <= middle.size()
 
   // The request of kv head h, working in `scratch`.
