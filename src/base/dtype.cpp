@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-
 #include "base/cpu_dispatch.h"
 #include <immintrin.h>
 
