@@ -107,6 +107,7 @@ void attend_rows(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* 
 void merge_attention(const AttentionPart* parts, int count, int32_t group, int32_t head_dim,
                      float* out, float* lse) {
   std::fill(out, out + static_cast<size_t>(group) * head_dim, 0.f);
+  std::vector<float> weight(static_cast<size_t>(count));
   for (int32_t g = 0; g < group; ++g) {
     float max = kNoRows;
     for (int p = 0; p < count; ++p) max = std::max(max, parts[p].max[g]);
@@ -115,7 +116,7 @@ void merge_attention(const AttentionPart* parts, int count, int32_t group, int32
       continue;
     }
     double sum = 0.0;
-    std::vector<float> weight(static_cast<size_t>(count), 0.f);
+    std::fill(weight.begin(), weight.end(), 0.f);
     for (int p = 0; p < count; ++p)
       if (parts[p].max[g] != kNoRows) {
         weight[p] = exp_nonpositive(parts[p].max[g] - max);

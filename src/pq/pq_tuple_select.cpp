@@ -241,17 +241,14 @@ void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, in
   // last ones (ties go to the larger position), as many as still needed.
   const Threshold th = weighted_threshold(keys, weights, k, scratch.candidates, scratch.next);
   int64_t ties = k - th.above;
-  // 2 above, 1 at the threshold, 0 below, per tuple.
-  std::vector<uint8_t>& cls = scratch.chosen;
-  cls.assign(tuples, 0);
-  for (int64_t i = 0; i < u; ++i) {
+  // 4. The positions, ascending, k of them: the tuples above the threshold
+  // and, of the tokens at it, the last `ties` (ties go to the larger
+  // position). Each present tuple's class (2 above, 1 at, 0 below) goes
+  // straight into the table the last pass reads.
+  auto class_of = [&](int64_t i) {
     const uint32_t key = keys[static_cast<size_t>(i)];
-    cls[static_cast<size_t>(used[static_cast<size_t>(i)])] =
-        static_cast<uint8_t>(key > th.key ? 2 : key == th.key ? 1 : 0);
-  }
-
-  // 4. The positions, from the last token down, written from out[k - 1]
-  // down so that they come out ascending; stops once k are found.
+    return static_cast<uint8_t>(key > th.key ? 2 : key == th.key ? 1 : 0);
+  };
   if (m == 2) {
     // Forward, by code pairs: the tie tokens are counted first, so that the
     // last `ties` of them are the ones taken.
@@ -260,13 +257,17 @@ void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, in
     auto pair_of = [&](int32_t t) { return (t & mask) | ((static_cast<uint32_t>(t) >> b) << 8); };
     int64_t tie_tokens = 0;
     for (int64_t i = 0; i < u; ++i) {
-      const int32_t t = used[static_cast<size_t>(i)];
-      table.set(pair_of(t), cls[static_cast<size_t>(t)]);
-      if (cls[static_cast<size_t>(t)] == 1) tie_tokens += weights[static_cast<size_t>(i)];
+      const uint8_t c = class_of(i);
+      table.set(pair_of(used[static_cast<size_t>(i)]), c);
+      if (c == PairClassTable::kTie) tie_tokens += weights[static_cast<size_t>(i)];
     }
     emit_chosen_pairs(codes, first, n, table, tie_tokens, ties, k, out);
     for (int32_t t : used) table.clear(pair_of(t));
   } else {
+    // From the last token down, written from out[k - 1] down.
+    std::vector<uint8_t>& cls = scratch.chosen;
+    cls.assign(tuples, 0);
+    for (int64_t i = 0; i < u; ++i) cls[static_cast<size_t>(used[static_cast<size_t>(i)])] = class_of(i);
     emit_positions(codes, first, n, m, b, cls, ties, k, out);
   }
 }
