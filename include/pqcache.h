@@ -233,6 +233,36 @@ typedef enum pq_cache_policy {
   PQ_CACHE_LFU = 1
 } pq_cache_policy;
 
+/* How the model lays each rotary pair out in a head's dimensions (appended
+ * in 0.7; config.key_rotary). RoPE turns each pair of dimensions by an
+ * angle that grows with the position, so a product-quantization subspace
+ * that holds both halves of its pairs sees the same rotation of every key,
+ * and one that splits a pair sees its parts move apart. With a rotary
+ * layout the library groups whole pairs into each subspace itself (keys and
+ * queries alike; what the caller passes and gets back keeps its layout),
+ * so pq_subspaces must leave an even number of dimensions per subspace. */
+typedef enum pq_key_rotary {
+  /* No pairing: subspace j holds dimensions [j*D/m, (j+1)*D/m). */
+  PQ_ROTARY_NONE = 0,
+  /* Dimension i turns with i + D/2 ("rotate half"): Hugging Face
+   * transformers' Llama, Mistral, Qwen2, Gemma. */
+  PQ_ROTARY_HALF = 1,
+  /* Dimension 2i turns with 2i + 1: GPT-J, and llama.cpp's GGUF order. The
+   * contiguous subspaces already hold whole pairs; this layout only asks for
+   * an even width. */
+  PQ_ROTARY_INTERLEAVED = 2
+} pq_key_rotary;
+
+/* How SnapKV, PyramidKV and SCOPE smooth the window's token scores over
+ * pooling_kernel neighbours (appended in 0.7; config.pooling). */
+typedef enum pq_pooling {
+  /* The largest score in the window. */
+  PQ_POOLING_MAX = 0,
+  /* The mean over the window, counting the zero padding past either end
+   * (torch's avg_pool1d): the official SnapKV code's default, as kvpress. */
+  PQ_POOLING_AVG = 1
+} pq_pooling;
+
 /* Memory layout presets for pq_tensor_init. */
 typedef enum pq_layout {
   /* [tokens][heads][head_dim], as vLLM's paged blocks keep it. */
@@ -301,12 +331,18 @@ typedef struct pq_config {
   int32_t dtype;        /* pq_dtype of K/V/Q buffers; default PQ_DTYPE_F16 */
 
   /* --- Product quantization ----------------------------------------- */
-  /* m, subspaces per head. Default 2 (the paper's LongBench setting). */
+  /* m, subspaces per head. 0 (the default since 0.7): chosen from head_dim,
+   * the best setting per code byte measured (docs/quality.md, "The default
+   * index"): head_dim / 32 clipped to [1, 4] (2 for head_dim 64, 4 for 128
+   * and 256), lowered to the nearest value that divides head_dim into
+   * subspaces of whole rotary pairs. The paper's LongBench setting is 2
+   * (with pq_bits 6). pq_get_config reports the value chosen. */
   int32_t pq_subspaces;
   /* b, bits per code: 2^b centroids per subspace. 1..8; codes are stored
    * as one uint8 per subspace. b > 8 returns PQ_ERR_UNSUPPORTED: the
    * lookup table (2^b floats per subspace and query head) would leave L1
-   * and the paper's largest setting is b = 8. Default 6 (paper, LongBench). */
+   * and the paper's largest setting is b = 8. 0 (the default since 0.7):
+   * 8, the best measured per code byte; the paper's LongBench setting is 6. */
   int32_t pq_bits;
 
   /* --- K-Means -------------------------------------------------------- */
@@ -399,8 +435,9 @@ typedef struct pq_config {
   /* SnapKV, PyramidKV, SCOPE: prompt queries in the observation window, w.
    * Default 32 (SnapKV). */
   int32_t observation_window;
-  /* SnapKV, PyramidKV, SCOPE: max-pooling kernel over token scores, odd.
-   * Default 7 (SnapKV). 1 disables pooling. */
+  /* SnapKV, PyramidKV, SCOPE: pooling kernel over token scores, odd (the
+   * pooling itself: config.pooling). Default 7 (the SnapKV paper's; its code
+   * defaults to 5). 1 disables pooling. */
   int32_t pooling_kernel;
   /* PyramidKV: budget of the top layer / budget of the bottom layer, in
    * (0, 1]. Default 0.25. */
@@ -427,6 +464,26 @@ typedef struct pq_config {
    * does not rank is replaced and the policy rarely matters; fewer blocks
    * keep some older blocks, chosen by the policy. */
   int32_t cache_update_blocks;
+
+  /* --- Index quality (appended in 0.7; docs/quality.md) --------------- */
+  /* pq_key_rotary: how the keys' and queries' rotary pairs are laid out, so
+   * that each PQ subspace holds whole pairs. Default PQ_ROTARY_NONE (the
+   * library cannot tell the layout from the numbers); set it from the model:
+   * PQ_ROTARY_HALF for Hugging Face Llama-family models.
+   * pq_decode_select_device supports PQ_ROTARY_NONE and
+   * PQ_ROTARY_INTERLEAVED only (its lookup table is built on the device from
+   * the caller's query, dimension by dimension). */
+  int32_t key_rotary;
+  /* PQ: exact re-ranking. >= 0; 0 (default) turns it off. With r > 0 the
+   * codes pick ceil((1 + r) * k) candidates per kv head, their exact scores
+   * are computed from the full keys in host memory (the same GQA combine,
+   * normalised over the candidates), and the best k of them are selected.
+   * It reads (1 + r) * k key rows per kv head and step. */
+  float pq_rerank;
+  /* pq_pooling of SnapKV, PyramidKV and SCOPE's window scores. Default
+   * PQ_POOLING_MAX (the library's behaviour before 0.7); the official SnapKV
+   * code and kvpress use PQ_POOLING_AVG with pooling_kernel 5. */
+  int32_t pooling;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -945,7 +1002,8 @@ PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
  * NULL), PQ_ERR_BUFFER_TOO_SMALL (out->capacity below
  * pq_selection_capacity; the message says what is needed; nothing is
  * written), PQ_ERR_UNSUPPORTED (the CPU backend, another selector, a query
- * or arrays the device does not know as its memory), PQ_ERR_NOT_FOUND,
+ * or arrays the device does not know as its memory, config.key_rotary
+ * PQ_ROTARY_HALF, config.pq_rerank > 0), PQ_ERR_NOT_FOUND,
  * PQ_ERR_BAD_STATE (layer never prefilled).
  * Threading: as pq_decode_select. */
 PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,

@@ -67,6 +67,9 @@
   X(pq_config, cache_block_tokens) \
   X(pq_config, cache_policy) \
   X(pq_config, cache_update_blocks) \
+  X(pq_config, key_rotary) \
+  X(pq_config, pq_rerank) \
+  X(pq_config, pooling) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

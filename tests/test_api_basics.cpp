@@ -84,8 +84,8 @@ TEST(ApiBasics, ConfigDefaults) {
   EXPECT_EQ(c.num_kv_heads, 0);
   EXPECT_EQ(c.head_dim, 0);
   EXPECT_EQ(c.dtype, PQ_DTYPE_F16);
-  EXPECT_EQ(c.pq_subspaces, 2);
-  EXPECT_EQ(c.pq_bits, 6);
+  EXPECT_EQ(c.pq_subspaces, 0);  // chosen from head_dim at pq_create (0.7)
+  EXPECT_EQ(c.pq_bits, 0);
   EXPECT_EQ(c.kmeans_iterations, 0);
   EXPECT_EQ(c.kmeans_min_iterations, 2);
   EXPECT_EQ(c.kmeans_max_iterations, 25);

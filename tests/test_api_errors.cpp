@@ -83,15 +83,13 @@ TEST(ApiErrors, CreateBadGeometry) {
   c = base_config(); c.pq_subspaces = 3;  // head_dim 8
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"head_dim", "pq_subspaces"},
                       "m does not divide head_dim");
-  c = base_config(); c.pq_subspaces = 0;
-  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"pq_subspaces"}, "m = 0");
+  c = base_config(); c.pq_subspaces = -1;  // 0 is the default chosen from head_dim
+  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"pq_subspaces"}, "m = -1");
 }
 
 TEST(ApiErrors, CreateBadSettings) {
   pq_config c;
-  c = base_config(); c.pq_bits = 0;
-  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"pq_bits"}, "bits 0");
-  c = base_config(); c.pq_bits = -1;
+  c = base_config(); c.pq_bits = -1;  // 0 is the default, 8
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"pq_bits"}, "bits -1");
   c = base_config(); c.pq_bits = 9;
   expect_create_fails(c, PQ_ERR_UNSUPPORTED, {"pq_bits"}, "bits 9");

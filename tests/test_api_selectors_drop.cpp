@@ -132,10 +132,13 @@ std::vector<double> snapkv_reference(const std::vector<float>& keys, int64_t P,
   std::vector<double> pooled(static_cast<size_t>(P));
   const int64_t half = c.pooling_kernel / 2;
   for (int64_t t = 0; t < P; ++t) {
-    double m = raw[static_cast<size_t>(t)];
-    for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min<int64_t>(P - 1, t + half); ++u)
+    double m = raw[static_cast<size_t>(t)], sum = 0.0;
+    for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min<int64_t>(P - 1, t + half); ++u) {
       m = std::max(m, raw[static_cast<size_t>(u)]);
-    pooled[static_cast<size_t>(t)] = m;
+      sum += raw[static_cast<size_t>(u)];
+    }
+    // avg_pool1d with zero padding: the sum over the kernel / the kernel.
+    pooled[static_cast<size_t>(t)] = c.pooling == PQ_POOLING_AVG ? sum / c.pooling_kernel : m;
   }
   return pooled;
 }
@@ -285,6 +288,41 @@ TEST(SnapKv, MatchesWindowSoftmaxSumAndMaxPool) {
             slice(snapkv_reference(d.keys, P, d.queries, q_tokens, c1, 0), b.sink_end, b.local_begin);
         EXPECT_NE(middle_of(sel.row(0), b), pqt::topk_positions(mid1, b.sink_end, c.topk_tokens));
       }
+    }
+  }
+}
+
+// PQ_POOLING_AVG, the official SnapKV code's pooling (kernel 5): the mean
+// over the kernel with the zero padding counted; it chooses otherwise than
+// max pooling on this data.
+TEST(SnapKv, AveragePoolingMatchesAvgPool1d) {
+  {  // PyramidKV and SCOPE score the prompt through the same code
+    pq_config c = base_config(PQ_SELECTOR_SNAPKV, 1, 4, 2);
+    c.pooling = PQ_POOLING_AVG;
+    c.pooling_kernel = 5;
+    c.observation_window = 32;
+    c.topk_tokens = 40;
+    const int64_t P = 300, q_tokens = 32;
+    Data d = make_data(c, P, q_tokens, 77);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+    PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, q_tokens));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    Bounds b = bounds(P, c);
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      SCOPED_TRACE("kv head " + std::to_string(h));
+      std::vector<double> mid =
+          slice(snapkv_reference(d.keys, P, d.queries, q_tokens, c, h), b.sink_end, b.local_begin);
+      ASSERT_TRUE(no_near_tie_at_boundary(mid, c.topk_tokens));
+      EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(mid, b.sink_end, c.topk_tokens));
+      pq_config max_pool = c;
+      max_pool.pooling = PQ_POOLING_MAX;
+      std::vector<double> mid_max = slice(snapkv_reference(d.keys, P, d.queries, q_tokens, max_pool, h),
+                                          b.sink_end, b.local_begin);
+      EXPECT_NE(middle_of(sel.row(h), b), pqt::topk_positions(mid_max, b.sink_end, c.topk_tokens));
     }
   }
 }

@@ -714,12 +714,18 @@ TEST_F(StateBadInput, WellSealedButImpossibleNumbers) {
                       {"build seconds is inf"}));
   EXPECT_TRUE(Refused(patched(bytes_, index, 16 + 8, int32_t{100001}), PQ_ERR_CORRUPT,
                       {"iterations is 100001"}));
-  // The header's reserved word (bytes 48-51) must be 0, as written.
+  // Bytes 48-51 hold key_rotary (reserved as 0 before 0.7): a value no
+  // layout has is corrupt; another layout than the context's is refused as
+  // incompatible (the codes group the dimensions by it).
   {
     std::vector<uint8_t> b = bytes_;
     b[49] = 1;
     reseal_header(b);
-    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"reserved"}));
+    EXPECT_TRUE(Refused(b, PQ_ERR_CORRUPT, {"key_rotary", "256"}));
+    b[49] = 0;
+    b[48] = PQ_ROTARY_HALF;
+    reseal_header(b);
+    EXPECT_TRUE(Refused(b, PQ_ERR_INCOMPATIBLE, {"key_rotary 1", "this context has 0"}));
   }
   // The end section belongs to no layer: its layer field is -1.
   EXPECT_TRUE(Refused(patched(bytes_, all.back(), 4, int32_t{0}), PQ_ERR_CORRUPT,

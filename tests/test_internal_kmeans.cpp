@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "pq/kmeans.h"
+#include "pqcache.h"
 #include "pq/nearest_centroid.h"
 #include "base/thread_pool.h"
 
@@ -382,6 +383,76 @@ TEST(KMeans, EncodeMatchesBruteForce) {
               << "head_dim " << geometry.head_dim << " head " << h << " token " << first + i;
         }
   }
+}
+
+// Issue 26: the sinks are left out of training (first_token). Sink keys far
+// from every other key would otherwise draw a centroid of their own in
+// every subspace; trained on the tokens after them, every centroid stays
+// among the ordinary keys.
+TEST(KMeans, TrainingLeavesOutTheTokensBeforeFirstToken) {
+  pq::ThreadPool pool(2);
+  const int32_t head_dim = 8, sinks = 4;
+  const int64_t tokens = 600;
+  Keys keys = uniform_keys(2, tokens, head_dim, 31);
+  for (int32_t h = 0; h < 2; ++h)
+    for (int64_t t = 0; t < sinks; ++t)
+      for (int32_t d = 0; d < head_dim; ++d) keys.row(h, t)[d] = 1000.0f;
+  auto largest_coordinate = [&](const pq::PqCodebook& cb) {
+    float largest = 0.f;
+    for (float v : cb.data) largest = std::max(largest, std::fabs(v));
+    return largest;
+  };
+  pq::KMeansParams params = make_params(2, 3, 10, 5);
+  pq::PqCodebook with_sinks, without;
+  pq::train_codebook(2, head_dim, tokens, keys.gather(), params, pool, nullptr, &with_sinks);
+  EXPECT_GE(largest_coordinate(with_sinks), 100.f);  // the sinks own a centroid
+  params.first_token = sinks;
+  const pq::KMeansReport report =
+      pq::train_codebook(2, head_dim, tokens, keys.gather(), params, pool, nullptr, &without);
+  EXPECT_EQ(report.training_points, tokens - sinks);
+  EXPECT_LE(largest_coordinate(without), 1.0f);
+  // Fewer tokens than first_token + 1: all of them train.
+  params.first_token = tokens;
+  EXPECT_EQ(pq::train_codebook(2, head_dim, tokens, keys.gather(), params, pool, nullptr, &without)
+                .training_points,
+            tokens);
+}
+
+// Issue 26: under PQ_ROTARY_HALF the codebook reads dimension i next to
+// i + D/2, in training, encoding and the lookup table alike: the same as a
+// codebook without an order trained on keys reordered so by hand.
+TEST(KMeans, RotaryOrderEqualsKeysReorderedByHand) {
+  pq::ThreadPool pool(2);
+  const int32_t head_dim = 16, heads = 2;
+  const int64_t tokens = 700;
+  const Keys keys = clustered_keys(heads, tokens, head_dim, 9, 3);
+  const std::vector<int32_t> order = pq::rotary_dim_order(head_dim, PQ_ROTARY_HALF);
+  ASSERT_EQ(order, (std::vector<int32_t>{0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15}));
+  EXPECT_TRUE(pq::rotary_dim_order(head_dim, PQ_ROTARY_NONE).empty());
+  EXPECT_TRUE(pq::rotary_dim_order(head_dim, PQ_ROTARY_INTERLEAVED).empty());
+  Keys reordered(heads, tokens, head_dim);
+  for (int32_t h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int32_t p = 0; p < head_dim; ++p) reordered.row(h, t)[p] = keys.row(h, t)[order[p]];
+
+  pq::KMeansParams params = make_params(4, 4, 5, 11);
+  pq::PqCodebook by_hand, ordered;
+  pq::train_codebook(heads, head_dim, tokens, reordered.gather(), params, pool, nullptr, &by_hand);
+  params.dim_order = order;
+  pq::train_codebook(heads, head_dim, tokens, keys.gather(), params, pool, nullptr, &ordered);
+  EXPECT_EQ(ordered.dim_order, order);
+  EXPECT_EQ(ordered.data, by_hand.data);
+  EXPECT_EQ(encode_all(ordered, keys, &pool), encode_all(by_hand, reordered, &pool));
+  // The lookup table of a query equals that of the query reordered by hand.
+  std::vector<float> query(2 * head_dim), query_by_hand(2 * head_dim);
+  for (int32_t i = 0; i < 2 * head_dim; ++i) query[i] = std::sin(0.37f * i) * 3.f;
+  for (int32_t g = 0; g < 2; ++g)
+    for (int32_t p = 0; p < head_dim; ++p)
+      query_by_hand[g * head_dim + p] = query[g * head_dim + order[p]];
+  std::vector<float> lut(ordered.lut_floats(2)), lut_by_hand(by_hand.lut_floats(2));
+  ordered.lut(1, query.data(), 2, head_dim, lut.data());
+  by_hand.lut(1, query_by_hand.data(), 2, head_dim, lut_by_hand.data());
+  EXPECT_EQ(lut, lut_by_hand);
 }
 
 // Points exactly between two centroids, and duplicated centroids: the

@@ -75,6 +75,24 @@ const (
 	CacheLFU CachePolicy = 1
 )
 
+// KeyRotary is how a head's rotary pairs are laid out (pq_key_rotary), so
+// that each PQ subspace holds whole pairs.
+type KeyRotary int32
+
+const (
+	RotaryNone        KeyRotary = 0
+	RotaryHalf        KeyRotary = 1 // i with i + D/2: Hugging Face Llama, Qwen2, Gemma
+	RotaryInterleaved KeyRotary = 2 // 2i with 2i + 1: GPT-J, GGUF
+)
+
+// Pooling is how SnapKV, PyramidKV and SCOPE pool window scores (pq_pooling).
+type Pooling int32
+
+const (
+	PoolingMax Pooling = 0
+	PoolingAvg Pooling = 1 // the official SnapKV code's
+)
+
 // Config mirrors pq_config; include/pqcache.h documents every field. Start
 // from DefaultConfig and set the geometry (NumLayers, NumQHeads,
 // NumKVHeads, HeadDim), which has no default.
@@ -85,8 +103,8 @@ type Config struct {
 	HeadDim    int
 	DType      DType
 
-	PQSubspaces int // m
-	PQBits      int // b
+	PQSubspaces int // m; 0: chosen from HeadDim
+	PQBits      int // b; 0: 8
 
 	KMeansIterations           int // > 0: fixed; 0: adaptive
 	KMeansMinIterations        int
@@ -127,6 +145,10 @@ type Config struct {
 	CacheBlockTokens  int
 	CachePolicy       CachePolicy
 	CacheUpdateBlocks int // the paper's k_cache; 0: all slots
+
+	KeyRotary KeyRotary
+	PQRerank  float32 // exact re-ranking of (1 + PQRerank) * k candidates; 0: off
+	Pooling   Pooling
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -188,6 +210,10 @@ func configFromC(cc pqswig.Pq_config) Config {
 		CacheBlockTokens:  cc.GetCache_block_tokens(),
 		CachePolicy:       CachePolicy(cc.GetCache_policy()),
 		CacheUpdateBlocks: cc.GetCache_update_blocks(),
+
+		KeyRotary: KeyRotary(cc.GetKey_rotary()),
+		PQRerank:  cc.GetPq_rerank(),
+		Pooling:   Pooling(cc.GetPooling()),
 	}
 }
 
@@ -254,6 +280,10 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetCache_block_tokens(i32("CacheBlockTokens", c.CacheBlockTokens))
 	cc.SetCache_policy(int(c.CachePolicy))
 	cc.SetCache_update_blocks(i32("CacheUpdateBlocks", c.CacheUpdateBlocks))
+
+	cc.SetKey_rotary(int(c.KeyRotary))
+	cc.SetPq_rerank(c.PQRerank)
+	cc.SetPooling(int(c.Pooling))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -93,6 +93,11 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"BackendAuto", int(BackendAuto), int(pqswig.PQ_BACKEND_AUTO)},
 		{"CacheLRU", int(CacheLRU), int(pqswig.PQ_CACHE_LRU)},
 		{"CacheLFU", int(CacheLFU), int(pqswig.PQ_CACHE_LFU)},
+		{"RotaryNone", int(RotaryNone), int(pqswig.PQ_ROTARY_NONE)},
+		{"RotaryHalf", int(RotaryHalf), int(pqswig.PQ_ROTARY_HALF)},
+		{"RotaryInterleaved", int(RotaryInterleaved), int(pqswig.PQ_ROTARY_INTERLEAVED)},
+		{"PoolingMax", int(PoolingMax), int(pqswig.PQ_POOLING_MAX)},
+		{"PoolingAvg", int(PoolingAvg), int(pqswig.PQ_POOLING_AVG)},
 	}
 	for _, p := range pairs {
 		if p.got != p.want {
@@ -112,7 +117,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 func TestDefaultConfig(t *testing.T) {
 	c := DefaultConfig()
 	// The documented defaults, read through the generated layer.
-	if c.DType != DTypeF16 || c.PQSubspaces != 2 || c.PQBits != 6 || c.SinkTokens != 4 ||
+	if c.DType != DTypeF16 || c.PQSubspaces != 0 || c.PQBits != 0 ||
+		c.KeyRotary != RotaryNone || c.PQRerank != 0 || c.Pooling != PoolingMax || c.SinkTokens != 4 ||
 		c.LocalTokens != 128 || c.TopKFraction != 0.2 || c.Selector != SelectorPQ ||
 		c.Seed != 0x5eed || c.NumLayers != 0 {
 		t.Errorf("DefaultConfig() = %+v", c)

@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -29,6 +30,10 @@ const Names kGqaCombineNames = {
 const Names kBackendNames = {
     {PQ_BACKEND_CPU, "PQ_BACKEND_CPU"}, {PQ_BACKEND_CUDA, "PQ_BACKEND_CUDA"}, {PQ_BACKEND_AUTO, "PQ_BACKEND_AUTO"}};
 const Names kCachePolicyNames = {{PQ_CACHE_LRU, "PQ_CACHE_LRU"}, {PQ_CACHE_LFU, "PQ_CACHE_LFU"}};
+const Names kKeyRotaryNames = {{PQ_ROTARY_NONE, "PQ_ROTARY_NONE"},
+                               {PQ_ROTARY_HALF, "PQ_ROTARY_HALF"},
+                               {PQ_ROTARY_INTERLEAVED, "PQ_ROTARY_INTERLEAVED"}};
+const Names kPoolingNames = {{PQ_POOLING_MAX, "PQ_POOLING_MAX"}, {PQ_POOLING_AVG, "PQ_POOLING_AVG"}};
 
 // The selectors' names come from their registry, the one list of them.
 const Names& selector_names() {
@@ -84,6 +89,13 @@ void fill_config_defaults(pq_config* c) {
 #undef PQ_DEFAULT_FREE
 }
 
+int32_t default_subspaces(int32_t head_dim, int32_t key_rotary) {
+  int32_t m = std::clamp(head_dim / 32, 1, 4);
+  const int32_t unit = key_rotary == PQ_ROTARY_NONE ? 1 : 2;
+  while (m > 1 && head_dim % (m * unit) != 0) --m;
+  return m;
+}
+
 int32_t hardware_threads() {
   return std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
 }
@@ -120,9 +132,22 @@ pq_config resolve_config(const pq_config* in) {
   if (c.num_q_heads % c.num_kv_heads != 0)
     invalid("config.num_q_heads is " + str(c.num_q_heads) + ", not a multiple of num_kv_heads " +
             str(c.num_kv_heads) + " (GQA groups query heads evenly)");
+  const bool rotary = c.key_rotary != PQ_ROTARY_NONE;
+  if (rotary && c.head_dim % 2 != 0)
+    invalid("config.key_rotary is " + std::string(c.key_rotary == PQ_ROTARY_HALF
+                                                      ? "PQ_ROTARY_HALF"
+                                                      : "PQ_ROTARY_INTERLEAVED") +
+            ", which pairs dimensions, but head_dim " + str(c.head_dim) + " is odd");
+  if (c.pq_subspaces == 0) c.pq_subspaces = default_subspaces(c.head_dim, c.key_rotary);
+  if (c.pq_bits == 0) c.pq_bits = kDefaultBits;
   if (c.head_dim % c.pq_subspaces != 0)
     invalid("config.head_dim " + str(c.head_dim) + " is not divisible by pq_subspaces " +
             str(c.pq_subspaces));
+  if (rotary && (c.head_dim / c.pq_subspaces) % 2 != 0)
+    invalid("config.pq_subspaces " + str(c.pq_subspaces) + " leaves " +
+            str(c.head_dim / c.pq_subspaces) +
+            " dimensions per subspace; config.key_rotary puts whole rotary pairs in each "
+            "subspace, so the width must be even");
   if (c.topk_tokens == 0 && !(c.topk_fraction > 0.f && c.topk_fraction <= 1.f))
     invalid("config.topk_fraction is " + number_text(c.topk_fraction) +
             "; expected a value in (0, 1] when topk_tokens is 0");

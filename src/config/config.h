@@ -27,6 +27,16 @@ int32_t hardware_threads();
 constexpr int32_t kMaxKmeansIterations = 100000;
 // The bound of the real-valued fields that have no other (config_fields.h).
 constexpr double kMaxReal = 1e300;
+// pq_rerank's bound: (1 + r) * k candidates; past 64 the re-ranking reads
+// more keys than the exact selector would at any budget above 1/65.
+constexpr double kMaxRerank = 64.0;
+
+// The default index, chosen by measurement (docs/quality.md, "The default
+// index"): 2^8 centroids, and head_dim / 32 subspaces clipped to [1, 4],
+// lowered until they cut the head into equal subspaces (of whole rotary
+// pairs under a rotary layout). The paper's setting is 2 x 6 bits.
+constexpr int32_t kDefaultBits = 8;
+int32_t default_subspaces(int32_t head_dim, int32_t key_rotary);
 
 // "PQ_SELECTOR_H2O" for 7, and so on; "(unknown)" for a value no table has.
 std::string selector_value_name(int32_t selector);

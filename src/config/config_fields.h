@@ -19,8 +19,8 @@
   INT(num_kv_heads, 0, 1, 1 << 16)                                           \
   INT(head_dim, 0, 1, 1 << 16)                                               \
   ENUM(dtype, PQ_DTYPE_F16, kDtypeNames)                                     \
-  INT(pq_subspaces, 2, 1, c.head_dim)                                        \
-  INT(pq_bits, 6, 1, 8)                                                      \
+  INT(pq_subspaces, 0, 0, c.head_dim)                                        \
+  INT(pq_bits, 0, 0, 8)                                                      \
   INT(kmeans_iterations, 0, 0, kMaxKmeansIterations)                         \
   INT(kmeans_min_iterations, 2, 0, kMaxKmeansIterations)                     \
   INT(kmeans_max_iterations, 25, c.kmeans_min_iterations, kMaxKmeansIterations) \
@@ -53,4 +53,7 @@
   INT(cache_tokens, 0, 0, int64_t{1} << 40)                                  \
   INT(cache_block_tokens, 128, 1, 1 << 20)                                   \
   ENUM(cache_policy, PQ_CACHE_LRU, kCachePolicyNames)                        \
-  INT(cache_update_blocks, 0, 0, INT32_MAX)
+  INT(cache_update_blocks, 0, 0, INT32_MAX)                                  \
+  ENUM(key_rotary, PQ_ROTARY_NONE, kKeyRotaryNames)                          \
+  REAL(pq_rerank, 0.0f, 0.0, kMaxRerank, false)                              \
+  ENUM(pooling, PQ_POOLING_MAX, kPoolingNames)

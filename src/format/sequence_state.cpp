@@ -38,7 +38,7 @@ constexpr GeometryField kGeometry[] = {
 constexpr size_t kGeometryOffset = 20;
 static_assert(kGeometryOffset + sizeof kGeometry / sizeof kGeometry[0] * 4 + 8 ==
                   state::kHeaderBytes,
-              "header layout: geometry, a reserved word, the header CRC");
+              "header layout: geometry, key_rotary, the header CRC");
 
 [[noreturn]] void corrupt(const std::string& why) {
   fail(PQ_ERR_CORRUPT, "the saved state is not intact: " + why + "; nothing was restored");
@@ -68,7 +68,10 @@ void StateWriter::header(const pq_config& c) {
     std::memcpy(h + at, &(c.*g.field), 4);
     at += 4;
   }
-  at += 4;  // reserved, 0
+  // Bytes 48-51: key_rotary (0.7; the word was reserved as 0 before, which
+  // is PQ_ROTARY_NONE, what those libraries did).
+  std::memcpy(h + at, &c.key_rotary, 4);
+  at += 4;
   const uint32_t crc = crc32c(h, at);
   std::memcpy(h + at, &crc, 4);
   emit(h, sizeof h);
@@ -130,14 +133,19 @@ void check_header(const uint8_t* data, uint64_t size, const pq_config& c) {
   if (words[1] != state::kHeaderBytes)
     corrupt("the header says it has " + str(words[1]) + " bytes; version 1 headers have " +
             str(state::kHeaderBytes));
-  uint32_t header_crc, reserved;
+  uint32_t header_crc;
   std::memcpy(&header_crc, data + state::kHeaderBytes - 4, 4);
   if (crc32c(data, state::kHeaderBytes - 4) != header_crc)
     corrupt("the header's checksum does not match");
-  std::memcpy(&reserved, data + state::kHeaderBytes - 8, 4);
-  if (reserved != 0)
-    corrupt("the header's reserved word (bytes 48-51) is " + str(reserved) +
-            "; version 1 writes 0 there");
+  int32_t key_rotary;
+  std::memcpy(&key_rotary, data + state::kHeaderBytes - 8, 4);
+  if (key_rotary < PQ_ROTARY_NONE || key_rotary > PQ_ROTARY_INTERLEAVED)
+    corrupt("the header's key_rotary (bytes 48-51) is " + str(key_rotary) +
+            "; expected 0, 1 or 2");
+  if (key_rotary != c.key_rotary)
+    fail(PQ_ERR_INCOMPATIBLE, "the saved state has key_rotary " + str(key_rotary) +
+                                  " (its codes group the dimensions so); this context has " +
+                                  str(c.key_rotary) + "; nothing was restored");
   size_t at = kGeometryOffset;
   for (const GeometryField& g : kGeometry) {
     int32_t v;

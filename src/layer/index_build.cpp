@@ -199,6 +199,8 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snap
   params.max_points_per_centroid = config.kmeans_max_points_per_centroid;
   params.seed = config.seed;
   params.layer = layer_index;
+  params.first_token = config.sink_tokens;
+  params.dim_order = rotary_dim_order(head_dim, config.key_rotary);
   const int64_t centroids = int64_t{1} << config.pq_bits;
   const int64_t training =
       std::min<int64_t>(snap.tokens, centroids * params.max_points_per_centroid);

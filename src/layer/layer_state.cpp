@@ -218,6 +218,7 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
   cb.subspaces = c.pq_subspaces;
   cb.centroids = 1 << c.pq_bits;
   cb.sub_dim = c.head_dim / c.pq_subspaces;
+  cb.dim_order = rotary_dim_order(c.head_dim, c.key_rotary);
   const uint64_t floats = static_cast<uint64_t>(cb.heads) * cb.subspaces * cb.centroids * cb.sub_dim;
   const uint64_t codes = static_cast<uint64_t>(index->coded_tokens) * cb.subspaces;
   if (in.left() != floats * sizeof(float) + codes * cb.heads)

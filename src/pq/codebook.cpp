@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "pqcache.h"
 #include "base/vector_math.h"
 #include "pq/nearest_centroid.h"
 
@@ -14,8 +15,49 @@ namespace {
 constexpr int64_t kGatherRows = 256;  // rows fetched through KeyGather at once
 }  // namespace
 
+std::vector<int32_t> rotary_dim_order(int32_t head_dim, int32_t key_rotary) {
+  std::vector<int32_t> order;
+  if (key_rotary != PQ_ROTARY_HALF) return order;  // pairs already adjacent, or none
+  const int32_t half = head_dim / 2;
+  order.reserve(static_cast<size_t>(head_dim));
+  for (int32_t i = 0; i < half; ++i) {
+    order.push_back(i);
+    order.push_back(i + half);
+  }
+  return order;
+}
+
+namespace {
+void reorder_rows(const std::vector<int32_t>& order, int32_t head_dim, int64_t rows, float* data,
+                  std::vector<float>& row) {
+  row.resize(static_cast<size_t>(head_dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = data + r * head_dim;
+    std::copy(x, x + head_dim, row.begin());
+    for (int32_t p = 0; p < head_dim; ++p) x[p] = row[static_cast<size_t>(order[p])];
+  }
+}
+}  // namespace
+
+KeyGather in_dim_order(const KeyGather& gather, const std::vector<int32_t>& order,
+                       int32_t head_dim) {
+  if (order.empty()) return gather;
+  return [gather, order, head_dim](int32_t head, const int64_t* rows, int64_t count, float* out) {
+    gather(head, rows, count, out);
+    std::vector<float> row;
+    reorder_rows(order, head_dim, count, out, row);
+  };
+}
+
 void PqCodebook::lut(int32_t head, const float* queries, int32_t group, int32_t head_dim,
                      float* out) const {
+  std::vector<float> ordered;
+  if (!dim_order.empty()) {  // the queries in the codebook's order
+    ordered.assign(queries, queries + static_cast<size_t>(group) * head_dim);
+    std::vector<float> row;
+    reorder_rows(dim_order, head_dim, group, ordered.data(), row);
+    queries = ordered.data();
+  }
   for (int32_t g = 0; g < group; ++g)
     for (int32_t j = 0; j < subspaces; ++j) {
       const float* q = queries + static_cast<size_t>(g) * head_dim + j * sub_dim;
@@ -62,6 +104,10 @@ void PqCodebook::encode(int32_t head_dim, int64_t first, int64_t count, const Ke
   if (count == 0) return;
   if (!gather || codes == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "PqCodebook::encode: null gather or codes");
 
+  if (!dim_order.empty() && dim_order.size() != static_cast<size_t>(head_dim))
+    fail(PQ_ERR_INVALID_ARGUMENT, "PqCodebook::encode: the dimension order does not match head_dim");
+  const KeyGather ordered = in_dim_order(gather, dim_order, head_dim);
+
   std::vector<PreparedCentroids> prepared(static_cast<size_t>(heads) * m);
   for (int32_t h = 0; h < heads; ++h)
     for (int32_t j = 0; j < m; ++j)
@@ -75,7 +121,7 @@ void PqCodebook::encode(int32_t head_dim, int64_t first, int64_t count, const Ke
     std::vector<int64_t> row_ids(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) row_ids[r] = first + start + r;
     std::vector<float> buffer(static_cast<size_t>(rows) * head_dim);
-    gather(h, row_ids.data(), rows, buffer.data());
+    ordered(h, row_ids.data(), rows, buffer.data());
     std::vector<float> scores(static_cast<size_t>(kScoreBlock) *
                               prepared[static_cast<size_t>(h) * m].padded);
     for (int32_t j = 0; j < m; ++j) {

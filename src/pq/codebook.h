@@ -21,6 +21,18 @@ namespace pq {
 using KeyGather =
     std::function<void(int32_t head, const int64_t* rows, int64_t count, float* out)>;
 
+// The order in which the codebook reads a head's dimensions under a
+// pq_key_rotary layout: codebook position p holds the caller's dimension
+// order[p], so that each subspace (sub_dim consecutive positions) holds
+// whole rotary pairs. Empty when the caller's order already does (no
+// rotary layout, or interleaved pairs with an even sub_dim).
+std::vector<int32_t> rotary_dim_order(int32_t head_dim, int32_t key_rotary);
+
+// `gather` with each row put in codebook order (as `order`); `gather` itself
+// when the order is empty.
+KeyGather in_dim_order(const KeyGather& gather, const std::vector<int32_t>& order,
+                       int32_t head_dim);
+
 // The codebook of one layer: [head][subspace][centroid][sub_dim] floats,
 // and what is done with it.
 struct PqCodebook {
@@ -29,6 +41,9 @@ struct PqCodebook {
   int32_t centroids = 0;  // 2^bits
   int32_t sub_dim = 0;    // head_dim / subspaces
   std::vector<float> data;
+  // rotary_dim_order(): the codebook's dimension order; empty = the
+  // caller's. Queries (lut) and keys (encode, training) are read through it.
+  std::vector<int32_t> dim_order;
 
   const float* at(int32_t head, int32_t subspace) const {
     return data.data() +

@@ -257,6 +257,15 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
   const int32_t dim = head_dim / m;
   const int32_t group_count = heads * m;
 
+  if (!params.dim_order.empty() && params.dim_order.size() != static_cast<size_t>(head_dim))
+    fail(PQ_ERR_INVALID_ARGUMENT, "K-Means: the dimension order does not match head_dim");
+  codebook->dim_order = params.dim_order;
+  const KeyGather ordered = in_dim_order(gather, params.dim_order, head_dim);
+  // The training tokens: [first, tokens).
+  const int64_t first =
+      params.first_token > 0 && params.first_token < tokens ? params.first_token : 0;
+  const int64_t span = tokens - first;
+
   codebook->heads = heads;
   codebook->subspaces = m;
   codebook->centroids = k;
@@ -270,22 +279,23 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
   }
 
   const int64_t cap = static_cast<int64_t>(params.max_points_per_centroid) * k;
-  const int64_t n = std::min(tokens, cap);
+  const int64_t n = std::min(span, cap);
   report.training_points = n;
 
   // Training rows per head (all rows, or the same seeded sample for every
   // subspace of the head).
   std::vector<std::vector<int64_t>> head_rows(heads);
   for (int32_t h = 0; h < heads; ++h) {
-    if (n == tokens) {
+    if (n == span) {
       head_rows[h].resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) head_rows[h][i] = i;
+      for (int64_t i = 0; i < n; ++i) head_rows[h][i] = first + i;
     } else {
       uint64_t seed = mix_seed(params.seed, kSampleDomain);
       seed = mix_seed(seed, static_cast<uint64_t>(static_cast<int64_t>(params.layer)));
       seed = mix_seed(seed, static_cast<uint64_t>(h));
       seed = mix_seed(seed, static_cast<uint64_t>(tokens));
-      head_rows[h] = sample_rows(tokens, n, seed);
+      head_rows[h] = sample_rows(span, n, seed);
+      for (int64_t& row : head_rows[h]) row += first;
     }
   }
 
@@ -307,7 +317,7 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
     const int64_t start = (task % gather_chunks) * kGatherRows;
     const int64_t rows = std::min(kGatherRows, n - start);
     std::vector<float> buffer(static_cast<size_t>(rows) * head_dim);
-    gather(h, head_rows[h].data() + start, rows, buffer.data());
+    ordered(h, head_rows[h].data() + start, rows, buffer.data());
     for (int32_t j = 0; j < m; ++j) {
       Group& group = groups[static_cast<size_t>(h) * m + j];
       for (int64_t r = 0; r < rows; ++r) {

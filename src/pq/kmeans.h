@@ -21,6 +21,13 @@ struct KMeansParams {
   int32_t max_points_per_centroid = 256;
   uint64_t seed = 0x5eed;
   int32_t layer = 0;                  // mixed into the per-group seeds
+  // Train on tokens [first_token, tokens) only: the sinks, always selected,
+  // are left out so that no centroid is spent on them (the official
+  // PQCache code clusters the tokens after the sinks). All tokens when
+  // fewer than one remains.
+  int64_t first_token = 0;
+  // The codebook's dimension order (rotary_dim_order); kept in the codebook.
+  std::vector<int32_t> dim_order;
 };
 
 struct KMeansReport {

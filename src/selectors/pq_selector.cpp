@@ -1,7 +1,13 @@
 // PQCache (paper section 3.4): score every middle token through a lookup
 // table of query sub-vector x centroid dot products, summed over the codes.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <vector>
 
+#include "base/dtype.h"
+#include "base/topk.h"
+#include "base/vector_math.h"
 #include "pq/pq_tuple_select.h"
 #include "selectors/selector.h"
 
@@ -34,17 +40,29 @@ class PqSelector final : public Selector {
     const PqCodebook& cb = *r.index()->codebook;
     std::vector<float> lut(cb.lut_floats(r.group_size()));
     cb.lut(r.kv_head, r.queries(), r.group_size(), r.head_dim(), lut.data());
-    return scan_on_host(r, lut.data(), out);
+    const int64_t wide_k = candidates(r.layer);
+    if (wide_k == r.k()) return scan_on_host(r, lut.data(), out);
+    LayerSelection wide = r.layer;
+    wide.k = wide_k;
+    std::vector<int32_t> picked(static_cast<size_t>(wide_k));
+    const uint64_t bytes = scan_on_host(SelectionRequest{wide, r.kv_head, r.scratch}, lut.data(),
+                                        picked.data());
+    return bytes + rerank(r, picked.data(), wide_k, out);
   }
 
   // The whole layer: every head's LUT at once, then one device selection
   // (one upload, scan, top-k and wait for all heads) where the backend has
-  // a device, else the host path head by head.
+  // a device, else the host path head by head. With pq_rerank, that picks
+  // the candidates and the host re-ranks them.
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
     if (trivial(r)) return Selector::select_layer(r, out);  // nothing to score
-    std::vector<float> luts = layer_luts(r);
-    if (r.backend.pq_select_layer(r.pq_args(luts.data()), out)) return bytes_read(r);
-    return scan_layer_on_host(r, luts, out);
+    const int64_t wide_k = candidates(r);
+    if (wide_k == r.k) return pick(r, out);
+    LayerSelection wide = r;
+    wide.k = wide_k;
+    std::vector<int32_t> picked(static_cast<size_t>(wide_k) * r.context.kv_heads());
+    const uint64_t bytes = pick(wide, picked.data());
+    return bytes + rerank_layer(r, picked.data(), wide_k, out);
   }
 
   // A batch of sequences at one layer: every LUT on the host, then one
@@ -54,6 +72,12 @@ class PqSelector final : public Selector {
                      const std::vector<int32_t*>& outs,
                      std::vector<uint64_t>& bytes) const override {
     bytes.assign(requests.size(), 0);
+    // Re-ranking goes request by request (one device call each, then the
+    // host's exact scores): the batch shares one configuration.
+    if (!requests.empty() && requests.front()->context.config.pq_rerank > 0.f) {
+      for (size_t i = 0; i < requests.size(); ++i) bytes[i] = select_layer(*requests[i], outs[i]);
+      return;
+    }
     std::vector<std::vector<float>> luts(requests.size());
     std::vector<PqLayerSelectArgs> args;
     std::vector<int32_t*> device_outs;
@@ -78,6 +102,62 @@ class PqSelector final : public Selector {
 
  private:
   static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle.size(); }
+
+  // The candidates per kv head the codes pick: ceil((1 + pq_rerank) * k),
+  // at most the middle; k without re-ranking.
+  static int64_t candidates(const LayerSelection& r) {
+    const float extra = r.context.config.pq_rerank;
+    if (!(extra > 0.f) || r.k == 0) return r.k;
+    const double wide = std::ceil((1.0 + static_cast<double>(extra)) * static_cast<double>(r.k));
+    return std::min<int64_t>(r.middle.size(), static_cast<int64_t>(wide));
+  }
+
+  // The codes' top k of every kv head: on the device where the backend has
+  // one, else on the host.
+  uint64_t pick(const LayerSelection& r, int32_t* out) const {
+    std::vector<float> luts = layer_luts(r);
+    if (r.backend.pq_select_layer(r.pq_args(luts.data()), out)) return bytes_read(r);
+    return scan_layer_on_host(r, luts, out);
+  }
+
+  // Every kv head's re-ranking: picked holds wide_k candidates per head.
+  uint64_t rerank_layer(const LayerSelection& r, const int32_t* picked, int64_t wide_k,
+                        int32_t* out) const {
+    std::atomic<uint64_t> bytes{0};
+    r.for_each_head([&](int64_t h) {
+      ScratchLease scratch(r.scratch);
+      bytes += rerank(r.head(static_cast<int32_t>(h), *scratch), picked + h * wide_k, wide_k,
+                      out + h * r.k);
+    });
+    return bytes.load();
+  }
+
+  // Exact re-ranking of one kv head: the exact logits of the `count`
+  // candidates (ascending positions) from their full keys, combined over
+  // the GQA group as the codes' scores are (softmax normalised over the
+  // candidates), and the best k of them, ascending. Returns the bytes read.
+  static uint64_t rerank(const SelectionRequest& r, const int32_t* candidate, int64_t count,
+                         int32_t* out) {
+    const int32_t group = r.group_size(), dim = r.head_dim();
+    std::vector<float>& raw = r.scratch.raw;
+    raw.resize(static_cast<size_t>(group) * count);
+    std::vector<float> key(static_cast<size_t>(dim));
+    for (int64_t i = 0; i < count; ++i) {
+      to_float(r.store().key_row(candidate[i], r.kv_head), r.dtype(), dim, key.data());
+      for (int32_t g = 0; g < group; ++g)
+        raw[static_cast<size_t>(g) * count + i] =
+            dot(r.queries() + static_cast<size_t>(g) * dim, key.data(), dim);
+    }
+    std::vector<float>& combined = r.scratch.combined;
+    combined.resize(static_cast<size_t>(count));
+    combine_group_scores(raw.data(), group, count, r.combine(), r.scale(), combined.data(),
+                         r.scratch);
+    std::vector<int32_t> best(static_cast<size_t>(r.k()));
+    select_top_k(combined.data(), count, r.k(), 0, best.data(), r.scratch);
+    std::sort(best.begin(), best.end());
+    for (int64_t i = 0; i < r.k(); ++i) out[i] = candidate[best[static_cast<size_t>(i)]];
+    return static_cast<uint64_t>(count) * r.store().row_bytes();
+  }
   static uint64_t bytes_read(const LayerSelection& r) {
     return static_cast<uint64_t>(r.middle.size()) * r.index->codebook->subspaces *
            r.context.kv_heads();

@@ -9,6 +9,9 @@
 //   p[g][i][t] = softmax_t(q[g][i] . k[t] / sqrt(head_dim)),  t <= P - w + i
 //   raw[t]     = sum over i and g of p[g][i][t]
 //   score[t]   = max of raw over [t - K/2, t + K/2] clipped to [0, P)
+//                (PQ_POOLING_MAX), or the sum of raw there / K
+//                (PQ_POOLING_AVG: zero padding counted, as torch's
+//                avg_pool1d in the official SnapKV code)
 // (K = pooling_kernel, odd; "same" padding that never wins a max; K = 1 is
 // no pooling). The scores are static: they are computed once, here, reading
 // every prompt key once, and never updated during decode. A later call
@@ -134,9 +137,15 @@ struct PromptScores {
       s.resize(static_cast<size_t>(P));
       const int64_t half = c.pooling_kernel / 2;
       for (int64_t t = 0; t < P; ++t) {
+        const int64_t lo = std::max<int64_t>(0, t - half), hi = std::min(P - 1, t + half);
         double m = raw[static_cast<size_t>(t)];
-        for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min(P - 1, t + half); ++u)
-          m = std::max(m, raw[static_cast<size_t>(u)]);
+        if (c.pooling == PQ_POOLING_AVG) {  // zero padding counted, as avg_pool1d
+          double sum = 0.0;
+          for (int64_t u = lo; u <= hi; ++u) sum += raw[static_cast<size_t>(u)];
+          m = sum / static_cast<double>(c.pooling_kernel);
+        } else {
+          for (int64_t u = lo; u <= hi; ++u) m = std::max(m, raw[static_cast<size_t>(u)]);
+        }
         s[static_cast<size_t>(t)] = static_cast<float>(m);
       }
     }

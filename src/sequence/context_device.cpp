@@ -58,6 +58,16 @@ void Context::decode_select_device(uint64_t id, int32_t layer, const pq_tensor* 
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device chooses on the device with the "
                                          "PQ selector only; this context's selector is ") +
                                  shared_.selector->name());
+  // The device builds the lookup table dimension by dimension from the
+  // caller's query: it knows neither the rotate-half pairing nor the keys
+  // an exact re-ranking reads on the host.
+  if (c.key_rotary == PQ_ROTARY_HALF)
+    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: config.key_rotary is PQ_ROTARY_HALF, which "
+                             "the device lookup table does not reorder; use pq_decode_select");
+  if (c.pq_rerank > 0.f)
+    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: config.pq_rerank is " +
+                                 number_text(c.pq_rerank) +
+                                 "; exact re-ranking reads the host keys: use pq_decode_select");
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
   seq->layers[static_cast<size_t>(layer)]->select_to_device(query, sel, seq->info());

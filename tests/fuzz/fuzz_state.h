@@ -18,7 +18,7 @@
 namespace {
 
 // Writes an extreme value over a number of a saved state under a valid
-// checksum: in the header's reserved word, or in the first 40 payload
+// checksum: in the header's key_rotary word, or in the first 40 payload
 // bytes of a layer, index or end section (docs/state-format.md), where
 // the build facts and counts are. Returns false when it found no place.
 bool reseal_a_number(FuzzedDataProvider& in, std::vector<uint8_t>& b) {
@@ -39,7 +39,7 @@ bool reseal_a_number(FuzzedDataProvider& in, std::vector<uint8_t>& b) {
     const int32_t v32 = static_cast<int32_t>(v);
     if (width == 4) std::memcpy(value, &v32, 4); else std::memcpy(value, &v, 8);
   }
-  if (sections.empty() || in.ConsumeIntegralInRange(0, 7) == 0) {  // the reserved word
+  if (sections.empty() || in.ConsumeIntegralInRange(0, 7) == 0) {  // the key_rotary word
     std::memcpy(&b[48], value, 4);
     pqt_state::reseal_header(b);
     return true;

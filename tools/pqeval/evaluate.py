@@ -95,17 +95,38 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
         if model not in models:
             continue
         if model in studies and studies[model]["layers"] == spec["layers"]:
-            # Settings added to the sweep since the study was made.
-            missing = [label for label, _, _ in longtrace.SETTINGS
-                       if label not in studies[model]["settings"]]
-            if missing:
-                log(f"trace study: {model}, settings {missing}")
+            study = studies[model]
+            if study.get("index") != longtrace.INDEX:
+                # Measured with another library index (before 0.7: the 2 x 6-bit
+                # default, sinks in K-Means): PQ's rows and the sweep again.
+                stale = [k for k in study["selectors"] if k.startswith("pq@")]
+                log(f"trace study: {model} was measured with index "
+                    f"{study.get('index', 'before 0.7')}; measuring {stale} and the settings again")
+                for k in stale:
+                    del study["selectors"][k]
+                study["settings"] = {}
+                study["index"] = longtrace.INDEX
+            # Selectors and settings added since the study was made, one at a
+            # time, each written as it finishes.
+            t = None
+            for fraction in (0.2, 0.1):
+                for name in SELECTORS:
+                    key = f"{name}@1/{round(1 / fraction)}"
+                    if key in study["selectors"]:
+                        continue
+                    start = time.perf_counter()
+                    t = t or longtrace.capture(model, log=log)
+                    study["selectors"].update(longtrace.study_selectors(
+                        t, [name], [fraction], TRACE_STEPS, log=log))
+                    study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
+                    _write_studies(traces_file, studies)
+            for label, _, _ in longtrace.SETTINGS:
+                if label in study["settings"]:
+                    continue
                 start = time.perf_counter()
-                t = longtrace.capture(model, log=log)
-                studies[model]["settings"].update(
-                    longtrace.study_settings(t, missing, TRACE_STEPS, log=log))
-                studies[model]["seconds"] = (studies[model].get("seconds", 0.0)
-                                             + time.perf_counter() - start)
+                t = t or longtrace.capture(model, log=log)
+                study["settings"].update(longtrace.study_settings(t, [label], TRACE_STEPS, log=log))
+                study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
                 _write_studies(traces_file, studies)
             continue
         # A study of fewer layers than planned (an earlier, smaller plan) is

@@ -177,7 +177,10 @@ def settings_mid_mass(study: Dict) -> Dict[str, float]:
 
 def code_bytes(setting: Dict) -> int:
     """Bytes a selection reads per token and kv head: one per subspace,
-    whatever the bits (the library's default is 2 subspaces)."""
+    whatever the bits (as the library chose them where recorded; settings
+    measured before 0.7 name them or had the old default, 2 subspaces)."""
+    if "resolved" in setting:
+        return setting["resolved"]["pq_subspaces"]
     return setting["fields"].get("pq_subspaces", 2)
 
 

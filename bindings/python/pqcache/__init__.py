@@ -57,7 +57,8 @@ from .pqcache_swig import PQError
 
 __all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "version",
            "SELECTORS",
-           "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "STATUS_NAMES"]
+           "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
+           "STATUS_NAMES"]
 
 # --- enumerations, by the names the tools and the config kwargs use ----------
 
@@ -77,6 +78,9 @@ GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
 BACKENDS = {"cpu": _c.PQ_BACKEND_CPU, "cuda": _c.PQ_BACKEND_CUDA, "auto": _c.PQ_BACKEND_AUTO}
 KMEANS_INIT = {"random": _c.PQ_KMEANS_INIT_RANDOM, "kmeans++": _c.PQ_KMEANS_INIT_KMEANSPP}
 CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
+KEY_ROTARY = {"none": _c.PQ_ROTARY_NONE, "half": _c.PQ_ROTARY_HALF,
+              "interleaved": _c.PQ_ROTARY_INTERLEAVED}
+POOLING = {"max": _c.PQ_POOLING_MAX, "avg": _c.PQ_POOLING_AVG}
 # Every pq_status of the header: PQ_OK and the PQ_ERR_* constants.
 STATUS_NAMES = dict(sorted((getattr(_c, name), name) for name in dir(_c)
                           if name == "PQ_OK" or name.startswith("PQ_ERR_")))
@@ -86,7 +90,8 @@ PathLike = Union[str, bytes, os.PathLike]
 
 # pq_config fields that also take a name ("selector": "pq").
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
-                 "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES}
+                 "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
+                 "key_rotary": KEY_ROTARY, "pooling": POOLING}
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
 

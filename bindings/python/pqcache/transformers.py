@@ -35,12 +35,15 @@ Batches. Row b of the batch is sequence b of one context, or, with
 rows[b] (compare selectors in one batched forward). Rows must not be padded:
 all rows of a call have the same positions.
 
-Key order. With rope_pairs=True the library gets each head's key and query
-dimensions reordered so that both halves of every rotary pair (x_i and
-x_{i+D/2} in transformers' rotate-half RoPE: Llama, Qwen2, Mistral, Gemma-3)
-fall into the same PQ subspace. q.k is unchanged, so only which tokens PQ
-picks changes; docs/quality.md measures the effect. Do not use it for
-models with interleaved or partial rotary embeddings.
+Rotary layout. The Session tells the library how the model lays out its
+rotary pairs (config.key_rotary), so that each PQ subspace holds both halves
+of every pair: "half" (x_i with x_{i+D/2}, transformers' rotate-half RoPE:
+Llama, Qwen2, Mistral, Gemma-3) for models whose RoPE turns every dimension,
+"interleaved" for GPT-J-style models, "none" for partial rotary embeddings
+(the pairing would not cover the head) and models without RoPE. Keys,
+queries and what the library returns keep the model's order; only which
+tokens PQ picks changes (docs/quality.md measures it). key_rotary=... in the
+config overrides the choice.
 
 A multi-token forward after the prompt (a new turn, chunked prefill) is
 another prompt chunk by default (chunk_mode="prefill": full attention, the
@@ -68,10 +71,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import Context, SelectionResult
-from .selector_inputs import (ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS,
-                              prompt_attention_sums, selector_name)
+from .selector_inputs import ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, selector_name
 
-__all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward"]
+__all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward",
+           "model_key_rotary", "prompt_column_sums"]
 
 ATTENTION_NAME = "pqcache"
 CHUNK_MODES = ("prefill", "decode")
@@ -122,23 +125,12 @@ class _Row:
     seq: int
     selector: str
     lengths: List[int]                       # tokens the library holds, per library layer
-    order: Optional[torch.Tensor] = None     # rope_pairs: head_dim order the library sees
     # The last queries of the latest prompt chunk, per library layer, handed
-    # to SnapKV-style selectors and to H2O's seed at the first decode step
-    # (only then is it known which chunk ended the prompt).
+    # to SnapKV-style selectors at the first decode step (only then is it
+    # known which chunk ended the prompt).
     pending_window: Dict[int, np.ndarray] = field(default_factory=dict)
     selection: Dict[int, SelectionResult] = field(default_factory=dict)
     fetched: Dict[int, tuple] = field(default_factory=dict)
-
-    def to_library(self, t: torch.Tensor) -> torch.Tensor:
-        """Keys or queries [..., head_dim] in the order the library sees."""
-        return t if self.order is None else t.index_select(-1, self.order.to(t.device))
-
-    def from_library(self, t: torch.Tensor) -> torch.Tensor:
-        """Keys fetched from the library, back in the model's order."""
-        if self.order is None:
-            return t
-        return t.index_select(-1, torch.argsort(self.order).to(t.device))
 
 
 class _LibraryLayer(CacheLayerMixin):
@@ -211,10 +203,10 @@ class Session:
     config: pq_config fields by name (selector, topk_fraction, sink_tokens,
         local_tokens, pq_subspaces, ...); one context for every batch row.
     rows: instead, one dict of fields per batch row, each row its own context
-        (fields in `config` are the defaults of every row; a row may also
-        set rope_pairs).
-    rope_pairs: reorder key and query dimensions by rotary pair for the
-        library (see the module doc). Default False.
+        (fields in `config` are the defaults of every row).
+    rope_pairs: the pre-0.7 spelling of key_rotary: True is "half", False
+        "none"; None (default) leaves key_rotary to the config or to the
+        model's rotary layout (see the module doc).
     chunk_mode: what a multi-token forward after the prompt is: "prefill"
         (default) or "decode" (every token selects; see the module doc).
 
@@ -222,7 +214,7 @@ class Session:
     """
 
     def __init__(self, model, *, rows: Optional[Sequence[dict]] = None,
-                 chunk_mode: str = "prefill", rope_pairs: bool = False, **config):
+                 chunk_mode: str = "prefill", rope_pairs: Optional[bool] = None, **config):
         if chunk_mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode {chunk_mode!r}; expected one of {CHUNK_MODES}")
         if rows is not None and len(rows) == 0:
@@ -250,7 +242,12 @@ class Session:
         # model layer index -> library layer index (only selecting layers).
         self.library_layer = {layer: j for j, layer in enumerate(selecting)}
         self._geometry = (len(selecting), q_heads, kv_heads, head_dim, _DTYPES[dtype])
-        self._config = dict(config, rope_pairs=rope_pairs)
+        if rope_pairs is not None:
+            if "key_rotary" in config:
+                raise ValueError("give key_rotary or rope_pairs, not both")
+            config["key_rotary"] = "half" if rope_pairs else "none"
+        config.setdefault("key_rotary", model_key_rotary(text_config, head_dim))
+        self._config = dict(config)
         self._rows: List[_Row] = []
         self._shared: Optional[Context] = None
         self._per_row = rows is not None
@@ -278,20 +275,13 @@ class Session:
     # --- lifetime ----------------------------------------------------------
 
     def _new_context(self, fields: dict) -> Context:
-        fields = {k: v for k, v in fields.items() if k != "rope_pairs"}  # the Session's own
         ctx = Context(*self._geometry, **fields)
         self._contexts.append(ctx)
         return ctx
 
     def _row(self, ctx: Context, seq: int, fields: dict) -> _Row:
-        order = None
-        if fields.get("rope_pairs"):
-            if self.head_dim % 2:
-                raise ValueError(f"rope_pairs needs an even head_dim, not {self.head_dim}")
-            half = self.head_dim // 2
-            order = torch.stack([torch.arange(half), torch.arange(half) + half], 1).reshape(-1)
         return _Row(ctx, seq, selector_name(fields.get("selector", "pq")),
-                    [0] * len(self.library_layer), order)
+                    [0] * len(self.library_layer))
 
     def _close_contexts(self) -> None:
         for ctx in self._contexts:
@@ -442,50 +432,46 @@ class Session:
                 out[b] = sdpa_attention_forward(module, query[b:b + 1], k_all, v_all, mask,
                                                 dropout=0.0, scaling=scaling, **kwargs)[0][0]
                 for target in (self._rows if self._broadcast else [row]):
-                    self._prefill(target, layer, query[b], new_k, new_v)
+                    self._prefill(target, layer, query[b], new_k, new_v, scaling)
             else:
-                self._hand_over_window(row, layer, scaling)
+                self._hand_over_window(row, layer)
                 for i in range(tokens):
                     out[b, i] = self._decode_token(row, layer, query[b, :, i], new_k[:, i:i + 1],
                                                    new_v[:, i:i + 1], scaling)
         return out, None
 
-    def _prefill(self, row: _Row, layer: int, query, new_k, new_v) -> None:
-        row.ctx.prefill(row.seq, layer, _host_array(row.to_library(new_k)), _host_array(new_v),
+    def _prefill(self, row: _Row, layer: int, query, new_k, new_v, scaling: float) -> None:
+        row.ctx.prefill(row.seq, layer, _host_array(new_k), _host_array(new_v),
                         layout="head_major")
         row.lengths[layer] += new_k.shape[1]
-        if row.selector in PROMPT_QUERY_SELECTORS or row.selector == "h2o":
+        if row.selector == "h2o":
+            # H2O starts from the attention every prompt query paid (its
+            # code accumulates the whole prompt's attention matrix).
+            n = row.lengths[layer]
+            keys, _ = self._fetch_all(row, layer, n, torch.float32, query.device)
+            sums = prompt_column_sums(query.float(), keys, n, scaling)
+            row.ctx.observe_attention(row.seq, layer, _all_positions(self.num_kv_heads, n),
+                                      sums.cpu().numpy())
+        if row.selector in PROMPT_QUERY_SELECTORS:
             window = int(row.ctx.config()["observation_window"])
             # [q_heads, T, D] -> the last queries as [w, q_heads, D]; a short
             # last chunk borrows the rest from the chunk before it.
-            latest = _host_array(row.to_library(query[:, -window:].transpose(0, 1)))
+            latest = _host_array(query[:, -window:].transpose(0, 1))
             earlier = row.pending_window.get(layer)
             if earlier is not None and len(latest) < window:
                 latest = np.concatenate([earlier, latest])[-window:]
             row.pending_window[layer] = np.ascontiguousarray(latest)
 
-    def _hand_over_window(self, row: _Row, layer: int, scaling: float) -> None:
+    def _hand_over_window(self, row: _Row, layer: int) -> None:
         window = row.pending_window.pop(layer, None)
         if window is None:
             return
-        if row.selector in PROMPT_QUERY_SELECTORS:
-            row.ctx.prefill_queries(row.seq, layer, window)
-        if row.selector == "h2o":
-            n = row.lengths[layer]
-            # window and keys both in the library's order: q.k does not depend on it
-            keys, _ = self._fetch_all(row, layer, n, torch.float32, torch.device("cpu"),
-                                      model_order=False)
-            sums = prompt_attention_sums(window.astype(np.float32),
-                                         _host_array(keys.transpose(0, 1)), scaling)
-            everything = _all_positions(self.num_kv_heads, n)
-            row.ctx.observe_attention(row.seq, layer, everything, sums)
+        row.ctx.prefill_queries(row.seq, layer, window)
 
-    def _fetch_all(self, row: _Row, layer: int, n: int, dtype, device, model_order: bool = True):
-        """Every stored token's K and V of (row, layer): [kv_heads, n, D] each,
-        the keys in the model's dimension order unless model_order is False."""
+    def _fetch_all(self, row: _Row, layer: int, n: int, dtype, device):
+        """Every stored token's K and V of (row, layer): [kv_heads, n, D] each."""
         k, v = row.ctx.fetch(row.seq, layer, _all_positions(self.num_kv_heads, n))
-        k = _from_host(k, self.dtype)
-        return ((row.from_library(k) if model_order else k).to(device=device, dtype=dtype),
+        return (_from_host(k, self.dtype).to(device=device, dtype=dtype),
                 _from_host(v, self.dtype).to(device=device, dtype=dtype))
 
     def _selection(self, row: _Row, layer: int) -> SelectionResult:
@@ -514,10 +500,8 @@ class Session:
         """One decode step of one row in one layer: q [q_heads, D], k1 and v1
         [kv_heads, 1, D]. Returns the attention output [q_heads, D]."""
         ctx, seq = row.ctx, row.seq
-        ctx.append(seq, layer, _host_array(row.to_library(k1)), _host_array(v1),
-                   layout="head_major")
+        ctx.append(seq, layer, _host_array(k1), _host_array(v1), layout="head_major")
         row.lengths[layer] += 1
-        q = row.to_library(q)  # the fetched keys are in the library's order too
         sel = self._selection(row, layer)
         q_host = _host_array(q)
         ctx.select(seq, layer, q_host, out=sel)
@@ -551,6 +535,49 @@ class Session:
     def stats(self, row: int = 0) -> Dict[str, object]:
         """pq_sequence_stats of batch row `row` (selects, fetches, bytes, builds)."""
         return self.context(row).sequence_stats(self.sequence(row))
+
+
+def model_key_rotary(text_config, head_dim: int) -> str:
+    """The library's key_rotary for a transformers model: "half" where RoPE
+    turns every dimension in transformers' rotate-half layout, "interleaved"
+    for GPT-J-style rotation, "none" for partial rotary embeddings (only
+    some dimensions turn) and models without RoPE."""
+    has_rope = any(getattr(text_config, name, None) is not None
+                   for name in ("rope_parameters", "rope_theta", "rope_scaling"))
+    partial = getattr(text_config, "partial_rotary_factor", None)
+    if partial is None:
+        partial = getattr(text_config, "rotary_pct", None)
+    rotary_dim = getattr(text_config, "rotary_dim", None)
+    if (not has_rope or head_dim % 2 or (partial is not None and partial != 1.0)
+            or (rotary_dim is not None and rotary_dim != head_dim)):
+        return "none"
+    if getattr(text_config, "model_type", "") in ("gptj", "codegen"):
+        return "interleaved"
+    return "half"
+
+
+def prompt_column_sums(query: torch.Tensor, keys: torch.Tensor, n: int, scale: float,
+                       block: int = 128) -> torch.Tensor:
+    """H2O's seed: per kv head, the causal softmax attention of every query of
+    a prompt chunk summed over the chunk and the GQA group, for each of the n
+    stored tokens. query [q_heads, T, D] at positions n - T .. n - 1, keys
+    [kv_heads, n, D] (float). Blocks of `block` queries keep the memory at
+    q_heads x block x n floats; the work is the chunk's attention once more.
+    Returns float32 [kv_heads, n]."""
+    q_heads, tokens, dim = query.shape
+    kv_heads = keys.shape[0]
+    q = query.reshape(kv_heads, q_heads // kv_heads, tokens, dim)
+    first = n - tokens
+    sums = torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device)
+    for a in range(0, tokens, block):
+        b = min(tokens, a + block)
+        end = first + b  # the keys the block's last query sees
+        logits = torch.einsum("hgtd,hnd->hgtn", q[:, :, a:b], keys[:, :end]) * scale
+        positions = torch.arange(first + a, first + b, device=query.device)
+        future = torch.arange(end, device=query.device)[None, :] > positions[:, None]
+        logits.masked_fill_(future, float("-inf"))
+        sums[:, :end] += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
+    return sums
 
 
 def _all_positions(kv_heads: int, n: int) -> SelectionResult:

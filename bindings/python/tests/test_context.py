@@ -19,9 +19,13 @@ def test_version_and_enumerations():
 
 def test_config_defaults_and_named_options():
     with pqcache.Context(2, 4, 2, 16, "f16", selector="quest", gqa_combine="max",
-                         kmeans_init="random", cache_policy="lfu", worker_threads=0) as ctx:
+                         kmeans_init="random", cache_policy="lfu", worker_threads=0,
+                         key_rotary="half", pooling="avg") as ctx:
         config = ctx.config()
-        assert (config["pq_subspaces"], config["pq_bits"], config["sink_tokens"]) == (2, 6, 4)
+        # The index chosen from head_dim 16 (0.7): one subspace of 2^8 centroids.
+        assert (config["pq_subspaces"], config["pq_bits"], config["sink_tokens"]) == (1, 8, 4)
+        assert config["key_rotary"] == pqcache.KEY_ROTARY["half"]
+        assert config["pooling"] == pqcache.POOLING["avg"] and config["pq_rerank"] == 0.0
         assert config["selector"] == pqcache.SELECTORS["quest"]
         assert config["gqa_combine"] == pqcache.GQA_COMBINE["max"]
         assert config["cache_policy"] == pqcache.CACHE_POLICIES["lfu"]
@@ -78,7 +82,8 @@ def test_prefill_select_fetch_round_trip_against_numpy():
 def test_decode_append_stats_and_layer_info():
     rng = np.random.default_rng(4)
     keys = rng.standard_normal((400, 2, 16)).astype(np.float32)
-    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=3, local_tokens=8) as ctx:
+    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=3, local_tokens=8,
+                         pq_subspaces=2, pq_bits=6) as ctx:
         ctx.add_sequence(9)
         ctx.prefill(9, 0, keys[:399], keys[:399])
         ctx.append(9, 0, keys[399:], keys[399:])

@@ -143,7 +143,8 @@ def test_bad_fetch_and_observe_arguments(ctx):
 
 
 def test_index_buffers_are_checked():
-    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=2) as pq:
+    with pqcache.Context(1, 2, 2, 16, "f32", kmeans_iterations=2, pq_subspaces=2,
+                         pq_bits=6) as pq:
         pq.add_sequence(1)
         data = np.random.default_rng(1).standard_normal((300, 2, 16)).astype(np.float32)
         pq.prefill(1, 0, data, data)

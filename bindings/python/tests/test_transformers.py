@@ -8,6 +8,8 @@ selected (EXACT, topk_fraction 1.0) the integration must give the same
 logits within float rounding, for every cache kind and architecture."""
 import math
 
+import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh installs it)")
@@ -307,17 +309,18 @@ def test_bad_session_arguments():
 
 
 @pytest.mark.parametrize("selector", ["exact", "pq", "h2o", "snapkv"])
-def test_rope_pairs_reorders_only_what_the_library_sees(selector):
-    """rope_pairs: the library holds keys with each rotary pair in one
-    subspace; attention is unchanged at k = everything, the stored keys are
-    the model's keys permuted, and later prompt chunks still attend fully."""
+def test_key_rotary_is_declared_not_applied(selector):
+    """The Session declares the model's rotary layout (config.key_rotary) and
+    hands keys and queries in the model's order: attention is unchanged at
+    k = everything, the stored keys are the model's, and later prompt chunks
+    still attend fully. rope_pairs is the old spelling of key_rotary."""
     model = _model("llama")
     ids = _ids(330)
     fraction = 1.0 if selector == "exact" else 0.2
     with torch.no_grad():
         reference = model(ids).logits
-        with pqt.Session(model, selector=selector, topk_fraction=fraction, rope_pairs=True,
-                         **SMALL) as session:
+        with pqt.Session(model, selector=selector, topk_fraction=fraction, **SMALL) as session:
+            assert session.context().config()["key_rotary"] == pqcache.KEY_ROTARY["half"]
             cache = session.cache()
             got = [model(ids[:, :150], past_key_values=cache).logits,
                    model(ids[:, 150:300], past_key_values=cache).logits]  # chunk 2: fetched K
@@ -329,7 +332,39 @@ def test_rope_pairs_reorders_only_what_the_library_sees(selector):
     assert torch.allclose(prompt, reference[:, :300], atol=2e-5, rtol=0)
     if selector == "exact":
         assert torch.allclose(torch.cat(got, dim=1), reference, atol=2e-5, rtol=0)
-    keys = plain.layers[0].keys[0]  # [kv, 4, D]
-    half = keys.shape[-1] // 2
-    assert torch.equal(torch.from_numpy(stored[..., 0::2]), keys[..., :half])
-    assert torch.equal(torch.from_numpy(stored[..., 1::2]), keys[..., half:])
+    assert torch.equal(torch.from_numpy(stored), plain.layers[0].keys[0])
+    for pairs, want in ((True, "half"), (False, "none")):
+        with pqt.Session(model, selector=selector, rope_pairs=pairs, **SMALL) as session:
+            assert session.context().config()["key_rotary"] == pqcache.KEY_ROTARY[want]
+    with pytest.raises(ValueError, match="key_rotary or rope_pairs"):
+        pqt.Session(model, rope_pairs=True, key_rotary="half")
+
+
+def test_model_key_rotary_follows_the_config():
+    llama = LlamaConfig(**COMMON)
+    assert pqt.model_key_rotary(llama, 16) == "half"
+    llama.partial_rotary_factor = 0.5  # only some dimensions turn: no pairing
+    assert pqt.model_key_rotary(llama, 16) == "none"
+    assert pqt.model_key_rotary(LlamaConfig(**COMMON), 15) == "none"
+
+
+def test_h2o_is_seeded_with_every_prompt_query():
+    """prompt_column_sums: the causal attention of every query of a prompt
+    chunk, summed per kv head, equals the window sums with the whole prompt
+    as the window, in blocks smaller than the chunk and for a second chunk."""
+    from pqcache.selector_inputs import prompt_attention_sums
+
+    gen = torch.Generator().manual_seed(3)
+    q_heads, kv_heads, dim, n = 4, 2, 8, 300
+    queries = torch.randn(q_heads, n, dim, generator=gen)
+    keys = torch.randn(kv_heads, n, dim, generator=gen)
+    reference = prompt_attention_sums(queries.transpose(0, 1).numpy(),
+                                      keys.transpose(0, 1).numpy(), 0.35)
+    got = pqt.prompt_column_sums(queries, keys, n, 0.35, block=64)
+    assert np.allclose(got.numpy(), reference, rtol=1e-4, atol=1e-5)
+    # A second chunk (positions 200..299) sees every earlier key.
+    second = pqt.prompt_column_sums(queries[:, 200:], keys, n, 0.35, block=37)
+    first = pqt.prompt_column_sums(queries[:, :200], keys[:, :200], 200, 0.35)
+    assert np.allclose(first.numpy(), reference[:, :200] - second.numpy()[:, :200],
+                       rtol=1e-4, atol=1e-4)
+    assert abs(float(got.sum()) - q_heads * n) < 1e-2  # each query's weights sum to 1

@@ -32,7 +32,7 @@ def planted(tmp_path_factory):
 
 def test_the_planted_group_leads_and_many_centroids_keep_its_scores(planted):
     t, _ = planted
-    r = code_groups.groups(t, 0, step=2, pq_bits=6, kmeans_iterations=10)
+    r = code_groups.groups(t, 0, step=2, pq_subspaces=2, pq_bits=6, kmeans_iterations=10)
     lead = r["groups"][0]
     assert lead["tokens"] == PLANTED
     assert lead["middle_mass"] > 0.4  # measured 0.54
@@ -47,8 +47,8 @@ def test_the_planted_group_leads_and_many_centroids_keep_its_scores(planted):
 
 def test_two_centroids_merge_the_group_and_flatten_its_scores(planted):
     t, _ = planted
-    many = code_groups.groups(t, 0, step=2, pq_bits=6, kmeans_iterations=10)["groups"][0]
-    few = code_groups.groups(t, 0, step=2, pq_bits=1, kmeans_iterations=10)
+    many = code_groups.groups(t, 0, step=2, pq_subspaces=2, pq_bits=6, kmeans_iterations=10)["groups"][0]
+    few = code_groups.groups(t, 0, step=2, pq_subspaces=2, pq_bits=1, kmeans_iterations=10)
     lead = few["groups"][0]
     assert lead["tokens"] > PLANTED  # shares its code with ordinary keys
     assert lead["pq_logit_gap"] < 0.5 * many["pq_logit_gap"]

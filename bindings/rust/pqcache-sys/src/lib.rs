@@ -104,6 +104,17 @@ pub type pq_cache_policy = i32;
 pub const PQ_CACHE_LRU: pq_cache_policy = 0;
 pub const PQ_CACHE_LFU: pq_cache_policy = 1;
 
+/// `pq_key_rotary` (added in 0.7): how a head's rotary pairs are laid out.
+pub type pq_key_rotary = i32;
+pub const PQ_ROTARY_NONE: pq_key_rotary = 0;
+pub const PQ_ROTARY_HALF: pq_key_rotary = 1;
+pub const PQ_ROTARY_INTERLEAVED: pq_key_rotary = 2;
+
+/// `pq_pooling` (added in 0.7): SnapKV, PyramidKV and SCOPE's score pooling.
+pub type pq_pooling = i32;
+pub const PQ_POOLING_MAX: pq_pooling = 0;
+pub const PQ_POOLING_AVG: pq_pooling = 1;
+
 pub type pq_layout = i32;
 pub const PQ_LAYOUT_TOKEN_MAJOR: pq_layout = 0;
 pub const PQ_LAYOUT_HEAD_MAJOR: pq_layout = 1;
@@ -229,6 +240,9 @@ c_struct! {
         pub cache_block_tokens: i32,
         pub cache_policy: i32,
         pub cache_update_blocks: i32,
+        pub key_rotary: i32,
+        pub pq_rerank: f32,
+        pub pooling: i32,
     }
 }
 

@@ -101,6 +101,27 @@ c_enum! {
     }
 }
 
+c_enum! {
+    /// How a head's rotary pairs are laid out (`pq_key_rotary`), so that
+    /// each PQ subspace holds whole pairs.
+    pub enum KeyRotary {
+        None = sys::PQ_ROTARY_NONE,
+        /// Dimension i with i + D/2: Hugging Face Llama, Qwen2, Gemma.
+        Half = sys::PQ_ROTARY_HALF,
+        /// Dimension 2i with 2i + 1: GPT-J, GGUF.
+        Interleaved = sys::PQ_ROTARY_INTERLEAVED,
+    }
+}
+
+c_enum! {
+    /// SnapKV, PyramidKV and SCOPE's pooling of window scores (`pq_pooling`).
+    pub enum Pooling {
+        Max = sys::PQ_POOLING_MAX,
+        /// The official SnapKV code's.
+        Avg = sys::PQ_POOLING_AVG,
+    }
+}
+
 /// A context configuration: the library's defaults (`pq_config_default`)
 /// plus what the builder methods set. The model geometry (`num_layers`,
 /// `num_q_heads`, `num_kv_heads`, `head_dim`) has no default and must be set.
@@ -193,9 +214,9 @@ impl Config {
         head_dim: i32;
         /// Element type of K/V/Q (default F16).
         dtype: DType => |d: DType| d as i32;
-        /// m, subspaces per head (default 2).
+        /// m, subspaces per head (default 0: chosen from head_dim).
         pq_subspaces: i32;
-        /// b, bits per code, 1..=8 (default 6).
+        /// b, bits per code, 1..=8 (default 0: 8).
         pq_bits: i32;
         /// A fixed K-Means iteration count (0: adaptive, the default).
         kmeans_iterations: i32;
@@ -236,6 +257,11 @@ impl Config {
         cache_policy: CachePolicy => |p: CachePolicy| p as i32;
         /// Blocks ranked per cache update (the paper's k_cache; 0: all slots).
         cache_update_blocks: i32;
+        /// The rotary layout of keys and queries (default None).
+        key_rotary: KeyRotary => |r: KeyRotary| r as i32;
+        /// Exact re-ranking of (1 + r) * k candidates (0: off, the default).
+        pq_rerank: f32;
+        pooling: Pooling => |p: Pooling| p as i32;
     }
 }
 

@@ -48,7 +48,9 @@ mod state;
 mod tensor;
 
 pub use batch::{FetchItem, SelectItem};
-pub use config::{Backend, CachePolicy, Config, DType, GqaCombine, KmeansInit, Selector};
+pub use config::{
+    Backend, CachePolicy, Config, DType, GqaCombine, KeyRotary, KmeansInit, Pooling, Selector,
+};
 pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};
 pub use library::{Library, Version};

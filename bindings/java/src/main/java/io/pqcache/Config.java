@@ -81,12 +81,12 @@ public final class Config {
 
     // --- Product quantization and K-Means ---
 
-    /** m, PQ subspaces per head; default 2. */
+    /** m, PQ subspaces per head; default 0, chosen from the head dimension. */
     public Builder pqSubspaces(int subspaces) {
       return set(c -> c.setPq_subspaces(subspaces));
     }
 
-    /** b, bits per code (2^b centroids), 1..8; default 6. */
+    /** b, bits per code (2^b centroids), 1..8; default 0, which is 8. */
     public Builder pqBits(int bits) {
       return set(c -> c.setPq_bits(bits));
     }
@@ -254,6 +254,25 @@ public final class Config {
     public Builder cachePolicy(CachePolicy policy) {
       Objects.requireNonNull(policy, "policy");
       return set(c -> c.setCache_policy(policy.code()));
+    }
+
+    // --- Index quality (0.7) ---
+
+    /** The rotary layout of keys and queries; default NONE. */
+    public Builder keyRotary(KeyRotary rotary) {
+      Objects.requireNonNull(rotary, "rotary");
+      return set(c -> c.setKey_rotary(rotary.code()));
+    }
+
+    /** Exact re-ranking of (1 + rerank) * k candidates per kv head; 0 (default) = off. */
+    public Builder pqRerank(float rerank) {
+      return set(c -> c.setPq_rerank(rerank));
+    }
+
+    /** SnapKV, PyramidKV and SCOPE's pooling of window scores; default MAX. */
+    public Builder pooling(Pooling pooling) {
+      Objects.requireNonNull(pooling, "pooling");
+      return set(c -> c.setPooling(pooling.code()));
     }
 
     /** The configuration; the builder can be reused. */

@@ -138,6 +138,11 @@ class ContextTest {
         KMeansInit.KMEANS_PLUS_PLUS.code());
     assertEquals(io.pqcache.swig.pq_backend.PQ_BACKEND_AUTO, Backend.AUTO.code());
     assertEquals(io.pqcache.swig.pq_cache_policy.PQ_CACHE_LFU, CachePolicy.LFU.code());
+    assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_HALF, KeyRotary.HALF.code());
+    assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_INTERLEAVED, KeyRotary.INTERLEAVED.code());
+    assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
+    assertEquals(KeyRotary.values().length, 3);
+    assertEquals(Pooling.values().length, 2);
     assertEquals(Selector.values().length, 11);
   }
 }
