@@ -116,6 +116,27 @@ TEST_P(FakeCudaBackend, DecodeStepsMatchTheCpuBackend) {
   EXPECT_EQ(Fake::get().pending(), 0u) << "device work left behind after the last wait";
 }
 
+// Issue 26: rotary-aware subspaces and exact re-ranking on the CUDA
+// backend. The lookup table is the host's (it reorders the query), the
+// device picks (1 + r) * k candidates, the host re-ranks them from its
+// keys: the same selections as the CPU backend, step after step. (The
+// device step refuses both: test_cuda_fake_device.cpp.)
+TEST_P(FakeCudaBackend, RotaryIndexAndReRankingMatchTheCpuBackend) {
+  pq_config c = base_config(dtype_);
+  c.key_rotary = PQ_ROTARY_HALF;
+  c.pq_rerank = 0.5f;
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  ASSERT_EQ(pq_sequence_add(cpu, 1), PQ_OK);
+  ASSERT_EQ(pq_sequence_add(cuda, 1), PQ_OK);
+  prefill_both(cpu, cuda, 1, 300, dtype_);
+  for (int64_t step = 0; step < 20; ++step) {
+    step_both(cpu, cuda, 1, step, dtype_);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // A fork of a prefix long enough that its codes are shared as frozen runs
 // (code_column.h): the device selection uploads the child's codes run by
 // run, and parent and child, each going on with its own tokens, select and

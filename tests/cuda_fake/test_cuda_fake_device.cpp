@@ -203,6 +203,40 @@ TEST(FakeCudaDeviceStepErrors, OtherSelectorsAndCallerStoresAreRefused) {
   sync_all();
 }
 
+// Issue 26: the device step builds its lookup table from the caller's query
+// dimension by dimension and has no host keys, so it refuses the rotate-half
+// pairing and exact re-ranking, naming the field; interleaved pairs need no
+// reordering and are served.
+TEST(FakeCudaDeviceStepErrors, RotateHalfAndReRankingAreRefused) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  Step d = step_data(0, 0, PQ_DTYPE_F32, 1);
+  DeviceTensor dq(d.q);
+  struct Case {
+    int32_t rotary;
+    float rerank;
+    const char* refusal;  // nullptr: served
+  } cases[] = {{PQ_ROTARY_HALF, 0.f, "key_rotary is PQ_ROTARY_HALF"},
+               {PQ_ROTARY_INTERLEAVED, 1.f, "pq_rerank is 1"},
+               {PQ_ROTARY_INTERLEAVED, 0.f, nullptr}};
+  for (const Case& cs : cases) {
+    SCOPED_TRACE("rotary " + std::to_string(cs.rotary));
+    pq_config c = base_config(PQ_DTYPE_F32);
+    c.key_rotary = cs.rotary;
+    c.pq_rerank = cs.rerank;
+    Ctx ctx = make_fake_cuda_ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    prefill(ctx, 1, 300, PQ_DTYPE_F32);
+    if (HasFatalFailure()) return;
+    DeviceSel sel(selection_capacity(ctx, 1, 0));
+    if (cs.refusal != nullptr)
+      PQ_EXPECT_ERR(pq_decode_select_device(ctx, 1, 0, &dq.t, &sel.s), PQ_ERR_UNSUPPORTED,
+                    cs.refusal);
+    else
+      EXPECT_EQ(pq_decode_select_device(ctx, 1, 0, &dq.t, &sel.s), PQ_OK) << pq_last_error();
+    sync_all();
+  }
+}
+
 // A device query written by work on the sequence's stream (the caller's
 // kernels) is read after that work: the library's copies of device inputs
 // are ordered on the sequence's stream, not on the legacy stream that a

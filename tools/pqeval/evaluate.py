@@ -128,6 +128,11 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
                 study["settings"].update(longtrace.study_settings(t, [label], TRACE_STEPS, log=log))
                 study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
                 _write_studies(traces_file, studies)
+            labels = [label for label, _, _ in longtrace.SETTINGS]
+            if set(study.get("timing", {})) != set(labels):
+                t = t or longtrace.capture(model, log=log)
+                study["timing"] = longtrace.time_settings(t, labels, log=log)
+                _write_studies(traces_file, studies)
             continue
         # A study of fewer layers than planned (an earlier, smaller plan) is
         # measured again in full.
@@ -200,16 +205,18 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
             continue
         n = (prompts or {}).get((model, length), per_seed)
         few = f"not judged: {n} of the {per_seed} prompts of one seed" if n < per_seed else ""
-        diff = [100 * x for x in summary["pq@1/5"]["diff"]]
-        row(within, f"{diff[0]:+.1f} points [{diff[1]:+.1f}, {diff[2]:+.1f}] ({n} prompts)",
+        p = report.pq_label(summary)
+        which = "" if p == "pq" else "the paper's 2 x 6 bits (the 0.7 default is not measured on tasks yet): "
+        diff = [100 * x for x in summary[f"{p}@1/5"]["diff"]]
+        row(within, f"{which}{diff[0]:+.1f} points [{diff[1]:+.1f}, {diff[2]:+.1f}] ({n} prompts)",
             few or _verdict(diff[0] >= -1, diff[1] >= -1, f"{diff[1]:+.1f} points",
                            f"{-1 - diff[0]:.1f} points"))
-        pq = summary["pq@1/5"]["acc"][0]
+        pq = summary[f"{p}@1/5"]["acc"][0]
         drop = max(report.DROP, key=lambda s: summary[f"{s}@1/5"]["acc"][0])
         d = summary[f"{drop}@1/5"]["acc"][0]
-        measured = f"PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
+        measured = f"{which}PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
         verdict = "yes" if pq > d else "no"
-        pq_scores = summary["pq@1/5"].get("scores")
+        pq_scores = summary[f"{p}@1/5"].get("scores")
         drop_scores = summary[f"{drop}@1/5"].get("scores")
         if pq_scores is not None and drop_scores is not None:
             # paired over the same prompts, as the difference with full attention
@@ -218,26 +225,31 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
             verdict = _verdict(m > 0, lo > 0, f"{lo:+.1f} points", f"{-m:.1f} points")
         row(ahead, measured, few or verdict)
     for model, spec in longtrace.TRACES.items():
-        aim = (f"{model} {spec['tokens'] // 1024}K trace, 1/5: middle-only mass within 0.05 of "
-               "the oracle")
+        aim = (f"{model} {spec['tokens'] // 1024}K trace, 1/5: middle-only mass of the default "
+               "index within 0.03 of the oracle")
         study = studies.get(model)
         if study is None:
             row(aim, "no trace recorded", "not judged: not measured")
             continue
         pq, ex = report.mid_mass(study, "pq@1/5"), report.mid_mass(study, "exact@1/5")
         layers, planned = len(study["layers"]), len(spec["layers"])
+        code = (study.get("settings", {}).get("default (rotary half)", {})
+                .get("resolved", {}).get("pq_subspaces"))
         row(aim, f"PQ {pq:.3f}, oracle {ex:.3f} (gap {ex - pq:.3f}), {layers} of {planned} "
-            "layers", ("yes" if ex - pq <= 0.05 else f"no, by {ex - pq - 0.05:.3f}")
+            "layers" + (f", {code} code bytes per token" if code else ""),
+            ("yes" if ex - pq <= 0.03 else f"no, by {ex - pq - 0.03:.3f}")
             + (f", on {layers} of the {planned} layers" if layers < planned else ""))
     for model, _, _ in PERPLEXITY_RUNS:
-        aim = f"{model} perplexity, 1/5: within 0.5% of full attention"
+        aim = f"{model} perplexity, 1/5: the default index within 0.3% of full attention"
         if model not in ppl:
             row(aim, "no document recorded", "not judged: not measured")
             continue
-        change = ppl[model]["pq@1/5"][1]
-        row(aim, f"{change[0]:+.2f}% [{change[1]:+.2f}, {change[2]:+.2f}]",
-            _verdict(change[0] <= 0.5, change[2] <= 0.5, f"{change[2]:+.2f}%",
-                     f"{change[0] - 0.5:.2f} percentage points"))
+        p = report.pq_label(ppl[model])
+        _, change, docs = ppl[model][f"{p}@1/5"]
+        which = "" if p == "pq" else "the paper's 2 x 6 bits (the 0.7 default not measured): "
+        row(aim, f"{which}{change[0]:+.2f}% [{change[1]:+.2f}, {change[2]:+.2f}] ({docs} documents)",
+            _verdict(change[0] <= 0.3, change[2] <= 0.3, f"{change[2]:+.2f}%",
+                     f"{change[0] - 0.3:.2f} percentage points"))
 
 
 def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
@@ -261,8 +273,8 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
         got = len(studies[model]["layers"]) if model in studies else 0
         lines.append(f"| {model} long attention trace, {spec['tokens'] // 1024}K tokens: layers "
                      f"| {len(spec['layers'])} | {got} |")
-    widths = [100 * (s["pq@1/5"]["diff"][2] - s["pq@1/5"]["diff"][1])
-              for s in summaries.values()]
+    widths = [100 * (s[f"{report.pq_label(s)}@1/5"]["diff"][2]
+                     - s[f"{report.pq_label(s)}@1/5"]["diff"][1]) for s in summaries.values()]
     full_acc = {k: 100 * s[report.FULL]["acc"][0] for k, s in summaries.items()}
     lines += [""]
     if widths:
@@ -340,14 +352,15 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
 
 
 def variant_within_aim(name: str, change: tuple) -> str:
-    """A PQ variant whose perplexity change at 1/5 meets the 0.5% aim on its
+    """A PQ variant whose perplexity change at 1/5 meets the 0.3% aim on its
     point estimate: its interval, and the code bytes it reads for that."""
     point, low, high = change
-    bytes_read = report.code_bytes({"fields": PQ_VARIANTS[name]})
-    met = ("its interval too" if high <= 0.5
+    fields = PQ_VARIANTS[name]
+    met = ("its interval too" if high <= 0.3
            else f"on the point estimate; its interval reaches {high:+.2f}%")
-    return (f"{name} {point:+.2f}% [{low:+.2f}, {high:+.2f}] ({met}), reading {bytes_read} "
-            f"code bytes per token against the default's 2")
+    reads = (f", reading {fields['pq_subspaces']} code bytes per token"
+             if "pq_subspaces" in fields else "")
+    return f"{name} {point:+.2f}% [{low:+.2f}, {high:+.2f}] ({met}){reads}"
 
 
 def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]) -> None:
@@ -356,7 +369,8 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
     the measured PQ settings and variants recover of it."""
     for model in dict.fromkeys(list(ppl) + list(studies)):
         table, study = ppl.get(model), studies.get(model)
-        ppl_miss = table is not None and table["pq@1/5"][1][0] > 0.5
+        p = report.pq_label(table) if table is not None else "pq"
+        ppl_miss = table is not None and table[f"{p}@1/5"][1][0] > 0.3
         mass = gap = oracle_mass = None
         settings: Dict[str, float] = {}
         if study is not None:
@@ -364,22 +378,22 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
             mass = report.mid_mass(study, "pq@1/5")
             oracle_mass = report.mid_mass(study, "exact@1/5")
             gap = oracle_mass - mass
-        if not ppl_miss and (gap is None or gap <= 0.05):
+        if not ppl_miss and (gap is None or gap <= 0.03):
             continue
         parts = []
         if ppl_miss:
-            pq, oracle = table["pq@1/5"][1][0], table["exact@1/5"][1][0]
+            pq, oracle = table[f"{p}@1/5"][1][0], table["exact@1/5"][1][0]
             variants = ", ".join(report.variant_changes(table, "1/5"))
             why = ("the budget is enough, PQ's ranking of the middle tokens is what loses"
-                   if oracle <= 0.5 else "the budget itself is short of the aim")
-            parts.append(f"its perplexity at 1/5 is {pq:+.2f}% against the aim's 0.5%, while "
+                   if oracle <= 0.3 else "the budget itself is short of the aim")
+            parts.append(f"its perplexity at 1/5 is {pq:+.2f}% against the aim's 0.3%, while "
                          f"the oracle at the same budget is {oracle:+.2f}%: {why}"
                          + (f" (PQ variants: {variants})" if variants else ""))
             closers = [variant_within_aim(v, table[f"{v}@1/5"][1]) for v in PQ_VARIANTS
-                       if f"{v}@1/5" in table and table[f"{v}@1/5"][1][0] <= 0.5]
+                       if f"{v}@1/5" in table and table[f"{v}@1/5"][1][0] <= 0.3]
             if closers:
                 parts.append("within the aim: " + " and ".join(closers))
-        if gap is not None and gap > 0.05:
+        if gap is not None and gap > 0.03:
             top = max(settings, key=settings.get) if settings else None
             parts.append(f"on its {study['tokens'] // 1024}K trace PQ's middle mass is "
                          f"{mass:.3f}, {gap:.3f} under the oracle"
@@ -390,12 +404,12 @@ def missed_aims(ppl: Dict[str, dict], studies: Dict[str, dict], lines: List[str]
             default = next(iter(settings))
             gains = sorted(((v - settings[default], label) for label, v in settings.items()
                             if label != default), reverse=True)[:3]
-            close = [label for label, v in settings.items() if oracle_mass - v <= 0.05]
+            close = [label for label, v in settings.items() if oracle_mass - v <= 0.03]
             closing = (". The settings that gain most middle mass over the default on that "
                        "trace: " + ", ".join(f"\"{label}\" {g:+.3f}" for g, label in gains)
-                       + "; " + ("within 0.05 of the oracle: "
+                       + "; " + ("within 0.03 of the oracle: "
                                  + ", ".join(f'"{label}"' for label in close) if close
-                                 else "none measured comes within 0.05 of the oracle")
+                                 else "none measured comes within 0.03 of the oracle")
                        + "; settings beyond the sweep are not measured yet")
         lines.append(f"- {model}: " + "; ".join(parts) + closing + ".")
 
@@ -453,10 +467,12 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
         report.cell_statements(model, length, summary, lines)
     for model, table in ppl.items():
         for b in report.BUDGETS:
-            c = table[f"pq@{b}"][1]
+            p = report.pq_label(table)
+            c = table[f"{p}@{b}"][1]
             best = min(report.OTHERS, key=lambda s: table[f"{s}@{b}"][1][0])
             variants = "; ".join(report.variant_changes(table, b))
-            lines.append(f"- {model} perplexity, {b}: PQ {c[0]:+.2f}% [{c[1]:+.2f}, {c[2]:+.2f}] "
+            name = "PQ" if p == "pq" else "PQ (the paper's 2 x 6 bits)"
+            lines.append(f"- {model} perplexity, {b}: {name} {c[0]:+.2f}% [{c[1]:+.2f}, {c[2]:+.2f}] "
                          f"against full attention; best other selector {best} "
                          f"{table[f'{best}@{b}'][1][0]:+.2f}%; the oracle (exact top-k at the "
                          f"same budget) {table[f'exact@{b}'][1][0]:+.2f}%.")
@@ -528,12 +544,26 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
             report.trace_table(study, lines)
         if png:
             lines += ["", f"![middle mass per layer]({png})"]
-        lines += ["", "## PQ settings at long context (1/5)", "",
+        lines += ["", "## The default index and the settings around it (1/5)", "",
                   "m subspaces x b bits; codes are stored one byte per subspace, so a selection "
-                  "reads m bytes per token and kv head whatever b is. \"Rotary pairs\" feeds the "
-                  "library keys and queries with each head's dimensions reordered so that every "
-                  "rotary pair (x_i, x_i+D/2 in transformers' rotate-half layout) sits in one "
-                  "subspace; q.k is unchanged."]
+                  "reads m bytes per token and kv head whatever b is. \"Rotary\" sets "
+                  "`key_rotary = PQ_ROTARY_HALF`: the library puts both halves of every rotary "
+                  "pair (x_i, x_i+D/2 in transformers' rotate-half layout) in one subspace, for "
+                  "keys and queries alike (\"pairs by hand\" reorders the trace's keys and "
+                  "queries outside the library instead, as the pre-0.7 `rope_pairs` did: the "
+                  "same figures). \"Re-rank r\" sets `pq_rerank = r`: the codes pick (1 + r) k "
+                  "candidates per kv head and their exact scores from the host keys keep k. "
+                  "The default (0.7) is `pq_subspaces = 0, pq_bits = 0`: 8 bits and head_dim / "
+                  "32 subspaces in [1, 4], 2 code bytes per token at head_dim 64 (SmolLM2), 4 at "
+                  "256 (Gemma-3); `pqcache.transformers` declares the rotary layout. Middle mass "
+                  "is the share of the middle tokens' attention mass on the selected ones (sinks "
+                  "and the local window left out), averaged over the trace's layers and decode "
+                  "steps, with the lowest and highest layer; the gap is to the oracle (exact "
+                  "top-k at the same budget). Times: the trace's middle layer at its full length, "
+                  "one select of the last query, median of 15 rounds interleaved across the "
+                  "settings and the exact selector in one process; build: K-Means and encoding "
+                  "of the prompt (`pq_layer_info`), both on this machine's 2 cores (load printed "
+                  "by the run)."]
         for model, study in studies.items():
             lines += ["", f"### {study['model']}", ""]
             report.settings_table(study, lines)

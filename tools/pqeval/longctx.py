@@ -43,9 +43,16 @@ FULL = "full"
 # pq-4x8-pairs (4 code bytes, the best of the sweep on Gemma-3's 256-dim
 # heads at 32K) runs only when asked for (--selectors), to test a setting on
 # one model without another pass over every prompt.
-PQ_VARIANTS = {"pq-pairs": {"rope_pairs": True},
-               "pq-2x8-pairs": {"pq_bits": 8, "rope_pairs": True},
-               "pq-4x8-pairs": {"pq_subspaces": 4, "pq_bits": 8, "rope_pairs": True}}
+# PQ settings other than the default ("pq": m and b chosen from head_dim,
+# rotary pairs declared by the Session, 0.7). Each names every field it
+# depends on, so that its rows mean the same whatever the default. Records
+# made before 0.7 measured the paper's 2 x 6 bits as "pq"; their rows were
+# relabelled "pq-paper".
+PQ_VARIANTS = {"pq-paper": {"pq_subspaces": 2, "pq_bits": 6, "key_rotary": "none"},
+               "pq-pairs": {"pq_subspaces": 2, "pq_bits": 6, "key_rotary": "half"},
+               "pq-2x8-pairs": {"pq_subspaces": 2, "pq_bits": 8, "key_rotary": "half"},
+               "pq-4x8-pairs": {"pq_subspaces": 4, "pq_bits": 8, "key_rotary": "half"},
+               "pq-rerank": {"pq_rerank": 0.5}}
 DEFAULT_VARIANTS = ["pq-pairs", "pq-2x8-pairs"]
 NAMES = SELECTORS[:2] + DEFAULT_VARIANTS + SELECTORS[2:]   # default row names, report order
 ALL_NAMES = NAMES + [v for v in PQ_VARIANTS if v not in NAMES]

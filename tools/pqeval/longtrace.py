@@ -13,6 +13,7 @@ middle-only metrics per layer, and a sweep of PQ settings.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -161,3 +162,61 @@ def study_settings(t: trace_io.Trace, labels: List[str], steps: Optional[int] = 
                       "seconds": r.seconds, "layers": _layers(r)}
         log(f"  setting {label}: middle mass {r.mean('mid_mass'):.3f} ({r.seconds:.0f} s)")
     return out
+
+
+def time_settings(t: trace_io.Trace, labels: List[str], rounds: int = 15,
+                  log=print) -> Dict[str, Dict[str, float]]:
+    """Build and select time of the PQ settings named in `labels`, against the
+    exact selector (the oracle reads every key), on the trace's middle layer
+    at its full length: one context per setting, the last query selected in
+    interleaved rounds (setting after setting, `rounds` times), medians in
+    milliseconds. Build seconds are the library's own (pq_layer_info), with
+    the threads of the machine. Returns {label: {build_seconds, select_ms,
+    exact_select_ms}}."""
+    import os
+    import statistics
+
+    import pqcache
+
+    layer = t.layers[len(t.layers) // 2]
+    q_heads, kv_heads, head_dim = t.geometry
+    K, V, Q = (np.asarray(a[layer]) for a in (t.keys, t.values, t.queries))
+    dtype = "f16" if K.dtype == np.float16 else "f32"
+    query = np.ascontiguousarray(Q[-1])
+    paired = rotary_pairs(t)
+    contexts = {}
+    for label, fields, order in SETTINGS:
+        if label in labels:
+            contexts[label] = (pqcache.Context(1, q_heads, kv_heads, head_dim, dtype,
+                                               topk_fraction=0.2, **fields), order)
+    contexts["exact"] = (pqcache.Context(1, q_heads, kv_heads, head_dim, dtype,
+                                         topk_fraction=0.2, selector="exact"), "model")
+    pk = np.asarray(paired.keys[layer])
+    pquery = np.ascontiguousarray(np.asarray(paired.queries[layer])[-1])
+    try:
+        for ctx, order in contexts.values():
+            ctx.add_sequence(0)
+            ctx.prefill(0, 0, pk if order == "pairs" else K, V)
+            ctx.wait_builds()
+        times: Dict[str, List[float]] = {label: [] for label in contexts}
+        for _ in range(rounds):
+            for label, (ctx, order) in contexts.items():
+                q = pquery if order == "pairs" else query
+                start = time.perf_counter()
+                ctx.select(0, 0, q)
+                times[label].append((time.perf_counter() - start) * 1e3)
+        exact_ms = statistics.median(times["exact"])
+        out = {}
+        for label, (ctx, _) in contexts.items():
+            if label == "exact":
+                continue
+            out[label] = {"build_seconds": float(ctx.layer_info(0, 0)["build_seconds"]),
+                          "select_ms": statistics.median(times[label]),
+                          "exact_select_ms": exact_ms}
+            log(f"  timing {label}: build {out[label]['build_seconds']:.2f} s, select "
+                f"{out[label]['select_ms']:.2f} ms (exact {exact_ms:.2f} ms), load "
+                f"{os.getloadavg()[0]:.1f}")
+        return out
+    finally:
+        for ctx, _ in contexts.values():
+            ctx.close()

@@ -136,27 +136,39 @@ def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -
 
 
 def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
-    labels = [label for label in records[0]["nll"] if all(label in r["nll"] for r in records)]
-    nll = {label: np.array([r["nll"][label] for r in records]) for label in labels}
-    full = nll[FULL]
-    out = {FULL: (stats.perplexity_ci(full), (0.0, 0.0, 0.0))}
-    lines += ["| selector | 1/5 perplexity | 1/5 vs full | 1/10 perplexity | 1/10 vs full |",
-              "|---|---:|---:|---:|---:|"]
+    """Each row over the documents that measured it (a row added later may
+    cover fewer), its change paired with full attention on those documents.
+    out[label] = (perplexity interval, change interval, documents)."""
+    full_all = np.array([r["nll"][FULL] for r in records])
+    out = {FULL: (stats.perplexity_ci(full_all), (0.0, 0.0, 0.0), len(records))}
+    lines += ["| selector | 1/5 perplexity | 1/5 vs full | 1/10 perplexity | 1/10 vs full "
+              "| documents |", "|---|---:|---:|---:|---:|---:|"]
     p = out[FULL][0]
     lines.append(f"| full attention | {_ci(*p, scale=1, digits=3)} | | "
-                 f"{_ci(*p, scale=1, digits=3)} | |")
+                 f"{_ci(*p, scale=1, digits=3)} | | {len(records)} |")
     for s in ALL_NAMES:
-        if f"{s}@1/5" not in nll:
+        if not any(f"{s}@1/5" in r["nll"] for r in records):
             continue
-        cols = []
+        cols, docs = [], 0
         for b in BUDGETS:
             label = f"{s}@{b}"
-            out[label] = (stats.perplexity_ci(nll[label]),
-                          stats.perplexity_change_ci(nll[label], full))
+            having = [r for r in records if label in r["nll"]]
+            nll = np.array([r["nll"][label] for r in having])
+            full = np.array([r["nll"][FULL] for r in having])
+            out[label] = (stats.perplexity_ci(nll), stats.perplexity_change_ci(nll, full),
+                          len(having))
+            docs = len(having)
             cols += [_ci(*out[label][0], scale=1, digits=3),
                      _ci(*out[label][1], scale=1, digits=2, sign=True) + "%"]
-        lines.append(f"| {_name(s)} | " + " | ".join(cols) + " |")
+        lines.append(f"| {_name(s)} | " + " | ".join(cols) + f" | {docs} |")
     return out
+
+
+def pq_label(table: Dict) -> str:
+    """The row that stands for PQ in a table: "pq" (the 0.7 default) where
+    measured, else "pq-paper" (the 2 x 6-bit index that was the default
+    before 0.7, which records made then call so)."""
+    return "pq" if "pq@1/5" in table else "pq-paper"
 
 
 def _layer_mean(layers: List[dict], metric: str) -> float:
@@ -207,17 +219,27 @@ def trace_table(study: Dict, lines: List[str]) -> None:
 
 def settings_table(study: Dict, lines: List[str]) -> None:
     """PQ settings at 1/5. Codes are stored one byte per subspace, so the
-    bytes a selection reads per token and kv head are m, whatever b is."""
-    lines += ["| PQ setting (m x b) | code bits | bytes read per token | exact top-k recall "
-              "| per-head recall | middle mass | middle mass per byte |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    bytes a selection reads per token and kv head are m, whatever b is.
+    Middle mass: the mean over layers, with the lowest and highest layer;
+    the gap is to the oracle (exact top-k at the same budget). Times from
+    the study's timing pass (longtrace.time_settings), where recorded."""
+    oracle = mid_mass(study, "exact@1/5") if "exact@1/5" in study["selectors"] else None
+    timing = study.get("timing", {})
+    lines += ["| PQ setting | m x b | code bytes per token | middle mass [lowest, highest layer] "
+              "| gap to the oracle | exact top-k recall | select ms (exact: ms) | build s |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for label, setting in study["settings"].items():
         m = code_bytes(setting)
-        bits = m * setting["fields"].get("pq_bits", 6)
+        bits = setting.get("resolved", {}).get("pq_bits", setting["fields"].get("pq_bits", 6))
         layers = setting["layers"]
-        mid = _layer_mean(layers, "mid_mass")
-        lines.append(f"| {label} | {bits} | {m} | {_layer_mean(layers, 'recall'):.3f} | "
-                     f"{_layer_mean(layers, 'head_recall'):.3f} | {mid:.3f} | {mid / m:.3f} |")
+        mids = [l["mid_mass"] for l in layers]
+        mid = float(np.mean(mids))
+        gap = f"{oracle - mid:.3f}" if oracle is not None else ""
+        t = timing.get(label)
+        times = (f"{t['select_ms']:.2f} ({t['exact_select_ms']:.2f}) | {t['build_seconds']:.2f}"
+                 if t else " | ")
+        lines.append(f"| {label} | {m} x {bits} | {m} | {mid:.3f} [{min(mids):.3f}, "
+                     f"{max(mids):.3f}] | {gap} | {_layer_mean(layers, 'recall'):.3f} | {times} |")
 
 
 def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
@@ -306,14 +328,16 @@ def _standing(gap: float, rival: str) -> str:
 def cell_statements(model: str, length: int, summary: Dict[str, dict],
                     lines: List[str]) -> None:
     """One sentence per budget: PQ against full attention and the field."""
+    p = pq_label(summary)
+    name = "PQ" if p == "pq" else "PQ (the paper's 2 x 6 bits, the default before 0.7)"
     for b in BUDGETS:
-        pq = summary[f"pq@{b}"]
+        pq = summary[f"{p}@{b}"]
         rival = best_other(summary, b)
         drop = max(DROP, key=lambda s: summary[f"{s}@{b}"]["acc"][0])
         gap = pq["acc"][0] - summary[f"{rival}@{b}"]["acc"][0]
         dgap = pq["acc"][0] - summary[f"{drop}@{b}"]["acc"][0]
         lines.append(
-            f"- {model} {length // 1024}K, {b}: PQ {_pct(pq['acc'][0])} against full "
+            f"- {model} {length // 1024}K, {b}: {name} {_pct(pq['acc'][0])} against full "
             f"attention's {_pct(summary[FULL]['acc'][0])} ({_ci(*pq['diff'], sign=True)} points, "
             f"same answer on {100 * pq['agree']:.0f}% of prompts); "
             + _standing(gap, f"the best other selector ({rival}, "
@@ -321,6 +345,6 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
             + _standing(dgap, f"the best drop method ({drop})") + ".")
         variants = [f"{v} {_pct(summary[f'{v}@{b}']['acc'][0])} "
                     f"({_ci(*summary[f'{v}@{b}']['diff'], sign=True)})"
-                    for v in PQ_VARIANTS if f"{v}@{b}" in summary]
+                    for v in PQ_VARIANTS if f"{v}@{b}" in summary and v != p]
         if variants:
             lines.append(f"  PQ variants: {'; '.join(variants)}.")
