@@ -158,7 +158,8 @@ def main() -> int:
         for batch in args.batch:
             rng = np.random.default_rng(7)
             keys = rng.standard_normal((n, KV, DIM), dtype=np.float32).astype(np.float16)
-            ctx = pqcache.Context(1, Q, KV, DIM, "f16", backend="cuda", kmeans_iterations=4)
+            ctx = pqcache.Context(1, Q, KV, DIM, "f16", backend="cuda", kmeans_iterations=4,
+                                  pq_subspaces=M, pq_bits=BITS)
             ctx.add_sequence(0)
             ctx.prefill(0, 0, keys, keys)
             ctx.wait_builds()
@@ -174,7 +175,7 @@ def main() -> int:
 
             def loop():
                 for s in seqs:
-                    ctx.fetch(0, s, ctx.select(0, s, qs[s]))
+                    ctx.fetch(s, 0, ctx.select(s, 0, qs[s]))  # (seq, layer, ...)
 
             batched(), loop()
             tb, tl = [], []

@@ -179,7 +179,11 @@ TEST(CudaBackend, PqSelectionOnTheGpuMatchesTheCpu) {
   pq_tensor k, q;
   pq_tensor_init(&k, keys.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, kN, kKv, kDim);
   pq_tensor_init(&q, query.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQ, kDim);
+  // Also the 0.7 index options: rotary pairs (the host builds the lookup
+  // table) and exact re-ranking of the device's candidates on the host.
+  for (int32_t variant : {0, 1})
   for (int32_t combine : {PQ_GQA_MAX, PQ_GQA_MEAN, PQ_GQA_SUM_SOFTMAX}) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
     std::vector<std::vector<int32_t>> rows[2];
     for (int32_t backend : {PQ_BACKEND_CPU, PQ_BACKEND_CUDA}) {
       pq_config c;
@@ -187,6 +191,7 @@ TEST(CudaBackend, PqSelectionOnTheGpuMatchesTheCpu) {
       c.num_layers = 1, c.num_q_heads = kQ, c.num_kv_heads = kKv, c.head_dim = kDim;
       c.dtype = PQ_DTYPE_F32, c.kmeans_iterations = 4, c.gqa_combine = combine;
       c.backend = backend;
+      if (variant == 1) c.key_rotary = PQ_ROTARY_HALF, c.pq_rerank = 0.5f;
       pq_context* ctx = nullptr;
       ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
       ASSERT_EQ(pq_sequence_add(ctx, 1), PQ_OK);

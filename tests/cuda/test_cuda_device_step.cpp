@@ -161,8 +161,13 @@ TEST(CudaDeviceStep, BatchedSelectAndFetchEqualPerSequenceCalls) {
   for (int i = 0; i < n; ++i) {
     for (int t = 0; t < 4; ++t)
       outs.push_back(std::make_unique<Dev<uint16_t>>(kKvHeads * caps[i] * kDim));
+    // pq_tensor_init refuses NULL data for tokens > 0 and leaves t as it
+    // was: give it a buffer (the first run on a GPU found t uninitialised).
     pq_tensor t;
-    pq_tensor_init(&t, nullptr, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, caps[i], kKvHeads, kDim);
+    ASSERT_EQ(pq_tensor_init(&t, outs[4 * i]->p, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, caps[i],
+                             kKvHeads, kDim),
+              PQ_OK)
+        << pq_last_error();
     t.memory = PQ_MEMORY_DEVICE;
     pq_tensor k1 = t, v1 = t;
     k1.data = outs[4 * i]->p, v1.data = outs[4 * i + 1]->p;
