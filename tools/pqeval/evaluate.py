@@ -44,6 +44,9 @@ TASK_RUNS = [("smollm2-135m", [4096, 8192], 3), ("gemma3-270m", [16384, 32768], 
 # (model, context, continuation): context + continuation = the model's length.
 PERPLEXITY_RUNS = [("smollm2-135m", 7936, 256), ("gemma3-270m", 32512, 256)]
 TRACE_STEPS = 128
+# Generated tokens before the replayed steps, coded with the codebook of the
+# tokens before them (longtrace.recluster_study): as long as each trace allows.
+RECLUSTER = {"smollm2-135m": [2048, 4096], "gemma3-270m": [2048, 8192, 16384]}
 AIM_LENGTHS = {"smollm2-135m": 8192, "gemma3-270m": 32768}
 
 
@@ -127,6 +130,11 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
                 t = t or longtrace.capture(model, log=log)
                 study["settings"].update(longtrace.study_settings(t, [label], TRACE_STEPS, log=log))
                 study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
+                _write_studies(traces_file, studies)
+            if set(study.get("recluster", {})) != {str(g) for g in [0] + RECLUSTER[model]}:
+                t = t or longtrace.capture(model, log=log)
+                study["recluster"] = longtrace.recluster_study(t, RECLUSTER[model], TRACE_STEPS,
+                                                               log=log)
                 _write_studies(traces_file, studies)
             labels = [label for label, _, _ in longtrace.SETTINGS]
             if set(study.get("timing", {})) != set(labels):
@@ -567,6 +575,17 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
         for model, study in studies.items():
             lines += ["", f"### {study['model']}", ""]
             report.settings_table(study, lines)
+        if any("recluster" in st for st in studies.values()):
+            lines += ["", "## Long outputs: the prompt's codebook against a rebuilt one", "",
+                      "Tokens generated during decode are coded with the codebook of the tokens "
+                      "before them. Teacher-forced here: the last G tokens before the 128 "
+                      "replayed steps are appended as decode tokens, coded with the codebook "
+                      "trained on the tokens before them, against the same tokens all "
+                      "prefilled (a codebook trained on every one of them, which a rebuild "
+                      "would give). The default index with rotary pairs, 1/5; middle mass over "
+                      "the replayed steps, mean over layers with the lowest and highest layer.",
+                      ""]
+            report.recluster_table(studies, lines)
 
     lines += ["", "## The committed 2K trace (what CI checks)", "",
               "SmolLM2-135M through the numpy runtime (tools/pqmodel, which agrees with "

@@ -220,3 +220,18 @@ def time_settings(t: trace_io.Trace, labels: List[str], rounds: int = 15,
     finally:
         for ctx, _ in contexts.values():
             ctx.close()
+
+
+def recluster_study(t: trace_io.Trace, generated: List[int], steps: Optional[int] = None,
+                    log=print) -> Dict[str, Dict]:
+    """Does a long output need a new codebook? The default index at 1/5 with
+    the last G tokens before the decode steps appended as generated tokens
+    (coded with the codebook of the tokens before them) against the same
+    tokens all prefilled (the codebook trained on every one of them: what a
+    rebuild would give). Returns {G: layers} with G = 0 the rebuilt case."""
+    out = {}
+    for g in [0] + list(generated):
+        r = replay.replay(t, "pq", 0.2, steps=steps, generated=g, **MODEL_FIELDS)
+        out[str(g)] = _layers(r)
+        log(f"  generated {g}: middle mass {r.mean('mid_mass'):.3f} ({r.seconds:.0f} s)")
+    return out

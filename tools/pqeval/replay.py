@@ -75,9 +75,13 @@ def _softmax_rows(x: np.ndarray) -> np.ndarray:
 
 
 def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[int] = None,
-           layers: Optional[Iterable[int]] = None, **config) -> Result:
+           layers: Optional[Iterable[int]] = None, generated: int = 0, **config) -> Result:
     """Runs one selector at one budget over the trace. `config` sets further
-    pq_config fields (e.g. pq_subspaces=4, kmeans_iterations=10)."""
+    pq_config fields (e.g. pq_subspaces=4, kmeans_iterations=10).
+    generated > 0: the last `generated` tokens before the decode steps are not
+    prefilled but appended as decode tokens (a teacher-forced continuation),
+    so PQ codes them with the codebook of the tokens before them, as a long
+    output is coded, instead of training on them."""
     q_heads, kv_heads, head_dim = t.geometry
     group = q_heads // kv_heads
     window = min(OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
@@ -101,9 +105,14 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
                                  **{**opts, "selector": "exact"})
         lr = LayerResult(layer)
         try:
+            first = prompt - generated
+            if not 0 < first <= prompt:
+                raise ValueError(f"generated {generated}: the trace's prompt has {prompt} tokens")
             for c in (ctx, oracle):
                 c.add_sequence(0)
-                c.prefill(0, layer, K[:prompt], V[:prompt])
+                c.prefill(0, layer, K[:first], V[:first])
+                if generated:
+                    c.append(0, layer, K[first:prompt], V[first:prompt])
             window_q = Q[prompt - t.q_first - window: prompt - t.q_first]
             if selector in PROMPT_QUERY_SELECTORS:
                 ctx.prefill_queries(0, layer, window_q)

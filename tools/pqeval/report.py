@@ -348,3 +348,22 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
                     for v in PQ_VARIANTS if f"{v}@{b}" in summary and v != p]
         if variants:
             lines.append(f"  PQ variants: {'; '.join(variants)}.")
+
+
+def recluster_table(studies: Dict[str, Dict], lines: List[str]) -> None:
+    """The middle mass after G generated tokens coded with the prompt's
+    codebook, against G = 0 (the codebook trained on every token)."""
+    lines += ["| model | generated tokens G | share of the sequence | middle mass, prompt's "
+              "codebook [lowest, highest layer] | rebuilt codebook | difference |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for study in studies.values():
+        runs = study.get("recluster")
+        if not runs:
+            continue
+        rebuilt = _layer_mean(runs["0"], "mid_mass")
+        for g, layers in sorted(((int(k), v) for k, v in runs.items() if k != "0")):
+            mids = [l["mid_mass"] for l in layers]
+            mid = float(np.mean(mids))
+            lines.append(f"| {study['model']} | {g:,} | {g / study['tokens']:.0%} | {mid:.3f} "
+                         f"[{min(mids):.3f}, {max(mids):.3f}] | {rebuilt:.3f} | "
+                         f"{mid - rebuilt:+.3f} |")
