@@ -477,8 +477,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t dims[] = {1, 2, 3, 4, 8, 16};
   c.head_dim = dims[in.ConsumeIntegralInRange(0, 5)];
   c.dtype = in.ConsumeIntegralInRange(0, 2);
-  c.pq_subspaces = in.ConsumeIntegralInRange(1, 4);
-  c.pq_bits = in.ConsumeIntegralInRange(1, 9);
+  c.pq_subspaces = in.ConsumeIntegralInRange(0, 4);  // 0: chosen from head_dim
+  c.pq_bits = in.ConsumeIntegralInRange(0, 9);        // 0: 8
   c.kmeans_iterations = in.ConsumeIntegralInRange(0, 3);
   c.kmeans_max_iterations = in.ConsumeIntegralInRange(2, 4);
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
@@ -502,10 +502,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.cache_update_blocks = in.ConsumeIntegralInRange(0, 8);
   }
   if (in.ConsumeBool()) c.host_memory_limit = in.ConsumeIntegralInRange<uint64_t>(0, 1u << 22);
+  if (in.ConsumeBool()) {  // the 0.7 index options
+    c.key_rotary = in.ConsumeIntegralInRange(-1, 3);
+    const float reranks[] = {0.f, 0.5f, 2.f, -1.f, NAN, 65.f};
+    c.pq_rerank = reranks[in.ConsumeIntegralInRange(0, 5)];
+    c.pooling = in.ConsumeIntegralInRange(-1, 2);
+  }
 
   pq_status st = pq_create(&c, &s.ctx);
   check(st);
   if (st != PQ_OK) return 0;
+  // The harness sizes buffers from the configuration the library resolved
+  // (pq_subspaces and pq_bits 0 are chosen at pq_create).
+  check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
     switch (in.ConsumeIntegralInRange(0, 15)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
