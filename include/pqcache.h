@@ -484,6 +484,19 @@ typedef struct pq_config {
    * PQ_POOLING_MAX (the library's behaviour before 0.7); the official SnapKV
    * code and kvpress use PQ_POOLING_AVG with pooling_kernel 5. */
   int32_t pooling;
+  /* PQ: re-clustering for long outputs. Tokens appended during decode are
+   * coded with the codebook of the tokens it was built over, whose rotary
+   * angles it has never seen at later positions; when the tokens past that
+   * build exceed this share of the sequence, the library rebuilds the index
+   * over every stored token in the background and swaps it in at a later
+   * select, which meanwhile goes on with the old one (no pause), so which
+   * select first uses the new index depends on the build's time
+   * (pq_wait_builds installs it at once). In [0, 1]; 0 (default) turns it
+   * off. Measured (docs/quality.md, "Long outputs"): 2,048 tokens coded with
+   * the codebook of a 6K prompt cost 0.16 of the middle mass on SmolLM2; 0.1
+   * keeps a rebuild per 10% of growth, each the build time of the layer. A
+   * restored index counts its coded tokens as built. */
+  float pq_rebuild_share;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).

@@ -70,6 +70,7 @@
   X(pq_config, key_rotary) \
   X(pq_config, pq_rerank) \
   X(pq_config, pooling) \
+  X(pq_config, pq_rebuild_share) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

@@ -245,4 +245,64 @@ TEST(ApiIndexRerank, PicksTheExactBestAmongTheCandidates) {
   }
 }
 
+// pq_rebuild_share: once the tokens appended past the index's build pass
+// the share, a select queues a rebuild over every stored token and goes on
+// with the old index; once installed, the index is the one a prefill of all
+// the tokens builds (the same seeded K-Means over the same tokens).
+TEST(ApiIndexRebuild, LongOutputsGetTheIndexOfAllTheirTokens) {
+  pq_config c = auto_config(32);
+  c.num_layers = 1;
+  c.topk_tokens = 40;
+  c.local_tokens = 16;
+  c.kmeans_iterations = 3;
+  const int64_t prompt = 1500, out = 400;
+  const Data d = make_data(c, prompt + out, 23);
+  auto builds = [](pq_context* ctx) { return stats(ctx).builds_finished; };
+  auto select_now = [&](pq_context* ctx) {
+    Sel s(c.num_kv_heads, selection_capacity(ctx, kSeq, 0));
+    HostTensor Q = make_tensor(d.query, 1, c.num_q_heads, c.head_dim, c.dtype);
+    EXPECT_TRUE(IsOk(pq_decode_select(ctx, kSeq, 0, Q.get(), s.get())));
+    return s;
+  };
+  for (float share : {0.f, 0.1f}) {
+    SCOPED_TRACE("share " + std::to_string(share));
+    pq_config cs = c;
+    cs.pq_rebuild_share = share;
+    Ctx ctx(cs);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    HostTensor K = make_tensor(d.keys, prompt, c.num_kv_heads, c.head_dim, c.dtype);
+    HostTensor V = make_tensor(d.values, prompt, c.num_kv_heads, c.head_dim, c.dtype);
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq, 0, K.get(), V.get()));
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    ASSERT_EQ(builds(ctx), 1u);
+    // 100 appended tokens: 100 <= 0.1 x 1600, no rebuild yet.
+    HostTensor K1 = make_tensor(d.keys.data() + prompt * c.num_kv_heads * c.head_dim, 100,
+                                c.num_kv_heads, c.head_dim, c.dtype);
+    HostTensor V1 = make_tensor(d.values.data() + prompt * c.num_kv_heads * c.head_dim, 100,
+                                c.num_kv_heads, c.head_dim, c.dtype);
+    PQ_ASSERT_OK(pq_decode_append(ctx, kSeq, 0, K1.get(), V1.get()));
+    select_now(ctx);
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    EXPECT_EQ(builds(ctx), 1u);
+    // 400 in all: 400 > 0.1 x 1900.
+    HostTensor K2 = make_tensor(d.keys.data() + (prompt + 100) * c.num_kv_heads * c.head_dim,
+                                out - 100, c.num_kv_heads, c.head_dim, c.dtype);
+    HostTensor V2 = make_tensor(d.values.data() + (prompt + 100) * c.num_kv_heads * c.head_dim,
+                                out - 100, c.num_kv_heads, c.head_dim, c.dtype);
+    PQ_ASSERT_OK(pq_decode_append(ctx, kSeq, 0, K2.get(), V2.get()));
+    select_now(ctx);  // queues the rebuild (share 0.1) and selects with the old index
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    EXPECT_EQ(builds(ctx), share > 0.f ? 2u : 1u);
+    const Sel after = select_now(ctx);
+    const Sel all_at_once = prefill_and_select(cs, d, prompt + out);
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      if (share > 0.f)
+        EXPECT_EQ(after.row(h), all_at_once.row(h)) << "kv head " << h;
+      else
+        EXPECT_NE(after.row(h), all_at_once.row(h)) << "kv head " << h;
+    }
+  }
+}
+
 }  // namespace

@@ -149,6 +149,9 @@ type Config struct {
 	KeyRotary KeyRotary
 	PQRerank  float32 // exact re-ranking of (1 + PQRerank) * k candidates; 0: off
 	Pooling   Pooling
+	// PQRebuildShare: rebuild the index in the background when the tokens
+	// past its build pass this share of the sequence; 0: off.
+	PQRebuildShare float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -214,6 +217,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 		KeyRotary: KeyRotary(cc.GetKey_rotary()),
 		PQRerank:  cc.GetPq_rerank(),
 		Pooling:   Pooling(cc.GetPooling()),
+
+		PQRebuildShare: cc.GetPq_rebuild_share(),
 	}
 }
 
@@ -284,6 +289,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKey_rotary(int(c.KeyRotary))
 	cc.SetPq_rerank(c.PQRerank)
 	cc.SetPooling(int(c.Pooling))
+	cc.SetPq_rebuild_share(c.PQRebuildShare)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -56,4 +56,5 @@
   INT(cache_update_blocks, 0, 0, INT32_MAX)                                  \
   ENUM(key_rotary, PQ_ROTARY_NONE, kKeyRotaryNames)                          \
   REAL(pq_rerank, 0.0f, 0.0, kMaxRerank, false)                              \
-  ENUM(pooling, PQ_POOLING_MAX, kPoolingNames)
+  ENUM(pooling, PQ_POOLING_MAX, kPoolingNames)                               \
+  REAL(pq_rebuild_share, 0.0f, 0.0, 1.0, false)

@@ -223,6 +223,7 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snap
   index->codebook->encode(head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
   pq_index_count_tuples(*index, 0, snap.tokens);
   index->coded_tokens = snap.tokens;
+  index->built_tokens = snap.tokens;
   index->iterations = report.iterations;
   index->budget = params.max_iterations;
   index->training_points = report.training_points;

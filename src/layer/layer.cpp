@@ -71,7 +71,10 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     // hook may ask for them as soon as it finishes.
     update_mirrors();
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
-    if (is_prefill && shared_.selector->needs_index()) build_.schedule(store_, store_.tokens(), seq);
+    if (is_prefill && shared_.selector->needs_index()) {
+      build_.schedule(store_, store_.tokens(), seq);
+      background_rebuild_ = false;  // a prompt's build is waited for
+    }
   } catch (...) {
     prefill_tokens_ = prefill_before;
     store_.truncate(first);  // the call fails as a whole: as if it never came

@@ -179,6 +179,9 @@ class Layer {
   void require_kv(uint64_t seq_id, const char* call) const;
   void fill_kv(const SectionView& keys_values, const SequenceInfo& seq);
   void require_index(uint64_t seq_id);
+  // pq_rebuild_share: queues a background rebuild over every stored token
+  // when the tokens past the index's build pass that share of the sequence.
+  void rebuild_for_long_output(const SequenceInfo& seq);
   // A fresh block cache and device state (after the tokens changed under
   // them), with the window sent again.
   void reset_cache_and_device(void* stream);
@@ -216,6 +219,9 @@ class Layer {
   // Restored without its K/V yet (pq_sequence_restore_begin): the store's
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;
+  // The pending build was queued by rebuild_for_long_output: selects go on
+  // with the installed index until it is done, instead of waiting.
+  bool background_rebuild_ = false;
   uint64_t last_select_bytes_ = 0;
 
   // Asynchronous prefills from device memory; never under mutex_ (an

@@ -32,13 +32,34 @@ void Layer::install_build() {
 
 void Layer::require_index(uint64_t seq_id) {
   require_prefill(seq_id, "reading the index");
-  install_build();
+  if (background_rebuild_ && build_.index() && build_.pending()) {
+    // No pause for a long output's rebuild: the old index serves until the
+    // new one is done. A failed rebuild leaves it serving (the failure is
+    // in the build facts, the log and the build_done hook).
+    try {
+      poll_build();
+    } catch (const Error&) {
+    }
+  } else {
+    install_build();
+  }
+  if (!build_.pending()) background_rebuild_ = false;
   if (!build_.index())
     fail(PQ_ERR_BAD_STATE, "layer " + std::to_string(layer_index_) + " of seq_id " +
                                std::to_string(seq_id) + " has no index: " +
                                (build_.facts().error.empty() ? "no build finished"
                                                              : build_.facts().error) +
                                "; call pq_prefill_layer again to rebuild");
+}
+
+void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
+  const float share = shared_.config.pq_rebuild_share;
+  const PqIndex* index = build_.index();
+  if (!(share > 0.f) || index == nullptr || build_.pending() || awaiting_kv_) return;
+  const int64_t n = store_.tokens();
+  if (static_cast<double>(n - index->built_tokens) <= static_cast<double>(share) * n) return;
+  build_.schedule(store_, n, seq);
+  background_rebuild_ = true;
 }
 
 void Layer::code_tokens(int64_t end) {

@@ -50,7 +50,10 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
                                       (host_out ? "written to out->counts; " : "") +
                                       "see pq_selection_capacity_for)");
   }
-  if (selector.needs_index()) code_tokens(r.mid_end);
+  if (selector.needs_index()) {
+    code_tokens(r.mid_end);
+    rebuild_for_long_output(seq);
+  }
   selector.update_state(selector_state_.get(), store_, r.n, r.sink_end, r.mid_end,
                         shared_.config);
 

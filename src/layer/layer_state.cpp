@@ -66,6 +66,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
       tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
   if (rebuild) build_.schedule(store_, tokens, seq);
+  background_rebuild_ = background_rebuild_ && !rebuild;
   PqIndex* index = build_.index();
   if (index_covers_dropped) {
     if (!rebuild) build_.forget();
@@ -73,6 +74,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   } else if (index && index->coded_tokens > tokens) {
     for (auto& codes : index->codes) codes.shrink(tokens);
     index->coded_tokens = tokens;
+    index->built_tokens = std::min(index->built_tokens, tokens);
     pq_index_count_tuples(*index, 0, tokens);
   }
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
@@ -201,6 +203,7 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
   ByteReader in(v.data, v.size, "the index section of layer " + str(layer));
   auto index = std::make_unique<PqIndex>();
   index->coded_tokens = in.get<int64_t>("coded tokens");
+  index->built_tokens = index->coded_tokens;  // the state does not say more
   index->iterations = in.get<int32_t>("iterations");
   index->budget = in.get<int32_t>("iteration budget");
   index->training_points = in.get<int64_t>("training points");

@@ -17,6 +17,10 @@ struct PqIndex {
   // [0, coded_tokens); a fork shares the runs of its prefix (code_column.h).
   std::vector<CodeColumn> codes;
   int64_t coded_tokens = 0;
+  // Tokens the codebook was built over (the build's snapshot; a restored
+  // index: its coded tokens). Tokens past it were coded with a codebook
+  // that never saw them: pq_rebuild_share compares the two.
+  int64_t built_tokens = 0;
   // tuple_counts[head][t]: how many of tokens [0, coded_tokens) have the
   // code tuple t; kept for small tuple spaces only (pq_tuple_select.h).
   std::vector<std::vector<uint32_t>> tuple_counts;
@@ -42,6 +46,7 @@ struct PqIndex {
     copy.codes.reserve(codes.size());
     for (auto& c : codes) copy.codes.push_back(c.fork());
     copy.coded_tokens = coded_tokens;
+    copy.built_tokens = built_tokens;
     copy.tuple_counts = tuple_counts;
     copy.iterations = iterations;
     copy.budget = budget;

@@ -131,10 +131,11 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
                 study["settings"].update(longtrace.study_settings(t, [label], TRACE_STEPS, log=log))
                 study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
                 _write_studies(traces_file, studies)
-            if set(study.get("recluster", {})) != {str(g) for g in [0] + RECLUSTER[model]}:
+            if not set(longtrace.recluster_keys(RECLUSTER[model])) <= set(study.get("recluster",
+                                                                                      {})):
                 t = t or longtrace.capture(model, log=log)
-                study["recluster"] = longtrace.recluster_study(t, RECLUSTER[model], TRACE_STEPS,
-                                                               log=log)
+                study["recluster"] = longtrace.recluster_study(
+                    t, RECLUSTER[model], TRACE_STEPS, have=study.get("recluster"), log=log)
                 _write_studies(traces_file, studies)
             labels = [label for label, _, _ in longtrace.SETTINGS]
             if set(study.get("timing", {})) != set(labels):

@@ -222,16 +222,31 @@ def time_settings(t: trace_io.Trace, labels: List[str], rounds: int = 15,
             ctx.close()
 
 
+REBUILD_SHARE = 0.1
+
+
+def recluster_keys(generated: List[int]) -> List[str]:
+    return ["0"] + [f"{g}{suffix}" for g in generated for suffix in ("", "+rebuild")]
+
+
 def recluster_study(t: trace_io.Trace, generated: List[int], steps: Optional[int] = None,
-                    log=print) -> Dict[str, Dict]:
+                    have: Optional[Dict] = None, log=print) -> Dict[str, Dict]:
     """Does a long output need a new codebook? The default index at 1/5 with
     the last G tokens before the decode steps appended as generated tokens
     (coded with the codebook of the tokens before them) against the same
     tokens all prefilled (the codebook trained on every one of them: what a
-    rebuild would give). Returns {G: layers} with G = 0 the rebuilt case."""
-    out = {}
-    for g in [0] + list(generated):
-        r = replay.replay(t, "pq", 0.2, steps=steps, generated=g, **MODEL_FIELDS)
-        out[str(g)] = _layers(r)
-        log(f"  generated {g}: middle mass {r.mean('mid_mass'):.3f} ({r.seconds:.0f} s)")
+    rebuild would give), and with the library's re-clustering on
+    (pq_rebuild_share REBUILD_SHARE: the first select after the tokens
+    queues a background rebuild and goes on with the old index until it is
+    in). Returns {key: layers}: "0" the rebuilt case, "G", "G+rebuild";
+    keys already in `have` are kept, not measured again."""
+    out = dict(have or {})
+    for key in recluster_keys(generated):
+        if key in out:
+            continue
+        g = int(key.split("+")[0])
+        extra = {"pq_rebuild_share": REBUILD_SHARE} if key.endswith("+rebuild") else {}
+        r = replay.replay(t, "pq", 0.2, steps=steps, generated=g, **MODEL_FIELDS, **extra)
+        out[key] = _layers(r)
+        log(f"  generated {key}: middle mass {r.mean('mid_mass'):.3f} ({r.seconds:.0f} s)")
     return out

@@ -354,16 +354,18 @@ def recluster_table(studies: Dict[str, Dict], lines: List[str]) -> None:
     """The middle mass after G generated tokens coded with the prompt's
     codebook, against G = 0 (the codebook trained on every token)."""
     lines += ["| model | generated tokens G | share of the sequence | middle mass, prompt's "
-              "codebook [lowest, highest layer] | rebuilt codebook | difference |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "codebook [lowest, highest layer] | all prefilled | difference | with "
+              "pq_rebuild_share 0.1 |", "|---|---:|---:|---:|---:|---:|---:|"]
     for study in studies.values():
         runs = study.get("recluster")
         if not runs:
             continue
         rebuilt = _layer_mean(runs["0"], "mid_mass")
-        for g, layers in sorted(((int(k), v) for k, v in runs.items() if k != "0")):
-            mids = [l["mid_mass"] for l in layers]
+        for g in sorted(int(k) for k in runs if k != "0" and "+" not in k):
+            mids = [l["mid_mass"] for l in runs[str(g)]]
             mid = float(np.mean(mids))
+            rb = runs.get(f"{g}+rebuild")
+            with_rebuild = f"{_layer_mean(rb, 'mid_mass'):.3f}" if rb else "not measured"
             lines.append(f"| {study['model']} | {g:,} | {g / study['tokens']:.0%} | {mid:.3f} "
                          f"[{min(mids):.3f}, {max(mids):.3f}] | {rebuilt:.3f} | "
-                         f"{mid - rebuilt:+.3f} |")
+                         f"{mid - rebuilt:+.3f} | {with_rebuild} |")

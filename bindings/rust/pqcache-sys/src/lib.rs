@@ -243,6 +243,7 @@ c_struct! {
         pub key_rotary: i32,
         pub pq_rerank: f32,
         pub pooling: i32,
+        pub pq_rebuild_share: f32,
     }
 }
 

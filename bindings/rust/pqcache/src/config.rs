@@ -262,6 +262,9 @@ impl Config {
         /// Exact re-ranking of (1 + r) * k candidates (0: off, the default).
         pq_rerank: f32;
         pooling: Pooling => |p: Pooling| p as i32;
+        /// Background index rebuild when the tokens past the build pass this
+        /// share of the sequence (0: off, the default).
+        pq_rebuild_share: f32;
     }
 }
 

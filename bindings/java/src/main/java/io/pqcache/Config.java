@@ -275,6 +275,14 @@ public final class Config {
       return set(c -> c.setPooling(pooling.code()));
     }
 
+    /**
+     * Background index rebuild when the tokens past the index's build pass this share of the
+     * sequence (long outputs); 0 (default) = off.
+     */
+    public Builder pqRebuildShare(float share) {
+      return set(c -> c.setPq_rebuild_share(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);
