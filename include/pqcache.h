@@ -799,7 +799,8 @@ PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
  * smaller than the saver's would need codes of tokens not coded, and gets
  * PQ_ERR_BAD_STATE); every call that reads or changes the layer's K/V
  * (fetch, attend, append, prefill, pq_prefill_queries, pq_index_codes,
- * truncate, fork, save) and a select with another selector return
+ * truncate, fork, save) and a select with another selector or with
+ * config.pq_rerank (which reads the keys) return
  * PQ_ERR_BAD_STATE naming the layer. Selections equal those of the saved
  * sequence. Errors: as pq_sequence_restore. */
 PQ_API pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id,

@@ -795,6 +795,32 @@ TEST_F(StateTest, SelectorStatesAreCheckedAndMustBelongToTheSelector) {
 // A restore in pieces: the index first, the K/V after
 // ---------------------------------------------------------------------------
 
+// Exact re-ranking reads the keys: before they arrive it is refused,
+// naming the field, not read from a store that is not there.
+TEST_F(StateTest, ReRankingWaitsForTheKeysOfARestoreInPieces) {
+  pq_config c = state_config(PQ_SELECTOR_PQ);
+  c.pq_rerank = 0.5f;
+  Ctx a(c), b(c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  prefill(a, 1, 1, 900);
+  const std::vector<uint8_t> bytes = save(a, 1);
+  uint64_t consumed = 0;
+  ASSERT_EQ(pq_sequence_restore_begin(b, 5, bytes.data(), bytes.size(), &consumed), PQ_OK)
+      << pq_last_error();
+  std::vector<float> q = query_rows(3);
+  HostTensor qt = make_tensor(q, 1, kQ, kDim, PQ_DTYPE_F32);
+  const int64_t cap = selection_capacity(b, 5, 0);
+  Sel x(kKv, cap), y(kKv, cap);
+  EXPECT_TRUE(IsError(pq_decode_select(b, 5, 0, qt.get(), x.get()), PQ_ERR_BAD_STATE,
+                      {"pq_rerank", "restore"}));
+  for (uint64_t at = consumed, used = 0; at < bytes.size(); at += used)
+    ASSERT_EQ(pq_sequence_restore_kv(b, 5, bytes.data() + at, bytes.size() - at, &used), PQ_OK)
+        << pq_last_error();
+  ASSERT_EQ(pq_decode_select(b, 5, 0, qt.get(), x.get()), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_decode_select(a, 1, 0, qt.get(), y.get()), PQ_OK) << pq_last_error();
+  EXPECT_EQ(x.positions, y.positions);
+}
+
 TEST_F(StateTest, SelectionStartsBeforeTheKeysAndValuesArrive) {
   Ctx a(state_config(PQ_SELECTOR_PQ)), b(state_config(PQ_SELECTOR_PQ));
   ASSERT_TRUE(a.ok() && b.ok());

@@ -33,6 +33,8 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   const Regions r = shared_.regions(store_.tokens(), layer_index_);
   // Before a restore's K/V arrive, only what the index already holds can be
   // selected: codes of the whole middle, scored without a key.
+  if (awaiting_kv_ && selector.needs_index() && shared_.config.pq_rerank > 0.f)
+    require_kv(seq.id, "pq_decode_select with config.pq_rerank (it reads the keys)");
   if (awaiting_kv_ && !(selector.needs_index() && build_.index()->coded_tokens >= r.mid_end))
     require_kv(seq.id, selector.needs_index()
                            ? "pq_decode_select (tokens not coded at save time must be coded)"

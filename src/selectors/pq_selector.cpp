@@ -156,6 +156,7 @@ class PqSelector final : public Selector {
     select_top_k(combined.data(), count, r.k(), 0, best.data(), r.scratch);
     std::sort(best.begin(), best.end());
     for (int64_t i = 0; i < r.k(); ++i) out[i] = candidate[best[static_cast<size_t>(i)]];
+    std::sort(out, out + r.k());  // whatever order the candidates came in
     return static_cast<uint64_t>(count) * r.store().row_bytes();
   }
   static uint64_t bytes_read(const LayerSelection& r) {
