@@ -788,8 +788,11 @@ PQ_API pq_status pq_sequence_restore_file(pq_context* ctx, uint64_t seq_id,
  * hold more; only the description is read; with size 0, data may be NULL
  * and the answer is PQ_ERR_BUFFER_TOO_SMALL with the header's 56 bytes in
  * *out_consumed), checks it as
- * pq_sequence_restore does, reserves and allocates the memory of the whole
- * sequence (PQ_ERR_OUT_OF_MEMORY now, not later) and adds seq_id. *out_consumed
+ * pq_sequence_restore does, reserves the memory of the whole sequence in
+ * config.host_memory_limit (PQ_ERR_OUT_OF_MEMORY now, not later) and adds
+ * seq_id; each layer's K/V memory is allocated when its section arrives,
+ * so a description never makes the library allocate more than the bytes
+ * it was given. *out_consumed
  * receives the bytes read: the next call starts there. If `data` ends before
  * the description does, nothing is added and PQ_ERR_BUFFER_TOO_SMALL leaves
  * in *out_consumed how many bytes from the state's start are needed.
@@ -815,8 +818,9 @@ PQ_API pq_status pq_sequence_restore_begin(pq_context* ctx, uint64_t seq_id,
  * section the sequence is complete and further calls are PQ_ERR_BAD_STATE.
  * A short `data` is PQ_ERR_BUFFER_TOO_SMALL with the bytes the section
  * needs in *out_consumed; a section that fails its checksum or comes out of
- * order is PQ_ERR_CORRUPT and changes nothing (the right bytes may be given
- * again); K/V that do not fit the layer, or hold a NaN or Inf, are
+ * order is PQ_ERR_CORRUPT, and a failed allocation of the layer's K/V
+ * memory (host_alloc) is PQ_ERR_OUT_OF_MEMORY: both change nothing (the
+ * section may be given again); K/V that do not fit the layer, or hold a NaN or Inf, are
  * PQ_ERR_CORRUPT and end the restore: the sequence stays as it is, selects
  * as before, and must be removed. Threading: calls for one seq_id are
  * serialised; they may run concurrently with selections on seq_id. */

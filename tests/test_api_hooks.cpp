@@ -232,6 +232,51 @@ TEST(Hooks, HostStoreMemoryComesFromTheCallersAllocator) {
   EXPECT_FALSE(a.misaligned_free) << "a block was freed with another size or twice";
 }
 
+TEST(Hooks, ARestoreAllocatesEachLayersKeysAndValuesWhenTheyArrive) {
+  // A description claims the tokens; only bytes given may be allocated
+  // (a state resealed with a huge token count once made restore_begin
+  // allocate gigabytes: tests/fuzz/regressions/oom-restore-huge-token-count).
+  CountingAllocator a;
+  Ctx ctx(hooks_config(), alloc_hooks(&a));
+  ASSERT_TRUE(ctx.ok());
+  prefill(ctx, 1, 700);  // 3 chunks per layer
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+  uint64_t size = 0, written = 0;
+  ASSERT_EQ(pq_sequence_state_size(ctx, 1, &size), PQ_OK);
+  std::vector<uint8_t> bytes(size);
+  ASSERT_EQ(pq_sequence_save_buffer(ctx, 1, bytes.data(), size, &written), PQ_OK);
+  const uint64_t held = a.live_bytes(), per_layer = held / kLayers;
+  ASSERT_GT(per_layer, 0u);
+
+  uint64_t used = 0;
+  ASSERT_EQ(pq_sequence_restore_begin(ctx, 2, bytes.data(), size, &used), PQ_OK) << pq_last_error();
+  EXPECT_EQ(a.live_bytes(), held) << "the description allocates no K/V";
+  int64_t n = 0;
+  ASSERT_EQ(pq_sequence_length(ctx, 2, 0, &n), PQ_OK);
+  EXPECT_EQ(n, 700);
+  uint64_t at = used;
+
+  // The allocator refuses layer 0's second block: out of memory, the
+  // section is not consumed and may come again.
+  a.fail_after = 1;
+  EXPECT_TRUE(IsError(pq_sequence_restore_kv(ctx, 2, bytes.data() + at, size - at, &used),
+                      PQ_ERR_OUT_OF_MEMORY, {"host_alloc"}));
+  a.fail_after = -1;
+  EXPECT_EQ(a.live_bytes(), held) << "the block that was allocated went back";
+  for (int32_t l = 0; l < kLayers; ++l) {
+    ASSERT_EQ(pq_sequence_restore_kv(ctx, 2, bytes.data() + at, size - at, &used), PQ_OK)
+        << "layer " << l << ": " << pq_last_error();
+    at += used;
+    EXPECT_EQ(a.live_bytes(), held + per_layer * static_cast<uint64_t>(l + 1))
+        << "layer " << l << "'s K/V allocated with its section";
+  }
+  ASSERT_EQ(pq_sequence_restore_kv(ctx, 2, bytes.data() + at, size - at, &used), PQ_OK);
+  EXPECT_EQ(at + used, size);
+  EXPECT_EQ(a.live_bytes(), stats(ctx).kv_bytes);
+  ASSERT_EQ(pq_sequence_remove(ctx, 2), PQ_OK);
+  EXPECT_EQ(a.live_bytes(), held);
+}
+
 TEST(Hooks, AllocatorFailureFailsTheCallAndChangesNothing) {
   CountingAllocator a;
   Ctx ctx(hooks_config(), alloc_hooks(&a));

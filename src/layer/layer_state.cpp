@@ -234,8 +234,10 @@ std::unique_ptr<PqIndex> read_index(const SectionView& v, int64_t tokens, const 
     if (!std::isfinite(f)) in.corrupt("a centroid is not finite");
   index->codebook = std::move(codebook);
   index->codes.assign(static_cast<size_t>(cb.heads), CodeColumn(cb.subspaces));
-  const int64_t chunked =
-      (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens * KvStore::kChunkTokens;
+  // Room for the coded tokens only: `tokens` comes from the description,
+  // not from bytes given, and the column grows as decode codes more.
+  const int64_t chunked = (index->coded_tokens + KvStore::kChunkTokens - 1) /
+                          KvStore::kChunkTokens * KvStore::kChunkTokens;
   for (auto& head : index->codes) {
     const uint8_t* p = in.take(codes, "codes");
     uint8_t* dst = head.grow(index->coded_tokens, chunked);
@@ -287,9 +289,9 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
     in.finish();
   }
 
-  // The tokens' room first (the memory limit), then their K/V now or, for a
-  // restore that starts before they arrive, at restore_kv.
-  store_.open(n);
+  // The tokens' room in the memory limit now; their chunks with their K/V,
+  // now or, for a restore that starts before they arrive, at restore_kv.
+  store_.expect(n);
   prefill_tokens_ = prefill;
   build_.set(std::move(index), IndexBuild::Facts{"", iterations, budget, seconds});
   selector_state_ = std::move(selector_state);

@@ -2,6 +2,7 @@
 // Each layer does its part (layer_state.cpp); here are the checks that need
 // no layer, the framing and the all-or-nothing insertion of a new sequence.
 #include <algorithm>
+#include <new>
 #include <string>
 
 #include "sequence/context.h"
@@ -126,11 +127,19 @@ uint64_t Context::sequence_restore_kv(uint64_t id, const uint8_t* data, uint64_t
   uint64_t needed = 0;
   if (!read_frame(data, size, p.offset, &f, &needed)) throw NeedMore{needed};
   std::vector<LayerImage> images(seq->layers.size());
+  const SectionOrder before = p.order;
   p.order.accept(f, images);  // checks before it changes anything
   if (f.type == state::kKeysValues) {
     try {
       seq->layers[static_cast<size_t>(f.layer)]->restore_kv(f.payload, seq->info());
+    } catch (const std::bad_alloc&) {
+      p.order = before;  // the layer's chunks come before its rows: the section may come again
+      throw;
     } catch (const Error& e) {
+      if (e.status() == PQ_ERR_OUT_OF_MEMORY) {
+        p.order = before;
+        throw;
+      }
       p.failure = e.what();
       throw;
     }

@@ -65,12 +65,43 @@ void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool*
   }
 }
 
-void KvStore::open(int64_t count) {
-  if (count <= 0) return;
+void KvStore::check_room(int64_t count) const {
   if (tokens_ + count > INT32_MAX)
     fail(PQ_ERR_INVALID_ARGUMENT, "a sequence holds at most 2147483647 tokens per layer; " +
                                       std::to_string(tokens_) + " stored, " +
                                       std::to_string(count) + " more given");
+}
+
+void KvStore::expect(int64_t count) {
+  if (count <= 0) return;
+  if (tokens_ != 0 || !chunks_.empty() || expected_charge_.bytes() != 0)
+    fail(PQ_ERR_INTERNAL, "K/V can be expected only in an empty store");
+  check_room(count);
+  const uint64_t chunks = static_cast<uint64_t>((count + kChunkTokens - 1) / kChunkTokens);
+  expected_charge_ = budget_->reserve(
+      chunks * chunk_charge_,
+      "restoring " + std::to_string(count) + " tokens (" + std::to_string(chunks) + " chunks)",
+      "; K/V and the state that grows with them are counted in whole 256-token chunks of " +
+          std::to_string(chunk_charge_) + " bytes per layer");
+  tokens_ = count;
+}
+
+void KvStore::materialize(int64_t end) {
+  const size_t needed = static_cast<size_t>((end + kChunkTokens - 1) / kChunkTokens);
+  if (chunks_.size() >= needed) return;
+  chunks_.reserve(needed);
+  while (chunks_.size() < needed) {  // a failure keeps the chunks made so far, and their charge
+    auto chunk = std::make_shared<Chunk>(allocator_, tensor_bytes_per_chunk(), Reservation{});
+    chunk->charge = expected_charge_.split(chunk_charge_);
+    chunks_.push_back(std::move(chunk));
+  }
+}
+
+void KvStore::open(int64_t count) {
+  if (count <= 0) return;
+  if (expected_charge_.bytes() != 0)
+    fail(PQ_ERR_INTERNAL, "the store still awaits the K/V of a restore");
+  check_room(count);
   size_t needed = static_cast<size_t>((tokens_ + count + kChunkTokens - 1) / kChunkTokens);
   const size_t opening = needed > chunks_.size() ? needed - chunks_.size() : 0;
   // The partial last chunk, if another store shares it, is written into a
@@ -103,6 +134,7 @@ void KvStore::open(int64_t count) {
 bool KvStore::copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
                       ThreadPool* pool) {
   const int64_t count = keys.tokens;
+  materialize(first + count);
   // Copy and finiteness check in one pass over the source, token ranges in
   // parallel for a large copy (chunk-aligned, so no two workers share a
   // destination row block).

@@ -55,7 +55,9 @@ class KvStore {
 
   int64_t tokens() const { return tokens_; }
   uint64_t bytes_held() const { return chunks_.size() * chunk_bytes(); }
-  uint64_t bytes_charged() const { return chunks_.size() * chunk_charge_; }
+  uint64_t bytes_charged() const {
+    return chunks_.size() * chunk_charge_ + expected_charge_.bytes();
+  }
 
   // Appends keys.tokens tokens from host tensors (already validated: same
   // token count, heads, head_dim, dtype), checking that every value is
@@ -64,15 +66,21 @@ class KvStore {
   // allocation) nothing is appended and nothing is held.
   void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool = nullptr);
 
-  // append() in two steps, for K/V that arrive after their tokens are
-  // known (pq_sequence_restore_begin): open() holds and allocates `count`
-  // more tokens whose rows are not written yet (all or nothing; nothing may
-  // read them until copy_in() wrote them); copy_in() writes rows from
-  // `first` on and returns false if a value was not finite (the rows are
-  // then partly written).
+  // append() in two steps: open() holds and allocates `count` more tokens
+  // whose rows are not written yet (all or nothing; nothing may read them
+  // until copy_in() wrote them); copy_in() writes rows from `first` on and
+  // returns false if a value was not finite (the rows are then partly
+  // written).
   void open(int64_t count);
   bool copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
                ThreadPool* pool = nullptr);
+  // For K/V that arrive after their tokens are known (a restore whose
+  // description came first): this empty store counts `count` tokens and
+  // charges the memory limit for them now (all or nothing), but allocates
+  // their chunks only when copy_in() brings their rows, so a description
+  // never makes the process allocate more than the bytes it was given.
+  // Nothing may read the rows before copy_in() wrote them.
+  void expect(int64_t count);
 
   const uint8_t* key_row(int64_t token, int32_t head) const { return row(true, token, head); }
   const uint8_t* value_row(int64_t token, int32_t head) const { return row(false, token, head); }
@@ -144,8 +152,13 @@ class KvStore {
   MemoryBudget* budget_;
   uint64_t chunk_charge_;
   HostAllocator allocator_;
+  // Allocates the chunks that rows before `end` need and expect() charged.
+  void materialize(int64_t end);
+  void check_room(int64_t count) const;
+
   int64_t tokens_ = 0;
   std::vector<std::shared_ptr<Chunk>> chunks_;
+  Reservation expected_charge_;  // expect()'s charge for chunks not allocated yet
 };
 
 }  // namespace pq
