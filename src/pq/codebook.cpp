@@ -52,10 +52,12 @@ KeyGather in_dim_order(const KeyGather& gather, const std::vector<int32_t>& orde
 void PqCodebook::lut(int32_t head, const float* queries, int32_t group, int32_t head_dim,
                      float* out) const {
   std::vector<float> ordered;
-  if (!dim_order.empty()) {  // the queries in the codebook's order
-    ordered.assign(queries, queries + static_cast<size_t>(group) * head_dim);
-    std::vector<float> row;
-    reorder_rows(dim_order, head_dim, group, ordered.data(), row);
+  if (!dim_order.empty()) {  // the queries in the codebook's order, gathered in one pass
+    ordered.resize(static_cast<size_t>(group) * head_dim);
+    for (int32_t g = 0; g < group; ++g)
+      for (int32_t p = 0; p < head_dim; ++p)
+        ordered[static_cast<size_t>(g) * head_dim + p] =
+            queries[static_cast<size_t>(g) * head_dim + dim_order[static_cast<size_t>(p)]];
     queries = ordered.data();
   }
   for (int32_t g = 0; g < group; ++g)

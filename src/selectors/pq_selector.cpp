@@ -138,26 +138,19 @@ class PqSelector final : public Selector {
   // candidates), and the best k of them, ascending. Returns the bytes read.
   static uint64_t rerank(const SelectionRequest& r, const int32_t* candidate, int64_t count,
                          int32_t* out) {
-    const int32_t group = r.group_size(), dim = r.head_dim();
     std::vector<float>& raw = r.scratch.raw;
-    raw.resize(static_cast<size_t>(group) * count);
-    std::vector<float> key(static_cast<size_t>(dim));
-    for (int64_t i = 0; i < count; ++i) {
-      to_float(r.store().key_row(candidate[i], r.kv_head), r.dtype(), dim, key.data());
-      for (int32_t g = 0; g < group; ++g)
-        raw[static_cast<size_t>(g) * count + i] =
-            dot(r.queries() + static_cast<size_t>(g) * dim, key.data(), dim);
-    }
+    raw.resize(static_cast<size_t>(r.group_size()) * count);
+    const uint64_t bytes = r.exact_logits(candidate, 0, count, raw.data());
     std::vector<float>& combined = r.scratch.combined;
     combined.resize(static_cast<size_t>(count));
-    combine_group_scores(raw.data(), group, count, r.combine(), r.scale(), combined.data(),
+    combine_group_scores(raw.data(), r.group_size(), count, r.combine(), r.scale(), combined.data(),
                          r.scratch);
     std::vector<int32_t> best(static_cast<size_t>(r.k()));
     select_top_k(combined.data(), count, r.k(), 0, best.data(), r.scratch);
     std::sort(best.begin(), best.end());
     for (int64_t i = 0; i < r.k(); ++i) out[i] = candidate[best[static_cast<size_t>(i)]];
     std::sort(out, out + r.k());  // whatever order the candidates came in
-    return static_cast<uint64_t>(count) * r.store().row_bytes();
+    return bytes;
   }
   static uint64_t bytes_read(const LayerSelection& r) {
     return static_cast<uint64_t>(r.middle.size()) * r.index->codebook->subspaces *

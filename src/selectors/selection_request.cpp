@@ -1,6 +1,10 @@
 #include "selectors/selection_request.h"
 
+#include <vector>
+
+#include "base/dtype.h"
 #include "base/thread_pool.h"
+#include "base/vector_math.h"
 
 namespace pq {
 
@@ -26,6 +30,20 @@ PqLayerSelectArgs LayerSelection::pq_args(const float* luts) const {
   a.middle = middle;
   a.k = k;
   return a;
+}
+
+uint64_t SelectionRequest::exact_logits(const int32_t* positions, int64_t first, int64_t count,
+                                       float* raw) const {
+  const int32_t group = group_size(), dim = head_dim();
+  std::vector<float> key(static_cast<size_t>(dim));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t token = positions != nullptr ? positions[i] : first + i;
+    to_float(store().key_row(token, kv_head), dtype(), dim, key.data());
+    for (int32_t g = 0; g < group; ++g)
+      raw[static_cast<size_t>(g) * count + i] =
+          dot(queries() + static_cast<size_t>(g) * dim, key.data(), dim);
+  }
+  return static_cast<uint64_t>(count) * store().row_bytes();
 }
 
 }  // namespace pq

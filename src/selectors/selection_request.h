@@ -67,6 +67,12 @@ struct SelectionRequest {
   int32_t dtype() const { return layer.context.dtype(); }
   int32_t combine() const { return layer.context.combine(); }
   float scale() const { return layer.context.scale(); }
+
+  // Exact q.k of `count` tokens of this kv head (positions[i], or first + i
+  // when positions is null) against each query of the group, into raw
+  // [group][count]; returns the key bytes read. The oracle's scores and
+  // PQ's re-ranking both come from here.
+  uint64_t exact_logits(const int32_t* positions, int64_t first, int64_t count, float* raw) const;
 };
 
 }  // namespace pq
