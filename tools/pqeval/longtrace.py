@@ -56,6 +56,10 @@ SETTINGS = [
     ("default, re-rank 0.5", {"key_rotary": "half", "pq_rerank": 0.5}, "model"),
     ("default, re-rank 1", {"key_rotary": "half", "pq_rerank": 1.0}, "model"),
     ("paper 2x6, re-rank 1", {"pq_subspaces": 2, "pq_bits": 6, "pq_rerank": 1.0}, "model"),
+    # The default's m x b on keys and queries rotated by an OPQ rotation
+    # learned per kv head from the prefill keys (pqeval.opq): a quantizer
+    # measured before it is built into the core.
+    ("default m x b, OPQ rotation", {}, "opq"),
 ]
 
 
@@ -101,6 +105,20 @@ def rotary_pairs(t: trace_io.Trace) -> trace_io.Trace:
 
     return trace_io.Trace(t.model, t.text, t.token_ids, t.layers, reorder(t.queries),
                           reorder(t.keys), t.values, t.q_first, t.model_layers)
+
+
+def opq_trace(t: trace_io.Trace, fields: Dict, log=print):
+    """The trace rotated by OPQ rotations learned for the m x b that `fields`
+    resolve to, on the prefill keys after the sinks, and the keys'
+    reconstruction errors (pqeval.opq.rotate_trace)."""
+    from pqeval import opq
+    import pqcache
+
+    index = resolved_index(t, fields)
+    q_heads, kv_heads, head_dim = t.geometry
+    with pqcache.Context(1, q_heads, kv_heads, head_dim, "f32", **fields) as ctx:
+        sinks = ctx.config()["sink_tokens"]
+    return opq.rotate_trace(t, index["pq_subspaces"], index["pq_bits"], sinks, t.q_first, log=log)
 
 
 def resolved_index(t: trace_io.Trace, fields: Dict) -> Dict[str, int]:
@@ -157,9 +175,14 @@ def study_settings(t: trace_io.Trace, labels: List[str], steps: Optional[int] = 
     for label, fields, order in SETTINGS:
         if label not in labels:
             continue
-        r = replay.replay(paired if order == "pairs" else t, "pq", 0.2, steps=steps, **fields)
+        extra = {}
+        if order == "opq":
+            source, extra["reconstruction_error"] = opq_trace(t, fields, log)
+        else:
+            source = paired if order == "pairs" else t
+        r = replay.replay(source, "pq", 0.2, steps=steps, **fields)
         out[label] = {"fields": fields, "order": order, "resolved": resolved_index(t, fields),
-                      "seconds": r.seconds, "layers": _layers(r)}
+                      "seconds": r.seconds, "layers": _layers(r), **extra}
         log(f"  setting {label}: middle mass {r.mean('mid_mass'):.3f} ({r.seconds:.0f} s)")
     return out
 
