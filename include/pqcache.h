@@ -191,7 +191,15 @@ typedef enum pq_selector {
   PQ_SELECTOR_SNAPKV = 9,
   /* PyramidKV: SnapKV with budgets that shrink linearly with the layer
    * (pyramid_ratio = top-layer budget / bottom-layer budget), same total. */
-  PQ_SELECTOR_PYRAMIDKV = 10
+  PQ_SELECTOR_PYRAMIDKV = 10,
+  /* Scissorhands (added in 0.7): the persistence of importance. Each
+   * pq_observe_attention call is a step; a token the step covers scores a
+   * hit when it got at least uniform attention (probability summed over
+   * the group >= group size / tokens observed). Tokens are kept by their
+   * share of hits over the steps that observed them among the last
+   * history_window steps; one left out is dropped for good. Needs
+   * pq_observe_attention. */
+  PQ_SELECTOR_SCISSORHANDS = 11
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -497,6 +505,11 @@ typedef struct pq_config {
    * keeps a rebuild per 10% of growth, each the build time of the layer. A
    * restored index counts its coded tokens as built. */
   float pq_rebuild_share;
+  /* Scissorhands: the steps (pq_observe_attention calls per kv head) over
+   * which a token's hits are counted. In [1, 4096], default 400 (the value
+   * cold-compress gives as the paper's); the state holds 2 bits per step
+   * for each token and kv head. (Added in 0.7.) */
+  int32_t history_window;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).

@@ -71,6 +71,7 @@
   X(pq_config, pq_rerank) \
   X(pq_config, pooling) \
   X(pq_config, pq_rebuild_share) \
+  X(pq_config, history_window) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

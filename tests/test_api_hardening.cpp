@@ -474,6 +474,7 @@ TEST(HostMemoryLimit, CountsAtLeastWhatTheLibraryAllocates) {
   };
   for (Case k : {Case{"PQ codes and centroids", PQ_SELECTOR_PQ, 0},
                  Case{"H2O's accumulators", PQ_SELECTOR_H2O, 0},
+                 Case{"Scissorhands' hit histories", PQ_SELECTOR_SCISSORHANDS, 0},
                  Case{"Quest's block summaries", PQ_SELECTOR_QUEST, 0},
                  Case{"the block cache's bookkeeping", PQ_SELECTOR_EXACT, 4096}}) {
     pq_config c = make_config(16, 8, 4, 64, PQ_DTYPE_F32);

@@ -1,10 +1,11 @@
 // The selectors of the literature that score tokens from attention rather
-// than from the current query: H2O, SCOPE, SnapKV and PyramidKV. Public API
+// than from the current query: H2O, SCOPE, SnapKV, PyramidKV and Scissorhands. Public API
 // only; the expectations (softmax over the observation window, pooling,
 // accumulated mass, budget schedules) are recomputed here.
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "api_test_util.h"
@@ -241,7 +242,8 @@ std::vector<std::vector<int32_t>> run_decode_loop(int32_t selector, bool check) 
 
 TEST(SelectorsDrop, BookkeepingAndDeterminism) {
   for (int32_t selector :
-       {PQ_SELECTOR_H2O, PQ_SELECTOR_SCOPE, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV}) {
+       {PQ_SELECTOR_H2O, PQ_SELECTOR_SCOPE, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV,
+        PQ_SELECTOR_SCISSORHANDS}) {
     SCOPED_TRACE("selector " + std::to_string(selector));
     auto first = run_decode_loop(selector, true);
     auto second = run_decode_loop(selector, false);
@@ -658,6 +660,157 @@ TEST(H2o, EachStepKeepsASubsetOfTheLastSelectionPlusNewTokens) {
     }
   }
   EXPECT_GT(dropped[0].size(), 80u);
+}
+
+// ---------------------------------------------------------------------------
+// Scissorhands
+// ---------------------------------------------------------------------------
+
+// The rule, recomputed from its statement: each observation is a step; a
+// token it covers is a hit when prob >= group / count; a token's score is
+// its hits over the steps that observed it among the last `window` steps.
+struct HitHistory {
+  int32_t group = 1, window = 1;
+  std::vector<std::map<int32_t, bool>> steps;  // position -> hit, per step
+  void observe(const std::vector<int32_t>& pos, const float* probs) {
+    std::map<int32_t, bool> step;
+    for (size_t i = 0; i < pos.size(); ++i)
+      step[pos[i]] = static_cast<double>(probs[i]) >= static_cast<double>(group) / pos.size();
+    steps.push_back(step);
+  }
+  std::vector<double> scores(int64_t begin, int64_t end) const {
+    std::vector<double> out;
+    for (int64_t p = begin; p < end; ++p) {
+      int observed = 0, hits = 0;
+      for (size_t s = steps.size() > static_cast<size_t>(window) ? steps.size() - window : 0;
+           s < steps.size(); ++s) {
+        auto it = steps[s].find(static_cast<int32_t>(p));
+        if (it == steps[s].end()) continue;
+        ++observed;
+        hits += it->second ? 1 : 0;
+      }
+      out.push_back(observed == 0 ? 0.0 : static_cast<double>(hits) / observed);
+    }
+    return out;
+  }
+};
+
+pq_config scissorhands_config(int32_t window) {
+  pq_config c = base_config(PQ_SELECTOR_SCISSORHANDS, 1, 4, 2);  // a group of 2
+  c.local_tokens = 8;
+  c.topk_tokens = 10;
+  c.history_window = window;
+  return c;
+}
+
+TEST(Scissorhands, KeepsTheTokensMostOftenAboveUniformAttentionInTheWindow) {
+  const int64_t P = 100;
+  std::mt19937 rng(41);
+  // Five steps, each over 64 of the 100 tokens (so group / count = 1/32 is
+  // exact in float): a hit gets exactly 1/32, a miss the float just below.
+  std::vector<std::vector<int32_t>> positions;
+  std::vector<std::vector<float>> probs;  // [step][h * 64 + i]
+  for (int s = 0; s < 5; ++s) {
+    std::vector<int32_t> all(P);
+    for (int32_t t = 0; t < P; ++t) all[static_cast<size_t>(t)] = t;
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(64);
+    std::sort(all.begin(), all.end());
+    positions.push_back(all);
+    std::vector<float> p(2 * 64);
+    for (float& x : p)
+      x = rng() % 2 ? 1.f / 32.f : std::nextafter(1.f / 32.f, 0.f);
+    probs.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> by_window;
+  for (int32_t window : {3, 5}) {
+    SCOPED_TRACE("history_window " + std::to_string(window));
+    pq_config c = scissorhands_config(window);
+    Data d = make_data(c, P, 1, 31);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+    std::vector<HitHistory> ref(2);
+    for (size_t s = 0; s < positions.size(); ++s) {
+      Sel sel = manual_sel(2, positions[s]);
+      PQ_ASSERT_OK(observe(ctx, 0, sel, probs[s]));
+      for (int32_t h = 0; h < 2; ++h) {
+        ref[static_cast<size_t>(h)].group = 2;
+        ref[static_cast<size_t>(h)].window = window;
+        ref[static_cast<size_t>(h)].observe(positions[s], probs[s].data() + h * 64);
+      }
+    }
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    Bounds b = bounds(P, c);
+    expect_bookkeeping(sel, P, c, c.topk_tokens, sel.capacity);
+    for (int32_t h = 0; h < 2; ++h) {
+      std::vector<double> want = ref[static_cast<size_t>(h)].scores(b.sink_end, b.local_begin);
+      EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(want, b.sink_end, c.topk_tokens))
+          << "head " << h;
+    }
+    EXPECT_NE(middle_of(sel.row(0), b), middle_of(sel.row(1), b)) << "heads are independent";
+    by_window.push_back(middle_of(sel.row(0), b));
+  }
+  EXPECT_NE(by_window[0], by_window[1]) << "steps before the window still counted";
+}
+
+TEST(Scissorhands, ColdStartKeepsRecentTokensAndDroppedOnesNeverReturn) {
+  const int64_t P = 100;
+  pq_config c = scissorhands_config(4);
+  Data d = make_data(c, P + 30, 1, 33);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  Bounds b = bounds(P, c);
+  Sel first = new_sel(ctx, 0, c);
+  PQ_ASSERT_OK(select(ctx, 0, c, &first));
+  std::vector<int32_t> recent;
+  for (int64_t p = b.local_begin - c.topk_tokens; p < b.local_begin; ++p)
+    recent.push_back(static_cast<int32_t>(p));
+  EXPECT_EQ(middle_of(first.row(0), b), recent) << "no observation: the most recent middle";
+  // At every later step the dropped tokens (the older middle) are hits and
+  // every other token a miss: they would win on score, but stay dropped.
+  for (int64_t s = 1; s <= 30; ++s) {
+    const int64_t n = P + s;
+    PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+    std::vector<int32_t> all;
+    for (int32_t t = 0; t < n; ++t) all.push_back(t);
+    std::vector<float> probs(2 * all.size(), 0.f);
+    for (int32_t h = 0; h < 2; ++h)
+      for (int32_t t = static_cast<int32_t>(b.sink_end); t < recent.front(); ++t)
+        probs[static_cast<size_t>(h) * all.size() + static_cast<size_t>(t)] = 1.f;
+    Sel everything = manual_sel(2, all);
+    PQ_ASSERT_OK(observe(ctx, 0, everything, probs));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    std::vector<int32_t> mid = middle_of(sel.row(0), bounds(n, c));
+    ASSERT_EQ(mid.size(), static_cast<size_t>(c.topk_tokens));
+    for (int32_t p : mid)
+      EXPECT_TRUE(p >= recent.front()) << "step " << s << ": dropped token " << p << " returned";
+  }
+}
+
+TEST(Scissorhands, HistoryWindowIsCheckedAndSavedStatesMustAgree) {
+  pq_config c = scissorhands_config(0);
+  pq_context* ctx = nullptr;
+  EXPECT_TRUE(pqt::IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"history_window", "0"}));
+  c.history_window = 4097;
+  EXPECT_TRUE(pqt::IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"history_window"}));
+  // A state saved with one window does not restore into another.
+  Ctx a(scissorhands_config(8)), b(scissorhands_config(9));
+  ASSERT_TRUE(a.ok() && b.ok());
+  Data d = make_data(scissorhands_config(8), 60, 1, 35);
+  PQ_ASSERT_OK(pq_sequence_add(a, kSeq));
+  PQ_ASSERT_OK(prefill(a, 0, scissorhands_config(8), d.keys, 0, 60));
+  uint64_t size = 0, written = 0;
+  PQ_ASSERT_OK(pq_sequence_state_size(a, kSeq, &size));
+  std::vector<uint8_t> bytes(size);
+  PQ_ASSERT_OK(pq_sequence_save_buffer(a, kSeq, bytes.data(), size, &written));
+  EXPECT_TRUE(pqt::IsError(pq_sequence_restore(b, kSeq, bytes.data(), size), PQ_ERR_CORRUPT,
+                           {"history_window", "8"}));
 }
 
 // ---------------------------------------------------------------------------

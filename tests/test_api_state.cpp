@@ -374,7 +374,8 @@ void feed_selector(pq_context* ctx, uint64_t id, int64_t tokens) {
 TEST_F(StateTest, RestoredSequenceSelectsAndFetchesAsTheSavedOne) {
   for (int32_t selector :
        {PQ_SELECTOR_PQ, PQ_SELECTOR_H2O, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_SCOPE, PQ_SELECTOR_QUEST,
-        PQ_SELECTOR_INFLLM, PQ_SELECTOR_RANDOM, PQ_SELECTOR_SPARQ, PQ_SELECTOR_PYRAMIDKV}) {
+        PQ_SELECTOR_INFLLM, PQ_SELECTOR_RANDOM, PQ_SELECTOR_SPARQ, PQ_SELECTOR_PYRAMIDKV,
+        PQ_SELECTOR_SCISSORHANDS}) {
     SCOPED_TRACE(selector);
     Ctx a(state_config(selector)), b(state_config(selector));
     ASSERT_TRUE(a.ok() && b.ok());

@@ -38,6 +38,7 @@ const (
 	SelectorSCOPE     Selector = 8
 	SelectorSnapKV    Selector = 9
 	SelectorPyramidKV Selector = 10
+	SelectorScissorhands Selector = 11
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -152,6 +153,8 @@ type Config struct {
 	// PQRebuildShare: rebuild the index in the background when the tokens
 	// past its build pass this share of the sequence; 0: off.
 	PQRebuildShare float32
+	// HistoryWindow: Scissorhands' steps over which a token's hits count.
+	HistoryWindow int
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -219,6 +222,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 		Pooling:   Pooling(cc.GetPooling()),
 
 		PQRebuildShare: cc.GetPq_rebuild_share(),
+		HistoryWindow:  cc.GetHistory_window(),
 	}
 }
 
@@ -290,6 +294,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetPq_rerank(c.PQRerank)
 	cc.SetPooling(int(c.Pooling))
 	cc.SetPq_rebuild_share(c.PQRebuildShare)
+	cc.SetHistory_window(i32("HistoryWindow", c.HistoryWindow))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

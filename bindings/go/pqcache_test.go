@@ -83,6 +83,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorSCOPE", int(SelectorSCOPE), int(pqswig.PQ_SELECTOR_SCOPE)},
 		{"SelectorSnapKV", int(SelectorSnapKV), int(pqswig.PQ_SELECTOR_SNAPKV)},
 		{"SelectorPyramidKV", int(SelectorPyramidKV), int(pqswig.PQ_SELECTOR_PYRAMIDKV)},
+		{"SelectorScissorhands", int(SelectorScissorhands), int(pqswig.PQ_SELECTOR_SCISSORHANDS)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

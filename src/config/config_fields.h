@@ -57,4 +57,5 @@
   ENUM(key_rotary, PQ_ROTARY_NONE, kKeyRotaryNames)                          \
   REAL(pq_rerank, 0.0f, 0.0, kMaxRerank, false)                              \
   ENUM(pooling, PQ_POOLING_MAX, kPoolingNames)                               \
-  REAL(pq_rebuild_share, 0.0f, 0.0, 1.0, false)
+  REAL(pq_rebuild_share, 0.0f, 0.0, 1.0, false)                             \
+  INT(history_window, 400, 1, 4096)

@@ -25,9 +25,9 @@
 #include <limits>
 #include <vector>
 
+#include "selectors/drop_selection.h"
 #include "selectors/selector.h"
 #include "format/state_io.h"
-#include "base/topk.h"
 
 namespace pq {
 
@@ -47,9 +47,7 @@ struct AttentionAccumulator {
   void add(int32_t kv_head, const int32_t* positions, const float* probs, int64_t count) {
     if (count <= 0) return;
     const size_t h = static_cast<size_t>(kv_head);
-    int32_t top = 0;
-    for (int64_t i = 0; i < count; ++i) top = std::max(top, positions[i]);
-    grow_head(h, static_cast<int64_t>(top) + 1);
+    grow_head(h, tokens_covered(positions, count));
     std::vector<float>& s = score[h];
     const std::vector<uint8_t>& d = dropped[h];
     for (int64_t i = 0; i < count; ++i) {
@@ -74,34 +72,12 @@ struct AttentionAccumulator {
   // heads may run in parallel (after grow() for the store's length).
   void select_and_drop(const SelectionRequest& r, int64_t begin, int64_t end, int64_t k,
                        int32_t* out) {
-    const int64_t m = end - begin;
-    if (m <= 0) return;
     const size_t h = static_cast<size_t>(r.kv_head);
     grow_head(h, end);
     std::vector<float>& s = score[h];
-    std::vector<uint8_t>& d = dropped[h];
-    if (k > 0) {
-      // Dropped tokens rank below every kept one (-inf, then by position):
-      // only the revival fallback ever reaches them.
-      std::vector<float>& buf = r.scratch.combined;
-      buf.resize(static_cast<size_t>(m));
-      for (int64_t i = 0; i < m; ++i) {
-        const size_t p = static_cast<size_t>(begin + i);
-        buf[static_cast<size_t>(i)] = d[p] ? -std::numeric_limits<float>::infinity() : s[p];
-      }
-      select_top_k(buf.data(), m, k, begin, out, r.scratch);
-    }
-    // out is ascending: one merge pass marks the rest of the range dropped.
-    int64_t j = 0;
-    for (int64_t p = begin; p < end; ++p) {
-      if (j < k && out[j] == p) {
-        d[static_cast<size_t>(p)] = 0;  // kept (or revived by the fallback)
-        ++j;
-      } else if (!d[static_cast<size_t>(p)]) {
-        d[static_cast<size_t>(p)] = 1;
-        s[static_cast<size_t>(p)] = 0.f;
-      }
-    }
+    keep_top_k_and_drop(
+        r, begin, end, k, [&](int64_t p) { return s[static_cast<size_t>(p)]; }, dropped[h], out,
+        [&](int64_t p) { s[static_cast<size_t>(p)] = 0.f; });
   }
 
   // Sequence state (SelectorState's calls).

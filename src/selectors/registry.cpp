@@ -19,6 +19,8 @@ const std::vector<SelectorInfo>& selector_registry() {
       {PQ_SELECTOR_SCOPE, "scope", "PQ_SELECTOR_SCOPE", make_scope_selector},
       {PQ_SELECTOR_SNAPKV, "snapkv", "PQ_SELECTOR_SNAPKV", make_snapkv_selector},
       {PQ_SELECTOR_PYRAMIDKV, "pyramidkv", "PQ_SELECTOR_PYRAMIDKV", make_pyramidkv_selector},
+      {PQ_SELECTOR_SCISSORHANDS, "scissorhands", "PQ_SELECTOR_SCISSORHANDS",
+       make_scissorhands_selector},
   };
   return registry;
 }

@@ -185,5 +185,6 @@ std::unique_ptr<Selector> make_h2o_selector();
 std::unique_ptr<Selector> make_scope_selector();
 std::unique_ptr<Selector> make_snapkv_selector();
 std::unique_ptr<Selector> make_pyramidkv_selector();
+std::unique_ptr<Selector> make_scissorhands_selector();
 
 }  // namespace pq

@@ -484,7 +484,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 11);
+  c.selector = in.ConsumeIntegralInRange(-1, 12);
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
@@ -508,6 +508,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.pq_rerank = reranks[in.ConsumeIntegralInRange(0, 5)];
     c.pooling = in.ConsumeIntegralInRange(-1, 2);
   }
+  if (in.ConsumeBool()) c.history_window = in.ConsumeIntegralInRange(0, 70);  // Scissorhands
 
   pq_status st = pq_create(&c, &s.ctx);
   check(st);

@@ -37,7 +37,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 
 import pqcache
-from pqcache.selector_inputs import ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, seed_h2o
+from pqcache.selector_inputs import (ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, seed_h2o,
+                                     seed_scissorhands)
 from pqeval import trace as trace_io
 
 OBSERVATION_WINDOW = 32
@@ -118,6 +119,8 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
                 ctx.prefill_queries(0, layer, window_q)
             if selector == "h2o":
                 seed_h2o(ctx, 0, layer, window_q, K[:prompt], scale)
+            if selector == "scissorhands":
+                seed_scissorhands(ctx, 0, layer, window_q, K[:prompt], scale)
             Kf = K.astype(np.float32)
             Vf = V.astype(np.float32)
             for p in range(prompt, last):

@@ -3,8 +3,9 @@
 - SnapKV, PyramidKV and SCOPE score the prompt once from its last queries
   (the observation window): pass them with Context.prefill_queries after the
   layer's prefill.
-- H2O and SCOPE accumulate the attention the model paid: pass it after every
-  decode step with Context.observe_attention. H2O also starts from the
+- H2O, SCOPE and Scissorhands learn from the attention the model paid: pass
+  it after every decode step with Context.observe_attention (for
+  Scissorhands each call is one step of its history window). H2O also starts from the
   prompt's attention; seed_h2o gives it the column sums of the observation
   window's attention (the full prompt attention matrix is what
   FlashAttention never materialises; the window is what a server has).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope"})
-ATTENTION_SELECTORS = frozenset({"h2o", "scope"})
+ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands"})
 
 
 def selector_name(selector) -> str:
@@ -77,3 +78,21 @@ def seed_h2o(ctx, seq: int, layer: int, window_queries: np.ndarray, keys: np.nda
     sel.positions[:] = np.arange(p, dtype=np.int32)
     sel.counts[:] = p
     ctx.observe_attention(seq, layer, sel, sums)
+
+
+def seed_scissorhands(ctx, seq: int, layer: int, window_queries: np.ndarray, keys: np.ndarray,
+                      scale: float) -> None:
+    """Seeds Scissorhands for (seq, layer) with one step, as cold-compress's
+    Scissorhands cache takes the prompt: each prompt token's attention from
+    the observation window, summed over the group and averaged over the
+    window queries that see it (a hit: at least uniform attention)."""
+    from . import SelectionResult
+
+    w = window_queries.shape[0]
+    sums = prompt_attention_sums(window_queries, keys, scale)
+    kv_heads, p = sums.shape
+    seen_by = p - np.maximum(np.arange(p), p - w)  # window queries at or after each token
+    sel = SelectionResult(kv_heads, p)
+    sel.positions[:] = np.arange(p, dtype=np.int32)
+    sel.counts[:] = p
+    ctx.observe_attention(seq, layer, sel, (sums / seen_by).astype(np.float32))

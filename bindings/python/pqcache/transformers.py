@@ -452,6 +452,17 @@ class Session:
             sums = prompt_column_sums(query.float(), keys, n, scaling)
             row.ctx.observe_attention(row.seq, layer, _all_positions(self.num_kv_heads, n),
                                       sums.cpu().numpy())
+        if row.selector == "scissorhands":
+            # One step per prompt chunk, as cold-compress's Scissorhands cache
+            # takes the prompt: each token's attention averaged over the
+            # chunk's queries that see it (a hit: at least uniform).
+            n = row.lengths[layer]
+            tokens = query.shape[1]
+            keys, _ = self._fetch_all(row, layer, n, torch.float32, query.device)
+            sums = prompt_column_sums(query.float(), keys, n, scaling).cpu().numpy()
+            seen_by = n - np.maximum(np.arange(n), n - tokens)  # chunk queries at or after each token
+            row.ctx.observe_attention(row.seq, layer, _all_positions(self.num_kv_heads, n),
+                                      sums / seen_by)
         if row.selector in PROMPT_QUERY_SELECTORS:
             window = int(row.ctx.config()["observation_window"])
             # [q_heads, T, D] -> the last queries as [w, q_heads, D]; a short

@@ -85,6 +85,7 @@ pub const PQ_SELECTOR_H2O: pq_selector = 7;
 pub const PQ_SELECTOR_SCOPE: pq_selector = 8;
 pub const PQ_SELECTOR_SNAPKV: pq_selector = 9;
 pub const PQ_SELECTOR_PYRAMIDKV: pq_selector = 10;
+pub const PQ_SELECTOR_SCISSORHANDS: pq_selector = 11;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -244,6 +245,7 @@ c_struct! {
         pub pq_rerank: f32,
         pub pooling: i32,
         pub pq_rebuild_share: f32,
+        pub history_window: i32,
     }
 }
 

@@ -197,6 +197,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_SELECTOR_SCOPE,
         PQ_SELECTOR_SNAPKV,
         PQ_SELECTOR_PYRAMIDKV,
+        PQ_SELECTOR_SCISSORHANDS,
         PQ_GQA_SUM_SOFTMAX,
         PQ_GQA_MAX,
         PQ_GQA_MEAN,

@@ -62,6 +62,7 @@ c_enum! {
         Scope = sys::PQ_SELECTOR_SCOPE,
         SnapKv = sys::PQ_SELECTOR_SNAPKV,
         PyramidKv = sys::PQ_SELECTOR_PYRAMIDKV,
+        Scissorhands = sys::PQ_SELECTOR_SCISSORHANDS,
     }
 }
 
@@ -265,6 +266,8 @@ impl Config {
         /// Background index rebuild when the tokens past the build pass this
         /// share of the sequence (0: off, the default).
         pq_rebuild_share: f32;
+        /// Scissorhands: the steps over which a token's hits count (default 400).
+        history_window: i32;
     }
 }
 

@@ -283,6 +283,11 @@ public final class Config {
       return set(c -> c.setPq_rebuild_share(share));
     }
 
+    /** Scissorhands: the steps over which a token's hits count, in [1, 4096]; default 400. */
+    public Builder historyWindow(int steps) {
+      return set(c -> c.setHistory_window(steps));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

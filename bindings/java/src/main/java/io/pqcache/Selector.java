@@ -12,7 +12,8 @@ public enum Selector {
   H2O(7),
   SCOPE(8),
   SNAPKV(9),
-  PYRAMIDKV(10);
+  PYRAMIDKV(10),
+  SCISSORHANDS(11);
 
   private final int code;
 
