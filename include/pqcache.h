@@ -1079,9 +1079,11 @@ PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
  * per kv head and summed over the group's query heads:
  * probs[h * selection->capacity + i] belongs to token
  * selection->positions[h * selection->capacity + i]. Selectors that
- * accumulate attention (H2O, SCOPE) add them to each token's score; others
- * ignore the call (PQ_OK). To seed H2O with the prompt's attention, pass a
- * selection of all prompt tokens with their column sums. Probabilities must
+ * accumulate attention (H2O, SCOPE) add them to each token's score;
+ * Scissorhands takes each call as one step and records which tokens got at
+ * least uniform attention; others ignore the call (PQ_OK). To seed H2O with
+ * the prompt's attention, pass a selection of all prompt tokens with their
+ * column sums. Probabilities must
  * be finite and >= 0. Threading: as pq_decode_select. */
 PQ_API pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id,
                                       int32_t layer,

@@ -471,7 +471,7 @@ class Context:
                           probs) -> None:
         """Attention the caller computed over `selection`, per kv head summed
         over its query heads: probs [kv_heads][capacity], aligned with
-        selection.positions (H2O and SCOPE learn from it)."""
+        selection.positions (H2O, SCOPE and Scissorhands learn from it)."""
         probs = np.ascontiguousarray(probs, dtype=np.float32)  # no copy if already so
         if probs.shape != selection.positions.shape:
             raise ValueError(f"probs has shape {probs.shape}; expected "

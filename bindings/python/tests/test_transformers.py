@@ -125,10 +125,10 @@ def test_every_selector_runs_generate(selector):
     assert stats["select_calls"] == 5 * 3
     # A decode step attends in the library (pq_decode_attend, timed as a
     # fetch) unless the selector learns from the attention weights, which
-    # need the fetched rows; H2O's seed reads the prompt's keys back once per
-    # layer.
+    # need the fetched rows; H2O's and Scissorhands' seeds read the prompt's
+    # keys back once per layer.
     fetched = 5 * 3 if selector in ATTENTION_SELECTORS else 0
-    assert stats["fetch_calls"] == fetched + (3 if selector == "h2o" else 0)
+    assert stats["fetch_calls"] == fetched + (3 if selector in ("h2o", "scissorhands") else 0)
     assert stats["fetch_seconds"] > 0
     assert info["tokens"] == 405
     if selector == "pq":
