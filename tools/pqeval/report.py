@@ -39,8 +39,12 @@ def merge_records(records: List[dict]) -> List[dict]:
     """One record per prompt or document: a run with rows other than the
     default set (a key with a rows suffix, pqeval.longctx) adds its rows to
     the record of the same prompt. Both measured full attention on the same
-    tokens, so their full rows must agree; a mismatch is an error, not a
-    silent choice."""
+    tokens, so their full rows must agree: the log-likelihoods within 1e-3,
+    a task's score exactly (what the paired statistics use); a mismatch is an
+    error, not a silent choice. A task whose two greedy full-attention texts
+    differ at the same score (a near tie resolved otherwise by another torch
+    build's rounding) is merged and marked full_output_differs, and the
+    report counts such prompts."""
     merged: Dict[str, dict] = {}
     field = {"ppl": "nll", "task": "rows"}
     for r in sorted(records, key=lambda r: len(r["key"].split("/"))):  # default runs first
@@ -48,13 +52,17 @@ def merge_records(records: List[dict]) -> List[dict]:
         base = "/".join(parts[:5] if r["kind"] == "ppl" else parts[:6])
         if base not in merged:
             merged[base] = {**r, "key": base, field[r["kind"]]: dict(r[field[r["kind"]]])}
+            if r["key"] != base:  # default runs sort first: this prompt has none
+                merged[base]["separate_only"] = True
             continue
         into, f = merged[base], field[r["kind"]]
         a, b = into[f][FULL], r[f][FULL]
         same = (np.max(np.abs(np.array(a) - np.array(b))) <= 1e-3 if f == "nll"
-                else a["output"] == b["output"])
+                else a["score"] == b["score"])
         if not same:
             raise ValueError(f"{r['key']}: its full-attention row differs from {base}'s")
+        if f == "rows" and a["output"] != b["output"]:
+            into["full_output_differs"] = True
         into[f].update({k: v for k, v in r[f].items() if k != FULL})
         # "seconds" stays the default run's: the report's cost estimate is
         # of a default run, and a separate run is not part of it.
@@ -63,11 +71,23 @@ def merge_records(records: List[dict]) -> List[dict]:
 
 
 def task_cells(records: List[dict]) -> Dict[tuple, List[dict]]:
-    """(model, length) -> records."""
+    """(model, length) -> records. A cell the default rows measured holds the
+    prompts they measured: a prompt only a separate run measured (a key
+    with a rows suffix and no default record, merge_records) would compare
+    its rows with full attention on prompts the others never saw."""
     cells: Dict[tuple, List[dict]] = defaultdict(list)
     for r in records:
         cells[(r["model"], r["length"])].append(r)
+    for key, rs in cells.items():
+        default = [r for r in rs if not separate_only(r)]
+        if default:
+            cells[key] = default
     return dict(sorted(cells.items(), key=lambda kv: (kv[0][0] != "smollm2-135m", kv[0][1])))
+
+
+def separate_only(record: dict) -> bool:
+    """Whether only a run with a rows suffix measured this prompt (merge_records)."""
+    return bool(record.get("separate_only"))
 
 
 def scores(records: List[dict], label: str) -> np.ndarray:
@@ -81,17 +101,33 @@ def agreement(records: List[dict], label: str) -> float:
 
 
 def cell_summary(records: List[dict]) -> Dict[str, dict]:
-    """Per row label: accuracy CI, paired difference to full attention, agreement."""
+    """Per row label: accuracy CI, paired difference to full attention,
+    agreement, each over the prompts that measured the row (a separate run,
+    merge_records, may cover fewer or other prompts than the default rows;
+    "prompts" says how many), and the scores by prompt key for pairing two
+    rows over the prompts both measured (paired_scores)."""
     full = scores(records, FULL)
-    out = {FULL: {"acc": stats.mean_ci(full), "diff": (0.0, 0.0, 0.0), "agree": 1.0}}
-    for label in records[0]["rows"]:
-        # a row of a separate run (merge_records) counts where it ran on every prompt
-        if label == FULL or not all(label in r["rows"] for r in records):
+    out = {FULL: {"acc": stats.mean_ci(full), "diff": (0.0, 0.0, 0.0), "agree": 1.0,
+                  "prompts": len(records)}}
+    labels = dict.fromkeys(label for r in records for label in r["rows"])
+    for label in labels:
+        if label == FULL:
             continue
-        s = scores(records, label)
-        out[label] = {"acc": stats.mean_ci(s), "diff": stats.paired_diff_ci(s, full),
-                      "agree": agreement(records, label), "scores": s}
+        measured = [r for r in records if label in r["rows"]]
+        s = scores(measured, label)
+        out[label] = {"acc": stats.mean_ci(s),
+                      "diff": stats.paired_diff_ci(s, scores(measured, FULL)),
+                      "agree": agreement(measured, label), "scores": s,
+                      "by_key": {r["key"]: float(x) for r, x in zip(measured, s)},
+                      "prompts": len(measured)}
     return out
+
+
+def paired_scores(summary: Dict[str, dict], a: str, b: str):
+    """Rows a's and b's scores over the prompts both measured, aligned."""
+    ka, kb = summary[a]["by_key"], summary[b]["by_key"]
+    common = [k for k in ka if k in kb]
+    return np.array([ka[k] for k in common]), np.array([kb[k] for k in common])
 
 
 def task_table(records: List[dict], lines: List[str]) -> Dict[str, dict]:
@@ -103,11 +139,14 @@ def task_table(records: List[dict], lines: List[str]) -> Dict[str, dict]:
     for s in ALL_NAMES:
         if f"{s}@1/5" not in summary:
             continue
+        n = summary[f"{s}@1/5"]["prompts"]
+        name = _name(s) + (f" ({n} prompts)" if n != f["prompts"] else "")
         cols = []
-        for b in BUDGETS:
-            c = summary[f"{s}@{b}"]
-            cols += [_ci(*c["acc"]), _ci(*c["diff"], sign=True), f"{100 * c['agree']:.0f}%"]
-        lines.append(f"| {_name(s)} | " + " | ".join(cols) + " |")
+        for b in BUDGETS:  # a separate run may have measured one budget only
+            c = summary.get(f"{s}@{b}")
+            cols += ([_ci(*c["acc"]), _ci(*c["diff"], sign=True), f"{100 * c['agree']:.0f}%"]
+                     if c else ["", "", ""])
+        lines.append(f"| {name} | " + " | ".join(cols) + " |")
     return summary
 
 
@@ -131,8 +170,13 @@ def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -
         if all(f"{s}@{budget}" in r["rows"] for r in records):
             lines.append(f"| {_name(s)} | " + " | ".join(group(f"{s}@{budget}")) + " |")
     per_task = len(records) // max(len(tasks_), 1)
+    differs = sum(1 for r in records if r.get("full_output_differs"))
     lines += ["", f"({per_task} prompts per task, {len(records)} in all; accuracy in points, "
-              "RULER's partial credit for multi-answer tasks.)"]
+              "RULER's partial credit for multi-answer tasks."
+              + (f" On {differs} prompt{'s' if differs > 1 else ''} the runs that measured "
+                 "different rows generated different full-attention text at the same score "
+                 "(a near tie in greedy decoding); \"same answer\" compares with the first "
+                 "run's." if differs else "") + ")"]
 
 
 def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
@@ -167,8 +211,17 @@ def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
 def pq_label(table: Dict) -> str:
     """The row that stands for PQ in a table: "pq" (the 0.7 default) where
     measured, else "pq-paper" (the 2 x 6-bit index that was the default
-    before 0.7, which records made then call so)."""
-    return "pq" if "pq@1/5" in table else "pq-paper"
+    before 0.7, which records made then call so). In a task summary "pq"
+    must cover every budget and every prompt of the cell (a separate run of
+    the default at 1/5 only is reported beside the paper's index instead)."""
+    if "pq@1/5" not in table:
+        return "pq-paper"
+    full = table.get(FULL)
+    if isinstance(full, dict) and "prompts" in full:
+        rows = [table.get(f"pq@{b}") for b in BUDGETS]
+        if any(r is None or r.get("prompts") != full["prompts"] for r in rows):
+            return "pq-paper"
+    return "pq"
 
 
 def _layer_mean(layers: List[dict], metric: str) -> float:
@@ -256,8 +309,10 @@ def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
         lengths = sorted(l for m, l in cells if m == model)
         for j, b in enumerate(BUDGETS):
             ax = axes[0][2 * i + j]
+            # a row measured on every prompt of every length of the model
             series = [FULL] + [f"{s}@{b}" for s in NAMES
-                               if f"{s}@{b}" in cells[(model, lengths[0])][0]["rows"]]
+                               if all(f"{s}@{b}" in r["rows"]
+                                      for l in lengths for r in cells[(model, l)])]
             for label in series:
                 y = [100 * scores(cells[(model, l)], label).mean() for l in lengths]
                 style = dict(lw=2.5, color="black") if label == FULL else (

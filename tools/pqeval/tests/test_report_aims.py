@@ -136,18 +136,50 @@ def test_a_missed_aim_is_explained_from_the_oracle_and_the_settings():
     assert "pq-4x8-pairs +0.20% [+0.00, +0.25] (its interval too)" in lines[0]
 
 
+def keyed(scores, first=0):
+    """A summary row's scores by prompt key (report.cell_summary's by_key)."""
+    return {"scores": scores, "by_key": {f"p{first + i}": float(x) for i, x in enumerate(scores)}}
+
+
 def test_ahead_of_the_drop_methods_is_judged_on_the_paired_difference():
     import numpy as np
     gemma = "gemma3-270m"
     summary = task_summary((0.0, 0.0, 0.0), 0.5, 0.4)
-    summary["pq@1/5"]["scores"] = np.array([1.0, 0.0] * 8)
+    summary["pq@1/5"].update(keyed(np.array([1.0, 0.0] * 8)))
     for s in DROPS:
-        summary[f"{s}@1/5"]["scores"] = np.array([1.0, 0.0] * 7 + [0.0, 0.0])
+        summary[f"{s}@1/5"].update(keyed(np.array([1.0, 0.0] * 7 + [0.0, 0.0])))
     rows = table({(gemma, 32768): summary}, {}, {}, {(gemma, 32768): PER_SEED})
     measured, verdict = rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"]
     assert measured.startswith("PQ 50.0, best drop method h2o 40.0, difference +6.2 [")
     assert verdict.startswith("on the point estimate only: the 95% interval reaches +0.0")
     for s in DROPS:
-        summary[f"{s}@1/5"]["scores"] = np.array([0.0] * 16)
+        summary[f"{s}@1/5"].update(keyed(np.array([0.0] * 16)))
     rows = table({(gemma, 32768): summary}, {}, {}, {(gemma, 32768): PER_SEED})
     assert rows[f"{gemma} 32K tasks, 1/5: PQ ahead of every drop method"][1] == "yes"
+
+
+def test_the_new_default_is_judged_against_the_papers_index_on_the_same_prompts():
+    import numpy as np
+
+    smol = "smollm2-135m"
+    summary = task_summary((0.0, -0.01, 0.01), 0.5, 0.2)
+    # The new default measured 20 prompts, the paper's index the first 16:
+    # the pairing is over those 16, whatever the last 4 scored.
+    summary["pq@1/5"].update(keyed(np.array([1.0, 0.0, 1.0, 1.0] * 4 + [0.0] * 4)))
+    summary["pq-paper@1/5"] = {"acc": (0.75, 0.0, 1.0),
+                               **keyed(np.array([1.0, 0.0, 1.0, 1.0] * 4))}
+    aim = f"{smol} 4K tasks, 1/5: the 0.7 default index not below the paper's 2 x 6 bits"
+    rows = table({(smol, 4096): summary}, {}, {}, {(smol, 4096): PER_SEED})
+    assert rows[aim] == ("75.0 against 75.0, difference +0.0 [+0.0, +0.0] (16 prompts)", "yes")
+    worse = np.array([0.0] * 4 + [1.0, 0.0, 1.0, 1.0] * 3 + [1.0] * 4)
+    summary["pq@1/5"].update(keyed(worse))
+    measured, verdict = table({(smol, 4096): summary}, {}, {}, {})[aim]
+    assert measured.startswith("56.2 against 75.0, difference -18.8")
+    assert verdict.startswith("no, by")
+    # Fewer prompts than one seed's are not judged.
+    summary["pq@1/5"].update(keyed(worse[:8]))
+    assert table({(smol, 4096): summary}, {}, {}, {})[aim][1] == (
+        f"not judged: 8 of the {PER_SEED} prompts of one seed")
+    # Without the paper's row (a cell measured only before 0.7, or only after) no row.
+    del summary["pq-paper@1/5"]
+    assert aim not in table({(smol, 4096): summary}, {}, {}, {})

@@ -41,11 +41,51 @@ def test_a_task_run_merges_by_prompt_and_checks_full_attentions_answer():
                  {"pq-4x8-pairs@1/5": {"output": "X1", "score": 0.5}})
     [merged] = report.merge_records([base, extra])
     assert merged["rows"]["pq-4x8-pairs@1/5"]["score"] == 0.5
+    assert "full_output_differs" not in merged
+    # Another text at the same score merges, marked; another score does not.
+    [marked] = report.merge_records([base, task(extra["key"], "X1 X2 X2", {})])
+    assert marked["full_output_differs"] is True
+    other = task(extra["key"], "X3", {})
+    other["rows"]["full"]["score"] = 0.0
     with pytest.raises(ValueError):
-        report.merge_records([base, task(extra["key"], "X3", {})])
+        report.merge_records([base, other])
 
 
 def test_only_a_non_default_row_set_gets_a_key_suffix():
     assert longctx._rows_suffix(longctx.rows()) == ""
     assert longctx._rows_suffix(longctx.rows(["pq-4x8-pairs"])) == "/pq-4x8-pairs"
     assert longctx._rows_suffix(longctx.rows(["pq", "h2o"])) == "/pq,h2o"
+
+
+def test_a_row_measured_on_fewer_prompts_is_summarised_over_those():
+    def task(i, rows):
+        return {"key": f"task/m/4096/vt/last/{i}", "kind": "task", "model": "m", "length": 4096,
+                "rows": {"full": {"output": "a", "score": 1.0}, **rows}}
+    records = [task(i, {"pq@1/5": {"output": "a", "score": 1.0},
+                        **({"h2o@1/5": {"output": "b", "score": 0.0}} if i < 2 else {})})
+               for i in range(4)]
+    summary = report.cell_summary(records)
+    assert summary["pq@1/5"]["prompts"] == 4 and summary["h2o@1/5"]["prompts"] == 2
+    assert summary["h2o@1/5"]["diff"][0] == -1.0   # paired with full attention on its 2
+    assert set(summary["h2o@1/5"]["by_key"]) == {"task/m/4096/vt/last/0", "task/m/4096/vt/last/1"}
+    a, b = report.paired_scores(summary, "pq@1/5", "h2o@1/5")
+    assert a.tolist() == [1.0, 1.0] and b.tolist() == [0.0, 0.0]
+    lines = []
+    report.task_table(records, lines)
+    assert any(line.startswith("| h2o (2 prompts) |") for line in lines), lines
+
+
+def test_prompts_only_a_separate_run_measured_stay_out_of_a_default_cell():
+    def task(key, rows):
+        return {"key": key, "kind": "task", "model": "m", "length": 4096,
+                "rows": {"full": {"output": "a", "score": 1.0}, **rows}, "seconds": 1.0}
+    pq = {"pq@1/5": {"output": "a", "score": 1.0}}
+    records = report.merge_records([task("task/m/4096/vt/last/0", {"h2o@1/5": pq["pq@1/5"]}),
+                                    task("task/m/4096/vt/last/0/pq", pq),
+                                    task("task/m/4096/vt/last/1/pq", pq)])
+    assert [r.get("separate_only", False) for r in records] == [False, True]
+    [(cell, kept)] = report.task_cells(records).items()
+    assert [r["key"] for r in kept] == ["task/m/4096/vt/last/0"]
+    # A cell only separate runs measured keeps them.
+    [(_, alone)] = report.task_cells(records[1:]).items()
+    assert len(alone) == 1
