@@ -284,7 +284,8 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
     per_seed = len(tasks.TASKS) * len(tasks.PLACEMENTS)
     for model, lengths, seeds in TASK_RUNS:
         for length in lengths:
-            n = sum(1 for r in task_records if r["model"] == model and r["length"] == length)
+            n = sum(1 for r in task_records if r["model"] == model and r["length"] == length
+                    and not report.separate_only(r))
             lines.append(f"| {model} {length // 1024}K task prompts | {seeds * per_seed} | {n} |")
     for model, context, _ in PERPLEXITY_RUNS:
         n = sum(1 for r in ppl_records if r["model"] == model)
