@@ -199,7 +199,20 @@ typedef enum pq_selector {
    * share of hits over the steps that observed them among the last
    * history_window steps; one left out is dropped for good. Needs
    * pq_observe_attention. */
-  PQ_SELECTOR_SCISSORHANDS = 11
+  PQ_SELECTOR_SCISSORHANDS = 11,
+  /* Keyformer (added in 0.7): tokens by accumulated Gumbel-softmax scores
+   * softmax((logit + g) / tau), g Gumbel noise (seeded by config.seed), tau
+   * = keyformer_tau + step * keyformer_tau_step. The prompt is a step
+   * (pq_prefill_queries: its window rows), each pq_observe_attention call
+   * one more (logits = log of the probabilities). A token once left out is
+   * dropped for good. */
+  PQ_SELECTOR_KEYFORMER = 12,
+  /* ClusterKV (added in 0.7): recallable. Each kv head's middle is
+   * clustered at the first select (cosine K-Means, cluster_count clusters;
+   * tokens entering the middle later, 320 at a time into 8 more); a select
+   * takes the clusters best ranked by q . centroid, whole, the last one cut
+   * to fit k. Tokens not clustered yet are kept first. */
+  PQ_SELECTOR_CLUSTERKV = 13
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -510,6 +523,16 @@ typedef struct pq_config {
    * cold-compress gives as the paper's); the state holds 2 bits per step
    * for each token and kv head. (Added in 0.7.) */
   int32_t history_window;
+  /* Keyformer: the Gumbel softmax's temperature at the prompt, in (0, 1e6],
+   * default 1 (the authors' tau_init), and what each later step adds, in
+   * [0, 1e6], default 1/128 (tau_end 2 over the 128 new tokens of their
+   * summarisation runs). (Added in 0.7.) */
+  float keyformer_tau;
+  float keyformer_tau_step;
+  /* ClusterKV: clusters of the middle at the first select, per kv head, in
+   * [1, 65536]; default 400 (the authors' accuracy setting). Clustering
+   * costs 20 passes over those keys against every centroid. (Added in 0.7.) */
+  int32_t cluster_count;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -1066,7 +1089,8 @@ PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
 
 /* The last prompt queries of one layer (tokens x num_q_heads x head_dim,
  * after RoPE, config dtype), for selectors that score the prompt from an
- * observation window (SnapKV, PyramidKV, SCOPE). Call after the layer's
+ * observation window (SnapKV, PyramidKV, SCOPE; Keyformer takes the
+ * window rows as its first step). Call after the layer's
  * prefill; the last observation_window tokens of the tensor are used, and
  * the prompt tokens are scored against them at once. Other selectors ignore
  * the call (PQ_OK). Errors: as pq_prefill_layer, plus PQ_ERR_BAD_STATE
@@ -1081,7 +1105,8 @@ PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
  * selection->positions[h * selection->capacity + i]. Selectors that
  * accumulate attention (H2O, SCOPE) add them to each token's score;
  * Scissorhands takes each call as one step and records which tokens got at
- * least uniform attention; others ignore the call (PQ_OK). To seed H2O with
+ * least uniform attention; Keyformer takes each call as one step of its
+ * Gumbel softmax over log(probs); others ignore the call (PQ_OK). To seed H2O with
  * the prompt's attention, pass a selection of all prompt tokens with their
  * column sums. Probabilities must
  * be finite and >= 0. Threading: as pq_decode_select. */

@@ -59,6 +59,9 @@ int main(void) {
   EXPECT(cfg.pq_subspaces == 0 && cfg.pq_bits == 0); /* chosen from head_dim */
   EXPECT(cfg.key_rotary == PQ_ROTARY_NONE && cfg.pq_rerank == 0.0f && cfg.pooling == PQ_POOLING_MAX);
   EXPECT(cfg.history_window == 400);
+  EXPECT(cfg.keyformer_tau == 1.0f);
+  EXPECT(cfg.keyformer_tau_step == 0.0078125f);
+  EXPECT(cfg.cluster_count == 400);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

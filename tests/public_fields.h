@@ -72,6 +72,9 @@
   X(pq_config, pooling) \
   X(pq_config, pq_rebuild_share) \
   X(pq_config, history_window) \
+  X(pq_config, keyformer_tau) \
+  X(pq_config, keyformer_tau_step) \
+  X(pq_config, cluster_count) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

@@ -186,6 +186,10 @@ std::vector<Operation> operations() {
        true},  // the accumulators were sized by the selection
       {"pq_prefill_queries (SCOPE)", PQ_SELECTOR_SCOPE,
        [](Fixture& f) { return pq_prefill_queries(f.ctx, 1, 0, f.window.get()); }},
+      {"pq_prefill_queries (Keyformer)", PQ_SELECTOR_KEYFORMER,
+       [](Fixture& f) { return pq_prefill_queries(f.ctx, 1, 0, f.window.get()); }},
+      {"pq_observe_attention (Keyformer)", PQ_SELECTOR_KEYFORMER,
+       [](Fixture& f) { return pq_observe_attention(f.ctx, 1, 0, f.sel.get(), f.probs.data()); }},
   };
 }
 

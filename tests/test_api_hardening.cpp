@@ -475,6 +475,8 @@ TEST(HostMemoryLimit, CountsAtLeastWhatTheLibraryAllocates) {
   for (Case k : {Case{"PQ codes and centroids", PQ_SELECTOR_PQ, 0},
                  Case{"H2O's accumulators", PQ_SELECTOR_H2O, 0},
                  Case{"Scissorhands' hit histories", PQ_SELECTOR_SCISSORHANDS, 0},
+                 Case{"Keyformer's scores", PQ_SELECTOR_KEYFORMER, 0},
+                 Case{"ClusterKV's clusters", PQ_SELECTOR_CLUSTERKV, 0},
                  Case{"Quest's block summaries", PQ_SELECTOR_QUEST, 0},
                  Case{"the block cache's bookkeeping", PQ_SELECTOR_EXACT, 4096}}) {
     pq_config c = make_config(16, 8, 4, 64, PQ_DTYPE_F32);
@@ -484,6 +486,7 @@ TEST(HostMemoryLimit, CountsAtLeastWhatTheLibraryAllocates) {
     c.block_tokens = 16;
     c.worker_threads = 1;
     c.kmeans_iterations = 2;
+    c.cluster_count = 16;  // ClusterKV: a short clustering
     Ctx ctx(c);
     ASSERT_TRUE(ctx.ok());
     // The fixed state is counted when the sequence is added and allocated

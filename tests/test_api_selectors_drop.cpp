@@ -243,7 +243,7 @@ std::vector<std::vector<int32_t>> run_decode_loop(int32_t selector, bool check) 
 TEST(SelectorsDrop, BookkeepingAndDeterminism) {
   for (int32_t selector :
        {PQ_SELECTOR_H2O, PQ_SELECTOR_SCOPE, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV,
-        PQ_SELECTOR_SCISSORHANDS}) {
+        PQ_SELECTOR_SCISSORHANDS, PQ_SELECTOR_KEYFORMER}) {
     SCOPED_TRACE("selector " + std::to_string(selector));
     auto first = run_decode_loop(selector, true);
     auto second = run_decode_loop(selector, false);

@@ -228,7 +228,8 @@ TEST_F(StateTest, TruncateToZeroEmptiesAndBadCountsAreNamed) {
 // ---------------------------------------------------------------------------
 
 TEST_F(StateTest, ForkSelectsAsASequenceGivenTheSameTokens) {
-  for (int32_t selector : {PQ_SELECTOR_PQ, PQ_SELECTOR_QUEST, PQ_SELECTOR_INFLLM, PQ_SELECTOR_EXACT}) {
+  for (int32_t selector : {PQ_SELECTOR_PQ, PQ_SELECTOR_QUEST, PQ_SELECTOR_INFLLM, PQ_SELECTOR_EXACT,
+                           PQ_SELECTOR_CLUSTERKV}) {
     SCOPED_TRACE(selector);
     Ctx ctx(state_config(selector));
     ASSERT_TRUE(ctx.ok());
@@ -375,7 +376,7 @@ TEST_F(StateTest, RestoredSequenceSelectsAndFetchesAsTheSavedOne) {
   for (int32_t selector :
        {PQ_SELECTOR_PQ, PQ_SELECTOR_H2O, PQ_SELECTOR_SNAPKV, PQ_SELECTOR_SCOPE, PQ_SELECTOR_QUEST,
         PQ_SELECTOR_INFLLM, PQ_SELECTOR_RANDOM, PQ_SELECTOR_SPARQ, PQ_SELECTOR_PYRAMIDKV,
-        PQ_SELECTOR_SCISSORHANDS}) {
+        PQ_SELECTOR_SCISSORHANDS, PQ_SELECTOR_KEYFORMER, PQ_SELECTOR_CLUSTERKV}) {
     SCOPED_TRACE(selector);
     Ctx a(state_config(selector)), b(state_config(selector));
     ASSERT_TRUE(a.ok() && b.ok());

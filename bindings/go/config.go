@@ -27,18 +27,20 @@ const (
 type Selector int32
 
 const (
-	SelectorPQ        Selector = 0
-	SelectorExact     Selector = 1
-	SelectorWindow    Selector = 2
-	SelectorSparQ     Selector = 3
-	SelectorInfLLM    Selector = 4
-	SelectorQuest     Selector = 5
-	SelectorRandom    Selector = 6
-	SelectorH2O       Selector = 7
-	SelectorSCOPE     Selector = 8
-	SelectorSnapKV    Selector = 9
-	SelectorPyramidKV Selector = 10
+	SelectorPQ           Selector = 0
+	SelectorExact        Selector = 1
+	SelectorWindow       Selector = 2
+	SelectorSparQ        Selector = 3
+	SelectorInfLLM       Selector = 4
+	SelectorQuest        Selector = 5
+	SelectorRandom       Selector = 6
+	SelectorH2O          Selector = 7
+	SelectorSCOPE        Selector = 8
+	SelectorSnapKV       Selector = 9
+	SelectorPyramidKV    Selector = 10
 	SelectorScissorhands Selector = 11
+	SelectorKeyformer    Selector = 12
+	SelectorClusterKV    Selector = 13
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -155,6 +157,12 @@ type Config struct {
 	PQRebuildShare float32
 	// HistoryWindow: Scissorhands' steps over which a token's hits count.
 	HistoryWindow int
+	// KeyformerTau, KeyformerTauStep: Keyformer's Gumbel-softmax temperature
+	// at the prompt and what each later step adds.
+	KeyformerTau     float32
+	KeyformerTauStep float32
+	// ClusterCount: ClusterKV's clusters of the middle at the first select.
+	ClusterCount int
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -223,6 +231,10 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 		PQRebuildShare: cc.GetPq_rebuild_share(),
 		HistoryWindow:  cc.GetHistory_window(),
+
+		KeyformerTau:     cc.GetKeyformer_tau(),
+		KeyformerTauStep: cc.GetKeyformer_tau_step(),
+		ClusterCount:     cc.GetCluster_count(),
 	}
 }
 
@@ -295,6 +307,9 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetPooling(int(c.Pooling))
 	cc.SetPq_rebuild_share(c.PQRebuildShare)
 	cc.SetHistory_window(i32("HistoryWindow", c.HistoryWindow))
+	cc.SetKeyformer_tau(c.KeyformerTau)
+	cc.SetKeyformer_tau_step(c.KeyformerTauStep)
+	cc.SetCluster_count(i32("ClusterCount", c.ClusterCount))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

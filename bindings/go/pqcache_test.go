@@ -84,6 +84,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorSnapKV", int(SelectorSnapKV), int(pqswig.PQ_SELECTOR_SNAPKV)},
 		{"SelectorPyramidKV", int(SelectorPyramidKV), int(pqswig.PQ_SELECTOR_PYRAMIDKV)},
 		{"SelectorScissorhands", int(SelectorScissorhands), int(pqswig.PQ_SELECTOR_SCISSORHANDS)},
+		{"SelectorKeyformer", int(SelectorKeyformer), int(pqswig.PQ_SELECTOR_KEYFORMER)},
+		{"SelectorClusterKV", int(SelectorClusterKV), int(pqswig.PQ_SELECTOR_CLUSTERKV)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

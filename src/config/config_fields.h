@@ -58,4 +58,7 @@
   REAL(pq_rerank, 0.0f, 0.0, kMaxRerank, false)                              \
   ENUM(pooling, PQ_POOLING_MAX, kPoolingNames)                               \
   REAL(pq_rebuild_share, 0.0f, 0.0, 1.0, false)                             \
-  INT(history_window, 400, 1, 4096)
+  INT(history_window, 400, 1, 4096)                                          \
+  REAL(keyformer_tau, 1.0f, 0.0, 1e6, true)                                  \
+  REAL(keyformer_tau_step, 0.0078125f, 0.0, 1e6, false)                      \
+  INT(cluster_count, 400, 1, 1 << 16)

@@ -70,6 +70,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   s.queries = queries.data();
   s.middle = {r.sink_end, r.mid_end};
   s.k = r.k;
+  s.prefill_tokens = prefill_tokens_;
 }
 
 LayerContext Layer::context(const SequenceInfo& seq) const {

@@ -34,6 +34,57 @@
 
 namespace pq {
 
+// pq_prefill_queries hands w queries of a layer holding P tokens: w <= P.
+inline void check_window(int64_t w, int64_t P) {
+  if (w > P)
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "pq_prefill_queries: the last " + std::to_string(w) +
+             " queries are used but the layer holds only " + std::to_string(P) +
+             " tokens; pass the queries of the prompt tokens already stored");
+}
+
+// The scaled logits of kv head h's window rows over the keys each sees:
+// row r = i * group + g is window query i (prompt position P - w + i) of
+// query head h * group + g, and row(r, logits, n) gets
+// logits[t] = q . k[t] / sqrt(head_dim) for its n = P - w + i + 1 keys.
+// Rows come in blocks so the logits stay under 16 MiB for long prompts; each
+// key is converted once per block.
+template <class Row>
+void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
+                         const pq_config& c, int32_t h, Row row) {
+  const int64_t P = store.tokens();
+  const int32_t q_heads = c.num_q_heads, d = c.head_dim;
+  const int32_t group = q_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t rows = w * group;
+  constexpr int64_t kMaxLogits = int64_t{1} << 22;
+  const int64_t block_rows =
+      std::max<int64_t>(1, std::min<int64_t>(rows, kMaxLogits / std::max<int64_t>(P, 1)));
+  constexpr int64_t kKeyBlock = 256;
+  std::vector<float> logits(static_cast<size_t>(block_rows * std::max<int64_t>(P, 1)));
+  std::vector<float> keys(static_cast<size_t>(kKeyBlock) * d);
+  auto query = [&](int64_t r) {
+    const int64_t i = r / group, g = r % group;
+    return queries + (static_cast<size_t>(i) * q_heads + h * group + g) * d;
+  };
+  auto seen = [&](int64_t r) { return P - w + r / group + 1; };  // keys row r sees
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const int64_t r1 = std::min(rows, r0 + block_rows);
+    for (int64_t t0 = 0; t0 < P; t0 += kKeyBlock) {
+      const int64_t t1 = std::min(P, t0 + kKeyBlock);
+      for (int64_t t = t0; t < t1; ++t)
+        to_float(store.key_row(t, h), c.dtype, d, keys.data() + (t - t0) * d);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* q = query(r);
+        float* l = logits.data() + (r - r0) * P;
+        const int64_t end = std::min(t1, seen(r));
+        for (int64_t t = t0; t < end; ++t) l[t] = dot(q, keys.data() + (t - t0) * d, d) * scale;
+      }
+    }
+    for (int64_t r = r0; r < r1; ++r) row(r, logits.data() + (r - r0) * P, seen(r));
+  }
+}
+
 struct PromptScores {
   static constexpr uint64_t kBytesPerToken = sizeof(float);  // per kv head
   // score[kv_head][t] for the prompt tokens t < prompt_tokens.
@@ -80,59 +131,20 @@ struct PromptScores {
 
   void compute(const KvStore& store, const float* queries, int64_t w, const pq_config& c) {
     const int64_t P = store.tokens();
-    if (w > P)
-      fail(PQ_ERR_INVALID_ARGUMENT,
-           "pq_prefill_queries: the last " + std::to_string(w) +
-               " queries are used but the layer holds only " + std::to_string(P) +
-               " tokens; pass the queries of the prompt tokens already stored");
-    const int32_t kv_heads = c.num_kv_heads, q_heads = c.num_q_heads, d = c.head_dim;
-    const int32_t group = q_heads / kv_heads;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const int64_t rows = w * group;
-    // Logits of a block of rows over all P keys; rows are blocked so that the
-    // buffer stays under kMaxLogits floats (16 MiB) for long prompts.
-    constexpr int64_t kMaxLogits = int64_t{1} << 22;
-    const int64_t block_rows =
-        std::max<int64_t>(1, std::min<int64_t>(rows, kMaxLogits / std::max<int64_t>(P, 1)));
-    constexpr int64_t kKeyBlock = 256;
-    std::vector<float> logits(static_cast<size_t>(block_rows * std::max<int64_t>(P, 1)));
-    std::vector<float> keys(static_cast<size_t>(kKeyBlock) * d);
+    check_window(w, P);
     std::vector<double> raw(static_cast<size_t>(P));
-    std::vector<std::vector<float>> out(static_cast<size_t>(kv_heads));
-
-    for (int32_t h = 0; h < kv_heads; ++h) {
+    std::vector<std::vector<float>> out(static_cast<size_t>(c.num_kv_heads));
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
       std::fill(raw.begin(), raw.end(), 0.0);
-      // Row r = i * group + g: window query i, query head h * group + g.
-      auto query = [&](int64_t r) {
-        int64_t i = r / group, g = r % group;
-        return queries + (static_cast<size_t>(i) * q_heads + h * group + g) * d;
-      };
-      auto limit = [&](int64_t r) { return P - w + r / group; };  // last key seen
-      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-        const int64_t r1 = std::min(rows, r0 + block_rows);
-        for (int64_t t0 = 0; t0 < P; t0 += kKeyBlock) {
-          const int64_t t1 = std::min(P, t0 + kKeyBlock);
-          for (int64_t t = t0; t < t1; ++t)
-            to_float(store.key_row(t, h), c.dtype, d, keys.data() + (t - t0) * d);
-          for (int64_t r = r0; r < r1; ++r) {
-            const float* q = query(r);
-            float* l = logits.data() + (r - r0) * P;
-            const int64_t end = std::min(t1, limit(r) + 1);
-            for (int64_t t = t0; t < end; ++t) l[t] = dot(q, keys.data() + (t - t0) * d, d) * scale;
-          }
-        }
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* l = logits.data() + (r - r0) * P;
-          const int64_t n = limit(r) + 1;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t t = 0; t < n; ++t) mx = std::max(mx, l[t]);
-          double sum = 0.0;
-          for (int64_t t = 0; t < n; ++t) sum += std::exp(static_cast<double>(l[t]) - mx);
-          const double inv = 1.0 / sum;
-          for (int64_t t = 0; t < n; ++t)
-            raw[static_cast<size_t>(t)] += std::exp(static_cast<double>(l[t]) - mx) * inv;
-        }
-      }
+      for_each_window_row(store, queries, w, c, h, [&](int64_t, const float* l, int64_t n) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, l[t]);
+        double sum = 0.0;
+        for (int64_t t = 0; t < n; ++t) sum += std::exp(static_cast<double>(l[t]) - mx);
+        const double inv = 1.0 / sum;
+        for (int64_t t = 0; t < n; ++t)
+          raw[static_cast<size_t>(t)] += std::exp(static_cast<double>(l[t]) - mx) * inv;
+      });
       std::vector<float>& s = out[static_cast<size_t>(h)];
       s.resize(static_cast<size_t>(P));
       const int64_t half = c.pooling_kernel / 2;

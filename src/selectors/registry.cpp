@@ -21,6 +21,8 @@ const std::vector<SelectorInfo>& selector_registry() {
       {PQ_SELECTOR_PYRAMIDKV, "pyramidkv", "PQ_SELECTOR_PYRAMIDKV", make_pyramidkv_selector},
       {PQ_SELECTOR_SCISSORHANDS, "scissorhands", "PQ_SELECTOR_SCISSORHANDS",
        make_scissorhands_selector},
+      {PQ_SELECTOR_KEYFORMER, "keyformer", "PQ_SELECTOR_KEYFORMER", make_keyformer_selector},
+      {PQ_SELECTOR_CLUSTERKV, "clusterkv", "PQ_SELECTOR_CLUSTERKV", make_clusterkv_selector},
   };
   return registry;
 }

@@ -31,6 +31,7 @@ struct LayerSelection {
   const float* queries = nullptr;    // [kv_heads][group_size][head_dim]
   TokenRange middle{};               // the middle tokens, chosen from
   int64_t k = 0;                     // per kv head, 0 <= k <= middle.size()
+  int64_t prefill_tokens = 0;        // of the layer's tokens, those pq_prefill_layer gave
 
   // The request of kv head h, working in `scratch`.
   SelectionRequest head(int32_t h, SelectScratch& scratch) const;
@@ -62,6 +63,7 @@ struct SelectionRequest {
   int64_t mid_end() const { return layer.middle.end; }
   int64_t middle() const { return layer.middle.size(); }
   int64_t k() const { return layer.k; }
+  int64_t prefill_tokens() const { return layer.prefill_tokens; }
   int32_t group_size() const { return layer.context.group_size(); }
   int32_t head_dim() const { return layer.context.head_dim(); }
   int32_t dtype() const { return layer.context.dtype(); }

@@ -186,5 +186,7 @@ std::unique_ptr<Selector> make_scope_selector();
 std::unique_ptr<Selector> make_snapkv_selector();
 std::unique_ptr<Selector> make_pyramidkv_selector();
 std::unique_ptr<Selector> make_scissorhands_selector();
+std::unique_ptr<Selector> make_keyformer_selector();
+std::unique_ptr<Selector> make_clusterkv_selector();
 
 }  // namespace pq

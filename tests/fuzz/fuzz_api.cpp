@@ -484,7 +484,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 12);
+  c.selector = in.ConsumeIntegralInRange(-1, 14);
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
@@ -509,6 +509,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.pooling = in.ConsumeIntegralInRange(-1, 2);
   }
   if (in.ConsumeBool()) c.history_window = in.ConsumeIntegralInRange(0, 70);  // Scissorhands
+  if (in.ConsumeBool()) {  // Keyformer's temperature schedule, in range and not
+    const float taus[] = {1.f, 0.f, 1e-30f, -1.f, NAN, 1e30f, 0.5f};
+    c.keyformer_tau = taus[in.ConsumeIntegralInRange(0, 6)];
+    c.keyformer_tau_step = taus[in.ConsumeIntegralInRange(0, 6)];
+  }
+  if (in.ConsumeBool()) c.cluster_count = in.ConsumeIntegralInRange(0, 40);  // ClusterKV
 
   pq_status st = pq_create(&c, &s.ctx);
   check(st);

@@ -221,7 +221,13 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
             few or _verdict(diff[0] >= -1, diff[1] >= -1, f"{diff[1]:+.1f} points",
                            f"{-1 - diff[0]:.1f} points"))
         pq = summary[f"{p}@1/5"]["acc"][0]
-        drop = max(report.DROP, key=lambda s: summary[f"{s}@1/5"]["acc"][0])
+        # The drop methods these prompts measured (a selector added later
+        # has no row until a run adds it).
+        drops = [s for s in report.DROP if f"{s}@1/5" in summary]
+        if not drops:
+            row(ahead, "no drop method recorded", "not judged: not measured")
+            continue
+        drop = max(drops, key=lambda s: summary[f"{s}@1/5"]["acc"][0])
         d = summary[f"{drop}@1/5"]["acc"][0]
         measured = f"{which}PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
         verdict = "yes" if pq > d else "no"

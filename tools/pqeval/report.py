@@ -259,8 +259,11 @@ def trace_table(study: Dict, lines: List[str]) -> None:
     lines += ["| selector | budget | exact top-k recall | per-head recall | attention mass "
               "| sinks + local alone | middle mass | output error | tokens per kv head |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    missing = [s for s in SELECTORS if any(f"{s}@{b}" not in study["selectors"] for b in BUDGETS)]
     for b in BUDGETS:
         for s in SELECTORS:
+            if s in missing:
+                continue
             layers = study["selectors"][f"{s}@{b}"]
             m = {k: _layer_mean(layers, k) for k in ("recall", "head_recall", "mass",
                                                      "fixed_mass", "mid_mass", "error",
@@ -268,6 +271,8 @@ def trace_table(study: Dict, lines: List[str]) -> None:
             lines.append(f"| {s} | {b} | {m['recall']:.3f} | {m['head_recall']:.3f} | "
                          f"{m['mass']:.3f} | {m['fixed_mass']:.3f} | {m['mid_mass']:.3f} | "
                          f"{m['error']:.4f} | {m['selected']:.0f} |")
+    if missing:  # selectors added after this trace's study was recorded
+        lines += ["", "Not measured on this trace yet: " + ", ".join(missing) + "."]
 
 
 def settings_table(study: Dict, lines: List[str]) -> None:
@@ -370,7 +375,8 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
 
 
 def best_other(summary: Dict[str, dict], budget: str, key: str = "acc") -> str:
-    return max(OTHERS, key=lambda s: summary[f"{s}@{budget}"][key][0])
+    return max((s for s in OTHERS if f"{s}@{budget}" in summary),
+               key=lambda s: summary[f"{s}@{budget}"][key][0])
 
 
 def _standing(gap: float, rival: str) -> str:

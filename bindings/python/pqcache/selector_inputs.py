@@ -2,10 +2,11 @@
 
 - SnapKV, PyramidKV and SCOPE score the prompt once from its last queries
   (the observation window): pass them with Context.prefill_queries after the
-  layer's prefill.
-- H2O, SCOPE and Scissorhands learn from the attention the model paid: pass
-  it after every decode step with Context.observe_attention (for
-  Scissorhands each call is one step of its history window). H2O also starts from the
+  layer's prefill. Keyformer takes them as its first step (a Gumbel softmax
+  of each window row).
+- H2O, SCOPE, Scissorhands and Keyformer learn from the attention the model
+  paid: pass it after every decode step with Context.observe_attention (for
+  Scissorhands and Keyformer each call is one step). H2O also starts from the
   prompt's attention; seed_h2o gives it the column sums of the observation
   window's attention (the full prompt attention matrix is what
   FlashAttention never materialises; the window is what a server has).
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope"})
-ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands"})
+PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer"})
+ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer"})
 
 
 def selector_name(selector) -> str:

@@ -86,6 +86,8 @@ pub const PQ_SELECTOR_SCOPE: pq_selector = 8;
 pub const PQ_SELECTOR_SNAPKV: pq_selector = 9;
 pub const PQ_SELECTOR_PYRAMIDKV: pq_selector = 10;
 pub const PQ_SELECTOR_SCISSORHANDS: pq_selector = 11;
+pub const PQ_SELECTOR_KEYFORMER: pq_selector = 12;
+pub const PQ_SELECTOR_CLUSTERKV: pq_selector = 13;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -246,6 +248,9 @@ c_struct! {
         pub pooling: i32,
         pub pq_rebuild_share: f32,
         pub history_window: i32,
+        pub keyformer_tau: f32,
+        pub keyformer_tau_step: f32,
+        pub cluster_count: i32,
     }
 }
 

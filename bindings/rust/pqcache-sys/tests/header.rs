@@ -198,6 +198,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_SELECTOR_SNAPKV,
         PQ_SELECTOR_PYRAMIDKV,
         PQ_SELECTOR_SCISSORHANDS,
+        PQ_SELECTOR_KEYFORMER,
+        PQ_SELECTOR_CLUSTERKV,
         PQ_GQA_SUM_SOFTMAX,
         PQ_GQA_MAX,
         PQ_GQA_MEAN,

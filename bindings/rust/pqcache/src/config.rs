@@ -63,6 +63,8 @@ c_enum! {
         SnapKv = sys::PQ_SELECTOR_SNAPKV,
         PyramidKv = sys::PQ_SELECTOR_PYRAMIDKV,
         Scissorhands = sys::PQ_SELECTOR_SCISSORHANDS,
+        Keyformer = sys::PQ_SELECTOR_KEYFORMER,
+        ClusterKv = sys::PQ_SELECTOR_CLUSTERKV,
     }
 }
 
@@ -268,6 +270,12 @@ impl Config {
         pq_rebuild_share: f32;
         /// Scissorhands: the steps over which a token's hits count (default 400).
         history_window: i32;
+        /// Keyformer: the Gumbel softmax's temperature at the prompt (default 1).
+        keyformer_tau: f32;
+        /// Keyformer: what each later step adds to it (default 1/128).
+        keyformer_tau_step: f32;
+        /// ClusterKV: clusters of the middle at the first select (default 400).
+        cluster_count: i32;
     }
 }
 

@@ -288,6 +288,21 @@ public final class Config {
       return set(c -> c.setHistory_window(steps));
     }
 
+    /** Keyformer: the Gumbel softmax's temperature at the prompt, in (0, 1e6]; default 1. */
+    public Builder keyformerTau(float tau) {
+      return set(c -> c.setKeyformer_tau(tau));
+    }
+
+    /** Keyformer: what each step adds to the temperature, in [0, 1e6]; default 1/128. */
+    public Builder keyformerTauStep(float step) {
+      return set(c -> c.setKeyformer_tau_step(step));
+    }
+
+    /** ClusterKV: clusters of the middle at the first select, in [1, 65536]; default 400. */
+    public Builder clusterCount(int clusters) {
+      return set(c -> c.setCluster_count(clusters));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -13,7 +13,9 @@ public enum Selector {
   SCOPE(8),
   SNAPKV(9),
   PYRAMIDKV(10),
-  SCISSORHANDS(11);
+  SCISSORHANDS(11),
+  KEYFORMER(12),
+  CLUSTERKV(13);
 
   private final int code;
 
