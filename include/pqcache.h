@@ -212,7 +212,14 @@ typedef enum pq_selector {
    * tokens entering the middle later, 320 at a time into 8 more); a select
    * takes the clusters best ranked by q . centroid, whole, the last one cut
    * to fit k. Tokens not clustered yet are kept first. */
-  PQ_SELECTOR_CLUSTERKV = 13
+  PQ_SELECTOR_CLUSTERKV = 13,
+  /* AdaKV (added in 0.7): SnapKV's scores with head-wise budgets: the kv
+   * heads of a layer keep its top k * num_kv_heads middle tokens over all
+   * heads, each head first its own top adakv_safeguard * k (kvpress's
+   * AdaKVPress). Heads take different numbers of tokens: each head's count
+   * is in pq_selection.counts, and the capacity allows the largest. Needs
+   * pq_prefill_queries. */
+  PQ_SELECTOR_ADAKV = 14
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -533,6 +540,10 @@ typedef struct pq_config {
    * [1, 65536]; default 400 (the authors' accuracy setting). Clustering
    * costs 20 passes over those keys against every centroid. (Added in 0.7.) */
   int32_t cluster_count;
+  /* AdaKV: the share of the mean budget k that each kv head keeps of its
+   * own top tokens before the layer's budget is shared, in [0, 1]; default
+   * 0.2 (kvpress's alpha_safeguard). 1 gives SnapKV. (Added in 0.7.) */
+  float adakv_safeguard;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -910,7 +921,9 @@ PQ_API pq_status pq_decode_append(pq_context* ctx, uint64_t seq_id,
 
 /* A selection: per kv head, ascending unique token positions. The caller
  * owns both arrays. Row h of positions starts at positions[h * capacity]
- * and holds counts[h] valid entries. */
+ * and holds counts[h] valid entries. The counts of a selection made by
+ * pq_decode_select are equal for every kv head, except with AdaKV, whose
+ * heads share a layer's budget unevenly (each <= capacity). */
 typedef struct pq_selection {
   int32_t* positions; /* num_kv_heads * capacity entries */
   int32_t* counts;    /* num_kv_heads entries */
@@ -918,7 +931,9 @@ typedef struct pq_selection {
 } pq_selection;
 
 /* The capacity per kv head that pq_decode_select needs for (seq_id, layer)
- * at its current length: min(length, sink + topk + local). Thread-safe. */
+ * at its current length: min(length, sink + topk + local), where topk is
+ * the most one kv head may take (for AdaKV, more than its mean budget).
+ * Thread-safe. */
 PQ_API pq_status pq_selection_capacity(const pq_context* ctx, uint64_t seq_id,
                                        int32_t layer, int64_t* out_capacity);
 

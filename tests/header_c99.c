@@ -62,6 +62,7 @@ int main(void) {
   EXPECT(cfg.keyformer_tau == 1.0f);
   EXPECT(cfg.keyformer_tau_step == 0.0078125f);
   EXPECT(cfg.cluster_count == 400);
+  EXPECT(cfg.adakv_safeguard == 0.2f);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

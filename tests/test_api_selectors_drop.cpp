@@ -483,6 +483,114 @@ TEST(PyramidKv, SelectsSnapKvTopKOfItsBudgetAndClipsToMiddle) {
 }
 
 // ---------------------------------------------------------------------------
+// AdaKV
+// ---------------------------------------------------------------------------
+
+// kvpress's AdaKVPress over the middle's SnapKV scores: each head's top
+// n_safe raised to the float maximum, then the top heads * k of all; ties
+// to the later entry (head-major order, as the library's top-k).
+std::vector<std::vector<int32_t>> adakv_reference(const std::vector<std::vector<double>>& mid,
+                                                  int64_t k, int64_t n_safe, int64_t first) {
+  const int64_t H = static_cast<int64_t>(mid.size()), m = static_cast<int64_t>(mid[0].size());
+  std::vector<double> all;
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<double> row = mid[static_cast<size_t>(h)];
+    for (int32_t p : pqt::topk_positions(row, 0, n_safe)) row[static_cast<size_t>(p)] = 1e300;
+    all.insert(all.end(), row.begin(), row.end());
+  }
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(H));
+  for (int32_t e : pqt::topk_positions(all, 0, H * k))
+    out[static_cast<size_t>(e / m)].push_back(static_cast<int32_t>(first + e % m));
+  return out;
+}
+
+TEST(AdaKv, SharesTheLayersBudgetByScoreWithASafeguard) {
+  const int64_t P = 200, k = 30;
+  pq_config base = base_config(PQ_SELECTOR_ADAKV, 1, 4, 2);
+  base.topk_tokens = static_cast<int32_t>(k);
+  Data d = make_data(base, P, 32, 23);
+  Bounds b = bounds(P, base);
+  std::vector<std::vector<double>> mid;
+  for (int32_t h = 0; h < 2; ++h)
+    mid.push_back(slice(snapkv_reference(d.keys, P, d.queries, 32, base, h), b.sink_end,
+                        b.local_begin));
+  for (float safeguard : {0.2f, 0.f, 0.7f, 1.f}) {
+    SCOPED_TRACE("safeguard " + std::to_string(safeguard));
+    pq_config c = base;
+    c.adakv_safeguard = safeguard;
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+    PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 32));
+    // floor(safeguard * k) of the share as written (0.7f * 30 is a hair under 21)
+    const int64_t n_safe = static_cast<int64_t>(std::floor(double{safeguard} * k * (1 + 1e-6)));
+    // A head takes at most its safeguard plus all of the rest of the budget.
+    EXPECT_EQ(pqt::selection_capacity(ctx, kSeq, 0), 4 + 16 + (2 * k - n_safe));
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    const auto want = adakv_reference(mid, k, n_safe, b.sink_end);
+    for (int32_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(middle_of(sel.row(h), b), want[static_cast<size_t>(h)]) << "head " << h;
+      EXPECT_EQ(sel.counts[static_cast<size_t>(h)],
+                4 + 16 + static_cast<int64_t>(want[static_cast<size_t>(h)].size()));
+      EXPECT_GE(static_cast<int64_t>(want[static_cast<size_t>(h)].size()), n_safe);
+    }
+    EXPECT_EQ(want[0].size() + want[1].size(), static_cast<size_t>(2 * k));
+    if (safeguard < 1.f)
+      EXPECT_NE(want[0].size(), want[1].size()) << "the data gives the heads equal shares";
+    else  // every head keeps its own top k: SnapKV
+      for (int32_t h = 0; h < 2; ++h)
+        EXPECT_EQ(want[static_cast<size_t>(h)], pqt::topk_positions(mid[h], b.sink_end, k));
+  }
+  for (float bad : {-0.1f, 1.5f, NAN}) {
+    pq_config c = base;
+    c.adakv_safeguard = bad;
+    pq_context* ctx = nullptr;
+    EXPECT_TRUE(pqt::IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"adakv_safeguard"}));
+  }
+}
+
+// Generated tokens have no prompt score and rank first in every head, as in
+// SnapKV; a fetch and an attend read each head's own count.
+TEST(AdaKv, GeneratedTokensComeFirstAndCountsDifferPerHead) {
+  pq_config c = base_config(PQ_SELECTOR_ADAKV, 1, 4, 2);
+  c.topk_tokens = 30;
+  const int64_t P = 200, steps = 40;
+  Data d = make_data(c, P + steps, 32, 29);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 32));
+  for (int64_t n = P + 1; n <= P + steps; ++n) PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+  const int64_t n = P + steps;
+  Bounds b = bounds(n, c);
+  Sel sel = new_sel(ctx, 0, c);
+  PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+  for (int32_t h = 0; h < 2; ++h) {
+    std::vector<int32_t> mid = middle_of(sel.row(h), b);
+    for (int64_t p = P; p < b.local_begin; ++p)  // the generated tokens in the middle
+      EXPECT_TRUE(std::binary_search(mid.begin(), mid.end(), static_cast<int32_t>(p)))
+          << "head " << h << " left out unscored token " << p;
+  }
+  std::vector<float> k_out(static_cast<size_t>(2 * sel.capacity * c.head_dim)), v_out(k_out.size());
+  pq_tensor kt, vt;
+  PQ_ASSERT_OK(pq_tensor_init(&kt, k_out.data(), PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, sel.capacity,
+                              2, c.head_dim));
+  PQ_ASSERT_OK(pq_tensor_init(&vt, v_out.data(), PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR, sel.capacity,
+                              2, c.head_dim));
+  PQ_ASSERT_OK(pq_fetch_kv(ctx, kSeq, 0, sel.get(), &kt, &vt));
+  for (int32_t h = 0; h < 2; ++h) {
+    const int32_t last = sel.positions[static_cast<size_t>(h * sel.capacity + sel.counts[h] - 1)];
+    EXPECT_EQ(last, n - 1);
+    const float* row = k_out.data() + (static_cast<size_t>(h) * sel.capacity + sel.counts[h] - 1) *
+                                          c.head_dim;
+    EXPECT_EQ(row[0], d.keys[(static_cast<size_t>(n - 1) * 2 + h) * c.head_dim]);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // H2O
 // ---------------------------------------------------------------------------
 

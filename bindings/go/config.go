@@ -41,6 +41,7 @@ const (
 	SelectorScissorhands Selector = 11
 	SelectorKeyformer    Selector = 12
 	SelectorClusterKV    Selector = 13
+	SelectorAdaKV        Selector = 14
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -163,6 +164,8 @@ type Config struct {
 	KeyformerTauStep float32
 	// ClusterCount: ClusterKV's clusters of the middle at the first select.
 	ClusterCount int
+	// AdaKVSafeguard: the share of k each kv head keeps of its own top tokens.
+	AdaKVSafeguard float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -235,6 +238,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 		KeyformerTau:     cc.GetKeyformer_tau(),
 		KeyformerTauStep: cc.GetKeyformer_tau_step(),
 		ClusterCount:     cc.GetCluster_count(),
+		AdaKVSafeguard:   cc.GetAdakv_safeguard(),
 	}
 }
 
@@ -310,6 +314,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKeyformer_tau(c.KeyformerTau)
 	cc.SetKeyformer_tau_step(c.KeyformerTauStep)
 	cc.SetCluster_count(i32("ClusterCount", c.ClusterCount))
+	cc.SetAdakv_safeguard(c.AdaKVSafeguard)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

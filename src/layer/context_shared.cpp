@@ -69,6 +69,8 @@ Regions ContextShared::regions(int64_t n, int32_t layer) const {
     r.k = std::min<int64_t>(middle, static_cast<int64_t>(want));
   }
   r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector->budget(r.k, middle, layer, config)));
+  r.k_mean = r.k;
+  r.k = std::max(r.k_mean, std::min<int64_t>(middle, selector->head_capacity(r.k_mean, middle, config)));
   return r;
 }
 

@@ -33,7 +33,8 @@ struct Regions {
   int64_t sink_end;    // sinks are [0, sink_end)
   int64_t mid_end;     // middle is [sink_end, mid_end), local is [mid_end, n)
   int64_t n;
-  int64_t k;           // middle tokens to select
+  int64_t k;           // middle tokens one kv head may select (the selection's capacity)
+  int64_t k_mean;      // middle tokens per kv head over the layer (k, unless heads differ: AdaKV)
   int64_t count() const { return sink_end + k + (n - mid_end); }
 };
 

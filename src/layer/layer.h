@@ -91,6 +91,7 @@ class Layer {
     Regions regions{};
     std::optional<LayerSelection> request;  // refers to this layer: valid under its lock
     std::vector<int32_t> middle;            // [kv_heads][k], chosen by the selector
+    std::vector<int32_t> head_counts;       // [kv_heads]: entries of each head's row of middle
     uint64_t bytes = 0;                     // what the selector read to choose it
   };
   std::mutex& mutex() { return mutex_; }

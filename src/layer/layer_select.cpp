@@ -63,6 +63,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   // succeeded: outputs are written only on success.
   prepared.regions = r;
   prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
+  prepared.head_counts.assign(static_cast<size_t>(kv_heads), static_cast<int32_t>(r.k));
   LayerSelection& s = prepared.request.emplace(
       LayerSelection{context(seq), store_, *shared_.backend, shared_.scratch});
   s.index = build_.index();
@@ -70,6 +71,8 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   s.queries = queries.data();
   s.middle = {r.sink_end, r.mid_end};
   s.k = r.k;
+  s.k_mean = r.k_mean;
+  s.head_counts = prepared.head_counts.data();
   s.prefill_tokens = prefill_tokens_;
 }
 
@@ -91,16 +94,24 @@ int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
   }
   const Regions& r = prepared.regions;
   const int64_t count = r.count();
+  for (int32_t h = 0; h < shared_.config.num_kv_heads; ++h) {  // before anything is written
+    const int32_t taken = prepared.head_counts[static_cast<size_t>(h)];
+    if (taken < 0 || taken > r.k)
+      fail(PQ_ERR_INTERNAL, std::string("selector ") + shared_.selector->name() + " took " +
+                                str(taken) + " middle tokens of kv head " + str(h) +
+                                "; a head may take 0 to " + str(r.k));
+  }
   for (int32_t h = 0; h < shared_.config.num_kv_heads; ++h) {
     int32_t* row = out->positions + h * out->capacity;
+    const int32_t taken = prepared.head_counts[static_cast<size_t>(h)];
     int64_t w = 0;
     for (int64_t p = 0; p < r.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
-    if (r.k > 0)  // middle is empty then, and memcpy from its null data() is undefined
+    if (taken > 0)  // middle may be empty, and memcpy from its null data() is undefined
       std::memcpy(row + w, prepared.middle.data() + h * r.k,
-                  static_cast<size_t>(r.k) * sizeof(int32_t));
-    w += r.k;
+                  static_cast<size_t>(taken) * sizeof(int32_t));
+    w += taken;
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
-    out->counts[h] = static_cast<int32_t>(count);
+    out->counts[h] = static_cast<int32_t>(w);
   }
   count_selection(prepared.bytes, seq);
   return count;

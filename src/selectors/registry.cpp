@@ -23,6 +23,7 @@ const std::vector<SelectorInfo>& selector_registry() {
        make_scissorhands_selector},
       {PQ_SELECTOR_KEYFORMER, "keyformer", "PQ_SELECTOR_KEYFORMER", make_keyformer_selector},
       {PQ_SELECTOR_CLUSTERKV, "clusterkv", "PQ_SELECTOR_CLUSTERKV", make_clusterkv_selector},
+      {PQ_SELECTOR_ADAKV, "adakv", "PQ_SELECTOR_ADAKV", make_adakv_selector},
   };
   return registry;
 }

@@ -30,7 +30,11 @@ struct LayerSelection {
   SelectorState* state = nullptr;    // from make_state(); may be null
   const float* queries = nullptr;    // [kv_heads][group_size][head_dim]
   TokenRange middle{};               // the middle tokens, chosen from
-  int64_t k = 0;                     // per kv head, 0 <= k <= middle.size()
+  int64_t k = 0;                     // per kv head, 0 <= k <= middle.size(); a head's row
+                                     // in the output is k entries long
+  int64_t k_mean = 0;                // the layer's budget per kv head (k unless heads differ)
+  int32_t* head_counts = nullptr;    // [kv_heads], each k; a selector whose heads take
+                                     // different numbers (at most k) writes them here
   int64_t prefill_tokens = 0;        // of the layer's tokens, those pq_prefill_layer gave
 
   // The request of kv head h, working in `scratch`.

@@ -129,6 +129,11 @@ class Selector {
   virtual int64_t budget(int64_t k, int64_t middle, int32_t layer, const pq_config& c) const {
     return k;
   }
+  // The most middle tokens one kv head may take when the layer's heads take
+  // k each on average: k, unless the heads share a layer's budget unevenly
+  // (AdaKV), which then writes each head's count to
+  // LayerSelection::head_counts. It sizes the selection (at least k).
+  virtual int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const { return k; }
   // Per-(sequence, layer) state, or null if the selector keeps none.
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
     return nullptr;
@@ -188,5 +193,6 @@ std::unique_ptr<Selector> make_pyramidkv_selector();
 std::unique_ptr<Selector> make_scissorhands_selector();
 std::unique_ptr<Selector> make_keyformer_selector();
 std::unique_ptr<Selector> make_clusterkv_selector();
+std::unique_ptr<Selector> make_adakv_selector();
 
 }  // namespace pq

@@ -73,6 +73,7 @@ SELECTORS = {
     "scope": _c.PQ_SELECTOR_SCOPE, "snapkv": _c.PQ_SELECTOR_SNAPKV,
     "pyramidkv": _c.PQ_SELECTOR_PYRAMIDKV, "scissorhands": _c.PQ_SELECTOR_SCISSORHANDS,
     "keyformer": _c.PQ_SELECTOR_KEYFORMER, "clusterkv": _c.PQ_SELECTOR_CLUSTERKV,
+    "adakv": _c.PQ_SELECTOR_ADAKV,
 }
 GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
                "mean": _c.PQ_GQA_MEAN}

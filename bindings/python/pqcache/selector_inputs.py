@@ -1,6 +1,6 @@
 """What some selectors need from the caller besides keys, values and the query.
 
-- SnapKV, PyramidKV and SCOPE score the prompt once from its last queries
+- SnapKV, PyramidKV, SCOPE and AdaKV score the prompt once from its last queries
   (the observation window): pass them with Context.prefill_queries after the
   layer's prefill. Keyformer takes them as its first step (a Gumbel softmax
   of each window row).
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer"})
+PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv"})
 ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer"})
 
 

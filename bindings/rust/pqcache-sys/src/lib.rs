@@ -88,6 +88,7 @@ pub const PQ_SELECTOR_PYRAMIDKV: pq_selector = 10;
 pub const PQ_SELECTOR_SCISSORHANDS: pq_selector = 11;
 pub const PQ_SELECTOR_KEYFORMER: pq_selector = 12;
 pub const PQ_SELECTOR_CLUSTERKV: pq_selector = 13;
+pub const PQ_SELECTOR_ADAKV: pq_selector = 14;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -251,6 +252,7 @@ c_struct! {
         pub keyformer_tau: f32,
         pub keyformer_tau_step: f32,
         pub cluster_count: i32,
+        pub adakv_safeguard: f32,
     }
 }
 

@@ -200,6 +200,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_SELECTOR_SCISSORHANDS,
         PQ_SELECTOR_KEYFORMER,
         PQ_SELECTOR_CLUSTERKV,
+        PQ_SELECTOR_ADAKV,
         PQ_GQA_SUM_SOFTMAX,
         PQ_GQA_MAX,
         PQ_GQA_MEAN,

@@ -65,6 +65,7 @@ c_enum! {
         Scissorhands = sys::PQ_SELECTOR_SCISSORHANDS,
         Keyformer = sys::PQ_SELECTOR_KEYFORMER,
         ClusterKv = sys::PQ_SELECTOR_CLUSTERKV,
+        AdaKv = sys::PQ_SELECTOR_ADAKV,
     }
 }
 
@@ -276,6 +277,8 @@ impl Config {
         keyformer_tau_step: f32;
         /// ClusterKV: clusters of the middle at the first select (default 400).
         cluster_count: i32;
+        /// AdaKV: the share of k each kv head keeps of its own top tokens (default 0.2).
+        adakv_safeguard: f32;
     }
 }
 

@@ -303,6 +303,11 @@ public final class Config {
       return set(c -> c.setCluster_count(clusters));
     }
 
+    /** AdaKV: the share of k each kv head keeps of its own top tokens, in [0, 1]; default 0.2. */
+    public Builder adakvSafeguard(float share) {
+      return set(c -> c.setAdakv_safeguard(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -15,7 +15,8 @@ public enum Selector {
   PYRAMIDKV(10),
   SCISSORHANDS(11),
   KEYFORMER(12),
-  CLUSTERKV(13);
+  CLUSTERKV(13),
+  ADAKV(14);
 
   private final int code;
 

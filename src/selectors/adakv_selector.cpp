@@ -1,0 +1,104 @@
+// AdaKV (methods digest, section 5.5): head-wise adaptive budgets. The kv
+// heads of a layer share its budget (k per head on average): the tokens
+// kept are the layer's top k * kv_heads by score over all heads, so a head
+// whose attention is spread keeps more and a focused one fewer; a safeguard
+// keeps each head's own top floor(adakv_safeguard * k) first.
+//
+// The rule follows kvpress's AdaKVPress (NVIDIA/kvpress,
+// kvpress/presses/adakv_press.py at 8bb29b9, endorsed by the AdaKV authors'
+// README) over SnapKV's scores, which the library computes as kvpress's
+// SnapKVPress does where the settings align (prompt_scores.h): each head's
+// top n_safe scores are raised to the float maximum, then the top
+// kv_heads * k of all heads' middle scores are kept (ties: the later head,
+// then the larger position). Tokens stored after the scoring (generated
+// ones) rank +infinity, as in SnapKV, so every head keeps them first.
+// The authors' own code (FFY0/AdaKV) blends a proportional share with a
+// floor instead; docs/selector-references.md compares the two.
+//
+// A head takes at most kv_heads * k - (kv_heads - 1) * n_safe middle tokens
+// (the others keep their safeguard only), which sizes the selection; each
+// head's count is its own (pq_selection.counts).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/topk.h"
+#include "selectors/prompt_scores.h"
+
+namespace pq {
+
+namespace {
+
+class AdaKvSelector final : public PromptScoreSelector {
+ public:
+  const char* name() const override { return "adakv"; }
+
+  int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const override {
+    const int64_t heads = c.num_kv_heads;
+    return std::min(middle, heads * k - (heads - 1) * protected_tokens(k, c));
+  }
+
+  uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
+    PromptState& s = state_of<PromptState>(r.state, name());
+    if (!s.prompt.ready()) fail_needs_prefill_queries(name(), r.context.layer);
+    const int64_t heads = r.context.kv_heads(), begin = r.middle.begin, m = r.middle.size();
+    const int64_t k = r.k_mean;
+    if (k <= 0 || m <= 0) {
+      std::fill(r.head_counts, r.head_counts + heads, 0);
+      return 0;
+    }
+    if (heads * m > std::numeric_limits<int32_t>::max())
+      fail(PQ_ERR_UNSUPPORTED, "adakv: " + std::to_string(heads) + " kv heads x " +
+                                   std::to_string(m) + " middle tokens exceed 2^31 candidates");
+    ScratchLease lease(r.scratch);
+    SelectScratch& scratch = *lease;
+    // All heads' middle scores, one run per head: entry h * m + i is token
+    // begin + i of head h.
+    std::vector<float> scores(static_cast<size_t>(heads * m));
+    const int64_t scored = std::min(r.middle.end, s.prompt.prompt_tokens);
+    for (int64_t h = 0; h < heads; ++h) {
+      const std::vector<float>& head = s.prompt.score[static_cast<size_t>(h)];
+      float* row = scores.data() + h * m;
+      for (int64_t i = 0; i < m; ++i)
+        row[i] = begin + i < scored ? head[static_cast<size_t>(begin + i)]
+                                    : std::numeric_limits<float>::infinity();
+    }
+    // The safeguard: each head's own top n_safe first.
+    const int64_t safe = std::min(m, protected_tokens(k, r.context.config));
+    if (safe > 0) {
+      std::vector<int32_t> top(static_cast<size_t>(safe));
+      for (int64_t h = 0; h < heads; ++h) {
+        float* row = scores.data() + h * m;
+        select_top_k(row, m, safe, 0, top.data(), scratch);
+        for (int32_t i : top) row[i] = std::max(row[i], std::numeric_limits<float>::max());
+      }
+    }
+    const int64_t kept = std::min(heads * m, heads * k);
+    std::vector<int32_t> chosen(static_cast<size_t>(kept));
+    select_top_k(scores.data(), heads * m, kept, 0, chosen.data(), scratch);
+    // chosen is ascending: head by head, positions ascending within each.
+    std::fill(r.head_counts, r.head_counts + heads, 0);
+    for (int32_t e : chosen) {
+      const int64_t h = e / m;
+      out[h * r.k + r.head_counts[h]++] = static_cast<int32_t>(begin + e % m);
+    }
+    return 0;  // the prompt keys were read once, at pq_prefill_queries
+  }
+
+ private:
+  // floor(adakv_safeguard * k), forgiving the float of the share (0.7f * 10
+  // is a hair under 7).
+  static int64_t protected_tokens(int64_t k, const pq_config& c) {
+    return static_cast<int64_t>(
+        std::floor(static_cast<double>(c.adakv_safeguard) * static_cast<double>(k) * (1.0 + 1e-6)));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Selector> make_adakv_selector() { return std::make_unique<AdaKvSelector>(); }
+
+}  // namespace pq
