@@ -121,6 +121,7 @@ def test_every_selector_runs_generate(selector):
         stats = session.stats()
         info = session.context().layer_info(0, 0)
         capacity = session.context().capacity(0, 0)
+        heads = session.context().config()["num_kv_heads"]
     assert out.shape == (1, 406)
     assert stats["select_calls"] == 5 * 3
     # A decode step attends in the library (pq_decode_attend, timed as a
@@ -136,6 +137,8 @@ def test_every_selector_runs_generate(selector):
     topk = math.ceil(0.2 * (405 - 4 - 16))
     if selector == "pyramidkv":  # the bottom layer gets the pyramid's largest budget
         assert capacity > 4 + 16 + topk
+    elif selector == "adakv":  # a head may take the others' budget beyond their safeguard
+        assert capacity == 4 + 16 + min(405 - 20, heads * topk - (heads - 1) * int(0.2 * topk))
     else:
         assert capacity == 4 + 16 + topk  # sinks + top-k + local: a subset of the 405
 
