@@ -28,13 +28,22 @@ std::vector<int32_t> rotary_dim_order(int32_t head_dim, int32_t key_rotary) {
 }
 
 namespace {
+// dst's rows are src's with their dimensions in `order`: dst[p] = src[order[p]].
+void gather_dims(const std::vector<int32_t>& order, int32_t head_dim, int64_t rows,
+                 const float* src, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t p = 0; p < head_dim; ++p)
+      dst[r * head_dim + p] = src[r * head_dim + order[static_cast<size_t>(p)]];
+}
+
+// gather_dims in place, row by row through `row`.
 void reorder_rows(const std::vector<int32_t>& order, int32_t head_dim, int64_t rows, float* data,
                   std::vector<float>& row) {
   row.resize(static_cast<size_t>(head_dim));
   for (int64_t r = 0; r < rows; ++r) {
     float* x = data + r * head_dim;
     std::copy(x, x + head_dim, row.begin());
-    for (int32_t p = 0; p < head_dim; ++p) x[p] = row[static_cast<size_t>(order[p])];
+    gather_dims(order, head_dim, 1, row.data(), x);
   }
 }
 }  // namespace
@@ -54,10 +63,7 @@ void PqCodebook::lut(int32_t head, const float* queries, int32_t group, int32_t 
   std::vector<float> ordered;
   if (!dim_order.empty()) {  // the queries in the codebook's order, gathered in one pass
     ordered.resize(static_cast<size_t>(group) * head_dim);
-    for (int32_t g = 0; g < group; ++g)
-      for (int32_t p = 0; p < head_dim; ++p)
-        ordered[static_cast<size_t>(g) * head_dim + p] =
-            queries[static_cast<size_t>(g) * head_dim + dim_order[static_cast<size_t>(p)]];
+    gather_dims(dim_order, head_dim, group, queries, ordered.data());
     queries = ordered.data();
   }
   for (int32_t g = 0; g < group; ++g)

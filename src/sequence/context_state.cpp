@@ -132,15 +132,16 @@ uint64_t Context::sequence_restore_kv(uint64_t id, const uint8_t* data, uint64_t
   if (f.type == state::kKeysValues) {
     try {
       seq->layers[static_cast<size_t>(f.layer)]->restore_kv(f.payload, seq->info());
-    } catch (const std::bad_alloc&) {
-      p.order = before;  // the layer's chunks come before its rows: the section may come again
-      throw;
-    } catch (const Error& e) {
-      if (e.status() == PQ_ERR_OUT_OF_MEMORY) {
+    } catch (const std::exception& e) {
+      // Out of memory (host_alloc's bad_alloc, or the limit): the layer's
+      // chunks come before its rows, so the section may come again. Any
+      // other failure ends the restore.
+      const auto* error = dynamic_cast<const Error*>(&e);
+      if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+          (error != nullptr && error->status() == PQ_ERR_OUT_OF_MEMORY))
         p.order = before;
-        throw;
-      }
-      p.failure = e.what();
+      else
+        p.failure = e.what();
       throw;
     }
   }
