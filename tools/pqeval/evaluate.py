@@ -498,7 +498,8 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
         for b in report.BUDGETS:
             p = report.pq_label(table)
             c = table[f"{p}@{b}"][1]
-            best = min(report.OTHERS, key=lambda s: table[f"{s}@{b}"][1][0])
+            best = min((s for s in report.OTHERS if f"{s}@{b}" in table),  # those measured
+                       key=lambda s: table[f"{s}@{b}"][1][0])
             variants = "; ".join(report.variant_changes(table, b))
             name = "PQ" if p == "pq" else "PQ (the paper's 2 x 6 bits)"
             lines.append(f"- {model} perplexity, {b}: {name} {c[0]:+.2f}% [{c[1]:+.2f}, {c[2]:+.2f}] "
@@ -510,7 +511,8 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
     for model, study in studies.items():
         for b in report.BUDGETS:
             pq, ex = report.mid_mass(study, f"pq@{b}"), report.mid_mass(study, f"exact@{b}")
-            best = max(report.OTHERS, key=lambda s: report.mid_mass(study, f"{s}@{b}"))
+            best = max((s for s in report.OTHERS if f"{s}@{b}" in study["selectors"]),
+                       key=lambda s: report.mid_mass(study, f"{s}@{b}"))
             bm = report.mid_mass(study, f"{best}@{b}")
             lines.append(f"- {model} {study['tokens'] // 1024}K trace, {b}: middle mass PQ "
                          f"{pq:.3f}, oracle {ex:.3f}, best other {best} {bm:.3f}.")

@@ -394,7 +394,8 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
     for b in BUDGETS:
         pq = summary[f"{p}@{b}"]
         rival = best_other(summary, b)
-        drop = max(DROP, key=lambda s: summary[f"{s}@{b}"]["acc"][0])
+        drop = max((s for s in DROP if f"{s}@{b}" in summary),  # those these prompts measured
+                   key=lambda s: summary[f"{s}@{b}"]["acc"][0])
         gap = pq["acc"][0] - summary[f"{rival}@{b}"]["acc"][0]
         dgap = pq["acc"][0] - summary[f"{drop}@{b}"]["acc"][0]
         lines.append(
