@@ -175,4 +175,36 @@ TEST(ClusterKv, ClusterCountIsCheckedAndGroupsRankTogether) {
   EXPECT_EQ(select_middle(ctx, c, q, P), want);
 }
 
+// A large layer (middle >= 4096) selects its kv heads on the worker pool,
+// each clustering its own keys: with 1 or 4 worker threads (the heads
+// spread differently) the selections are the same, over the first select
+// (the clustering) and the steps after it. TSan runs it too.
+TEST(ClusterKv, HeadsOnThePoolSelectAlikeWhateverThePool) {
+  const int64_t P = 4400, steps = 4;
+  std::vector<std::vector<int32_t>> rows[2];
+  for (int threads : {1, 4}) {
+    pq_config c = clusterkv_config(16, 4, 8);
+    c.topk_tokens = 300;
+    c.worker_threads = threads;
+    std::vector<float> keys = pqt::random_normal(static_cast<size_t>((P + steps) * 4 * kDim), 61);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    pqt::HostTensor k = pqt::make_tensor(keys.data(), P, 4, kDim, c.dtype);
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq, 0, k.get(), k.get()));
+    for (int64_t n = P; n <= P + steps; ++n) {
+      if (n > P) {
+        pqt::HostTensor one = pqt::make_tensor(keys.data() + (n - 1) * 4 * kDim, 1, 4, kDim, c.dtype);
+        PQ_ASSERT_OK(pq_decode_append(ctx, kSeq, 0, one.get(), one.get()));
+      }
+      Sel sel(4, pqt::selection_capacity(ctx, kSeq, 0));
+      std::vector<float> q = pqt::random_normal(8 * kDim, static_cast<uint64_t>(n));
+      pqt::HostTensor qt = pqt::make_tensor(q, 1, 8, kDim, c.dtype);
+      PQ_ASSERT_OK(pq_decode_select(ctx, kSeq, 0, qt.get(), sel.get()));
+      for (int32_t h = 0; h < 4; ++h) rows[threads == 4].push_back(sel.row(h));
+    }
+  }
+  EXPECT_EQ(rows[0], rows[1]);
+}
+
 }  // namespace
