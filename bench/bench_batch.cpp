@@ -16,27 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.h"
 #include "pqcache.h"
 
 namespace {
 
+using pqbench::median;
+using pqbench::parse_list;
+
 constexpr int32_t kLayers = 2, kQHeads = 8, kKvHeads = 2, kDim = 64;
 
-void check(pq_status s, const char* what) {
-  if (s != PQ_OK) {
-    std::fprintf(stderr, "bench_batch: %s: %s\n", what, pq_last_error());
-    std::exit(1);
-  }
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> out;
-  for (const char* p = s; *p;) {
-    out.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return out;
-}
+void check(pq_status s, const char* what) { pqbench::check_status("bench_batch", s, what); }
 
 std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
   // Values in [-1, 1) as f16 bit patterns: sign, exponent 14 or less.
@@ -55,11 +45,6 @@ struct Sequence {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 double load_average() {

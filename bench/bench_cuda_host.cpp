@@ -39,6 +39,7 @@
 namespace {
 
 using pqbench::kHeadDim;
+using pqbench::median;
 using pqbench::kKvHeads;
 using pqbench::kQHeads;
 
@@ -90,10 +91,6 @@ void caller_free(void*, void* p, size_t) { std::free(p); }
 
 double seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // A fake-CUDA context with `seqs` sequences of one prompt (the first

@@ -3,6 +3,7 @@
 // every benchmark builds the same kind of data the same way.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,23 @@ inline void check_status(const char* program, pq_status st, const char* what) {
     std::fprintf(stderr, "%s: %s: %s: %s\n", program, what, pq_status_string(st), pq_last_error());
     std::exit(1);
   }
+}
+
+// "4096,32768" -> {4096, 32768}: the list options of the benchmark programs.
+inline std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> out;
+  for (const char* p = s; *p;) {
+    out.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return out;
+}
+
+// The median of a benchmark's repeats (the upper one of an even count; 0
+// for none).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 inline pq_config layer_config(int32_t kmeans_iterations) {

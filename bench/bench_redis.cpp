@@ -26,11 +26,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.h"
 #include "pqcache.h"
 #include "pqcache_redis.h"
 #include "redis_server.h"  // tests/redis: the test's redis-server launcher
 
 namespace {
+
+using pqbench::median;
 
 void check(pq_status s, const char* what) {
   if (s != PQ_OK) {
@@ -45,10 +48,6 @@ double now_s() {
       .count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 std::string loadavg() {
   std::ifstream in("/proc/loadavg");

@@ -18,32 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.h"
 #include "pqcache.h"
 
 namespace {
 
+using pqbench::median;
+using pqbench::parse_list;
+
 constexpr int32_t kQHeads = 8, kKvHeads = 2, kDim = 64;
 
-void check(pq_status s, const char* what) {
-  if (s != PQ_OK) {
-    std::fprintf(stderr, "bench_selectors: %s: %s\n", what, pq_last_error());
-    std::exit(1);
-  }
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> out;
-  for (const char* p = s; *p;) {
-    out.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+void check(pq_status s, const char* what) { pqbench::check_status("bench_selectors", s, what); }
 
 // One sequence of one layer under a selector, fed as a server would: the
 // prompt, its window queries, one observation of every prompt token, then

@@ -30,10 +30,6 @@ double now() {
       .count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 uint64_t host_bytes(pq_context* ctx) {
   pq_stats s{};
