@@ -11,7 +11,7 @@
 namespace pq {
 
 struct SelectScratch {
-  std::vector<float> raw;           // group_size x middle raw scores
+  std::vector<float> raw;           // group_size x middle raw scores (AdaKV: kv heads x middle)
   std::vector<float> combined;      // middle combined scores
   std::vector<float> exp_tmp;       // middle, softmax numerators
   std::vector<uint32_t> keys;       // top-k: order-preserving keys of the scores
@@ -20,7 +20,7 @@ struct SelectScratch {
   std::vector<int32_t> next;        // top-k: the next pass's candidates
   std::vector<uint32_t> histogram;  // top-k: radix histograms; tuple path: tuple counts
   std::vector<uint32_t> weights;    // tuple path: tokens per present tuple
-  std::vector<int32_t> candidates;  // tuple path: threshold candidates
+  std::vector<int32_t> candidates;  // tuple path: threshold candidates; AdaKV: the kept entries
   // Tuple path, two subspaces: the classes of the code pairs, zero between
   // calls (pq/pq_tuple_emit.h's PairClassTable).
   std::vector<uint8_t> pair_classes;

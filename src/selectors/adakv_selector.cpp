@@ -56,8 +56,9 @@ class AdaKvSelector final : public PromptScoreSelector {
     ScratchLease lease(r.scratch);
     SelectScratch& scratch = *lease;
     // All heads' middle scores, one run per head: entry h * m + i is token
-    // begin + i of head h.
-    std::vector<float> scores(static_cast<size_t>(heads * m));
+    // begin + i of head h (in the lease's buffers, reused across selects).
+    std::vector<float>& scores = scratch.raw;
+    scores.resize(static_cast<size_t>(heads * m));
     const int64_t scored = std::min(r.middle.end, s.prompt.prompt_tokens);
     for (int64_t h = 0; h < heads; ++h) {
       const std::vector<float>& head = s.prompt.score[static_cast<size_t>(h)];
@@ -77,7 +78,8 @@ class AdaKvSelector final : public PromptScoreSelector {
       }
     }
     const int64_t kept = std::min(heads * m, heads * k);
-    std::vector<int32_t> chosen(static_cast<size_t>(kept));
+    std::vector<int32_t>& chosen = scratch.candidates;
+    chosen.resize(static_cast<size_t>(kept));
     select_top_k(scores.data(), heads * m, kept, 0, chosen.data(), scratch);
     // chosen is ascending: head by head, positions ascending within each.
     std::fill(r.head_counts, r.head_counts + heads, 0);
