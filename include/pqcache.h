@@ -217,7 +217,9 @@ typedef enum pq_selector {
    * heads of a layer keep its top k * num_kv_heads middle tokens over all
    * heads, each head first its own top adakv_safeguard * k (kvpress's
    * AdaKVPress). Heads take different numbers of tokens: each head's count
-   * is in pq_selection.counts, and the capacity allows the largest. Needs
+   * is in pq_selection.counts, and the capacity allows the largest. Tokens
+   * generated after the prompt have no score: every head keeps them first,
+   * the latest k once there are more (as SNAPKV). Needs
    * pq_prefill_queries. */
   PQ_SELECTOR_ADAKV = 14
 } pq_selector;

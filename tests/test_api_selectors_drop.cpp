@@ -590,6 +590,38 @@ TEST(AdaKv, GeneratedTokensComeFirstAndCountsDifferPerHead) {
   }
 }
 
+// Generated tokens have no score to share the budget by: past k of them,
+// every head keeps the latest k (as SnapKV does), and no head takes more
+// than its capacity. Before the fix the later head took all of them and
+// wrote past its share (the fuzzer's adakv-generated-over-head-capacity).
+TEST(AdaKv, GeneratedTokensBeyondKAreTheLatestKOfEveryHead) {
+  pq_config c = base_config(PQ_SELECTOR_ADAKV, 1, 4, 4);
+  c.topk_tokens = 10;
+  const int64_t P = 100, steps = 16 + 40;
+  Data d = make_data(c, P + steps, 8, 37);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+  PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 8));
+  for (int64_t n = P + 1; n <= P + steps; ++n) {
+    PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+    Bounds b = bounds(n, c);
+    const int64_t generated = std::max<int64_t>(0, b.local_begin - P);
+    Sel sel = new_sel(ctx, 0, c);
+    PQ_ASSERT_OK(select(ctx, 0, c, &sel));
+    for (int32_t h = 0; h < 4; ++h) {
+      SCOPED_TRACE("n " + std::to_string(n) + " head " + std::to_string(h));
+      std::vector<int32_t> mid = middle_of(sel.row(h), b);
+      const int64_t from = b.local_begin - std::min<int64_t>(generated, c.topk_tokens);
+      for (int64_t p = from; p < b.local_begin; ++p)
+        EXPECT_TRUE(std::binary_search(mid.begin(), mid.end(), static_cast<int32_t>(p)));
+      if (generated >= c.topk_tokens)
+        EXPECT_EQ(mid.size(), static_cast<size_t>(c.topk_tokens));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // H2O
 // ---------------------------------------------------------------------------
