@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pqeval import replay, report, stats, trace as trace_io
+from pqeval import longctx, replay, report, stats, trace as trace_io
 from pqeval.longctx import PQ_VARIANTS, SELECTORS, budget
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def check_selection(parts, models=None) -> set:
 def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
     """Runs (or resumes) the measurements of a full evaluation: `parts` of
     PARTS, for `models` (default every model)."""
-    from pqeval import longctx, longtrace, tasks
+    from pqeval import longtrace, tasks
 
     models = check_selection(parts, models)
     data.mkdir(parents=True, exist_ok=True)
@@ -342,6 +342,14 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
                 per = sum(rate[key]) / len(rate[key]) * (length / key[1])
                 left += max(0, seeds * per_seed - done) * per
                 whole += seeds * per_seed * per
+        # Rows added after a prompt or document was measured (a selector new
+        # since): each runs apart with full attention, its time scaled by rows.
+        planned = [r.label for r in longctx.rows()]
+        for r in task_records + ppl_records:
+            have = r["rows" if r["kind"] == "task" else "nll"]
+            lacking = sum(1 for label in planned if label not in have)
+            if lacking:
+                left += r["seconds"] * (lacking + 1) / len(planned)
         untimed = []
         for model, _, _ in PERPLEXITY_RUNS:
             secs_ppl = [r["seconds"] for r in ppl_records if r["model"] == model]
@@ -368,7 +376,8 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
             + " (task time scaled linearly with length where a length has no prompt yet; the "
             "model download not counted, nor the capture of a trace that did not record it). "
             "`scripts/evaluate.sh` resumes where it stopped, so the planned run can be completed "
-            "over several sessions, or on a GPU host, without repeating a prompt.")
+            "over several sessions, or on a GPU host, without repeating a prompt; a selector "
+            "added later runs alone on the prompts already recorded.")
     missing = [m for m in longtrace.TRACES if m not in studies]
     if missing:
         lines.append(

@@ -9,7 +9,9 @@ rounding, tests/test_transformers.py), and each selector at each budget.
 Then all rows decode together, each attending only over its own selection.
 
 Results are appended to a JSON-lines file, one record per prompt, so a long
-run can stop and resume (records already there are skipped).
+run can stop and resume: a prompt already recorded is skipped, or run again
+with only the rows no record has (a selector added later), as a record of
+its own that the report merges (pqeval.report.merge_records).
 
     python3 -m pqeval.longctx tasks --model smollm2-135m --lengths 4096,8192 \\
         --seeds 3 --out results.jsonl
@@ -25,7 +27,8 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -96,14 +99,62 @@ def _rows_suffix(row_list: List[Row]) -> str:
     return "" if names == NAMES else "/" + ",".join(names)
 
 
-def _done(path: Path) -> set:
-    keys = set()
+def base_key(key: str, kind: str) -> str:
+    """A record's prompt or document key without its rows suffix."""
+    parts = key.split("/")
+    return "/".join(parts[:5] if kind == "ppl" else parts[:6])
+
+
+def _measured(path: Path) -> Dict[str, set]:
+    """Prompt or document (base_key) -> the row labels any run recorded for it."""
+    out: Dict[str, set] = defaultdict(set)
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                keys.add(r["key"])
-    return keys
+                out[base_key(r["key"], r["kind"])].update(r["rows" if r["kind"] == "task"
+                                                            else "nll"])
+    return out
+
+
+def rows_to_run(row_list: List[Row], measured: Optional[set]) -> List[Row]:
+    """The rows a prompt still lacks: all of row_list when no run measured it,
+    else full attention (every run measures it: the report pairs each row
+    with the full row of its own run) and the rows no run recorded, so a
+    selector added after a prompt was measured is measured on that prompt
+    alone; [] when nothing is missing."""
+    if row_list[0].label != FULL:
+        raise ValueError("the first row must be full attention (rows() puts it first)")
+    if not measured:
+        return row_list
+    missing = [r for r in row_list[1:] if r.label not in measured]
+    return [row_list[0]] + missing if missing else []
+
+
+class _Runners:
+    """One Runner per set of rows, sharing the first one's model: a resumed
+    plan runs some prompts with every row and others with the rows added
+    since they were measured."""
+
+    def __init__(self, model_name: str, chunk_mode: str, row_list: List[Row],
+                 given: Optional["Runner"] = None):
+        self.model_name, self.chunk_mode, self.row_list = model_name, chunk_mode, row_list
+        self.given = given
+        self.own: Dict[tuple, Runner] = {}
+
+    def get(self, sub: List[Row]) -> "Runner":
+        if self.given is not None and sub is self.row_list:
+            return self.given
+        labels = tuple(r.label for r in sub)
+        if labels not in self.own:
+            loaded = self.given or next(iter(self.own.values()), None)
+            self.own[labels] = Runner(self.model_name, sub, self.chunk_mode,
+                                      *((loaded.model, loaded.tokenizer) if loaded else ()))
+        return self.own[labels]
+
+    def close(self) -> None:
+        for r in self.own.values():
+            r.close()
 
 
 def _append(path: Path, record: dict) -> None:
@@ -188,49 +239,49 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
     from pqeval import hf, tasks
 
     row_list = row_list or rows()
-    own = runner is None
-    runner = runner or Runner(model_name, row_list, "prefill")
+    runners = _Runners(model_name, "prefill", row_list, runner)
     corpus = tasks.Corpus()
-    done = _done(out)
+    measured = _measured(out)
     records = []
     try:
         for length in lengths:
             for seed in seeds:
                 for task in tasks_:
                     for placement in placements:
-                        key = (f"task/{model_name}/{length}/{task}/{placement}/{seed}"
-                               + _rows_suffix(row_list))
-                        if key in done:
+                        base = f"task/{model_name}/{length}/{task}/{placement}/{seed}"
+                        sub = rows_to_run(row_list, measured.get(base))
+                        if not sub:
                             continue
+                        key = base + _rows_suffix(sub)
+                        run = runners.get(sub)
                         start = time.perf_counter()
 
                         def text(s: tasks.Sample) -> str:
-                            return hf.format_prompt(runner.spec, runner.tokenizer, s.prompt,
+                            return hf.format_prompt(run.spec, run.tokenizer, s.prompt,
                                                     s.answer_prefix)
 
                         sample = tasks.make_sample(
                             task, placement, seed, length, corpus,
-                            lambda s: len(hf.encode(runner.spec, runner.tokenizer, text(s))))
-                        ids = hf.encode(runner.spec, runner.tokenizer, text(sample))
-                        outputs = runner.generate(ids, sample.max_new_tokens)
+                            lambda s: len(hf.encode(run.spec, run.tokenizer, text(s))))
+                        ids = hf.encode(run.spec, run.tokenizer, text(sample))
+                        outputs = run.generate(ids, sample.max_new_tokens)
                         record = {
                             "key": key, "kind": "task", "model": model_name, "length": length,
                             "task": task, "placement": placement, "seed": seed,
                             "tokens": len(ids), "depths": sample.depths,
                             "references": sample.references,
                             "rows": {r.label: {"output": o, "score": sample.score(o)}
-                                     for r, o in zip(row_list, outputs)},
+                                     for r, o in zip(sub, outputs)},
                             "seconds": time.perf_counter() - start,
                         }
                         _append(out, record)
                         records.append(record)
                         full = record["rows"][FULL]["score"]
                         pq = record["rows"].get("pq@1/5", {}).get("score", float("nan"))
-                        log(f"{key}: {len(ids)} tokens, full {full:.2f}, pq@1/5 {pq:.2f}, "
-                            f"{record['seconds']:.0f} s")
+                        log(f"{key}: {len(ids)} tokens, {len(sub) - 1} rows, full {full:.2f}, "
+                            f"pq@1/5 {pq:.2f}, {record['seconds']:.0f} s")
     finally:
-        if own:
-            runner.close()
+        runners.close()
     return records
 
 
@@ -239,31 +290,34 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
     from pqeval import hf, tasks
 
     row_list = row_list or rows()
-    runner = Runner(model_name, row_list, "decode")
-    done = _done(out)
+    runners = _Runners(model_name, "decode", row_list)
+    measured = _measured(out)
     records = []
     try:
         for doc in documents:
-            key = f"ppl/{model_name}/{context}/{continuation}/{doc}" + _rows_suffix(row_list)
-            if key in done:
+            base = f"ppl/{model_name}/{context}/{continuation}/{doc}"
+            sub = rows_to_run(row_list, measured.get(base))
+            if not sub:
                 continue
+            key = base + _rows_suffix(sub)
+            run = runners.get(sub)
             start = time.perf_counter()
-            ids = hf.encode(runner.spec, runner.tokenizer, tasks.perplexity_text(doc))
+            ids = hf.encode(run.spec, run.tokenizer, tasks.perplexity_text(doc))
             if len(ids) < context + continuation:
                 raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than "
                                  f"{context} + {continuation}")
-            nll = runner.continuation_nll(ids[:context + continuation], context)
+            nll = run.continuation_nll(ids[:context + continuation], context)
             record = {"key": key, "kind": "ppl", "model": model_name, "context": context,
                       "document": doc, "tokens": len(ids),
                       "nll": {r.label: [round(float(x), 5) for x in nll[i]]
-                              for i, r in enumerate(row_list)},
+                              for i, r in enumerate(sub)},
                       "seconds": time.perf_counter() - start}
             _append(out, record)
             records.append(record)
-            log(f"{key}: full {np.exp(nll[0].mean()):.3f}, "
+            log(f"{key}: {len(sub) - 1} rows, full {np.exp(nll[0].mean()):.3f}, "
                 f"{record['seconds']:.0f} s")
     finally:
-        runner.close()
+        runners.close()
     return records
 
 

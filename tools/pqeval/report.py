@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from pqeval import stats
-from pqeval.longctx import ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS
+from pqeval.longctx import ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS, base_key
 
 BUDGETS = {"1/5": 0.2, "1/10": 0.1}
 OTHERS = [s for s in SELECTORS if s not in ("exact", "pq")]   # the non-oracle competition
@@ -48,8 +48,7 @@ def merge_records(records: List[dict]) -> List[dict]:
     merged: Dict[str, dict] = {}
     field = {"ppl": "nll", "task": "rows"}
     for r in sorted(records, key=lambda r: len(r["key"].split("/"))):  # default runs first
-        parts = r["key"].split("/")
-        base = "/".join(parts[:5] if r["kind"] == "ppl" else parts[:6])
+        base = base_key(r["key"], r["kind"])
         if base not in merged:
             merged[base] = {**r, "key": base, field[r["kind"]]: dict(r[field[r["kind"]]])}
             if r["key"] != base:  # default runs sort first: this prompt has none
