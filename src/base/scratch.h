@@ -17,10 +17,10 @@ struct SelectScratch {
   std::vector<uint32_t> keys;       // top-k: order-preserving keys of the scores
   std::vector<uint8_t> chosen;      // top-k: 1 for selected positions
   std::vector<int32_t> tied;        // top-k: candidates of the threshold bucket
-  std::vector<int32_t> next;        // top-k: the next pass's candidates
+  std::vector<int32_t> next;        // top-k: the next pass's candidates; ClusterKV: cluster order
   std::vector<uint32_t> histogram;  // top-k: radix histograms; tuple path: tuple counts
   std::vector<uint32_t> weights;    // tuple path: tokens per present tuple
-  std::vector<int32_t> candidates;  // tuple path: threshold candidates; AdaKV: the kept entries
+  std::vector<int32_t> candidates;  // tuple path: threshold candidates; AdaKV, ClusterKV: the kept
   // Tuple path, two subspaces: the classes of the code pairs, zero between
   // calls (pq/pq_tuple_emit.h's PairClassTable).
   std::vector<uint8_t> pair_classes;

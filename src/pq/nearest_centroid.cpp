@@ -254,6 +254,11 @@ void score_block(const float* points, int64_t count, int64_t stride, const Prepa
 
 }  // namespace
 
+void score_against_centroids(const PreparedCentroids& pc, const float* points, int64_t count,
+                             int64_t stride, float* scores) {
+  score_block(points, count, stride, pc, scores);
+}
+
 // Assigns `count` points (row stride `stride`) to their nearest centroid:
 // codes[p * code_stride] and, if non-null, distances[p]. Returns the sum of
 // the distances. `scores` holds kScoreBlock * pc.padded floats.

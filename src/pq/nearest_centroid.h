@@ -38,6 +38,13 @@ struct PreparedCentroids {
 void prepare_centroids(const float* centroids, int32_t count, int32_t dim,
                        PreparedCentroids* out);
 
+// scores[p * pc.padded + c] = pc.norms[c] - 2 x_p . c for `count` points of
+// row stride `stride` (the GEMM form the assignment ranks; AVX2 + FMA where
+// the CPU has them). Padding columns score about FLT_MAX. With norms set to
+// 0 the scores rank inner products (ClusterKV's cosine assignment).
+void score_against_centroids(const PreparedCentroids& pc, const float* points, int64_t count,
+                             int64_t stride, float* scores);
+
 // Assigns `count` points (row stride `stride`) to their nearest centroid:
 // codes[p * code_stride] and, if non-null, distances[p]. Returns the sum of
 // the distances. `scores` holds kScoreBlock * pc.padded floats.

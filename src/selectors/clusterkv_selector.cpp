@@ -46,6 +46,7 @@
 #include "base/error.h"
 #include "base/vector_math.h"
 #include "format/state_io.h"
+#include "pq/nearest_centroid.h"
 #include "selectors/selector.h"
 
 namespace pq {
@@ -84,6 +85,68 @@ inline void normalise(const float* x, int32_t d, float* out) {
   for (int32_t e = 0; e < d; ++e) out[e] = x[e] / norm;
 }
 
+// label[i] = the unit centroid with the largest dot() with unit key i, the
+// first on a tie: what a scalar loop over dot() decides, at GEMM speed. The
+// blocked kernel of the PQ assignment (pq/nearest_centroid.h, norms set to
+// 0) scores kScoreBlock keys against every centroid; the candidates within
+// a margin of a key's best score are re-scored with dot(). Both orders of
+// summation are within d * FLT_EPSILON of the exact product of two vectors
+// of norm <= 1 (with or without FMA), so the margin of 8 d FLT_EPSILON keeps
+// dot()'s argmax among the candidates and the label is bit-identical.
+class CosineAssigner {
+ public:
+  CosineAssigner(int32_t clusters, int32_t d)
+      : d_(d), margin_(2.f * 8.f * static_cast<float>(d) * std::numeric_limits<float>::epsilon()) {
+    prepared_.padded = (clusters + kLaneWidth - 1) / kLaneWidth * kLaneWidth;
+    scores_.resize(static_cast<size_t>(kScoreBlock) * static_cast<size_t>(prepared_.padded));
+  }
+
+  void assign(const float* unit, int64_t count, const float* unit_c, int32_t clusters,
+              int32_t* label) {
+    prepare_centroids(unit_c, clusters, d_, &prepared_);
+    std::fill(prepared_.norms.begin(), prepared_.norms.begin() + clusters, 0.f);
+    for (int64_t first = 0; first < count; first += kScoreBlock) {
+      const int64_t n = std::min<int64_t>(kScoreBlock, count - first);
+      score_against_centroids(prepared_, unit + first * d_, n, d_, scores_.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const float* s = scores_.data() + i * prepared_.padded;  // -2 x . c
+        const float limit = smallest(s) + margin_;
+        // Candidates found a lane-block at a time (most blocks have none).
+        const float* u = unit + (first + i) * d_;
+        float best = -std::numeric_limits<float>::infinity();
+        int32_t arg = 0;
+        for (int32_t c = 0; c < prepared_.padded; c += kLaneWidth) {
+          int32_t any = 0;
+          for (int32_t l = 0; l < kLaneWidth; ++l) any |= s[c + l] <= limit ? 1 : 0;
+          if (!any) continue;
+          for (int32_t j = c; j < std::min(c + kLaneWidth, clusters); ++j) {
+            if (!(s[j] <= limit)) continue;
+            const float v = dot(u, unit_c + static_cast<size_t>(j) * d_, d_);
+            if (v > best) best = v, arg = j;
+          }
+        }
+        label[first + i] = arg;
+      }
+    }
+  }
+
+ private:
+  // The smallest of a row's padded scores (the padding scores about
+  // FLT_MAX), with kLaneWidth independent minima that vectorise.
+  float smallest(const float* s) const {
+    float lanes[kLaneWidth];
+    std::copy_n(s, kLaneWidth, lanes);
+    for (int32_t c = kLaneWidth; c < prepared_.padded; c += kLaneWidth)
+      for (int32_t l = 0; l < kLaneWidth; ++l) lanes[l] = s[c + l] < lanes[l] ? s[c + l] : lanes[l];
+    return *std::min_element(lanes, lanes + kLaneWidth);
+  }
+
+  const int32_t d_;
+  const float margin_;  // on the -2 x . c scale
+  PreparedCentroids prepared_;
+  std::vector<float> scores_;  // [kScoreBlock][padded]
+};
+
 // Clusters keys [first, first + count) of kv head h into `clusters` groups;
 // appends the centroids and labels (offset by the clusters already there).
 void cluster_keys(const KvStore& store, int32_t h, const pq_config& c, int64_t first,
@@ -102,18 +165,11 @@ void cluster_keys(const KvStore& store, int32_t h, const pq_config& c, int64_t f
   std::vector<int32_t> label(static_cast<size_t>(count));
   std::vector<double> sum(centroids.size());
   std::vector<int64_t> size(static_cast<size_t>(clusters));
+  CosineAssigner assigner(clusters, d);
   auto assign = [&] {
     for (int32_t j = 0; j < clusters; ++j)
       normalise(centroids.data() + static_cast<size_t>(j) * d, d, unit_c.data() + static_cast<size_t>(j) * d);
-    for (int64_t i = 0; i < count; ++i) {
-      float best = -std::numeric_limits<float>::infinity();
-      int32_t arg = 0;
-      for (int32_t j = 0; j < clusters; ++j) {
-        const float s = dot(unit.data() + i * d, unit_c.data() + static_cast<size_t>(j) * d, d);
-        if (s > best) best = s, arg = j;
-      }
-      label[static_cast<size_t>(i)] = arg;
-    }
+    assigner.assign(unit.data(), count, unit_c.data(), clusters, label.data());
   };
   for (int32_t it = 0; it < kIterations; ++it) {
     assign();
@@ -233,8 +289,8 @@ class ClusterKvSelector final : public Selector {
     // The middle tokens no cluster holds: before the clusters (a restore
     // with other sinks) and after them (not yet a full window).
     int64_t w = 0;
-    std::vector<int32_t> taken;
-    taken.reserve(static_cast<size_t>(k));
+    std::vector<int32_t>& taken = r.scratch.candidates;  // the select's scratch, reused
+    taken.clear();
     const int64_t lo = h.clustered() ? std::clamp(h.begin, begin, end) : end;
     const int64_t hi = h.clustered() ? std::clamp(h.end, begin, end) : end;
     for (int64_t p = end - 1; p >= hi && static_cast<int64_t>(taken.size()) < k; --p)
@@ -242,6 +298,11 @@ class ClusterKvSelector final : public Selector {
     for (int64_t p = lo - 1; p >= begin && static_cast<int64_t>(taken.size()) < k; --p)
       taken.push_back(static_cast<int32_t>(p));
     if (static_cast<int64_t>(taken.size()) < k) take_clusters(r, h, begin, end, k, taken);
+    // Every middle token is in a cluster or not yet clustered, so k are found.
+    if (static_cast<int64_t>(taken.size()) != k)
+      fail(PQ_ERR_INTERNAL, "clusterkv: kv head " + std::to_string(r.kv_head) + " found " +
+                                std::to_string(taken.size()) + " of " + std::to_string(k) +
+                                " middle tokens");
     std::sort(taken.begin(), taken.end());
     for (int32_t p : taken) out[w++] = p;
     return static_cast<uint64_t>(h.clusters) * r.head_dim() * sizeof(float);
@@ -303,7 +364,8 @@ class ClusterKvSelector final : public Selector {
         for (int32_t j = 0; j < C; ++j) score[static_cast<size_t>(j)] += s[j] / static_cast<float>(G);
       }
     }
-    std::vector<int32_t> order(static_cast<size_t>(C));
+    std::vector<int32_t>& order = r.scratch.next;
+    order.resize(static_cast<size_t>(C));
     for (int32_t j = 0; j < C; ++j) order[static_cast<size_t>(j)] = j;
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)];
