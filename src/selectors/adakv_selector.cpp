@@ -8,7 +8,7 @@
 // kvpress/presses/adakv_press.py at 8bb29b9, endorsed by the AdaKV authors'
 // README) over SnapKV's scores, which the library computes as kvpress's
 // SnapKVPress does where the settings align (prompt_scores.h): each head's
-// top n_safe scores are raised to the float maximum, then the top
+// top n_safe scores are raised above every score, then the top
 // kv_heads * k of all heads' middle scores are kept (ties: the later head,
 // then the larger position). Tokens stored after the scoring (generated
 // ones) have no score: every head keeps them first, as in SnapKV, and once
