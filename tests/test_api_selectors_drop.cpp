@@ -252,6 +252,52 @@ TEST(SelectorsDrop, BookkeepingAndDeterminism) {
   }
 }
 
+// Every selector through a decode far past its budget and window (more
+// generated tokens than k, than the window and than a ClusterKV window),
+// several kv heads, each step observed: every row stays a valid selection
+// within the capacity the library reported. A selector whose rule breaks
+// only once generated tokens outnumber k (AdaKV did: the fuzzer's
+// adakv-generated-over-head-capacity) fails here, and under ASan in CI.
+TEST(SelectorsDrop, LongDecodeKeepsEveryRowValid) {
+  for (int32_t selector = 0; selector <= PQ_SELECTOR_ADAKV; ++selector) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    pq_config c = base_config(selector, 1, 4, 2);
+    c.topk_tokens = 12;
+    c.cluster_count = 16;
+    const int64_t P = 120, steps = 360;
+    Data d = make_data(c, P + steps, 24, 41);
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PQ_ASSERT_OK(prefill(ctx, 0, c, d.keys, 0, P));
+    PQ_ASSERT_OK(prefill_queries(ctx, 0, c, d.queries, 24));
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> unif(0.f, 1.f);
+    for (int64_t n = P; n <= P + steps; ++n) {
+      if (n > P) PQ_ASSERT_OK(append(ctx, 0, c, d.keys, n - 1));
+      const int64_t cap = pqt::selection_capacity(ctx, kSeq, 0);
+      Sel sel(c.num_kv_heads, cap);
+      PQ_ASSERT_OK(select(ctx, 0, c, &sel, static_cast<uint64_t>(n)));
+      const Bounds b = bounds(n, c);
+      const int64_t fixed = b.sink_end + (n - b.local_begin);
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        const std::vector<int32_t> row = sel.row(h);
+        ASSERT_GE(static_cast<int64_t>(row.size()), fixed) << "n " << n << " head " << h;
+        ASSERT_LE(static_cast<int64_t>(row.size()), cap) << "n " << n << " head " << h;
+        for (size_t i = 1; i < row.size(); ++i)
+          ASSERT_LT(row[i - 1], row[i]) << "n " << n << " head " << h << " at " << i;
+        ASSERT_GE(row.front(), 0);
+        ASSERT_EQ(row.back(), n - 1);
+        ASSERT_EQ(row[static_cast<size_t>(b.sink_end) - 1], b.sink_end - 1);
+      }
+      std::vector<float> probs(static_cast<size_t>(c.num_kv_heads * cap));
+      for (float& p : probs) p = unif(rng);
+      PQ_ASSERT_OK(observe(ctx, 0, sel, probs));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // SnapKV
 // ---------------------------------------------------------------------------
