@@ -117,6 +117,26 @@ def _measured(path: Path) -> Dict[str, set]:
     return out
 
 
+def _recorded_keys(path: Path) -> set:
+    keys = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                keys.add(json.loads(line)["key"])
+    return keys
+
+
+def _run_key(base: str, sub: List[Row], recorded: set) -> str:
+    """The key of a run of rows `sub` on prompt `base`: the rows suffix of
+    their names, or their labels when a run of the same names (at other
+    budgets) was recorded before, so that no two records share a key."""
+    key = base + _rows_suffix(sub)
+    if key in recorded:
+        key = base + "/" + ",".join(r.label for r in sub if r.label != FULL)
+    recorded.add(key)
+    return key
+
+
 def rows_to_run(row_list: List[Row], measured: Optional[set]) -> List[Row]:
     """The rows a prompt still lacks: all of row_list when no run measured it,
     else full attention (every run measures it: the report pairs each row
@@ -241,7 +261,7 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
     row_list = row_list or rows()
     runners = _Runners(model_name, "prefill", row_list, runner)
     corpus = tasks.Corpus()
-    measured = _measured(out)
+    measured, recorded = _measured(out), _recorded_keys(out)
     records = []
     try:
         for length in lengths:
@@ -252,7 +272,7 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                         sub = rows_to_run(row_list, measured.get(base))
                         if not sub:
                             continue
-                        key = base + _rows_suffix(sub)
+                        key = _run_key(base, sub, recorded)
                         run = runners.get(sub)
                         start = time.perf_counter()
 
@@ -291,7 +311,7 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
 
     row_list = row_list or rows()
     runners = _Runners(model_name, "decode", row_list)
-    measured = _measured(out)
+    measured, recorded = _measured(out), _recorded_keys(out)
     records = []
     try:
         for doc in documents:
@@ -299,7 +319,7 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
             sub = rows_to_run(row_list, measured.get(base))
             if not sub:
                 continue
-            key = base + _rows_suffix(sub)
+            key = _run_key(base, sub, recorded)
             run = runners.get(sub)
             start = time.perf_counter()
             ids = hf.encode(run.spec, run.tokenizer, tasks.perplexity_text(doc))

@@ -97,3 +97,17 @@ def test_perplexity_documents_resume_alike(fake, tmp_path):
 def test_the_first_row_must_be_full_attention():
     with pytest.raises(ValueError, match="full attention"):
         longctx.rows_to_run(longctx.rows(["pq"], (0.2,))[1:], None)
+
+
+def test_a_budget_added_later_gets_a_key_of_its_own(fake, tmp_path):
+    out = tmp_path / "r.jsonl"
+    first = longctx.run_tasks("smollm2-135m", [4096], ["niah_single"], ["last"], [0], out,
+                              longctx.rows(["pq"], (0.2,)), log=lambda *_: None)
+    later = longctx.run_tasks("smollm2-135m", [4096], ["niah_single"], ["last"], [0], out,
+                              longctx.rows(["pq"], (0.2, 0.1)), log=lambda *_: None)
+    assert first[0]["key"] == "task/smollm2-135m/4096/niah_single/last/0/pq"
+    assert later[0]["key"] == "task/smollm2-135m/4096/niah_single/last/0/pq@1/10"
+    assert sorted(later[0]["rows"]) == ["full", "pq@1/10"]
+    [merged] = report.merge_records(first + later)
+    assert merged["key"] == "task/smollm2-135m/4096/niah_single/last/0"
+    assert sorted(merged["rows"]) == ["full", "pq@1/10", "pq@1/5"]
