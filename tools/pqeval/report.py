@@ -143,7 +143,9 @@ def task_table(records: List[dict], lines: List[str]) -> Dict[str, dict]:
         cols = []
         for b in BUDGETS:  # a separate run may have measured one budget only
             c = summary.get(f"{s}@{b}")
-            cols += ([_ci(*c["acc"]), _ci(*c["diff"], sign=True), f"{100 * c['agree']:.0f}%"]
+            # a budget measured on other prompts than the row's first says so
+            own = f" ({c['prompts']} prompts)" if c and c["prompts"] != n else ""
+            cols += ([_ci(*c["acc"]) + own, _ci(*c["diff"], sign=True), f"{100 * c['agree']:.0f}%"]
                      if c else ["", "", ""])
         lines.append(f"| {name} | " + " | ".join(cols) + " |")
     return summary
@@ -373,8 +375,21 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
     return path.name
 
 
+def covers_cell(summary: Dict[str, dict], label: str) -> bool:
+    """Whether row `label` was measured on every prompt of the cell: a row
+    measured on fewer (a selector added later, its run not finished) is
+    listed with its prompt count but ranks against nothing, since its
+    prompts may be easier or harder than the cell's."""
+    row, full = summary.get(label), summary.get(FULL)
+    if row is None:
+        return False
+    if not (isinstance(full, dict) and "prompts" in full and "prompts" in row):
+        return True
+    return row["prompts"] == full["prompts"]
+
+
 def best_other(summary: Dict[str, dict], budget: str, key: str = "acc") -> str:
-    return max((s for s in OTHERS if f"{s}@{budget}" in summary),
+    return max((s for s in OTHERS if covers_cell(summary, f"{s}@{budget}")),
                key=lambda s: summary[f"{s}@{budget}"][key][0])
 
 
@@ -393,7 +408,7 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
     for b in BUDGETS:
         pq = summary[f"{p}@{b}"]
         rival = best_other(summary, b)
-        drop = max((s for s in DROP if f"{s}@{b}" in summary),  # those these prompts measured
+        drop = max((s for s in DROP if covers_cell(summary, f"{s}@{b}")),  # measured on every prompt
                    key=lambda s: summary[f"{s}@{b}"]["acc"][0])
         gap = pq["acc"][0] - summary[f"{rival}@{b}"]["acc"][0]
         dgap = pq["acc"][0] - summary[f"{drop}@{b}"]["acc"][0]

@@ -35,3 +35,21 @@ def test_trace_table_lists_what_a_study_lacks():
     assert new, "no selector was added: this test has nothing to check"
     assert lines[-1] == "Not measured on this trace yet: " + ", ".join(new) + "."
     assert sum(l.startswith("| h2o |") for l in lines) == len(report.BUDGETS)
+
+
+def test_a_row_measured_on_fewer_prompts_ranks_against_nothing():
+    """A selector whose run covers only some prompts of a cell (the plan
+    still running) is listed with its count, but the statements rank PQ
+    only against rows measured on every prompt."""
+    summary = {report.FULL: cell(0.5)}
+    for i, s in enumerate(OLD):
+        for b in report.BUDGETS:
+            summary[f"{s}@{b}"] = cell(0.1 + 0.01 * i)
+    for b in report.BUDGETS:
+        summary[f"clusterkv@{b}"] = {**cell(0.9), "prompts": 2}
+        summary[f"keyformer@{b}"] = {**cell(0.8), "prompts": 2}
+    assert report.best_other(summary, "1/5") == "random"
+    lines = []
+    report.cell_statements("smollm2-135m", 4096, summary, lines)
+    assert not any("clusterkv" in l or "keyformer" in l for l in lines), lines
+    assert any("best drop method (scope)" in l for l in lines), lines
