@@ -105,25 +105,19 @@ def base_key(key: str, kind: str) -> str:
     return "/".join(parts[:5] if kind == "ppl" else parts[:6])
 
 
-def _measured(path: Path) -> Dict[str, set]:
-    """Prompt or document (base_key) -> the row labels any run recorded for it."""
-    out: Dict[str, set] = defaultdict(set)
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                out[base_key(r["key"], r["kind"])].update(r["rows" if r["kind"] == "task"
-                                                            else "nll"])
-    return out
-
-
-def _recorded_keys(path: Path) -> set:
+def _recorded(path: Path):
+    """(prompt or document base_key -> the row labels any run recorded for
+    it, the set of record keys), from one read of the records."""
+    measured: Dict[str, set] = defaultdict(set)
     keys = set()
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
-                keys.add(json.loads(line)["key"])
-    return keys
+                r = json.loads(line)
+                keys.add(r["key"])
+                measured[base_key(r["key"], r["kind"])].update(
+                    r["rows" if r["kind"] == "task" else "nll"])
+    return measured, keys
 
 
 def _run_key(base: str, sub: List[Row], recorded: set) -> str:
@@ -261,7 +255,7 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
     row_list = row_list or rows()
     runners = _Runners(model_name, "prefill", row_list, runner)
     corpus = tasks.Corpus()
-    measured, recorded = _measured(out), _recorded_keys(out)
+    measured, recorded = _recorded(out)
     records = []
     try:
         for length in lengths:
@@ -311,7 +305,7 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
 
     row_list = row_list or rows()
     runners = _Runners(model_name, "decode", row_list)
-    measured, recorded = _measured(out), _recorded_keys(out)
+    measured, recorded = _recorded(out)
     records = []
     try:
         for doc in documents:
