@@ -221,7 +221,17 @@ typedef enum pq_selector {
    * generated after the prompt have no score: every head keeps them first,
    * the latest k once there are more (as SNAPKV). Needs
    * pq_prefill_queries. */
-  PQ_SELECTOR_ADAKV = 14
+  PQ_SELECTOR_ADAKV = 14,
+  /* ZigZagKV (added in 0.7): SnapKV's scores with budgets shared across
+   * layers: layer l keeps k_l = floor + (k - floor) * num_layers * u_l
+   * middle tokens per kv head (floor = zigzag_floor * k, clipped to [1,
+   * middle]), u_l its LMBA over the sum of all layers' LMBA. A layer's
+   * LMBA is the mean over its kv heads of the fewest prompt tokens whose
+   * scores reach zigzag_mass of the head's score mass. Needs
+   * pq_prefill_queries on every layer before any select (PQ_ERR_BAD_STATE
+   * names the layers missing); each layer's count is in
+   * pq_selection.counts, and the capacity allows the largest share. */
+  PQ_SELECTOR_ZIGZAGKV = 15
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -546,6 +556,14 @@ typedef struct pq_config {
    * own top tokens before the layer's budget is shared, in [0, 1]; default
    * 0.2 (kvpress's alpha_safeguard). 1 gives SnapKV. (Added in 0.7.) */
   float adakv_safeguard;
+  /* ZigZagKV: the share of a kv head's prompt attention mass that its
+   * minimum budget (MBA) must cover, in (0, 1]; default 0.9. (Added in
+   * 0.7.) */
+  float zigzag_mass;
+  /* ZigZagKV: the budget every layer gets whatever its LMBA, as a share of
+   * the mean budget k, in [0, 1]; default 0.2. 1 gives SnapKV. (Added in
+   * 0.7.) */
+  float zigzag_floor;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).

@@ -63,6 +63,8 @@ int main(void) {
   EXPECT(cfg.keyformer_tau_step == 0.0078125f);
   EXPECT(cfg.cluster_count == 400);
   EXPECT(cfg.adakv_safeguard == 0.2f);
+  EXPECT(cfg.zigzag_mass == 0.9f);
+  EXPECT(cfg.zigzag_floor == 0.2f);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

@@ -76,6 +76,8 @@
   X(pq_config, keyformer_tau_step) \
   X(pq_config, cluster_count) \
   X(pq_config, adakv_safeguard) \
+  X(pq_config, zigzag_mass) \
+  X(pq_config, zigzag_floor) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

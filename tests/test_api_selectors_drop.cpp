@@ -259,7 +259,7 @@ TEST(SelectorsDrop, BookkeepingAndDeterminism) {
 // only once generated tokens outnumber k (AdaKV did: the fuzzer's
 // adakv-generated-over-head-capacity) fails here, and under ASan in CI.
 TEST(SelectorsDrop, LongDecodeKeepsEveryRowValid) {
-  for (int32_t selector = 0; selector <= PQ_SELECTOR_ADAKV; ++selector) {
+  for (int32_t selector = 0; selector <= PQ_SELECTOR_ZIGZAGKV; ++selector) {  // every one
     SCOPED_TRACE("selector " + std::to_string(selector));
     pq_config c = base_config(selector, 1, 4, 2);
     c.topk_tokens = 12;
@@ -665,6 +665,204 @@ TEST(AdaKv, GeneratedTokensBeyondKAreTheLatestKOfEveryHead) {
       if (generated >= c.topk_tokens)
         EXPECT_EQ(mid.size(), static_cast<size_t>(c.topk_tokens));
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ZigZagKV
+// ---------------------------------------------------------------------------
+
+// The PR's MBA of one head: count(cumsum of the descending scores < mass *
+// total) + 1, at most the tokens.
+int64_t zigzag_mba(std::vector<double> s, double mass) {
+  if (s.empty()) return 0;
+  std::sort(s.begin(), s.end(), std::greater<double>());
+  double total = 0, sum = 0;
+  for (double v : s) total += v;
+  int64_t below = 0;
+  for (double v : s) {
+    sum += v;
+    if (!(sum < mass * total)) break;
+    ++below;
+  }
+  return std::min<int64_t>(static_cast<int64_t>(s.size()), below + 1);
+}
+
+// Layer budgets by the PR's equation 6 from per-layer LMBA: round(floor +
+// (k - floor) * L * u_l), clipped to [1, middle].
+std::vector<int64_t> zigzag_budgets(const std::vector<double>& lmba, int64_t k, double floor_share,
+                                    int64_t middle) {
+  double total = 0;
+  for (double v : lmba) total += v;
+  std::vector<int64_t> out;
+  const double L = static_cast<double>(lmba.size()), fl = floor_share * k;
+  for (double v : lmba) {
+    const double u = total > 0 ? v / total : 1.0 / L;
+    out.push_back(std::max<int64_t>(1, std::min<int64_t>(middle, std::llround(fl + (k - fl) * L * u))));
+  }
+  return out;
+}
+
+// Three layers over the same keys, the queries sharp in layer 0 and flat in
+// layer 2: the flat layer needs more tokens for 90% of its attention, and
+// gets the larger share of the same total.
+struct ZigZagCase {
+  static constexpr int64_t P = 200, k = 30, w = 32;
+  pq_config c = base_config(PQ_SELECTOR_ZIGZAGKV, 3, 4, 2);
+  Data d = make_data(c, P, w, 41);
+  std::vector<std::vector<float>> queries;  // per layer
+  ZigZagCase() {
+    c.topk_tokens = static_cast<int32_t>(k);
+    c.observation_window = 4;  // few rows, unpooled: the layers' spreads differ
+    c.pooling_kernel = 1;
+    for (float scale : {4.f, 1.f, 0.1f}) {
+      queries.push_back(d.queries);
+      for (float& q : queries.back()) q *= scale;
+    }
+  }
+  // The middle's SnapKV scores of layer l, kv head h.
+  std::vector<double> mid(int32_t l, int32_t h, const pq_config& cc) const {
+    Bounds b = bounds(P, cc);
+    return slice(snapkv_reference(d.keys, P, queries[static_cast<size_t>(l)], w, cc, h), b.sink_end,
+                 b.local_begin);
+  }
+  std::vector<int64_t> budgets(const pq_config& cc) const {
+    std::vector<double> lmba;
+    for (int32_t l = 0; l < cc.num_layers; ++l) {
+      double sum = 0;
+      for (int32_t h = 0; h < cc.num_kv_heads; ++h) sum += zigzag_mba(mid(l, h, cc), cc.zigzag_mass);
+      lmba.push_back(sum / cc.num_kv_heads);
+    }
+    Bounds b = bounds(P, cc);
+    return zigzag_budgets(lmba, k, cc.zigzag_floor, b.local_begin - b.sink_end);
+  }
+  // Prefills every layer, then its prompt queries in `order`.
+  void feed(pq_context* ctx, const pq_config& cc, uint64_t seq, const std::vector<int32_t>& order) const {
+    if (seq == kSeq) PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    for (int32_t l = 0; l < cc.num_layers; ++l) PQ_ASSERT_OK(prefill(ctx, l, cc, d.keys, 0, P));
+    for (int32_t l : order) PQ_ASSERT_OK(prefill_queries(ctx, l, cc, queries[static_cast<size_t>(l)], w));
+  }
+};
+
+TEST(ZigZagKv, SharesTheBudgetAcrossLayersByTheirAttentionSpread) {
+  ZigZagCase z;
+  for (float floor_share : {0.2f, 0.f, 1.f}) {
+    for (float mass : {0.9f, 0.5f}) {
+      SCOPED_TRACE("floor " + std::to_string(floor_share) + " mass " + std::to_string(mass));
+      pq_config c = z.c;
+      c.zigzag_floor = floor_share;
+      c.zigzag_mass = mass;
+      const std::vector<int64_t> want = z.budgets(c);
+      Ctx ctx(c);
+      ASSERT_TRUE(ctx.ok()) << pq_last_error();
+      z.feed(ctx, c, kSeq, {0, 1, 2});
+      Bounds b = bounds(ZigZagCase::P, c);
+      const int64_t middle = b.local_begin - b.sink_end;
+      if (floor_share == 1.f) {
+        EXPECT_EQ(want, std::vector<int64_t>(3, ZigZagCase::k)) << "a floor of 1 is SnapKV";
+      } else {
+        EXPECT_LT(want[0], want[1]);
+        EXPECT_LT(want[1], want[2]) << "the flat layer should need the most";
+        EXPECT_NEAR(static_cast<double>(want[0] + want[1] + want[2]), 3.0 * ZigZagCase::k, 1.5);
+        if (floor_share > 0.f) EXPECT_GE(want[0], std::llround(floor_share * ZigZagCase::k));
+      }
+      const int64_t cap = std::min<int64_t>(
+          middle, std::llround(floor_share * 30 + (30 - floor_share * 30) * 3));
+      for (int32_t l = 0; l < 3; ++l) {
+        SCOPED_TRACE("layer " + std::to_string(l));
+        EXPECT_EQ(pqt::selection_capacity(ctx, kSeq, l), 4 + 16 + cap);
+        Sel sel = new_sel(ctx, l, c);
+        PQ_ASSERT_OK(select(ctx, l, c, &sel));
+        const int64_t kl = want[static_cast<size_t>(l)];
+        for (int32_t h = 0; h < 2; ++h) {
+          const std::vector<double> mid = z.mid(l, h, c);
+          ASSERT_TRUE(no_near_tie_at_boundary(mid, kl));
+          EXPECT_EQ(sel.counts[static_cast<size_t>(h)], 4 + 16 + kl);
+          EXPECT_EQ(middle_of(sel.row(h), b), pqt::topk_positions(mid, b.sink_end, kl)) << "head " << h;
+        }
+      }
+    }
+  }
+  for (auto bad : {std::make_pair("zigzag_mass", 0.f), {"zigzag_mass", 1.5f}, {"zigzag_mass", NAN},
+                   {"zigzag_floor", -0.1f}, {"zigzag_floor", 1.5f}, {"zigzag_floor", NAN}}) {
+    pq_config c = z.c;
+    (std::string(bad.first) == "zigzag_mass" ? c.zigzag_mass : c.zigzag_floor) = bad.second;
+    pq_context* ctx = nullptr;
+    EXPECT_TRUE(pqt::IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {bad.first}));
+  }
+}
+
+// Every layer's prompt queries decide every layer's budget: a select before
+// the last is BAD_STATE naming the missing layers, and the order in which
+// layers get theirs changes nothing.
+TEST(ZigZagKv, NeedsEveryLayersPromptQueriesInAnyOrder) {
+  ZigZagCase z;
+  Ctx ctx(z.c);
+  ASSERT_TRUE(ctx.ok());
+  z.feed(ctx, z.c, kSeq, {2, 0});
+  Sel sel = new_sel(ctx, 0, z.c);
+  EXPECT_TRUE(pqt::IsError(select(ctx, 0, z.c, &sel), PQ_ERR_BAD_STATE,
+                           {"layers 1 have no pq_prefill_queries", "zigzagkv"}));
+  PQ_ASSERT_OK(prefill_queries(ctx, 1, z.c, z.queries[1], ZigZagCase::w));
+  Ctx in_order(z.c);
+  ASSERT_TRUE(in_order.ok());
+  z.feed(in_order, z.c, kSeq, {0, 1, 2});
+  for (int32_t l = 0; l < 3; ++l) {
+    Sel a = new_sel(ctx, l, z.c), b = new_sel(in_order, l, z.c);
+    PQ_ASSERT_OK(select(ctx, l, z.c, &a));
+    PQ_ASSERT_OK(select(in_order, l, z.c, &b));
+    EXPECT_EQ(a.positions, b.positions) << "layer " << l;
+    EXPECT_EQ(a.counts, b.counts) << "layer " << l;
+  }
+}
+
+// The budgets belong to the sequence: a fork taken between two layers'
+// prompt queries completes on its own, the parent still waits for its own;
+// a truncate into the prompt re-measures the layers from the scores kept.
+TEST(ZigZagKv, ForkAndTruncateKeepEachSequencesOwnBudgets) {
+  ZigZagCase z;
+  Ctx ctx(z.c);
+  ASSERT_TRUE(ctx.ok());
+  z.feed(ctx, z.c, kSeq, {0, 1});
+  const uint64_t child = kSeq + 1;
+  PQ_ASSERT_OK(pq_sequence_fork(ctx, kSeq, child));
+  {
+    pqt::HostTensor q = pqt::make_tensor(z.queries[2], ZigZagCase::w, z.c.num_q_heads, z.c.head_dim,
+                                         z.c.dtype);
+    PQ_ASSERT_OK(pq_prefill_queries(ctx, child, 2, q.get()));
+  }
+  Sel parent = new_sel(ctx, 1, z.c);
+  EXPECT_TRUE(pqt::IsError(select(ctx, 1, z.c, &parent), PQ_ERR_BAD_STATE, {"layers 2"}));
+  Ctx whole(z.c);
+  ASSERT_TRUE(whole.ok());
+  z.feed(whole, z.c, kSeq, {0, 1, 2});
+  std::vector<float> q = pqt::random_normal(static_cast<size_t>(z.c.num_q_heads) * z.c.head_dim, 1);
+  pqt::HostTensor qt = pqt::make_tensor(q, 1, z.c.num_q_heads, z.c.head_dim, z.c.dtype);
+  for (int32_t l = 0; l < 3; ++l) {
+    Sel a(z.c.num_kv_heads, pqt::selection_capacity(ctx, child, l)), b = new_sel(whole, l, z.c);
+    PQ_ASSERT_OK(pq_decode_select(ctx, child, l, qt.get(), a.get()));
+    PQ_ASSERT_OK(select(whole, l, z.c, &b));
+    EXPECT_EQ(a.positions, b.positions) << "layer " << l;
+  }
+  // Truncate to 120 tokens: the middle is [4, 104) and each layer's LMBA is
+  // measured over the scores of that middle only.
+  PQ_ASSERT_OK(pq_sequence_truncate(whole, kSeq, 120));
+  pq_config c = z.c;
+  std::vector<double> lmba;
+  for (int32_t l = 0; l < 3; ++l) {
+    double sum = 0;
+    for (int32_t h = 0; h < 2; ++h) {
+      std::vector<double> m = z.mid(l, h, c);
+      m.resize(100);  // the scores stay as computed over the 200-token prompt
+      sum += zigzag_mba(m, c.zigzag_mass);
+    }
+    lmba.push_back(sum / 2);
+  }
+  const std::vector<int64_t> want = zigzag_budgets(lmba, ZigZagCase::k, c.zigzag_floor, 100);
+  for (int32_t l = 0; l < 3; ++l) {
+    Sel sel = new_sel(whole, l, c);
+    PQ_ASSERT_OK(select(whole, l, c, &sel));
+    EXPECT_EQ(sel.counts[0], 4 + 16 + want[static_cast<size_t>(l)]) << "layer " << l;
   }
 }
 

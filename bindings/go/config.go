@@ -42,6 +42,7 @@ const (
 	SelectorKeyformer    Selector = 12
 	SelectorClusterKV    Selector = 13
 	SelectorAdaKV        Selector = 14
+	SelectorZigZagKV     Selector = 15
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -166,6 +167,10 @@ type Config struct {
 	ClusterCount int
 	// AdaKVSafeguard: the share of k each kv head keeps of its own top tokens.
 	AdaKVSafeguard float32
+	// ZigZagMass: the share of a kv head's attention mass its minimum budget covers.
+	ZigZagMass float32
+	// ZigZagFloor: each layer's floor, as a share of the mean budget.
+	ZigZagFloor float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -239,6 +244,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 		KeyformerTauStep: cc.GetKeyformer_tau_step(),
 		ClusterCount:     cc.GetCluster_count(),
 		AdaKVSafeguard:   cc.GetAdakv_safeguard(),
+		ZigZagMass:       cc.GetZigzag_mass(),
+		ZigZagFloor:      cc.GetZigzag_floor(),
 	}
 }
 
@@ -315,6 +322,8 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKeyformer_tau_step(c.KeyformerTauStep)
 	cc.SetCluster_count(i32("ClusterCount", c.ClusterCount))
 	cc.SetAdakv_safeguard(c.AdaKVSafeguard)
+	cc.SetZigzag_mass(c.ZigZagMass)
+	cc.SetZigzag_floor(c.ZigZagFloor)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

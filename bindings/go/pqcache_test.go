@@ -87,6 +87,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorKeyformer", int(SelectorKeyformer), int(pqswig.PQ_SELECTOR_KEYFORMER)},
 		{"SelectorClusterKV", int(SelectorClusterKV), int(pqswig.PQ_SELECTOR_CLUSTERKV)},
 		{"SelectorAdaKV", int(SelectorAdaKV), int(pqswig.PQ_SELECTOR_ADAKV)},
+		{"SelectorZigZagKV", int(SelectorZigZagKV), int(pqswig.PQ_SELECTOR_ZIGZAGKV)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

@@ -62,4 +62,6 @@
   REAL(keyformer_tau, 1.0f, 0.0, 1e6, true)                                  \
   REAL(keyformer_tau_step, 0.0078125f, 0.0, 1e6, false)                      \
   INT(cluster_count, 400, 1, 1 << 16)                                        \
-  REAL(adakv_safeguard, 0.2f, 0.0, 1.0, false)
+  REAL(adakv_safeguard, 0.2f, 0.0, 1.0, false)                               \
+  REAL(zigzag_mass, 0.9f, 0.0, 1.0, true)                                    \
+  REAL(zigzag_floor, 0.2f, 0.0, 1.0, false)

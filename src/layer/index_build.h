@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "base/counters.h"
 #include "layer/context_shared.h"
@@ -19,11 +20,16 @@
 
 namespace pq {
 
+class Layer;
+
 // What a call on a layer knows of its sequence.
 struct SequenceInfo {
   uint64_t id;
   std::shared_ptr<Counters> counters;  // shared: a build may outlive the sequence
   void* stream;                        // the caller's cudaStream_t, or null
+  // All the sequence's layers, for a selector that reads across them
+  // (Selector::reads_layer_weights); valid for the call only, never kept.
+  const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
 };
 
 // What a build shares with the layer. The future is kept beside it, not in

@@ -187,4 +187,12 @@ void Layer::update_mirrors() {
   index_bytes_mirror_.store(build_.index() ? build_.index()->bytes() : 0);
 }
 
+void Layer::publish_selector_weight() {
+  if (!shared_.selector->reads_layer_weights()) return;
+  selector_weight_mirror_.store(selector_state_
+                                    ? shared_.selector->layer_weight(selector_state_.get(),
+                                                                     shared_.config)
+                                    : std::numeric_limits<double>::quiet_NaN());
+}
+
 }  // namespace pq

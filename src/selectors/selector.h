@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +135,16 @@ class Selector {
   // (AdaKV), which then writes each head's count to
   // LayerSelection::head_counts. It sizes the selection (at least k).
   virtual int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const { return k; }
+  // Whether the selection of a layer reads every layer's weight
+  // (LayerSelection::layer_weights): a budget shared across layers
+  // (ZigZagKV). layer_weight() says what a layer's state gives; the layer
+  // publishes it when its state changes (pq_prefill_queries, a truncate,
+  // fork or restore), so that a select reads the others without their locks.
+  virtual bool reads_layer_weights() const { return false; }
+  // NaN while the state has nothing to give (no pq_prefill_queries yet).
+  virtual double layer_weight(const SelectorState* state, const pq_config& c) const {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   // Per-(sequence, layer) state, or null if the selector keeps none.
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
     return nullptr;
@@ -194,5 +205,6 @@ std::unique_ptr<Selector> make_scissorhands_selector();
 std::unique_ptr<Selector> make_keyformer_selector();
 std::unique_ptr<Selector> make_clusterkv_selector();
 std::unique_ptr<Selector> make_adakv_selector();
+std::unique_ptr<Selector> make_zigzagkv_selector();
 
 }  // namespace pq

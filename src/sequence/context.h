@@ -45,7 +45,7 @@ struct BatchOutcome {
 struct Sequence {
   // fixed: the budget held for its layers' fixed state (memory_cost.h).
   Sequence(uint64_t id, ContextShared& shared, Reservation fixed);
-  SequenceInfo info() const { return SequenceInfo{id, counters, stream.load()}; }
+  SequenceInfo info() const { return SequenceInfo{id, counters, stream.load(), &layers}; }
 
   const uint64_t id;
   Reservation fixed;

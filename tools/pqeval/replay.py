@@ -37,8 +37,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 
 import pqcache
-from pqcache.selector_inputs import (ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, seed_h2o,
-                                     seed_scissorhands)
+from pqcache.selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS,
+                                     PROMPT_QUERY_SELECTORS, seed_h2o, seed_scissorhands)
 from pqeval import trace as trace_io
 
 OBSERVATION_WINDOW = 32
@@ -69,6 +69,10 @@ class Result:
         return float(np.mean([getattr(l, name) for l in self.layers]))
 
 
+def _dtype(keys: np.ndarray) -> str:
+    return "f16" if keys.dtype == np.float16 else "f32"
+
+
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     e = np.exp(x)
@@ -84,7 +88,6 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
     so PQ codes them with the codebook of the tokens before them, as a long
     output is coded, instead of training on them."""
     q_heads, kv_heads, head_dim = t.geometry
-    group = q_heads // kv_heads
     window = min(OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
     prompt = t.q_first + window
     last = t.tokens if steps is None else min(t.tokens, prompt + steps)
@@ -93,98 +96,132 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
     opts.update(config)
     result = Result(selector, fraction)
     start = time.perf_counter()
-    for layer in (layers if layers is not None else t.layers):
-        K = np.asarray(t.keys[layer])
-        V = np.asarray(t.values[layer])
-        Q = np.asarray(t.queries[layer])
-        dtype = "f16" if K.dtype == np.float16 else "f32"
-        # One context per layer, as deep as the model, so that layer-dependent
-        # budgets (PyramidKV) see the real layer index; only `layer` is used.
-        depth = max(t.model_layers, layer + 1)
-        ctx = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype, **opts)
-        oracle = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype,
-                                 **{**opts, "selector": "exact"})
-        lr = LayerResult(layer)
-        try:
-            first = prompt - generated
-            if not 0 < first <= prompt:
-                raise ValueError(f"generated {generated}: the trace's prompt has {prompt} tokens")
-            for c in (ctx, oracle):
-                c.add_sequence(0)
-                c.prefill(0, layer, K[:first], V[:first])
-                if generated:
-                    c.append(0, layer, K[first:prompt], V[first:prompt])
-            window_q = Q[prompt - t.q_first - window: prompt - t.q_first]
-            if selector in PROMPT_QUERY_SELECTORS:
-                ctx.prefill_queries(0, layer, window_q)
-            if selector == "h2o":
-                seed_h2o(ctx, 0, layer, window_q, K[:prompt], scale)
-            if selector == "scissorhands":
-                seed_scissorhands(ctx, 0, layer, window_q, K[:prompt], scale)
-            Kf = K.astype(np.float32)
-            Vf = V.astype(np.float32)
-            for p in range(prompt, last):
-                for c in (ctx, oracle):
-                    c.append(0, layer, K[p:p + 1], V[p:p + 1])
-                q = Q[p - t.q_first]
-                sel = ctx.select(0, layer, q)
-                ref = oracle.select(0, layer, q)
-                qf = q.astype(np.float32)
-                logits = (qf.reshape(kv_heads, group, head_dim) @
-                          Kf[: p + 1].transpose(1, 2, 0)) * scale  # [kv][g][p+1]
-                probs = _softmax_rows(logits)
-                full_out = probs @ Vf[: p + 1].transpose(1, 0, 2)  # [kv][g][dim]
-                heads = sel.heads()
-                ref_heads = ref.heads()
-                observed = np.zeros((kv_heads, max(sel.capacity, 1)), np.float32)
-                for h in range(kv_heads):
-                    pos = heads[h]
-                    mass = probs[h][:, pos].sum(axis=1)               # [g]
-                    sub = _softmax_rows(logits[h][:, pos])            # [g][sel]
-                    out = sub @ Vf[pos, h]                            # [g][dim]
-                    err = np.linalg.norm(out - full_out[h], axis=1) / \
-                        np.maximum(np.linalg.norm(full_out[h], axis=1), 1e-30)
-                    # the middle tokens [sink, mid_end): neither sink nor local
-                    sink = min(ctx_sink(opts), p + 1)
-                    mid_end = p + 1 - ctx_local(opts, p + 1, sink)
-                    mid_pos = pos[(pos >= sink) & (pos < mid_end)]
-                    rp = ref_heads[h]
-                    mid_ref = rp[(rp >= sink) & (rp < mid_end)]
-                    k = max(len(mid_ref), 1)
-                    lr.recall += len(np.intersect1d(mid_pos, mid_ref)) / k
-                    lr.mass += float(mass.mean())
-                    lr.error += float(err.mean())
-                    mid_probs = probs[h][:, sink:mid_end]                  # [g][middle]
-                    lr.fixed_mass += float(mass.mean() - probs[h][:, mid_pos].sum(axis=1).mean())
-                    mid_total = mid_probs.sum(axis=1)
-                    lr.mid_mass += float(np.mean(probs[h][:, mid_pos].sum(axis=1) /
-                                                 np.maximum(mid_total, 1e-30)))
-                    if mid_end > sink:
-                        own = np.argpartition(-logits[h][:, sink:mid_end],
-                                              min(k, mid_end - sink) - 1, axis=1)[:, :k] + sink
-                        lr.head_recall += float(np.mean([len(np.intersect1d(mid_pos, o)) / k
-                                                         for o in own]))
-                    lr.selected += len(pos)
-                    observed[h, : len(pos)] = sub.sum(axis=0)
-                if selector in ATTENTION_SELECTORS:
-                    ctx.observe_attention(0, layer, sel, observed)
-                lr.select_bytes += ctx.layer_info(0, layer)["last_select_bytes"]
-                lr.steps += 1
-        finally:
-            ctx.close()
-            oracle.close()
-        n = max(lr.steps, 1)
-        lr.recall /= n * kv_heads
-        lr.mass /= n * kv_heads
-        lr.error /= n * kv_heads
-        lr.fixed_mass /= n * kv_heads
-        lr.mid_mass /= n * kv_heads
-        lr.head_recall /= n * kv_heads
-        lr.selected /= n * kv_heads
-        lr.select_bytes /= n
-        result.layers.append(lr)
+    first = prompt - generated
+    if not 0 < first <= prompt:
+        raise ValueError(f"generated {generated}: the trace's prompt has {prompt} tokens")
+    replayed = list(layers if layers is not None else t.layers)
+
+    # A selector that shares its budget across layers (ZigZagKV) needs every
+    # layer's prompt queries before any select: one context holds all the
+    # replayed layers (as the transformers integration holds the model's
+    # compressed ones), each fed its prompt first.
+    shared = None
+    if selector in LAYER_SHARING_SELECTORS:
+        shared = pqcache.Context(len(replayed), q_heads, kv_heads, head_dim,
+                                 _dtype(np.asarray(t.keys[replayed[0]])), **opts)
+        shared.add_sequence(0)
+    try:
+        for at, layer in enumerate(replayed if shared is not None else []):
+            K, V, Q = (np.asarray(x[layer]) for x in (t.keys, t.values, t.queries))
+            shared.prefill(0, at, K[:first], V[:first])
+            if generated:
+                shared.append(0, at, K[first:prompt], V[first:prompt])
+            shared.prefill_queries(0, at, Q[prompt - t.q_first - window: prompt - t.q_first])
+        for at, layer in enumerate(replayed):
+            result.layers.append(_replay_layer(t, layer, at, shared, selector, opts, first, prompt,
+                                               last, window, generated, scale))
+    finally:
+        if shared is not None:
+            shared.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, window, generated,
+                  scale) -> LayerResult:
+    """One layer of replay(): its decode steps against full attention. The
+    library's layer is `layer` in a context of its own, as deep as the model
+    so that layer-dependent budgets (PyramidKV) see the real layer index, or
+    `at` in `shared`, whose prompts replay() fed."""
+    q_heads, kv_heads, head_dim = t.geometry
+    group = q_heads // kv_heads
+    K = np.asarray(t.keys[layer])
+    V = np.asarray(t.values[layer])
+    Q = np.asarray(t.queries[layer])
+    dtype = _dtype(K)
+    depth = max(t.model_layers, layer + 1)
+    own_ctx = shared is None
+    ctx = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype, **opts) if own_ctx else shared
+    lib = layer if own_ctx else at
+    oracle = pqcache.Context(depth, q_heads, kv_heads, head_dim, dtype,
+                             **{**opts, "selector": "exact"})
+    lr = LayerResult(layer)
+    try:
+        for c in ((ctx, oracle) if own_ctx else (oracle,)):
+            c.add_sequence(0)
+            c.prefill(0, layer, K[:first], V[:first])
+            if generated:
+                c.append(0, layer, K[first:prompt], V[first:prompt])
+        window_q = Q[prompt - t.q_first - window: prompt - t.q_first]
+        if own_ctx and selector in PROMPT_QUERY_SELECTORS:
+            ctx.prefill_queries(0, lib, window_q)
+        if selector == "h2o":
+            seed_h2o(ctx, 0, lib, window_q, K[:prompt], scale)
+        if selector == "scissorhands":
+            seed_scissorhands(ctx, 0, lib, window_q, K[:prompt], scale)
+        Kf = K.astype(np.float32)
+        Vf = V.astype(np.float32)
+        for p in range(prompt, last):
+            ctx.append(0, lib, K[p:p + 1], V[p:p + 1])
+            oracle.append(0, layer, K[p:p + 1], V[p:p + 1])
+            q = Q[p - t.q_first]
+            sel = ctx.select(0, lib, q)
+            ref = oracle.select(0, layer, q)
+            qf = q.astype(np.float32)
+            logits = (qf.reshape(kv_heads, group, head_dim) @
+                      Kf[: p + 1].transpose(1, 2, 0)) * scale  # [kv][g][p+1]
+            probs = _softmax_rows(logits)
+            full_out = probs @ Vf[: p + 1].transpose(1, 0, 2)  # [kv][g][dim]
+            heads = sel.heads()
+            ref_heads = ref.heads()
+            observed = np.zeros((kv_heads, max(sel.capacity, 1)), np.float32)
+            for h in range(kv_heads):
+                pos = heads[h]
+                mass = probs[h][:, pos].sum(axis=1)               # [g]
+                sub = _softmax_rows(logits[h][:, pos])            # [g][sel]
+                out = sub @ Vf[pos, h]                            # [g][dim]
+                err = np.linalg.norm(out - full_out[h], axis=1) / \
+                    np.maximum(np.linalg.norm(full_out[h], axis=1), 1e-30)
+                # the middle tokens [sink, mid_end): neither sink nor local
+                sink = min(ctx_sink(opts), p + 1)
+                mid_end = p + 1 - ctx_local(opts, p + 1, sink)
+                mid_pos = pos[(pos >= sink) & (pos < mid_end)]
+                rp = ref_heads[h]
+                mid_ref = rp[(rp >= sink) & (rp < mid_end)]
+                k = max(len(mid_ref), 1)
+                lr.recall += len(np.intersect1d(mid_pos, mid_ref)) / k
+                lr.mass += float(mass.mean())
+                lr.error += float(err.mean())
+                mid_probs = probs[h][:, sink:mid_end]                  # [g][middle]
+                lr.fixed_mass += float(mass.mean() - probs[h][:, mid_pos].sum(axis=1).mean())
+                mid_total = mid_probs.sum(axis=1)
+                lr.mid_mass += float(np.mean(probs[h][:, mid_pos].sum(axis=1) /
+                                             np.maximum(mid_total, 1e-30)))
+                if mid_end > sink:
+                    own = np.argpartition(-logits[h][:, sink:mid_end],
+                                          min(k, mid_end - sink) - 1, axis=1)[:, :k] + sink
+                    lr.head_recall += float(np.mean([len(np.intersect1d(mid_pos, o)) / k
+                                                     for o in own]))
+                lr.selected += len(pos)
+                observed[h, : len(pos)] = sub.sum(axis=0)
+            if selector in ATTENTION_SELECTORS:
+                ctx.observe_attention(0, lib, sel, observed)
+            lr.select_bytes += ctx.layer_info(0, lib)["last_select_bytes"]
+            lr.steps += 1
+    finally:
+        if own_ctx:
+            ctx.close()
+        oracle.close()
+    n = max(lr.steps, 1)
+    lr.recall /= n * kv_heads
+    lr.mass /= n * kv_heads
+    lr.error /= n * kv_heads
+    lr.fixed_mass /= n * kv_heads
+    lr.mid_mass /= n * kv_heads
+    lr.head_recall /= n * kv_heads
+    lr.selected /= n * kv_heads
+    lr.select_bytes /= n
+    return lr
 
 
 def ctx_sink(opts: Dict) -> int:

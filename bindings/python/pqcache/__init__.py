@@ -74,6 +74,7 @@ SELECTORS = {
     "pyramidkv": _c.PQ_SELECTOR_PYRAMIDKV, "scissorhands": _c.PQ_SELECTOR_SCISSORHANDS,
     "keyformer": _c.PQ_SELECTOR_KEYFORMER, "clusterkv": _c.PQ_SELECTOR_CLUSTERKV,
     "adakv": _c.PQ_SELECTOR_ADAKV,
+    "zigzagkv": _c.PQ_SELECTOR_ZIGZAGKV,
 }
 GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
                "mean": _c.PQ_GQA_MEAN}

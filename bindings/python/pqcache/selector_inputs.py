@@ -1,9 +1,10 @@
 """What some selectors need from the caller besides keys, values and the query.
 
-- SnapKV, PyramidKV, SCOPE and AdaKV score the prompt once from its last queries
-  (the observation window): pass them with Context.prefill_queries after the
-  layer's prefill. Keyformer takes them as its first step (a Gumbel softmax
-  of each window row).
+- SnapKV, PyramidKV, SCOPE, AdaKV and ZigZagKV score the prompt once from its
+  last queries (the observation window): pass them with
+  Context.prefill_queries after the layer's prefill (ZigZagKV shares its
+  budget across layers: every layer's before any select). Keyformer takes
+  them as its first step (a Gumbel softmax of each window row).
 - H2O, SCOPE, Scissorhands and Keyformer learn from the attention the model
   paid: pass it after every decode step with Context.observe_attention (for
   Scissorhands and Keyformer each call is one step). H2O also starts from the
@@ -19,8 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv"})
+PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv",
+                                    "zigzagkv"})
 ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer"})
+# Selectors whose budget is shared across layers by what every layer's
+# prompt queries say (ZigZagKV): a select fails until each layer of the
+# context had its pq_prefill_queries.
+LAYER_SHARING_SELECTORS = frozenset({"zigzagkv"})
 
 
 def selector_name(selector) -> str:

@@ -71,7 +71,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import Context, SelectionResult
-from .selector_inputs import ATTENTION_SELECTORS, PROMPT_QUERY_SELECTORS, selector_name
+from .selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS, PROMPT_QUERY_SELECTORS,
+                              selector_name)
 
 __all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward",
            "model_key_rotary", "prompt_column_sums"]
@@ -474,10 +475,15 @@ class Session:
             row.pending_window[layer] = np.ascontiguousarray(latest)
 
     def _hand_over_window(self, row: _Row, layer: int) -> None:
-        window = row.pending_window.pop(layer, None)
-        if window is None:
-            return
-        row.ctx.prefill_queries(row.seq, layer, window)
+        # A selector that shares its budget across layers (ZigZagKV) needs
+        # every layer's window before the first layer's first step: the
+        # prompt has passed through every layer once a decode step starts.
+        layers = (sorted(row.pending_window) if row.selector in LAYER_SHARING_SELECTORS
+                  else [layer])
+        for held in layers:
+            window = row.pending_window.pop(held, None)
+            if window is not None:
+                row.ctx.prefill_queries(row.seq, held, window)
 
     def _fetch_all(self, row: _Row, layer: int, n: int, dtype, device):
         """Every stored token's K and V of (row, layer): [kv_heads, n, D] each."""

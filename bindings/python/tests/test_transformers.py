@@ -122,6 +122,7 @@ def test_every_selector_runs_generate(selector):
         info = session.context().layer_info(0, 0)
         capacity = session.context().capacity(0, 0)
         heads = session.context().config()["num_kv_heads"]
+        layers = session.context().config()["num_layers"]
     assert out.shape == (1, 406)
     assert stats["select_calls"] == 5 * 3
     # A decode step attends in the library (pq_decode_attend, timed as a
@@ -139,6 +140,8 @@ def test_every_selector_runs_generate(selector):
         assert capacity > 4 + 16 + topk
     elif selector == "adakv":  # a head may take the others' budget beyond their safeguard
         assert capacity == 4 + 16 + min(405 - 20, heads * topk - (heads - 1) * int(0.2 * topk))
+    elif selector == "zigzagkv":  # a layer may take the others' budget beyond their floor
+        assert capacity == 4 + 16 + min(405 - 20, round(0.2 * topk + 0.8 * topk * layers))
     else:
         assert capacity == 4 + 16 + topk  # sinks + top-k + local: a subset of the 405
 

@@ -89,6 +89,7 @@ pub const PQ_SELECTOR_SCISSORHANDS: pq_selector = 11;
 pub const PQ_SELECTOR_KEYFORMER: pq_selector = 12;
 pub const PQ_SELECTOR_CLUSTERKV: pq_selector = 13;
 pub const PQ_SELECTOR_ADAKV: pq_selector = 14;
+pub const PQ_SELECTOR_ZIGZAGKV: pq_selector = 15;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -253,6 +254,8 @@ c_struct! {
         pub keyformer_tau_step: f32,
         pub cluster_count: i32,
         pub adakv_safeguard: f32,
+        pub zigzag_mass: f32,
+        pub zigzag_floor: f32,
     }
 }
 

@@ -66,6 +66,7 @@ c_enum! {
         Keyformer = sys::PQ_SELECTOR_KEYFORMER,
         ClusterKv = sys::PQ_SELECTOR_CLUSTERKV,
         AdaKv = sys::PQ_SELECTOR_ADAKV,
+        ZigZagKv = sys::PQ_SELECTOR_ZIGZAGKV,
     }
 }
 
@@ -279,6 +280,10 @@ impl Config {
         cluster_count: i32;
         /// AdaKV: the share of k each kv head keeps of its own top tokens (default 0.2).
         adakv_safeguard: f32;
+        /// ZigZagKV: the share of a head's attention mass its minimum budget covers (default 0.9).
+        zigzag_mass: f32;
+        /// ZigZagKV: each layer's floor, as a share of the mean budget (default 0.2).
+        zigzag_floor: f32;
     }
 }
 

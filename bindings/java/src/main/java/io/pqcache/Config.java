@@ -308,6 +308,16 @@ public final class Config {
       return set(c -> c.setAdakv_safeguard(share));
     }
 
+    /** ZigZagKV: the share of a kv head's attention mass its minimum budget covers, in (0, 1]; default 0.9. */
+    public Builder zigzagMass(float share) {
+      return set(c -> c.setZigzag_mass(share));
+    }
+
+    /** ZigZagKV: each layer's floor, as a share of the mean budget, in [0, 1]; default 0.2. */
+    public Builder zigzagFloor(float share) {
+      return set(c -> c.setZigzag_floor(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

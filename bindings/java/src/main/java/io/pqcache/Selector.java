@@ -16,7 +16,8 @@ public enum Selector {
   SCISSORHANDS(11),
   KEYFORMER(12),
   CLUSTERKV(13),
-  ADAKV(14);
+  ADAKV(14),
+  ZIGZAGKV(15);
 
   private final int code;
 
