@@ -231,7 +231,16 @@ typedef enum pq_selector {
    * pq_prefill_queries on every layer before any select (PQ_ERR_BAD_STATE
    * names the layers missing); each layer's count is in
    * pq_selection.counts, and the capacity allows the largest share. */
-  PQ_SELECTOR_ZIGZAGKV = 15
+  PQ_SELECTOR_ZIGZAGKV = 15,
+  /* PyramidInfer (added in 0.7): layer l keeps a subset of what layer l - 1
+   * kept, chosen by layer l - 1's prompt attention (the observation
+   * window's rows, averaged over all heads, newer rows weighted up to 1.2),
+   * with budgets k_l proportional to the share r_0 ... r_(l-1) of the
+   * authors' cosine schedule r_j from 1 down to pyramidinfer_decay (mean k
+   * over layers). Every kv head of a layer keeps the same tokens. Needs
+   * pq_prefill_queries on layers 0 to l - 1 before layer l selects
+   * (PQ_ERR_BAD_STATE names the layers missing). */
+  PQ_SELECTOR_PYRAMIDINFER = 16
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -564,6 +573,10 @@ typedef struct pq_config {
    * the mean budget k, in [0, 1]; default 0.2. 1 gives SnapKV. (Added in
    * 0.7.) */
   float zigzag_floor;
+  /* PyramidInfer: the ratio r of its cosine schedule at the top layer (the
+   * authors' prefill_decay_ratio), in (0, 1]; default 0.9. 1 keeps every
+   * layer's budget k, still nested. (Added in 0.7.) */
+  float pyramidinfer_decay;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).

@@ -65,6 +65,7 @@ int main(void) {
   EXPECT(cfg.adakv_safeguard == 0.2f);
   EXPECT(cfg.zigzag_mass == 0.9f);
   EXPECT(cfg.zigzag_floor == 0.2f);
+  EXPECT(cfg.pyramidinfer_decay == 0.9f);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

@@ -78,6 +78,7 @@
   X(pq_config, adakv_safeguard) \
   X(pq_config, zigzag_mass) \
   X(pq_config, zigzag_floor) \
+  X(pq_config, pyramidinfer_decay) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

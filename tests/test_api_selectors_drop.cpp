@@ -259,7 +259,7 @@ TEST(SelectorsDrop, BookkeepingAndDeterminism) {
 // only once generated tokens outnumber k (AdaKV did: the fuzzer's
 // adakv-generated-over-head-capacity) fails here, and under ASan in CI.
 TEST(SelectorsDrop, LongDecodeKeepsEveryRowValid) {
-  for (int32_t selector = 0; selector <= PQ_SELECTOR_ZIGZAGKV; ++selector) {  // every one
+  for (int32_t selector = 0; selector <= PQ_SELECTOR_PYRAMIDINFER; ++selector) {  // every one
     SCOPED_TRACE("selector " + std::to_string(selector));
     pq_config c = base_config(selector, 1, 4, 2);
     c.topk_tokens = 12;
@@ -863,6 +863,168 @@ TEST(ZigZagKv, ForkAndTruncateKeepEachSequencesOwnBudgets) {
     Sel sel = new_sel(whole, l, c);
     PQ_ASSERT_OK(select(whole, l, c, &sel));
     EXPECT_EQ(sel.counts[0], 4 + 16 + want[static_cast<size_t>(l)]) << "layer " << l;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// PyramidInfer
+// ---------------------------------------------------------------------------
+
+// PyramidInfer's prompt score of one layer, in double: the softmax of each
+// window row (causal) over every query head, row i weighted 1 + 0.2 i /
+// (w - 1), averaged over rows and heads; one score per token for the layer.
+std::vector<double> pyramidinfer_scores(const std::vector<float>& keys, int64_t P,
+                                        const std::vector<float>& queries, int64_t w,
+                                        const pq_config& c) {
+  const int32_t G = c.num_q_heads / c.num_kv_heads, d = c.head_dim;
+  std::vector<double> s(static_cast<size_t>(P), 0.0);
+  for (int64_t i = 0; i < w; ++i) {
+    const int64_t lim = P - w + i;
+    const double weight = w > 1 ? 1.0 + 0.2 * i / (w - 1) : 1.0;
+    for (int32_t q = 0; q < c.num_q_heads; ++q) {
+      const float* qv = queries.data() + (static_cast<size_t>(i) * c.num_q_heads + q) * d;
+      const int32_t h = q / G;
+      std::vector<double> l(static_cast<size_t>(lim + 1));
+      for (int64_t t = 0; t <= lim; ++t) {
+        const float* kv = keys.data() + (static_cast<size_t>(t) * c.num_kv_heads + h) * d;
+        double dot = 0;
+        for (int32_t e = 0; e < d; ++e) dot += static_cast<double>(qv[e]) * kv[e];
+        l[static_cast<size_t>(t)] = dot / std::sqrt(static_cast<double>(d));
+      }
+      const double mx = *std::max_element(l.begin(), l.end());
+      double sum = 0;
+      for (double v : l) sum += std::exp(v - mx);
+      for (int64_t t = 0; t <= lim; ++t)
+        s[static_cast<size_t>(t)] += weight * std::exp(l[static_cast<size_t>(t)] - mx) / sum;
+    }
+  }
+  for (double& v : s) v /= static_cast<double>(w) * c.num_q_heads;
+  return s;
+}
+
+// k_l = round(k L f_l / sum f), f_l = r_0 ... r_(l-1), r_j the cosine schedule.
+std::vector<int64_t> pyramidinfer_budgets(int64_t k, int32_t L, double decay, int64_t middle) {
+  std::vector<double> f;
+  double x = 1.0, sum = 0.0;
+  for (int32_t j = 0; j < L; ++j) {
+    f.push_back(x);
+    sum += x;
+    x *= (1.0 - decay) * (std::cos(M_PI * j / L) + 1.0) / 2.0 + decay;
+  }
+  std::vector<int64_t> out;
+  for (double v : f) out.push_back(std::min<int64_t>(middle, std::llround(k * L * v / sum)));
+  return out;
+}
+
+struct PyramidInferCase {
+  static constexpr int64_t P = 200, k = 30, w = 8;
+  pq_config c = base_config(PQ_SELECTOR_PYRAMIDINFER, 4, 4, 2);
+  std::vector<Data> data;  // per layer: its own keys and window queries
+  PyramidInferCase() {
+    c.topk_tokens = static_cast<int32_t>(k);
+    c.observation_window = static_cast<int32_t>(w);
+    for (int32_t l = 0; l < c.num_layers; ++l) data.push_back(make_data(c, P, w, 50 + l));
+  }
+  void prefill_all(pq_context* ctx) const {
+    for (int32_t l = 0; l < c.num_layers; ++l)
+      PQ_ASSERT_OK(prefill(ctx, l, c, data[static_cast<size_t>(l)].keys, 0, P));
+  }
+  void queries(pq_context* ctx, int32_t l) const {
+    PQ_ASSERT_OK(prefill_queries(ctx, l, c, data[static_cast<size_t>(l)].queries, w));
+  }
+};
+
+TEST(PyramidInfer, KeepsNestedSubsetsChosenByTheLayerBelow) {
+  PyramidInferCase z;
+  for (float decay : {0.9f, 0.5f, 1.f}) {
+    SCOPED_TRACE("decay " + std::to_string(decay));
+    pq_config c = z.c;
+    c.pyramidinfer_decay = decay;
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    PyramidInferCase zc = z;
+    zc.c = c;
+    zc.prefill_all(ctx);
+    for (int32_t l : {3, 1, 0, 2}) zc.queries(ctx, l);  // any order
+    Bounds b = bounds(z.P, c);
+    const int64_t middle = b.local_begin - b.sink_end;
+    const std::vector<int64_t> want_k = pyramidinfer_budgets(z.k, 4, decay, middle);
+    if (decay == 1.f) {
+      EXPECT_EQ(want_k, std::vector<int64_t>(4, z.k));
+    } else {
+      // r_0 = 1: layer 0's pruning keeps all, so layers 0 and 1 hold alike.
+      EXPECT_EQ(want_k[1], want_k[0]);
+      for (int32_t l = 2; l < 4; ++l) EXPECT_LT(want_k[l], want_k[l - 1]);
+      EXPECT_NEAR(static_cast<double>(want_k[0] + want_k[1] + want_k[2] + want_k[3]), 4.0 * z.k, 2.0);
+    }
+    std::vector<int32_t> kept;  // K_(l-1), positions
+    for (int32_t p = static_cast<int32_t>(b.sink_end); p < b.local_begin; ++p) kept.push_back(p);
+    for (int32_t l = 0; l < 4; ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l));
+      const Data& by = z.data[static_cast<size_t>(l == 0 ? 0 : l - 1)];
+      const std::vector<double> s = pyramidinfer_scores(by.keys, z.P, by.queries, z.w, c);
+      std::vector<double> sub;
+      for (int32_t p : kept) sub.push_back(s[static_cast<size_t>(p)]);
+      ASSERT_TRUE(no_near_tie_at_boundary(sub, want_k[static_cast<size_t>(l)]));
+      std::vector<int32_t> next;
+      for (int32_t i : pqt::topk_positions(sub, 0, want_k[static_cast<size_t>(l)]))
+        next.push_back(kept[static_cast<size_t>(i)]);
+      kept = next;
+      EXPECT_EQ(pqt::selection_capacity(ctx, kSeq, l), 4 + 16 + want_k[static_cast<size_t>(l)]);
+      Sel sel = new_sel(ctx, l, c);
+      PQ_ASSERT_OK(select(ctx, l, c, &sel));
+      for (int32_t h = 0; h < 2; ++h) EXPECT_EQ(middle_of(sel.row(h), b), kept) << "head " << h;
+    }
+  }
+  for (float bad : {0.f, -0.1f, 1.5f, NAN}) {
+    pq_config c = z.c;
+    c.pyramidinfer_decay = bad;
+    pq_context* ctx = nullptr;
+    EXPECT_TRUE(pqt::IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"pyramidinfer_decay"}));
+  }
+}
+
+// Layer l reads the prompt scores of the layers below (layer 0 its own): a
+// select before they have them is BAD_STATE naming them; a fork selects as
+// its parent; generated tokens are kept first in every layer.
+TEST(PyramidInfer, NeedsTheLayersBelowAndKeepsGeneratedTokens) {
+  PyramidInferCase z;
+  Ctx ctx(z.c);
+  ASSERT_TRUE(ctx.ok());
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  z.prefill_all(ctx);
+  z.queries(ctx, 2);
+  Sel s0 = new_sel(ctx, 0, z.c), s3 = new_sel(ctx, 3, z.c);
+  EXPECT_TRUE(pqt::IsError(select(ctx, 0, z.c, &s0), PQ_ERR_BAD_STATE, {"layers 0 have no"}));
+  EXPECT_TRUE(pqt::IsError(select(ctx, 3, z.c, &s3), PQ_ERR_BAD_STATE,
+                           {"layers 0, 1 have no pq_prefill_queries", "pyramidinfer"}));
+  z.queries(ctx, 0);
+  PQ_ASSERT_OK(select(ctx, 0, z.c, &s0));
+  Sel s1 = new_sel(ctx, 1, z.c);
+  PQ_ASSERT_OK(select(ctx, 1, z.c, &s1));  // needs layer 0 only
+  z.queries(ctx, 1);
+  PQ_ASSERT_OK(select(ctx, 3, z.c, &s3));
+  PQ_ASSERT_OK(pq_sequence_fork(ctx, kSeq, kSeq + 1));
+  std::vector<float> q = pqt::random_normal(static_cast<size_t>(z.c.num_q_heads) * z.c.head_dim, 1);
+  pqt::HostTensor qt = pqt::make_tensor(q, 1, z.c.num_q_heads, z.c.head_dim, z.c.dtype);
+  Sel child(z.c.num_kv_heads, pqt::selection_capacity(ctx, kSeq + 1, 3));
+  PQ_ASSERT_OK(pq_decode_select(ctx, kSeq + 1, 3, qt.get(), child.get()));
+  EXPECT_EQ(child.positions, s3.positions);
+  // 40 generated tokens on every layer: the 24 that left the local window
+  // are kept in every layer (the top layer's budget is larger than 24).
+  Data gen = make_data(z.c, z.P + 40, 1, 77);
+  for (int64_t n = z.P; n < z.P + 40; ++n)
+    for (int32_t l = 0; l < 4; ++l) PQ_ASSERT_OK(append(ctx, l, z.c, gen.keys, n));
+  const int64_t n = z.P + 40;
+  Bounds b = bounds(n, z.c);
+  for (int32_t l = 0; l < 4; ++l) {
+    Sel sel = new_sel(ctx, l, z.c);
+    PQ_ASSERT_OK(select(ctx, l, z.c, &sel));
+    const std::vector<int32_t> mid = middle_of(sel.row(1), b);
+    for (int64_t p = z.P; p < b.local_begin; ++p)
+      EXPECT_TRUE(std::binary_search(mid.begin(), mid.end(), static_cast<int32_t>(p)))
+          << "layer " << l << " left out generated token " << p;
   }
 }
 

@@ -43,6 +43,7 @@ const (
 	SelectorClusterKV    Selector = 13
 	SelectorAdaKV        Selector = 14
 	SelectorZigZagKV     Selector = 15
+	SelectorPyramidInfer Selector = 16
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -171,6 +172,8 @@ type Config struct {
 	ZigZagMass float32
 	// ZigZagFloor: each layer's floor, as a share of the mean budget.
 	ZigZagFloor float32
+	// PyramidInferDecay: the ratio of PyramidInfer's cosine schedule at the top layer.
+	PyramidInferDecay float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -240,12 +243,13 @@ func configFromC(cc pqswig.Pq_config) Config {
 		PQRebuildShare: cc.GetPq_rebuild_share(),
 		HistoryWindow:  cc.GetHistory_window(),
 
-		KeyformerTau:     cc.GetKeyformer_tau(),
-		KeyformerTauStep: cc.GetKeyformer_tau_step(),
-		ClusterCount:     cc.GetCluster_count(),
-		AdaKVSafeguard:   cc.GetAdakv_safeguard(),
-		ZigZagMass:       cc.GetZigzag_mass(),
-		ZigZagFloor:      cc.GetZigzag_floor(),
+		KeyformerTau:      cc.GetKeyformer_tau(),
+		KeyformerTauStep:  cc.GetKeyformer_tau_step(),
+		ClusterCount:      cc.GetCluster_count(),
+		AdaKVSafeguard:    cc.GetAdakv_safeguard(),
+		ZigZagMass:        cc.GetZigzag_mass(),
+		ZigZagFloor:       cc.GetZigzag_floor(),
+		PyramidInferDecay: cc.GetPyramidinfer_decay(),
 	}
 }
 
@@ -324,6 +328,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetAdakv_safeguard(c.AdaKVSafeguard)
 	cc.SetZigzag_mass(c.ZigZagMass)
 	cc.SetZigzag_floor(c.ZigZagFloor)
+	cc.SetPyramidinfer_decay(c.PyramidInferDecay)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -88,6 +88,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorClusterKV", int(SelectorClusterKV), int(pqswig.PQ_SELECTOR_CLUSTERKV)},
 		{"SelectorAdaKV", int(SelectorAdaKV), int(pqswig.PQ_SELECTOR_ADAKV)},
 		{"SelectorZigZagKV", int(SelectorZigZagKV), int(pqswig.PQ_SELECTOR_ZIGZAGKV)},
+		{"SelectorPyramidInfer", int(SelectorPyramidInfer), int(pqswig.PQ_SELECTOR_PYRAMIDINFER)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

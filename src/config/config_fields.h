@@ -64,4 +64,5 @@
   INT(cluster_count, 400, 1, 1 << 16)                                        \
   REAL(adakv_safeguard, 0.2f, 0.0, 1.0, false)                               \
   REAL(zigzag_mass, 0.9f, 0.0, 1.0, true)                                    \
-  REAL(zigzag_floor, 0.2f, 0.0, 1.0, false)
+  REAL(zigzag_floor, 0.2f, 0.0, 1.0, false)                                 \
+  REAL(pyramidinfer_decay, 0.9f, 0.0, 1.0, true)

@@ -59,15 +59,7 @@ Regions ContextShared::regions(int64_t n, int32_t layer) const {
   r.sink_end = std::min<int64_t>(config.sink_tokens, n);
   r.mid_end = std::max(r.sink_end, n - static_cast<int64_t>(config.local_tokens));
   const int64_t middle = r.mid_end - r.sink_end;
-  if (config.topk_tokens > 0) {
-    r.k = std::min<int64_t>(config.topk_tokens, middle);
-  } else {
-    // ceil, forgiving the float representation of the fraction (0.2f is a
-    // hair above 0.2, and 0.2 * 1000 must give 200, not 201).
-    const double want =
-        std::ceil(static_cast<double>(config.topk_fraction) * middle * (1.0 - 1e-6));
-    r.k = std::min<int64_t>(middle, static_cast<int64_t>(want));
-  }
+  r.k = configured_k(config, middle);
   r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector->budget(r.k, middle, layer, config)));
   r.k_mean = r.k;
   r.k = std::max(r.k_mean, std::min<int64_t>(middle, selector->head_capacity(r.k_mean, middle, config)));

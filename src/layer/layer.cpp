@@ -187,12 +187,13 @@ void Layer::update_mirrors() {
   index_bytes_mirror_.store(build_.index() ? build_.index()->bytes() : 0);
 }
 
-void Layer::publish_selector_weight() {
-  if (!shared_.selector->reads_layer_weights()) return;
-  selector_weight_mirror_.store(selector_state_
-                                    ? shared_.selector->layer_weight(selector_state_.get(),
-                                                                     shared_.config)
-                                    : std::numeric_limits<double>::quiet_NaN());
+void Layer::publish_share() {
+  if (!shared_.selector->reads_layer_shares()) return;
+  std::shared_ptr<LayerShare> share =
+      selector_state_ ? shared_.selector->layer_share(selector_state_.get(), shared_.config)
+                      : nullptr;
+  if (share) share->version = ++share_version_;
+  std::atomic_store(&share_mirror_, std::shared_ptr<const LayerShare>(std::move(share)));
 }
 
 }  // namespace pq

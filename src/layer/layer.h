@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cstdint>
 #include <future>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,10 +65,10 @@ class Layer {
   void info(pq_layer_info* out);
   void codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, uint64_t seq_id);
   void centroids(int32_t kv_head, float* out, uint64_t seq_id);
-  // The selector's weight of this layer as last published (lock-free; NaN
-  // until it has one): what a selector that reads_layer_weights() reads of
-  // the other layers.
-  double selector_weight() const { return selector_weight_mirror_.load(); }
+  // What the selector's state of this layer shares with the sequence's other
+  // layers, as last published (layer_share.h; lock-free; null until it has
+  // something to share).
+  std::shared_ptr<const LayerShare> share() const { return std::atomic_load(&share_mirror_); }
   // Adds this layer's sizes to statistics (lock-free mirrors).
   void add_sizes(pq_stats* out) const;
 
@@ -97,7 +96,7 @@ class Layer {
     std::optional<LayerSelection> request;  // refers to this layer: valid under its lock
     std::vector<int32_t> middle;            // [kv_heads][k], chosen by the selector
     std::vector<int32_t> head_counts;       // [kv_heads]: entries of each head's row of middle
-    std::vector<double> layer_weights;      // [num_layers], for a selector that reads them
+    LayerShares layer_shares;               // for a selector that reads them
     uint64_t bytes = 0;                     // what the selector read to choose it
   };
   std::mutex& mutex() { return mutex_; }
@@ -209,9 +208,9 @@ class Layer {
   void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
                       const pq_tensor& out_values, uint64_t rows, void* stream);
   void update_mirrors();
-  // Recomputes selector_weight() from the selector's state, after the state
-  // changed other than by appends (which leave the weight as it was).
-  void publish_selector_weight();
+  // Publishes share() anew from the selector's state, after the state
+  // changed other than by appends (which leave what it shares as it was).
+  void publish_share();
 
   ContextShared& shared_;
   const int32_t layer_index_;
@@ -243,7 +242,8 @@ class Layer {
   std::atomic<uint64_t> kv_bytes_mirror_{0};
   std::atomic<uint64_t> charged_bytes_mirror_{0};
   std::atomic<uint64_t> index_bytes_mirror_{0};
-  std::atomic<double> selector_weight_mirror_{std::numeric_limits<double>::quiet_NaN()};
+  std::shared_ptr<const LayerShare> share_mirror_;  // std::atomic_load/store only
+  uint64_t share_version_ = 0;
 };
 
 }  // namespace pq

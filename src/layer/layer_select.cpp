@@ -74,15 +74,15 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   s.k_mean = r.k_mean;
   s.head_counts = prepared.head_counts.data();
   s.prefill_tokens = prefill_tokens_;
-  if (selector.reads_layer_weights()) {
+  if (selector.reads_layer_shares()) {
     if (seq.layers == nullptr || static_cast<int32_t>(seq.layers->size()) != shared_.config.num_layers)
       fail(PQ_ERR_INTERNAL, std::string("selector ") + selector.name() +
-                                " reads every layer's weight, and the call did not pass the "
+                                " reads every layer's share, and the call did not pass the "
                                 "sequence's layers");
-    prepared.layer_weights.resize(seq.layers->size());
+    prepared.layer_shares.resize(seq.layers->size());
     for (size_t l = 0; l < seq.layers->size(); ++l)
-      prepared.layer_weights[l] = (*seq.layers)[l]->selector_weight();
-    s.layer_weights = prepared.layer_weights.data();
+      prepared.layer_shares[l] = (*seq.layers)[l]->share();
+    s.layer_shares = &prepared.layer_shares;
   }
 }
 
@@ -142,7 +142,7 @@ void Layer::prefill_queries(const std::vector<float>& queries, int64_t w, uint64
   require_kv(seq_id, "pq_prefill_queries");
   shared_.selector->observe_queries(selector_state_.get(), store_, queries.data(), w,
                                     shared_.config);
-  publish_selector_weight();
+  publish_share();
 }
 
 void Layer::observe(const pq_selection* sel, const float* probs, uint64_t seq_id) {

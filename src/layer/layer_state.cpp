@@ -82,7 +82,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   if (selector_state_) selector_state_->truncate(tokens);
   reset_cache_and_device(seq.stream);
   update_mirrors();
-  publish_selector_weight();
+  publish_share();
 }
 
 // ---------------------------------------------------------------------------
@@ -112,7 +112,7 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   prefill_tokens_ = parent.prefill_tokens_;
   reset_cache_and_device(nullptr);
   update_mirrors();
-  publish_selector_weight();
+  publish_share();
 }
 
 // ---------------------------------------------------------------------------
@@ -299,7 +299,7 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   selector_state_ = std::move(selector_state);
   awaiting_kv_ = n > 0;
   update_mirrors();
-  publish_selector_weight();
+  publish_share();
   if (image.keys_values.present()) fill_kv(image.keys_values, seq);
 }
 

@@ -85,6 +85,15 @@ void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
   }
 }
 
+// Loaded scores that are sums of attention probabilities: finite and >= 0
+// (a NaN would break the top-k's order), else PQ_ERR_CORRUPT naming `what`.
+inline void check_attention_scores(ByteReader& in, const std::vector<float>& s, const char* what) {
+  for (size_t t = 0; t < s.size(); ++t)
+    if (!(s[t] >= 0.f && s[t] < std::numeric_limits<float>::infinity()))
+      in.corrupt(std::string("the ") + what + " of token " + std::to_string(t) + " is " +
+                 number_text(s[t]) + "; expected a finite value >= 0");
+}
+
 struct PromptScores {
   static constexpr uint64_t kBytesPerToken = sizeof(float);  // per kv head
   // score[kv_head][t] for the prompt tokens t < prompt_tokens.
@@ -121,11 +130,7 @@ struct PromptScores {
       if (static_cast<int64_t>(s.size()) != prompt_tokens)
         in.corrupt("a kv head has " + std::to_string(s.size()) + " prompt scores; expected " +
                    std::to_string(prompt_tokens));
-      // Sums of attention probabilities: a NaN would break the top-k's order.
-      for (size_t t = 0; t < s.size(); ++t)
-        if (!(s[t] >= 0.f && s[t] < std::numeric_limits<float>::infinity()))
-          in.corrupt("the prompt score of token " + std::to_string(t) + " is " +
-                     number_text(s[t]) + "; expected a finite value >= 0");
+      check_attention_scores(in, s, "prompt score");
     }
   }
 

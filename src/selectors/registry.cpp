@@ -25,6 +25,8 @@ const std::vector<SelectorInfo>& selector_registry() {
       {PQ_SELECTOR_CLUSTERKV, "clusterkv", "PQ_SELECTOR_CLUSTERKV", make_clusterkv_selector},
       {PQ_SELECTOR_ADAKV, "adakv", "PQ_SELECTOR_ADAKV", make_adakv_selector},
       {PQ_SELECTOR_ZIGZAGKV, "zigzagkv", "PQ_SELECTOR_ZIGZAGKV", make_zigzagkv_selector},
+      {PQ_SELECTOR_PYRAMIDINFER, "pyramidinfer", "PQ_SELECTOR_PYRAMIDINFER",
+       make_pyramidinfer_selector},
   };
   return registry;
 }

@@ -12,6 +12,7 @@
 #include "backend/layer_context.h"
 #include "base/scratch.h"
 #include "pq/pq_index.h"
+#include "selectors/layer_share.h"
 #include "store/kv_store.h"
 
 namespace pq {
@@ -36,8 +37,8 @@ struct LayerSelection {
   int32_t* head_counts = nullptr;    // [kv_heads], each k; a selector whose heads take
                                      // different numbers (at most k) writes them here
   int64_t prefill_tokens = 0;        // of the layer's tokens, those pq_prefill_layer gave
-  const double* layer_weights = nullptr;  // [num_layers] when the selector reads_layer_weights():
-                                          // each layer's layer_weight() (NaN: none yet)
+  const LayerShares* layer_shares = nullptr;  // every layer's, when the selector
+                                             // reads_layer_shares()
 
   // The request of kv head h, working in `scratch`.
   SelectionRequest head(int32_t h, SelectScratch& scratch) const;

@@ -8,9 +8,10 @@
 // fails when one is missed.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "pq/pq_index.h"
 #include "base/scratch.h"
 #include "base/thread_pool.h"
+#include "selectors/layer_share.h"
 #include "selectors/selection_request.h"
 
 namespace pq {
@@ -135,15 +137,14 @@ class Selector {
   // (AdaKV), which then writes each head's count to
   // LayerSelection::head_counts. It sizes the selection (at least k).
   virtual int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const { return k; }
-  // Whether the selection of a layer reads every layer's weight
-  // (LayerSelection::layer_weights): a budget shared across layers
-  // (ZigZagKV). layer_weight() says what a layer's state gives; the layer
-  // publishes it when its state changes (pq_prefill_queries, a truncate,
-  // fork or restore), so that a select reads the others without their locks.
-  virtual bool reads_layer_weights() const { return false; }
-  // NaN while the state has nothing to give (no pq_prefill_queries yet).
-  virtual double layer_weight(const SelectorState* state, const pq_config& c) const {
-    return std::numeric_limits<double>::quiet_NaN();
+  // Whether the selection of a layer reads what every layer of the sequence
+  // shares (LayerSelection::layer_shares, layer_share.h): ZigZagKV,
+  // PyramidInfer. layer_share() makes a layer's share from its state, or
+  // null while it has nothing to share (no pq_prefill_queries yet).
+  virtual bool reads_layer_shares() const { return false; }
+  virtual std::shared_ptr<LayerShare> layer_share(const SelectorState* state,
+                                                  const pq_config& c) const {
+    return nullptr;
   }
   // Per-(sequence, layer) state, or null if the selector keeps none.
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
@@ -176,6 +177,17 @@ class Selector {
   static bool select_without_scoring(const SelectionRequest& r, int32_t* out);
 };
 
+// The configured budget of a middle of `middle` tokens, per kv head, before
+// a selector's budget() varies it by layer: topk_tokens, or topk_fraction of
+// the middle rounded up, at most the middle.
+inline int64_t configured_k(const pq_config& c, int64_t middle) {
+  if (c.topk_tokens > 0) return std::min<int64_t>(c.topk_tokens, middle);
+  // ceil, forgiving the float representation of the fraction (0.2f is a
+  // hair above 0.2, and 0.2 * 1000 must give 200, not 201).
+  const double want = std::ceil(static_cast<double>(c.topk_fraction) * middle * (1.0 - 1e-6));
+  return std::min<int64_t>(middle, static_cast<int64_t>(want));
+}
+
 // The built-in selectors, once: their pq_selector value, names and factory.
 // make_selector and the validation of config.selector read it.
 struct SelectorInfo {
@@ -206,5 +218,6 @@ std::unique_ptr<Selector> make_keyformer_selector();
 std::unique_ptr<Selector> make_clusterkv_selector();
 std::unique_ptr<Selector> make_adakv_selector();
 std::unique_ptr<Selector> make_zigzagkv_selector();
+std::unique_ptr<Selector> make_pyramidinfer_selector();
 
 }  // namespace pq

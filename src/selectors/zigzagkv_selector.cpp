@@ -30,6 +30,7 @@
 // holds the largest share, min(middle, round(floor + (k - floor) * L)).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,12 +66,13 @@ class ZigZagKvSelector final : public PromptScoreSelector {
  public:
   const char* name() const override { return "zigzagkv"; }
 
-  bool reads_layer_weights() const override { return true; }
+  bool reads_layer_shares() const override { return true; }
 
-  // LMBA of the layer, over the middle of the prompt its scores cover.
-  double layer_weight(const SelectorState* state, const pq_config& c) const override {
+  // The layer's LMBA, over the middle of the prompt its scores cover.
+  std::shared_ptr<LayerShare> layer_share(const SelectorState* state,
+                                          const pq_config& c) const override {
     const auto* s = dynamic_cast<const PromptState*>(state);
-    if (s == nullptr || !s->prompt.ready()) return std::numeric_limits<double>::quiet_NaN();
+    if (s == nullptr || !s->prompt.ready()) return nullptr;
     const int64_t P = s->prompt.prompt_tokens;
     const int64_t begin = std::min<int64_t>(c.sink_tokens, P);
     const int64_t end = std::max(begin, P - static_cast<int64_t>(c.local_tokens));
@@ -78,7 +80,10 @@ class ZigZagKvSelector final : public PromptScoreSelector {
     double sum = 0.0;
     for (const std::vector<float>& head : s->prompt.score)
       sum += static_cast<double>(minimum_budget(head, begin, end, c.zigzag_mass, sorted));
-    return s->prompt.score.empty() ? 0.0 : sum / static_cast<double>(s->prompt.score.size());
+    auto share = std::make_shared<LayerShare>();
+    share->weight =
+        s->prompt.score.empty() ? 0.0 : sum / static_cast<double>(s->prompt.score.size());
+    return share;
   }
 
   int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const override {
@@ -89,15 +94,16 @@ class ZigZagKvSelector final : public PromptScoreSelector {
     PromptState& s = state_of<PromptState>(r.state, name());
     if (!s.prompt.ready()) fail_needs_prefill_queries(name(), r.context.layer);
     const int32_t layers = r.context.config.num_layers;
-    if (r.layer_weights == nullptr)
-      fail(PQ_ERR_INTERNAL, "zigzagkv: the selection has no layer weights");
+    if (r.layer_shares == nullptr || static_cast<int32_t>(r.layer_shares->size()) != layers)
+      fail(PQ_ERR_INTERNAL, "zigzagkv: the selection has no layer shares");
+    const LayerShares& shares = *r.layer_shares;
     std::string missing;
     double total = 0.0;
     for (int32_t l = 0; l < layers; ++l) {
-      if (std::isnan(r.layer_weights[l])) {
+      if (shares[l] == nullptr) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(l);
       } else {
-        total += r.layer_weights[l];
+        total += shares[l]->weight;
       }
     }
     if (!missing.empty())
@@ -108,7 +114,7 @@ class ZigZagKvSelector final : public PromptScoreSelector {
                " have no pq_prefill_queries yet; call it on every layer before "
                "pq_decode_select");
     const int64_t heads = r.context.kv_heads(), m = r.middle.size();
-    const double u = total > 0.0 ? r.layer_weights[r.context.layer] / total
+    const double u = total > 0.0 ? shares[r.context.layer]->weight / total
                                  : 1.0 / static_cast<double>(layers);
     int64_t k = std::min(share(r.k_mean, u, r.context.config), m);
     if (r.k_mean > 0) k = std::max<int64_t>(k, std::min<int64_t>(1, m));

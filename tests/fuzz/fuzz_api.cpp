@@ -484,7 +484,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 16);
+  c.selector = in.ConsumeIntegralInRange(-1, 17);
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
@@ -523,6 +523,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const float shares[] = {0.9f, 0.f, 1.f, 0.2f, -0.1f, 1.5f, NAN};
     c.zigzag_mass = shares[in.ConsumeIntegralInRange(0, 6)];
     c.zigzag_floor = shares[in.ConsumeIntegralInRange(0, 6)];
+  }
+  if (in.ConsumeBool()) {  // PyramidInfer
+    const float ratios[] = {0.9f, 0.f, 1.f, 0.5f, -0.1f, 1.5f, NAN};
+    c.pyramidinfer_decay = ratios[in.ConsumeIntegralInRange(0, 6)];
   }
 
   pq_status st = pq_create(&c, &s.ctx);

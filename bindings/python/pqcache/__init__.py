@@ -75,6 +75,7 @@ SELECTORS = {
     "keyformer": _c.PQ_SELECTOR_KEYFORMER, "clusterkv": _c.PQ_SELECTOR_CLUSTERKV,
     "adakv": _c.PQ_SELECTOR_ADAKV,
     "zigzagkv": _c.PQ_SELECTOR_ZIGZAGKV,
+    "pyramidinfer": _c.PQ_SELECTOR_PYRAMIDINFER,
 }
 GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
                "mean": _c.PQ_GQA_MEAN}

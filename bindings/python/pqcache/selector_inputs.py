@@ -1,9 +1,9 @@
 """What some selectors need from the caller besides keys, values and the query.
 
-- SnapKV, PyramidKV, SCOPE, AdaKV and ZigZagKV score the prompt once from its
-  last queries (the observation window): pass them with
-  Context.prefill_queries after the layer's prefill (ZigZagKV shares its
-  budget across layers: every layer's before any select). Keyformer takes
+- SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV and PyramidInfer score the prompt
+  once from its last queries (the observation window): pass them with
+  Context.prefill_queries after the layer's prefill (ZigZagKV and
+  PyramidInfer decide across layers: every layer's before any select). Keyformer takes
   them as its first step (a Gumbel softmax of each window row).
 - H2O, SCOPE, Scissorhands and Keyformer learn from the attention the model
   paid: pass it after every decode step with Context.observe_attention (for
@@ -21,12 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv",
-                                    "zigzagkv"})
+                                    "zigzagkv", "pyramidinfer"})
 ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer"})
-# Selectors whose budget is shared across layers by what every layer's
-# prompt queries say (ZigZagKV): a select fails until each layer of the
-# context had its pq_prefill_queries.
-LAYER_SHARING_SELECTORS = frozenset({"zigzagkv"})
+# Selectors whose choice in one layer depends on the other layers' prompt
+# queries (ZigZagKV's budgets, PyramidInfer's nested sets): a select fails
+# until those layers of the context had their pq_prefill_queries.
+LAYER_SHARING_SELECTORS = frozenset({"zigzagkv", "pyramidinfer"})
 
 
 def selector_name(selector) -> str:

@@ -136,7 +136,7 @@ def test_every_selector_runs_generate(selector):
     if selector == "pq":
         assert info["index_ready"] == 1 and info["coded_tokens"] > 0
     topk = math.ceil(0.2 * (405 - 4 - 16))
-    if selector == "pyramidkv":  # the bottom layer gets the pyramid's largest budget
+    if selector in ("pyramidkv", "pyramidinfer"):  # the bottom layer gets the largest budget
         assert capacity > 4 + 16 + topk
     elif selector == "adakv":  # a head may take the others' budget beyond their safeguard
         assert capacity == 4 + 16 + min(405 - 20, heads * topk - (heads - 1) * int(0.2 * topk))

@@ -90,6 +90,7 @@ pub const PQ_SELECTOR_KEYFORMER: pq_selector = 12;
 pub const PQ_SELECTOR_CLUSTERKV: pq_selector = 13;
 pub const PQ_SELECTOR_ADAKV: pq_selector = 14;
 pub const PQ_SELECTOR_ZIGZAGKV: pq_selector = 15;
+pub const PQ_SELECTOR_PYRAMIDINFER: pq_selector = 16;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -256,6 +257,7 @@ c_struct! {
         pub adakv_safeguard: f32,
         pub zigzag_mass: f32,
         pub zigzag_floor: f32,
+        pub pyramidinfer_decay: f32,
     }
 }
 

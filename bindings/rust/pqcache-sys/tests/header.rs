@@ -202,6 +202,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_SELECTOR_CLUSTERKV,
         PQ_SELECTOR_ADAKV,
         PQ_SELECTOR_ZIGZAGKV,
+        PQ_SELECTOR_PYRAMIDINFER,
         PQ_GQA_SUM_SOFTMAX,
         PQ_GQA_MAX,
         PQ_GQA_MEAN,

@@ -67,6 +67,7 @@ c_enum! {
         ClusterKv = sys::PQ_SELECTOR_CLUSTERKV,
         AdaKv = sys::PQ_SELECTOR_ADAKV,
         ZigZagKv = sys::PQ_SELECTOR_ZIGZAGKV,
+        PyramidInfer = sys::PQ_SELECTOR_PYRAMIDINFER,
     }
 }
 
@@ -284,6 +285,8 @@ impl Config {
         zigzag_mass: f32;
         /// ZigZagKV: each layer's floor, as a share of the mean budget (default 0.2).
         zigzag_floor: f32;
+        /// PyramidInfer: the ratio of its cosine schedule at the top layer (default 0.9).
+        pyramidinfer_decay: f32;
     }
 }
 

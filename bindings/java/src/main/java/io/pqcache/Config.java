@@ -318,6 +318,11 @@ public final class Config {
       return set(c -> c.setZigzag_floor(share));
     }
 
+    /** PyramidInfer: the ratio of its cosine schedule at the top layer, in (0, 1]; default 0.9. */
+    public Builder pyramidinferDecay(float ratio) {
+      return set(c -> c.setPyramidinfer_decay(ratio));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -17,7 +17,8 @@ public enum Selector {
   KEYFORMER(12),
   CLUSTERKV(13),
   ADAKV(14),
-  ZIGZAGKV(15);
+  ZIGZAGKV(15),
+  PYRAMIDINFER(16);
 
   private final int code;
 

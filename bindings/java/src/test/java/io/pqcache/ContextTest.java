@@ -137,6 +137,7 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_CLUSTERKV, Selector.CLUSTERKV.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_ADAKV, Selector.ADAKV.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_ZIGZAGKV, Selector.ZIGZAGKV.code());
+    assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_PYRAMIDINFER, Selector.PYRAMIDINFER.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_H2O, Selector.H2O.code());
     assertEquals(io.pqcache.swig.pq_gqa_combine.PQ_GQA_MEAN, GqaCombine.MEAN.code());
     assertEquals(io.pqcache.swig.pq_kmeans_init.PQ_KMEANS_INIT_KMEANSPP,
@@ -148,6 +149,6 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
-    assertEquals(Selector.values().length, 16);
+    assertEquals(Selector.values().length, 17);
   }
 }
