@@ -5,7 +5,10 @@
 // it in one process, in rounds that alternate which goes first, and the
 // report is the median time and the median of the per-round ratios, with
 // the load average. PQ and ClusterKV (no observation; select only) are
-// timed the same way for scale.
+// timed the same way for scale. ZigZagKV and PyramidInfer read the other
+// layers' shares: they are timed at the top layer of a 30-layer context
+// (PyramidInfer's nesting makes that layer the dearest), against H2O at the
+// same depth (every step appends to all layers and selects the top one).
 //
 //   bench_selectors [--lengths 8192,32768] [--rounds 15]
 #include <algorithm>
@@ -30,15 +33,17 @@ constexpr int32_t kQHeads = 8, kKvHeads = 2, kDim = 64;
 
 void check(pq_status s, const char* what) { pqbench::check_status("bench_selectors", s, what); }
 
-// One sequence of one layer under a selector, fed as a server would: the
-// prompt, its window queries, one observation of every prompt token, then
-// a decode step per call of step().
+// One sequence under a selector, fed as a server would: the prompt of every
+// layer, its window queries, one observation of every prompt token of the
+// top layer, then a decode step per call of step() (a token appended to
+// every layer, the top layer observed and selected).
 class Stepper {
  public:
-  Stepper(int32_t selector, int64_t tokens, uint32_t seed) : rng_(seed) {
+  Stepper(int32_t selector, int64_t tokens, uint32_t seed, int32_t layers = 1)
+      : rng_(seed), layers_(layers), top_(layers - 1) {
     pq_config c;
     pq_config_default(&c);
-    c.num_layers = 1;
+    c.num_layers = layers;
     c.num_q_heads = kQHeads;
     c.num_kv_heads = kKvHeads;
     c.head_dim = kDim;
@@ -54,14 +59,17 @@ class Stepper {
     pq_tensor k;
     check(pq_tensor_init(&k, kv.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, tokens, kKvHeads, kDim),
           "tensor");
-    check(pq_prefill_layer(ctx_, 1, 0, &k, &k), "pq_prefill_layer");
+    for (int32_t l = 0; l < layers; ++l)
+      check(pq_prefill_layer(ctx_, 1, l, &k, &k), "pq_prefill_layer");
     check(pq_wait_builds(ctx_), "pq_wait_builds");
     std::vector<float> window(32 * kQHeads * kDim);
-    for (float& x : window) x = normal(rng_);
     pq_tensor w;
     check(pq_tensor_init(&w, window.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 32, kQHeads, kDim),
           "tensor");
-    check(pq_prefill_queries(ctx_, 1, 0, &w), "pq_prefill_queries");
+    for (int32_t l = 0; l < layers; ++l) {  // each layer its own window queries
+      for (float& x : window) x = normal(rng_);
+      check(pq_prefill_queries(ctx_, 1, l, &w), "pq_prefill_queries");
+    }
     // One observation of the whole prompt (the seed H2O and Scissorhands take).
     std::vector<int32_t> all(static_cast<size_t>(tokens) * kKvHeads), counts(kKvHeads, static_cast<int32_t>(tokens));
     std::vector<float> probs(all.size());
@@ -71,9 +79,9 @@ class Stepper {
         probs[static_cast<size_t>(h * tokens + t)] = std::uniform_real_distribution<float>(0.f, 2.f / tokens)(rng_);
       }
     pq_selection everything{all.data(), counts.data(), tokens};
-    check(pq_observe_attention(ctx_, 1, 0, &everything, probs.data()), "pq_observe_attention");
+    check(pq_observe_attention(ctx_, 1, top_, &everything, probs.data()), "pq_observe_attention");
     int64_t cap = 0;
-    check(pq_selection_capacity_for(ctx_, 0, tokens + 1, &cap), "capacity");
+    check(pq_selection_capacity_for(ctx_, top_, tokens + 1, &cap), "capacity");
     positions_.resize(static_cast<size_t>(cap) * kKvHeads);
     counts_.resize(kKvHeads);
     probs_.resize(positions_.size());
@@ -92,26 +100,27 @@ class Stepper {
   void step() {
     std::uniform_real_distribution<float> unif(0.f, 1.f);
     for (float& p : probs_) p = unif(rng_);
-    if (counts_[0] > 0) check(pq_observe_attention(ctx_, 1, 0, &sel_, probs_.data()), "observe");
+    if (counts_[0] > 0) check(pq_observe_attention(ctx_, 1, top_, &sel_, probs_.data()), "observe");
     std::normal_distribution<float> normal;
     for (float& x : one_) x = normal(rng_);
     for (float& x : query_) x = normal(rng_);
     pq_tensor k, q;
     check(pq_tensor_init(&k, one_.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kKvHeads, kDim), "t");
-    check(pq_decode_append(ctx_, 1, 0, &k, &k), "pq_decode_append");
+    for (int32_t l = 0; l < layers_; ++l) check(pq_decode_append(ctx_, 1, l, &k, &k), "pq_decode_append");
     check(pq_tensor_init(&q, query_.data(), PQ_DTYPE_F32, PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kDim), "t");
     int64_t cap = 0;
-    check(pq_selection_capacity(ctx_, 1, 0, &cap), "capacity");
+    check(pq_selection_capacity(ctx_, 1, top_, &cap), "capacity");
     if (cap > sel_.capacity) {
       positions_.resize(static_cast<size_t>(cap) * kKvHeads);
       probs_.resize(positions_.size());
       sel_ = {positions_.data(), counts_.data(), cap};
     }
-    check(pq_decode_select(ctx_, 1, 0, &q, &sel_), "pq_decode_select");
+    check(pq_decode_select(ctx_, 1, top_, &q, &sel_), "pq_decode_select");
   }
 
  private:
   std::mt19937 rng_;
+  const int32_t layers_, top_;
   pq_context* ctx_ = nullptr;
   std::vector<int32_t> positions_, counts_;
   std::vector<float> probs_, query_, one_;
@@ -133,18 +142,24 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--lengths")) lengths = parse_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
   }
-  const std::vector<std::pair<const char*, int32_t>> rivals = {
-      {"scissorhands", PQ_SELECTOR_SCISSORHANDS}, {"keyformer", PQ_SELECTOR_KEYFORMER},
-      {"snapkv", PQ_SELECTOR_SNAPKV},             {"adakv", PQ_SELECTOR_ADAKV},
-      {"clusterkv", PQ_SELECTOR_CLUSTERKV},       {"pq", PQ_SELECTOR_PQ}};
+  struct Rival {
+    const char* name;
+    int32_t selector;
+    int32_t layers;  // the top one is timed
+  };
+  const std::vector<Rival> rivals = {
+      {"scissorhands", PQ_SELECTOR_SCISSORHANDS, 1}, {"keyformer", PQ_SELECTOR_KEYFORMER, 1},
+      {"snapkv", PQ_SELECTOR_SNAPKV, 1},             {"adakv", PQ_SELECTOR_ADAKV, 1},
+      {"clusterkv", PQ_SELECTOR_CLUSTERKV, 1},       {"pq", PQ_SELECTOR_PQ, 1},
+      {"zigzagkv/30", PQ_SELECTOR_ZIGZAGKV, 30},     {"pyramidinfer/30", PQ_SELECTOR_PYRAMIDINFER, 30}};
   double load[3] = {0, 0, 0};
-  std::printf("# one layer, %d q heads, %d kv heads, head_dim %d, f32, 1 worker thread\n", kQHeads,
-              kKvHeads, kDim);
-  std::printf("%-8s %-13s %12s %12s %10s\n", "tokens", "selector", "step (us)", "h2o (us)",
+  std::printf("# one layer (name/L: the top of L layers), %d q heads, %d kv heads, head_dim %d, "
+              "f32, 1 worker thread\n", kQHeads, kKvHeads, kDim);
+  std::printf("%-8s %-17s %12s %12s %10s\n", "tokens", "selector", "step (us)", "h2o (us)",
               "ratio");
   for (int64_t n : lengths) {
-    for (const auto& [name, selector] : rivals) {
-      Stepper base(PQ_SELECTOR_H2O, n, 7), other(selector, n, 7);
+    for (const Rival& rival : rivals) {
+      Stepper base(PQ_SELECTOR_H2O, n, 7, rival.layers), other(rival.selector, n, 7, rival.layers);
       std::vector<double> a, b, ratio;
       for (int r = 0; r < rounds; ++r) {
         const bool base_first = r % 2 == 0;
@@ -155,7 +170,7 @@ int main(int argc, char** argv) {
         b.push_back(tb);
         ratio.push_back(to / tb);
       }
-      std::printf("%-8lld %-13s %12.1f %12.1f %10.2f\n", static_cast<long long>(n), name,
+      std::printf("%-8lld %-17s %12.1f %12.1f %10.2f\n", static_cast<long long>(n), rival.name,
                   1e6 * median(a), 1e6 * median(b), median(ratio));
     }
   }

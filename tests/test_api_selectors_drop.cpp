@@ -2,11 +2,13 @@
 // than from the current query: H2O, SCOPE, SnapKV, PyramidKV and Scissorhands. Public API
 // only; the expectations (softmax over the observation window, pooling,
 // accumulated mass, budget schedules) are recomputed here.
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "api_test_util.h"
 
@@ -1025,6 +1027,36 @@ TEST(PyramidInfer, NeedsTheLayersBelowAndKeepsGeneratedTokens) {
     for (int64_t p = z.P; p < b.local_begin; ++p)
       EXPECT_TRUE(std::binary_search(mid.begin(), mid.end(), static_cast<int32_t>(p)))
           << "layer " << l << " left out generated token " << p;
+  }
+}
+
+// Layers publish their shares while others select (a server's threads may
+// run layers of one sequence concurrently): every select succeeds with a
+// share from before or after, never a torn one (TSan runs this in CI).
+TEST(LayerShares, PublishedWhileOtherLayersSelect) {
+  for (int32_t selector : {PQ_SELECTOR_ZIGZAGKV, PQ_SELECTOR_PYRAMIDINFER}) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    PyramidInferCase z;
+    z.c.selector = selector;
+    Ctx ctx(z.c);
+    ASSERT_TRUE(ctx.ok());
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    z.prefill_all(ctx);
+    for (int32_t l = 0; l < 4; ++l) z.queries(ctx, l);
+    std::atomic<int> failures{0};
+    std::thread feeder([&] {
+      for (int round = 0; round < 20; ++round)
+        for (int32_t l = 0; l < 4; ++l)
+          if (prefill_queries(ctx, l, z.c, z.data[static_cast<size_t>(l)].queries, z.w) != PQ_OK)
+            ++failures;
+    });
+    for (int round = 0; round < 20; ++round)
+      for (int32_t l = 3; l >= 0; --l) {
+        Sel sel = new_sel(ctx, l, z.c);
+        if (select(ctx, l, z.c, &sel) != PQ_OK) ++failures;
+      }
+    feeder.join();
+    EXPECT_EQ(failures.load(), 0) << pq_last_error();
   }
 }
 

@@ -192,7 +192,6 @@ void Layer::publish_share() {
   std::shared_ptr<LayerShare> share =
       selector_state_ ? shared_.selector->layer_share(selector_state_.get(), shared_.config)
                       : nullptr;
-  if (share) share->version = ++share_version_;
   std::atomic_store(&share_mirror_, std::shared_ptr<const LayerShare>(std::move(share)));
 }
 

@@ -243,7 +243,6 @@ class Layer {
   std::atomic<uint64_t> charged_bytes_mirror_{0};
   std::atomic<uint64_t> index_bytes_mirror_{0};
   std::shared_ptr<const LayerShare> share_mirror_;  // std::atomic_load/store only
-  uint64_t share_version_ = 0;
 };
 
 }  // namespace pq

@@ -75,7 +75,8 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   s.head_counts = prepared.head_counts.data();
   s.prefill_tokens = prefill_tokens_;
   if (selector.reads_layer_shares()) {
-    if (seq.layers == nullptr || static_cast<int32_t>(seq.layers->size()) != shared_.config.num_layers)
+    if (seq.layers == nullptr ||
+        static_cast<int32_t>(seq.layers->size()) != shared_.config.num_layers)
       fail(PQ_ERR_INTERNAL, std::string("selector ") + selector.name() +
                                 " reads every layer's share, and the call did not pass the "
                                 "sequence's layers");

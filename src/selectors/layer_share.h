@@ -17,8 +17,9 @@ namespace pq {
 
 struct LayerShare {
   double weight = std::numeric_limits<double>::quiet_NaN();  // ZigZagKV: the layer's LMBA
-  std::vector<float> scores;  // PyramidInfer: the layer's score of each prompt token
-  uint64_t version = 0;       // set by the layer: another value with each publication
+  // PyramidInfer: the layer's score of each prompt token (the state's own
+  // vector, which is never changed once made: shared, not copied).
+  std::shared_ptr<const std::vector<float>> scores;
 };
 
 // Every layer's share, [num_layers]; null where a layer has none yet.

@@ -57,17 +57,20 @@ struct PyramidInferState final : CopyableState<PyramidInferState> {
   explicit PyramidInferState(int32_t l) : layer(l) {}
   int32_t layer;
   int64_t prompt_tokens = -1;  // tokens stored at the last pq_prefill_queries
-  std::vector<float> score;    // per prompt token, shared by the layer's heads
+  // Per prompt token, for all the layer's heads. Never changed once made (a
+  // truncate makes another), so that the layer's share and a fork's state
+  // hold the same vector instead of copies.
+  std::shared_ptr<const std::vector<float>> score = std::make_shared<std::vector<float>>();
 
   bool ready() const { return prompt_tokens >= 0; }
   void truncate(int64_t tokens) override {
     if (prompt_tokens <= tokens) return;
     prompt_tokens = tokens;
-    score.resize(static_cast<size_t>(tokens));
+    score = std::make_shared<std::vector<float>>(score->begin(), score->begin() + tokens);
   }
   void save(ByteWriter& out) const override {
     out.put<int64_t>(prompt_tokens);
-    out.put_vector(score);
+    out.put_vector(*score);
   }
   void load(ByteReader& in, int64_t tokens, const pq_config&) override {
     prompt_tokens = in.get<int64_t>("pyramidinfer: prompt tokens");
@@ -75,11 +78,13 @@ struct PyramidInferState final : CopyableState<PyramidInferState> {
       in.corrupt("pyramidinfer scores cover " + std::to_string(prompt_tokens) +
                  " tokens; the layer holds " + std::to_string(tokens));
     const uint64_t want = ready() ? static_cast<uint64_t>(prompt_tokens) : 0;
-    score = in.get_vector<float>("pyramidinfer scores", want);
-    if (score.size() != want)
-      in.corrupt("pyramidinfer has " + std::to_string(score.size()) + " scores; expected " +
+    auto loaded =
+        std::make_shared<std::vector<float>>(in.get_vector<float>("pyramidinfer scores", want));
+    if (loaded->size() != want)
+      in.corrupt("pyramidinfer has " + std::to_string(loaded->size()) + " scores; expected " +
                  std::to_string(want));
-    check_attention_scores(in, score, "pyramidinfer score");
+    check_attention_scores(in, *loaded, "pyramidinfer score");
+    score = std::move(loaded);
   }
 };
 
@@ -134,9 +139,10 @@ class PyramidInferSelector final : public Selector {
       });
     }
     const double norm = 1.0 / (static_cast<double>(w) * c.num_q_heads);
-    s.score.resize(static_cast<size_t>(P));
+    auto score = std::make_shared<std::vector<float>>(static_cast<size_t>(P));
     for (int64_t t = 0; t < P; ++t)
-      s.score[static_cast<size_t>(t)] = static_cast<float>(sum[static_cast<size_t>(t)] * norm);
+      (*score)[static_cast<size_t>(t)] = static_cast<float>(sum[static_cast<size_t>(t)] * norm);
+    s.score = std::move(score);
     s.prompt_tokens = P;
   }
 
@@ -154,7 +160,7 @@ class PyramidInferSelector final : public Selector {
     const auto* s = dynamic_cast<const PyramidInferState*>(state);
     if (s == nullptr || !s->ready()) return nullptr;
     auto share = std::make_shared<LayerShare>();
-    share->scores = s->score;
+    share->scores = s->score;  // the same vector, not a copy
     return share;
   }
 
@@ -181,18 +187,21 @@ class PyramidInferSelector final : public Selector {
     SelectScratch& scratch = *lease;
     std::vector<int32_t>& kept = scratch.candidates;  // K_j, ascending positions
     kept.resize(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) kept[static_cast<size_t>(i)] = static_cast<int32_t>(r.middle.begin + i);
+    for (int64_t i = 0; i < m; ++i)
+      kept[static_cast<size_t>(i)] = static_cast<int32_t>(r.middle.begin + i);
     std::vector<float>& buf = scratch.combined;
     std::vector<int32_t> chosen;
     for (int32_t j = 0; j <= layer; ++j) {
       const int64_t kj = std::min<int64_t>(budget(configured_k(c, m), m, j, c),
                                            static_cast<int64_t>(kept.size()));
       const LayerShare& by = *shares[static_cast<size_t>(j == 0 ? 0 : j - 1)];
-      const int64_t n = static_cast<int64_t>(kept.size()), scored = static_cast<int64_t>(by.scores.size());
+      const std::vector<float>& scores = *by.scores;
+      const int64_t n = static_cast<int64_t>(kept.size());
+      const int64_t scored = static_cast<int64_t>(scores.size());
       buf.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         const int32_t p = kept[static_cast<size_t>(i)];
-        buf[static_cast<size_t>(i)] = p < scored ? by.scores[static_cast<size_t>(p)]
+        buf[static_cast<size_t>(i)] = p < scored ? scores[static_cast<size_t>(p)]
                                                  : std::numeric_limits<float>::infinity();
       }
       chosen.resize(static_cast<size_t>(kj));
