@@ -240,7 +240,20 @@ typedef enum pq_selector {
    * over layers). Every kv head of a layer keeps the same tokens. Needs
    * pq_prefill_queries on layers 0 to l - 1 before layer l selects
    * (PQ_ERR_BAD_STATE names the layers missing). */
-  PQ_SELECTOR_PYRAMIDINFER = 16
+  PQ_SELECTOR_PYRAMIDINFER = 16,
+  /* FastGen (added in 0.7): a policy per kv head, chosen at
+   * pq_prefill_queries from the observation window's attention: the first
+   * of special tokens, + punctuation, + heavy hitters, + a recent window,
+   * full whose kept share of the window's attention (sinks and the local
+   * window counted) reaches fastgen_recovery. The heavy hitters are
+   * ceil(k / 2) middle tokens by accumulated attention (the window's
+   * column sums, then pq_observe_attention; dropped for good once left
+   * out), the recent window the newest k - ceil(k / 2) middle tokens.
+   * Needs pq_sequence_token_classes (before pq_prefill_queries) and
+   * pq_prefill_queries; heads take different numbers of tokens (in
+   * pq_selection.counts; a full head keeps the whole middle, so the
+   * capacity is the middle). */
+  PQ_SELECTOR_FASTGEN = 17
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -577,6 +590,11 @@ typedef struct pq_config {
    * authors' prefill_decay_ratio), in (0, 1]; default 0.9. 1 keeps every
    * layer's budget k, still nested. (Added in 0.7.) */
   float pyramidinfer_decay;
+  /* FastGen: the share of the observation window's attention a kv head's
+   * policy must keep (the recovery ratio T), in (0, 1]; default 0.9
+   * (cold-compress's default). 1 keeps the whole middle unless a policy
+   * recovers all of it. (Added in 0.7.) */
+  float fastgen_recovery;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -1162,6 +1180,34 @@ PQ_API pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id,
                                       int32_t layer,
                                       const pq_selection* selection,
                                       const float* probs);
+
+/* What a token is, for selectors that keep tokens by kind (FastGen): bit
+ * flags, one byte per token. */
+typedef enum pq_token_class {
+  PQ_TOKEN_PLAIN = 0,
+  /* A special token of the tokenizer (<s>, [INST], <start_of_turn>, ...). */
+  PQ_TOKEN_SPECIAL = 1,
+  /* A token made only of punctuation and white space (".", ":\n", ...). */
+  PQ_TOKEN_PUNCTUATION = 2
+} pq_token_class;
+
+/* The classes (pq_token_class flags) of the sequence's tokens at positions
+ * first .. first + count - 1, for every layer; a later call replaces what
+ * an earlier one said of a position. A token never described is
+ * PQ_TOKEN_PLAIN. first may be at most the tokens stored in the sequence's
+ * fullest layer, so a token's class may come before its K/V (give the
+ * prompt's before pq_prefill_queries: FastGen profiles its heads there).
+ * Classes follow the tokens through pq_sequence_truncate, pq_sequence_fork
+ * and the saved state. Selectors other than FastGen ignore them (PQ_OK,
+ * after the same checks). Errors: PQ_ERR_INVALID_ARGUMENT (first or count
+ * negative, first past the stored tokens, classes NULL with count > 0, a
+ * value with a bit other than the flags above, naming its index),
+ * PQ_ERR_NOT_FOUND (sequence), PQ_ERR_OUT_OF_MEMORY. Threading: must not
+ * race with pq_sequence_truncate, fork or restore of seq_id; other calls
+ * on it may run concurrently (each layer takes its lock in turn). */
+PQ_API pq_status pq_sequence_token_classes(pq_context* ctx, uint64_t seq_id,
+                                           int64_t first, int64_t count,
+                                           const uint8_t* classes);
 
 /* ------------------------------------------------------------------------ */
 /* Index introspection                                                      */

@@ -66,6 +66,7 @@ int main(void) {
   EXPECT(cfg.zigzag_mass == 0.9f);
   EXPECT(cfg.zigzag_floor == 0.2f);
   EXPECT(cfg.pyramidinfer_decay == 0.9f);
+  EXPECT(cfg.fastgen_recovery == 0.9f);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

@@ -79,6 +79,7 @@
   X(pq_config, zigzag_mass) \
   X(pq_config, zigzag_floor) \
   X(pq_config, pyramidinfer_decay) \
+  X(pq_config, fastgen_recovery) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

@@ -44,6 +44,7 @@ const (
 	SelectorAdaKV        Selector = 14
 	SelectorZigZagKV     Selector = 15
 	SelectorPyramidInfer Selector = 16
+	SelectorFastGen      Selector = 17
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -174,6 +175,8 @@ type Config struct {
 	ZigZagFloor float32
 	// PyramidInferDecay: the ratio of PyramidInfer's cosine schedule at the top layer.
 	PyramidInferDecay float32
+	// FastGenRecovery: the share of the window's attention a FastGen head's policy keeps.
+	FastGenRecovery float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -250,6 +253,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 		ZigZagMass:        cc.GetZigzag_mass(),
 		ZigZagFloor:       cc.GetZigzag_floor(),
 		PyramidInferDecay: cc.GetPyramidinfer_decay(),
+		FastGenRecovery:   cc.GetFastgen_recovery(),
 	}
 }
 
@@ -329,6 +333,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetZigzag_mass(c.ZigZagMass)
 	cc.SetZigzag_floor(c.ZigZagFloor)
 	cc.SetPyramidinfer_decay(c.PyramidInferDecay)
+	cc.SetFastgen_recovery(c.FastGenRecovery)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

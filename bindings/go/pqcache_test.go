@@ -89,6 +89,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorAdaKV", int(SelectorAdaKV), int(pqswig.PQ_SELECTOR_ADAKV)},
 		{"SelectorZigZagKV", int(SelectorZigZagKV), int(pqswig.PQ_SELECTOR_ZIGZAGKV)},
 		{"SelectorPyramidInfer", int(SelectorPyramidInfer), int(pqswig.PQ_SELECTOR_PYRAMIDINFER)},
+		{"SelectorFastGen", int(SelectorFastGen), int(pqswig.PQ_SELECTOR_FASTGEN)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

@@ -138,6 +138,8 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
 
 /* pq_observe_attention's probabilities: a direct buffer as well. */
 %apply void* DIRECT_BUFFER { const float* probs };
+/* pq_sequence_token_classes' classes: a direct buffer of count bytes. */
+%apply void* DIRECT_BUFFER { const uint8_t* classes };
 /* pq_index_codes / pq_index_centroids outputs, and pq_decode_attend's out
  * and out_lse (a null out_lse is NULL: no log-sum-exp). */
 %apply void* DIRECT_BUFFER { uint8_t* out, float* out, float* out_lse };

@@ -719,6 +719,23 @@ PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids
   PyBuffer_Release(&view$argnum);
 }
 
+/* pq_sequence_token_classes: the classes from one contiguous buffer of
+ * uint8 (numpy uint8, bytes, bytearray), which also gives their count. */
+%typemap(in) (int64_t count, const uint8_t* classes) (Py_buffer view = {0}) {
+  if (pq_py_get_buffer($input, "classes", 0, &view) != 0) SWIG_fail;
+  if (view.itemsize != 1 || !PyBuffer_IsContiguous(&view, 'C')) {
+    PyErr_Format(PyExc_TypeError, "classes: expected contiguous uint8 values, got format '%s'",
+                 view.format ? view.format : "B");
+    PyBuffer_Release(&view);
+    SWIG_fail;
+  }
+  $1 = (int64_t)view.len;
+  $2 = ($2_ltype)view.buf;
+}
+%typemap(freearg) (int64_t count, const uint8_t* classes) {
+  PyBuffer_Release(&view$argnum);
+}
+
 /* --- pq_decode_attend: out [q_heads][head_dim], out_lse [q_heads] or None -- */
 /* The sizes are checked here rather than in a check typemap, which would
  * also apply to pq_index_centroids' float* out (its in typemap is the

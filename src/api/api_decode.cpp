@@ -92,6 +92,12 @@ pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id, int32_t layer,
   });
 }
 
+pq_status pq_sequence_token_classes(pq_context* ctx, uint64_t seq_id, int64_t first,
+                                    int64_t count, const uint8_t* classes) {
+  return guarded_on(ctx, __func__,
+                    [&] { ctx_of(ctx).token_classes(seq_id, first, count, classes); });
+}
+
 pq_status pq_layer_info_get(const pq_context* ctx, uint64_t seq_id, int32_t layer,
                             pq_layer_info* out) {
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).layer_info(seq_id, layer, out); });

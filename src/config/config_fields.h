@@ -65,4 +65,5 @@
   REAL(adakv_safeguard, 0.2f, 0.0, 1.0, false)                               \
   REAL(zigzag_mass, 0.9f, 0.0, 1.0, true)                                    \
   REAL(zigzag_floor, 0.2f, 0.0, 1.0, false)                                 \
-  REAL(pyramidinfer_decay, 0.9f, 0.0, 1.0, true)
+  REAL(pyramidinfer_decay, 0.9f, 0.0, 1.0, true)                             \
+  REAL(fastgen_recovery, 0.9f, 0.0, 1.0, true)

@@ -118,6 +118,8 @@ class Layer {
   // pq_observe_attention, on the copied selection (call_args.h) and probs
   // laid out as its rows.
   void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
+  // pq_sequence_token_classes, checked: this layer's share of it.
+  void token_classes(int64_t first, int64_t count, const uint8_t* classes);
 
   // --- attention (layer_attend.cpp) ---------------------------------------
   // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].

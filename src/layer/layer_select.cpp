@@ -158,4 +158,12 @@ void Layer::observe(const pq_selection* sel, const float* probs, uint64_t seq_id
                                         probs + h * sel->capacity, sel->counts[h]);
 }
 
+void Layer::token_classes(int64_t first, int64_t count, const uint8_t* classes) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Classes may come before the layer's first K/V.
+  if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
+  shared_.selector->observe_token_classes(selector_state_.get(), first, count, classes);
+}
+
 }  // namespace pq

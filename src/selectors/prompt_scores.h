@@ -85,6 +85,18 @@ void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
   }
 }
 
+// Adds weight * softmax(logits[0, n)) to out[0, n), in double: one window
+// row's attention (SnapKV's sum: weight 1; PyramidInfer's rows weighted by
+// recency; FastGen's profile).
+inline void add_softmax(const float* logits, int64_t n, double weight, double* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) mx = std::max(mx, logits[t]);
+  double total = 0.0;
+  for (int64_t t = 0; t < n; ++t) total += std::exp(static_cast<double>(logits[t]) - mx);
+  const double scale = weight / total;
+  for (int64_t t = 0; t < n; ++t) out[t] += std::exp(static_cast<double>(logits[t]) - mx) * scale;
+}
+
 // Loaded scores that are sums of attention probabilities: finite and >= 0
 // (a NaN would break the top-k's order), else PQ_ERR_CORRUPT naming `what`.
 inline void check_attention_scores(ByteReader& in, const std::vector<float>& s, const char* what) {
@@ -142,13 +154,7 @@ struct PromptScores {
     for (int32_t h = 0; h < c.num_kv_heads; ++h) {
       std::fill(raw.begin(), raw.end(), 0.0);
       for_each_window_row(store, queries, w, c, h, [&](int64_t, const float* l, int64_t n) {
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, l[t]);
-        double sum = 0.0;
-        for (int64_t t = 0; t < n; ++t) sum += std::exp(static_cast<double>(l[t]) - mx);
-        const double inv = 1.0 / sum;
-        for (int64_t t = 0; t < n; ++t)
-          raw[static_cast<size_t>(t)] += std::exp(static_cast<double>(l[t]) - mx) * inv;
+        add_softmax(l, n, 1.0, raw.data());
       });
       std::vector<float>& s = out[static_cast<size_t>(h)];
       s.resize(static_cast<size_t>(P));

@@ -129,13 +129,7 @@ class PyramidInferSelector final : public Selector {
       for_each_window_row(store, queries, w, c, h, [&](int64_t r, const float* l, int64_t n) {
         const int64_t i = r / group;
         const double weight = w > 1 ? 1.0 + 0.2 * static_cast<double>(i) / (w - 1) : 1.0;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, l[t]);
-        double total = 0.0;
-        for (int64_t t = 0; t < n; ++t) total += std::exp(static_cast<double>(l[t]) - mx);
-        const double scale = weight / total;
-        for (int64_t t = 0; t < n; ++t)
-          sum[static_cast<size_t>(t)] += std::exp(static_cast<double>(l[t]) - mx) * scale;
+        add_softmax(l, n, weight, sum.data());
       });
     }
     const double norm = 1.0 / (static_cast<double>(w) * c.num_q_heads);

@@ -27,6 +27,7 @@ const std::vector<SelectorInfo>& selector_registry() {
       {PQ_SELECTOR_ZIGZAGKV, "zigzagkv", "PQ_SELECTOR_ZIGZAGKV", make_zigzagkv_selector},
       {PQ_SELECTOR_PYRAMIDINFER, "pyramidinfer", "PQ_SELECTOR_PYRAMIDINFER",
        make_pyramidinfer_selector},
+      {PQ_SELECTOR_FASTGEN, "fastgen", "PQ_SELECTOR_FASTGEN", make_fastgen_selector},
   };
   return registry;
 }

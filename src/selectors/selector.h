@@ -164,6 +164,10 @@ class Selector {
   // pq_observe_attention for one kv head: probs[i] belongs to positions[i].
   virtual void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
                                  const float* probs, int64_t count) const {}
+  // pq_sequence_token_classes: the pq_token_class flags of positions
+  // [first, first + count), checked; first may pass the stored tokens.
+  virtual void observe_token_classes(SelectorState* state, int64_t first, int64_t count,
+                                     const uint8_t* classes) const {}
 
  protected:
   // Raw dot-product estimates, raw[g * middle + i] for query head g of the
@@ -219,5 +223,6 @@ std::unique_ptr<Selector> make_clusterkv_selector();
 std::unique_ptr<Selector> make_adakv_selector();
 std::unique_ptr<Selector> make_zigzagkv_selector();
 std::unique_ptr<Selector> make_pyramidinfer_selector();
+std::unique_ptr<Selector> make_fastgen_selector();
 
 }  // namespace pq

@@ -343,6 +343,28 @@ void Context::observe_attention(uint64_t id, int32_t layer, const pq_selection* 
   find(id)->layers[static_cast<size_t>(layer)]->observe(&s.view, p.data(), id);
 }
 
+void Context::token_classes(uint64_t id, int64_t first, int64_t count, const uint8_t* classes) {
+  if (first < 0) invalid("first is " + str(first) + "; positions start at 0");
+  if (count < 0) invalid("count is " + str(count) + "; expected >= 0");
+  if (classes == nullptr && count > 0) invalid("classes is NULL with count " + str(count));
+  constexpr uint8_t kKnown = PQ_TOKEN_SPECIAL | PQ_TOKEN_PUNCTUATION;
+  // Read once: the layers all get the bytes that were checked.
+  std::vector<uint8_t> copy(classes, classes + count);
+  for (int64_t i = 0; i < count; ++i)
+    if (copy[static_cast<size_t>(i)] & ~kKnown)
+      invalid("classes[" + str(i) + "] is " + str(static_cast<int>(copy[static_cast<size_t>(i)])) +
+              "; a class is PQ_TOKEN_PLAIN (0) or the flags PQ_TOKEN_SPECIAL (1) and "
+              "PQ_TOKEN_PUNCTUATION (2)");
+  std::shared_ptr<Sequence> seq = find(id);
+  int64_t stored = 0;
+  for (const auto& layer : seq->layers) stored = std::max(stored, layer->tokens());
+  if (first > stored)
+    invalid("first is " + str(first) + "; seq_id " + std::to_string(id) + " stores " +
+            str(stored) + " tokens in its fullest layer, and classes may describe those and "
+            "the tokens right after them, with no gap");
+  for (const auto& layer : seq->layers) layer->token_classes(first, count, copy.data());
+}
+
 // ---------------------------------------------------------------------------
 // Introspection and statistics
 // ---------------------------------------------------------------------------

@@ -108,6 +108,7 @@ class Context {
   void prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queries);
   void observe_attention(uint64_t id, int32_t layer, const pq_selection* selection,
                          const float* probs);
+  void token_classes(uint64_t id, int64_t first, int64_t count, const uint8_t* classes);
 
   void layer_info(uint64_t id, int32_t layer, pq_layer_info* out) const;
   void index_codes(uint64_t id, int32_t layer, int32_t kv_head, int64_t first, int64_t count,

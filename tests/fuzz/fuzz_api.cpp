@@ -349,6 +349,19 @@ void observe(FuzzedDataProvider& in, State& s) {
   check(pq_observe_attention(s.ctx, seq_id(in), layer_of(in, s.config), &sel, probs.data()));
 }
 
+// pq_sequence_token_classes: any first (the extremes too), a buffer of
+// count classes with some bits no class has.
+void token_classes(FuzzedDataProvider& in, State& s) {
+  const int64_t extremes[] = {0, 1, 80, std::numeric_limits<int64_t>::max(), -1};
+  const int64_t first = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 200)
+                                         : extremes[in.ConsumeIntegralInRange(0, 4)];
+  const int64_t count = in.ConsumeIntegralInRange<int64_t>(-1, 200);
+  std::vector<uint8_t> classes(static_cast<size_t>(std::max<int64_t>(count, 1)));
+  for (uint8_t& c : classes) c = in.ConsumeIntegralInRange<uint8_t>(0, in.ConsumeBool() ? 3 : 255);
+  check(pq_sequence_token_classes(s.ctx, seq_id(in), first, count,
+                                  in.ConsumeBool() ? classes.data() : nullptr));
+}
+
 void read_index(FuzzedDataProvider& in, State& s) {
   const pq_config& c = s.config;
   const int64_t extremes[] = {0, 1, 2, 255, std::numeric_limits<int64_t>::max(),
@@ -484,7 +497,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 17);
+  c.selector = in.ConsumeIntegralInRange(-1, 18);
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
@@ -528,6 +541,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const float ratios[] = {0.9f, 0.f, 1.f, 0.5f, -0.1f, 1.5f, NAN};
     c.pyramidinfer_decay = ratios[in.ConsumeIntegralInRange(0, 6)];
   }
+  if (in.ConsumeBool()) {  // FastGen
+    const float ratios[] = {0.9f, 0.f, 1.f, 0.3f, -0.1f, 1.5f, NAN};
+    c.fastgen_recovery = ratios[in.ConsumeIntegralInRange(0, 6)];
+  }
 
   pq_status st = pq_create(&c, &s.ctx);
   check(st);
@@ -536,7 +553,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (pq_subspaces and pq_bits 0 are chosen at pq_create).
   check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 15)) {
+    switch (in.ConsumeIntegralInRange(0, 16)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -559,6 +576,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 13: check(pq_sequence_fork(s.ctx, seq_id(in), seq_id(in))); break;
       case 14: save_and_restore(in, s); break;
+      case 15: token_classes(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
   }

@@ -56,7 +56,7 @@ from .device import DeviceSelection
 from .pqcache_swig import PQError
 
 __all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "version",
-           "SELECTORS",
+           "SELECTORS", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
            "STATUS_NAMES"]
 
@@ -76,7 +76,11 @@ SELECTORS = {
     "adakv": _c.PQ_SELECTOR_ADAKV,
     "zigzagkv": _c.PQ_SELECTOR_ZIGZAGKV,
     "pyramidinfer": _c.PQ_SELECTOR_PYRAMIDINFER,
+    "fastgen": _c.PQ_SELECTOR_FASTGEN,
 }
+# pq_token_class flags (Context.token_classes).
+TOKEN_PLAIN, TOKEN_SPECIAL, TOKEN_PUNCTUATION = (_c.PQ_TOKEN_PLAIN, _c.PQ_TOKEN_SPECIAL,
+                                                 _c.PQ_TOKEN_PUNCTUATION)
 GQA_COMBINE = {"sum_softmax": _c.PQ_GQA_SUM_SOFTMAX, "max": _c.PQ_GQA_MAX,
                "mean": _c.PQ_GQA_MEAN}
 BACKENDS = {"cpu": _c.PQ_BACKEND_CPU, "cuda": _c.PQ_BACKEND_CUDA, "auto": _c.PQ_BACKEND_AUTO}
@@ -369,6 +373,25 @@ class Context:
         """The prompt's last queries [tokens][q_heads][head_dim], for SnapKV,
         PyramidKV and SCOPE (other selectors ignore them)."""
         _c.pq_prefill_queries(self._ctx, seq, layer, _tensor_view(queries, layout))
+
+    def token_classes(self, seq: int, first: int, classes) -> None:
+        """The classes of the tokens at first, first + 1, ... (TOKEN_SPECIAL
+        and TOKEN_PUNCTUATION flags, one integer each), for every layer.
+        FastGen reads them: give the prompt's before prefill_queries (before
+        its K/V is fine too). Raises TypeError for values that are not
+        integers, ValueError for one outside 0..255, before the library
+        (which refuses unknown flags, naming the index)."""
+        values = np.asarray(classes)
+        if values.ndim != 1 or not (values.dtype.kind in "iub" or values.size == 0):
+            raise TypeError(f"classes: expected a 1-D sequence of integers, got dtype "
+                            f"{values.dtype} with {values.ndim} dimensions")
+        if values.dtype != np.uint8 and values.size:
+            bad = np.flatnonzero((values < 0) | (values > 255))
+            if bad.size:
+                raise ValueError(f"classes[{bad[0]}] is {values[bad[0]]}; a class is a byte of "
+                                 "TOKEN_SPECIAL | TOKEN_PUNCTUATION flags")
+        _c.pq_sequence_token_classes(self._ctx, seq, first,
+                                     np.ascontiguousarray(values, dtype=np.uint8))
 
     # --- selection and fetch ---------------------------------------------
 

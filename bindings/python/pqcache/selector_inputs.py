@@ -1,6 +1,9 @@
 """What some selectors need from the caller besides keys, values and the query.
 
-- SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV and PyramidInfer score the prompt
+- FastGen also needs each token's class (special, punctuation):
+  Context.token_classes with token_class_table(tokenizer)[ids], the
+  prompt's before its prefill_queries.
+- SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV, PyramidInfer and FastGen score the prompt
   once from its last queries (the observation window): pass them with
   Context.prefill_queries after the layer's prefill (ZigZagKV and
   PyramidInfer decide across layers: every layer's before any select). Keyformer takes
@@ -21,8 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv",
-                                    "zigzagkv", "pyramidinfer"})
-ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer"})
+                                    "zigzagkv", "pyramidinfer", "fastgen"})
+ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer", "fastgen"})
+# Selectors that keep tokens by class (special, punctuation): give the
+# prompt's classes (Context.token_classes) before its prefill_queries, and
+# each new token's as it comes; token_class_table makes them from a tokenizer.
+TOKEN_CLASS_SELECTORS = frozenset({"fastgen"})
 # Selectors whose choice in one layer depends on the other layers' prompt
 # queries (ZigZagKV's budgets, PyramidInfer's nested sets): a select fails
 # until those layers of the context had their pq_prefill_queries.
@@ -41,6 +48,29 @@ def selector_name(selector) -> str:
         if value == selector:
             return name
     raise ValueError(f"unknown selector value {selector!r}")
+
+
+def token_class_table(tokenizer) -> np.ndarray:
+    """pq_token_class flags for every id of a Hugging Face tokenizer, uint8
+    [len(tokenizer)]: TOKEN_SPECIAL for its special ids, TOKEN_PUNCTUATION
+    for a token that decodes to nothing but punctuation (string.punctuation)
+    and white space, as cold-compress's FastGen marks them. Index it with
+    token ids: token_class_table(tok)[ids]."""
+    import string
+
+    from . import TOKEN_PUNCTUATION, TOKEN_SPECIAL  # the package imports this module first
+
+    size = len(tokenizer)
+    table = np.zeros(size, np.uint8)
+    allowed = set(string.punctuation) | set(string.whitespace)
+    texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    for i, text in enumerate(texts):
+        if text and all(ch in allowed for ch in text):
+            table[i] = TOKEN_PUNCTUATION
+    special = [i for i in tokenizer.all_special_ids if 0 <= i < size]
+    table[special] = TOKEN_SPECIAL
+    return table
 
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:

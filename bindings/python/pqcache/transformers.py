@@ -72,7 +72,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import Context, SelectionResult
 from .selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS, PROMPT_QUERY_SELECTORS,
-                              selector_name)
+                              TOKEN_CLASS_SELECTORS, selector_name, token_class_table)
 
 __all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward",
            "model_key_rotary", "prompt_column_sums"]
@@ -210,12 +210,17 @@ class Session:
         model's rotary layout (see the module doc).
     chunk_mode: what a multi-token forward after the prompt is: "prefill"
         (default) or "decode" (every token selects; see the module doc).
+    tokenizer: the model's tokenizer, for selectors that keep tokens by
+        class (FastGen: special tokens, punctuation); required for them.
+        The Session reads each forward's input_ids (a hook on the input
+        embeddings) and gives the library their classes.
 
     Threading: a Session serves one forward at a time, like the model.
     """
 
     def __init__(self, model, *, rows: Optional[Sequence[dict]] = None,
-                 chunk_mode: str = "prefill", rope_pairs: Optional[bool] = None, **config):
+                 chunk_mode: str = "prefill", rope_pairs: Optional[bool] = None,
+                 tokenizer=None, **config):
         if chunk_mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode {chunk_mode!r}; expected one of {CHUNK_MODES}")
         if rows is not None and len(rows) == 0:
@@ -249,6 +254,16 @@ class Session:
             config["key_rotary"] = "half" if rope_pairs else "none"
         config.setdefault("key_rotary", model_key_rotary(text_config, head_dim))
         self._config = dict(config)
+        selectors = {selector_name(fields.get("selector", config.get("selector", "pq")))
+                     for fields in (rows if rows is not None else [config])}
+        classed = sorted(selectors & TOKEN_CLASS_SELECTORS)
+        if classed and tokenizer is None:
+            raise ValueError(f"selector {classed[0]} keeps special and punctuation tokens: pass "
+                             "the model's tokenizer (Session(model, tokenizer=tok, ...))")
+        # Token id -> pq_token_class, and the ids of the forward in progress.
+        self._class_table = token_class_table(tokenizer) if classed else None
+        self._input_ids: Optional[torch.Tensor] = None
+        self._ids_hook = None
         self._rows: List[_Row] = []
         self._shared: Optional[Context] = None
         self._per_row = rows is not None
@@ -272,6 +287,9 @@ class Session:
                          if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
         for m in self._modules:
             m._pqcache_session = self
+        if self._class_table is not None:
+            self._ids_hook = model.get_input_embeddings().register_forward_pre_hook(
+                self._record_ids, with_kwargs=True)
 
     # --- lifetime ----------------------------------------------------------
 
@@ -296,6 +314,9 @@ class Session:
             if getattr(m, "_pqcache_session", None) is self:
                 del m._pqcache_session
         self._modules = []
+        if self._ids_hook is not None:
+            self._ids_hook.remove()
+            self._ids_hook = None
         if self._contexts:
             self.model.set_attn_implementation(self._previous_attention)
         self._close_contexts()
@@ -360,6 +381,21 @@ class Session:
 
     # --- the attention function's work -----------------------------------
 
+    def _record_ids(self, module, args, kwargs):
+        ids = args[0] if args else kwargs.get("input")
+        self._input_ids = ids if torch.is_tensor(ids) else None
+
+    def _give_classes(self, row: _Row, b: int, start: int, tokens: int) -> None:
+        """The classes of this forward's tokens of batch row b (at the first
+        library layer, before its K/V: FastGen profiles at the prompt's
+        prefill_queries)."""
+        ids = self._input_ids
+        if ids is None or ids.shape[-1] != tokens:
+            raise ValueError(f"selector {row.selector} needs the token ids of every forward "
+                             "(the model was called without input_ids, e.g. with inputs_embeds)")
+        ids = ids[min(b, ids.shape[0] - 1)].detach().cpu().numpy()
+        row.ctx.token_classes(row.seq, start, self._class_table[ids])
+
     def _row_state(self, b: int) -> _Row:
         while b >= len(self._rows):
             if self._per_row:
@@ -416,6 +452,10 @@ class Session:
             else:
                 raise ValueError(f"layer {module.layer_idx}: the cache returned {key.shape[2]} "
                                  f"keys for {tokens} new tokens at position {held}")
+            if layer == 0 and self._class_table is not None:
+                for target in (self._rows if self._broadcast else [row]):
+                    if target.selector in TOKEN_CLASS_SELECTORS:
+                        self._give_classes(target, b, held, tokens)
             mask = None
             if attention_mask is not None:
                 mask = attention_mask[b:b + 1] if attention_mask.shape[0] > 1 else attention_mask

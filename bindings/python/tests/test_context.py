@@ -197,3 +197,34 @@ def test_attend_equals_softmax_over_the_fetched_rows(dtype):
         np.testing.assert_allclose(lse[:2], _attention_over(query, selection, k_out, v_out,
                                                             1 / np.sqrt(dim))[1][:2],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_fastgen_keeps_the_special_tokens_it_is_told_of():
+    """At a recovery ratio this low every kv head takes the special-token
+    policy: its middle is exactly the tokens token_classes marked special
+    (one given before the K/V, one after)."""
+    rng = np.random.default_rng(11)
+    n = 64
+    keys = rng.standard_normal((n, 2, 16)).astype(np.float32)
+    window = rng.standard_normal((8, 4, 16)).astype(np.float32)
+    with pqcache.Context(1, 4, 2, 16, "f32", selector="fastgen", fastgen_recovery=1e-6,
+                         local_tokens=16, topk_tokens=16) as ctx:
+        ctx.add_sequence(1)
+        classes = np.zeros(n, np.uint8)
+        classes[10] = pqcache.TOKEN_SPECIAL
+        ctx.token_classes(1, 0, classes)
+        ctx.prefill(1, 0, keys, keys)
+        ctx.token_classes(1, 30, [pqcache.TOKEN_SPECIAL | pqcache.TOKEN_PUNCTUATION])
+        ctx.prefill_queries(1, 0, window)
+        selection = ctx.select(1, 0, window[-1])
+        want = list(range(4)) + [10, 30] + list(range(n - 16, n))
+        for positions in selection.heads():
+            assert list(positions) == want
+        with pytest.raises(pqcache.PQError) as e:
+            ctx.token_classes(1, 0, [0, 3, 4])
+        assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+        assert "classes[2] is 4" in str(e.value)
+        with pytest.raises(ValueError, match=r"classes\[1\] is 300"):
+            ctx.token_classes(1, 0, [0, 300])
+        with pytest.raises(TypeError, match="integers"):
+            ctx.token_classes(1, 0, [0.5])

@@ -21,7 +21,8 @@ from transformers import (DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, Lla
 
 import pqcache  # noqa: E402
 import pqcache.transformers as pqt  # noqa: E402
-from pqcache.selector_inputs import ATTENTION_SELECTORS  # noqa: E402
+from pqcache.selector_inputs import (ATTENTION_SELECTORS, TOKEN_CLASS_SELECTORS,  # noqa: E402
+                                     token_class_table)
 
 VOCAB = 320
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -114,7 +115,9 @@ def test_only_global_layers_select_on_gemma3():
 def test_every_selector_runs_generate(selector):
     model = _model("llama")
     ids = _ids(400)
-    with pqt.Session(model, selector=selector, topk_fraction=0.2, **SMALL) as session:
+    tokenizer = _Tokenizer() if selector in TOKEN_CLASS_SELECTORS else None
+    with pqt.Session(model, selector=selector, topk_fraction=0.2, tokenizer=tokenizer,
+                     **SMALL) as session:
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=6, do_sample=False,
                                  past_key_values=session.cache())
@@ -140,10 +143,48 @@ def test_every_selector_runs_generate(selector):
         assert capacity > 4 + 16 + topk
     elif selector == "adakv":  # a head may take the others' budget beyond their safeguard
         assert capacity == 4 + 16 + min(405 - 20, heads * topk - (heads - 1) * int(0.2 * topk))
+    elif selector == "fastgen":  # a full-cache head keeps the whole middle
+        assert capacity == 405
     elif selector == "zigzagkv":  # a layer may take the others' budget beyond their floor
         assert capacity == 4 + 16 + min(405 - 20, round(0.2 * topk + 0.8 * topk * layers))
     else:
         assert capacity == 4 + 16 + topk  # sinks + top-k + local: a subset of the 405
+
+
+class _Tokenizer:
+    """What token_class_table reads of a tokenizer: ids 0-2 are special,
+    every seventh id decodes to punctuation."""
+    all_special_ids = [0, 1, 2]
+
+    def __len__(self):
+        return VOCAB
+
+    def batch_decode(self, ids, **kwargs):
+        return ["." if i % 7 == 0 else f" w{i}" for (i,) in ids]
+
+
+def test_fastgen_gets_the_classes_of_every_forward():
+    """At a recovery ratio this low every kv head keeps the special tokens
+    only: the middle is the two special ids placed in the prompt. Without a
+    tokenizer the Session refuses FastGen."""
+    model = _model("llama")
+    ids = _ids(400)
+    ids[0, [50, 100]] = 1
+    table = token_class_table(_Tokenizer())
+    assert table[1] == pqcache.TOKEN_SPECIAL and table[14] == pqcache.TOKEN_PUNCTUATION
+    assert table[15] == pqcache.TOKEN_PLAIN
+    with pqt.Session(model, tokenizer=_Tokenizer(), selector="fastgen", fastgen_recovery=1e-6,
+                     topk_fraction=0.2, **SMALL) as session:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=6, do_sample=False,
+                           past_key_values=session.cache())
+        n = session.length()
+        for layer in range(3):
+            selection = session.context().select(0, layer, np.zeros((4, 16), np.float32))
+            for positions in selection.heads():
+                assert [p for p in positions if 4 <= p < n - 16] == [50, 100]
+    with pytest.raises(ValueError, match="tokenizer"):
+        pqt.Session(model, selector="fastgen")
 
 
 @pytest.mark.parametrize("selector", ["pq", "h2o", "scope", "snapkv"])

@@ -91,6 +91,12 @@ pub const PQ_SELECTOR_CLUSTERKV: pq_selector = 13;
 pub const PQ_SELECTOR_ADAKV: pq_selector = 14;
 pub const PQ_SELECTOR_ZIGZAGKV: pq_selector = 15;
 pub const PQ_SELECTOR_PYRAMIDINFER: pq_selector = 16;
+pub const PQ_SELECTOR_FASTGEN: pq_selector = 17;
+
+pub type pq_token_class = i32;
+pub const PQ_TOKEN_PLAIN: pq_token_class = 0;
+pub const PQ_TOKEN_SPECIAL: pq_token_class = 1;
+pub const PQ_TOKEN_PUNCTUATION: pq_token_class = 2;
 
 pub type pq_gqa_combine = i32;
 pub const PQ_GQA_SUM_SOFTMAX: pq_gqa_combine = 0;
@@ -258,6 +264,7 @@ c_struct! {
         pub zigzag_mass: f32,
         pub zigzag_floor: f32,
         pub pyramidinfer_decay: f32,
+        pub fastgen_recovery: f32,
     }
 }
 
@@ -610,6 +617,8 @@ pq_functions! {
                           queries: *const pq_tensor) -> pq_status;
     fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,
                             selection: *const pq_selection, probs: *const f32) -> pq_status;
+    fn pq_sequence_token_classes(ctx: *mut pq_context, seq_id: u64, first: i64, count: i64,
+                                 classes: *const u8) -> pq_status;
     fn pq_layer_info_get(ctx: *const pq_context, seq_id: u64, layer: i32,
                          out: *mut pq_layer_info) -> pq_status;
     fn pq_index_codes(ctx: *mut pq_context, seq_id: u64, layer: i32, kv_head: i32, first: i64,

@@ -68,6 +68,7 @@ c_enum! {
         AdaKv = sys::PQ_SELECTOR_ADAKV,
         ZigZagKv = sys::PQ_SELECTOR_ZIGZAGKV,
         PyramidInfer = sys::PQ_SELECTOR_PYRAMIDINFER,
+        FastGen = sys::PQ_SELECTOR_FASTGEN,
     }
 }
 
@@ -287,6 +288,8 @@ impl Config {
         zigzag_floor: f32;
         /// PyramidInfer: the ratio of its cosine schedule at the top layer (default 0.9).
         pyramidinfer_decay: f32;
+        /// FastGen: the share of the window's attention a head's policy keeps (default 0.9).
+        fastgen_recovery: f32;
     }
 }
 

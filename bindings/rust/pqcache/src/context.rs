@@ -443,6 +443,19 @@ impl Context {
         })
     }
 
+    /// The classes (`sys::PQ_TOKEN_SPECIAL` | `sys::PQ_TOKEN_PUNCTUATION`
+    /// flags) of the tokens at `first ..`, for every layer (FastGen reads
+    /// them; give the prompt's before `prefill_queries`).
+    pub fn token_classes(&self, seq_id: u64, first: usize, classes: &[u8]) -> Result<()> {
+        let first = i64::try_from(first)
+            .map_err(|_| Error::invalid(format!("first is {first}; at most i64::MAX")))?;
+        let count = i64::try_from(classes.len())
+            .map_err(|_| Error::invalid("more than i64::MAX classes".to_string()))?;
+        self.library.check(unsafe {
+            (self.api().pq_sequence_token_classes)(self.ptr(), seq_id, first, count, classes.as_ptr())
+        })
+    }
+
     /// The largest capacity the library asked for at `layer` so far (0 for
     /// a layer out of range: the library reports it).
     pub(crate) fn capacity_hint(&self, layer: i32) -> usize {

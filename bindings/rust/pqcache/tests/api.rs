@@ -1123,3 +1123,36 @@ fn restore_in_pieces_selects_before_the_kv_arrive() {
     assert_eq!(sel, want_sel);
     assert!(rows == want_rows, "rows after the K/V arrived");
 }
+
+/// FastGen reads the classes given through `token_classes`: at a recovery
+/// ratio this low every kv head takes the special-token policy, so its
+/// middle is exactly the special tokens (one given before the K/V, one
+/// after); a class with an unknown bit is refused, naming its index.
+#[test]
+fn fastgen_keeps_the_special_tokens_it_is_told_of() {
+    let config = reference_config(&Library::linked())
+        .selector(pqcache::Selector::FastGen)
+        .fastgen_recovery(1e-6);
+    let ctx = Context::new(&config).unwrap();
+    let n = 64;
+    ctx.add_sequence(1).unwrap();
+    let mut classes = vec![0u8; n];
+    classes[10] = pqcache::sys::PQ_TOKEN_SPECIAL as u8;
+    ctx.token_classes(1, 0, &classes).unwrap();
+    let kv = Shape::token_major(n, KV_HEADS, HEAD_DIM);
+    let (k, v) = (generate(1, n * KV_HEADS * HEAD_DIM), generate(2, n * KV_HEADS * HEAD_DIM));
+    ctx.prefill(1, 0, &Tensor::f32(&k, kv).unwrap(), &Tensor::f32(&v, kv).unwrap())
+        .unwrap();
+    ctx.token_classes(1, 30, &[pqcache::sys::PQ_TOKEN_SPECIAL as u8]).unwrap();
+    let q = generate(3, 8 * Q_HEADS * HEAD_DIM);
+    let window = Tensor::f32(&q, Shape::token_major(8, Q_HEADS, HEAD_DIM)).unwrap();
+    ctx.prefill_queries(1, 0, &window).unwrap();
+    let mut sel = Selection::new(KV_HEADS, 0);
+    ctx.select(1, 0, &query_tensor(&q[..Q_HEADS * HEAD_DIM]), &mut sel).unwrap();
+    let middle: Vec<i32> = (0..4).chain([10, 30]).chain(n as i32 - 16..n as i32).collect();
+    assert_eq!(heads(&sel), vec![middle.clone(), middle]);
+
+    let err = ctx.token_classes(1, 0, &[0, 3, 4]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(err.message.contains("classes[2] is 4"), "{err}");
+}

@@ -323,6 +323,11 @@ public final class Config {
       return set(c -> c.setPyramidinfer_decay(ratio));
     }
 
+    /** FastGen: the share of the window's attention a head's policy keeps, in (0, 1]; default 0.9. */
+    public Builder fastgenRecovery(float share) {
+      return set(c -> c.setFastgen_recovery(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -790,6 +790,27 @@ public final class PqContext implements AutoCloseable {
     });
   }
 
+  /** The class flags of pq_sequence_token_classes (FastGen reads them). */
+  public static final byte TOKEN_PLAIN = 0, TOKEN_SPECIAL = 1, TOKEN_PUNCTUATION = 2;
+
+  /**
+   * The classes ({@link #TOKEN_SPECIAL} | {@link #TOKEN_PUNCTUATION} flags) of
+   * the tokens at {@code first}, {@code first + 1}, ..., for every layer.
+   * FastGen reads them: give the prompt's before {@code prefillQueries}.
+   */
+  public void tokenClasses(long seqId, long first, byte[] classes) {
+    Objects.requireNonNull(classes, "classes");
+    ByteBuffer c = ByteBuffer.allocateDirect(Math.max(classes.length, 1));
+    c.put(classes);
+    run(h -> {
+      try {
+        pqcache.pq_sequence_token_classes(h, seqId, first, classes.length, c);
+      } finally {
+        Reference.reachabilityFence(c);
+      }
+    });
+  }
+
   // --- introspection ---
 
   /** Context-wide statistics (removed sequences' counters included, their tokens not). */

@@ -18,7 +18,8 @@ public enum Selector {
   CLUSTERKV(13),
   ADAKV(14),
   ZIGZAGKV(15),
-  PYRAMIDINFER(16);
+  PYRAMIDINFER(16),
+  FASTGEN(17);
 
   private final int code;
 

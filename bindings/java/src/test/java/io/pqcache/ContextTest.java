@@ -1,5 +1,6 @@
 package io.pqcache;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -7,6 +8,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.pqcache.swig.pq_status;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import io.pqcache.swig.pqcache;
 import org.junit.jupiter.api.Test;
 
@@ -87,6 +90,46 @@ class ContextTest {
     }
   }
 
+  /**
+   * FastGen reads the classes given through tokenClasses: at a recovery
+   * ratio this low every kv head takes the special-token policy, so its
+   * middle is exactly the special tokens; an unknown flag is refused.
+   */
+  @Test
+  void fastgenKeepsTheSpecialTokensItIsToldOf() {
+    Config config = Config.builder().dtype(DType.F32).layers(1).queryHeads(4).kvHeads(2)
+        .headDim(16).sinkTokens(4).localTokens(16).topkTokens(16).workerThreads(1)
+        .selector(Selector.FASTGEN).fastgenRecovery(1e-6f).build();
+    try (PqContext ctx = new PqContext(config)) {
+      int n = 64;
+      ctx.addSequence(1);
+      byte[] classes = new byte[n];
+      classes[10] = PqContext.TOKEN_SPECIAL;
+      classes[30] = PqContext.TOKEN_SPECIAL | PqContext.TOKEN_PUNCTUATION;
+      ctx.tokenClasses(1, 0, classes);
+      float[] keys = new float[n * 2 * 16];
+      for (int i = 0; i < keys.length; i++) keys[i] = ReferenceCycle.value(1, i);
+      ctx.prefillLayer(1, 0, n, keys, keys);
+      float[] queries = new float[8 * 4 * 16];
+      for (int i = 0; i < queries.length; i++) queries[i] = ReferenceCycle.value(3, i);
+      ByteBuffer window = ByteBuffer.allocateDirect(queries.length * Float.BYTES)
+          .order(ByteOrder.nativeOrder());
+      window.asFloatBuffer().put(queries);
+      ctx.prefillQueries(1, 0, 8, window);
+      Selection sel = ctx.decodeSelect(1, 0, java.util.Arrays.copyOf(queries, 4 * 16));
+      int[] want = new int[4 + 2 + 16];
+      for (int i = 0; i < 4; i++) want[i] = i;
+      want[4] = 10;
+      want[5] = 30;
+      for (int i = 0; i < 16; i++) want[6 + i] = n - 16 + i;
+      for (int h = 0; h < 2; h++) assertArrayEquals(want, sel.positions(h), "kv head " + h);
+      PqException bad = assertThrows(PqException.class,
+          () -> ctx.tokenClasses(1, 0, new byte[] {0, 3, 4}));
+      assertEquals(Status.INVALID_ARGUMENT, bad.status());
+      assertTrue(bad.libraryMessage().contains("classes[2] is 4"), bad.libraryMessage());
+    }
+  }
+
   @Test
   void nonFiniteKeysAreRejectedByTheLibrary() {
     try (PqContext ctx = new PqContext(ReferenceCycle.config())) {
@@ -138,6 +181,7 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_ADAKV, Selector.ADAKV.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_ZIGZAGKV, Selector.ZIGZAGKV.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_PYRAMIDINFER, Selector.PYRAMIDINFER.code());
+    assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_FASTGEN, Selector.FASTGEN.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_H2O, Selector.H2O.code());
     assertEquals(io.pqcache.swig.pq_gqa_combine.PQ_GQA_MEAN, GqaCombine.MEAN.code());
     assertEquals(io.pqcache.swig.pq_kmeans_init.PQ_KMEANS_INIT_KMEANSPP,
@@ -149,6 +193,6 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
-    assertEquals(Selector.values().length, 17);
+    assertEquals(Selector.values().length, 18);
   }
 }
