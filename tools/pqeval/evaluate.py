@@ -77,7 +77,8 @@ def check_selection(parts, models=None) -> set:
 def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
     """Runs (or resumes) the measurements of a full evaluation: `parts` of
     PARTS, for `models` (default every model)."""
-    from pqeval import longtrace, tasks
+    from pqcache.selector_inputs import TOKEN_CLASS_SELECTORS
+    from pqeval import hf, longtrace, tasks
 
     models = check_selection(parts, models)
     data.mkdir(parents=True, exist_ok=True)
@@ -120,7 +121,8 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
                     start = time.perf_counter()
                     t = t or longtrace.capture(model, log=log)
                     study["selectors"].update(longtrace.study_selectors(
-                        t, [name], [fraction], TRACE_STEPS, log=log))
+                        t, [name], [fraction], TRACE_STEPS, log=log,
+                        tokenizer=hf.tokenizer(model) if name in TOKEN_CLASS_SELECTORS else None))
                     study["seconds"] = study.get("seconds", 0.0) + time.perf_counter() - start
                     _write_studies(traces_file, studies)
             for label, _, _ in longtrace.SETTINGS:
@@ -149,7 +151,8 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
         start = time.perf_counter()
         t = longtrace.capture(model, log=log)
         captured = time.perf_counter()
-        studies[model] = longtrace.study(t, SELECTORS, steps=TRACE_STEPS, log=log)
+        studies[model] = longtrace.study(t, SELECTORS, steps=TRACE_STEPS, log=log,
+                                         tokenizer=hf.tokenizer(model))
         studies[model]["capture_seconds"] = captured - start
         studies[model]["seconds"] = time.perf_counter() - captured
         _write_studies(traces_file, studies)
@@ -162,8 +165,12 @@ def _write_studies(path: Path, studies: Dict[str, dict]) -> None:
 
 
 def committed_trace(steps: int = 64) -> Dict[str, replay.Result]:
+    from pqeval import token_classes
+
     t = trace_io.read(FIXTURE)
-    return {f"{s}@1/{round(1 / f)}": replay.replay(t, s, budget(s, f), steps=steps)
+    classes = token_classes.read(FIXTURE)
+    return {f"{s}@1/{round(1 / f)}": replay.replay(t, s, budget(s, f), steps=steps,
+                                                   token_classes=classes)
             for f in (0.2, 0.1) for s in SELECTORS}
 
 

@@ -55,6 +55,16 @@ def model_path(spec: ModelSpec, fetch: bool = True) -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
+def tokenizer(name: str, fetch: bool = True):
+    """The tokenizer of MODELS[name] alone (FastGen's token classes)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    path = model_path(MODELS[name], fetch)
+    logging.disable_progress_bar()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def load(name: str, fetch: bool = True) -> Tuple[object, object]:
     """(model, tokenizer) of MODELS[name], float32, in eval mode."""
     import torch

@@ -33,12 +33,12 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 SELECTORS = ["exact", "pq", "sparq", "infllm", "quest", "h2o", "snapkv", "pyramidkv", "scope",
-             "scissorhands", "keyformer", "clusterkv", "adakv", "zigzagkv", "pyramidinfer", "window",
-             "random"]
+             "scissorhands", "keyformer", "clusterkv", "adakv", "zigzagkv", "pyramidinfer",
+             "fastgen", "window", "random"]
 # A tuple, not a set: ties between drop methods resolve in this order, the
 # same in every run (a set's order of strings changes with the hash seed).
 DROP = ("h2o", "snapkv", "pyramidkv", "scope", "scissorhands", "keyformer", "adakv",
-        "zigzagkv", "pyramidinfer")
+        "zigzagkv", "pyramidinfer", "fastgen")
 COMPENSATION = 1.0 / 128   # the paper gives drop methods 1/128 more tokens
 FRACTIONS = (0.2, 0.1)
 FULL = "full"
@@ -195,7 +195,8 @@ class Runner:
         self.model, self.tokenizer = model, tokenizer
         self.rows = row_list
         self.torch = torch
-        self.session = Session(model, rows=[r.fields() for r in row_list], chunk_mode=chunk_mode)
+        self.session = Session(model, rows=[r.fields() for r in row_list], chunk_mode=chunk_mode,
+                               tokenizer=tokenizer)
 
     def close(self) -> None:
         self.session.close()

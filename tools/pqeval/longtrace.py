@@ -137,7 +137,7 @@ def _layers(r: replay.Result) -> List[Dict[str, float]]:
 
 
 def study(t: trace_io.Trace, selectors: List[str], fractions=(0.2, 0.1),
-          steps: Optional[int] = None, log=print) -> Dict:
+          steps: Optional[int] = None, log=print, tokenizer=None) -> Dict:
     """Every selector at every budget on every layer of the trace, then the
     PQ settings at 1/5. Returns plain data for the report (JSON)."""
     from pqeval.longctx import budget
@@ -146,21 +146,30 @@ def study(t: trace_io.Trace, selectors: List[str], fractions=(0.2, 0.1),
                  "steps": (t.tokens - t.q_first - replay.OBSERVATION_WINDOW
                            if steps is None else steps),
                  "index": INDEX, "selectors": {}, "settings": {}}
-    out["selectors"] = study_selectors(t, selectors, fractions, steps, log)
+    out["selectors"] = study_selectors(t, selectors, fractions, steps, log, tokenizer)
     out["settings"] = study_settings(t, [label for label, _, _ in SETTINGS], steps, log)
     return out
 
 
 def study_selectors(t: trace_io.Trace, selectors: List[str], fractions, steps: Optional[int],
-                    log=print) -> Dict:
+                    log=print, tokenizer=None) -> Dict:
     """Every selector at every budget on every layer, with the models' rotary
-    layout declared (MODEL_FIELDS)."""
+    layout declared (MODEL_FIELDS). tokenizer: the trace model's, for
+    selectors that read token classes (FastGen)."""
     from pqeval.longctx import budget
+    from pqcache.selector_inputs import TOKEN_CLASS_SELECTORS, token_class_table
 
     out = {}
+    classes = None
     for fraction in fractions:
         for name in selectors:
-            r = replay.replay(t, name, budget(name, fraction), steps=steps, **MODEL_FIELDS)
+            if name in TOKEN_CLASS_SELECTORS and classes is None:
+                if tokenizer is None:
+                    raise ValueError(f"selector {name} needs the trace model's tokenizer")
+                classes = token_class_table(tokenizer)[np.asarray(t.token_ids)]
+            r = replay.replay(t, name, budget(name, fraction), steps=steps,
+                              token_classes=classes if name in TOKEN_CLASS_SELECTORS else None,
+                              **MODEL_FIELDS)
             out[f"{name}@1/{round(1 / fraction)}"] = _layers(r)
             log(f"  {name} 1/{round(1 / fraction)}: middle mass {r.mean('mid_mass'):.3f} "
                 f"({r.seconds:.0f} s)")

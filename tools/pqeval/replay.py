@@ -38,6 +38,7 @@ import numpy as np
 
 import pqcache
 from pqcache.selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS,
+                                     TOKEN_CLASS_SELECTORS,
                                      PROMPT_QUERY_SELECTORS, seed_h2o, seed_scissorhands)
 from pqeval import trace as trace_io
 
@@ -80,13 +81,17 @@ def _softmax_rows(x: np.ndarray) -> np.ndarray:
 
 
 def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[int] = None,
-           layers: Optional[Iterable[int]] = None, generated: int = 0, **config) -> Result:
+           layers: Optional[Iterable[int]] = None, generated: int = 0,
+           token_classes: Optional[np.ndarray] = None, **config) -> Result:
     """Runs one selector at one budget over the trace. `config` sets further
     pq_config fields (e.g. pq_subspaces=4, kmeans_iterations=10).
     generated > 0: the last `generated` tokens before the decode steps are not
     prefilled but appended as decode tokens (a teacher-forced continuation),
     so PQ codes them with the codebook of the tokens before them, as a long
-    output is coded, instead of training on them."""
+    output is coded, instead of training on them.
+    token_classes: pq_token_class flags of the trace's tokens (uint8
+    [tokens], selector_inputs.token_class_table(tokenizer)[t.token_ids]),
+    which FastGen needs."""
     q_heads, kv_heads, head_dim = t.geometry
     window = min(OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
     prompt = t.q_first + window
@@ -100,6 +105,13 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
     if not 0 < first <= prompt:
         raise ValueError(f"generated {generated}: the trace's prompt has {prompt} tokens")
     replayed = list(layers if layers is not None else t.layers)
+    if selector in TOKEN_CLASS_SELECTORS:
+        if token_classes is None or len(token_classes) < t.tokens:
+            raise ValueError(f"selector {selector} needs token_classes for the trace's "
+                             f"{t.tokens} tokens")
+        token_classes = np.ascontiguousarray(token_classes[: t.tokens], dtype=np.uint8)
+    else:
+        token_classes = None
 
     # A selector that shares its budget across layers (ZigZagKV) needs every
     # layer's prompt queries before any select: one context holds all the
@@ -110,6 +122,8 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
         shared = pqcache.Context(len(replayed), q_heads, kv_heads, head_dim,
                                  _dtype(np.asarray(t.keys[replayed[0]])), **opts)
         shared.add_sequence(0)
+        if token_classes is not None:
+            shared.token_classes(0, 0, token_classes)
     try:
         for at, layer in enumerate(replayed if shared is not None else []):
             K, V, Q = (np.asarray(x[layer]) for x in (t.keys, t.values, t.queries))
@@ -119,7 +133,7 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
             shared.prefill_queries(0, at, Q[prompt - t.q_first - window: prompt - t.q_first])
         for at, layer in enumerate(replayed):
             result.layers.append(_replay_layer(t, layer, at, shared, selector, opts, first, prompt,
-                                               last, window, generated, scale))
+                                               last, window, generated, scale, token_classes))
     finally:
         if shared is not None:
             shared.close()
@@ -128,7 +142,7 @@ def replay(t: trace_io.Trace, selector: str, fraction: float, steps: Optional[in
 
 
 def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, window, generated,
-                  scale) -> LayerResult:
+                  scale, token_classes=None) -> LayerResult:
     """One layer of replay(): its decode steps against full attention. The
     library's layer is `layer` in a context of its own, as deep as the model
     so that layer-dependent budgets (PyramidKV) see the real layer index, or
@@ -149,6 +163,9 @@ def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, win
     try:
         for c in ((ctx, oracle) if own_ctx else (oracle,)):
             c.add_sequence(0)
+        if own_ctx and token_classes is not None:
+            ctx.token_classes(0, 0, token_classes)
+        for c in ((ctx, oracle) if own_ctx else (oracle,)):
             c.prefill(0, layer, K[:first], V[:first])
             if generated:
                 c.append(0, layer, K[first:prompt], V[first:prompt])
@@ -240,13 +257,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="decode steps per layer (default all)")
     args = ap.parse_args(argv)
     t = trace_io.read(args.trace)
+    from pqeval import token_classes  # FastGen's, when committed beside the trace
+    classes_file = token_classes.classes_path(args.trace)
+    classes = token_classes.read(args.trace) if classes_file.exists() else None
     print(f"trace {args.trace}: {t.model}, {t.text}, {t.tokens} tokens, layers {t.layers}")
     print("| selector | budget | recall | per-head recall | mass | fixed mass | middle mass "
           "| output error | tokens/head | bytes/step |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fraction in (float(f) for f in args.fractions.split(",")):
         for name in args.selectors.split(","):
-            r = replay(t, name, fraction, steps=args.steps)
+            r = replay(t, name, fraction, steps=args.steps, token_classes=classes)
             print(f"| {name} | 1/{round(1 / fraction)} | {r.mean('recall'):.3f} | "
                   f"{r.mean('head_recall'):.3f} | {r.mean('mass'):.3f} | "
                   f"{r.mean('fixed_mass'):.3f} | {r.mean('mid_mass'):.3f} | "

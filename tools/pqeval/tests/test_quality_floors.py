@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from pqeval import evaluate, replay, trace
+from pqeval import evaluate, replay, token_classes, trace
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "smollm2_sotu_2k.pqtrace"
 STEPS = 64
@@ -44,11 +44,12 @@ LAYOUT = {"key_rotary": "interleaved"}  # the trace's dimension order (GGUF)
 @pytest.fixture(scope="module")
 def results():
     t = trace.read(FIXTURE)
+    classes = token_classes.read(FIXTURE)  # FastGen's (the fixture's committed classes)
     out = {}
     for fraction in (0.2, 0.1):
         for name in evaluate.SELECTORS:
             out[(name, fraction)] = replay.replay(t, name, evaluate.budget(name, fraction),
-                                                  steps=STEPS, **LAYOUT)
+                                                  steps=STEPS, token_classes=classes, **LAYOUT)
         out[("pq-rerank", fraction)] = replay.replay(
             t, "pq", fraction, steps=STEPS, pq_rerank=0.5, **LAYOUT)
     return out
