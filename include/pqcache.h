@@ -253,7 +253,17 @@ typedef enum pq_selector {
    * pq_prefill_queries; heads take different numbers of tokens (in
    * pq_selection.counts; a full head keeps the whole middle, so the
    * capacity is the middle). */
-  PQ_SELECTOR_FASTGEN = 17
+  PQ_SELECTOR_FASTGEN = 17,
+  /* InfiniGen (added in 0.7): recallable, made for pq_decode_speculate. At
+   * pq_prefill_queries each kv head fixes a skew A (the right singular
+   * vectors of its window queries) and the infinigen_partial_ratio *
+   * head_dim columns of largest |q A| summed over those queries; every key
+   * is kept as those columns of k A (its partial key). A select scores the
+   * middle by the partial q.k / sqrt(head_dim), averaged over the GQA
+   * group, and every kv head takes its top n, n the mean over kv heads of
+   * the tokens within infinigen_alpha of the head's best score, at most k
+   * (counts in pq_selection.counts). Needs pq_prefill_queries. */
+  PQ_SELECTOR_INFINIGEN = 18
 } pq_selector;
 
 /* How the query heads of one GQA group combine into one score per kv head. */
@@ -595,6 +605,14 @@ typedef struct pq_config {
    * (cold-compress's default). 1 keeps the whole middle unless a policy
    * recovers all of it. (Added in 0.7.) */
   float fastgen_recovery;
+  /* InfiniGen: the share of head_dim kept of each key (its partial key),
+   * in (0, 1], default 0.2 (the authors' runtime setting); at least one
+   * column. (Added in 0.7.) */
+  float infinigen_partial_ratio;
+  /* InfiniGen: a token is counted toward a select's n when its partial
+   * score is within this of its head's best, in (0, 1e6], default 4 (the
+   * authors' runtime alpha). (Added in 0.7.) */
+  float infinigen_alpha;
 } pq_config;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -1209,6 +1227,25 @@ PQ_API pq_status pq_sequence_token_classes(pq_context* ctx, uint64_t seq_id,
                                            int64_t first, int64_t count,
                                            const uint8_t* classes);
 
+/* A selection a step early, from an estimate of the query (added in 0.7):
+ * the layer's selector chooses for query_estimate (shaped as pq_decode_select's
+ * query) as pq_decode_select would, without changing what it keeps (drop
+ * marks, step counts), and writes the selection into *out, so that the
+ * caller can start fetching those rows (pq_fetch_kv into its buffers, a
+ * device upload) while it computes the layer below. The layer keeps it as
+ * a hint: the next pq_decode_select of this (sequence, layer) at the same
+ * length, or one token longer (the step's own token, appended after the
+ * speculation, joins the local window), counts how many of the middle
+ * tokens it chooses the hint held (pq_stats.hint_tokens, hint_covered);
+ * nothing else reads it. InfiniGen
+ * is made for it (its authors estimate layer l's query from layer l-1's
+ * attention input and layer l's query weights); any selector works. Errors:
+ * as pq_decode_select. Threading: as pq_decode_select. */
+PQ_API pq_status pq_decode_speculate(pq_context* ctx, uint64_t seq_id,
+                                     int32_t layer,
+                                     const pq_tensor* query_estimate,
+                                     pq_selection* out);
+
 /* ------------------------------------------------------------------------ */
 /* Index introspection                                                      */
 /* ------------------------------------------------------------------------ */
@@ -1293,6 +1330,12 @@ typedef struct pq_stats {
    * reads the rows itself: 0. A store in the caller's pq_hooks.host_alloc
    * memory is staged. Always 0 on the CPU backend. */
   uint64_t bytes_staged;
+  /* Hints (pq_decode_speculate; appended in 0.7): the middle tokens chosen
+   * by the pq_decode_select calls that followed a hint of the same layer
+   * and length, and of those, the ones the hint held. Coverage:
+   * hint_covered / hint_tokens. */
+  uint64_t hint_tokens;
+  uint64_t hint_covered;
 } pq_stats;
 
 /* Context-wide statistics, including removed sequences' counters but only

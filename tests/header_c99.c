@@ -67,6 +67,8 @@ int main(void) {
   EXPECT(cfg.zigzag_floor == 0.2f);
   EXPECT(cfg.pyramidinfer_decay == 0.9f);
   EXPECT(cfg.fastgen_recovery == 0.9f);
+  EXPECT(cfg.infinigen_partial_ratio == 0.2f);
+  EXPECT(cfg.infinigen_alpha == 4.0f);
   pq_config_default(NULL); /* NULL is ignored */
 
   /* Without geometry pq_create fails, names the problem, and leaves *out. */

@@ -80,6 +80,8 @@
   X(pq_config, zigzag_floor) \
   X(pq_config, pyramidinfer_decay) \
   X(pq_config, fastgen_recovery) \
+  X(pq_config, infinigen_partial_ratio) \
+  X(pq_config, infinigen_alpha) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \
@@ -122,6 +124,8 @@
   X(pq_stats, cache_misses) \
   X(pq_stats, host_bytes) \
   X(pq_stats, bytes_staged) \
+  X(pq_stats, hint_tokens) \
+  X(pq_stats, hint_covered) \
   X(pq_hooks, struct_size) \
   X(pq_hooks, log) \
   X(pq_hooks, log_user) \

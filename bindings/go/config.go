@@ -45,6 +45,7 @@ const (
 	SelectorZigZagKV     Selector = 15
 	SelectorPyramidInfer Selector = 16
 	SelectorFastGen      Selector = 17
+	SelectorInfiniGen    Selector = 18
 )
 
 // GQACombine is how the query heads of a group combine their scores
@@ -177,6 +178,10 @@ type Config struct {
 	PyramidInferDecay float32
 	// FastGenRecovery: the share of the window's attention a FastGen head's policy keeps.
 	FastGenRecovery float32
+	// InfiniGenPartialRatio: the share of head_dim InfiniGen keeps of each key.
+	InfiniGenPartialRatio float32
+	// InfiniGenAlpha: how far below a head's best score a token still counts for InfiniGen.
+	InfiniGenAlpha float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -246,14 +251,16 @@ func configFromC(cc pqswig.Pq_config) Config {
 		PQRebuildShare: cc.GetPq_rebuild_share(),
 		HistoryWindow:  cc.GetHistory_window(),
 
-		KeyformerTau:      cc.GetKeyformer_tau(),
-		KeyformerTauStep:  cc.GetKeyformer_tau_step(),
-		ClusterCount:      cc.GetCluster_count(),
-		AdaKVSafeguard:    cc.GetAdakv_safeguard(),
-		ZigZagMass:        cc.GetZigzag_mass(),
-		ZigZagFloor:       cc.GetZigzag_floor(),
-		PyramidInferDecay: cc.GetPyramidinfer_decay(),
-		FastGenRecovery:   cc.GetFastgen_recovery(),
+		KeyformerTau:          cc.GetKeyformer_tau(),
+		KeyformerTauStep:      cc.GetKeyformer_tau_step(),
+		ClusterCount:          cc.GetCluster_count(),
+		AdaKVSafeguard:        cc.GetAdakv_safeguard(),
+		ZigZagMass:            cc.GetZigzag_mass(),
+		ZigZagFloor:           cc.GetZigzag_floor(),
+		PyramidInferDecay:     cc.GetPyramidinfer_decay(),
+		FastGenRecovery:       cc.GetFastgen_recovery(),
+		InfiniGenPartialRatio: cc.GetInfinigen_partial_ratio(),
+		InfiniGenAlpha:        cc.GetInfinigen_alpha(),
 	}
 }
 
@@ -334,6 +341,8 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetZigzag_floor(c.ZigZagFloor)
 	cc.SetPyramidinfer_decay(c.PyramidInferDecay)
 	cc.SetFastgen_recovery(c.FastGenRecovery)
+	cc.SetInfinigen_partial_ratio(c.InfiniGenPartialRatio)
+	cc.SetInfinigen_alpha(c.InfiniGenAlpha)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -90,6 +90,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"SelectorZigZagKV", int(SelectorZigZagKV), int(pqswig.PQ_SELECTOR_ZIGZAGKV)},
 		{"SelectorPyramidInfer", int(SelectorPyramidInfer), int(pqswig.PQ_SELECTOR_PYRAMIDINFER)},
 		{"SelectorFastGen", int(SelectorFastGen), int(pqswig.PQ_SELECTOR_FASTGEN)},
+		{"SelectorInfiniGen", int(SelectorInfiniGen), int(pqswig.PQ_SELECTOR_INFINIGEN)},
 		{"GQASumSoftmax", int(GQASumSoftmax), int(pqswig.PQ_GQA_SUM_SOFTMAX)},
 		{"GQAMax", int(GQAMax), int(pqswig.PQ_GQA_MAX)},
 		{"GQAMean", int(GQAMean), int(pqswig.PQ_GQA_MEAN)},

@@ -40,6 +40,7 @@
 %ignore pq_prefill_queries;
 %ignore pq_observe_attention;
 %ignore pq_sequence_token_classes;
+%ignore pq_decode_speculate;
 %ignore pq_index_codes;
 %ignore pq_index_centroids;
 %ignore pq_sequence_set_stream;

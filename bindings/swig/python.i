@@ -629,6 +629,7 @@ PQError = _pqcache_swig.PQError
 %typemap(in) const pq_tensor* keys (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* values (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* query (Py_buffer view = {0}, pq_tensor tensor),
+             const pq_tensor* query_estimate (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* queries (Py_buffer view = {0}, pq_tensor tensor) {
   if (pq_py_tensor($input, "$1_name", 0, &view, &tensor) != 0) SWIG_fail;
   $1 = &tensor;
@@ -639,7 +640,8 @@ PQError = _pqcache_swig.PQError
   $1 = &tensor;
 }
 %typemap(freearg) const pq_tensor* keys, const pq_tensor* values, const pq_tensor* query,
-                  const pq_tensor* queries, const pq_tensor* out_keys,
+                  const pq_tensor* query_estimate, const pq_tensor* queries,
+                  const pq_tensor* out_keys,
                   const pq_tensor* out_values {
   PyBuffer_Release(&view$argnum);
 }

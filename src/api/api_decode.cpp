@@ -72,6 +72,12 @@ pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, cons
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });
 }
 
+pq_status pq_decode_speculate(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                              const pq_tensor* query_estimate, pq_selection* out) {
+  return guarded_on(ctx, __func__,
+                    [&] { ctx_of(ctx).decode_select(seq_id, layer, query_estimate, out, true); });
+}
+
 pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                       const pq_selection* selection, const pq_tensor* out_keys,
                       const pq_tensor* out_values) {

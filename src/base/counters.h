@@ -24,6 +24,8 @@ struct Counters {
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> bytes_staged{0};
+  std::atomic<uint64_t> hint_tokens{0};
+  std::atomic<uint64_t> hint_covered{0};
 
   void add_to(pq_stats* s) const {
     s->builds_finished += builds_finished.load();
@@ -39,6 +41,8 @@ struct Counters {
     s->cache_hits += cache_hits.load();
     s->cache_misses += cache_misses.load();
     s->bytes_staged += bytes_staged.load();
+    s->hint_tokens += hint_tokens.load();
+    s->hint_covered += hint_covered.load();
   }
 };
 

@@ -66,4 +66,6 @@
   REAL(zigzag_mass, 0.9f, 0.0, 1.0, true)                                    \
   REAL(zigzag_floor, 0.2f, 0.0, 1.0, false)                                 \
   REAL(pyramidinfer_decay, 0.9f, 0.0, 1.0, true)                             \
-  REAL(fastgen_recovery, 0.9f, 0.0, 1.0, true)
+  REAL(fastgen_recovery, 0.9f, 0.0, 1.0, true)                               \
+  REAL(infinigen_partial_ratio, 0.2f, 0.0, 1.0, true)                        \
+  REAL(infinigen_alpha, 4.0f, 0.0, 1e6, true)

@@ -82,7 +82,11 @@ class Layer {
   // --- selection (layer_select.cpp) ---------------------------------------
   // pq_decode_select: queries [q_heads][head_dim] as floats. Returns the
   // entries written per kv head.
-  int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq);
+  // speculate (pq_decode_speculate): without changing the selector's state
+  // (it chooses on a copy unless it never changes it at a select), kept as
+  // the layer's hint for the current length; not counted as a select.
+  int64_t select(const std::vector<float>& queries, pq_selection* out, const SequenceInfo& seq,
+                 bool speculate = false);
 
   // pq_decode_select in two halves around the choice of the middle, so that
   // a batch can have the middles of many sequences' layers chosen in one
@@ -104,7 +108,7 @@ class Layer {
   void select_prepare(const std::vector<float>& queries, pq_selection* out,
                       const SequenceInfo& seq, PreparedSelect& prepared, bool host_out = true);
   int64_t select_finish(const PreparedSelect& prepared, pq_selection* out,
-                        const SequenceInfo& seq);
+                        const SequenceInfo& seq, bool counted = true);
 
   // --- the decode step kept on the device (layer_device.cpp) ---------------
   // pq_decode_select_device: the selection written into out's device arrays
@@ -210,6 +214,9 @@ class Layer {
   void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
                       const pq_tensor& out_values, uint64_t rows, void* stream);
   void update_mirrors();
+  // The coverage of the last hint by a select's middle at the hint's length
+  // (pq_stats.hint_tokens, hint_covered); forgets the hint.
+  void count_hint(const PreparedSelect& prepared, const SequenceInfo& seq);
   // Publishes share() anew from the selector's state, after the state
   // changed other than by appends (which leave what it shares as it was).
   void publish_share();
@@ -234,6 +241,15 @@ class Layer {
   // with the installed index until it is done, instead of waiting.
   bool background_rebuild_ = false;
   uint64_t last_select_bytes_ = 0;
+  // The last pq_decode_speculate's middle rows ([kv_heads][k], counts per
+  // head) and the length it was made at (-1: none, or used).
+  struct Hint {
+    int64_t tokens = -1;
+    int64_t k = 0;
+    std::vector<int32_t> middle;
+    std::vector<int32_t> counts;
+  };
+  Hint hint_;
 
   // Asynchronous prefills from device memory; never under mutex_ (an
   // ingest takes mutex_ to store).

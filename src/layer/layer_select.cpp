@@ -12,13 +12,62 @@
 namespace pq {
 
 int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
-                      const SequenceInfo& seq) {
+                      const SequenceInfo& seq, bool speculate) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   PreparedSelect prepared;
   select_prepare(queries, out, seq, prepared);
+  // A speculation changes a copy of what a select would change (drop
+  // marks, step counts, clusters), which is then dropped.
+  std::unique_ptr<SelectorState> copy;
+  if (speculate && selector_state_ && !shared_.selector->selects_without_changing_state()) {
+    copy = selector_state_->clone();
+    prepared.request->state = copy.get();
+  }
   prepared.bytes = shared_.selector->select_layer(*prepared.request, prepared.middle.data());
-  return select_finish(prepared, out, seq);
+  if (!speculate) {
+    count_hint(prepared, seq);
+    return select_finish(prepared, out, seq);
+  }
+  const int64_t count = select_finish(prepared, out, seq, /*counted=*/false);
+  hint_.tokens = prepared.regions.n;
+  hint_.k = prepared.regions.k;
+  hint_.middle.swap(prepared.middle);
+  hint_.counts.swap(prepared.head_counts);
+  return count;
+}
+
+void Layer::count_hint(const PreparedSelect& prepared, const SequenceInfo& seq) {
+  if (hint_.tokens < 0) return;
+  // A hint is for this length, or for one token less: a caller speculates
+  // for layer l before layer l has the step's token (its K needs layer l's
+  // input), and that token is in the local window, not the middle.
+  if (hint_.tokens != prepared.regions.n && hint_.tokens != prepared.regions.n - 1) {
+    hint_.tokens = -1;  // made at another length: not a hint for this select
+    return;
+  }
+  uint64_t chosen = 0, covered = 0;
+  const int64_t k = prepared.regions.k;
+  for (size_t h = 0; h < prepared.head_counts.size(); ++h) {
+    const int32_t* got = prepared.middle.data() + h * k;
+    const int32_t* hint = hint_.middle.data() + h * hint_.k;
+    const int32_t n_got = prepared.head_counts[h], n_hint = hint_.counts[h];
+    chosen += static_cast<uint64_t>(n_got);
+    for (int32_t i = 0, j = 0; i < n_got && j < n_hint;) {  // both ascending
+      if (got[i] == hint[j]) {
+        ++covered, ++i, ++j;
+      } else if (got[i] < hint[j]) {
+        ++i;
+      } else {
+        ++j;
+      }
+    }
+  }
+  for (Counters* c : {&shared_.counters, seq.counters.get()}) {
+    c->hint_tokens.fetch_add(chosen);
+    c->hint_covered.fetch_add(covered);
+  }
+  hint_.tokens = -1;
 }
 
 void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
@@ -98,7 +147,7 @@ LayerContext Layer::context(const SequenceInfo& seq) const {
 }
 
 int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
-                             const SequenceInfo& seq) {
+                             const SequenceInfo& seq, bool counted) {
   if (out == nullptr) {  // written on the device (select_to_device): count it only
     count_selection(prepared.bytes, seq);
     return prepared.regions.count();
@@ -124,7 +173,7 @@ int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
     for (int64_t p = r.mid_end; p < r.n; ++p) row[w++] = static_cast<int32_t>(p);
     out->counts[h] = static_cast<int32_t>(w);
   }
-  count_selection(prepared.bytes, seq);
+  if (counted) count_selection(prepared.bytes, seq);
   return count;
 }
 

@@ -220,6 +220,7 @@ struct PromptState final : CopyableState<PromptState> {
 // k middle tokens by static prompt score, unscored (later) tokens first.
 class PromptScoreSelector : public Selector {
  public:
+  bool selects_without_changing_state() const override { return true; }
   std::unique_ptr<SelectorState> make_state(const pq_config&, int32_t layer) const override {
     return std::make_unique<PromptState>(layer);
   }

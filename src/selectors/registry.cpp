@@ -28,6 +28,7 @@ const std::vector<SelectorInfo>& selector_registry() {
       {PQ_SELECTOR_PYRAMIDINFER, "pyramidinfer", "PQ_SELECTOR_PYRAMIDINFER",
        make_pyramidinfer_selector},
       {PQ_SELECTOR_FASTGEN, "fastgen", "PQ_SELECTOR_FASTGEN", make_fastgen_selector},
+      {PQ_SELECTOR_INFINIGEN, "infinigen", "PQ_SELECTOR_INFINIGEN", make_infinigen_selector},
   };
   return registry;
 }

@@ -146,6 +146,9 @@ class Selector {
                                                   const pq_config& c) const {
     return nullptr;
   }
+  // Whether select_layer leaves the state as it was (it only reads it): a
+  // speculation (pq_decode_speculate) then needs no copy of it.
+  virtual bool selects_without_changing_state() const { return false; }
   // Per-(sequence, layer) state, or null if the selector keeps none.
   virtual std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const {
     return nullptr;
@@ -224,5 +227,6 @@ std::unique_ptr<Selector> make_adakv_selector();
 std::unique_ptr<Selector> make_zigzagkv_selector();
 std::unique_ptr<Selector> make_pyramidinfer_selector();
 std::unique_ptr<Selector> make_fastgen_selector();
+std::unique_ptr<Selector> make_infinigen_selector();
 
 }  // namespace pq

@@ -238,13 +238,14 @@ std::vector<float> Context::read_query(const pq_tensor& query, const Sequence& s
 }
 
 void Context::decode_select(uint64_t id, int32_t layer, const pq_tensor* query_arg,
-                            pq_selection* out) {
+                            pq_selection* out, bool speculate) {
   check_layer(layer);
   pq_selection copy;
   const pq_tensor query = select_args(query_arg, out, &copy);
   std::shared_ptr<Sequence> seq = find(id);
   ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
-  seq->layers[static_cast<size_t>(layer)]->select(read_query(query, *seq), &copy, seq->info());
+  seq->layers[static_cast<size_t>(layer)]->select(read_query(query, *seq), &copy, seq->info(),
+                                                   speculate);
 }
 
 Context::FetchArgs Context::fetch_args(const pq_selection* sel, const pq_tensor* out_keys,

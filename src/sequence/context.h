@@ -87,7 +87,9 @@ class Context {
   void decode_append(uint64_t id, int32_t layer, const pq_tensor* keys, const pq_tensor* values);
   int64_t selection_capacity(uint64_t id, int32_t layer) const;
   int64_t selection_capacity_for(int32_t layer, int64_t tokens) const;
-  void decode_select(uint64_t id, int32_t layer, const pq_tensor* query, pq_selection* out);
+  // speculate: pq_decode_speculate (Layer::select says what differs).
+  void decode_select(uint64_t id, int32_t layer, const pq_tensor* query, pq_selection* out,
+                     bool speculate = false);
   void fetch(uint64_t id, int32_t layer, const pq_selection* selection, const pq_tensor* keys,
              const pq_tensor* values);
 

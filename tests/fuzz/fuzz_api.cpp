@@ -207,7 +207,9 @@ void select(FuzzedDataProvider& in, State& s) {
     out = reinterpret_cast<pq_selection*>(s.positions.data());
     *out = sel;
   }
-  const pq_status st = pq_decode_select(s.ctx, seq, layer, &q.t, out);
+  // A speculation writes what a select would, and must be as safe.
+  const pq_status st = in.ConsumeBool() ? pq_decode_speculate(s.ctx, seq, layer, &q.t, out)
+                                        : pq_decode_select(s.ctx, seq, layer, &q.t, out);
   check(st);
   if (st != PQ_OK) return;
   int64_t length = 0;
@@ -497,7 +499,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 18);
+  c.selector = in.ConsumeIntegralInRange(-1, 19);
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);
@@ -544,6 +546,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.ConsumeBool()) {  // FastGen
     const float ratios[] = {0.9f, 0.f, 1.f, 0.3f, -0.1f, 1.5f, NAN};
     c.fastgen_recovery = ratios[in.ConsumeIntegralInRange(0, 6)];
+  }
+  if (in.ConsumeBool()) {  // InfiniGen
+    const float ratios[] = {0.2f, 0.f, 1.f, 0.01f, -0.1f, 1.5f, NAN};
+    const float alphas[] = {4.f, 0.f, 1e-3f, 1e6f, -1.f, 2e6f, NAN};
+    c.infinigen_partial_ratio = ratios[in.ConsumeIntegralInRange(0, 6)];
+    c.infinigen_alpha = alphas[in.ConsumeIntegralInRange(0, 6)];
   }
 
   pq_status st = pq_create(&c, &s.ctx);

@@ -77,6 +77,7 @@ SELECTORS = {
     "zigzagkv": _c.PQ_SELECTOR_ZIGZAGKV,
     "pyramidinfer": _c.PQ_SELECTOR_PYRAMIDINFER,
     "fastgen": _c.PQ_SELECTOR_FASTGEN,
+    "infinigen": _c.PQ_SELECTOR_INFINIGEN,
 }
 # pq_token_class flags (Context.token_classes).
 TOKEN_PLAIN, TOKEN_SPECIAL, TOKEN_PUNCTUATION = (_c.PQ_TOKEN_PLAIN, _c.PQ_TOKEN_SPECIAL,
@@ -413,15 +414,36 @@ class Context:
     def _capacity_hint(self, layer: int) -> int:
         return self._capacity_hints[layer] if 0 <= layer < self.num_layers else 0
 
-    def _select_grown(self, seq: int, layer: int, query, out: SelectionResult
-                      ) -> SelectionResult:
+    def _select_grown(self, seq: int, layer: int, query, out: SelectionResult,
+                      call=None) -> SelectionResult:
         """After PQ_ERR_BUFFER_TOO_SMALL, which wrote the capacity needed into
         out.counts: selects once more into a SelectionResult of that size."""
         needed = int(out.counts[0])
         if 0 <= layer < self.num_layers:
             self._capacity_hints[layer] = max(self._capacity_hints[layer], needed)
         out = SelectionResult(self.num_kv_heads, needed)
-        _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
+        (call or _c.pq_decode_select)(self._ctx, seq, layer, query, out.arrays)
+        return out
+
+    def speculate(self, seq: int, layer: int, query_estimate,
+                  out: Optional[SelectionResult] = None) -> SelectionResult:
+        """A selection a step early, from an estimate of the query
+        (pq_decode_speculate): what select would return for it, without
+        changing the selector's state, so that a fetch can start; the next
+        select of this layer at the same length counts how much of its
+        middle the hint held (stats: hint_tokens, hint_covered). Sized and
+        grown as select's result."""
+        query_estimate = self._query(query_estimate)
+        if out is not None:
+            _c.pq_decode_speculate(self._ctx, seq, layer, query_estimate, out.arrays)
+            return out
+        out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
+        try:
+            _c.pq_decode_speculate(self._ctx, seq, layer, query_estimate, out.arrays)
+        except PQError as e:
+            if e.status != _BUFFER_TOO_SMALL:
+                raise
+            out = self._select_grown(seq, layer, query_estimate, out, _c.pq_decode_speculate)
         return out
 
     def select(self, seq: int, layer: int, query,

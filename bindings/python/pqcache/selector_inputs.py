@@ -3,6 +3,7 @@
 - FastGen also needs each token's class (special, punctuation):
   Context.token_classes with token_class_table(tokenizer)[ids], the
   prompt's before its prefill_queries.
+- InfiniGen takes its skew from them too (its partial keys follow).
 - SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV, PyramidInfer and FastGen score the prompt
   once from its last queries (the observation window): pass them with
   Context.prefill_queries after the layer's prefill (ZigZagKV and
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 PROMPT_QUERY_SELECTORS = frozenset({"snapkv", "pyramidkv", "scope", "keyformer", "adakv",
-                                    "zigzagkv", "pyramidinfer", "fastgen"})
+                                    "zigzagkv", "pyramidinfer", "fastgen", "infinigen"})
 ATTENTION_SELECTORS = frozenset({"h2o", "scope", "scissorhands", "keyformer", "fastgen"})
 # Selectors that keep tokens by class (special, punctuation): give the
 # prompt's classes (Context.token_classes) before its prefill_queries, and

@@ -228,3 +228,23 @@ def test_fastgen_keeps_the_special_tokens_it_is_told_of():
             ctx.token_classes(1, 0, [0, 300])
         with pytest.raises(TypeError, match="integers"):
             ctx.token_classes(1, 0, [0.5])
+
+
+def test_speculate_is_a_hint_the_next_select_counts():
+    """A speculation for the query the select then uses is that selection,
+    and the select counts it as covered; a speculation is not a select."""
+    rng = np.random.default_rng(12)
+    keys = rng.standard_normal((96, 2, 16)).astype(np.float32)
+    window = rng.standard_normal((8, 4, 16)).astype(np.float32)
+    with pqcache.Context(1, 4, 2, 16, "f32", selector="infinigen", local_tokens=16,
+                         topk_tokens=16) as ctx:
+        ctx.add_sequence(1)
+        ctx.prefill(1, 0, keys, keys)
+        ctx.prefill_queries(1, 0, window)
+        hint = ctx.speculate(1, 0, window[-1])
+        assert ctx.stats()["select_calls"] == 0
+        chosen = ctx.select(1, 0, window[-1])
+        for a, b in zip(hint.heads(), chosen.heads()):
+            assert list(a) == list(b)
+        stats = ctx.stats()
+        assert stats["hint_tokens"] > 0 and stats["hint_covered"] == stats["hint_tokens"]

@@ -92,6 +92,7 @@ pub const PQ_SELECTOR_ADAKV: pq_selector = 14;
 pub const PQ_SELECTOR_ZIGZAGKV: pq_selector = 15;
 pub const PQ_SELECTOR_PYRAMIDINFER: pq_selector = 16;
 pub const PQ_SELECTOR_FASTGEN: pq_selector = 17;
+pub const PQ_SELECTOR_INFINIGEN: pq_selector = 18;
 
 pub type pq_token_class = i32;
 pub const PQ_TOKEN_PLAIN: pq_token_class = 0;
@@ -265,6 +266,8 @@ c_struct! {
         pub zigzag_floor: f32,
         pub pyramidinfer_decay: f32,
         pub fastgen_recovery: f32,
+        pub infinigen_partial_ratio: f32,
+        pub infinigen_alpha: f32,
     }
 }
 
@@ -317,6 +320,8 @@ c_struct! {
         pub cache_misses: u64,
         pub host_bytes: u64,
         pub bytes_staged: u64,
+        pub hint_tokens: u64,
+        pub hint_covered: u64,
     }
 }
 
@@ -617,6 +622,8 @@ pq_functions! {
                           queries: *const pq_tensor) -> pq_status;
     fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,
                             selection: *const pq_selection, probs: *const f32) -> pq_status;
+    fn pq_decode_speculate(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                           query_estimate: *const pq_tensor, out: *mut pq_selection) -> pq_status;
     fn pq_sequence_token_classes(ctx: *mut pq_context, seq_id: u64, first: i64, count: i64,
                                  classes: *const u8) -> pq_status;
     fn pq_layer_info_get(ctx: *const pq_context, seq_id: u64, layer: i32,

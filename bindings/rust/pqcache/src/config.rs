@@ -69,6 +69,7 @@ c_enum! {
         ZigZagKv = sys::PQ_SELECTOR_ZIGZAGKV,
         PyramidInfer = sys::PQ_SELECTOR_PYRAMIDINFER,
         FastGen = sys::PQ_SELECTOR_FASTGEN,
+        InfiniGen = sys::PQ_SELECTOR_INFINIGEN,
     }
 }
 
@@ -290,6 +291,10 @@ impl Config {
         pyramidinfer_decay: f32;
         /// FastGen: the share of the window's attention a head's policy keeps (default 0.9).
         fastgen_recovery: f32;
+        /// InfiniGen: the share of head_dim kept of each key (default 0.2).
+        infinigen_partial_ratio: f32;
+        /// InfiniGen: how far below a head's best score a token still counts (default 4).
+        infinigen_alpha: f32;
     }
 }
 

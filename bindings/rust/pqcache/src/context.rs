@@ -258,6 +258,44 @@ impl Context {
         self.library.check(status)
     }
 
+    /// A selection a step early, from an estimate of the query
+    /// (`pq_decode_speculate`): what [`Context::select`] would write for it,
+    /// without changing the selector's state; the next select of this
+    /// layer at the same length counts how much of its middle it held
+    /// ([`Stats::hint_covered`]). `out` grows as for [`Context::select`].
+    pub fn speculate(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        query_estimate: &Tensor<'_>,
+        out: &mut Selection,
+    ) -> Result<()> {
+        let layer = to_i32(layer, "layer")?;
+        let mut status = sys::PQ_ERR_BUFFER_TOO_SMALL;
+        let mut capacity = out.capacity();
+        for _ in 0..2 {
+            out.reserve(self.num_kv_heads(), capacity);
+            let mut raw = out.as_raw();
+            status = unsafe {
+                (self.api().pq_decode_speculate)(
+                    self.ptr(),
+                    seq_id,
+                    layer,
+                    query_estimate.as_raw(),
+                    &mut raw,
+                )
+            };
+            if status != sys::PQ_ERR_BUFFER_TOO_SMALL {
+                break;
+            }
+            capacity = out.needed_capacity();
+        }
+        if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
+            out.clear();
+        }
+        self.library.check(status)
+    }
+
     /// One `pq_decode_select` into `out` (sized for this context's kv heads).
     fn decode_select(
         &self,
@@ -702,6 +740,11 @@ pub struct Stats {
     /// K/V bytes the CPU copied to stage rows for a device fetch (0 with
     /// the CUDA backend's own pinned store).
     pub bytes_staged: u64,
+    /// Middle tokens chosen by selects that followed a hint
+    /// ([`Context::speculate`]) of the same layer and length.
+    pub hint_tokens: u64,
+    /// Of those, the ones the hint held.
+    pub hint_covered: u64,
 }
 
 impl From<sys::pq_stats> for Stats {
@@ -725,6 +768,8 @@ impl From<sys::pq_stats> for Stats {
             cache_misses: s.cache_misses,
             host_bytes: s.host_bytes,
             bytes_staged: s.bytes_staged,
+            hint_tokens: s.hint_tokens,
+            hint_covered: s.hint_covered,
         }
     }
 }

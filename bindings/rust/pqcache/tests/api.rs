@@ -1156,3 +1156,29 @@ fn fastgen_keeps_the_special_tokens_it_is_told_of() {
     assert_eq!(err.status, Status::InvalidArgument, "{err}");
     assert!(err.message.contains("classes[2] is 4"), "{err}");
 }
+
+/// A speculation writes what the select then chooses for the same query,
+/// and the select counts it as covered.
+#[test]
+fn speculate_is_a_hint_the_next_select_counts() {
+    let config = reference_config(&Library::linked()).selector(pqcache::Selector::InfiniGen);
+    let ctx = Context::new(&config).unwrap();
+    let n = 96;
+    ctx.add_sequence(1).unwrap();
+    let kv = Shape::token_major(n, KV_HEADS, HEAD_DIM);
+    let k = generate(1, n * KV_HEADS * HEAD_DIM);
+    ctx.prefill(1, 0, &Tensor::f32(&k, kv).unwrap(), &Tensor::f32(&k, kv).unwrap())
+        .unwrap();
+    let q = generate(3, 8 * Q_HEADS * HEAD_DIM);
+    let window = Tensor::f32(&q, Shape::token_major(8, Q_HEADS, HEAD_DIM)).unwrap();
+    ctx.prefill_queries(1, 0, &window).unwrap();
+    let query = query_tensor(&q[..Q_HEADS * HEAD_DIM]);
+    let (mut hint, mut sel) = (Selection::new(KV_HEADS, 0), Selection::new(KV_HEADS, 0));
+    ctx.speculate(1, 0, &query, &mut hint).unwrap();
+    ctx.select(1, 0, &query, &mut sel).unwrap();
+    assert_eq!(heads(&hint), heads(&sel));
+    let stats = ctx.stats().unwrap();
+    assert_eq!(stats.select_calls, 1);
+    assert!(stats.hint_tokens > 0);
+    assert_eq!(stats.hint_covered, stats.hint_tokens);
+}

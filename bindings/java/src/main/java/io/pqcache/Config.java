@@ -328,6 +328,16 @@ public final class Config {
       return set(c -> c.setFastgen_recovery(share));
     }
 
+    /** InfiniGen: the share of head_dim kept of each key, in (0, 1]; default 0.2. */
+    public Builder infinigenPartialRatio(float share) {
+      return set(c -> c.setInfinigen_partial_ratio(share));
+    }
+
+    /** InfiniGen: how far below a head's best score a token still counts, in (0, 1e6]; default 4. */
+    public Builder infinigenAlpha(float alpha) {
+      return set(c -> c.setInfinigen_alpha(alpha));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

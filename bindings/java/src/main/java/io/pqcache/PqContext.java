@@ -499,18 +499,33 @@ public final class PqContext implements AutoCloseable {
    * {@link #selectionCapacity}. Errors are pq_decode_select's.
    */
   public Selection decodeSelect(long seqId, int layer, ByteBuffer query) {
+    return select(seqId, layer, query, false);
+  }
+
+  /**
+   * A selection a step early, from an estimate of the query
+   * (pq_decode_speculate): what {@link #decodeSelect} would return for it,
+   * without changing the selector's state, so the caller can start fetching;
+   * the next select of the layer at the same length counts how much of its
+   * middle the hint held (stats: hint_tokens, hint_covered in the C API).
+   */
+  public Selection decodeSpeculate(long seqId, int layer, float[] queryEstimate) {
+    return select(seqId, layer, copyIn(queryEstimate, "queryEstimate", 1, queryHeads), true);
+  }
+
+  private Selection select(long seqId, int layer, ByteBuffer query, boolean speculate) {
     ByteBuffer q = input(query, "query", 1, queryHeads);
     return call(h -> {
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
         int capacity = capacityHint(layer);
         ByteBuffer[] arrays = Selection.allocateNative(kvHeads, capacity);
         try {
-          selectInto(h, seqId, layer, tq.tensor, arrays, capacity);
+          selectInto(h, seqId, layer, tq.tensor, arrays, capacity, speculate);
         } catch (PqException e) {
           if (e.status() != Status.BUFFER_TOO_SMALL) {
             throw e;
           }
-          return selectGrown(h, seqId, layer, tq.tensor, arrays);
+          return selectGrown(h, seqId, layer, tq.tensor, arrays, speculate);
         }
         return Selection.fromNative(kvHeads, capacity, arrays[0], arrays[1]);
       }
@@ -960,11 +975,15 @@ public final class PqContext implements AutoCloseable {
 
   /** One pq_decode_select into arrays (positions, counts) of the given capacity. */
   private static void selectInto(long h, long seqId, int layer, pq_tensor query,
-      ByteBuffer[] arrays, int capacity) {
+      ByteBuffer[] arrays, int capacity, boolean speculate) {
     pq_selection selection = new pq_selection();
     try {
       selection.attach(arrays[0], arrays[1], capacity);
-      pqcache.pq_decode_select(h, seqId, layer, query, selection);
+      if (speculate) {
+        pqcache.pq_decode_speculate(h, seqId, layer, query, selection);
+      } else {
+        pqcache.pq_decode_select(h, seqId, layer, query, selection);
+      }
     } finally {
       selection.delete();
       Reference.reachabilityFence(arrays);
@@ -976,13 +995,13 @@ public final class PqContext implements AutoCloseable {
    * {@code tooSmall}: selects once more into arrays of that size.
    */
   private Selection selectGrown(long h, long seqId, int layer, pq_tensor query,
-      ByteBuffer[] tooSmall) {
+      ByteBuffer[] tooSmall, boolean speculate) {
     int needed = tooSmall[1].getInt(0);
     if (layer >= 0 && layer < layers) {
       capacityHints.accumulateAndGet(layer, needed, Math::max);
     }
     ByteBuffer[] arrays = Selection.allocateNative(kvHeads, needed);
-    selectInto(h, seqId, layer, query, arrays, needed);
+    selectInto(h, seqId, layer, query, arrays, needed, speculate);
     return Selection.fromNative(kvHeads, needed, arrays[0], arrays[1]);
   }
 
@@ -1009,7 +1028,7 @@ public final class PqContext implements AutoCloseable {
       String retryMessage = null;
       if (codes[i] == pq_status.PQ_ERR_BUFFER_TOO_SMALL) {
         try {
-          selections[i] = selectGrown(h, seqIds[i], layer, tensors[i].tensor, arrays[i]);
+          selections[i] = selectGrown(h, seqIds[i], layer, tensors[i].tensor, arrays[i], false);
           codes[i] = pq_status.PQ_OK;
         } catch (PqException retry) {
           codes[i] = retry.code();

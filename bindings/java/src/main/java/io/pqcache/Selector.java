@@ -19,7 +19,8 @@ public enum Selector {
   ADAKV(14),
   ZIGZAGKV(15),
   PYRAMIDINFER(16),
-  FASTGEN(17);
+  FASTGEN(17),
+  INFINIGEN(18);
 
   private final int code;
 

@@ -90,6 +90,29 @@ class ContextTest {
     }
   }
 
+  /** One layer, 4 query and 2 kv heads of 16 dimensions, 4 sinks, 16 local, k 16. */
+  private static Config.Builder smallConfig() {
+    return Config.builder().dtype(DType.F32).layers(1).queryHeads(4).kvHeads(2).headDim(16)
+        .sinkTokens(4).localTokens(16).topkTokens(16).workerThreads(1);
+  }
+
+  /**
+   * Sequence 1 of {@code ctx} gets n generated tokens and 8 window queries;
+   * returns the last of them, a query for a select.
+   */
+  private static float[] prefillWithWindow(PqContext ctx, int n) {
+    float[] keys = new float[n * 2 * 16];
+    for (int i = 0; i < keys.length; i++) keys[i] = ReferenceCycle.value(1, i);
+    ctx.prefillLayer(1, 0, n, keys, keys);
+    float[] queries = new float[8 * 4 * 16];
+    for (int i = 0; i < queries.length; i++) queries[i] = ReferenceCycle.value(3, i);
+    ByteBuffer window = ByteBuffer.allocateDirect(queries.length * Float.BYTES)
+        .order(ByteOrder.nativeOrder());
+    window.asFloatBuffer().put(queries);
+    ctx.prefillQueries(1, 0, 8, window);
+    return java.util.Arrays.copyOfRange(queries, 7 * 4 * 16, 8 * 4 * 16);
+  }
+
   /**
    * FastGen reads the classes given through tokenClasses: at a recovery
    * ratio this low every kv head takes the special-token policy, so its
@@ -97,9 +120,7 @@ class ContextTest {
    */
   @Test
   void fastgenKeepsTheSpecialTokensItIsToldOf() {
-    Config config = Config.builder().dtype(DType.F32).layers(1).queryHeads(4).kvHeads(2)
-        .headDim(16).sinkTokens(4).localTokens(16).topkTokens(16).workerThreads(1)
-        .selector(Selector.FASTGEN).fastgenRecovery(1e-6f).build();
+    Config config = smallConfig().selector(Selector.FASTGEN).fastgenRecovery(1e-6f).build();
     try (PqContext ctx = new PqContext(config)) {
       int n = 64;
       ctx.addSequence(1);
@@ -107,16 +128,8 @@ class ContextTest {
       classes[10] = PqContext.TOKEN_SPECIAL;
       classes[30] = PqContext.TOKEN_SPECIAL | PqContext.TOKEN_PUNCTUATION;
       ctx.tokenClasses(1, 0, classes);
-      float[] keys = new float[n * 2 * 16];
-      for (int i = 0; i < keys.length; i++) keys[i] = ReferenceCycle.value(1, i);
-      ctx.prefillLayer(1, 0, n, keys, keys);
-      float[] queries = new float[8 * 4 * 16];
-      for (int i = 0; i < queries.length; i++) queries[i] = ReferenceCycle.value(3, i);
-      ByteBuffer window = ByteBuffer.allocateDirect(queries.length * Float.BYTES)
-          .order(ByteOrder.nativeOrder());
-      window.asFloatBuffer().put(queries);
-      ctx.prefillQueries(1, 0, 8, window);
-      Selection sel = ctx.decodeSelect(1, 0, java.util.Arrays.copyOf(queries, 4 * 16));
+      float[] query = prefillWithWindow(ctx, n);
+      Selection sel = ctx.decodeSelect(1, 0, query);
       int[] want = new int[4 + 2 + 16];
       for (int i = 0; i < 4; i++) want[i] = i;
       want[4] = 10;
@@ -127,6 +140,21 @@ class ContextTest {
           () -> ctx.tokenClasses(1, 0, new byte[] {0, 3, 4}));
       assertEquals(Status.INVALID_ARGUMENT, bad.status());
       assertTrue(bad.libraryMessage().contains("classes[2] is 4"), bad.libraryMessage());
+    }
+  }
+
+  /** A speculation for the query the select then uses is that selection. */
+  @Test
+  void speculateReturnsWhatTheSelectThenChooses() {
+    try (PqContext ctx = new PqContext(smallConfig().selector(Selector.INFINIGEN).build())) {
+      ctx.addSequence(1);
+      float[] query = prefillWithWindow(ctx, 96);
+      Selection hint = ctx.decodeSpeculate(1, 0, query);
+      Selection chosen = ctx.decodeSelect(1, 0, query);
+      for (int h = 0; h < 2; h++) {
+        assertArrayEquals(chosen.positions(h), hint.positions(h), "kv head " + h);
+      }
+      assertEquals(1, ctx.stats().selectCalls());
     }
   }
 
@@ -182,6 +210,7 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_ZIGZAGKV, Selector.ZIGZAGKV.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_PYRAMIDINFER, Selector.PYRAMIDINFER.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_FASTGEN, Selector.FASTGEN.code());
+    assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_INFINIGEN, Selector.INFINIGEN.code());
     assertEquals(io.pqcache.swig.pq_selector.PQ_SELECTOR_H2O, Selector.H2O.code());
     assertEquals(io.pqcache.swig.pq_gqa_combine.PQ_GQA_MEAN, GqaCombine.MEAN.code());
     assertEquals(io.pqcache.swig.pq_kmeans_init.PQ_KMEANS_INIT_KMEANSPP,
@@ -193,6 +222,6 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
-    assertEquals(Selector.values().length, 18);
+    assertEquals(Selector.values().length, 19);
   }
 }
