@@ -1236,8 +1236,8 @@ PQ_API pq_status pq_sequence_token_classes(pq_context* ctx, uint64_t seq_id,
  * a hint: the next pq_decode_select of this (sequence, layer) at the same
  * length, or one token longer (the step's own token, appended after the
  * speculation, joins the local window), counts how many of the middle
- * tokens it chooses the hint held (pq_stats.hint_tokens, hint_covered);
- * nothing else reads it. InfiniGen
+ * tokens it chooses the hint held, in its middle or its local window
+ * (pq_stats.hint_tokens, hint_covered); nothing else reads it. InfiniGen
  * is made for it (its authors estimate layer l's query from layer l-1's
  * attention input and layer l's query weights); any selector works. Errors:
  * as pq_decode_select. Threading: as pq_decode_select. */

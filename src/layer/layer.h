@@ -245,6 +245,7 @@ class Layer {
   // head) and the length it was made at (-1: none, or used).
   struct Hint {
     int64_t tokens = -1;
+    int64_t local_begin = 0;  // its local window: [local_begin, tokens)
     int64_t k = 0;
     std::vector<int32_t> middle;
     std::vector<int32_t> counts;

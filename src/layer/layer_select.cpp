@@ -31,6 +31,7 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
   }
   const int64_t count = select_finish(prepared, out, seq, /*counted=*/false);
   hint_.tokens = prepared.regions.n;
+  hint_.local_begin = prepared.regions.mid_end;
   hint_.k = prepared.regions.k;
   hint_.middle.swap(prepared.middle);
   hint_.counts.swap(prepared.head_counts);
@@ -53,13 +54,19 @@ void Layer::count_hint(const PreparedSelect& prepared, const SequenceInfo& seq) 
     const int32_t* hint = hint_.middle.data() + h * hint_.k;
     const int32_t n_got = prepared.head_counts[h], n_hint = hint_.counts[h];
     chosen += static_cast<uint64_t>(n_got);
-    for (int32_t i = 0, j = 0; i < n_got && j < n_hint;) {  // both ascending
-      if (got[i] == hint[j]) {
+    // Covered: in the hint's middle, or in its local window (rows a caller
+    // fetching the hint has too). Both rows ascending.
+    for (int32_t i = 0, j = 0; i < n_got;) {
+      if (got[i] >= hint_.local_begin) {
+        covered += static_cast<uint64_t>(n_got - i);
+        break;
+      }
+      if (j < n_hint && got[i] == hint[j]) {
         ++covered, ++i, ++j;
-      } else if (got[i] < hint[j]) {
-        ++i;
-      } else {
+      } else if (j < n_hint && got[i] > hint[j]) {
         ++j;
+      } else {
+        ++i;
       }
     }
   }

@@ -132,6 +132,9 @@ class _Row:
     pending_window: Dict[int, np.ndarray] = field(default_factory=dict)
     selection: Dict[int, SelectionResult] = field(default_factory=dict)
     fetched: Dict[int, tuple] = field(default_factory=dict)
+    # speculate=True: each library layer's hint for the coming token
+    # (pq_decode_speculate, made during the model layer before it).
+    hints: Dict[int, SelectionResult] = field(default_factory=dict)
 
 
 class _LibraryLayer(CacheLayerMixin):
@@ -214,13 +217,20 @@ class Session:
         class (FastGen: special tokens, punctuation); required for them.
         The Session reads each forward's input_ids (a hook on the input
         embeddings) and gives the library their classes.
+    speculate: at each decode step, during model layer L-1, estimate layer
+        L's query from layer L-1's attention input through layer L's query
+        projection (its norm and RoPE) and hand it to pq_decode_speculate,
+        as InfiniGen does (model layers 0 and 1 are not speculated, as in
+        its code). An InfiniGen row then attends over the hint's tokens and
+        the step's own; every row's select counts the hint's coverage
+        (stats: hint_tokens, hint_covered).
 
     Threading: a Session serves one forward at a time, like the model.
     """
 
     def __init__(self, model, *, rows: Optional[Sequence[dict]] = None,
                  chunk_mode: str = "prefill", rope_pairs: Optional[bool] = None,
-                 tokenizer=None, **config):
+                 tokenizer=None, speculate: bool = False, **config):
         if chunk_mode not in CHUNK_MODES:
             raise ValueError(f"chunk_mode {chunk_mode!r}; expected one of {CHUNK_MODES}")
         if rows is not None and len(rows) == 0:
@@ -290,6 +300,9 @@ class Session:
         if self._class_table is not None:
             self._ids_hook = model.get_input_embeddings().register_forward_pre_hook(
                 self._record_ids, with_kwargs=True)
+        self._speculation_hooks = []
+        if speculate:
+            self._start_speculating(model)
 
     # --- lifetime ----------------------------------------------------------
 
@@ -317,6 +330,9 @@ class Session:
         if self._ids_hook is not None:
             self._ids_hook.remove()
             self._ids_hook = None
+        for hook in getattr(self, "_speculation_hooks", []):
+            hook.remove()
+        self._speculation_hooks = []
         if self._contexts:
             self.model.set_attn_implementation(self._previous_attention)
         self._close_contexts()
@@ -381,6 +397,51 @@ class Session:
 
     # --- the attention function's work -----------------------------------
 
+    def _start_speculating(self, model) -> None:
+        """Hooks the attention module of every model layer L-1 whose layer L
+        selects (L >= 2) to speculate for L."""
+        base = getattr(model, "model", model)
+        rotary = getattr(base, "rotary_emb", None)
+        if rotary is None:
+            raise ValueError("speculate=True needs the model's rotary embedding (model.model."
+                             "rotary_emb) to place the estimated queries")
+        import inspect
+
+        typed = len(inspect.signature(rotary.forward).parameters) >= 3  # Gemma-3: per layer type
+        self._rope = (lambda x, pos: rotary(x, pos, "full_attention")) if typed else rotary
+        by_index = {m.layer_idx: m for m in self._modules}
+        for layer, j in self.library_layer.items():
+            if layer < 2 or layer - 1 not in by_index or layer not in by_index:
+                continue
+            target = by_index[layer]
+            self._speculation_hooks.append(by_index[layer - 1].register_forward_pre_hook(
+                lambda module, args, kwargs, target=target, j=j:
+                    self._speculate(target, j, args, kwargs), with_kwargs=True))
+
+    def _speculate(self, target, j: int, args, kwargs) -> None:
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if hidden is None or hidden.shape[1] != 1 or not self._rows:
+            return  # a prompt chunk, or no rows yet: nothing to speculate for
+        with torch.no_grad():
+            q = target.q_proj(hidden).view(hidden.shape[0], 1, -1, self.head_dim)
+            if getattr(target, "q_norm", None) is not None:
+                q = target.q_norm(q)
+            q = q.transpose(1, 2)                                  # [B, H, 1, D]
+            for b in range(hidden.shape[0]):
+                row = self._row_state(b)
+                position = row.lengths[j]
+                if position == 0:
+                    continue
+                pos = torch.tensor([[position]], device=hidden.device)
+                cos, sin = self._rope(hidden[b:b + 1], pos)
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+                half = self.head_dim // 2
+                qb = q[b:b + 1]
+                rotated = torch.cat((-qb[..., half:], qb[..., :half]), dim=-1)
+                estimate = (qb * cos + rotated * sin)[0, :, 0]      # [H, D]
+                self._hand_over_window(row, j)
+                row.hints[j] = row.ctx.speculate(row.seq, j, _host_array(estimate.to(self.dtype)))
+
     def _record_ids(self, module, args, kwargs):
         ids = args[0] if args else kwargs.get("input")
         self._input_ids = ids if torch.is_tensor(ids) else None
@@ -412,6 +473,7 @@ class Session:
         row.ctx.add_sequence(row.seq)
         row.lengths = [0] * len(row.lengths)
         row.pending_window.clear()
+        row.hints.clear()
 
     def _attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
         if module.layer_idx not in self.library_layer:  # a sliding-window layer stays local
@@ -561,7 +623,17 @@ class Session:
         row.lengths[layer] += 1
         sel = self._selection(row, layer)
         q_host = _host_array(q)
-        ctx.select(seq, layer, q_host, out=sel)
+        ctx.select(seq, layer, q_host, out=sel)  # with a hint: counts its coverage
+        hint = row.hints.pop(layer, None)
+        if hint is not None and row.selector == "infinigen":
+            # InfiniGen attends over what it speculated, and the step's token.
+            n = row.lengths[layer]
+            sel = SelectionResult(self.num_kv_heads, hint.capacity + 1)
+            for h in range(self.num_kv_heads):
+                c = int(hint.counts[h])
+                sel.positions[h, :c] = hint.positions[h, :c]
+                sel.positions[h, c] = n - 1
+                sel.counts[h] = c + 1
         if row.selector not in ATTENTION_SELECTORS:
             # The library attends over its own store (pq_decode_attend): no
             # gathered copy, no torch operations per layer and token.

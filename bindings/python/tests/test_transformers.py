@@ -151,6 +151,47 @@ def test_every_selector_runs_generate(selector):
         assert capacity == 4 + 16 + topk  # sinks + top-k + local: a subset of the 405
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_speculation_changes_no_selection_and_counts_its_coverage(arch):
+    """speculate=True: during layer L-1 the Session estimates layer L's query
+    and hands it to pq_decode_speculate (L >= 2: llama's layer 2, Gemma-3's
+    global layer 4). For H2O and PQ the hints change nothing (the same
+    tokens as without them, H2O's drop marks included); every select after
+    a hint counts its coverage. InfiniGen attends over its hints."""
+    model = _model(arch)
+    ids = _ids(300)
+    steps = 5  # decode steps after the prompt's token; one speculated layer each
+    # Each select after a hint counts its middle: 2 kv heads x k(n), k(n) =
+    # ceil(0.2 x (n - 4 sinks - 16 local)), at n = 301 .. 305; the hint was
+    # made a token earlier, for k(n - 1).
+    def k(n):
+        return math.ceil(0.2 * (n - 20))
+
+    chosen = sum(2 * k(n) for n in range(301, 301 + steps))
+    grown = sum(2 * (k(n) - k(n - 1)) for n in range(301, 301 + steps))
+    for selector in ("h2o", "pq", "infinigen"):
+        outs, stats = [], None
+        for speculate in (False, True):
+            with pqt.Session(model, selector=selector, topk_fraction=0.2, speculate=speculate,
+                             **SMALL) as session:
+                with torch.no_grad():
+                    outs.append(model.generate(ids, max_new_tokens=steps + 1, do_sample=False,
+                                               past_key_values=session.cache(),
+                                               output_logits=True, return_dict_in_generate=True))
+                stats = session.stats()
+        assert 0 <= stats["hint_covered"] <= stats["hint_tokens"]
+        if selector == "infinigen":  # its heads take n <= k
+            assert 0 < stats["hint_tokens"] <= chosen
+        else:
+            assert stats["hint_tokens"] == chosen
+        if selector == "h2o":  # its choice does not depend on the query: only
+            assert stats["hint_covered"] == chosen - grown  # a grown k escapes the hint
+        if selector != "infinigen":
+            assert torch.equal(outs[0].sequences, outs[1].sequences), selector
+            for a, b in zip(outs[0].logits, outs[1].logits):
+                assert torch.equal(a, b), selector
+
+
 class _Tokenizer:
     """What token_class_table reads of a tokenizer: ids 0-2 are special,
     every seventh id decodes to punctuation."""
