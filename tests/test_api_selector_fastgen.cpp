@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "api_test_util.h"
 
@@ -405,6 +406,22 @@ TEST(FastGen, ClassesFollowForkTruncateAndSaveRestore) {
   PQ_ASSERT_OK(pq_sequence_truncate(ctx, kSeq + 1, kPrompt));
   for (int i = 0; i < 8; ++i) child = step(ctx, kSeq + 1, c);
   EXPECT_FALSE(holds(child, kPrompt)) << "the truncate kept the class of a removed token";
+}
+
+// pq_sequence_token_classes takes each layer's lock in turn: it may run
+// while the layers select and append (TSan checks this in CI).
+TEST(FastGen, ClassesGivenWhileLayersSelect) {
+  const pq_config c = fastgen_config(0.9f);
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  prefill(ctx, kSeq, c);
+  std::thread classes([&] {
+    std::vector<uint8_t> punct(kPrompt, PQ_TOKEN_PUNCTUATION);
+    for (int i = 0; i < 200; ++i)
+      EXPECT_TRUE(pqt::IsOk(pq_sequence_token_classes(ctx, kSeq, 0, kPrompt, punct.data())));
+  });
+  for (int i = 0; i < 50; ++i) (void)step(ctx, kSeq, c, i % kLayers);
+  classes.join();
 }
 
 }  // namespace
