@@ -25,4 +25,4 @@ echo "Selectors on real attention (the committed trace, first 64 decode steps):"
 # In the project's venv, with the binding the build staged in $build_dir/python.
 PQ_BUILD_DIR=$build_dir "$root/scripts/run-python" -m pqeval.replay \
   "$root/tests/data/smollm2_sotu_2k.pqtrace" --steps 64 \
-  --selectors exact,pq,sparq,infllm,quest,h2o,snapkv,pyramidkv,scope,scissorhands,keyformer,clusterkv,adakv,zigzagkv,pyramidinfer,fastgen,infinigen,window,random
+  --selectors exact,pq,sparq,infllm,quest,h2o,snapkv,pyramidkv,scope,scissorhands,keyformer,clusterkv,adakv,zigzagkv,pyramidinfer,fastgen,window,random

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from pqeval import longctx, replay, report, stats, trace as trace_io
-from pqeval.longctx import PQ_VARIANTS, SELECTORS, budget
+from pqeval.longctx import PQ_VARIANTS, SELECTORS, TRACE_SELECTORS, budget
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "data" / "smollm2_sotu_2k.pqtrace"
@@ -114,7 +114,7 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
             # time, each written as it finishes.
             t = None
             for fraction in (0.2, 0.1):
-                for name in SELECTORS:
+                for name in TRACE_SELECTORS:
                     key = f"{name}@1/{round(1 / fraction)}"
                     if key in study["selectors"]:
                         continue
@@ -151,7 +151,7 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
         start = time.perf_counter()
         t = longtrace.capture(model, log=log)
         captured = time.perf_counter()
-        studies[model] = longtrace.study(t, SELECTORS, steps=TRACE_STEPS, log=log,
+        studies[model] = longtrace.study(t, TRACE_SELECTORS, steps=TRACE_STEPS, log=log,
                                          tokenizer=hf.tokenizer(model))
         studies[model]["capture_seconds"] = captured - start
         studies[model]["seconds"] = time.perf_counter() - captured
@@ -171,7 +171,7 @@ def committed_trace(steps: int = 64) -> Dict[str, replay.Result]:
     classes = token_classes.read(FIXTURE)
     return {f"{s}@1/{round(1 / f)}": replay.replay(t, s, budget(s, f), steps=steps,
                                                    token_classes=classes)
-            for f in (0.2, 0.1) for s in SELECTORS}
+            for f in (0.2, 0.1) for s in TRACE_SELECTORS}
 
 
 def committed_trace_table(results: Dict[str, replay.Result], lines: List[str]) -> None:

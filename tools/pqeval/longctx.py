@@ -34,7 +34,12 @@ import numpy as np
 
 SELECTORS = ["exact", "pq", "sparq", "infllm", "quest", "h2o", "snapkv", "pyramidkv", "scope",
              "scissorhands", "keyformer", "clusterkv", "adakv", "zigzagkv", "pyramidinfer",
-             "fastgen", "window", "random"]
+             "fastgen", "infinigen", "window", "random"]
+# Selectors that choose with a query estimated a layer early (the Session's
+# speculate=True): a trace holds the true queries only, so the trace studies
+# leave them out.
+SPECULATING = ("infinigen",)
+TRACE_SELECTORS = [s for s in SELECTORS if s not in SPECULATING]
 # A tuple, not a set: ties between drop methods resolve in this order, the
 # same in every run (a set's order of strings changes with the hash seed).
 DROP = ("h2o", "snapkv", "pyramidkv", "scope", "scissorhands", "keyformer", "adakv",
@@ -195,8 +200,9 @@ class Runner:
         self.model, self.tokenizer = model, tokenizer
         self.rows = row_list
         self.torch = torch
-        self.session = Session(model, rows=[r.fields() for r in row_list], chunk_mode=chunk_mode,
-                               tokenizer=tokenizer)
+        fields = [r.fields() for r in row_list]
+        self.session = Session(model, rows=fields, chunk_mode=chunk_mode, tokenizer=tokenizer,
+                               speculate=any(f.get("selector") in SPECULATING for f in fields))
 
     def close(self) -> None:
         self.session.close()

@@ -11,7 +11,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from pqeval import stats
-from pqeval.longctx import ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS, base_key
+from pqeval.longctx import (ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS, TRACE_SELECTORS,
+                            base_key)
 
 BUDGETS = {"1/5": 0.2, "1/10": 0.1}
 OTHERS = [s for s in SELECTORS if s not in ("exact", "pq")]   # the non-oracle competition
@@ -260,9 +261,10 @@ def trace_table(study: Dict, lines: List[str]) -> None:
     lines += ["| selector | budget | exact top-k recall | per-head recall | attention mass "
               "| sinks + local alone | middle mass | output error | tokens per kv head |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    missing = [s for s in SELECTORS if any(f"{s}@{b}" not in study["selectors"] for b in BUDGETS)]
+    missing = [s for s in TRACE_SELECTORS
+               if any(f"{s}@{b}" not in study["selectors"] for b in BUDGETS)]
     for b in BUDGETS:
-        for s in SELECTORS:
+        for s in TRACE_SELECTORS:
             if s in missing:
                 continue
             layers = study["selectors"][f"{s}@{b}"]

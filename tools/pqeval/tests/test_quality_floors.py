@@ -47,7 +47,7 @@ def results():
     classes = token_classes.read(FIXTURE)  # FastGen's (the fixture's committed classes)
     out = {}
     for fraction in (0.2, 0.1):
-        for name in evaluate.SELECTORS:
+        for name in evaluate.TRACE_SELECTORS:
             out[(name, fraction)] = replay.replay(t, name, evaluate.budget(name, fraction),
                                                   steps=STEPS, token_classes=classes, **LAYOUT)
         out[("pq-rerank", fraction)] = replay.replay(
