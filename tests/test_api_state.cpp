@@ -126,26 +126,34 @@ class StateTest : public ::testing::Test {
 // Truncate
 // ---------------------------------------------------------------------------
 
+void feed_selector(pq_context* ctx, uint64_t id, int64_t tokens);
+
+// PQ's codes and InfiniGen's partial keys of the truncated tokens go too.
 TEST_F(StateTest, TruncatedDecodeTokensAreAsIfTheyNeverCame) {
-  Ctx ctx(state_config(PQ_SELECTOR_PQ));
-  ASSERT_TRUE(ctx.ok());
-  // seq 1: 600 prompt tokens, 40 accepted and 30 rejected (stream 2) tokens.
-  prefill(ctx, 1, 1, 600);
-  decode(ctx, 1, 1, 600, 40);
-  decode(ctx, 1, 2, 640, 30);
-  (void)steps(ctx, 1, 5);  // selections and the cache saw the rejected tokens
-  ASSERT_EQ(pq_sequence_truncate(ctx, 1, 640), PQ_OK) << pq_last_error();
-  EXPECT_EQ(length(ctx, 1, 0), 640);
-  EXPECT_EQ(length(ctx, 1, 1), 640);
-  // seq 2 never saw them.
-  prefill(ctx, 2, 1, 600);
-  decode(ctx, 2, 1, 600, 40);
-  decode(ctx, 1, 1, 640, 20);
-  decode(ctx, 2, 1, 640, 20);
-  for (uint64_t q = 0; q < 3; ++q) EXPECT_TRUE(steps(ctx, 1, q) == steps(ctx, 2, q)) << q;
-  pq_layer_info a = layer_info(ctx, 1, 0), b = layer_info(ctx, 2, 0);
-  EXPECT_EQ(a.coded_tokens, b.coded_tokens);
-  EXPECT_EQ(a.prefill_tokens, 600);
+  for (int32_t selector : {PQ_SELECTOR_PQ, PQ_SELECTOR_INFINIGEN}) {
+    SCOPED_TRACE(selector);
+    Ctx ctx(state_config(selector));
+    ASSERT_TRUE(ctx.ok());
+    // seq 1: 600 prompt tokens, 40 accepted and 30 rejected (stream 2) tokens.
+    prefill(ctx, 1, 1, 600);
+    feed_selector(ctx, 1, 600);
+    decode(ctx, 1, 1, 600, 40);
+    decode(ctx, 1, 2, 640, 30);
+    (void)steps(ctx, 1, 5);  // selections and the cache saw the rejected tokens
+    ASSERT_EQ(pq_sequence_truncate(ctx, 1, 640), PQ_OK) << pq_last_error();
+    EXPECT_EQ(length(ctx, 1, 0), 640);
+    EXPECT_EQ(length(ctx, 1, 1), 640);
+    // seq 2 never saw them.
+    prefill(ctx, 2, 1, 600);
+    feed_selector(ctx, 2, 600);
+    decode(ctx, 2, 1, 600, 40);
+    decode(ctx, 1, 1, 640, 20);
+    decode(ctx, 2, 1, 640, 20);
+    for (uint64_t q = 0; q < 3; ++q) EXPECT_TRUE(steps(ctx, 1, q) == steps(ctx, 2, q)) << q;
+    pq_layer_info a = layer_info(ctx, 1, 0), b = layer_info(ctx, 2, 0);
+    EXPECT_EQ(a.coded_tokens, b.coded_tokens);
+    EXPECT_EQ(a.prefill_tokens, 600);
+  }
 }
 
 TEST_F(StateTest, TruncateInsideThePrefillRebuildsTheIndexOverWhatStays) {
@@ -229,15 +237,21 @@ TEST_F(StateTest, TruncateToZeroEmptiesAndBadCountsAreNamed) {
 
 TEST_F(StateTest, ForkSelectsAsASequenceGivenTheSameTokens) {
   for (int32_t selector : {PQ_SELECTOR_PQ, PQ_SELECTOR_QUEST, PQ_SELECTOR_INFLLM, PQ_SELECTOR_EXACT,
-                           PQ_SELECTOR_CLUSTERKV}) {
+                           PQ_SELECTOR_CLUSTERKV, PQ_SELECTOR_INFINIGEN}) {
     SCOPED_TRACE(selector);
     Ctx ctx(state_config(selector));
     ASSERT_TRUE(ctx.ok());
-    prefill(ctx, 1, 1, 700);  // two full chunks and a partial one
+    // The same window queries for every sequence (InfiniGen's skew; the
+    // others ignore them).
+    auto prompt = [&](uint64_t id) {
+      prefill(ctx, id, 1, 700);  // two full chunks and a partial one
+      feed_selector(ctx, id, 700);
+    };
+    prompt(1);
     decode(ctx, 1, 1, 700, 12);
     (void)steps(ctx, 1, 0);
     ASSERT_EQ(pq_sequence_fork(ctx, 1, 2), PQ_OK) << pq_last_error();
-    prefill(ctx, 3, 1, 700);  // the reference: the same tokens, no fork
+    prompt(3);  // the reference: the same tokens, no fork
     decode(ctx, 3, 1, 700, 12);
     ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
     EXPECT_EQ(stats(ctx).builds_finished, selector == PQ_SELECTOR_PQ ? 4u : 0u)
@@ -247,7 +261,7 @@ TEST_F(StateTest, ForkSelectsAsASequenceGivenTheSameTokens) {
     decode(ctx, 2, 2, 712, 300);
     decode(ctx, 3, 2, 712, 300);
     decode(ctx, 1, 5, 712, 300);
-    prefill(ctx, 4, 1, 700);
+    prompt(4);
     decode(ctx, 4, 1, 700, 12);
     decode(ctx, 4, 5, 712, 300);
     EXPECT_TRUE(steps(ctx, 2, 8) == steps(ctx, 3, 8));
