@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
       {"scissorhands", PQ_SELECTOR_SCISSORHANDS, 1}, {"keyformer", PQ_SELECTOR_KEYFORMER, 1},
       {"snapkv", PQ_SELECTOR_SNAPKV, 1},             {"adakv", PQ_SELECTOR_ADAKV, 1},
       {"clusterkv", PQ_SELECTOR_CLUSTERKV, 1},       {"pq", PQ_SELECTOR_PQ, 1},
-      {"zigzagkv/30", PQ_SELECTOR_ZIGZAGKV, 30},     {"pyramidinfer/30", PQ_SELECTOR_PYRAMIDINFER, 30}};
+      {"zigzagkv/30", PQ_SELECTOR_ZIGZAGKV, 30},     {"pyramidinfer/30", PQ_SELECTOR_PYRAMIDINFER, 30},
+      {"fastgen", PQ_SELECTOR_FASTGEN, 1},           {"infinigen", PQ_SELECTOR_INFINIGEN, 1}};
   double load[3] = {0, 0, 0};
   std::printf("# one layer (name/L: the top of L layers), %d q heads, %d kv heads, head_dim %d, "
               "f32, 1 worker thread\n", kQHeads, kKvHeads, kDim);
