@@ -419,6 +419,8 @@ class Session:
                     self._speculate(target, j, args, kwargs), with_kwargs=True))
 
     def _speculate(self, target, j: int, args, kwargs) -> None:
+        if getattr(target, "_pqcache_session", None) is not self:
+            return  # a later Session serves the model now (this one was not closed)
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if hidden is None or hidden.shape[1] != 1 or not self._rows:
             return  # a prompt chunk, or no rows yet: nothing to speculate for

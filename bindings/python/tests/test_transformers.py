@@ -192,6 +192,24 @@ def test_speculation_changes_no_selection_and_counts_its_coverage(arch):
                 assert torch.equal(a, b), selector
 
 
+def test_a_later_session_owns_the_speculation():
+    """Two Sessions on one model, the first left open: only the one the
+    model's attention now goes through speculates (the first one's hooks
+    would otherwise see the second's batch)."""
+    model = _model("llama")
+    first = pqt.Session(model, rows=[{"selector": "pq"}], speculate=True, **SMALL)
+    try:
+        with pqt.Session(model, rows=[{"selector": "pq"}, {"selector": "infinigen"}],
+                         speculate=True, topk_fraction=0.2, **SMALL) as second:
+            with torch.no_grad():
+                model.generate(_ids(300, batch=2), max_new_tokens=4, do_sample=False,
+                               past_key_values=second.cache())
+            assert second.stats(1)["hint_tokens"] > 0
+        assert first.stats()["hint_tokens"] == 0
+    finally:
+        first.close()
+
+
 class _Tokenizer:
     """What token_class_table reads of a tokenizer: ids 0-2 are special,
     every seventh id decodes to punctuation."""
