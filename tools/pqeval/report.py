@@ -12,10 +12,12 @@ import numpy as np
 
 from pqeval import stats
 from pqeval.longctx import (ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS, TRACE_SELECTORS,
-                            base_key)
+                            UNBUDGETED, base_key)
 
 BUDGETS = {"1/5": 0.2, "1/10": 0.1}
-OTHERS = [s for s in SELECTORS if s not in ("exact", "pq")]   # the non-oracle competition
+# The non-oracle competition at the same budget.
+OTHERS = [s for s in SELECTORS if s not in ("exact", "pq") and s not in UNBUDGETED]
+BUDGETED_DROP = [s for s in DROP if s not in UNBUDGETED]
 
 
 def _name(s: str) -> str:
@@ -410,7 +412,7 @@ def cell_statements(model: str, length: int, summary: Dict[str, dict],
     for b in BUDGETS:
         pq = summary[f"{p}@{b}"]
         rival = best_other(summary, b)
-        drop = max((s for s in DROP if covers_cell(summary, f"{s}@{b}")),  # measured on every prompt
+        drop = max((s for s in BUDGETED_DROP if covers_cell(summary, f"{s}@{b}")),  # every prompt
                    key=lambda s: summary[f"{s}@{b}"]["acc"][0])
         gap = pq["acc"][0] - summary[f"{rival}@{b}"]["acc"][0]
         dgap = pq["acc"][0] - summary[f"{drop}@{b}"]["acc"][0]
