@@ -1173,10 +1173,11 @@ PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
 
 /* The last prompt queries of one layer (tokens x num_q_heads x head_dim,
  * after RoPE, config dtype), for selectors that score the prompt from an
- * observation window (SnapKV, PyramidKV, SCOPE; Keyformer takes the
- * window rows as its first step). Call after the layer's
- * prefill; the last observation_window tokens of the tensor are used, and
- * the prompt tokens are scored against them at once. Other selectors ignore
+ * observation window (SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV,
+ * PyramidInfer; FastGen profiles its heads from them, InfiniGen takes its
+ * skew from them; Keyformer takes the window rows as its first step). Call
+ * after the layer's prefill; the last observation_window tokens of the
+ * tensor are used, and the prompt tokens are scored against them at once. Other selectors ignore
  * the call (PQ_OK). Errors: as pq_prefill_layer, plus PQ_ERR_BAD_STATE
  * before any prefill of the layer. Threading: as pq_prefill_layer. */
 PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
@@ -1187,7 +1188,8 @@ PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
  * per kv head and summed over the group's query heads:
  * probs[h * selection->capacity + i] belongs to token
  * selection->positions[h * selection->capacity + i]. Selectors that
- * accumulate attention (H2O, SCOPE) add them to each token's score;
+ * accumulate attention (H2O, SCOPE, FastGen's heavy-hitter heads) add them
+ * to each token's score;
  * Scissorhands takes each call as one step and records which tokens got at
  * least uniform attention; Keyformer takes each call as one step of its
  * Gumbel softmax over log(probs); others ignore the call (PQ_OK). To seed H2O with
