@@ -204,7 +204,7 @@ class FastGenSelector final : public Selector {
         // takes them all and the heavy hitters among the rest; the rest is
         // dropped. A protected token is kept whatever happened to it before.
         std::vector<uint8_t>& dropped = s.attention.dropped[static_cast<size_t>(h)];
-        const std::vector<float>& score = s.attention.score[static_cast<size_t>(h)];
+        std::vector<float>& score = s.attention.score[static_cast<size_t>(h)];
         int64_t guarded = 0;
         for (int64_t t = begin; t < end; ++t)
           if (s.protects(p, t, end, window)) {
@@ -214,14 +214,13 @@ class FastGenSelector final : public Selector {
         kept = std::min(m, guarded + heavy);
         ScratchLease lease(r.scratch);
         const SelectionRequest head = r.head(h, *lease);
-        std::vector<float>& forgotten = s.attention.score[static_cast<size_t>(h)];
         keep_top_k_and_drop(
             head, begin, end, kept,
             [&](int64_t t) {
               return s.protects(p, t, end, window) ? std::numeric_limits<float>::infinity()
                                                    : score[static_cast<size_t>(t)];
             },
-            dropped, row, [&](int64_t t) { forgotten[static_cast<size_t>(t)] = 0.f; });
+            dropped, row, [&](int64_t t) { score[static_cast<size_t>(t)] = 0.f; });
       }
       r.head_counts[h] = static_cast<int32_t>(kept);
     });

@@ -206,14 +206,18 @@ class InfiniGenSelector final : public Selector {
       std::fill(r.head_counts, r.head_counts + heads, 0);
       return 0;
     }
-    // Per kv head: the group-mean partial scores, then how many are within
-    // alpha of the best.
-    std::vector<std::vector<float>> scores(static_cast<size_t>(heads));
+    // Per kv head: the group-mean partial scores (row h of one heads x m
+    // buffer from the pool: at long contexts a buffer per select would cost
+    // page faults every step), then how many are within alpha of the best.
+    ScratchLease rows_lease(r.scratch);
+    std::vector<float>& scores = (*rows_lease).raw;
+    scores.resize(static_cast<size_t>(heads * m));
     std::vector<int64_t> within(static_cast<size_t>(heads), 0);
     r.for_each_head([&](int64_t h) {
-      std::vector<float>& sc = scores[static_cast<size_t>(h)];
-      sc.assign(static_cast<size_t>(m), 0.f);
-      std::vector<float> pq(static_cast<size_t>(group) * cols);
+      float* sc = scores.data() + h * m;
+      ScratchLease lease(r.scratch);
+      std::vector<float>& pq = (*lease).combined;  // the group's projected queries
+      pq.resize(static_cast<size_t>(group) * cols);
       for (int32_t g = 0; g < group; ++g)
         s.project(static_cast<size_t>(h), r.queries + (h * group + g) * d, pq.data() + g * cols);
       const float* keys = s.partial[static_cast<size_t>(h)].data();
@@ -227,11 +231,11 @@ class InfiniGenSelector final : public Selector {
           for (int32_t j = 0; j < cols; ++j) dotp += q[j] * k[j];
           sum += dotp;
         }
-        sc[static_cast<size_t>(i)] = sum * weight;
+        sc[i] = sum * weight;
       }
-      const float best = *std::max_element(sc.begin(), sc.end());
+      const float best = *std::max_element(sc, sc + m);
       int64_t count = 0;
-      for (float v : sc) count += v > best - alpha;
+      for (int64_t i = 0; i < m; ++i) count += sc[i] > best - alpha;
       within[static_cast<size_t>(h)] = count;
     });
     const int64_t mean = std::accumulate(within.begin(), within.end(), int64_t{0}) / heads;
@@ -239,7 +243,7 @@ class InfiniGenSelector final : public Selector {
     std::fill(r.head_counts, r.head_counts + heads, static_cast<int32_t>(n));
     r.for_each_head([&](int64_t h) {
       ScratchLease lease(r.scratch);
-      select_top_k(scores[static_cast<size_t>(h)].data(), m, n, begin, out + h * r.k, *lease);
+      select_top_k(scores.data() + h * m, m, n, begin, out + h * r.k, *lease);
     });
     return static_cast<uint64_t>(heads) * m * cols * sizeof(float);
   }
