@@ -415,14 +415,14 @@ class Context:
         return self._capacity_hints[layer] if 0 <= layer < self.num_layers else 0
 
     def _select_grown(self, seq: int, layer: int, query, out: SelectionResult,
-                      call=None) -> SelectionResult:
+                      call) -> SelectionResult:
         """After PQ_ERR_BUFFER_TOO_SMALL, which wrote the capacity needed into
         out.counts: selects once more into a SelectionResult of that size."""
         needed = int(out.counts[0])
         if 0 <= layer < self.num_layers:
             self._capacity_hints[layer] = max(self._capacity_hints[layer], needed)
         out = SelectionResult(self.num_kv_heads, needed)
-        (call or _c.pq_decode_select)(self._ctx, seq, layer, query, out.arrays)
+        call(self._ctx, seq, layer, query, out.arrays)
         return out
 
     def speculate(self, seq: int, layer: int, query_estimate,
@@ -433,18 +433,7 @@ class Context:
         select of this layer at the same length counts how much of its
         middle the hint held (stats: hint_tokens, hint_covered). Sized and
         grown as select's result."""
-        query_estimate = self._query(query_estimate)
-        if out is not None:
-            _c.pq_decode_speculate(self._ctx, seq, layer, query_estimate, out.arrays)
-            return out
-        out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
-        try:
-            _c.pq_decode_speculate(self._ctx, seq, layer, query_estimate, out.arrays)
-        except PQError as e:
-            if e.status != _BUFFER_TOO_SMALL:
-                raise
-            out = self._select_grown(seq, layer, query_estimate, out, _c.pq_decode_speculate)
-        return out
+        return self._select_with(_c.pq_decode_speculate, seq, layer, query_estimate, out)
 
     def select(self, seq: int, layer: int, query,
                out: Optional[SelectionResult] = None) -> SelectionResult:
@@ -455,17 +444,23 @@ class Context:
         the largest capacity this layer needed so far and grown once when the
         library asks for more, so its capacity is at least capacity(seq,
         layer). Errors are pq_decode_select's."""
+        return self._select_with(_c.pq_decode_select, seq, layer, query, out)
+
+    def _select_with(self, call, seq: int, layer: int, query,
+                     out: Optional[SelectionResult]) -> SelectionResult:
+        """select's and speculate's body: `call` fills `out` if given, else
+        a new result sized from the layer's capacity hint and grown once."""
         query = self._query(query)
         if out is not None:
-            _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
+            call(self._ctx, seq, layer, query, out.arrays)
             return out
         out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
         try:
-            _c.pq_decode_select(self._ctx, seq, layer, query, out.arrays)
+            call(self._ctx, seq, layer, query, out.arrays)
         except PQError as e:
             if e.status != _BUFFER_TOO_SMALL:
                 raise
-            out = self._select_grown(seq, layer, query, out)
+            out = self._select_grown(seq, layer, query, out, call)
         return out
 
     def select_batch(self, layer: int, seqs: Sequence[int], queries: Sequence
@@ -499,7 +494,8 @@ class Context:
             message = None
             if status == _BUFFER_TOO_SMALL:
                 try:
-                    results[i] = self._select_grown(seqs[i], layer, queries[i], results[i])
+                    results[i] = self._select_grown(seqs[i], layer, queries[i], results[i],
+                                                     _c.pq_decode_select)
                     status = 0
                 except PQError as retry:
                     status, message = retry.status, _item_message(op, i, seqs[i], retry.message)

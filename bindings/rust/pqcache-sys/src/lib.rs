@@ -359,12 +359,14 @@ pub struct pq_pool {
 
 /// `pq_log_fn` (added in 0.6): one log message, valid during the call; may
 /// be called from several threads at once; must not call into the context.
-pub type pq_log_fn = Option<unsafe extern "C" fn(user: *mut c_void, level: i32, message: *const c_char)>;
+pub type pq_log_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, level: i32, message: *const c_char)>;
 /// `pq_alloc_fn` (added in 0.6): host K/V store memory, or null.
 pub type pq_alloc_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, bytes: usize, alignment: usize) -> *mut c_void>;
 /// `pq_free_fn` (added in 0.6): frees what `pq_alloc_fn` returned.
-pub type pq_free_fn = Option<unsafe extern "C" fn(user: *mut c_void, ptr: *mut c_void, bytes: usize)>;
+pub type pq_free_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, ptr: *mut c_void, bytes: usize)>;
 /// `pq_build_done_fn` (added in 0.6): an index build of (seq_id, layer) ended.
 pub type pq_build_done_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, seq_id: u64, layer: i32, status: pq_status)>;
@@ -414,17 +416,16 @@ macro_rules! struct_table {
 }
 
 /// The structs whose layout `tests/header.rs` checks, by C name.
-pub const STRUCTS: &[(&str, usize, &[FieldInfo])] =
-    struct_table![
-        pq_tensor,
-        pq_config,
-        pq_selection,
-        pq_select_item,
-        pq_fetch_item,
-        pq_layer_info,
-        pq_stats,
-        pq_hooks
-    ];
+pub const STRUCTS: &[(&str, usize, &[FieldInfo])] = struct_table![
+    pq_tensor,
+    pq_config,
+    pq_selection,
+    pq_select_item,
+    pq_fetch_item,
+    pq_layer_info,
+    pq_stats,
+    pq_hooks
+];
 
 /// `new()` and `Default` for the structs the library fills after reading
 /// their `struct_size` (the caller's ABI version of the struct).

@@ -139,7 +139,13 @@ impl Context {
             let mut status = r.status;
             let mut retry_error = None;
             if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
-                status = self.decode_select_grown(item.seq_id, layer, &item.query, item.out);
+                status = self.decode_call_grown(
+                    self.api().pq_decode_select,
+                    item.seq_id,
+                    layer,
+                    &item.query,
+                    item.out,
+                );
                 retry_error = self.library().check(status).err();
             }
             item.status = Status::from_code(status);

@@ -7,6 +7,15 @@ use pqcache_sys as sys;
 
 use crate::{Backend, Config, DType, Error, Library, Result, Selection, Status, Tensor, TensorMut};
 
+/// The signature `pq_decode_select` and `pq_decode_speculate` share.
+type SelectFn = unsafe extern "C" fn(
+    *mut sys::pq_context,
+    u64,
+    i32,
+    *const sys::pq_tensor,
+    *mut sys::pq_selection,
+) -> sys::pq_status;
+
 /// A libpqcache context (`pq_context`): the KV cache and PQ indexes of any
 /// number of sequences, named by the caller's `u64` ids. Dropping it waits
 /// for the index builds in flight and frees everything (`pq_destroy`).
@@ -248,14 +257,7 @@ impl Context {
         query: &Tensor<'_>,
         out: &mut Selection,
     ) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
-        // The library writes num_kv_heads counts (and rows): size them here.
-        out.reserve(self.num_kv_heads(), out.capacity());
-        let mut status = self.decode_select(seq_id, layer, query, out);
-        if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
-            status = self.decode_select_grown(seq_id, layer, query, out);
-        }
-        self.library.check(status)
+        self.select_with(self.api().pq_decode_select, seq_id, layer, query, out)
     }
 
     /// A selection a step early, from an estimate of the query
@@ -270,52 +272,56 @@ impl Context {
         query_estimate: &Tensor<'_>,
         out: &mut Selection,
     ) -> Result<()> {
+        self.select_with(
+            self.api().pq_decode_speculate,
+            seq_id,
+            layer,
+            query_estimate,
+            out,
+        )
+    }
+
+    /// select's and speculate's body: `call` into `out` (sized for this
+    /// context's kv heads), grown once when the library asks for more.
+    fn select_with(
+        &self,
+        call: SelectFn,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        out: &mut Selection,
+    ) -> Result<()> {
         let layer = to_i32(layer, "layer")?;
-        let mut status = sys::PQ_ERR_BUFFER_TOO_SMALL;
-        let mut capacity = out.capacity();
-        for _ in 0..2 {
-            out.reserve(self.num_kv_heads(), capacity);
-            let mut raw = out.as_raw();
-            status = unsafe {
-                (self.api().pq_decode_speculate)(
-                    self.ptr(),
-                    seq_id,
-                    layer,
-                    query_estimate.as_raw(),
-                    &mut raw,
-                )
-            };
-            if status != sys::PQ_ERR_BUFFER_TOO_SMALL {
-                break;
-            }
-            capacity = out.needed_capacity();
-        }
+        // The library writes num_kv_heads counts (and rows): size them here.
+        out.reserve(self.num_kv_heads(), out.capacity());
+        let mut status = self.decode_call(call, seq_id, layer, query, out);
         if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
-            out.clear();
+            status = self.decode_call_grown(call, seq_id, layer, query, out);
         }
         self.library.check(status)
     }
 
-    /// One `pq_decode_select` into `out` (sized for this context's kv heads).
-    fn decode_select(
+    /// One `call` (`pq_decode_select` or `pq_decode_speculate`) into `out`
+    /// (sized for this context's kv heads).
+    fn decode_call(
         &self,
+        call: SelectFn,
         seq_id: u64,
         layer: i32,
         query: &Tensor<'_>,
         out: &mut Selection,
     ) -> sys::pq_status {
         let mut raw = out.as_raw();
-        unsafe {
-            (self.api().pq_decode_select)(self.ptr(), seq_id, layer, query.as_raw(), &mut raw)
-        }
+        unsafe { call(self.ptr(), seq_id, layer, query.as_raw(), &mut raw) }
     }
 
     /// After `PQ_ERR_BUFFER_TOO_SMALL` (the needed capacity is in `out`'s
-    /// counts): grows `out` to it and selects once more. A second
+    /// counts): grows `out` to it and calls once more. A second
     /// `PQ_ERR_BUFFER_TOO_SMALL` (another thread appended meanwhile) is
     /// returned as it is, with `out` cleared.
-    pub(crate) fn decode_select_grown(
+    pub(crate) fn decode_call_grown(
         &self,
+        call: SelectFn,
         seq_id: u64,
         layer: i32,
         query: &Tensor<'_>,
@@ -326,7 +332,7 @@ impl Context {
             hint.fetch_max(needed, Ordering::Relaxed);
         }
         out.reserve(self.num_kv_heads(), needed);
-        let status = self.decode_select(seq_id, layer, query, out);
+        let status = self.decode_call(call, seq_id, layer, query, out);
         if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
             out.clear();
         }
@@ -490,7 +496,13 @@ impl Context {
         let count = i64::try_from(classes.len())
             .map_err(|_| Error::invalid("more than i64::MAX classes".to_string()))?;
         self.library.check(unsafe {
-            (self.api().pq_sequence_token_classes)(self.ptr(), seq_id, first, count, classes.as_ptr())
+            (self.api().pq_sequence_token_classes)(
+                self.ptr(),
+                seq_id,
+                first,
+                count,
+                classes.as_ptr(),
+            )
         })
     }
 

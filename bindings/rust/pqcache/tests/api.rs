@@ -1140,16 +1140,29 @@ fn fastgen_keeps_the_special_tokens_it_is_told_of() {
     classes[10] = pqcache::sys::PQ_TOKEN_SPECIAL as u8;
     ctx.token_classes(1, 0, &classes).unwrap();
     let kv = Shape::token_major(n, KV_HEADS, HEAD_DIM);
-    let (k, v) = (generate(1, n * KV_HEADS * HEAD_DIM), generate(2, n * KV_HEADS * HEAD_DIM));
-    ctx.prefill(1, 0, &Tensor::f32(&k, kv).unwrap(), &Tensor::f32(&v, kv).unwrap())
+    let (k, v) = (
+        generate(1, n * KV_HEADS * HEAD_DIM),
+        generate(2, n * KV_HEADS * HEAD_DIM),
+    );
+    ctx.prefill(
+        1,
+        0,
+        &Tensor::f32(&k, kv).unwrap(),
+        &Tensor::f32(&v, kv).unwrap(),
+    )
+    .unwrap();
+    ctx.token_classes(1, 30, &[pqcache::sys::PQ_TOKEN_SPECIAL as u8])
         .unwrap();
-    ctx.token_classes(1, 30, &[pqcache::sys::PQ_TOKEN_SPECIAL as u8]).unwrap();
     let q = generate(3, 8 * Q_HEADS * HEAD_DIM);
     let window = Tensor::f32(&q, Shape::token_major(8, Q_HEADS, HEAD_DIM)).unwrap();
     ctx.prefill_queries(1, 0, &window).unwrap();
     let mut sel = Selection::new(KV_HEADS, 0);
-    ctx.select(1, 0, &query_tensor(&q[..Q_HEADS * HEAD_DIM]), &mut sel).unwrap();
-    let middle: Vec<i32> = (0..4).chain([10, 30]).chain(n as i32 - 16..n as i32).collect();
+    ctx.select(1, 0, &query_tensor(&q[..Q_HEADS * HEAD_DIM]), &mut sel)
+        .unwrap();
+    let middle: Vec<i32> = (0..4)
+        .chain([10, 30])
+        .chain(n as i32 - 16..n as i32)
+        .collect();
     assert_eq!(heads(&sel), vec![middle.clone(), middle]);
 
     let err = ctx.token_classes(1, 0, &[0, 3, 4]).unwrap_err();
@@ -1167,8 +1180,13 @@ fn speculate_is_a_hint_the_next_select_counts() {
     ctx.add_sequence(1).unwrap();
     let kv = Shape::token_major(n, KV_HEADS, HEAD_DIM);
     let k = generate(1, n * KV_HEADS * HEAD_DIM);
-    ctx.prefill(1, 0, &Tensor::f32(&k, kv).unwrap(), &Tensor::f32(&k, kv).unwrap())
-        .unwrap();
+    ctx.prefill(
+        1,
+        0,
+        &Tensor::f32(&k, kv).unwrap(),
+        &Tensor::f32(&k, kv).unwrap(),
+    )
+    .unwrap();
     let q = generate(3, 8 * Q_HEADS * HEAD_DIM);
     let window = Tensor::f32(&q, Shape::token_major(8, Q_HEADS, HEAD_DIM)).unwrap();
     ctx.prefill_queries(1, 0, &window).unwrap();

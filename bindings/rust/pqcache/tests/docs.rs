@@ -13,8 +13,13 @@ fn read(relative: &str) -> String {
 /// source: `/// ` stripped, hidden `# ` lines left out.
 fn doc_example(source: &str, marker: &str) -> Vec<String> {
     let after = &source[source.find(marker).expect("the marker is in the source")..];
-    let mut lines = after.lines().map(|l| l.trim_start().trim_start_matches("///"));
-    lines.by_ref().find(|l| l.trim() == "```").expect("a doc-test block");
+    let mut lines = after
+        .lines()
+        .map(|l| l.trim_start().trim_start_matches("///"));
+    lines
+        .by_ref()
+        .find(|l| l.trim() == "```")
+        .expect("a doc-test block");
     lines
         .take_while(|l| l.trim() != "```")
         .map(|l| l.strip_prefix(' ').unwrap_or(l).to_owned())
@@ -27,7 +32,10 @@ fn the_dlopen_example_of_the_docs_is_the_doc_test() {
     let source = read("src/library.rs");
     let marker = "Without the `link` feature";
     let example = doc_example(&source, marker);
-    assert!(example.iter().any(|l| l.contains("Library::load")), "{example:?}");
+    assert!(
+        example.iter().any(|l| l.contains("Library::load")),
+        "{example:?}"
+    );
     let block = example.join("\n");
     for doc in ["../../../README.md", "../../../docs/bindings/rust.md"] {
         let text = read(doc);
