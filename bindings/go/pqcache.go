@@ -236,6 +236,9 @@ type Stats struct {
 	CacheHits        uint64
 	CacheMisses      uint64
 	HostBytes        uint64 // counted against Config.HostMemoryLimit
+	BytesStaged      uint64 // K/V bytes the CPU copied to stage rows for the device
+	HintTokens       uint64 // middle tokens selected after a hint (pq_decode_speculate)
+	HintCovered      uint64 // of those, the ones the hint held
 }
 
 // Stats returns the context-wide statistics (pq_stats_get).
@@ -278,6 +281,9 @@ func (c *Context) stats(op string, get func(pqswig.Struct_SS_pq_context, pqswig.
 		CacheHits:        s.GetCache_hits(),
 		CacheMisses:      s.GetCache_misses(),
 		HostBytes:        s.GetHost_bytes(),
+		BytesStaged:      s.GetBytes_staged(),
+		HintTokens:       s.GetHint_tokens(),
+		HintCovered:      s.GetHint_covered(),
 	}, nil
 }
 

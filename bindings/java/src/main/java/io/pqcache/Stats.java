@@ -24,6 +24,9 @@ import io.pqcache.swig.pq_stats;
  * @param cacheHits selected middle tokens found in the block cache
  * @param cacheMisses selected middle tokens not found in it
  * @param hostBytes host bytes counted against the configured host memory limit
+ * @param bytesStaged K/V bytes the CPU copied to stage rows for the device
+ * @param hintTokens middle tokens selected after a hint ({@code decodeSpeculate})
+ * @param hintCovered of those, the ones the hint held
  */
 public record Stats(
     long sequences,
@@ -42,13 +45,17 @@ public record Stats(
     long bytesFetched,
     long cacheHits,
     long cacheMisses,
-    long hostBytes) {
+    long hostBytes,
+    long bytesStaged,
+    long hintTokens,
+    long hintCovered) {
 
   static Stats of(pq_stats s) {
     return new Stats(s.getSequences(), s.getTokens(), s.getKv_bytes(), s.getIndex_bytes(),
         s.getBuilds_finished(), s.getBuilds_cancelled(), s.getKmeans_iterations(),
         s.getSelect_calls(), s.getFetch_calls(), s.getBuild_seconds(), s.getSelect_seconds(),
         s.getFetch_seconds(), s.getBytes_scored(), s.getBytes_fetched(), s.getCache_hits(),
-        s.getCache_misses(), s.getHost_bytes());
+        s.getCache_misses(), s.getHost_bytes(), s.getBytes_staged(), s.getHint_tokens(),
+        s.getHint_covered());
   }
 }

@@ -154,7 +154,12 @@ class ContextTest {
       for (int h = 0; h < 2; h++) {
         assertArrayEquals(chosen.positions(h), hint.positions(h), "kv head " + h);
       }
-      assertEquals(1, ctx.stats().selectCalls());
+      Stats stats = ctx.stats();
+      assertEquals(1, stats.selectCalls());
+      // The hint held every middle token the select chose.
+      assertTrue(stats.hintTokens() > 0, stats.toString());
+      assertEquals(stats.hintTokens(), stats.hintCovered());
+      assertEquals(0, stats.bytesStaged());  // the CPU backend stages nothing
     }
   }
 
