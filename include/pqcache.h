@@ -1028,6 +1028,10 @@ PQ_API pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer,
  * PQ_ERR_BUFFER_TOO_SMALL (out->capacity below the capacity needed, which
  * is written to every out->counts[h]; positions are not touched),
  * PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
+ * A too-small selection is PQ_ERR_BUFFER_TOO_SMALL, where a too-small
+ * pq_fetch_kv output is PQ_ERR_INVALID_ARGUMENT: only the library knows the
+ * capacity a selection needs, so it reports it for the caller to grow the
+ * buffer and call again (0.4; PQ_ERR_INVALID_ARGUMENT before).
  * Threading: serialised with other calls on the same (sequence, layer). */
 PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
                                   int32_t layer, const pq_tensor* query,
@@ -1043,7 +1047,14 @@ PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
  * lie over it (it is overwritten after it was read, and the rows are those
  * of the positions as they were when the call began).
  * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND, PQ_ERR_UNSUPPORTED
- * (device memory on the CPU backend). Threading: as pq_decode_select. */
+ * (device memory on the CPU backend). Output tensors with fewer than
+ * max(counts) tokens are PQ_ERR_INVALID_ARGUMENT ("out_keys.tokens is 3;
+ * expected at least 40"), not PQ_ERR_BUFFER_TOO_SMALL as a too-small
+ * selection of pq_decode_select is: the size needed is max(counts) of the
+ * caller's own selection, known before the call, so this is a wrong
+ * argument, like a wrong head count, and nothing is written. It has been
+ * PQ_ERR_INVALID_ARGUMENT since the first release and stays so for the
+ * callers that test for it. Threading: as pq_decode_select. */
 PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
                              const pq_selection* selection,
                              const pq_tensor* out_keys,

@@ -423,6 +423,8 @@ TEST_F(ApiErrorsCtx, TensorShapeMismatch) {
   HostTensor f16 = make_tensor(keys_, kTokens, kKvHeads, kDim, PQ_DTYPE_F16);
   PQ_EXPECT_ERR(pq_prefill_layer(ctx_, kSeq, 1, f16.get(), V_.get()), PQ_ERR_INVALID_ARGUMENT,
                 "dtype");
+  // dtypes by name, as the bindings and pq_config's names write them; no "1 (f16)".
+  EXPECT_STREQ(pq_last_error(), "pq_prefill_layer: keys.dtype is f16; the context stores f32");
   HostTensor bf16 = make_tensor(values_, kTokens, kKvHeads, kDim, PQ_DTYPE_BF16);
   PQ_EXPECT_ERR(pq_prefill_layer(ctx_, kSeq, 1, K_.get(), bf16.get()), PQ_ERR_INVALID_ARGUMENT,
                 "dtype");
@@ -430,6 +432,9 @@ TEST_F(ApiErrorsCtx, TensorShapeMismatch) {
   bad_enum.dtype = 9;
   PQ_EXPECT_ERR(pq_prefill_layer(ctx_, kSeq, 1, &bad_enum, V_.get()), PQ_ERR_INVALID_ARGUMENT,
                 "dtype");
+  EXPECT_STREQ(pq_last_error(),
+               "pq_prefill_layer: keys.dtype is 9 (not a pq_dtype; PQ_DTYPE_F32 (0) is f32, "
+               "PQ_DTYPE_F16 (1) f16, PQ_DTYPE_BF16 (2) bf16); the context stores f32");
   // Token count of K and V differ.
   HostTensor short_v = make_tensor(values_, kTokens - 1, kKvHeads, kDim, PQ_DTYPE_F32);
   PQ_EXPECT_ERR(pq_prefill_layer(ctx_, kSeq, 1, K_.get(), short_v.get()), PQ_ERR_INVALID_ARGUMENT,

@@ -636,6 +636,10 @@ TEST_F(StateBadInput, OtherVersionsAndGeometriesAreIncompatible) {
   Ctx half(state_config(PQ_SELECTOR_PQ, PQ_DTYPE_F16));
   EXPECT_TRUE(IsError(pq_sequence_restore(half, 1, bytes_.data(), bytes_.size()),
                       PQ_ERR_INCOMPATIBLE, {"dtype"}));
+  // dtypes by name, not number.
+  EXPECT_STREQ(pq_last_error(),
+               "pq_sequence_restore: the saved state has dtype f32; this context has f16; "
+               "nothing was restored");
 }
 
 TEST_F(StateBadInput, WellSealedButInconsistentContent) {

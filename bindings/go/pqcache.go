@@ -108,7 +108,8 @@ func (c *Context) withHandle(op string, f func(h pqswig.Struct_SS_pq_context) er
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.handle == nil {
-		return &Error{Op: op, Status: ErrBadState, Message: op + ": the Context is closed"}
+		// The text every binding gives a closed context (docs/bindings/errors.md).
+		return &Error{Op: op, Status: ErrBadState, Message: op + ": the context is closed"}
 	}
 	return f(c.handle)
 }

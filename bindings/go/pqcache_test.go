@@ -157,7 +157,12 @@ func TestCreateAndClose(t *testing.T) {
 	if err := ctx.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	wantError(t, ctx.AddSequence(8), ErrBadState, "closed")
+	err = ctx.AddSequence(8)
+	wantError(t, err, ErrBadState, "closed")
+	// The status and text every binding gives a closed context.
+	if e := err.(*Error); e.Message != "pq_sequence_add: the context is closed" || e.Op != "pq_sequence_add" {
+		t.Errorf("closed context: Op %q, Message %q", e.Op, e.Message)
+	}
 	_, err = ctx.Stats()
 	wantError(t, err, ErrBadState, "closed")
 }

@@ -92,7 +92,7 @@ pq_status pq_tensor_init(pq_tensor* t, void* data, int32_t dtype, int32_t layout
   return pq::guarded(__func__, [&] {
     require_out(t, "tensor");
     if (!pq::dtype_valid(dtype))
-      pq::fail(PQ_ERR_INVALID_ARGUMENT, "dtype is " + std::to_string(dtype) + "; expected 0..2");
+      pq::fail(PQ_ERR_INVALID_ARGUMENT, "dtype is " + pq::dtype_text(dtype));
     if (layout != PQ_LAYOUT_TOKEN_MAJOR && layout != PQ_LAYOUT_HEAD_MAJOR)
       pq::fail(PQ_ERR_INVALID_ARGUMENT, "layout is " + std::to_string(layout) + "; expected 0..1");
     if (tokens < 0 || heads < 0 || head_dim < 0)

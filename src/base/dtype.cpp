@@ -23,6 +23,12 @@ const char* dtype_name(int32_t dtype) {
   }
 }
 
+std::string dtype_text(int32_t dtype) {
+  if (dtype_valid(dtype)) return dtype_name(dtype);
+  return std::to_string(dtype) +
+         " (not a pq_dtype; PQ_DTYPE_F32 (0) is f32, PQ_DTYPE_F16 (1) f16, PQ_DTYPE_BF16 (2) bf16)";
+}
+
 float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "pqcache.h"
 
@@ -11,6 +12,9 @@ namespace pq {
 bool dtype_valid(int32_t dtype);
 size_t dtype_size(int32_t dtype);
 const char* dtype_name(int32_t dtype);
+// A dtype as error messages write it: its name ("f16"), or for a value that
+// is no pq_dtype the number and the values that are.
+std::string dtype_text(int32_t dtype);
 
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);  // round to nearest even

@@ -20,8 +20,8 @@ void validate_tensor(const pq_tensor* t, const TensorExpect& e) {
                                       "; expected PQ_MEMORY_HOST (0) or PQ_MEMORY_DEVICE (1)");
   if (t->dtype != e.dtype)
     fail(PQ_ERR_INVALID_ARGUMENT,
-         field(e, "dtype") + " is " + std::to_string(t->dtype) + " (" + dtype_name(t->dtype) +
-             "); the context stores " + dtype_name(e.dtype) + " (" + std::to_string(e.dtype) + ")");
+         field(e, "dtype") + " is " + dtype_text(t->dtype) + "; the context stores " +
+             dtype_name(e.dtype));
   if (t->heads != e.heads)
     fail(PQ_ERR_INVALID_ARGUMENT, field(e, "heads") + " is " + std::to_string(t->heads) +
                                       "; expected " + std::to_string(e.heads));

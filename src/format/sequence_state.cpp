@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "base/dtype.h"
 #include "base/error.h"
 
 namespace pq {
@@ -151,10 +152,13 @@ void check_header(const uint8_t* data, uint64_t size, const pq_config& c) {
     int32_t v;
     std::memcpy(&v, data + at, 4);
     at += 4;
-    if (v != c.*g.field)
-      fail(PQ_ERR_INCOMPATIBLE, "the saved state has " + std::string(g.name) + " " + str(v) +
-                                    "; this context has " + str(c.*g.field) +
-                                    "; nothing was restored");
+    if (v == c.*g.field) continue;
+    // dtype by name ("f16"), the other geometry fields are counts.
+    const bool is_dtype = g.field == &pq_config::dtype;
+    fail(PQ_ERR_INCOMPATIBLE, "the saved state has " + std::string(g.name) + " " +
+                                  (is_dtype ? dtype_text(v) : str(v)) + "; this context has " +
+                                  (is_dtype ? dtype_text(c.*g.field) : str(c.*g.field)) +
+                                  "; nothing was restored");
   }
 }
 

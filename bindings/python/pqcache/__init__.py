@@ -19,7 +19,11 @@ with the buffer protocol). Element types: float32 for "f32", float16 for
 "f16", uint16 holding the bits for "bf16". Any strides work as long as the
 last axis (head_dim) is contiguous. Every failing call raises PQError with
 the library's status and message; malformed arrays raise TypeError or
-ValueError before the library sees them.
+ValueError before the library sees them; an array whose element type is not
+the context's dtype raises DTypeError (a TypeError, and a PQError
+PQ_ERR_INVALID_ARGUMENT). After close(), calls raise PQError
+PQ_ERR_BAD_STATE "<C function>: the context is closed", as in Go and Java
+(docs/bindings/errors.md).
 
 Threads: a Context may be shared; calls on different sequences (or different
 layers of one sequence) run concurrently, since every call releases the GIL.
@@ -55,7 +59,8 @@ from . import pqcache_swig as _c
 from .device import DeviceSelection
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "version",
+__all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "DTypeError",
+           "version",
            "SELECTORS", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
            "STATUS_NAMES"]
@@ -102,6 +107,23 @@ _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": B
                  "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
                  "key_rotary": KEY_ROTARY, "pooling": POOLING}
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+_NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)"}
+
+
+def _error(status: int, message: str, error_class=None) -> "PQError":
+    """A PQError the binding raises itself, with the fields the native module
+    sets: .status, .status_name and .message."""
+    name = STATUS_NAMES[status]
+    error = (error_class or PQError)(f"{name}: {message}")
+    error.status, error.status_name, error.message = status, name, message
+    return error
+
+
+class DTypeError(PQError, TypeError):
+    """An array whose element type is not the context's dtype, raised before
+    the library is called. A TypeError, and also a PQError with status
+    PQ_ERR_INVALID_ARGUMENT, the library's status for it (which the binding
+    passed on before it checked), so code that catches PQError still does."""
 
 
 def _fields(struct_class) -> List[str]:
@@ -175,7 +197,27 @@ class SelectionResult:
         return [self.positions[h, : self.counts[h]] for h in range(len(self.counts))]
 
 
-class Context:
+class _Closing:
+    """What every handle class shares: `with` closes it, and so does the
+    garbage collector for a handle that was never closed."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # the module may be gone at interpreter shutdown
+            pass
+
+
+class Context(_Closing):
     """A libpqcache context. Keyword arguments set pq_config fields by name
     (see include/pqcache.h); selector, gqa_combine, backend, kmeans_init and
     cache_policy also take names ("pq", "max", "cpu", "kmeans++", "lru")."""
@@ -210,22 +252,40 @@ class Context:
 
     def close(self) -> None:
         """Waits for running index builds and frees the context. Must not race
-        with other calls on it; later calls raise PQError."""
+        with other calls on it; later calls raise PQError PQ_ERR_BAD_STATE
+        "<C function>: the context is closed"."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             _c.pq_destroy(ctx)
 
-    def __enter__(self) -> "Context":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _handle(self, op: str):
+        """The native context for a call of the C function `op`. Once closed:
+        PQError PQ_ERR_BAD_STATE "<op>: the context is closed", as in the Go
+        and Java bindings (passed on, the library would only see NULL)."""
+        if self._ctx is None:
+            raise _error(_c.PQ_ERR_BAD_STATE, f"{op}: the context is closed")
+        return self._ctx
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # the module may be gone at interpreter shutdown
-            pass
+    def _check_dtype(self, name: str, array) -> None:
+        """Raises DTypeError, naming `name`, when array's element type is not
+        the context's dtype. An object without the buffer protocol passes: the
+        native module says so (TypeError)."""
+        if isinstance(array, np.ndarray):
+            given = array.dtype
+        else:
+            try:
+                given = np.asarray(memoryview(array)).dtype  # a view, never a copy
+            except (TypeError, ValueError):
+                return
+        expected = np.dtype(_NUMPY_DTYPES[self._dtype])
+        if given == expected:
+            return
+        detail = (" (not in native byte order)"
+                  if given.newbyteorder("=") == expected else "")
+        raise _error(_c.PQ_ERR_INVALID_ARGUMENT,
+                     f"{name}: expected {_NUMPY_DTYPE_NAMES[self._dtype]} elements for the "
+                     f"context's dtype {self._dtype}, got {given}{detail}", DTypeError)
 
     @property
     def dtype(self) -> str:
@@ -233,32 +293,32 @@ class Context:
 
     def config(self) -> Dict[str, object]:
         """The effective configuration (defaults resolved, e.g. worker_threads)."""
-        return _as_dict(_c.pq_get_config(self._ctx))
+        return _as_dict(_c.pq_get_config(self._handle("pq_get_config")))
 
     def backend(self) -> str:
         """The backend in use: "cpu" or "cuda"."""
-        code = _c.pq_get_backend(self._ctx)
+        code = _c.pq_get_backend(self._handle("pq_get_backend"))
         return next(name for name, value in BACKENDS.items() if value == code)
 
     # --- sequences -------------------------------------------------------
 
     def add_sequence(self, seq: int) -> None:
-        _c.pq_sequence_add(self._ctx, seq)
+        _c.pq_sequence_add(self._handle("pq_sequence_add"), seq)
 
     def remove_sequence(self, seq: int) -> None:
-        _c.pq_sequence_remove(self._ctx, seq)
+        _c.pq_sequence_remove(self._handle("pq_sequence_remove"), seq)
 
     def length(self, seq: int, layer: int) -> int:
         """Tokens stored for (seq, layer)."""
-        return _c.pq_sequence_length(self._ctx, seq, layer)
+        return _c.pq_sequence_length(self._handle("pq_sequence_length"), seq, layer)
 
     def sequence_count(self) -> int:
-        return _c.pq_sequence_count(self._ctx)
+        return _c.pq_sequence_count(self._handle("pq_sequence_count"))
 
     def set_stream(self, seq: int, cuda_stream: Optional[int]) -> None:
         """Orders seq's device work on a cudaStream_t given as an integer
         (torch.cuda.Stream.cuda_stream), or None for the context's stream."""
-        _c.pq_sequence_set_stream(self._ctx, seq, cuda_stream)
+        _c.pq_sequence_set_stream(self._handle("pq_sequence_set_stream"), seq, cuda_stream)
 
     # --- sequence state (added in 0.5) -----------------------------------
 
@@ -272,7 +332,7 @@ class Context:
         PQError: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (negative, or more
         tokens than the longest layer holds). No other call on seq may run
         concurrently."""
-        _c.pq_sequence_truncate(self._ctx, seq, tokens)
+        _c.pq_sequence_truncate(self._handle("pq_sequence_truncate"), seq, tokens)
 
     def fork(self, parent: int, child: int) -> None:
         """Adds `child` holding the same tokens, PQ index and selector state
@@ -281,12 +341,12 @@ class Context:
         (counted once against the host memory limit); from then on each
         sequence grows on its own. PQError: PQ_ERR_NOT_FOUND (parent),
         PQ_ERR_INVALID_ARGUMENT (child exists), PQ_ERR_OUT_OF_MEMORY."""
-        _c.pq_sequence_fork(self._ctx, parent, child)
+        _c.pq_sequence_fork(self._handle("pq_sequence_fork"), parent, child)
 
     def state_size(self, seq: int) -> int:
         """The bytes save(seq) would return now (pq_sequence_state_size);
         waits for the sequence's index builds."""
-        return _c.pq_sequence_state_size(self._ctx, seq)
+        return _c.pq_sequence_state_size(self._handle("pq_sequence_state_size"), seq)
 
     def save(self, seq: int) -> bytes:
         """seq's state (every layer's K/V, PQ index, window position and
@@ -296,14 +356,14 @@ class Context:
         pq_sequence_save_buffer straight into the bytes object (sized again
         if the library asks for more). Waits for the sequence's index
         builds; no call that changes seq may run concurrently."""
-        return _c.pq_sequence_save_bytes(self._ctx, seq)
+        return _c.pq_sequence_save_bytes(self._handle("pq_sequence_save_buffer"), seq)
 
     def save_file(self, seq: int, path: PathLike) -> None:
         """Saves seq's state into the file at `path`, atomically
         (pq_sequence_save_file: a temporary file beside it, fsync, rename; on
         failure the file is left as it was). A file system error raises
         PQError PQ_ERR_BACKEND, with the path and the system's text."""
-        _c.pq_sequence_save_file(self._ctx, seq, path)
+        _c.pq_sequence_save_file(self._handle("pq_sequence_save_file"), seq, path)
 
     def restore(self, seq: int, state) -> None:
         """Adds seq from a state save returned (bytes, or any C-contiguous
@@ -314,7 +374,7 @@ class Context:
         PQ_ERR_INVALID_ARGUMENT (seq exists), PQ_ERR_CORRUPT (truncated or
         damaged bytes), PQ_ERR_INCOMPATIBLE (another format version or
         geometry), PQ_ERR_OUT_OF_MEMORY."""
-        _c.pq_sequence_restore(self._ctx, seq, state)
+        _c.pq_sequence_restore(self._handle("pq_sequence_restore"), seq, state)
 
     def restore_begin(self, seq: int, state) -> int:
         """Begins a restore in pieces, for a state that arrives in parts (a
@@ -331,7 +391,8 @@ class Context:
         before the description does, nothing is added and PQError
         PQ_ERR_BUFFER_TOO_SMALL is raised with .needed, the bytes needed from
         the state's start. Other errors: as restore."""
-        return _c.pq_sequence_restore_begin(self._ctx, seq, state)
+        return _c.pq_sequence_restore_begin(self._handle("pq_sequence_restore_begin"), seq,
+                                            state)
 
     def restore_kv(self, seq: int, data) -> int:
         """Reads exactly one next section of a restore begun with
@@ -347,13 +408,13 @@ class Context:
         not fit the layer, or hold a NaN or Inf, raise PQ_ERR_CORRUPT and end
         the restore (the sequence must be removed). Calls for one seq must
         not overlap; selections on seq may run meanwhile."""
-        return _c.pq_sequence_restore_kv(self._ctx, seq, data)
+        return _c.pq_sequence_restore_kv(self._handle("pq_sequence_restore_kv"), seq, data)
 
     def restore_file(self, seq: int, path: PathLike) -> None:
         """restore from the file at `path` (pq_sequence_restore_file); a
         missing file raises PQError PQ_ERR_NOT_FOUND, a read error
         PQ_ERR_BACKEND."""
-        _c.pq_sequence_restore_file(self._ctx, seq, path)
+        _c.pq_sequence_restore_file(self._handle("pq_sequence_restore_file"), seq, path)
 
     # --- prefill and decode ----------------------------------------------
 
@@ -362,18 +423,24 @@ class Context:
         keys, values: [tokens][kv_heads][head_dim] ("token_major") or
         [kv_heads][tokens][head_dim] ("head_major"), in the context's dtype.
         The library copies the data; the arrays may be reused on return."""
-        _c.pq_prefill_layer(self._ctx, seq, layer, _tensor_view(keys, layout),
-                            _tensor_view(values, layout))
+        self._check_dtype("keys", keys)
+        self._check_dtype("values", values)
+        _c.pq_prefill_layer(self._handle("pq_prefill_layer"), seq, layer,
+                            _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def append(self, seq: int, layer: int, keys, values, layout: str = "token_major") -> None:
         """Appends decode tokens' K/V (usually one token) to a prefilled layer."""
-        _c.pq_decode_append(self._ctx, seq, layer, _tensor_view(keys, layout),
-                            _tensor_view(values, layout))
+        self._check_dtype("keys", keys)
+        self._check_dtype("values", values)
+        _c.pq_decode_append(self._handle("pq_decode_append"), seq, layer,
+                            _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def prefill_queries(self, seq: int, layer: int, queries, layout: str = "token_major") -> None:
         """The prompt's last queries [tokens][q_heads][head_dim], for SnapKV,
         PyramidKV and SCOPE (other selectors ignore them)."""
-        _c.pq_prefill_queries(self._ctx, seq, layer, _tensor_view(queries, layout))
+        self._check_dtype("queries", queries)
+        _c.pq_prefill_queries(self._handle("pq_prefill_queries"), seq, layer,
+                              _tensor_view(queries, layout))
 
     def token_classes(self, seq: int, first: int, classes) -> None:
         """The classes of the tokens at first, first + 1, ... (TOKEN_SPECIAL
@@ -391,20 +458,21 @@ class Context:
             if bad.size:
                 raise ValueError(f"classes[{bad[0]}] is {values[bad[0]]}; a class is a byte of "
                                  "TOKEN_SPECIAL | TOKEN_PUNCTUATION flags")
-        _c.pq_sequence_token_classes(self._ctx, seq, first,
+        _c.pq_sequence_token_classes(self._handle("pq_sequence_token_classes"), seq, first,
                                      np.ascontiguousarray(values, dtype=np.uint8))
 
     # --- selection and fetch ---------------------------------------------
 
     def capacity(self, seq: int, layer: int) -> int:
         """Entries per kv head that select needs at the current length."""
-        return _c.pq_selection_capacity(self._ctx, seq, layer)
+        return _c.pq_selection_capacity(self._handle("pq_selection_capacity"), seq, layer)
 
     def capacity_for(self, layer: int, tokens: int) -> int:
         """Entries per kv head that select needs at `layer` for a sequence of
         `tokens` tokens, without a sequence; it never decreases as tokens
         grow, so the capacity for the longest sequence sizes every buffer."""
-        return _c.pq_selection_capacity_for(self._ctx, layer, tokens)
+        return _c.pq_selection_capacity_for(self._handle("pq_selection_capacity_for"), layer,
+                                            tokens)
 
     @staticmethod
     def _query(query):
@@ -422,7 +490,7 @@ class Context:
         if 0 <= layer < self.num_layers:
             self._capacity_hints[layer] = max(self._capacity_hints[layer], needed)
         out = SelectionResult(self.num_kv_heads, needed)
-        call(self._ctx, seq, layer, query, out.arrays)
+        call(self._handle(call.__name__), seq, layer, query, out.arrays)
         return out
 
     def speculate(self, seq: int, layer: int, query_estimate,
@@ -451,12 +519,13 @@ class Context:
         """select's and speculate's body: `call` fills `out` if given, else
         a new result sized from the layer's capacity hint and grown once."""
         query = self._query(query)
+        self._check_dtype("query", query)
         if out is not None:
-            call(self._ctx, seq, layer, query, out.arrays)
+            call(self._handle(call.__name__), seq, layer, query, out.arrays)
             return out
         out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
         try:
-            call(self._ctx, seq, layer, query, out.arrays)
+            call(self._handle(call.__name__), seq, layer, query, out.arrays)
         except PQError as e:
             if e.status != _BUFFER_TOO_SMALL:
                 raise
@@ -478,10 +547,12 @@ class Context:
         given twice) raise PQError as other calls do."""
         op = "pq_decode_select_batch"
         seqs, queries = list(seqs), [self._query(q) for q in queries]
+        for i, query in enumerate(queries):
+            self._check_dtype(f"queries[{i}]", query)
         hint = self._capacity_hint(layer)
         results = [SelectionResult(self.num_kv_heads, hint) for _ in seqs]
         try:
-            _c.pq_decode_select_batch(self._ctx, layer, seqs, queries,
+            _c.pq_decode_select_batch(self._handle("pq_decode_select_batch"), layer, seqs, queries,
                                       [r.arrays for r in results])
             return results
         except PQError as e:
@@ -521,7 +592,8 @@ class Context:
         if probs.shape != selection.positions.shape:
             raise ValueError(f"probs has shape {probs.shape}; expected "
                              f"{selection.positions.shape}, the shape of selection.positions")
-        _c.pq_observe_attention(self._ctx, seq, layer, selection.arrays, probs)
+        _c.pq_observe_attention(self._handle("pq_observe_attention"), seq, layer,
+                                selection.arrays, probs)
 
     def fetch(self, seq: int, layer: int, selection: SelectionResult,
               out: Optional[Tuple[np.ndarray, np.ndarray]] = None
@@ -533,7 +605,9 @@ class Context:
         arrays in place: [kv_heads][>= max(counts)][head_dim], writable, the
         context's dtype, contiguous last axis."""
         keys, values = out if out is not None else self._fetch_buffers(selection)
-        _c.pq_fetch_kv(self._ctx, seq, layer, selection.arrays,
+        self._check_dtype("out[0] (keys)", keys)
+        self._check_dtype("out[1] (values)", values)
+        _c.pq_fetch_kv(self._handle("pq_fetch_kv"), seq, layer, selection.arrays,
                        _tensor_view(keys, "head_major"), _tensor_view(values, "head_major"))
         return keys, values
 
@@ -552,8 +626,10 @@ class Context:
         negative scale)."""
         out = np.empty((self.num_q_heads, self.head_dim), np.float32)
         lse = np.empty(self.num_q_heads, np.float32)
-        _c.pq_decode_attend(self._ctx, seq, layer, self._query(query), selection.arrays,
-                            0.0 if scale is None else scale, out, lse)
+        query = self._query(query)
+        self._check_dtype("query", query)
+        _c.pq_decode_attend(self._handle("pq_decode_attend"), seq, layer, query,
+                            selection.arrays, 0.0 if scale is None else scale, out, lse)
         return out, lse
 
     def select_device(self, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
@@ -597,8 +673,12 @@ class Context:
             if len(outs) != len(seqs) or len(out_keys) != len(out_values):
                 raise ValueError(f"out_keys and out_values need one array each per sequence "
                                  f"({len(seqs)}), got {len(out_keys)} and {len(out_values)}")
+            for i, (keys, values) in enumerate(outs):
+                self._check_dtype(f"out_keys[{i}]", keys)
+                self._check_dtype(f"out_values[{i}]", values)
         try:
-            _c.pq_fetch_kv_batch(self._ctx, layer, seqs, [s.arrays for s in selections],
+            _c.pq_fetch_kv_batch(self._handle("pq_fetch_kv_batch"), layer, seqs,
+                                 [s.arrays for s in selections],
                                  [_tensor_view(k, "head_major") for k, _ in outs],
                                  [_tensor_view(v, "head_major") for _, v in outs])
         except PQError as e:
@@ -614,14 +694,14 @@ class Context:
     def layer_info(self, seq: int, layer: int) -> Dict[str, object]:
         """pq_layer_info as a dict (tokens, coded_tokens, index_ready,
         last_select_bytes, ...), without waiting for builds."""
-        return _as_dict(_c.pq_layer_info_get(self._ctx, seq, layer))
+        return _as_dict(_c.pq_layer_info_get(self._handle("pq_layer_info_get"), seq, layer))
 
     def stats(self) -> Dict[str, object]:
         """Context-wide pq_stats as a dict."""
-        return _as_dict(_c.pq_stats_get(self._ctx))
+        return _as_dict(_c.pq_stats_get(self._handle("pq_stats_get")))
 
     def sequence_stats(self, seq: int) -> Dict[str, object]:
-        return _as_dict(_c.pq_sequence_stats_get(self._ctx, seq))
+        return _as_dict(_c.pq_sequence_stats_get(self._handle("pq_sequence_stats_get"), seq))
 
     def codes(self, seq: int, layer: int, kv_head: int, first: int, count: int,
               subspaces: Optional[int] = None) -> np.ndarray:
@@ -630,7 +710,7 @@ class Context:
         if subspaces is None:
             subspaces = int(self.config()["pq_subspaces"])
         out = np.zeros((count, subspaces), np.uint8)
-        _c.pq_index_codes(self._ctx, seq, layer, kv_head, first, count, out)
+        _c.pq_index_codes(self._handle("pq_index_codes"), seq, layer, kv_head, first, count, out)
         return out
 
     def centroids(self, seq: int, layer: int, kv_head: int) -> np.ndarray:
@@ -639,9 +719,9 @@ class Context:
         config = self.config()
         m, bits = int(config["pq_subspaces"]), int(config["pq_bits"])
         out = np.zeros((m, 1 << bits, self.head_dim // m), np.float32)
-        _c.pq_index_centroids(self._ctx, seq, layer, kv_head, out)
+        _c.pq_index_centroids(self._handle("pq_index_centroids"), seq, layer, kv_head, out)
         return out
 
     def wait_builds(self) -> None:
         """Blocks until every index build queued so far has finished."""
-        _c.pq_wait_builds(self._ctx)
+        _c.pq_wait_builds(self._handle("pq_wait_builds"))

@@ -109,8 +109,9 @@ def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> Dev
         raise ValueError(f"query has shape {q.shape}; expected [q_heads][head_dim]")
     if q.dtype is None:
         raise TypeError("query must be float32, float16 or bfloat16")
-    _c.pq_decode_select_device(ctx._ctx, seq, layer, q.address, q.dtype, shape[0], shape[1],
-                               strides[0], out._addresses[0], out._addresses[1], out.capacity)
+    _c.pq_decode_select_device(ctx._handle("pq_decode_select_device"), seq, layer, q.address,
+                               q.dtype, shape[0], shape[1], strides[0], out._addresses[0],
+                               out._addresses[1], out.capacity)
     return out
 
 
@@ -126,6 +127,7 @@ def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, va
     if k.dtype is None:
         raise TypeError("keys and values must be float32, float16 or bfloat16")
     heads, tokens, head_dim = k.shape
-    _c.pq_fetch_kv_device(ctx._ctx, seq, layer, selection._addresses[0], selection._addresses[1],
-                          selection.capacity, k.address, v.address, k.dtype, tokens, heads,
-                          head_dim, k.strides[1], k.strides[0])
+    _c.pq_fetch_kv_device(ctx._handle("pq_fetch_kv_device"), seq, layer,
+                          selection._addresses[0], selection._addresses[1], selection.capacity,
+                          k.address, v.address, k.dtype, tokens, heads, head_dim, k.strides[1],
+                          k.strides[0])

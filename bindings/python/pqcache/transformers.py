@@ -63,12 +63,25 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-import torch
-from transformers import AttentionInterface
-from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin,
-                                      get_layer_types_and_kwargs)
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+# The versions requirements-eval.txt pins (a test keeps the two in step): the
+# message below names them for a wheel user, who has no requirements file.
+_REQUIRED = ("torch==2.15.0", "transformers==5.23.0")
+try:
+    import torch
+    from transformers import AttentionInterface
+    from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin,
+                                          get_layer_types_and_kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ModuleNotFoundError as missing:
+    if (missing.name or "").split(".")[0] not in ("torch", "transformers"):
+        raise
+    raise ModuleNotFoundError(
+        f"pqcache.transformers needs torch and transformers, and {missing.name!r} is not "
+        f"installed: pip install {' '.join(_REQUIRED)} (the tested versions; in a source tree, "
+        "pip install -r requirements-eval.txt installs them). `import pqcache` works without "
+        "them.", name=missing.name) from missing
 
 from . import Context, SelectionResult
 from .selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS, PROMPT_QUERY_SELECTORS,

@@ -1,6 +1,13 @@
 """Bad input raises, never crashes: library errors as pqcache.PQError with the
 library's status and message, malformed arrays as TypeError / ValueError
 before the library is called (so it cannot read or write out of bounds)."""
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -37,15 +44,11 @@ def test_library_errors_carry_status_name_and_message(ctx):
     assert e.value.status == raw.PQ_ERR_INVALID_ARGUMENT
 
 
-def test_nan_and_wrong_dtype_are_the_library_s_invalid_argument(ctx):
+def test_nan_and_wrong_heads_are_the_library_s_invalid_argument(ctx):
     bad = np.full((10, 2, 16), np.nan, np.float32)
     with pytest.raises(pqcache.PQError) as e:
         ctx.prefill(1, 0, bad, bad)
     assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "NaN" in e.value.message
-    half = np.zeros((10, 2, 16), np.float16)  # the context stores f32
-    with pytest.raises(pqcache.PQError) as e:
-        ctx.prefill(1, 0, half, half)
-    assert "dtype" in e.value.message and "f32" in e.value.message
     wrong_heads = np.zeros((10, 3, 16), np.float32)
     with pytest.raises(pqcache.PQError) as e:
         ctx.prefill(1, 0, wrong_heads, wrong_heads)
@@ -75,20 +78,84 @@ def test_configuration_errors():
         pqcache.Context(1, 2, 2, 16, sink_tokens=2**40)
 
 
+def _blocked_library(monkeypatch):
+    """Makes every call into the native module fail the test: what raises
+    with it raised before the library was called."""
+    def called(*args):
+        raise AssertionError("the library was called")
+    for name in dir(raw):
+        if name.startswith("pq_") and callable(getattr(raw, name)):
+            monkeypatch.setattr(raw, name, called)
+
+
+@pytest.mark.parametrize("dtype, given", [("f32", np.float16), ("f16", np.float32),
+                                          ("bf16", np.float16), ("f16", np.uint16)])
+def test_a_wrong_element_type_is_a_type_error_before_the_library(monkeypatch, dtype, given):
+    """As docs/bindings/python.md says: TypeError naming the argument, the
+    expected and the given dtype; no C call. It is also a PQError with
+    PQ_ERR_INVALID_ARGUMENT, the status the library reported for it before."""
+    expected = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)"}[dtype]
+    given_name = np.dtype(given).name
+    with pqcache.Context(1, 4, 2, 16, dtype, selector="exact") as context:
+        context.add_sequence(1)
+        selection = pqcache.SelectionResult(2, 8)
+        wrong = np.zeros((10, 2, 16), given)
+        wrong_query = np.zeros((4, 16), given)
+        calls = [(lambda: context.prefill(1, 0, wrong, wrong), "keys"),
+                 (lambda: context.append(1, 0, wrong, wrong), "keys"),
+                 (lambda: context.prefill_queries(1, 0, wrong_query[None]), "queries"),
+                 (lambda: context.select(1, 0, wrong_query), "query"),
+                 (lambda: context.speculate(1, 0, wrong_query), "query"),
+                 (lambda: context.attend(1, 0, wrong_query, selection), "query"),
+                 (lambda: context.select_batch(0, [1], [wrong_query]), "queries[0]"),
+                 (lambda: context.fetch(1, 0, selection, out=(wrong, wrong)),
+                  "out[0] (keys)"),
+                 (lambda: context.fetch_batch(0, [1], [selection], [wrong], [wrong]),
+                  "out_keys[0]")]
+        with monkeypatch.context() as blocked:
+            _blocked_library(blocked)
+            for call, argument in calls:
+                with pytest.raises(TypeError) as e:
+                    call()
+                assert str(e.value) == f"PQ_ERR_INVALID_ARGUMENT: {e.value.message}"
+                assert e.value.message == (f"{argument}: expected {expected} elements for the "
+                                           f"context's dtype {dtype}, got {given_name}")
+                assert isinstance(e.value, pqcache.DTypeError)
+                assert isinstance(e.value, pqcache.PQError)
+                assert e.value.status == raw.PQ_ERR_INVALID_ARGUMENT
+                assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+
+
+def test_the_raw_module_passes_a_wrong_dtype_to_the_library(ctx):
+    """The raw module is the C API: the library's check, which names dtypes
+    (not their numbers)."""
+    half = np.zeros((10, 2, 16), np.float16)  # the context stores f32
+    with pytest.raises(pqcache.PQError) as e:
+        raw.pq_prefill_layer(ctx._ctx, 1, 0, half, half)
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    assert e.value.message == "pq_prefill_layer: keys.dtype is f16; the context stores f32"
+    assert not isinstance(e.value, TypeError)
+
+
 def test_malformed_tensors_are_rejected_before_the_call(ctx):
     good = np.zeros((10, 2, 16), np.float32)
     with pytest.raises(TypeError, match="buffer protocol"):
         ctx.prefill(1, 0, [[[0.0] * 16] * 2] * 10, good)
-    with pytest.raises(TypeError, match="unsupported element format 'd'"):
+    with pytest.raises(TypeError, match="keys: expected float32 elements for the context's "
+                                        "dtype f32, got float64"):
         ctx.prefill(1, 0, good.astype(np.float64), good)
+    with pytest.raises(TypeError, match="unsupported element format 'd'"):  # the raw module
+        raw.pq_prefill_layer(ctx._ctx, 1, 0, good.astype(np.float64), good)
     with pytest.raises(ValueError, match="3-D"):
         ctx.prefill(1, 0, good.reshape(20, 16), good)
     with pytest.raises(ValueError, match="last axis"):
         ctx.prefill(1, 0, np.zeros((10, 2, 32), np.float32)[:, :, ::2], good)
     with pytest.raises(ValueError, match="non-negative"):
         ctx.prefill(1, 0, good[::-1], good)
-    with pytest.raises(TypeError, match="byte order|format"):
+    with pytest.raises(TypeError, match=r"got >f4 \(not in native byte order\)"):
         ctx.prefill(1, 0, good.astype(">f4"), good)
+    with pytest.raises(TypeError, match="byte order|format"):
+        raw.pq_prefill_layer(ctx._ctx, 1, 0, good.astype(">f4"), good)
 
 
 def test_malformed_selections_are_rejected(ctx):
@@ -131,7 +198,11 @@ def test_bad_fetch_and_observe_arguments(ctx):
     small = np.zeros((2, 3, 16), np.float32)  # fewer rows than selected
     with pytest.raises(pqcache.PQError) as e:
         ctx.fetch(1, 0, selection, out=(small, small.copy()))
+    # INVALID_ARGUMENT, not the BUFFER_TOO_SMALL of a too-small selection:
+    # the size needed is max(counts), which the caller holds (pqcache.h).
     assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
+    assert e.value.message == (f"pq_fetch_kv: out_keys.tokens is 3; expected at least "
+                               f"{selection.counts.max()}")
     with pytest.raises(ValueError, match="shape"):
         ctx.observe_attention(1, 0, selection, np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="probs"):
@@ -156,15 +227,33 @@ def test_index_buffers_are_checked():
         assert pq.centroids(1, 0, 0).shape == (2, 64, 8)
 
 
-def test_a_closed_or_null_context_raises(ctx):
+def test_a_closed_context_is_bad_state_as_in_every_binding(ctx):
+    """The status and text Go and Java give a closed context too
+    (docs/bindings/errors.md); the library is not called with NULL."""
     ctx.close()
     ctx.close()  # idempotent
+    for call, op in [(lambda: ctx.length(1, 0), "pq_sequence_length"),
+                     (lambda: ctx.add_sequence(2), "pq_sequence_add"),
+                     (lambda: ctx.select(1, 0, np.zeros((4, 16), np.float32)),
+                      "pq_decode_select"),
+                     (lambda: ctx.select_batch(0, [1], [np.zeros((4, 16), np.float32)]),
+                      "pq_decode_select_batch"),
+                     (lambda: ctx.save(1), "pq_sequence_save_buffer"),
+                     (ctx.stats, "pq_stats_get"), (ctx.wait_builds, "pq_wait_builds")]:
+        with pytest.raises(pqcache.PQError) as e:
+            call()
+        assert e.value.status == raw.PQ_ERR_BAD_STATE == -3
+        assert e.value.status_name == "PQ_ERR_BAD_STATE"
+        assert e.value.message == f"{op}: the context is closed"
+        assert str(e.value) == f"PQ_ERR_BAD_STATE: {op}: the context is closed"
+
+
+def test_a_null_context_is_the_library_s_invalid_argument():
+    # The raw module passes None on as NULL: the C API's answer.
     with pytest.raises(pqcache.PQError) as e:
-        ctx.length(1, 0)
-    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
-    with pytest.raises(pqcache.PQError):
         raw.pq_decode_select(None, 1, 0, np.zeros((1, 4, 16), np.float32),
                              (np.zeros((2, 8), np.int32), np.zeros(2, np.int32)))
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "ctx" in e.value.message
 
 
 def test_bad_attend_arguments(ctx):
@@ -183,9 +272,9 @@ def test_bad_attend_arguments(ctx):
         ctx.attend(1, 0, np.ones((2, 16), np.float32), selection)  # kv heads, not q heads
     assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT"
     assert e.value.message.startswith("pq_decode_attend") and "query" in e.value.message
-    with pytest.raises(pqcache.PQError) as e:
+    with pytest.raises(TypeError) as e:
         ctx.attend(1, 0, query.astype(np.float16), selection)  # the context stores f32
-    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "dtype" in e.value.message
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "dtype f32" in e.value.message
     with pytest.raises(pqcache.PQError) as e:
         ctx.attend(42, 0, query, selection)
     assert e.value.status_name == "PQ_ERR_NOT_FOUND"
@@ -205,3 +294,48 @@ def test_bad_attend_arguments(ctx):
     with pytest.raises(pqcache.PQError) as e:
         ctx.attend(1, 0, query, selection)
     assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "positions" in e.value.message
+
+
+# Imports pqcache.transformers as if the module `blocked` were not installed
+# (sys.modules[name] = None makes `import name` fail so), without touching the venv.
+_IMPORT_BLOCKED = """
+import sys
+sys.modules[sys.argv[1]] = None
+try:
+    import pqcache.transformers
+except ImportError as e:
+    print(type(e).__name__, isinstance(e, ModuleNotFoundError), e.name, e, sep="\\n")
+else:
+    print("imported")
+"""
+
+
+def _import_without(blocked: str):
+    done = subprocess.run([sys.executable, "-c", _IMPORT_BLOCKED, blocked], capture_output=True,
+                          text=True, env=os.environ, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.rstrip("\n").split("\n", 3)
+
+
+@pytest.mark.parametrize("blocked", ["torch", "transformers"])
+def test_the_transformers_integration_without_torch_says_what_to_install(blocked):
+    # Where torch is not installed at all (the wheel's test venv), it is the
+    # module found missing whichever is blocked.
+    missing = blocked if importlib.util.find_spec("torch") else "torch"
+    kind, is_not_found, name, message = _import_without(blocked)
+    assert (kind, is_not_found, name) == ("ModuleNotFoundError", "True", missing)
+    assert message.startswith(f"pqcache.transformers needs torch and transformers, and "
+                              f"'{missing}' is not installed: pip install torch==")
+    assert "pip install -r requirements-eval.txt" in message
+    assert "`import pqcache` works without them" in message
+
+
+def test_the_install_hint_names_the_versions_requirements_eval_pins():
+    requirements = pathlib.Path(__file__).resolve().parents[3] / "requirements-eval.txt"
+    if not requirements.is_file():  # the wheel test runs a copy of the tests
+        pytest.skip(f"SKIPPED: no source tree here ({requirements} does not exist)")
+    pins = dict(re.findall(r"^(torch|transformers)==(\S+)", requirements.read_text(), re.M))
+    assert set(pins) == {"torch", "transformers"}, pins
+    message = _import_without("torch")[3]
+    assert (f"pip install torch=={pins['torch']} transformers=={pins['transformers']} "
+            in message), message

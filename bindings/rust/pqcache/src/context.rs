@@ -30,6 +30,19 @@ type SelectFn = unsafe extern "C" fn(
 /// ownership), and `pq_sequence_set_stream` must not race with calls on its
 /// sequence (so [`Context::set_cuda_stream`] is `unsafe`). Share a context
 /// between threads with `&Context` (e.g. `std::thread::scope`) or `Arc`.
+///
+/// # After drop
+/// A dropped context cannot be reached, so no call can report a closed one
+/// (the Python, Go and Java bindings, whose `close()` leaves the object,
+/// report `PQ_ERR_BAD_STATE`, "<C function>: the context is closed"; see
+/// docs/bindings/errors.md). Dropping moves the context, and the compiler
+/// refuses any later use:
+/// ```compile_fail,E0382
+/// fn use_after_drop(ctx: pqcache::Context) -> pqcache::Result<()> {
+///     drop(ctx);
+///     ctx.add_sequence(1) // error[E0382]: borrow of moved value: `ctx`
+/// }
+/// ```
 pub struct Context {
     ctx: NonNull<sys::pq_context>,
     library: Library,

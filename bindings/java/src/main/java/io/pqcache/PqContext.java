@@ -31,7 +31,8 @@ import java.util.function.LongFunction;
  * sequences, or the same sequence and different layers, run concurrently;
  * calls on the same (sequence, layer) are serialised by the library.
  * {@link #close()} waits for calls in progress, and later calls throw
- * {@link IllegalStateException}.
+ * {@link PqClosedException}, an {@link IllegalStateException} with status
+ * BAD_STATE and the message "&lt;C function&gt;: the context is closed".
  *
  * <p><b>Memory.</b> K/V/Q tensors are passed as direct {@link ByteBuffer}s in
  * the platform byte order, read or written in place from their position (no
@@ -203,25 +204,25 @@ public final class PqContext implements AutoCloseable {
 
   /** Adds an empty sequence; INVALID_ARGUMENT if the id exists. */
   public void addSequence(long seqId) {
-    run(h -> pqcache.pq_sequence_add(h, seqId));
+    run("pq_sequence_add", h -> pqcache.pq_sequence_add(h, seqId));
   }
 
   /** Removes a sequence and frees its memory; NOT_FOUND if absent. */
   public void removeSequence(long seqId) {
-    run(h -> pqcache.pq_sequence_remove(h, seqId));
+    run("pq_sequence_remove", h -> pqcache.pq_sequence_remove(h, seqId));
   }
 
   /** Tokens stored for (sequence, layer). */
   public long sequenceLength(long seqId, int layer) {
     long[] tokens = new long[1];
-    run(h -> pqcache.pq_sequence_length(h, seqId, layer, tokens));
+    run("pq_sequence_length", h -> pqcache.pq_sequence_length(h, seqId, layer, tokens));
     return tokens[0];
   }
 
   /** Number of sequences. */
   public long sequenceCount() {
     long[] count = new long[1];
-    run(h -> pqcache.pq_sequence_count(h, count));
+    run("pq_sequence_count", h -> pqcache.pq_sequence_count(h, count));
     return count[0];
   }
 
@@ -240,7 +241,7 @@ public final class PqContext implements AutoCloseable {
    *     than the longest layer holds), OUT_OF_MEMORY
    */
   public void truncateSequence(long seqId, long tokens) {
-    run(h -> pqcache.pq_sequence_truncate(h, seqId, tokens));
+    run("pq_sequence_truncate", h -> pqcache.pq_sequence_truncate(h, seqId, tokens));
   }
 
   /**
@@ -254,7 +255,7 @@ public final class PqContext implements AutoCloseable {
    *     exists), OUT_OF_MEMORY, BAD_STATE (a build of the parent failed)
    */
   public void forkSequence(long parentId, long childId) {
-    run(h -> pqcache.pq_sequence_fork(h, parentId, childId));
+    run("pq_sequence_fork", h -> pqcache.pq_sequence_fork(h, parentId, childId));
   }
 
   /**
@@ -263,7 +264,7 @@ public final class PqContext implements AutoCloseable {
    */
   public long sequenceStateSize(long seqId) {
     long[] bytes = new long[1];
-    run(h -> pqcache.pq_sequence_state_size(h, seqId, bytes));
+    run("pq_sequence_state_size", h -> pqcache.pq_sequence_state_size(h, seqId, bytes));
     return bytes[0];
   }
 
@@ -279,7 +280,7 @@ public final class PqContext implements AutoCloseable {
    * throws OUT_OF_MEMORY: save it to a file instead.
    */
   public byte[] saveSequence(long seqId) {
-    return call(h -> {
+    return call("pq_sequence_save_buffer", h -> {
       long[] size = new long[1];
       pqcache.pq_sequence_state_size(h, seqId, size);
       for (int attempt = 1; ; attempt++) {
@@ -320,7 +321,7 @@ public final class PqContext implements AutoCloseable {
    */
   public void saveSequence(long seqId, Path path) {
     String file = Objects.requireNonNull(path, "path").toString();
-    run(h -> pqcache.pq_sequence_save_file(h, seqId, file));
+    run("pq_sequence_save_file", h -> pqcache.pq_sequence_save_file(h, seqId, file));
   }
 
   /**
@@ -348,7 +349,7 @@ public final class PqContext implements AutoCloseable {
    */
   public void restoreSequence(long seqId, ByteBuffer state) {
     ByteBuffer data = directBytes(state, "state");
-    run(h -> {
+    run("pq_sequence_restore", h -> {
       try {
         pqcache.pq_sequence_restore(h, seqId, data, data.remaining());
       } finally {
@@ -364,7 +365,7 @@ public final class PqContext implements AutoCloseable {
    */
   public void restoreSequence(long seqId, Path path) {
     String file = Objects.requireNonNull(path, "path").toString();
-    run(h -> pqcache.pq_sequence_restore_file(h, seqId, file));
+    run("pq_sequence_restore_file", h -> pqcache.pq_sequence_restore_file(h, seqId, file));
   }
 
   /**
@@ -395,7 +396,7 @@ public final class PqContext implements AutoCloseable {
    * buffer is read in place, a heap buffer is copied first.
    */
   public long restoreSequenceBegin(long seqId, ByteBuffer state) {
-    return restoreStep(state, "state",
+    return restoreStep("pq_sequence_restore_begin", state, "state",
         (h, data, consumed) -> pqcache.pq_sequence_restore_begin(h, seqId, data, data.remaining(),
             consumed));
   }
@@ -421,7 +422,7 @@ public final class PqContext implements AutoCloseable {
    *     (the sequence must be removed). BAD_STATE: no restore in progress
    */
   public long restoreSequenceKV(long seqId, ByteBuffer data) {
-    return restoreStep(data, "data",
+    return restoreStep("pq_sequence_restore_kv", data, "data",
         (h, bytes, consumed) -> pqcache.pq_sequence_restore_kv(h, seqId, bytes, bytes.remaining(),
             consumed));
   }
@@ -438,7 +439,7 @@ public final class PqContext implements AutoCloseable {
    * x headDim} each) and schedules the layer's index build.
    */
   public void prefillLayer(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
-    store(pqcache::pq_prefill_layer, seqId, layer, tokens, keys, values);
+    store("pq_prefill_layer", pqcache::pq_prefill_layer, seqId, layer, tokens, keys, values);
   }
 
   /** {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
@@ -449,7 +450,7 @@ public final class PqContext implements AutoCloseable {
 
   /** Appends decode tokens' keys and values (usually 1 token) to a prefilled layer. */
   public void decodeAppend(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
-    store(pqcache::pq_decode_append, seqId, layer, tokens, keys, values);
+    store("pq_decode_append", pqcache::pq_decode_append, seqId, layer, tokens, keys, values);
   }
 
   /** {@link #decodeAppend(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
@@ -464,7 +465,7 @@ public final class PqContext implements AutoCloseable {
    */
   public void prefillQueries(long seqId, int layer, int tokens, ByteBuffer queries) {
     ByteBuffer q = input(queries, "queries", tokens, queryHeads);
-    run(h -> {
+    run("pq_prefill_queries", h -> {
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, tokens, queryHeads)) {
         pqcache.pq_prefill_queries(h, seqId, layer, tq.tensor);
       }
@@ -475,7 +476,7 @@ public final class PqContext implements AutoCloseable {
 
   /** Positions per kv head that a selection of (sequence, layer) needs now. */
   public int selectionCapacity(long seqId, int layer) {
-    return call(h -> capacity(h, seqId, layer));
+    return call("pq_selection_capacity", h -> capacity(h, seqId, layer));
   }
 
   /**
@@ -485,7 +486,8 @@ public final class PqContext implements AutoCloseable {
    */
   public int selectionCapacityFor(int layer, long tokens) {
     long[] capacity = new long[1];
-    run(h -> pqcache.pq_selection_capacity_for(h, layer, tokens, capacity));
+    run("pq_selection_capacity_for",
+        h -> pqcache.pq_selection_capacity_for(h, layer, tokens, capacity));
     return Math.toIntExact(capacity[0]);
   }
 
@@ -515,7 +517,7 @@ public final class PqContext implements AutoCloseable {
 
   private Selection select(long seqId, int layer, ByteBuffer query, boolean speculate) {
     ByteBuffer q = input(query, "query", 1, queryHeads);
-    return call(h -> {
+    return call(speculate ? "pq_decode_speculate" : "pq_decode_select", h -> {
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
         int capacity = capacityHint(layer);
         ByteBuffer[] arrays = Selection.allocateNative(kvHeads, capacity);
@@ -556,7 +558,7 @@ public final class PqContext implements AutoCloseable {
     for (int i = 0; i < n; i++) {
       q[i] = input(queries[i], "queries[" + i + "]", 1, queryHeads);
     }
-    return call(h -> {
+    return call("pq_decode_select_batch", h -> {
       int capacity = capacityHint(layer);
       NativeTensor[] tensors = new NativeTensor[n];
       ByteBuffer[][] arrays = new ByteBuffer[n][];
@@ -635,7 +637,7 @@ public final class PqContext implements AutoCloseable {
       k[i] = output(outKeys[i], "outKeys[" + i + "]", rows, kvHeads);
       v[i] = output(outValues[i], "outValues[" + i + "]", rows, kvHeads);
     }
-    run(h -> {
+    run("pq_fetch_kv_batch", h -> {
       NativeTensor[] tensors = new NativeTensor[2 * n];
       SWIGTYPE_p_pq_fetch_item items = pqcache.pqj_fetch_items_new(n);
       if (items == null) {
@@ -690,7 +692,7 @@ public final class PqContext implements AutoCloseable {
     int rows = selection.capacity();
     ByteBuffer k = output(outKeys, "outKeys", rows, kvHeads);
     ByteBuffer v = output(outValues, "outValues", rows, kvHeads);
-    run(h -> {
+    run("pq_fetch_kv", h -> {
       pq_selection chosen = attached(selection);
       try (NativeTensor tk = tensor(k, HEAD_MAJOR, rows, kvHeads);
           NativeTensor tv = tensor(v, HEAD_MAJOR, rows, kvHeads)) {
@@ -743,7 +745,7 @@ public final class PqContext implements AutoCloseable {
         .order(ByteOrder.nativeOrder());
     ByteBuffer lse = ByteBuffer.allocateDirect(queryHeads * Float.BYTES)
         .order(ByteOrder.nativeOrder());
-    run(h -> {
+    run("pq_decode_attend", h -> {
       pq_selection chosen = attached(selection);
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
         pqcache.pq_decode_attend(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
@@ -793,7 +795,7 @@ public final class PqContext implements AutoCloseable {
     }
     ByteBuffer p = ByteBuffer.allocateDirect(needed * Float.BYTES).order(ByteOrder.nativeOrder());
     p.asFloatBuffer().put(probs, 0, needed);
-    run(h -> {
+    run("pq_observe_attention", h -> {
       pq_selection chosen = attached(selection);
       try {
         pqcache.pq_observe_attention(h, seqId, layer, chosen, p);
@@ -817,7 +819,7 @@ public final class PqContext implements AutoCloseable {
     Objects.requireNonNull(classes, "classes");
     ByteBuffer c = ByteBuffer.allocateDirect(Math.max(classes.length, 1));
     c.put(classes);
-    run(h -> {
+    run("pq_sequence_token_classes", h -> {
       try {
         pqcache.pq_sequence_token_classes(h, seqId, first, classes.length, c);
       } finally {
@@ -832,7 +834,7 @@ public final class PqContext implements AutoCloseable {
   public Stats stats() {
     pq_stats stats = new pq_stats();
     try {
-      run(h -> pqcache.pq_stats_get(h, stats));
+      run("pq_stats_get", h -> pqcache.pq_stats_get(h, stats));
       return Stats.of(stats);
     } finally {
       stats.delete();
@@ -843,7 +845,7 @@ public final class PqContext implements AutoCloseable {
   public Stats sequenceStats(long seqId) {
     pq_stats stats = new pq_stats();
     try {
-      run(h -> pqcache.pq_sequence_stats_get(h, seqId, stats));
+      run("pq_sequence_stats_get", h -> pqcache.pq_sequence_stats_get(h, seqId, stats));
       return Stats.of(stats);
     } finally {
       stats.delete();
@@ -854,7 +856,7 @@ public final class PqContext implements AutoCloseable {
   public LayerInfo layerInfo(long seqId, int layer) {
     pq_layer_info info = new pq_layer_info();
     try {
-      run(h -> pqcache.pq_layer_info_get(h, seqId, layer, info));
+      run("pq_layer_info_get", h -> pqcache.pq_layer_info_get(h, seqId, layer, info));
       return LayerInfo.of(info);
     } finally {
       info.delete();
@@ -863,7 +865,7 @@ public final class PqContext implements AutoCloseable {
 
   /** Blocks until every index build queued so far has finished. */
   public void waitBuilds() {
-    run(pqcache::pq_wait_builds);
+    run("pq_wait_builds", pqcache::pq_wait_builds);
   }
 
   @Override
@@ -875,14 +877,17 @@ public final class PqContext implements AutoCloseable {
 
   // --- internals ---
 
-  /** Runs op with the live handle under the read lock. */
-  private <T> T call(LongFunction<T> op) {
+  /**
+   * Runs op with the live handle under the read lock; function, the C function op calls, names
+   * it in the PqClosedException of a closed context.
+   */
+  private <T> T call(String function, LongFunction<T> op) {
     Lock lock = lifecycle.readLock();
     lock.lock();
     try {
       long address = handle.address;
       if (address == 0) {
-        throw new IllegalStateException("PqContext is closed");
+        throw new PqClosedException(function);
       }
       return op.apply(address);
     } finally {
@@ -892,8 +897,8 @@ public final class PqContext implements AutoCloseable {
     }
   }
 
-  private void run(LongConsumer op) {
-    call(h -> {
+  private void run(String function, LongConsumer op) {
+    call(function, h -> {
       op.accept(h);
       return null;
     });
@@ -925,10 +930,10 @@ public final class PqContext implements AutoCloseable {
    * PqBufferTooSmallException with the bytes needed (the library writes
    * out_consumed on PQ_ERR_BUFFER_TOO_SMALL too).
    */
-  private long restoreStep(ByteBuffer buffer, String name, RestoreCall op) {
+  private long restoreStep(String function, ByteBuffer buffer, String name, RestoreCall op) {
     ByteBuffer data = directBytes(buffer, name);
     ByteBuffer consumed = ByteBuffer.allocateDirect(Long.BYTES).order(ByteOrder.nativeOrder());
-    return call(h -> {
+    return call(function, h -> {
       try {
         op.apply(h, data, consumed);
       } catch (PqException e) {
@@ -950,11 +955,11 @@ public final class PqContext implements AutoCloseable {
     void apply(long context, long seqId, int layer, pq_tensor keys, pq_tensor values);
   }
 
-  private void store(StoreCall call, long seqId, int layer, int tokens, ByteBuffer keys,
-      ByteBuffer values) {
+  private void store(String function, StoreCall call, long seqId, int layer, int tokens,
+      ByteBuffer keys, ByteBuffer values) {
     ByteBuffer k = input(keys, "keys", tokens, kvHeads);
     ByteBuffer v = input(values, "values", tokens, kvHeads);
-    run(h -> {
+    run(function, h -> {
       try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
           NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
         call.apply(h, seqId, layer, tk.tensor, tv.tensor);

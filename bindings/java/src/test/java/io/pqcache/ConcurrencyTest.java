@@ -61,13 +61,14 @@ class ConcurrencyTest {
     try {
       Future<String> running = pool.submit(() -> ReferenceCycle.run(ctx, 1, false));
       // Whichever wins, nothing crashes: the cycle either completes before
-      // close or stops with IllegalStateException at its next call.
+      // close or stops with PqClosedException (an IllegalStateException) at
+      // its next call.
       ctx.close();
       try {
         String output = running.get(60, TimeUnit.SECONDS);
         assertTrue(output.startsWith("capacity "), output);
       } catch (java.util.concurrent.ExecutionException e) {
-        assertEquals(IllegalStateException.class, e.getCause().getClass(), e.toString());
+        assertEquals(PqClosedException.class, e.getCause().getClass(), e.toString());
       }
       assertThrows(IllegalStateException.class, () -> ctx.addSequence(2));
     } finally {

@@ -40,6 +40,17 @@ class ContextTest {
     assertTrue(e.getMessage().contains("closed"), e.getMessage());
     assertThrows(IllegalStateException.class, ctx::stats);
     assertThrows(IllegalStateException.class, () -> ctx.selectionCapacity(1, 0));
+    // The status and text every binding gives a closed context (docs/bindings/errors.md).
+    PqClosedException closed = assertThrows(PqClosedException.class, () -> ctx.addSequence(2));
+    assertEquals(Status.BAD_STATE, closed.status());
+    assertEquals(-3, closed.code());
+    assertEquals("pq_sequence_add: the context is closed", closed.libraryMessage());
+    assertEquals("BAD_STATE (-3): pq_sequence_add: the context is closed", closed.getMessage());
+    closed = assertThrows(PqClosedException.class,
+        () -> ctx.decodeSelect(1, 0, new float[ctx.queryHeads() * ctx.headDim()]));
+    assertEquals("pq_decode_select: the context is closed", closed.libraryMessage());
+    closed = assertThrows(PqClosedException.class, ctx::waitBuilds);
+    assertEquals("pq_wait_builds: the context is closed", closed.libraryMessage());
   }
 
   @Test
