@@ -60,6 +60,10 @@ set(_pq_summary_dev "PQCache KV-cache selection library - development files")
 set(_pq_summary_go "PQCache KV-cache selection library - Go binding (source)")
 set(_pq_summary_java "PQCache KV-cache selection library - Java binding")
 set(_pq_summary_python "PQCache KV-cache selection library - Python 3 binding")
+set(_pq_summary_redis "PQCache KV-cache selection library - Redis tier")
+set(_pq_summary_redis_dev "PQCache KV-cache selection library - Redis tier development files")
+set(_pq_summary_rust_sys "Rust crate pqcache-sys - raw FFI declarations of libpqcache")
+set(_pq_summary_rust "Rust crate pqcache - safe Rust API of libpqcache")
 set(_pq_intro
   "libpqcache keeps the KV cache of long prompts in host memory, builds a\n"
   "product-quantization index of the keys of every layer and head, and at\n"
@@ -87,19 +91,45 @@ string(CONCAT _pq_desc_java ${_pq_intro}
   "io.pqcache), its Maven coordinates ${PQ_MAVEN_GROUP_ID}:${PQ_MAVEN_ARTIFACT_ID} in\n"
   "/usr/share/maven-repo, and its JNI module libpqcache_jni.so.")
 string(CONCAT _pq_desc_python ${_pq_intro}
-  "This package holds the Python 3 binding (module pqcache).")
+  "This package holds the Python 3 binding (module pqcache; pqcache.redis\n"
+  "needs the Redis tier's library, package ${PQ_DEB_NAME_redis}).")
+string(CONCAT _pq_desc_redis ${_pq_intro}
+  "This package holds libpqcache_redis, which saves a sequence's state to a\n"
+  "Redis server in checksummed blocks and restores it into another context,\n"
+  "in another process or on another machine, whole or in steps.")
+string(CONCAT _pq_desc_redis_dev ${_pq_intro}
+  "This package holds the Redis tier's C header pqcache_redis.h, the\n"
+  "pkg-config file pqcache-redis.pc and the CMake package\n"
+  "(find_package(pqcache-redis), target pqcache::redis).")
+string(CONCAT _pq_desc_rust_sys ${_pq_intro}
+  "This package holds the source of the Rust crate pqcache-sys (raw\n"
+  "declarations of pqcache.h; its default feature \"link\" links libpqcache,\n"
+  "without it the library is loaded at run time) under\n"
+  "/usr/share/cargo/registry, for cargo's directory source replacement.")
+string(CONCAT _pq_desc_rust ${_pq_intro}
+  "This package holds the source of the Rust crate pqcache, the safe API\n"
+  "on pqcache-sys, under /usr/share/cargo/registry, for cargo's directory\n"
+  "source replacement.")
 set(_pq_deb_section_runtime libs)
 set(_pq_deb_section_cuda libs)
 set(_pq_deb_section_dev libdevel)
 set(_pq_deb_section_go golang)
 set(_pq_deb_section_java java)
 set(_pq_deb_section_python python)
+set(_pq_deb_section_redis libs)
+set(_pq_deb_section_redis_dev libdevel)
+set(_pq_deb_section_rust_sys rust)
+set(_pq_deb_section_rust rust)
 set(_pq_rpm_group_runtime "System Environment/Libraries")
 set(_pq_rpm_group_cuda "System Environment/Libraries")
 set(_pq_rpm_group_dev "Development/Libraries")
 set(_pq_rpm_group_go "Development/Libraries")
 set(_pq_rpm_group_java "Development/Libraries")
 set(_pq_rpm_group_python "Development/Libraries")
+set(_pq_rpm_group_redis "System Environment/Libraries")
+set(_pq_rpm_group_redis_dev "Development/Libraries")
+set(_pq_rpm_group_rust_sys "Development/Libraries")
+set(_pq_rpm_group_rust "Development/Libraries")
 
 # ---- Debian -------------------------------------------------------------------------
 set(CPACK_DEB_COMPONENT_INSTALL ON)
@@ -137,6 +167,9 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
 foreach(_COMP CUDA JAVA)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_CONTROL_EXTRA ${_pq_no_ldconfig_scripts})
 endforeach()
+# The Redis tier's library is a public shared library like libpqcache.
+set(CPACK_DEBIAN_REDIS_PACKAGE_CONTROL_EXTRA
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
 # The Python package byte-compiles its modules in postinst (py3compile) and
 # removes the bytecode in prerm (py3clean), as dh_python3 does; the scripts
 # are made from packaging/debian/python/*.in by packaging/CMakeLists.txt.
@@ -172,6 +205,28 @@ set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
 # from this version's header, hence the exact dev package.
 set(CPACK_DEBIAN_GO_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_GO_PACKAGE_DEPENDS "${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSION}), pkgconf | pkg-config")
+# libpqcache_redis NEEDs libhiredis (dpkg-shlibdeps finds its package) and
+# libpqcache.so.N, which is not installed here: written explicitly, as for
+# the bindings. The -dev package's .pc says Requires: pqcache and its header
+# includes pqcache.h.
+set(CPACK_DEBIAN_REDIS_PACKAGE_DEPENDS "${_pq_runtime_dep}")
+set(CPACK_DEBIAN_REDIS_DEV_PACKAGE_DEPENDS
+    "${PQ_DEB_NAME_redis} (= ${PQ_DEB_VERSION}), ${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSION})")
+set(CPACK_DEBIAN_REDIS_DEV_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
+# The crates are sources (Architecture all, as the Go module). pqcache-sys's
+# default feature "link" links libpqcache: the -dev package, as Debian's
+# librust-*-sys-dev depend on their C library's; its build script asks
+# pkg-config for the library directory when pkg-config is there.
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_DEPENDS "${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSION})")
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
+set(CPACK_DEBIAN_RUST_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_RUST_PACKAGE_DEPENDS "${PQ_DEB_NAME_rust_sys} (= ${PQ_DEB_VERSION})")
+# pqcache.redis (in the Python package) loads libpqcache_redis when imported.
+if("redis" IN_LIST _pq_components)
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "${PQ_DEB_NAME_redis} (= ${PQ_DEB_VERSION})")
+  set(CPACK_RPM_PYTHON_PACKAGE_SUGGESTS "${PQ_RPM_NAME_redis} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}")
+endif()
 
 # ---- RPM ------------------------------------------------------------------------------
 set(CPACK_RPM_COMPONENT_INSTALL ON)
@@ -202,6 +257,22 @@ set(CPACK_RPM_RUNTIME_POST_UNINSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfi
 set(CPACK_RPM_RUNTIME_USER_FILELIST
     "%attr(0755,root,root) /usr/${PQ_RPM_LIBDIR}/libpqcache.so.${PROJECT_VERSION}")
 set(CPACK_RPM_CUDA_USER_FILELIST "%attr(0755,root,root) /usr/${PQ_RPM_LIBDIR}/pqcache/libpqcache_cuda.so")
+set(CPACK_RPM_REDIS_USER_FILELIST
+    "%attr(0755,root,root) /usr/${PQ_RPM_LIBDIR}/libpqcache_redis.so.${PROJECT_VERSION}")
+set(CPACK_RPM_REDIS_POST_INSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfig.sh)
+set(CPACK_RPM_REDIS_POST_UNINSTALL_SCRIPT_FILE ${PQ_PACKAGING_DIR}/rpm/ldconfig.sh)
+set(CPACK_RPM_REDIS_PACKAGE_REQUIRES "${_pq_rpm_runtime_dep}")
+set(CPACK_RPM_REDIS_DEV_PACKAGE_REQUIRES
+    "${PQ_RPM_NAME_redis} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}, ${PQ_RPM_NAME_dev} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}")
+set(CPACK_RPM_REDIS_DEV_PACKAGE_PROVIDES
+    "pkgconfig(pqcache-redis) = ${PROJECT_VERSION}, cmake(pqcache-redis) = ${PROJECT_VERSION}")
+# Fedora's rust-<crate>-devel provide crate(<name>) = version (rust-packaging).
+set(CPACK_RPM_RUST_SYS_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_RUST_SYS_PACKAGE_PROVIDES "crate(${PQ_RUST_CRATE_rust_sys}) = ${PROJECT_VERSION}")
+set(CPACK_RPM_RUST_SYS_PACKAGE_REQUIRES "${PQ_RPM_NAME_dev} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}")
+set(CPACK_RPM_RUST_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_RUST_PACKAGE_PROVIDES "crate(${PQ_RUST_CRATE_rust}) = ${PROJECT_VERSION}")
+set(CPACK_RPM_RUST_PACKAGE_REQUIRES "${PQ_RPM_NAME_rust_sys} = ${PROJECT_VERSION}-${PQ_RPM_RELEASE}")
 # What Fedora's pkgconfig and cmake dependency generators would add (this
 # build machine's rpmbuild has neither): `dnf install 'pkgconfig(pqcache)'`.
 set(CPACK_RPM_DEV_PACKAGE_PROVIDES "pkgconfig(pqcache) = ${PROJECT_VERSION}, cmake(pqcache) = ${PROJECT_VERSION}")
@@ -225,7 +296,8 @@ endif()
 set(_pq_shared_dirs
   ${PQ_RPM_LIBDIR}/pkgconfig ${PQ_RPM_LIBDIR}/cmake ${PQ_JNI_INSTALL_DIR}
   ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_DATADIR}/java ${CMAKE_INSTALL_DATADIR}/doc
-  ${CMAKE_INSTALL_DATADIR}/gocode/src ${CMAKE_INSTALL_DATADIR}/maven-repo/org)
+  ${CMAKE_INSTALL_DATADIR}/gocode/src ${CMAKE_INSTALL_DATADIR}/maven-repo/org
+  ${PQ_RUST_REGISTRY_DIR})
 if(DEFINED PQ_PYTHON_INSTALL_DIR)
   list(APPEND _pq_shared_dirs ${PQ_PYTHON_INSTALL_DIR})
 else()

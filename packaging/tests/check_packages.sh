@@ -2,10 +2,13 @@
 # CTest packaging_deb_rpm: cpack -G "DEB;RPM" from the build tree into a
 # private folder, then
 #   - the .debs: file lists, control fields (Depends, shlibs, ldconfig
-#     trigger), the plug-in's real NEEDED, lintian (no errors);
+#     trigger), the plug-in's real NEEDED, lintian (no errors); the Redis
+#     tier's runtime and -dev packages, the Rust crates' librust-*-dev;
 #   - decode_loop.c built against the unpacked .debs (dpkg -x), through
 #     pkg-config and find_package, and run; the plug-in found in
 #     <libdir>/pqcache/ with the CUDA package, absent without it;
+#     redis_consumer.c through pkg-config pqcache-redis and
+#     find_package(pqcache-redis), run against a redis-server of its own;
 #   - the .rpms: rpm -qlp, rpm -qp --requires, no shared directory claimed,
 #     rpm2cpio | cpio gives the same files as the .debs, rpmlint if installed.
 # The folder stays for packaging_deb_system (dpkg -i) and for inspection.
@@ -41,7 +44,7 @@ arch=$(dpkg --print-architecture)
 deb() { deb_file "$out" "$1"; }
 debs=("$(deb "$PQ_DEB_NAME_RUNTIME")" "$(deb "$PQ_DEB_NAME_DEV")")
 has_component cuda && debs+=("$(deb "$PQ_DEB_NAME_CUDA")")
-for c in go java python; do
+for c in go java python redis redis_dev rust_sys rust; do
   if has_component $c; then
     name=$(sed -n "s/^set(CPACK_DEBIAN_${c^^}_PACKAGE_NAME \"\(.*\)\")$/\1/p" "$config")
     debs+=("$(deb "$name")")
@@ -65,19 +68,32 @@ rfiles=$(contents "$runtime")
 grep -qx "$lib/libpqcache.so.$PQ_VERSION" <<<"$rfiles" || fail "runtime package lacks libpqcache.so.$PQ_VERSION"
 grep -qx "$lib/libpqcache.so.$PQ_ABI_MAJOR" <<<"$rfiles" || fail "runtime package lacks the soname link"
 grep -Eq "libpqcache\.so$|pqcache\.h$|pqcache_cuda" <<<"$rfiles" && fail "runtime package holds dev or CUDA files"
-ctl=$scratch/control-runtime
-dpkg-deb -e "$runtime" "$ctl"
-grep -qx "libpqcache $PQ_ABI_MAJOR $PQ_DEB_NAME_RUNTIME (>= $PQ_DEB_VERSION)" "$ctl/shlibs" \
-  || fail "runtime shlibs is '$(cat "$ctl/shlibs" 2>/dev/null)'"
-grep -qx "activate-noawait ldconfig" "$ctl/triggers" || fail "runtime package does not trigger ldconfig"
+# Fails unless the file list $2 of package $1 holds every path after them.
+expect_listed() {
+  local package=$1 files=$2 f
+  shift 2
+  for f; do
+    grep -qx "$f" <<<"$files" || fail "$package lacks /$f"
+  done
+}
+
+# A shared library package's control files as debhelper writes them: shlibs
+# naming the SONAME's package, and the ldconfig trigger.
+check_library_control() {
+  local deb=$1 library=$2 package=$3 ctl=$scratch/control-$3
+  dpkg-deb -e "$deb" "$ctl"
+  grep -qx "$library $PQ_ABI_MAJOR $package (>= $PQ_DEB_VERSION)" "$ctl/shlibs" \
+    || fail "$package shlibs is '$(cat "$ctl/shlibs" 2>/dev/null)'"
+  grep -qx "activate-noawait ldconfig" "$ctl/triggers" || fail "$package does not trigger ldconfig"
+}
+check_library_control "$runtime" libpqcache "$PQ_DEB_NAME_RUNTIME"
 field "$runtime" Depends | has "libc6" || fail "runtime Depends lacks libc6 (dpkg-shlibdeps)"
 
 dev=$(deb "$PQ_DEB_NAME_DEV")
 dfiles=$(contents "$dev")
-for f in "$lib/libpqcache.so" "usr/$PQ_INCLUDEDIR/pqcache.h" "$lib/pkgconfig/pqcache.pc" \
-         "$lib/cmake/pqcache/pqcache-config.cmake" "$lib/cmake/pqcache/pqcache-config-version.cmake"; do
-  grep -qx "$f" <<<"$dfiles" || fail "dev package lacks /$f"
-done
+expect_listed "$PQ_DEB_NAME_DEV" "$dfiles" "$lib/libpqcache.so" "usr/$PQ_INCLUDEDIR/pqcache.h" \
+  "$lib/pkgconfig/pqcache.pc" "$lib/cmake/pqcache/pqcache-config.cmake" \
+  "$lib/cmake/pqcache/pqcache-config-version.cmake"
 grep -q "libpqcache\.so\.[0-9]" <<<"$dfiles" && fail "dev package holds the runtime library"
 field "$dev" Depends | has -F "$PQ_DEB_NAME_RUNTIME (= $PQ_DEB_VERSION)" || fail "dev does not depend on the runtime (= version)"
 
@@ -86,6 +102,53 @@ if has_component cuda; then
   contents "$cuda" | has -x "$lib/pqcache/libpqcache_cuda.so" || fail "CUDA package lacks $lib/pqcache/libpqcache_cuda.so"
   field "$cuda" Depends | has -F "$PQ_DEB_NAME_RUNTIME (= $PQ_DEB_VERSION)" || fail "CUDA package does not depend on the runtime"
   field "$cuda" Recommends | has "libcuda1" || fail "CUDA package does not recommend the driver's libcuda1"
+fi
+
+# The Redis tier: a runtime package named by its SONAME and a -dev package,
+# split as libpqcache0 / libpqcache-dev are.
+if has_component redis; then
+  : "${PQ_DEB_NAME_REDIS:?}" "${PQ_DEB_NAME_REDIS_DEV:?}"
+  has_component redis_dev || fail "the Redis tier has a runtime package but no -dev package"
+  redis_deb=$(deb "$PQ_DEB_NAME_REDIS")
+  redis_files=$(contents "$redis_deb")
+  grep -qx "$lib/libpqcache_redis.so.$PQ_VERSION" <<<"$redis_files" || fail "$PQ_DEB_NAME_REDIS lacks libpqcache_redis.so.$PQ_VERSION"
+  [[ $(dpkg-deb --fsys-tarfile "$redis_deb" | tar -tvf - "./$lib/libpqcache_redis.so.$PQ_ABI_MAJOR" | awk '{print $NF}') == "libpqcache_redis.so.$PQ_VERSION" ]] \
+    || fail "$PQ_DEB_NAME_REDIS lacks the soname link libpqcache_redis.so.$PQ_ABI_MAJOR -> libpqcache_redis.so.$PQ_VERSION"
+  grep -Eq "libpqcache_redis\.so$|\.h$|\.pc$" <<<"$redis_files" && fail "$PQ_DEB_NAME_REDIS holds development files"
+  check_library_control "$redis_deb" libpqcache_redis "$PQ_DEB_NAME_REDIS"
+  for want in "libhiredis" "$PQ_DEB_NAME_RUNTIME (= $PQ_DEB_VERSION)" "libc6"; do
+    field "$redis_deb" Depends | has -F "$want" || fail "$PQ_DEB_NAME_REDIS Depends lacks $want: $(field "$redis_deb" Depends)"
+  done
+  redis_dev_deb=$(deb "$PQ_DEB_NAME_REDIS_DEV")
+  redis_dev_files=$(contents "$redis_dev_deb")
+  expect_listed "$PQ_DEB_NAME_REDIS_DEV" "$redis_dev_files" "$lib/libpqcache_redis.so" \
+    "usr/$PQ_INCLUDEDIR/pqcache_redis.h" "$lib/pkgconfig/pqcache-redis.pc" \
+    "$lib/cmake/pqcache-redis/pqcache-redis-config.cmake" \
+    "$lib/cmake/pqcache-redis/pqcache-redis-config-version.cmake"
+  for want in "$PQ_DEB_NAME_REDIS (= $PQ_DEB_VERSION)" "$PQ_DEB_NAME_DEV (= $PQ_DEB_VERSION)"; do
+    field "$redis_dev_deb" Depends | has -F "$want" || fail "$PQ_DEB_NAME_REDIS_DEV Depends lacks $want"
+  done
+  log "OK: $PQ_DEB_NAME_REDIS and $PQ_DEB_NAME_REDIS_DEV: files, shlibs, trigger, Depends"
+fi
+# The Rust crates as Debian's librust-*-dev ship them (the sources and
+# .cargo-checksum.json; packaging_rust_consumer builds against them).
+if has_component rust_sys; then
+  : "${PQ_DEB_NAME_RUST_SYS:?}" "${PQ_DEB_NAME_RUST:?}"
+  for pair in "$PQ_DEB_NAME_RUST_SYS:pqcache-sys" "$PQ_DEB_NAME_RUST:pqcache"; do
+    name=${pair%%:*} crate=${pair#*:}
+    d=$(deb "$name")
+    crate_files=$(contents "$d")
+    for f in Cargo.toml Cargo.toml.orig src/lib.rs .cargo-checksum.json; do
+      grep -qx "usr/share/cargo/registry/$crate-$PQ_VERSION/$f" <<<"$crate_files" || fail "$name lacks /usr/share/cargo/registry/$crate-$PQ_VERSION/$f"
+    done
+    [[ $(field "$d" Architecture) == all ]] || fail "$name is not Architecture: all"
+    [[ $(field "$d" Section) == rust ]] || fail "$name is not in section rust"
+  done
+  field "$(deb "$PQ_DEB_NAME_RUST")" Depends | has -F "$PQ_DEB_NAME_RUST_SYS (= $PQ_DEB_VERSION)" \
+    || fail "$PQ_DEB_NAME_RUST does not depend on $PQ_DEB_NAME_RUST_SYS (= version)"
+  field "$(deb "$PQ_DEB_NAME_RUST_SYS")" Depends | has -F "$PQ_DEB_NAME_DEV (= $PQ_DEB_VERSION)" \
+    || fail "$PQ_DEB_NAME_RUST_SYS does not depend on $PQ_DEB_NAME_DEV (= version) (its default feature links)"
+  log "OK: $PQ_DEB_NAME_RUST_SYS and $PQ_DEB_NAME_RUST hold their crates under /usr/share/cargo/registry"
 fi
 
 # The Go and Java packages' contents in detail: packaging_go_module and
@@ -143,6 +206,27 @@ plugindir=$(PKG_CONFIG_LIBDIR=$pc_dir PKG_CONFIG_PATH= pkg-config --variable=plu
 [[ $plugindir == "/usr/$PQ_LIBDIR/pqcache" ]] || fail "pkg-config --variable=plugindir pqcache gives $plugindir"
 log "OK: the .deb's pkg-config: '$(echo $got)', plugindir $plugindir"
 build_consumers "$root/usr" "$scratch/consumers" "$plugin"
+if has_component redis; then
+  # A C program against the unpacked Redis packages: pkg-config pqcache-redis
+  # (which requires pqcache) and find_package(pqcache-redis).
+  flags=$(PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_LIBDIR=$pc_dir PKG_CONFIG_PATH= pkg-config --cflags --libs pqcache-redis) \
+    || fail "pkg-config cannot resolve pqcache-redis from the unpacked packages"
+  [[ $(echo $flags) == "-I$root/usr/include -L$root/$lib -lpqcache_redis -lpqcache" || $(echo $flags) == "-L$root/$lib -lpqcache_redis -lpqcache" ]] \
+    || fail "pkg-config --cflags --libs pqcache-redis gives '$flags'"
+  log "pkg-config --cflags --libs pqcache-redis (sysroot $root): $flags"
+  # shellcheck disable=SC2086
+  "$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -I"$root/usr/include" -o "$scratch/redis_consumer_pc" \
+    "$TESTS_DIR/redis_consumer.c" $flags || fail "redis_consumer.c with pkg-config pqcache-redis"
+  "$CMAKE_COMMAND" -S "$TESTS_DIR/redis_cmake_consumer" -B "$scratch/redis_cmake_consumer" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
+    >"$scratch/redis_cmake_consumer.log" 2>&1 && "$CMAKE_COMMAND" --build "$scratch/redis_cmake_consumer" >>"$scratch/redis_cmake_consumer.log" 2>&1 \
+    || { cat "$scratch/redis_cmake_consumer.log" >&2; fail "find_package(pqcache-redis) from the unpacked packages"; }
+  for bin in "$scratch/redis_consumer_pc" "$scratch/redis_cmake_consumer/redis_consumer"; do
+    LD_LIBRARY_PATH=$root/$lib ldd "$bin" | has "libpqcache_redis.so.$PQ_ABI_MAJOR => $root/$lib/" \
+      || fail "$bin does not load the unpacked libpqcache_redis.so.$PQ_ABI_MAJOR"
+    LD_LIBRARY_PATH=$root/$lib run_redis_consumer "$bin" "$scratch/redis-$(basename "$bin")"
+  done
+fi
 # The runtime package alone: no plug-in next to the library.
 only_runtime=$scratch/root-runtime-only
 dpkg-deb -x "$runtime" "$only_runtime"
@@ -174,7 +258,7 @@ if [[ $generators == *RPM* ]]; then
     # Directories that belong to the filesystem package or to other packages
     # must not be claimed (toolchain notes 8, pitfall 2).
     owned=$(rpm -qlp "$r" 2>/dev/null)
-    for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc \
+    for shared in /usr /usr/lib /usr/lib64 /usr/include /usr/share /usr/share/doc /usr/share/cargo /usr/share/cargo/registry \
                   "/usr/$PQ_RPM_LIBDIR" "/usr/$PQ_RPM_LIBDIR/pkgconfig" "/usr/$PQ_RPM_LIBDIR/cmake" \
                   /usr/share/java "/usr/$PQ_JNIDIR" /usr/share/gocode /usr/share/gocode/src \
                   /usr/share/maven-repo /usr/share/maven-repo/org; do
@@ -197,6 +281,19 @@ if [[ $generators == *RPM* ]]; then
         [[ $(rpm -qp --qf '%{ARCH}' "$r" 2>/dev/null) == noarch ]] || fail "$name is not noarch"
         rpm -qp --requires "$r" 2>/dev/null | has "^libpqcache-devel = $PQ_VERSION" \
           || fail "$name does not require libpqcache-devel = version"
+        ;;
+      libpqcache_redis${PQ_ABI_MAJOR})
+        grep -qx "/$rpmlib/libpqcache_redis.so.$PQ_VERSION" <<<"$owned" || fail "$name lacks the library"
+        rpm -qp --scripts "$r" 2>/dev/null | has ldconfig || fail "$name does not run ldconfig"
+        rpm -qp --requires "$r" 2>/dev/null | has "^libhiredis.so" || fail "$name does not require libhiredis"
+        ;;
+      libpqcache-redis-devel)
+        grep -qx "/$rpmlib/pkgconfig/pqcache-redis.pc" <<<"$owned" || fail "$name lacks pqcache-redis.pc"
+        rpm -qp --provides "$r" 2>/dev/null | has "^pkgconfig(pqcache-redis)" || fail "$name does not provide pkgconfig(pqcache-redis)"
+        ;;
+      rust-*-devel)
+        [[ $(rpm -qp --qf '%{ARCH}' "$r" 2>/dev/null) == noarch ]] || fail "$name is not noarch"
+        rpm -qp --provides "$r" 2>/dev/null | has "^crate(" || fail "$name does not provide crate(...)"
         ;;
       libpqcache${PQ_ABI_MAJOR}-cuda)
         grep -qx "/$rpmlib/pqcache/libpqcache_cuda.so" <<<"$owned" || fail "$name lacks the plug-in"

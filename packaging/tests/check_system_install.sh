@@ -15,8 +15,16 @@
 #     (bindings_consumers.sh);
 #   - python3-pqcache's postinst byte-compiled it (py3compile) and Debian's
 #     python3 imports it;
-#   - README's Rust dlopen example, built from the packaged crates, loads the
-#     system's library (check_rust_consumer.sh);
+#   - README's Rust dlopen example, built offline from the crates
+#     librust-pqcache-sys-dev and librust-pqcache-dev installed in
+#     /usr/share/cargo/registry (cargo's directory source replacement), loads
+#     the system's library, and with the "link" feature links it
+#     (check_rust_consumer.sh);
+#   - the Redis tier (libpqcache-redis0, libpqcache-redis-dev): ldconfig knows
+#     it, a C program builds with `pkg-config --cflags --libs pqcache-redis`
+#     and with find_package(pqcache-redis) and round-trips a state through a
+#     redis-server of its own, and Debian's python3 does the same through
+#     pqcache.redis, which loads the system's libpqcache_redis.so.N;
 # and the packages are purged again (dpkg -P) whatever happens, after which
 # no file of any of them, no directory only they used and no ldconfig entry
 # may remain.
@@ -39,6 +47,14 @@ names=("$PQ_DEB_NAME_RUNTIME" "$PQ_DEB_NAME_DEV")
 ((PQ_WITH_CUDA_PLUGIN)) && names+=("$PQ_DEB_NAME_CUDA")
 has_packaged_component go && names+=("$PQ_DEB_NAME_GO")
 has_packaged_component java && names+=("$PQ_DEB_NAME_JAVA")
+with_redis=0
+if has_packaged_component redis; then
+  names+=("${PQ_DEB_NAME_REDIS:?}" "${PQ_DEB_NAME_REDIS_DEV:?}")
+  with_redis=1
+fi
+if has_packaged_component rust_sys; then
+  names+=("${PQ_DEB_NAME_RUST_SYS:?}" "${PQ_DEB_NAME_RUST:?}")
+fi
 # python3-pqcache depends on the one python3 minor version its module was
 # built for, and on python3-numpy: installed only where both are satisfied.
 with_python=0
@@ -77,7 +93,9 @@ libdir=/usr/$PQ_LIBDIR
 jni=/usr/$PQ_JNIDIR/libpqcache_jni.so
 gomodule=/usr/share/gocode/src/$PQ_GO_MODULE_PATH
 for f in "$libdir/libpqcache.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache.h" "$libdir/pkgconfig/pqcache.pc" \
-         "$jni" "/usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$gomodule"; do
+         "$jni" "/usr/share/java/$PQ_JAVA_JAR_NAME.jar" "$gomodule" \
+         "$libdir/libpqcache_redis.so.$PQ_ABI_MAJOR" "/usr/$PQ_INCLUDEDIR/pqcache_redis.h" \
+         "/usr/share/cargo/registry/pqcache-sys-$PQ_VERSION" "/usr/share/cargo/registry/pqcache-$PQ_VERSION"; do
   [[ -e $f ]] && skip "$f exists outside the packages; this test will not overwrite it"
 done
 
@@ -134,6 +152,31 @@ if ((PQ_WITH_CUDA_PLUGIN)); then
   PQCACHE_CUDA_PLUGIN= env -u LD_LIBRARY_PATH "$work/plugin_probe" present || fail "plug-in not found in $libdir/pqcache"
 fi
 
+# The Redis tier from the system: ldconfig, pkg-config and CMake without
+# search paths, a round trip through a redis-server of the test's own.
+if ((with_redis)); then
+  cached=$(ldconfig -p | awk -v so="libpqcache_redis.so.$PQ_ABI_MAJOR" '$1 == so && !found { print $NF; found = 1 }')
+  [[ -n $cached && $(realpath "$cached") == $(realpath "$libdir/libpqcache_redis.so.$PQ_ABI_MAJOR") ]] \
+    || fail "ldconfig does not know $libdir/libpqcache_redis.so.$PQ_ABI_MAJOR after dpkg -i: '$cached'"
+  flags=$(env -u PKG_CONFIG_PATH -u PKG_CONFIG_LIBDIR pkg-config --cflags --libs pqcache-redis) \
+    || fail "pkg-config does not find pqcache-redis after dpkg -i"
+  [[ $(echo $flags) == "-lpqcache_redis -lpqcache" ]] || fail "pkg-config --cflags --libs pqcache-redis gives '$flags'"
+  log "pkg-config --cflags --libs pqcache-redis: $flags"
+  # shellcheck disable=SC2086
+  "$PQ_C_COMPILER" -std=c99 -pedantic -Wall -Wextra -Werror -o "$work/redis_consumer_pc" "$TESTS_DIR/redis_consumer.c" $flags \
+    || fail "redis_consumer.c with the system pkg-config"
+  "$CMAKE_COMMAND" -S "$TESTS_DIR/redis_cmake_consumer" -B "$work/redis_cmake_consumer" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$work/redis_cmake_consumer.log" 2>&1 \
+    && "$CMAKE_COMMAND" --build "$work/redis_cmake_consumer" >>"$work/redis_cmake_consumer.log" 2>&1 \
+    || { cat "$work/redis_cmake_consumer.log" >&2; fail "find_package(pqcache-redis) from /usr"; }
+  for bin in "$work/redis_consumer_pc" "$work/redis_cmake_consumer/redis_consumer"; do
+    used=$(env -u LD_LIBRARY_PATH ldd "$bin" | awk -v so="libpqcache_redis.so.$PQ_ABI_MAJOR" '$1 == so { print $3 }')
+    [[ -n $used && $(realpath "$used") == $(realpath "$libdir/libpqcache_redis.so.$PQ_ABI_MAJOR") ]] \
+      || fail "$bin does not use $libdir/libpqcache_redis.so.$PQ_ABI_MAJOR (ldd: '$used')"
+    (unset LD_LIBRARY_PATH; run_redis_consumer "$bin" "$work/redis-$(basename "$bin")")
+  done
+fi
+
 # The bindings as a user of the installed packages builds with them: no
 # search path for pkg-config, the loader or the JVM.
 library=$libdir/libpqcache.so.$PQ_ABI_MAJOR
@@ -168,6 +211,32 @@ if ((with_python)); then
   compgen -G "$pydir/__pycache__/__init__.cpython-*.opt-1.pyc" >/dev/null \
     || fail "python3 -O wrote no bytecode into $pydir/__pycache__"
   log "OK: /usr/bin/python3 imports pqcache $PQ_VERSION from $pydir"
+  # pqcache.redis finds the system's libpqcache_redis.so.N by its SONAME
+  # (libpqcache-redis0) and round-trips a state.
+  if ((with_redis)) && start_redis_server "$work/redis-python"; then
+    got=$(cd / && "${clean_env[@]}" /usr/bin/python3 - "$redis_port" "$libdir/libpqcache_redis.so.$PQ_VERSION" <<'PY' 2>&1
+import os, sys
+import numpy as np
+import pqcache, pqcache.redis as pqr
+port, expected = int(sys.argv[1]), sys.argv[2]
+mapped = {line.split()[-1] for line in open("/proc/self/maps") if "libpqcache_redis" in line}
+assert {os.path.realpath(p) for p in mapped} == {os.path.realpath(expected)}, (mapped, pqr.library_path())
+def context():
+    return pqcache.Context(1, 4, 2, 16, "f32", worker_threads=1)
+with context() as a, context() as b, pqr.Redis("127.0.0.1", port) as r:
+    a.add_sequence(1)
+    kv = np.random.default_rng(3).standard_normal((300, 2, 16)).astype(np.float32)
+    a.prefill(1, 0, kv, kv)
+    r.put(a, 1, "packaging:python", block_bytes=4096)
+    r.get(b, 2, "packaging:python")
+    assert bytes(b.save(2)) == bytes(a.save(1))
+    r.delete("packaging:python")
+    print("pqcache.redis round trip OK:", a.state_size(1), "bytes through", pqr.library_path(), "=", sorted(mapped)[0])
+PY
+) || { stop_redis_server; echo "$got" >&2; fail "Debian's python3 with pqcache.redis on the system's libpqcache_redis"; }
+    stop_redis_server
+    log "OK: $got"
+  fi
 fi
 if [[ -n ${PQ_CARGO:-} ]]; then
   (unset LD_LIBRARY_PATH; bash "$TESTS_DIR/check_rust_consumer.sh" "$work/rust" system) \
@@ -195,4 +264,5 @@ while read -r mode path; do
 done <"$work/contents"
 log "OK: none of the $(grep -vc '^d' "$work/contents") files and links of the packages is left after dpkg -P"
 ldconfig -p | has "libpqcache.so.$PQ_ABI_MAJOR" && fail "ldconfig still lists libpqcache.so.$PQ_ABI_MAJOR after dpkg -P"
+ldconfig -p | has "libpqcache_redis.so.$PQ_ABI_MAJOR" && fail "ldconfig still lists libpqcache_redis.so.$PQ_ABI_MAJOR after dpkg -P"
 log "PASS: installed, used and purged ${names[*]}"

@@ -107,3 +107,62 @@ deb_file() {
   done
   fail "no .deb of $2 $PQ_DEB_VERSION in $1"
 }
+
+free_loopback_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# start_redis_server DIR: a redis-server without persistence on a free
+# loopback port, its files in DIR; sets redis_port and redis_pid. Returns 1,
+# having said SKIPPED with the reason, when redis-server is not installed
+# (Debian: redis-server, which scripts/setup.sh installs).
+start_redis_server() {
+  local dir=$1 server tries i reply up
+  mkdir -p "$dir"
+  server=$(command -v redis-server || { [[ -x /usr/bin/redis-server ]] && echo /usr/bin/redis-server; } || true)
+  if [[ -z $server ]]; then
+    log "SKIPPED (the Redis round trips): redis-server is not installed (package redis-server; scripts/setup.sh installs it)"
+    return 1
+  fi
+  for tries in 1 2 3 4 5; do  # another process may take the free port first
+    redis_port=$(free_loopback_port)
+    "$server" --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/redis-server.log" 2>&1 &
+    redis_pid=$!
+    up=0
+    for i in $(seq 100); do
+      kill -0 "$redis_pid" 2>/dev/null || break
+      if exec 8<>"/dev/tcp/127.0.0.1/$redis_port" 2>/dev/null; then
+        reply=
+        printf 'PING\r\n' >&8 && IFS= read -r -t 2 reply <&8 || true
+        exec 8>&-
+        [[ $reply == "+PONG"* ]] && { up=1; break; }
+      fi
+      sleep 0.1
+    done
+    ((up)) && return 0
+    stop_redis_server
+  done
+  fail "$server did not answer PING on a loopback port in 5 tries ($dir/redis-server.log)"
+}
+
+stop_redis_server() {
+  if [[ -n ${redis_pid:-} ]]; then
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+    redis_pid=
+  fi
+}
+
+# run_redis_consumer BIN DIR: runs packaging/tests/redis_consumer (built by
+# the caller against the Redis tier's packages, run with the caller's
+# LD_LIBRARY_PATH): a connect to a closed loopback port must fail with
+# PQ_ERR_BACKEND, and a put/get/delete round trip against a redis-server of
+# its own (start_redis_server, files in DIR) must give the state back byte
+# for byte.
+run_redis_consumer() {
+  local bin=$1 dir=$2 out
+  out=$("$bin" refused "$(free_loopback_port)" 2>&1) || { echo "$out" >&2; fail "$bin refused PORT"; }
+  log "$out"
+  start_redis_server "$dir" || return 0
+  out=$("$bin" "$redis_port" 2>&1) || { stop_redis_server; echo "$out" >&2; fail "$bin $redis_port"; }
+  stop_redis_server
+  log "$out"
+}

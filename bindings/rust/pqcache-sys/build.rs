@@ -1,8 +1,16 @@
 //! Finds libpqcache for the "link" feature, in this order:
 //!   1. $PQCACHE_LIB_DIR (a directory holding libpqcache.so);
 //!   2. `pkg-config --variable=libdir pqcache`, when pkg-config and pqcache.pc exist;
-//!   3. the repository's build directory (../../../build from this crate).
+//!   3. the repository's build directory (../../../build from this crate), if
+//!      it holds the library;
+//!   4. else no directory: the linker's own search path (a system install,
+//!      e.g. Debian's libpqcache-dev). A library it does not find is then
+//!      the linker's error "unable to find library -lpqcache"; nothing is
+//!      linked before a binary or test is, so `cargo package` (which builds
+//!      the library crate only) has nothing to warn about.
 //!
+//! A directory named explicitly (1 or 2) that lacks libpqcache.so gets a
+//! warning: that is a misconfiguration, not a fallback.
 //! Without the "link" feature nothing is linked: the library is then loaded
 //! at run time through `pqcache_sys::dynamic`.
 
@@ -18,7 +26,10 @@ fn main() {
         return;
     }
 
-    let (dir, source) = find_library_dir();
+    println!("cargo:rustc-link-lib=dylib=pqcache");
+    let Some((dir, source)) = find_library_dir() else {
+        return; // the linker's default search path
+    };
     if !dir.join("libpqcache.so").exists() {
         println!(
             "cargo:warning=libpqcache.so not found in {} (from {source}); build the library \
@@ -28,25 +39,27 @@ fn main() {
     }
     let dir = dir.display();
     println!("cargo:rustc-link-search=native={dir}");
-    println!("cargo:rustc-link-lib=dylib=pqcache");
     // This crate's own tests find the .so without LD_LIBRARY_PATH; dependents
     // read the directory from DEP_PQCACHE_LIB_DIR (links = "pqcache").
     println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     println!("cargo:lib_dir={dir}");
 }
 
-fn find_library_dir() -> (PathBuf, &'static str) {
+fn find_library_dir() -> Option<(PathBuf, &'static str)> {
     if let Some(dir) = env::var_os("PQCACHE_LIB_DIR").filter(|d| !d.is_empty()) {
-        return (PathBuf::from(dir), "$PQCACHE_LIB_DIR");
+        return Some((PathBuf::from(dir), "$PQCACHE_LIB_DIR"));
     }
     if let Some(dir) = pkg_config_libdir() {
-        return (dir, "pkg-config");
+        return Some((dir, "pkg-config"));
     }
+    // Only when it is there: a packaged crate (cargo package, a registry)
+    // has no repository around it.
     let manifest = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-    (
-        Path::new(&manifest).join("../../../build"),
-        "the repository's build directory",
-    )
+    let build = Path::new(&manifest).join("../../../build");
+    build
+        .join("libpqcache.so")
+        .exists()
+        .then_some((build, "the repository's build directory"))
 }
 
 /// The libdir of pqcache.pc, if pkg-config is installed and knows the package.
