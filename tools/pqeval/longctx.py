@@ -142,6 +142,28 @@ def _run_key(base: str, sub: List[Row], recorded: set) -> str:
     return key
 
 
+# The most rows one batched forward measures. Every row holds its own K/V in
+# torch's cache and in its library context, so a prompt's memory grows with
+# its rows: the 40 rows SmolLM2's 8K prompts lacked (every selector added
+# since, at two budgets) took the process past 24 GB and the kernel killed it
+# (2026-11-28); runs of 17-19 rows at 8K and 16K tokens fit. A prompt with
+# more rows runs in several runs, each freeing its prompt before the next.
+ROWS_PER_RUN = 20
+
+
+def runs_of(sub: List[Row], limit: Optional[int] = None) -> List[List[Row]]:
+    """The rows `sub` (full attention first, as rows_to_run gives them) in
+    runs of at most `limit` rows (ROWS_PER_RUN by default), each beginning
+    with full attention, which every run measures; [] for no rows."""
+    limit = ROWS_PER_RUN if limit is None else limit
+    if limit < 2:
+        raise ValueError(f"a run needs full attention and one row; limit is {limit}")
+    if len(sub) <= limit:
+        return [sub] if sub else []
+    rest, step = sub[1:], limit - 1
+    return [[sub[0]] + rest[i:i + step] for i in range(0, len(rest), step)]
+
+
 def rows_to_run(row_list: List[Row], measured: Optional[set]) -> List[Row]:
     """The rows a prompt still lacks: all of row_list when no run measured it,
     else full attention (every run measures it: the report pairs each row
@@ -211,6 +233,11 @@ class Runner:
     def close(self) -> None:
         self.session.close()
 
+    def release(self) -> None:
+        """Frees the last prompt's K/V in every row's context, so that the
+        next run of the same prompt (other rows) does not hold two."""
+        self.session.forget_prompt()
+
     def generate(self, ids: List[int], max_new: int) -> List[str]:
         """Greedy answers of every row to one prompt: each row stops at the
         end-of-turn token or its first line break."""
@@ -259,11 +286,36 @@ class Runner:
         return nll
 
 
+def _task_run(run: "Runner", part: List[Row], corpus, key: str, model_name: str, length: int,
+              task: str, placement: str, seed: int) -> dict:
+    """One batched run of the rows `part` on one task prompt, as a record."""
+    from pqeval import hf, tasks
+
+    start = time.perf_counter()
+
+    def text(s: tasks.Sample) -> str:
+        return hf.format_prompt(run.spec, run.tokenizer, s.prompt, s.answer_prefix)
+
+    sample = tasks.make_sample(task, placement, seed, length, corpus,
+                               lambda s: len(hf.encode(run.spec, run.tokenizer, text(s))))
+    ids = hf.encode(run.spec, run.tokenizer, text(sample))
+    outputs = run.generate(ids, sample.max_new_tokens)
+    return {
+        "key": key, "kind": "task", "model": model_name, "length": length,
+        "task": task, "placement": placement, "seed": seed,
+        "tokens": len(ids), "depths": sample.depths,
+        "references": sample.references,
+        "rows": {r.label: {"output": o, "score": sample.score(o)}
+                 for r, o in zip(part, outputs)},
+        "seconds": time.perf_counter() - start,
+    }
+
+
 def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
               placements: Sequence[str], seeds: Iterable[int], out: Path,
               row_list: Optional[List[Row]] = None, runner: Optional[Runner] = None,
               log=print) -> List[dict]:
-    from pqeval import hf, tasks
+    from pqeval import tasks
 
     row_list = row_list or rows()
     runners = _Runners(model_name, "prefill", row_list, runner)
@@ -277,36 +329,19 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                     for placement in placements:
                         base = f"task/{model_name}/{length}/{task}/{placement}/{seed}"
                         sub = rows_to_run(row_list, measured.get(base))
-                        if not sub:
-                            continue
-                        key = _run_key(base, sub, recorded)
-                        run = runners.get(sub)
-                        start = time.perf_counter()
-
-                        def text(s: tasks.Sample) -> str:
-                            return hf.format_prompt(run.spec, run.tokenizer, s.prompt,
-                                                    s.answer_prefix)
-
-                        sample = tasks.make_sample(
-                            task, placement, seed, length, corpus,
-                            lambda s: len(hf.encode(run.spec, run.tokenizer, text(s))))
-                        ids = hf.encode(run.spec, run.tokenizer, text(sample))
-                        outputs = run.generate(ids, sample.max_new_tokens)
-                        record = {
-                            "key": key, "kind": "task", "model": model_name, "length": length,
-                            "task": task, "placement": placement, "seed": seed,
-                            "tokens": len(ids), "depths": sample.depths,
-                            "references": sample.references,
-                            "rows": {r.label: {"output": o, "score": sample.score(o)}
-                                     for r, o in zip(sub, outputs)},
-                            "seconds": time.perf_counter() - start,
-                        }
-                        _append(out, record)
-                        records.append(record)
-                        full = record["rows"][FULL]["score"]
-                        pq = record["rows"].get("pq@1/5", {}).get("score", float("nan"))
-                        log(f"{key}: {len(ids)} tokens, {len(sub) - 1} rows, full {full:.2f}, "
-                            f"pq@1/5 {pq:.2f}, {record['seconds']:.0f} s")
+                        for part in runs_of(sub):
+                            run = runners.get(part)
+                            record = _task_run(run, part, corpus, _run_key(base, part, recorded),
+                                               model_name, length, task, placement, seed)
+                            if len(sub) > len(part):
+                                run.release()  # before the next run of this prompt
+                            _append(out, record)
+                            records.append(record)
+                            full = record["rows"][FULL]["score"]
+                            pq = record["rows"].get("pq@1/5", {}).get("score", float("nan"))
+                            log(f"{record['key']}: {record['tokens']} tokens, {len(part) - 1} "
+                                f"rows, full {full:.2f}, pq@1/5 {pq:.2f}, "
+                                f"{record['seconds']:.0f} s")
     finally:
         runners.close()
     return records
@@ -324,25 +359,26 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
         for doc in documents:
             base = f"ppl/{model_name}/{context}/{continuation}/{doc}"
             sub = rows_to_run(row_list, measured.get(base))
-            if not sub:
-                continue
-            key = _run_key(base, sub, recorded)
-            run = runners.get(sub)
-            start = time.perf_counter()
-            ids = hf.encode(run.spec, run.tokenizer, tasks.perplexity_text(doc))
-            if len(ids) < context + continuation:
-                raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than "
-                                 f"{context} + {continuation}")
-            nll = run.continuation_nll(ids[:context + continuation], context)
-            record = {"key": key, "kind": "ppl", "model": model_name, "context": context,
-                      "document": doc, "tokens": len(ids),
-                      "nll": {r.label: [round(float(x), 5) for x in nll[i]]
-                              for i, r in enumerate(sub)},
-                      "seconds": time.perf_counter() - start}
-            _append(out, record)
-            records.append(record)
-            log(f"{key}: {len(sub) - 1} rows, full {np.exp(nll[0].mean()):.3f}, "
-                f"{record['seconds']:.0f} s")
+            for part in runs_of(sub):
+                run = runners.get(part)
+                start = time.perf_counter()
+                ids = hf.encode(run.spec, run.tokenizer, tasks.perplexity_text(doc))
+                if len(ids) < context + continuation:
+                    raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than "
+                                     f"{context} + {continuation}")
+                nll = run.continuation_nll(ids[:context + continuation], context)
+                if len(sub) > len(part):
+                    run.release()
+                record = {"key": _run_key(base, part, recorded), "kind": "ppl",
+                          "model": model_name, "context": context, "document": doc,
+                          "tokens": len(ids),
+                          "nll": {r.label: [round(float(x), 5) for x in nll[i]]
+                                  for i, r in enumerate(part)},
+                          "seconds": time.perf_counter() - start}
+                _append(out, record)
+                records.append(record)
+                log(f"{record['key']}: {len(part) - 1} rows, full {np.exp(nll[0].mean()):.3f}, "
+                    f"{record['seconds']:.0f} s")
     finally:
         runners.close()
     return records

@@ -676,6 +676,14 @@ class Session:
 
     # --- introspection ----------------------------------------------------
 
+    def forget_prompt(self) -> None:
+        """Frees what every row holds of the last prompt (its sequence's K/V
+        and index in the library) before the next prefill_all_rows would: a
+        caller that runs a prompt through several Sessions in turn keeps only
+        one Session's prompt in memory."""
+        for row in self._rows:
+            self._reset(row)
+
     def stats(self, row: int = 0) -> Dict[str, object]:
         """pq_sequence_stats of batch row `row` (selects, fetches, bytes, builds)."""
         return self.context(row).sequence_stats(self.sequence(row))

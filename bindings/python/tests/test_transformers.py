@@ -313,6 +313,24 @@ def test_rows_each_with_its_own_selector_match_separate_runs():
         assert torch.equal(batched[r], separate[r]), selectors[r]
 
 
+def test_forget_prompt_frees_every_rows_sequence():
+    """forget_prompt leaves no token of the prompt in any row's context, and
+    the next prompt runs as on a new Session."""
+    model = _model("llama")
+    ids = _ids(300)
+    with torch.no_grad():
+        with pqt.Session(model, rows=[{"selector": "exact"}, {"selector": "pq"}],
+                         topk_fraction=0.2, **SMALL) as session:
+            _, first = session.prefill_all_rows(ids, chunk_tokens=128)
+            assert [session.context(r).stats()["tokens"] for r in range(2)] == \
+                [300 * model.config.num_hidden_layers] * 2
+            session.forget_prompt()
+            assert [session.context(r).stats()["tokens"] for r in range(2)] == [0, 0]
+            assert [session.length(r) for r in range(2)] == [0, 0]
+            _, again = session.prefill_all_rows(ids, chunk_tokens=128)
+    assert torch.equal(first, again)
+
+
 def test_prefill_all_rows_in_chunks_with_chunk_mode_decode():
     """A prompt longer than chunk_tokens reaches every row in full with
     chunk_mode="decode" too (the mode of the perplexity runs): every chunk of

@@ -30,6 +30,9 @@ class FakeRunner:
     def close(self):
         pass
 
+    def release(self):
+        self.released = True
+
 
 @pytest.fixture
 def fake(monkeypatch):
@@ -111,3 +114,37 @@ def test_a_budget_added_later_gets_a_key_of_its_own(fake, tmp_path):
     [merged] = report.merge_records(first + later)
     assert merged["key"] == "task/smollm2-135m/4096/niah_single/last/0"
     assert sorted(merged["rows"]) == ["full", "pq@1/10", "pq@1/5"]
+
+
+def test_more_rows_than_a_run_holds_run_in_parts_each_with_full_attention(fake, tmp_path,
+                                                                        monkeypatch):
+    """A prompt that lacks more rows than one batched forward holds runs them
+    in parts of at most ROWS_PER_RUN rows, each with full attention (which the
+    report pairs each row with) and each freeing its prompt before the next;
+    the report merges the parts into one prompt."""
+    monkeypatch.setattr(longctx, "ROWS_PER_RUN", 3)
+    out = tmp_path / "r.jsonl"
+    names = ["pq", "h2o", "snapkv", "keyformer", "adakv"]
+    records = run(out, names)
+    assert [sorted(r["rows"]) for r in records[:3]] == [
+        ["full", "h2o@1/5", "pq@1/5"], ["full", "keyformer@1/5", "snapkv@1/5"],
+        ["adakv@1/5", "full"]]
+    assert len({r["key"] for r in records}) == len(records) == 6      # 3 parts x 2 prompts
+    assert all(getattr(r, "released", False) for r in fake.made)
+    merged = report.merge_records(records)
+    assert len(merged) == 2
+    assert all(set(m["rows"]) == {"full"} | {f"{n}@1/5" for n in names} for m in merged)
+    assert run(out, names) == []                                      # resumed: nothing left
+    ppl = longctx.run_perplexity("gemma3-270m", 48, 8, range(1), out,
+                                 longctx.rows(names, (0.2,)), log=lambda *_: None)
+    assert [len(r["nll"]) for r in ppl] == [3, 3, 2]
+
+
+def test_runs_of_splits_after_full_attention():
+    rows = longctx.rows(["pq", "h2o", "snapkv"], (0.2, 0.1))          # full + 6
+    assert [[r.label for r in part] for part in longctx.runs_of(rows, 4)] == [
+        ["full", "pq@1/5", "h2o@1/5", "snapkv@1/5"], ["full", "pq@1/10", "h2o@1/10", "snapkv@1/10"]]
+    assert longctx.runs_of(rows, 7) == [rows]
+    assert longctx.runs_of([], 4) == []
+    with pytest.raises(ValueError, match="limit is 1"):
+        longctx.runs_of(rows, 1)
