@@ -113,7 +113,7 @@ _NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloa
 def _error(status: int, message: str, error_class=None) -> "PQError":
     """A PQError the binding raises itself, with the fields the native module
     sets: .status, .status_name and .message."""
-    name = STATUS_NAMES[status]
+    name = STATUS_NAMES.get(status, f"PQ_STATUS_{status}")
     error = (error_class or PQError)(f"{name}: {message}")
     error.status, error.status_name, error.message = status, name, message
     return error

@@ -37,7 +37,7 @@ import os
 import weakref
 from typing import Dict, Optional
 
-from . import Context, PQError, STATUS_NAMES, _Closing, version
+from . import Context, PQError, _Closing, _error, version
 from . import pqcache_swig as _c
 
 __all__ = ["Redis", "Transfer", "library_path", "MAX_BLOCK_BYTES", "DEFAULT_BLOCK_BYTES"]
@@ -104,14 +104,6 @@ for _name, _args, _res in [
     _fn.argtypes, _fn.restype = _args, _res
 
 
-def _error(status: int, message: str) -> PQError:
-    """A PQError as the SWIG module raises it (status, status_name, message)."""
-    name = STATUS_NAMES.get(status, f"PQ_STATUS_{status}")
-    error = PQError(f"{name}: {message}")
-    error.status, error.status_name, error.message = status, name, message
-    return error
-
-
 def _check(status: int) -> None:
     # Called right after the C call, on the same thread: the message is
     # thread-local and ctypes runs no other pq_redis_* call in between.
@@ -146,9 +138,7 @@ def _key(key) -> bytes:
 def _context(op: str, ctx) -> int:
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx must be a pqcache.Context, not {type(ctx).__name__}")
-    if ctx._ctx is None:
-        raise _closed(op, "context")
-    return int(ctx._ctx)  # the pq_context* the SWIG module holds
+    return int(ctx._handle(op))  # the pq_context* the SWIG module holds
 
 
 class Transfer(_Closing):
