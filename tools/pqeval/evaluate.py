@@ -222,7 +222,11 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
         n = (prompts or {}).get((model, length), per_seed)
         few = f"not judged: {n} of the {per_seed} prompts of one seed" if n < per_seed else ""
         p = report.pq_label(summary)
-        which = "" if p == "pq" else "the paper's 2 x 6 bits (the 0.7 default is not measured on tasks yet): "
+        which = "" if p == "pq" else (
+            "the paper's 2 x 6 bits (the 0.7 default is not measured on tasks yet): "
+            if "pq@1/5" not in summary else
+            f"the paper's 2 x 6 bits (the 0.7 default is measured on "
+            f"{summary['pq@1/5'].get('prompts', '?')} of these {n} prompts so far): ")
         diff = [100 * x for x in summary[f"{p}@1/5"]["diff"]]
         row(within, f"{which}{diff[0]:+.1f} points [{diff[1]:+.1f}, {diff[2]:+.1f}] ({n} prompts)",
             few or _verdict(diff[0] >= -1, diff[1] >= -1, f"{diff[1]:+.1f} points",
@@ -240,9 +244,15 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
         verdict = "yes" if pq > d else "no"
         if "by_key" in summary[f"{p}@1/5"] and "by_key" in summary[f"{drop}@1/5"]:
             pq_scores, drop_scores = report.paired_scores(summary, f"{p}@1/5", f"{drop}@1/5")
-            # paired over the same prompts, as the difference with full attention
+            # Paired over the same prompts, as the difference with full
+            # attention; the accuracies quoted are over those prompts too (a
+            # selector added later may have measured fewer than PQ).
             m, lo, hi = [100 * x for x in stats.paired_diff_ci(pq_scores, drop_scores)]
-            measured += f", difference {m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+            both = len(pq_scores)
+            measured = (f"{which}PQ {100 * pq_scores.mean():.1f}, best drop method {drop} "
+                        f"{100 * drop_scores.mean():.1f}"
+                        + (f" on the {both} prompts both measured" if both < n else "")
+                        + f", difference {m:+.1f} [{lo:+.1f}, {hi:+.1f}]")
             verdict = _verdict(m > 0, lo > 0, f"{lo:+.1f} points", f"{-m:.1f} points")
         row(ahead, measured, few or verdict)
     for (model, length), summary in sorted(summaries.items()):
