@@ -185,6 +185,10 @@ class PyramidInferSelector final : public Selector {
       kept[static_cast<size_t>(i)] = static_cast<int32_t>(r.middle.begin + i);
     std::vector<float>& buf = scratch.combined;
     std::vector<int32_t> chosen;
+    // K_0 .. K_l again at every select, not layer l - 1's K taken over:
+    // that would tie one layer's select to another's in the same step (its
+    // order, its middle, a fork between them). The passes after the first
+    // read k_j tokens each, so layer l's select reads about m + l k scores.
     for (int32_t j = 0; j <= layer; ++j) {
       const int64_t kj = std::min<int64_t>(budget(configured_k(c, m), m, j, c),
                                            static_cast<int64_t>(kept.size()));
