@@ -240,9 +240,10 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
             continue
         drop = max(drops, key=lambda s: summary[f"{s}@1/5"]["acc"][0])
         d = summary[f"{drop}@1/5"]["acc"][0]
-        measured = f"{which}PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
-        verdict = "yes" if pq > d else "no"
-        if "by_key" in summary[f"{p}@1/5"] and "by_key" in summary[f"{drop}@1/5"]:
+        if not ("by_key" in summary[f"{p}@1/5"] and "by_key" in summary[f"{drop}@1/5"]):
+            measured = f"{which}PQ {100 * pq:.1f}, best drop method {drop} {100 * d:.1f}"
+            verdict = "yes" if pq > d else "no"
+        else:
             pq_scores, drop_scores = report.paired_scores(summary, f"{p}@1/5", f"{drop}@1/5")
             # Paired over the same prompts, as the difference with full
             # attention; the accuracies quoted are over those prompts too (a

@@ -164,6 +164,17 @@ def runs_of(sub: List[Row], limit: Optional[int] = None) -> List[List[Row]]:
     return [[sub[0]] + rest[i:i + step] for i in range(0, len(rest), step)]
 
 
+def _prompt_runs(runners: "_Runners", sub: List[Row]):
+    """Each run of the rows `sub` (runs_of) with its Runner; where the prompt
+    takes several runs, each frees the prompt after its record is made."""
+    parts = runs_of(sub)
+    for part in parts:
+        run = runners.get(part)
+        yield run, part
+        if len(parts) > 1:
+            run.release()
+
+
 def rows_to_run(row_list: List[Row], measured: Optional[set]) -> List[Row]:
     """The rows a prompt still lacks: all of row_list when no run measured it,
     else full attention (every run measures it: the report pairs each row
@@ -329,12 +340,9 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                     for placement in placements:
                         base = f"task/{model_name}/{length}/{task}/{placement}/{seed}"
                         sub = rows_to_run(row_list, measured.get(base))
-                        for part in runs_of(sub):
-                            run = runners.get(part)
+                        for run, part in _prompt_runs(runners, sub):
                             record = _task_run(run, part, corpus, _run_key(base, part, recorded),
                                                model_name, length, task, placement, seed)
-                            if len(sub) > len(part):
-                                run.release()  # before the next run of this prompt
                             _append(out, record)
                             records.append(record)
                             full = record["rows"][FULL]["score"]
@@ -359,16 +367,13 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
         for doc in documents:
             base = f"ppl/{model_name}/{context}/{continuation}/{doc}"
             sub = rows_to_run(row_list, measured.get(base))
-            for part in runs_of(sub):
-                run = runners.get(part)
+            for run, part in _prompt_runs(runners, sub):
                 start = time.perf_counter()
                 ids = hf.encode(run.spec, run.tokenizer, tasks.perplexity_text(doc))
                 if len(ids) < context + continuation:
                     raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than "
                                      f"{context} + {continuation}")
                 nll = run.continuation_nll(ids[:context + continuation], context)
-                if len(sub) > len(part):
-                    run.release()
                 record = {"key": _run_key(base, part, recorded), "kind": "ppl",
                           "model": model_name, "context": context, "document": doc,
                           "tokens": len(ids),
