@@ -298,6 +298,14 @@ def aims(summaries: Dict[tuple, dict], ppl: Dict[str, dict], studies: Dict[str, 
                      f"{change[0] - 0.3:.2f} percentage points"))
 
 
+def _about(seconds):
+    """A duration for prose: minutes under 90 of them, else hours (never "1 hours")."""
+    if seconds < 90 * 60:
+        minutes = max(1, round(seconds / 60))
+        return f"{minutes} minute{'s' if minutes > 1 else ''}"
+    return f"{seconds / 3600:.0f} hours"
+
+
 def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
                       summaries: Dict[tuple, dict], studies: Dict[str, dict],
                       lines: List[str]) -> None:
@@ -388,8 +396,8 @@ def coverage_and_gaps(task_records: List[dict], ppl_records: List[dict],
         lines.append(
             f"- Cost: one prompt took {min(secs):.0f}-{max(secs):.0f} s here (2 shared cores, "
             f"{rows} rows, every selector and budget, in one batched forward). At the recorded "
-            f"rates a full run from nothing takes about {whole / 3600:.0f} hours on 2 cores, and "
-            f"what is missing about {left / 3600:.0f} hours more"
+            f"rates a full run from nothing takes about {_about(whole)} on 2 cores, and "
+            + (f"what is missing about {_about(left)} more" if left > 0 else "nothing is missing")
             + (f", plus {', '.join(untimed)}, not timed yet" if untimed else "")
             + " (task time scaled linearly with length where a length has no prompt yet; the "
             "model download not counted, nor the capture of a trace that did not record it). "
