@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from pqeval import longctx, replay, report, stats, trace as trace_io
-from pqeval.longctx import PQ_VARIANTS, SELECTORS, TRACE_SELECTORS, UNBUDGETED, budget
+from pqeval.longctx import (PQ_VARIANTS, SELECTORS, SPECULATING, TRACE_SELECTORS,
+                             UNBUDGETED, budget)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "data" / "smollm2_sotu_2k.pqtrace"
@@ -606,7 +607,13 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
                   "local tokens, which every selector keeps; \"middle mass\" is, of each query "
                   "head's mass on the other (middle) tokens, the share on the selected ones; "
                   "\"per-head recall\" is recall against each query head's own exact top-k, "
-                  "rather than the GQA-combined ranking PQ and the oracle share."]
+                  "rather than the GQA-combined ranking PQ and the oracle share."
+                  + (f" {', '.join(SPECULATING)} {'has' if len(SPECULATING) == 1 else 'have'} "
+                     "no rows here: it selects with a query estimated during the layer below "
+                     "(`Session(speculate=True)`), which a trace of the true queries does not "
+                     "hold; the tasks and perplexity above run it that way, and "
+                     "docs/selector-references.md section 8 measures how much of the final "
+                     "selection its hint holds." if SPECULATING else "")]
         png = report.plot_layers(studies, out / "quality-layers.png")
         for model, study in studies.items():
             lines += ["", f"### {study['model']}: {study['tokens']} tokens, layers "
