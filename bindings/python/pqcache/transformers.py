@@ -30,6 +30,13 @@ no keys or values at all (the library's host store holds them, which is the
 point of PQCache), its sliding layers are transformers' own. A DynamicCache
 or StaticCache works too (then the model keeps a full copy as well).
 
+Several Sessions on one model. Each may stay open: a forward reaches the
+Session whose cache it runs (the LibraryCache binds the model's attention
+layers to its Session as the forward enters them), whichever was made
+last, and the model returns to its previous attention implementation when
+the last open Session closes. A forward with another cache, or none, goes
+to the Session that served the model last.
+
 Batches. Row b of the batch is sequence b of one context, or, with
 `rows=[{...}, {...}]`, row b gets a context of its own configured by
 rows[b] (compare selectors in one batched forward). Rows must not be padded:
@@ -61,6 +68,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
+
+import weakref
 
 import numpy as np
 
@@ -111,8 +120,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     session = getattr(module, "_pqcache_session", None)
     if session is None:
         raise RuntimeError(
-            f"attention implementation {ATTENTION_NAME!r} on a module without a "
-            "pqcache.transformers.Session: create one with Session(model, ...) first")
+            f"attention implementation {ATTENTION_NAME!r} on a module no open "
+            "pqcache.transformers.Session serves: create one with Session(model, ...), or run "
+            "the forward with an open Session's cache()")
     return session._attend(module, query, key, value, attention_mask, scaling, dropout, kwargs)
 
 
@@ -211,6 +221,14 @@ class LibraryCache(Cache):
                   else DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs)
                   for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))]
         super().__init__(layers=layers)
+        self._session = session
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        # Every attention layer updates its cache before it attends: the
+        # Session of this cache serves the forward, even where another
+        # Session on the same model was made (or used) after it.
+        self._session._serve()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 class Session:
@@ -304,18 +322,31 @@ class Session:
             self._close_contexts()
             raise
         register()
-        self._previous_attention = model.config._attn_implementation
-        model.set_attn_implementation(ATTENTION_NAME)
-        self._modules = [m for m in model.modules()
-                         if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
-        for m in self._modules:
-            m._pqcache_session = self
-        if self._class_table is not None:
-            self._ids_hook = model.get_input_embeddings().register_forward_pre_hook(
-                self._record_ids, with_kwargs=True)
+        # The model's open Sessions: the attention implementation it had
+        # before the first of them comes back when the last one closes (a
+        # Session dropped without close leaves "pqcache" set: not taken as
+        # the model's own).
+        if not getattr(model, "_pqcache_open_sessions", None):
+            model._pqcache_open_sessions = weakref.WeakSet()
+            if model.config._attn_implementation != ATTENTION_NAME or \
+                    not hasattr(model, "_pqcache_previous_attention"):
+                model._pqcache_previous_attention = model.config._attn_implementation
+        model._pqcache_open_sessions.add(self)
+        self._modules: list = []
         self._speculation_hooks = []
-        if speculate:
-            self._start_speculating(model)
+        try:
+            model.set_attn_implementation(ATTENTION_NAME)
+            self._modules = [m for m in model.modules()
+                             if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+            self._serve()
+            if self._class_table is not None:
+                self._ids_hook = model.get_input_embeddings().register_forward_pre_hook(
+                    self._record_ids, with_kwargs=True)
+            if speculate:
+                self._start_speculating(model)
+        except BaseException:
+            self.close()
+            raise
 
     # --- lifetime ----------------------------------------------------------
 
@@ -333,9 +364,19 @@ class Session:
             ctx.close()
         self._contexts = []
 
+    def _serve(self) -> None:
+        """Points the model's attention layers at this Session (cheap when
+        they already are)."""
+        if not self._contexts:
+            raise ValueError("this pqcache.transformers.Session is closed: its cache cannot "
+                             "run a forward; make a new Session")
+        if self._modules and getattr(self._modules[0], "_pqcache_session", None) is not self:
+            for m in self._modules:
+                m._pqcache_session = self
+
     def close(self) -> None:
-        """Restores the model's previous attention implementation and frees
-        the contexts. Idempotent."""
+        """Frees the contexts; the last open Session on the model restores
+        its previous attention implementation. Idempotent."""
         for m in self._modules:
             if getattr(m, "_pqcache_session", None) is self:
                 del m._pqcache_session
@@ -346,8 +387,11 @@ class Session:
         for hook in getattr(self, "_speculation_hooks", []):
             hook.remove()
         self._speculation_hooks = []
-        if self._contexts:
-            self.model.set_attn_implementation(self._previous_attention)
+        open_sessions = getattr(self.model, "_pqcache_open_sessions", None)
+        if self._contexts and open_sessions is not None:
+            open_sessions.discard(self)
+            if not open_sessions:
+                self.model.set_attn_implementation(self.model._pqcache_previous_attention)
         self._close_contexts()
         self._rows = []
 

@@ -210,6 +210,77 @@ def test_a_later_session_owns_the_speculation():
         first.close()
 
 
+def _greedy(session, ids, rows: int, steps: int = 6) -> torch.Tensor:
+    """prefill_all_rows, then `steps` greedy tokens of every row, as the
+    evaluation's Runner decodes: [rows, steps]."""
+    cache, logits = session.prefill_all_rows(ids, chunk_tokens=128)
+    nxt = logits.argmax().repeat(rows)
+    out = [nxt]
+    with torch.no_grad():
+        for _ in range(steps - 1):
+            nxt = session.model(nxt[:, None], past_key_values=cache).logits[:, -1].argmax(-1)
+            out.append(nxt)
+    return torch.stack(out, dim=1)
+
+
+def test_open_sessions_on_one_model_each_serve_their_own_cache():
+    """Sessions of different row counts on one model, all open and used in
+    turn (the evaluation keeps one per set of rows and reuses it prompt
+    after prompt): each forward reaches the Session whose cache it runs,
+    not the one made last, so the first Session answers the same before and
+    after the second ran, and after the second closed. It failed: the
+    second Session's speculation hook saw the first's batch ("batch row 2:
+    this Session has 2 rows") and its attention got the first's tokens."""
+    model = _model("llama")
+    ids = _ids(300)
+    first = pqt.Session(model, rows=[{"selector": "exact"}, {"selector": "pq"},
+                                     {"selector": "infinigen"}],
+                        speculate=True, topk_fraction=0.2, **SMALL)
+    second = pqt.Session(model, rows=[{"selector": "snapkv"}, {"selector": "infinigen"}],
+                         speculate=True, topk_fraction=0.2, **SMALL)
+    try:
+        with torch.no_grad():
+            before = _greedy(first, ids, 3)
+            other = _greedy(second, ids, 2)
+            first.forget_prompt()
+            assert torch.equal(_greedy(first, ids, 3), before)
+            assert first.stats(2)["hint_tokens"] > 0
+            # A cache made before the other Session ran still reaches its own.
+            cache, logits = first.prefill_all_rows(ids, chunk_tokens=128)
+            assert torch.equal(_greedy(second, ids, 2), other)
+            nxt = logits.argmax().repeat(3)
+            step = model(nxt[:, None], past_key_values=cache).logits[:, -1].argmax(-1)
+            assert torch.equal(step, before[:, 1])
+            second.close()
+            assert model.config._attn_implementation == pqt.ATTENTION_NAME
+            assert torch.equal(_greedy(first, ids, 3), before)
+    finally:
+        second.close()
+        first.close()
+    assert model.config._attn_implementation != pqt.ATTENTION_NAME
+
+
+def test_the_last_session_to_close_restores_the_models_attention():
+    """Closing the first of two open Sessions leaves the model on pqcache
+    attention for the second; closing the second restores what the model
+    had before either. A closed Session's cache is refused by name."""
+    model = _model("llama")
+    before = model.config._attn_implementation
+    ids = _ids(200)
+    first = pqt.Session(model, rows=[{"selector": "pq"}], topk_fraction=0.2, **SMALL)
+    second = pqt.Session(model, rows=[{"selector": "pq"}], topk_fraction=0.2, **SMALL)
+    with torch.no_grad():
+        expected = _greedy(second, ids, 1)
+        stale, _ = first.prefill_all_rows(ids, chunk_tokens=128)
+        first.close()
+        assert model.config._attn_implementation == pqt.ATTENTION_NAME
+        assert torch.equal(_greedy(second, ids, 1), expected)
+        with pytest.raises(ValueError, match="Session is closed"):
+            model(_ids(1), past_key_values=stale)
+        second.close()
+    assert model.config._attn_implementation == before
+
+
 class _Tokenizer:
     """What token_class_table reads of a tokenizer: ids 0-2 are special,
     every seventh id decodes to punctuation."""
@@ -380,7 +451,7 @@ def test_attention_without_a_session_is_a_clear_error():
     model = _model("llama")
     pqt.register()
     model.set_attn_implementation(pqt.ATTENTION_NAME)
-    with pytest.raises(RuntimeError, match="without a pqcache.transformers.Session"):
+    with pytest.raises(RuntimeError, match="no open pqcache.transformers.Session serves"):
         model(_ids(8))
 
 
