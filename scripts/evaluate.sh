@@ -12,7 +12,7 @@
 #   scripts/evaluate.sh --parts traces --models gemma3-270m
 #                                        only what is missing of those parts and models
 #
-# A full run from nothing takes about 12 hours on 2 cores (docs/quality.md
+# A full run from nothing takes about 13 hours on 2 cores (docs/quality.md
 # estimates it from the recorded rates); it resumes where it stopped, because
 # each measurement is appended to docs/quality-data/ as it finishes.
 set -euo pipefail

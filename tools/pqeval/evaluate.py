@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from pqeval import longctx, replay, report, stats, trace as trace_io
-from pqeval.longctx import (PQ_VARIANTS, SELECTORS, SPECULATING, TRACE_SELECTORS,
-                             UNBUDGETED, budget)
+from pqeval.longctx import (COMPENSATION, DROP, PQ_VARIANTS, SELECTORS, SPECULATING,
+                             TRACE_SELECTORS, UNBUDGETED, budget)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "data" / "smollm2_sotu_2k.pqtrace"
@@ -503,8 +503,8 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
              "to one libpqcache context per row (`Session.prefill_all_rows`): full attention "
              "(EXACT keeping every token, equal to SDPA within float rounding by test) and "
              "every selector at 1/5 and 1/10 of the middle tokens, plus 4 sink and 128 local "
-             "tokens; drop methods (H2O, SnapKV, PyramidKV, SCOPE) get the paper's 1/128 "
-             "compensation. Models:", ""]
+             f"tokens; the drop methods ({', '.join(DROP)}) get the paper's "
+             f"1/{round(1 / COMPENSATION)} compensation. Models:", ""]
     for spec in hf.MODELS.values():
         lines.append(f"- {spec.display} (`{spec.file}`, {spec.context // 1024}K context"
                      f"{', chat template' if spec.chat else ''}).")

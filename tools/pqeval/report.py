@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from pqeval import stats
+from pqeval import longctx, stats
 from pqeval.longctx import (ALL_NAMES, DROP, FULL, NAMES, PQ_VARIANTS, SELECTORS, TRACE_SELECTORS,
                             UNBUDGETED, base_key)
 
@@ -47,11 +47,20 @@ def merge_records(records: List[dict]) -> List[dict]:
     error, not a silent choice. A task whose two greedy full-attention texts
     differ at the same score (a near tie resolved otherwise by another torch
     build's rounding) is merged and marked full_output_differs, and the
-    report counts such prompts."""
+    report counts such prompts.
+
+    A prompt whose runs all had a rows suffix (a prompt split into runs of
+    at most ROWS_PER_RUN rows, pqeval.longctx.runs_of, or measured with
+    each selector as it was added) is a default record all the same once its
+    runs together hold every default row; its "seconds" is then the sum of
+    the runs of default rows, as one default run would have taken."""
     merged: Dict[str, dict] = {}
+    default_seconds: Dict[str, float] = defaultdict(float)
     field = {"ppl": "nll", "task": "rows"}
     for r in sorted(records, key=lambda r: len(r["key"].split("/"))):  # default runs first
         base = base_key(r["key"], r["kind"])
+        if _default_rows_only(r[field[r["kind"]]]):
+            default_seconds[base] += r["seconds"]
         if base not in merged:
             merged[base] = {**r, "key": base, field[r["kind"]]: dict(r[field[r["kind"]]])}
             if r["key"] != base:  # default runs sort first: this prompt has none
@@ -69,7 +78,20 @@ def merge_records(records: List[dict]) -> List[dict]:
         # "seconds" stays the default run's: the report's cost estimate is
         # of a default run, and a separate run is not part of it.
         into["variant_seconds"] = into.get("variant_seconds", 0.0) + r["seconds"]
+    every_default_row = {row.label for row in longctx.rows()}
+    for base, record in merged.items():
+        if record.get("separate_only") and \
+                every_default_row <= set(record[field[record["kind"]]]):
+            del record["separate_only"]
+            spent = record["seconds"] + record.get("variant_seconds", 0.0)
+            record["seconds"] = default_seconds[base]
+            record["variant_seconds"] = spent - default_seconds[base]
     return list(merged.values())
+
+
+def _default_rows_only(rows: Dict[str, object]) -> bool:
+    """Whether a run measured default rows only (a part of a split default run)."""
+    return all(label == FULL or label.split("@")[0] in NAMES for label in rows)
 
 
 def task_cells(records: List[dict]) -> Dict[tuple, List[dict]]:

@@ -89,3 +89,29 @@ def test_prompts_only_a_separate_run_measured_stay_out_of_a_default_cell():
     # A cell only separate runs measured keeps them.
     [(_, alone)] = report.task_cells(records[1:]).items()
     assert len(alone) == 1
+
+
+def test_a_prompt_split_into_runs_is_a_default_record_once_they_hold_every_row():
+    """A prompt measured in parts (runs_of: at most ROWS_PER_RUN rows a run,
+    every key with a rows suffix) joins the default cell when its parts
+    together hold every default row, with the parts' seconds as its cost;
+    one part alone stays out. It failed: the 16 SmolLM2 4K seed-2 prompts
+    measured in parts were left out of their cell (32 of 48)."""
+    base = "task/m/4096/vt/last/2"
+    parts = longctx.runs_of(longctx.rows())
+    assert len(parts) > 1
+
+    def task(part, seconds):
+        rows = {r.label: {"output": "a", "score": 1.0} for r in part}
+        return {"key": base + longctx._rows_suffix(part), "kind": "task", "model": "m",
+                "length": 4096, "rows": rows, "seconds": seconds}
+    records = [task(p, 10.0 * (i + 1)) for i, p in enumerate(parts)]
+    variant = task(longctx.rows(["pq-4x8-pairs"]), 7.0)
+    [merged] = report.merge_records(records + [variant])
+    assert "separate_only" not in merged
+    assert merged["seconds"] == sum(10.0 * (i + 1) for i in range(len(parts)))
+    assert merged["variant_seconds"] == 7.0
+    [(_, kept)] = report.task_cells([merged, *report.merge_records(
+        [task(parts[0], 1.0) | {"key": "task/m/4096/vt/first/2" + longctx._rows_suffix(parts[0])},
+         task(longctx.rows(), 1.0) | {"key": "task/m/4096/qa/last/0"}])]).items()
+    assert sorted(r["key"] for r in kept) == ["task/m/4096/qa/last/0", base]
