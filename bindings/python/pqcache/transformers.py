@@ -392,6 +392,9 @@ class Session:
             open_sessions.discard(self)
             if not open_sessions:
                 self.model.set_attn_implementation(self.model._pqcache_previous_attention)
+                # Nothing of the Sessions stays on the model (a WeakSet would
+                # not pickle with it).
+                del self.model._pqcache_open_sessions, self.model._pqcache_previous_attention
         self._close_contexts()
         self._rows = []
 

@@ -7,6 +7,7 @@ The reference is transformers' own SDPA attention: with every token
 selected (EXACT, topk_fraction 1.0) the integration must give the same
 logits within float rounding, for every cache kind and architecture."""
 import math
+import pickle
 
 import numpy as np
 
@@ -279,6 +280,7 @@ def test_the_last_session_to_close_restores_the_models_attention():
             model(_ids(1), past_key_values=stale)
         second.close()
     assert model.config._attn_implementation == before
+    pickle.dumps(model)  # nothing of the Sessions is left on the model
 
 
 class _Tokenizer:
