@@ -66,10 +66,9 @@ library host buffers (the CUDA backend's device path is the C API's).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
-
-import weakref
 
 import numpy as np
 
@@ -480,7 +479,7 @@ class Session:
 
     def _speculate(self, target, j: int, args, kwargs) -> None:
         if getattr(target, "_pqcache_session", None) is not self:
-            return  # a later Session serves the model now (this one was not closed)
+            return  # another open Session's cache runs this forward
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if hidden is None or hidden.shape[1] != 1 or not self._rows:
             return  # a prompt chunk, or no rows yet: nothing to speculate for
