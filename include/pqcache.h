@@ -638,6 +638,27 @@ PQ_API pq_status pq_create(const pq_config* config, pq_context** out);
  * any other call on ctx. */
 PQ_API void pq_destroy(pq_context* ctx);
 
+/* For libraries that keep a handle reaching into a context after the call
+ * that made it returns (the Redis tier's streaming get, a binding's
+ * objects): pq_destroy calls fn(user) once, on its own thread, before it
+ * frees anything, so that the handle can mark itself invalid and answer
+ * PQ_ERR_BAD_STATE from then on instead of touching freed memory. fn must
+ * not call into ctx (it is being destroyed) or block on another thread
+ * that does; pq_unwatch_destroy is the one exception (every watch has
+ * ended by then: it answers PQ_ERR_NOT_FOUND, so a handle may free itself
+ * from fn). Watches run newest first. *out_watch names the watch for
+ * pq_unwatch_destroy. Errors: PQ_ERR_INVALID_ARGUMENT (ctx, fn or
+ * out_watch NULL), PQ_ERR_OUT_OF_MEMORY. Thread-safe. (Added in 0.7.) */
+typedef void (*pq_destroy_fn)(void* user);
+PQ_API pq_status pq_watch_destroy(pq_context* ctx, pq_destroy_fn fn, void* user,
+                                  uint64_t* out_watch);
+
+/* Ends a watch of pq_watch_destroy (the handle is freed before its context);
+ * fn is not called after this returns. Errors: PQ_ERR_INVALID_ARGUMENT
+ * (NULL ctx), PQ_ERR_NOT_FOUND (no such watch: never made, or ended).
+ * Thread-safe, but must not race with pq_destroy. (Added in 0.7.) */
+PQ_API pq_status pq_unwatch_destroy(pq_context* ctx, uint64_t watch);
+
 /* Copies the context's effective configuration (defaults resolved, e.g.
  * worker_threads) into *out, up to out->struct_size bytes; set
  * out->struct_size first (pq_config_default does). Thread-safe. */

@@ -133,8 +133,14 @@ PQ_REDIS_API pq_status pq_redis_get(pq_redis* conn, pq_context* ctx,
  * any thread but not concurrently with each other; pq_redis_transfer_progress
  * may run on any thread at any time before free. Each continue or finish
  * holds conn for its own duration only (its replies are all read before it
- * returns), so conn may serve other calls between them. conn and ctx must
- * outlive the transfer. */
+ * returns), so conn may serve other calls between them.
+ *
+ * Owners that go first: pq_destroy of ctx or pq_redis_close of conn while
+ * the transfer is open (not concurrently with its calls) leaves it
+ * invalid: continue, finish and progress then return PQ_ERR_BAD_STATE
+ * naming which went, and free only frees it (a destroyed context took the
+ * sequence along; after a closed connection, free removes the unfinished
+ * sequence). The transfer watches ctx with pq_watch_destroy. */
 typedef struct pq_redis_transfer pq_redis_transfer;
 
 /* Reads the manifest under `key`, fetches the state's first blocks (one,
@@ -154,7 +160,8 @@ PQ_REDIS_API pq_status pq_redis_get_begin(pq_redis* conn, pq_context* ctx, uint6
  * waits in a buffer of at most one section). *out_done (may be NULL)
  * receives 1 once the whole state is restored, else 0; calling again when
  * done does nothing. Errors: PQ_ERR_INVALID_ARGUMENT (NULL transfer),
- * PQ_ERR_BAD_STATE (an earlier call failed), PQ_ERR_BACKEND,
+ * PQ_ERR_BAD_STATE (an earlier call failed, or the context or the
+ * connection went first), PQ_ERR_BACKEND,
  * PQ_ERR_CORRUPT (a block missing, of the wrong size or CRC; bad K/V),
  * the library's errors from pq_sequence_restore_kv. On error the sequence
  * is removed (see above). */
@@ -169,7 +176,8 @@ PQ_REDIS_API pq_status pq_redis_get_finish(pq_redis_transfer* transfer);
 /* Where a transfer stands (any output may be NULL): the bytes of the blocks
  * received so far, the bytes pq_sequence_restore_begin read (the
  * description), the state's size, and how many layers have their K/V
- * (layers 0 .. *out_layers_ready - 1). Errors: PQ_ERR_INVALID_ARGUMENT.
+ * (layers 0 .. *out_layers_ready - 1). Errors: PQ_ERR_INVALID_ARGUMENT,
+ * PQ_ERR_BAD_STATE (the context or the connection went first).
  * Thread-safe (it may run while another thread continues the transfer). */
 PQ_REDIS_API pq_status pq_redis_transfer_progress(const pq_redis_transfer* transfer,
                                                   uint64_t* out_fetched_bytes,

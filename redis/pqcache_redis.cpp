@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct pq_redis {
   int timeout_ms = 0;
   std::mutex mu;                 // one conversation at a time
   redisContext* c = nullptr;     // nullptr: not connected (reconnect on use)
+  // The open transfers of pq_redis_get_begin, told when pq_redis_close
+  // frees the connection they use (under mu).
+  std::set<pq_redis_transfer*> transfers;
   std::string where() const { return host + ":" + std::to_string(port); }
 };
 
@@ -579,8 +583,12 @@ uint64_t begin_restore(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std:
 // A get in steps (pqcache_redis.h): the blocks after those begin fetched,
 // fed to pq_sequence_restore_kv one whole section at a time.
 struct pq_redis_transfer {
-  pq_redis* conn = nullptr;
-  pq_context* ctx = nullptr;
+  // Both become null when their owner goes first (pq_redis_close, or
+  // pq_destroy through the watch below): every call but free is then
+  // PQ_ERR_BAD_STATE, and nothing touches the freed memory.
+  std::atomic<pq_redis*> conn{nullptr};
+  std::atomic<pq_context*> ctx{nullptr};
+  uint64_t destroy_watch = 0;       // pq_watch_destroy's, while ctx is set
   uint64_t seq_id = 0;
   std::string key;
   pqr::Manifest m;
@@ -597,6 +605,46 @@ struct pq_redis_transfer {
   bool failed = false;              // the sequence was removed
   std::string failure;              // why
 
+  pq_redis_transfer() = default;
+  pq_redis_transfer(const pq_redis_transfer&) = delete;
+  pq_redis_transfer& operator=(const pq_redis_transfer&) = delete;
+  ~pq_redis_transfer() {
+    if (pq_context* c = ctx.load()) pq_unwatch_destroy(c, destroy_watch);
+    if (pq_redis* r = conn.load()) {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->transfers.erase(this);
+    }
+  }
+
+  // Ties the transfer to its context and connection (before the sequence
+  // exists: the only steps here that can fail).
+  void attach(pq_redis* r, pq_context* c) {
+    uint64_t watch = 0;
+    const pq_status st = pq_watch_destroy(c, &pq_redis_transfer::context_destroyed, this, &watch);
+    if (st != PQ_OK) pqr::library_failed(st, "pq_watch_destroy", key);
+    ctx.store(c);
+    destroy_watch = watch;
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->transfers.insert(this);  // may throw bad_alloc: the destructor unwatches
+    conn.store(r);
+  }
+  static void context_destroyed(void* self) {
+    static_cast<pq_redis_transfer*>(self)->ctx.store(nullptr);
+  }
+
+  // PQ_ERR_BAD_STATE when the context or the connection went first.
+  void require_owners() const {
+    if (ctx.load() == nullptr)
+      pqr::fail(PQ_ERR_BAD_STATE, "the context of the transfer of key \"" + key +
+                                      "\" was destroyed (pq_destroy) while the transfer was "
+                                      "open; free the transfer");
+    if (conn.load() == nullptr)
+      pqr::fail(PQ_ERR_BAD_STATE, "the connection of the transfer of key \"" + key +
+                                      "\" was closed (pq_redis_close) while the transfer was "
+                                      "open; free the transfer (seq_id " +
+                                      std::to_string(seq_id) + " is then removed)");
+  }
+
   // A whole section (or more bytes) at p: the library reads one section.
   // Returns its size, or 0 when p holds only its start (carry_want is set).
   uint64_t feed_section(const uint8_t* p, uint64_t n) {
@@ -604,7 +652,7 @@ struct pq_redis_transfer {
       pqr::fail(PQ_ERR_CORRUPT, "key \"" + key + "\": " + std::to_string(n) +
                                     " bytes follow the end section");
     uint64_t used = 0;
-    const pq_status st = pq_sequence_restore_kv(ctx, seq_id, p, n, &used);
+    const pq_status st = pq_sequence_restore_kv(ctx.load(), seq_id, p, n, &used);
     if (st == PQ_ERR_BUFFER_TOO_SMALL) {
       if (used <= n || used > m.state_bytes - fed)
         pqr::fail(PQ_ERR_CORRUPT, "key \"" + key + "\": the section at byte " +
@@ -663,10 +711,11 @@ struct pq_redis_transfer {
     std::vector<uint8_t>().swap(prefix);
     prefix_at = 0;
     if (next_block < end) {
-      std::lock_guard<std::mutex> lock(conn->mu);
+      pq_redis& r = *conn.load();
+      std::lock_guard<std::mutex> lock(r.mu);
       pqr::SigpipeGuard sigpipe;
-      pqr::ensure_connected(*conn);
-      pqr::fetch_blocks(*conn, key, m, next_block, end,
+      pqr::ensure_connected(r);
+      pqr::fetch_blocks(r, key, m, next_block, end,
                         [this](uint64_t n, const uint8_t* data, size_t size) {
                           fetched_bytes.fetch_add(size);
                           feed(data, size);
@@ -681,12 +730,13 @@ struct pq_redis_transfer {
     if (complete) std::vector<uint8_t>().swap(carry);
   }
 
-  // After an error: the sequence goes (its K/V would never arrive).
+  // After an error: the sequence goes (its K/V would never arrive), unless
+  // its context went first and took it along.
   void abandon(const std::string& why) noexcept {
     if (failed) return;
     failed = true;
     failure = why;
-    pq_sequence_remove(ctx, seq_id);
+    if (pq_context* c = ctx.load()) pq_sequence_remove(c, seq_id);
     std::vector<uint8_t>().swap(carry);
     std::vector<uint8_t>().swap(prefix);
   }
@@ -697,6 +747,7 @@ namespace {
 
 // A step of a transfer; an error abandons it (the sequence is removed).
 void transfer_step(pq_redis_transfer& t, uint64_t max_blocks) {
+  t.require_owners();
   if (t.failed)
     fail(PQ_ERR_BAD_STATE, "the transfer of key \"" + t.key + "\" failed earlier (" + t.failure +
                                "); seq_id " + std::to_string(t.seq_id) +
@@ -750,6 +801,10 @@ PQ_REDIS_API pq_status pq_redis_connect(const char* host, int32_t port, int32_t 
 
 PQ_REDIS_API void pq_redis_close(pq_redis* conn) {
   if (conn == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    for (pq_redis_transfer* t : conn->transfers) t->conn.store(nullptr);
+  }
   pqr::disconnect(*conn);
   delete conn;
 }
@@ -787,10 +842,9 @@ PQ_REDIS_API pq_status pq_redis_get_begin(pq_redis* conn, pq_context* ctx, uint6
     if (out == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "out is NULL");
     pqr::require_absent(ctx, seq_id);
     auto t = std::make_unique<pq_redis_transfer>();  // before the sequence exists
-    t->conn = conn;
-    t->ctx = ctx;
     t->seq_id = seq_id;
     t->key = key;
+    t->attach(conn, ctx);
     {
       std::lock_guard<std::mutex> lock(conn->mu);
       pqr::SigpipeGuard sigpipe;
@@ -830,6 +884,7 @@ PQ_REDIS_API pq_status pq_redis_transfer_progress(const pq_redis_transfer* trans
                                                   int32_t* out_layers_ready) {
   return pq::guarded(__func__, [&] {
     if (transfer == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "transfer is NULL");
+    transfer->require_owners();
     if (out_fetched_bytes) *out_fetched_bytes = transfer->fetched_bytes.load();
     if (out_description_bytes) *out_description_bytes = transfer->description_bytes;
     if (out_state_bytes) *out_state_bytes = transfer->m.state_bytes;

@@ -69,5 +69,6 @@ int main(void) {
   CALLBACK(pq_alloc_fn, void* (*)(void*, size_t, size_t));
   CALLBACK(pq_free_fn, void (*)(void*, void*, size_t));
   CALLBACK(pq_build_done_fn, void (*)(void*, uint64_t, int32_t, pq_status));
+  CALLBACK(pq_destroy_fn, void (*)(void*));
   return 0;
 }

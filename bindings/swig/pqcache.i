@@ -18,6 +18,12 @@
 
 %include <stdint.i>
 
+/* For C libraries that keep handles into a context (the Redis tier): a
+ * binding's own objects check their context themselves, and a C callback
+ * cannot be made from these languages' functions through SWIG. */
+%ignore pq_watch_destroy;
+%ignore pq_unwatch_destroy;
+
 #if defined(SWIGGO)
 %include "go.i"
 #elif defined(SWIGJAVA)

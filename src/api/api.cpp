@@ -169,7 +169,27 @@ pq_status pq_pool_threads(const pq_pool* pool, int32_t* out) {
 
 void pq_pool_destroy(pq_pool* pool) { delete pool; }
 
-void pq_destroy(pq_context* ctx) { delete ctx; }
+void pq_destroy(pq_context* ctx) {
+  if (ctx == nullptr) return;
+  ctx->destroy_watches.notify();
+  delete ctx;
+}
+
+pq_status pq_watch_destroy(pq_context* ctx, pq_destroy_fn fn, void* user, uint64_t* out_watch) {
+  return pq::guarded(__func__, [&] {
+    if (ctx == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    if (fn == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "fn is NULL");
+    require_out(out_watch, "out_watch");
+    *out_watch = ctx->destroy_watches.add(fn, user);
+  });
+}
+
+pq_status pq_unwatch_destroy(pq_context* ctx, uint64_t watch) {
+  return pq::guarded(__func__, [&] {
+    if (ctx == nullptr) pq::fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->destroy_watches.remove(watch);
+  });
+}
 
 pq_status pq_get_config(const pq_context* ctx, pq_config* out) {
   return guarded_on(ctx, __func__, [&] {

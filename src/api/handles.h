@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "api/destroy_watches.h"
 #include "base/error.h"
 #include "sequence/context.h"
 
@@ -14,6 +15,7 @@ struct pq_context {
              std::shared_ptr<pq::ThreadPool> pool)
       : impl(c, plugin_path, hooks, std::move(pool)) {}
   pq::Context impl;
+  pq::api::DestroyWatches destroy_watches;  // pq_watch_destroy
 };
 
 // The caller's reference to a pool; contexts made with it hold their own.

@@ -5,10 +5,13 @@ fetches what the first does; damaged, missing and refused states raise
 PQError with the library's status. CTest test python_redis; without
 redis-server (Debian: redis-server, installed by scripts/setup.sh) it reports
 SKIPPED with the reason."""
+import gc
 import os
 import shutil
 import socket
 import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -166,6 +169,63 @@ def test_abandoned_transfer_removes_its_sequence(server):
         assert b.sequence_count() == 1
         t.close()
         assert b.sequence_count() == 0
+
+
+@pytest.mark.parametrize("then", ["advance", "finish", "progress", "close", "collect", "redis_close"])
+def test_a_transfer_whose_context_closed_first_is_bad_state(server, then):
+    """Issue 39 R1: ctx.close() while a transfer is open, then any use of the
+    transfer. Before the fix the C transfer removed its sequence from the
+    freed context (AddressSanitizer: heap-use-after-free in
+    Context::sequence_remove from pq_redis_transfer_free)."""
+    with prefilled(1) as a, pqr.Redis("127.0.0.1", server) as r:
+        r.put(a, 1, "py:owner", block_bytes=2048)
+        ctx = make_context()
+        t = r.get_begin(ctx, 2, "py:owner")
+        ctx.close()
+        if then in ("advance", "finish", "progress"):
+            with pytest.raises(pqcache.PQError) as e:
+                getattr(t, then)()
+            assert e.value.status_name == "PQ_ERR_BAD_STATE"
+            assert "pq_destroy" in e.value.message and "py:owner" in e.value.message
+            t.close()
+        elif then == "close":
+            t.close()
+        elif then == "collect":
+            del t
+            gc.collect()
+        else:
+            r.close()  # frees its open transfers
+        # The connection (unless closed) and the other context go on.
+        if then != "redis_close":
+            assert r.info("py:owner")["state_bytes"] == a.state_size(1)
+        assert a.length(1, 0) == PROMPT
+
+
+def test_a_transfer_left_open_at_interpreter_exit_after_its_context_closed(server):
+    """The same at interpreter exit, in a process of its own: the transfer
+    and the connection are finalised after the context was closed."""
+    script = textwrap.dedent(f"""
+        import numpy as np, pqcache, pqcache.redis as pqr
+        ctx = pqcache.Context(2, 4, 2, 16, "f32", sink_tokens=4, local_tokens=16, topk_tokens=16,
+                              pq_subspaces=2, pq_bits=4, kmeans_iterations=8, worker_threads=1)
+        ctx.add_sequence(1)
+        rng = np.random.default_rng(1)
+        for layer in range(2):
+            kv = rng.standard_normal((300, 2, 16)).astype(np.float32)
+            ctx.prefill(1, layer, kv, kv)
+        r = pqr.Redis("127.0.0.1", {server})
+        r.put(ctx, 1, "py:exit", block_bytes=2048)
+        other = pqcache.Context(2, 4, 2, 16, "f32", sink_tokens=4, local_tokens=16, topk_tokens=16,
+                                pq_subspaces=2, pq_bits=4, kmeans_iterations=8, worker_threads=1)
+        t = r.get_begin(other, 2, "py:exit")
+        other.close()
+        print("left open")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr
+    assert "left open" in done.stdout
+    assert "Sanitizer" not in done.stderr, done.stderr
 
 
 def test_a_damaged_block_is_corrupt_and_adds_nothing(server):

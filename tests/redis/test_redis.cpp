@@ -870,6 +870,60 @@ TEST_F(RedisTier, InvalidArguments) {
   pq_redis_close(nullptr);  // a no-op
 }
 
+// Issue 39 R1: a transfer whose context is destroyed first. Every call but
+// free is PQ_ERR_BAD_STATE naming pq_destroy, and free touches nothing of
+// the freed context (AddressSanitizer: heap-use-after-free in
+// Context::sequence_remove from the transfer's abandon before the fix).
+TEST_F(RedisTier, TransferOutlivesItsContext) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  for (int freed_after = 0; freed_after < 3; ++freed_after) {
+    SCOPED_TRACE("case " + std::to_string(freed_after));
+    Ctx c(model_config());
+    ASSERT_TRUE(c.ok()) << pq_last_error();
+    pq_redis_transfer* t = nullptr;
+    REDIS_ASSERT_OK(pq_redis_get_begin(conn_, c, kSeqB, "k", &t));
+    if (freed_after == 1) REDIS_ASSERT_OK(pq_redis_get_continue(t, 1, nullptr));
+    if (freed_after == 2) REDIS_ASSERT_OK(pq_redis_get_finish(t));  // done, then destroyed
+    c.reset();
+    int32_t done = -1;
+    REDIS_EXPECT_ERR(pq_redis_get_continue(t, 1, &done), PQ_ERR_BAD_STATE, "pq_destroy", "\"k\"");
+    EXPECT_EQ(done, -1) << "nothing is written on failure";
+    REDIS_EXPECT_ERR(pq_redis_get_finish(t), PQ_ERR_BAD_STATE, "pq_destroy");
+    REDIS_EXPECT_ERR(pq_redis_transfer_progress(t, nullptr, nullptr, nullptr, nullptr),
+                     PQ_ERR_BAD_STATE, "pq_destroy");
+    pq_redis_transfer_free(t);
+  }
+  // A transfer freed before its context ends its watch: destroying the
+  // context later calls nothing.
+  {
+    Ctx c(model_config());
+    pq_redis_transfer* t = nullptr;
+    REDIS_ASSERT_OK(pq_redis_get_begin(conn_, c, kSeqB, "k", &t));
+    pq_redis_transfer_free(t);
+    EXPECT_FALSE(has_sequence(c, kSeqB));
+  }
+  expect_a_usable();
+}
+
+// A transfer whose connection is closed first: BAD_STATE naming
+// pq_redis_close; free then removes the unfinished sequence, and the
+// context goes on.
+TEST_F(RedisTier, TransferOutlivesItsConnection) {
+  REDIS_ASSERT_OK(pq_redis_put(conn_, a_, kSeqA, "k", 4096));
+  pq_redis* conn2 = nullptr;
+  REDIS_ASSERT_OK(pq_redis_connect("127.0.0.1", server_.port(), 5000, &conn2));
+  pq_redis_transfer* t = nullptr;
+  REDIS_ASSERT_OK(pq_redis_get_begin(conn2, b_, kSeqB, "k", &t));
+  pq_redis_close(conn2);
+  REDIS_EXPECT_ERR(pq_redis_get_continue(t, 1, nullptr), PQ_ERR_BAD_STATE, "pq_redis_close");
+  REDIS_EXPECT_ERR(pq_redis_get_finish(t), PQ_ERR_BAD_STATE, "pq_redis_close");
+  EXPECT_TRUE(has_sequence(b_, kSeqB));
+  pq_redis_transfer_free(t);
+  EXPECT_FALSE(has_sequence(b_, kSeqB));
+  ASSERT_TRUE(StreamedGet(conn_, b_, kSeqB, "k"));
+  expect_same_steps(a_, kSeqA, b_, kSeqB, 31);
+}
+
 // One connection shared by threads: calls are serialised.
 TEST_F(RedisTier, ConnectionSharedByThreads) {
   std::vector<std::thread> threads;

@@ -15,7 +15,9 @@ docs/redis.md. Every failing call raises pqcache.PQError with the status,
 its name and pq_redis_last_error()'s message (the library's own errors, such
 as PQ_ERR_CORRUPT from pq_sequence_restore, keep their status). A call on a
 closed connection, transfer or context raises PQ_ERR_BAD_STATE "<function>:
-the connection is closed" (context, transfer), as pqcache.Context does.
+the connection is closed" (context, transfer), as pqcache.Context does; a
+transfer whose context or connection was closed first raises
+PQ_ERR_BAD_STATE from the C library, naming which went.
 
 The module calls libpqcache_redis.so.N (N: libpqcache's ABI major) through
 ctypes, found in this order:
@@ -145,8 +147,10 @@ class Transfer(_Closing):
     """A streaming get (Redis.get_begin): the sequence selects now, its K/V
     arrive with advance() or finish(). close() (or leaving a with block)
     frees it; one neither done nor failed is abandoned and its sequence
-    removed (pq_redis_transfer_free). The Redis connection and the context
-    must stay open while it lives."""
+    removed (pq_redis_transfer_free). Closing its context or its Redis
+    connection first leaves it invalid: advance, finish and progress then
+    raise PQ_ERR_BAD_STATE naming which went (the C library learns it
+    through pq_watch_destroy), and close only frees it."""
 
     def __init__(self, handle: int, conn: "Redis", ctx: Context):
         self._handle = handle

@@ -169,6 +169,7 @@ c_type_names! {
         => "void (*)(void*, void*, size_t)",
     Option<unsafe extern "C" fn(*mut c_void, u64, i32, i32)>
         => "void (*)(void*, uint64_t, int32_t, pq_status)",
+    Option<unsafe extern "C" fn(*mut c_void)> => "void (*)(void*)",
     *mut pq_pool => "pq_pool*",
 }
 
@@ -463,6 +464,10 @@ pub struct pq_context {
 // Callback types
 // ---------------------------------------------------------------------------
 
+/// `pq_destroy_fn` (added in 0.7): `pq_destroy` of a watched context is
+/// under way (`pq_watch_destroy`); must not call into the context.
+pub type pq_destroy_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
+
 /// `pq_write_fn` (added in 0.5): receives `pq_sequence_save`'s output in
 /// pieces, in order; returns 0 to go on, anything else stops the save
 /// (which then fails with `PQ_ERR_BACKEND`). `None` is C's NULL, which
@@ -479,6 +484,7 @@ pub const CALLBACKS: &[(&str, &str)] = &[
     ("pq_alloc_fn", <pq_alloc_fn as CTypeName>::C_TYPE),
     ("pq_free_fn", <pq_free_fn as CTypeName>::C_TYPE),
     ("pq_build_done_fn", <pq_build_done_fn as CTypeName>::C_TYPE),
+    ("pq_destroy_fn", <pq_destroy_fn as CTypeName>::C_TYPE),
 ];
 
 // ---------------------------------------------------------------------------
@@ -543,6 +549,11 @@ pq_functions! {
     fn pq_config_default(config: *mut pq_config);
     fn pq_create(config: *const pq_config, out: *mut *mut pq_context) -> pq_status;
     fn pq_destroy(ctx: *mut pq_context);
+    /// Added in 0.7.
+    fn pq_watch_destroy(ctx: *mut pq_context, func: pq_destroy_fn, user: *mut c_void,
+                        out_watch: *mut u64) -> pq_status;
+    /// Added in 0.7.
+    fn pq_unwatch_destroy(ctx: *mut pq_context, watch: u64) -> pq_status;
     fn pq_get_config(ctx: *const pq_context, out: *mut pq_config) -> pq_status;
     fn pq_get_backend(ctx: *const pq_context, out_backend: *mut i32) -> pq_status;
     /// Added in 0.6.
