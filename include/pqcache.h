@@ -478,7 +478,10 @@ typedef struct pq_config {
    *    opens a chunk), the K/V and what grows with the tokens: PQ codes,
    *    accumulated attention or prompt scores (H2O, SCOPE, SnapKV,
    *    PyramidKV), block summaries (InfLLM, Quest), block-cache maps. A
-   *    1-token prefill takes a whole chunk; the next 255 tokens take none.
+   *    1-token prefill takes a whole chunk; the next 255 tokens take none;
+   *  - per layer, what a selector keeps of the caller's descriptions apart
+   *    from the stored tokens, as held: FastGen's token classes (one byte
+   *    per described position, which may run ahead of the K/V).
    * pq_stats.host_bytes reports what is held. A call that would pass the
    * limit returns PQ_ERR_OUT_OF_MEMORY and holds nothing, not even for a
    * moment another thread could observe. pq_create refuses (INVALID_ARGUMENT)
@@ -1251,12 +1254,17 @@ typedef enum pq_token_class {
  * prompt's before pq_prefill_queries: FastGen profiles its heads there).
  * Classes follow the tokens through pq_sequence_truncate, pq_sequence_fork
  * and the saved state. Selectors other than FastGen ignore them (PQ_OK,
- * after the same checks). Errors: PQ_ERR_INVALID_ARGUMENT (first or count
- * negative, first past the stored tokens, classes NULL with count > 0, a
- * value with a bit other than the flags above, naming its index),
- * PQ_ERR_NOT_FOUND (sequence), PQ_ERR_OUT_OF_MEMORY. Threading: must not
- * race with pq_sequence_truncate, fork or restore of seq_id; other calls
- * on it may run concurrently (each layer takes its lock in turn). */
+ * after the same checks). FastGen keeps one byte per described position in
+ * every layer, counted against config.host_memory_limit as held (a fork
+ * and a restore count their copy; a truncate gives back what described
+ * the tokens that go). Errors: PQ_ERR_INVALID_ARGUMENT (first or count
+ * negative, first past the stored tokens, first + count past 2147483647,
+ * classes NULL with count > 0, a value with a bit other than the flags
+ * above, naming its index), PQ_ERR_NOT_FOUND (sequence),
+ * PQ_ERR_OUT_OF_MEMORY (the limit, checked for every layer before any
+ * changes). Threading: must not race with pq_sequence_truncate, fork,
+ * restore or another pq_sequence_token_classes of seq_id; other calls on
+ * it may run concurrently (each layer takes its lock in turn). */
 PQ_API pq_status pq_sequence_token_classes(pq_context* ctx, uint64_t seq_id,
                                            int64_t first, int64_t count,
                                            const uint8_t* classes);

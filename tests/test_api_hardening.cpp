@@ -449,6 +449,123 @@ TEST(HostMemoryLimit, OneTokenPrefillTakesOneChunkAsTheHeaderSays) {
                 "256-token");
 }
 
+// Issue 39 R2: FastGen's token classes may describe positions before their
+// K/V; with an 8 MiB limit and 100 tokens stored, classes of 200M positions
+// were accepted (one copy per layer, 406 MB resident, host_bytes unchanged)
+// and a fork copied them again. They are charged as held now: a call that
+// would pass the limit is refused and changes nothing, a fork and a restore
+// charge their copy, a truncate and a remove give it back.
+pq_config fastgen_config(int32_t layers, uint64_t limit) {
+  pq_config c = make_config(layers, 4, 2, 8, PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_FASTGEN;
+  c.sink_tokens = 2;
+  c.local_tokens = 4;
+  c.topk_tokens = 4;
+  c.worker_threads = 1;
+  c.host_memory_limit = limit;
+  return c;
+}
+
+// A FastGen context under `limit` whose sequence 1 holds 100 tokens in
+// every layer.
+Ctx fastgen_with_prompt(int32_t layers, uint64_t limit, uint64_t seed) {
+  Ctx ctx(fastgen_config(layers, limit));
+  EXPECT_TRUE(ctx.ok()) << pq_last_error();
+  EXPECT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+  HostTensor t = kv(100, 2, 8, seed);
+  for (int32_t l = 0; l < layers; ++l)
+    EXPECT_EQ(pq_prefill_layer(ctx, 1, l, t.get(), t.get()), PQ_OK) << pq_last_error();
+  return ctx;
+}
+
+TEST(HostMemoryLimit, TokenClassesAheadOfTheirKvAreCharged) {
+  constexpr int32_t kLayers = 4;
+  Ctx ctx = fastgen_with_prompt(kLayers, 8u << 20, 41);
+  const uint64_t before = host_bytes(ctx);
+  const uint64_t state_before = [&] {
+    uint64_t n = 0;
+    EXPECT_EQ(pq_sequence_state_size(ctx, 1, &n), PQ_OK);
+    return n;
+  }();
+
+  // 4 MiB of classes in each of 4 layers: 16 MiB, past the 8 MiB limit.
+  const int64_t huge = int64_t{4} << 20;
+  std::vector<uint8_t> classes(static_cast<size_t>(huge), PQ_TOKEN_PUNCTUATION);
+  PQ_EXPECT_ERR(pq_sequence_token_classes(ctx, 1, 100, huge, classes.data()),
+                PQ_ERR_OUT_OF_MEMORY, "pq_sequence_token_classes", "host memory limit",
+                "4 layers");
+  EXPECT_EQ(host_bytes(ctx), before) << "a refused call holds nothing";
+  uint64_t state_now = 0;
+  PQ_ASSERT_OK(pq_sequence_state_size(ctx, 1, &state_now));
+  EXPECT_EQ(state_now, state_before) << "a refused call changes no layer";
+
+  // 256 Ki positions ahead fit (1 MiB in all) and are counted as held.
+  const int64_t ahead = int64_t{256} << 10;
+  PQ_ASSERT_OK(pq_sequence_token_classes(ctx, 1, 100, ahead, classes.data()));
+  const uint64_t with_classes = host_bytes(ctx);
+  EXPECT_GE(with_classes - before, static_cast<uint64_t>(kLayers) * static_cast<uint64_t>(ahead))
+      << "one byte per described position in every layer";
+  EXPECT_LE(with_classes - before, 2u * kLayers * static_cast<uint64_t>(100 + ahead));
+  pq_stats seq_stats;
+  seq_stats.struct_size = sizeof seq_stats;
+  PQ_ASSERT_OK(pq_sequence_stats_get(ctx, 1, &seq_stats));
+  EXPECT_GE(seq_stats.host_bytes, static_cast<uint64_t>(kLayers) * static_cast<uint64_t>(ahead))
+      << "the sequence's own share shows them too";
+
+  // A fork copies them: charged again; refused when the copy does not fit.
+  PQ_ASSERT_OK(pq_sequence_fork(ctx, 1, 2));
+  EXPECT_GE(host_bytes(ctx) - with_classes,
+            static_cast<uint64_t>(kLayers) * static_cast<uint64_t>(ahead));
+  PQ_ASSERT_OK(pq_sequence_remove(ctx, 2));
+  EXPECT_EQ(host_bytes(ctx), with_classes);
+
+  // A truncate gives back what described the tokens that go.
+  PQ_ASSERT_OK(pq_sequence_truncate(ctx, 1, 50));
+  EXPECT_LT(host_bytes(ctx), before + kLayers * 1024u)
+      << "the classes past the 50 tokens left are released";
+  PQ_ASSERT_OK(pq_sequence_remove(ctx, 1));
+  EXPECT_EQ(host_bytes(ctx), 0u);
+}
+
+TEST(HostMemoryLimit, ForkAndRestoreOfTokenClassesAreRefusedPastTheLimit) {
+  constexpr int32_t kLayers = 2;
+  Ctx ctx = fastgen_with_prompt(kLayers, 6u << 20, 42);
+  // 1.5 MiB per layer: 3 MiB held, a second copy would pass 6 MiB.
+  const int64_t ahead = int64_t{3} << 19;
+  std::vector<uint8_t> classes(static_cast<size_t>(ahead), PQ_TOKEN_SPECIAL);
+  PQ_ASSERT_OK(pq_sequence_token_classes(ctx, 1, 100, ahead, classes.data()));
+  const uint64_t held = host_bytes(ctx);
+  PQ_EXPECT_ERR(pq_sequence_fork(ctx, 1, 2), PQ_ERR_OUT_OF_MEMORY, "token classes");
+  EXPECT_EQ(host_bytes(ctx), held);
+  int64_t count = 0;
+  PQ_ASSERT_OK(pq_sequence_count(ctx, &count));
+  EXPECT_EQ(count, 1);
+
+  std::vector<uint8_t> state;
+  uint64_t size = 0;
+  PQ_ASSERT_OK(pq_sequence_state_size(ctx, 1, &size));
+  state.resize(size);
+  uint64_t written = 0;
+  PQ_ASSERT_OK(pq_sequence_save_buffer(ctx, 1, state.data(), state.size(), &written));
+  PQ_EXPECT_ERR(pq_sequence_restore(ctx, 3, state.data(), written), PQ_ERR_OUT_OF_MEMORY,
+                "token classes");
+  EXPECT_EQ(host_bytes(ctx), held);
+  // Into a context with room it restores, and is charged there.
+  Ctx roomy(fastgen_config(kLayers, 0));
+  PQ_ASSERT_OK(pq_sequence_restore(roomy, 3, state.data(), written));
+  EXPECT_GE(host_bytes(roomy), static_cast<uint64_t>(kLayers) * static_cast<uint64_t>(ahead));
+}
+
+TEST(HostMemoryLimit, TokenClassRangesPastTheLargestSequenceAreInvalid) {
+  Ctx ctx(fastgen_config(1, 0));
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  uint8_t one = PQ_TOKEN_PLAIN;
+  PQ_EXPECT_ERR(pq_sequence_token_classes(ctx, 1, 0, int64_t{1} << 31, &one),
+                PQ_ERR_INVALID_ARGUMENT, "first + count", "2147483647");
+  PQ_EXPECT_ERR(pq_sequence_token_classes(ctx, 1, 0, INT64_MAX, &one), PQ_ERR_INVALID_ARGUMENT,
+                "first + count");
+}
+
 // What the limit counts is at least what the library allocates: glibc's
 // heap grows by no more than the reported host_bytes for each kind of state.
 size_t heap_in_use() {

@@ -180,10 +180,25 @@ void Layer::add_sizes(pq_stats* out) const {
   out->host_bytes += charged_bytes_mirror_.load();
 }
 
+void Layer::charge_caller_state(Reservation* room) {
+  const uint64_t held = caller_state_.bytes();
+  const uint64_t want = selector_state_ ? selector_state_->caller_bytes() : 0;
+  if (want < held) {
+    caller_state_.split(held - want);  // released as the split goes
+  } else if (want > held) {
+    const uint64_t more = want - held;
+    caller_state_.absorb(room != nullptr && room->bytes() >= more
+                             ? room->split(more)
+                             : shared_.budget.reserve(more, "layer " + str(layer_index_) +
+                                                                "'s token classes"));
+  }
+}
+
 void Layer::update_mirrors() {
   tokens_mirror_.store(store_.tokens());
   kv_bytes_mirror_.store(store_.bytes_held());
-  charged_bytes_mirror_.store(store_.bytes_charged());
+  charged_bytes_mirror_.store(store_.bytes_charged() + fork_state_.bytes() +
+                              caller_state_.bytes());
   index_bytes_mirror_.store(build_.index() ? build_.index()->bytes() : 0);
 }
 

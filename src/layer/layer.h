@@ -122,8 +122,11 @@ class Layer {
   // pq_observe_attention, on the copied selection (call_args.h) and probs
   // laid out as its rows.
   void observe(const pq_selection* sel, const float* probs, uint64_t seq_id);
-  // pq_sequence_token_classes, checked: this layer's share of it.
-  void token_classes(int64_t first, int64_t count, const uint8_t* classes);
+  // pq_sequence_token_classes, checked, in two steps so that a refusal
+  // changes no layer: the bytes this layer's share of it may add to the
+  // memory limit, then the call, which takes what it adds from `room`.
+  uint64_t token_classes_room(int64_t end);
+  void token_classes(int64_t first, int64_t count, const uint8_t* classes, Reservation& room);
 
   // --- attention (layer_attend.cpp) ---------------------------------------
   // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
@@ -214,6 +217,10 @@ class Layer {
   void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
                       const pq_tensor& out_values, uint64_t rows, void* stream);
   void update_mirrors();
+  // Makes caller_state_ hold what the selector's state says it holds for
+  // the caller (SelectorState::caller_bytes): what it gives back is
+  // released, what it adds comes from `room` when given, else the budget.
+  void charge_caller_state(Reservation* room);
   // The coverage of the last hint by a select's middle at the hint's length
   // (pq_stats.hint_tokens, hint_covered); forgets the hint.
   void count_hint(const PreparedSelect& prepared, const SequenceInfo& seq);
@@ -234,6 +241,9 @@ class Layer {
   // A fork's share of the per-chunk state (codes, selector and cache state)
   // of the chunks it shares: the chunks' own charge stays with them.
   Reservation fork_state_;
+  // What the selector's state holds apart from the stored tokens
+  // (SelectorState::caller_bytes: FastGen's token classes).
+  Reservation caller_state_;
   // Restored without its K/V yet (pq_sequence_restore_begin): the store's
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;

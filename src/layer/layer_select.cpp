@@ -214,12 +214,24 @@ void Layer::observe(const pq_selection* sel, const float* probs, uint64_t seq_id
                                         probs + h * sel->capacity, sel->counts[h]);
 }
 
-void Layer::token_classes(int64_t first, int64_t count, const uint8_t* classes) {
+uint64_t Layer::token_classes_room(int64_t end) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   // Classes may come before the layer's first K/V.
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
+  if (!selector_state_) return 0;
+  const uint64_t after = selector_state_->caller_bytes_after_classes(end);
+  return after > caller_state_.bytes() ? after - caller_state_.bytes() : 0;
+}
+
+void Layer::token_classes(int64_t first, int64_t count, const uint8_t* classes,
+                          Reservation& room) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
   shared_.selector->observe_token_classes(selector_state_.get(), first, count, classes);
+  charge_caller_state(&room);
+  update_mirrors();
 }
 
 }  // namespace pq

@@ -81,6 +81,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
   store_.truncate_under_readers(tokens);
   if (selector_state_) selector_state_->truncate(tokens);
+  charge_caller_state(nullptr);  // gives back only
   reset_cache_and_device(seq.stream);
   update_mirrors();
   publish_share();
@@ -102,6 +103,10 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
       static_cast<uint64_t>(full_chunks) * (cost.chunk - cost.chunk_kv),
       "forking layer " + str(layer_index_) + " (the fork's own codes, selector and cache state "
                                              "for " + str(full_chunks) + " shared chunks)");
+  Reservation caller;  // the copy of the parent's token classes (a bound)
+  if (parent.selector_state_)
+    caller = shared_.budget.reserve(parent.selector_state_->caller_bytes(),
+                                    "forking layer " + str(layer_index_) + " (its token classes)");
   std::unique_ptr<PqIndex> index;
   if (parent.build_.index()) index = std::make_unique<PqIndex>(parent.build_.index()->fork());
   std::unique_ptr<SelectorState> selector_state;
@@ -110,6 +115,8 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   fork_state_ = std::move(state);
   build_.set(std::move(index), parent.build_.facts());
   selector_state_ = std::move(selector_state);
+  caller_state_.absorb(std::move(caller));
+  charge_caller_state(nullptr);  // a copy holds no more than its parent: gives back only
   prefill_tokens_ = parent.prefill_tokens_;
   reset_cache_and_device(nullptr);
   update_mirrors();
@@ -294,10 +301,15 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
 
   // The tokens' room in the memory limit now; their chunks with their K/V,
   // now or, for a restore that starts before they arrive, at restore_kv.
+  Reservation caller;
+  if (selector_state)
+    caller = shared_.budget.reserve(selector_state->caller_bytes(),
+                                    "restoring layer " + str(layer_index_) + "'s token classes");
   store_.expect(n);
   prefill_tokens_ = prefill;
   build_.set(std::move(index), IndexBuild::Facts{"", iterations, budget, seconds});
   selector_state_ = std::move(selector_state);
+  caller_state_ = std::move(caller);
   awaiting_kv_ = n > 0;
   update_mirrors();
   publish_share();

@@ -90,9 +90,27 @@ struct FastGenState final : CopyableState<FastGenState> {
     return p >= kWindow && t >= mid_end - window;
   }
 
+  // The classes are charged as held (caller_bytes), not per chunk: they may
+  // describe positions before their K/V.
+  uint64_t caller_bytes() const override { return classes.capacity(); }
+  uint64_t caller_bytes_after_classes(int64_t end) const override {
+    return std::max<uint64_t>(classes.capacity(), grown_capacity(end));
+  }
+  // The capacity observe_token_classes gives the classes to describe
+  // positions before `end`: doubling, so that classes given token by token
+  // cost amortised O(1), and never more than twice what is described.
+  uint64_t grown_capacity(int64_t end) const {
+    const uint64_t need = static_cast<uint64_t>(end);
+    return need <= classes.capacity() ? classes.capacity()
+                                      : std::max<uint64_t>(need, 2 * classes.capacity());
+  }
+
   void truncate(int64_t tokens) override {
     attention.truncate(tokens);
-    if (static_cast<int64_t>(classes.size()) > tokens) classes.resize(static_cast<size_t>(tokens));
+    if (static_cast<int64_t>(classes.size()) > tokens) {
+      classes.resize(static_cast<size_t>(tokens));
+      classes.shrink_to_fit();  // its charge goes down with it
+    }
     if (prompt_tokens > tokens) prompt_tokens = tokens;
   }
   void save(ByteWriter& out) const override {
@@ -131,8 +149,8 @@ class FastGenSelector final : public Selector {
     return std::make_unique<FastGenState>(layer, c.num_kv_heads);
   }
   StateCost state_cost(const pq_config& c) const override {
-    // The classes are one byte per token, counted here per kv head: a bound.
-    return {sizeof(FastGenState), per_token_cost(c, AttentionAccumulator::kBytesPerToken + 1)};
+    // The token classes are charged apart, as held (caller_bytes).
+    return {sizeof(FastGenState), per_token_cost(c, AttentionAccumulator::kBytesPerToken)};
   }
   int64_t head_capacity(int64_t, int64_t middle, const pq_config&) const override {
     return middle;
@@ -141,8 +159,10 @@ class FastGenSelector final : public Selector {
   void observe_token_classes(SelectorState* state, int64_t first, int64_t count,
                              const uint8_t* classes) const override {
     FastGenState& s = state_of<FastGenState>(state, name());
-    if (static_cast<int64_t>(s.classes.size()) < first + count)
+    if (static_cast<int64_t>(s.classes.size()) < first + count) {
+      s.classes.reserve(static_cast<size_t>(s.grown_capacity(first + count)));
       s.classes.resize(static_cast<size_t>(first + count), PQ_TOKEN_PLAIN);
+    }
     std::copy(classes, classes + count, s.classes.begin() + first);
   }
 

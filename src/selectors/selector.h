@@ -47,6 +47,16 @@ class SelectorState {
   // against the layer's `tokens` and the configuration (PQ_ERR_CORRUPT).
   virtual void save(ByteWriter& out) const = 0;
   virtual void load(ByteReader& in, int64_t tokens, const pq_config& c) = 0;
+
+  // Host bytes held for what the caller described ahead of, or apart from,
+  // the stored tokens, which the per-chunk StateCost cannot bound (FastGen's
+  // token classes may describe a prompt before its K/V): the layer charges
+  // them to the memory limit as they are, after every change.
+  virtual uint64_t caller_bytes() const { return 0; }
+  // An upper bound of caller_bytes() after observe_token_classes of
+  // positions up to `end`, reserved before the call so that a refusal
+  // changes nothing.
+  virtual uint64_t caller_bytes_after_classes(int64_t end) const { return caller_bytes(); }
 };
 
 // clone() for a state that is copyable as it is.

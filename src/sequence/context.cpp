@@ -348,14 +348,9 @@ void Context::token_classes(uint64_t id, int64_t first, int64_t count, const uin
   if (first < 0) invalid("first is " + str(first) + "; positions start at 0");
   if (count < 0) invalid("count is " + str(count) + "; expected >= 0");
   if (classes == nullptr && count > 0) invalid("classes is NULL with count " + str(count));
-  constexpr uint8_t kKnown = PQ_TOKEN_SPECIAL | PQ_TOKEN_PUNCTUATION;
-  // Read once: the layers all get the bytes that were checked.
-  std::vector<uint8_t> copy(classes, classes + count);
-  for (int64_t i = 0; i < count; ++i)
-    if (copy[static_cast<size_t>(i)] & ~kKnown)
-      invalid("classes[" + str(i) + "] is " + str(static_cast<int>(copy[static_cast<size_t>(i)])) +
-              "; a class is PQ_TOKEN_PLAIN (0) or the flags PQ_TOKEN_SPECIAL (1) and "
-              "PQ_TOKEN_PUNCTUATION (2)");
+  if (count > INT32_MAX - first)
+    invalid("first + count is " + str(first) + " + " + str(count) +
+            "; a sequence holds at most 2147483647 tokens per layer");
   std::shared_ptr<Sequence> seq = find(id);
   int64_t stored = 0;
   for (const auto& layer : seq->layers) stored = std::max(stored, layer->tokens());
@@ -363,7 +358,27 @@ void Context::token_classes(uint64_t id, int64_t first, int64_t count, const uin
     invalid("first is " + str(first) + "; seq_id " + std::to_string(id) + " stores " +
             str(stored) + " tokens in its fullest layer, and classes may describe those and "
             "the tokens right after them, with no gap");
-  for (const auto& layer : seq->layers) layer->token_classes(first, count, copy.data());
+  // Every layer's room first, in one reservation, before anything is
+  // copied or changed: a refusal changes nothing.
+  uint64_t room = 0;
+  for (const auto& layer : seq->layers) {
+    const uint64_t more = layer->token_classes_room(first + count);
+    room = more > UINT64_MAX - room ? UINT64_MAX : room + more;
+  }
+  Reservation reserved = shared_.budget.reserve(
+      room,
+      "the classes of positions " + str(first) + " .. " + str(first + count - 1) + " in " +
+          str(static_cast<int64_t>(seq->layers.size())) + " layers",
+      "; the selector keeps one byte per described position in every layer, charged as held");
+  // Read once: the layers all get the bytes that were checked.
+  constexpr uint8_t kKnown = PQ_TOKEN_SPECIAL | PQ_TOKEN_PUNCTUATION;
+  std::vector<uint8_t> copy(classes, classes + count);
+  for (int64_t i = 0; i < count; ++i)
+    if (copy[static_cast<size_t>(i)] & ~kKnown)
+      invalid("classes[" + str(i) + "] is " + str(static_cast<int>(copy[static_cast<size_t>(i)])) +
+              "; a class is PQ_TOKEN_PLAIN (0) or the flags PQ_TOKEN_SPECIAL (1) and "
+              "PQ_TOKEN_PUNCTUATION (2)");
+  for (const auto& layer : seq->layers) layer->token_classes(first, count, copy.data(), reserved);
 }
 
 // ---------------------------------------------------------------------------

@@ -20,6 +20,15 @@ Reservation Reservation::split(uint64_t bytes) {
   return Reservation(budget_, bytes);
 }
 
+void Reservation::absorb(Reservation&& other) {
+  if (other.bytes_ == 0) return;
+  if (bytes_ != 0 && budget_ != other.budget_)
+    fail(PQ_ERR_INTERNAL, "Reservation::absorb: another budget's bytes");
+  budget_ = other.budget_;
+  bytes_ += other.bytes_;
+  other.bytes_ = 0;
+}
+
 void Reservation::release() {
   if (budget_ != nullptr && bytes_ != 0) budget_->used_.fetch_sub(bytes_);
   bytes_ = 0;

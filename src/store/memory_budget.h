@@ -26,6 +26,8 @@ class Reservation {
   uint64_t bytes() const { return bytes_; }
   // Moves `bytes` of this reservation into a new one (bytes <= this->bytes()).
   Reservation split(uint64_t bytes);
+  // Takes over what `other` holds (of the same budget, or this one empty).
+  void absorb(Reservation&& other);
 
  private:
   friend class MemoryBudget;
