@@ -5,7 +5,7 @@
 
 use pqcache_sys as sys;
 
-use crate::context::{to_i32, to_i64};
+use crate::context::to_i64;
 use crate::{Context, Error, Result, Selection, Status, Tensor, TensorMut};
 
 /// One sequence of [`Context::select_batch`]: the arguments of
@@ -102,18 +102,25 @@ impl Context {
     /// of a call).
     pub fn select_batch(&self, layer: usize, items: &mut [SelectItem<'_>]) -> Result<()> {
         const OP: &str = "pq_decode_select_batch";
-        let layer = to_i32(layer, "layer")?;
-        let count = to_i64(items.len(), "items")?;
+        let layer = self.layer_arg(OP, layer)?;
+        let count = to_i64(OP, "count", items.len())?;
         let (kv_heads, hint) = (self.num_kv_heads(), self.capacity_hint(layer));
+        // Every query is checked against its slice before any item changes.
+        let queries = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| item.query.c_tensor(OP, &format!("items[{i}].query")))
+            .collect::<Result<Vec<_>>>()?;
         let mut raw: Vec<sys::pq_select_item> = items
             .iter_mut()
-            .map(|item| {
+            .zip(queries)
+            .map(|(item, query)| {
                 item.status = None;
                 // The library writes num_kv_heads counts (and rows).
                 item.out.reserve(kv_heads, item.out.capacity().max(hint));
                 sys::pq_select_item {
                     seq_id: item.seq_id,
-                    query: *item.query.as_raw(),
+                    query,
                     out: item.out.as_raw(),
                     status: sys::PQ_OK,
                 }
@@ -143,7 +150,7 @@ impl Context {
                     self.api().pq_decode_select,
                     item.seq_id,
                     layer,
-                    &item.query,
+                    &r.query,
                     item.out,
                 );
                 retry_error = self.library().check(status).err();
@@ -170,24 +177,26 @@ impl Context {
     /// the outputs of the items that succeeded are written, and the call
     /// returns the first failing item's error, whose message names it.
     pub fn fetch_batch(&self, layer: usize, items: &mut [FetchItem<'_>]) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
-        let count = to_i64(items.len(), "items")?;
-        for item in items.iter() {
-            self.check_selection(item.selection)?;
+        const OP: &str = "pq_fetch_kv_batch";
+        let layer = self.layer_arg(OP, layer)?;
+        let count = to_i64(OP, "count", items.len())?;
+        // Every item is checked before any changes.
+        let mut raw = Vec::with_capacity(items.len());
+        for (i, item) in items.iter_mut().enumerate() {
+            self.check_selection(OP, &format!("items[{i}].selection"), item.selection)?;
+            raw.push(sys::pq_fetch_item {
+                seq_id: item.seq_id,
+                selection: item.selection.as_raw_const(),
+                out_keys: item.keys.c_tensor(OP, &format!("items[{i}].out_keys"))?,
+                out_values: item
+                    .values
+                    .c_tensor(OP, &format!("items[{i}].out_values"))?,
+                status: sys::PQ_OK,
+            });
         }
-        let mut raw: Vec<sys::pq_fetch_item> = items
-            .iter_mut()
-            .map(|item| {
-                item.status = None;
-                sys::pq_fetch_item {
-                    seq_id: item.seq_id,
-                    selection: item.selection.as_raw_const(),
-                    out_keys: *item.keys.as_raw(),
-                    out_values: *item.values.as_raw(),
-                    status: sys::PQ_OK,
-                }
-            })
-            .collect();
+        for item in items.iter_mut() {
+            item.status = None;
+        }
         // SAFETY: the selections and outputs are borrowed by `items` for
         // this call (the outputs mutably, so no two of them overlap).
         let status =

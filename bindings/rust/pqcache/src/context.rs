@@ -34,7 +34,7 @@ type SelectFn = unsafe extern "C" fn(
 /// # After drop
 /// A dropped context cannot be reached, so no call can report a closed one
 /// (the Python, Go and Java bindings, whose `close()` leaves the object,
-/// report `PQ_ERR_BAD_STATE`, "<C function>: the context is closed"; see
+/// report `PQ_ERR_BAD_STATE`, `"<C function>: the context is closed"`; see
 /// docs/bindings/errors.md). Dropping moves the context, and the compiler
 /// refuses any later use:
 /// ```compile_fail,E0382
@@ -58,12 +58,25 @@ pub struct Context {
 unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
-pub(crate) fn to_i32(value: usize, what: &str) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i32")))
+/// Argument `name` of the C function `op`, of the C type `ctype` (whose
+/// largest value is `max`) there.
+fn to_c<T: TryFrom<usize>>(op: &str, name: &str, value: usize, max: i64, ctype: &str) -> Result<T> {
+    T::try_from(value).map_err(|_| {
+        Error::invalid(
+            op,
+            format_args!("{name} is {value}; expected at most {max} ({ctype})"),
+        )
+    })
 }
 
-pub(crate) fn to_i64(value: usize, what: &str) -> Result<i64> {
-    i64::try_from(value).map_err(|_| Error::invalid(format!("{what} {value} exceeds i64")))
+/// Argument `name` of the C function `op`, an `int64_t` there.
+pub(crate) fn to_i64(op: &str, name: &str, value: usize) -> Result<i64> {
+    to_c(op, name, value, i64::MAX, "int64_t")
+}
+
+/// Argument `name` of the C function `op`, an `int32_t` there.
+pub(crate) fn to_i32(op: &str, name: &str, value: usize) -> Result<i32> {
+    to_c(op, name, value, i32::MAX.into(), "int32_t")
 }
 
 /// A count the library returned (never negative on success).
@@ -151,8 +164,14 @@ impl Context {
         // checked against what the header says the call touches.
         self.library
             .check(unsafe { (self.api().pq_get_backend)(self.ptr(), &mut backend) })?;
-        Backend::try_from(backend)
-            .map_err(|b| Error::new(Status::Internal, format!("unknown backend {b}")))
+        Backend::try_from(backend).map_err(|b| {
+            Error::new(
+                Status::Internal,
+                format!(
+                    "pq_get_backend: out_backend is {b}; expected a pq_backend this crate knows"
+                ),
+            )
+        })
     }
 
     /// Adds an empty sequence; an existing id is InvalidArgument.
@@ -171,7 +190,7 @@ impl Context {
     /// Tokens stored for (sequence, layer).
     pub fn sequence_length(&self, seq_id: u64, layer: usize) -> Result<usize> {
         let mut tokens = 0;
-        let layer = to_i32(layer, "layer")?;
+        let layer = self.layer_arg("pq_sequence_length", layer)?;
         self.library.check(unsafe {
             (self.api().pq_sequence_length)(self.ptr(), seq_id, layer, &mut tokens)
         })?;
@@ -210,9 +229,11 @@ impl Context {
         keys: &Tensor<'_>,
         values: &Tensor<'_>,
     ) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
+        const OP: &str = "pq_prefill_layer";
+        let layer = self.layer_arg(OP, layer)?;
+        let (keys, values) = (keys.c_tensor(OP, "keys")?, values.c_tensor(OP, "values")?);
         self.library.check(unsafe {
-            (self.api().pq_prefill_layer)(self.ptr(), seq_id, layer, keys.as_raw(), values.as_raw())
+            (self.api().pq_prefill_layer)(self.ptr(), seq_id, layer, &keys, &values)
         })
     }
 
@@ -225,16 +246,18 @@ impl Context {
         keys: &Tensor<'_>,
         values: &Tensor<'_>,
     ) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
+        const OP: &str = "pq_decode_append";
+        let layer = self.layer_arg(OP, layer)?;
+        let (keys, values) = (keys.c_tensor(OP, "keys")?, values.c_tensor(OP, "values")?);
         self.library.check(unsafe {
-            (self.api().pq_decode_append)(self.ptr(), seq_id, layer, keys.as_raw(), values.as_raw())
+            (self.api().pq_decode_append)(self.ptr(), seq_id, layer, &keys, &values)
         })
     }
 
     /// Positions per kv head a selection needs at the layer's current length.
     pub fn selection_capacity(&self, seq_id: u64, layer: usize) -> Result<usize> {
         let mut capacity = 0;
-        let layer = to_i32(layer, "layer")?;
+        let layer = self.layer_arg("pq_selection_capacity", layer)?;
         self.library.check(unsafe {
             (self.api().pq_selection_capacity)(self.ptr(), seq_id, layer, &mut capacity)
         })?;
@@ -247,7 +270,8 @@ impl Context {
     /// sequence admitted sizes every [`Selection`] once.
     pub fn selection_capacity_for(&self, layer: usize, tokens: usize) -> Result<usize> {
         let mut capacity = 0;
-        let (layer, tokens) = (to_i32(layer, "layer")?, to_i64(tokens, "tokens")?);
+        const OP: &str = "pq_selection_capacity_for";
+        let (layer, tokens) = (self.layer_arg(OP, layer)?, to_i64(OP, "tokens", tokens)?);
         self.library.check(unsafe {
             (self.api().pq_selection_capacity_for)(self.ptr(), layer, tokens, &mut capacity)
         })?;
@@ -270,7 +294,14 @@ impl Context {
         query: &Tensor<'_>,
         out: &mut Selection,
     ) -> Result<()> {
-        self.select_with(self.api().pq_decode_select, seq_id, layer, query, out)
+        self.select_with(
+            "pq_decode_select",
+            self.api().pq_decode_select,
+            seq_id,
+            layer,
+            query,
+            out,
+        )
     }
 
     /// A selection a step early, from an estimate of the query
@@ -286,6 +317,7 @@ impl Context {
         out: &mut Selection,
     ) -> Result<()> {
         self.select_with(
+            "pq_decode_speculate",
             self.api().pq_decode_speculate,
             seq_id,
             layer,
@@ -294,22 +326,33 @@ impl Context {
         )
     }
 
-    /// select's and speculate's body: `call` into `out` (sized for this
-    /// context's kv heads), grown once when the library asks for more.
+    /// select's and speculate's body: `call` (the C function `op`) into
+    /// `out` (sized for this context's kv heads), grown once when the
+    /// library asks for more.
     fn select_with(
         &self,
+        op: &str,
         call: SelectFn,
         seq_id: u64,
         layer: usize,
         query: &Tensor<'_>,
         out: &mut Selection,
     ) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
+        let layer = self.layer_arg(op, layer)?;
+        // pq_decode_speculate's parameter is query_estimate.
+        let query = query.c_tensor(
+            op,
+            if op == "pq_decode_speculate" {
+                "query_estimate"
+            } else {
+                "query"
+            },
+        )?;
         // The library writes num_kv_heads counts (and rows): size them here.
         out.reserve(self.num_kv_heads(), out.capacity());
-        let mut status = self.decode_call(call, seq_id, layer, query, out);
+        let mut status = self.decode_call(call, seq_id, layer, &query, out);
         if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
-            status = self.decode_call_grown(call, seq_id, layer, query, out);
+            status = self.decode_call_grown(call, seq_id, layer, &query, out);
         }
         self.library.check(status)
     }
@@ -321,11 +364,11 @@ impl Context {
         call: SelectFn,
         seq_id: u64,
         layer: i32,
-        query: &Tensor<'_>,
+        query: &sys::pq_tensor,
         out: &mut Selection,
     ) -> sys::pq_status {
         let mut raw = out.as_raw();
-        unsafe { call(self.ptr(), seq_id, layer, query.as_raw(), &mut raw) }
+        unsafe { call(self.ptr(), seq_id, layer, query, &mut raw) }
     }
 
     /// After `PQ_ERR_BUFFER_TOO_SMALL` (the needed capacity is in `out`'s
@@ -337,7 +380,7 @@ impl Context {
         call: SelectFn,
         seq_id: u64,
         layer: i32,
-        query: &Tensor<'_>,
+        query: &sys::pq_tensor,
         out: &mut Selection,
     ) -> sys::pq_status {
         let needed = out.needed_capacity();
@@ -363,18 +406,16 @@ impl Context {
         keys: &mut TensorMut<'_>,
         values: &mut TensorMut<'_>,
     ) -> Result<()> {
-        self.check_selection(selection)?;
-        let layer = to_i32(layer, "layer")?;
+        const OP: &str = "pq_fetch_kv";
+        let layer = self.layer_arg(OP, layer)?;
+        self.check_selection(OP, "selection", selection)?;
+        let (keys, values) = (
+            keys.c_tensor(OP, "out_keys")?,
+            values.c_tensor(OP, "out_values")?,
+        );
         let raw = selection.as_raw_const();
         self.library.check(unsafe {
-            (self.api().pq_fetch_kv)(
-                self.ptr(),
-                seq_id,
-                layer,
-                &raw,
-                keys.as_raw(),
-                values.as_raw(),
-            )
+            (self.api().pq_fetch_kv)(self.ptr(), seq_id, layer, &raw, &keys, &values)
         })
     }
 
@@ -429,34 +470,40 @@ impl Context {
         lse: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "pq_decode_attend";
-        self.check_selection(selection)
-            .map_err(|e| Error::new(e.status, format!("{OP}: {}", e.message)))?;
+        let layer = self.layer_arg(OP, layer)?;
+        let query = query.c_tensor(OP, "query")?;
+        self.check_selection(OP, "selection", selection)?;
         let (heads, dim) = (self.num_q_heads(), self.head_dim());
         if out.len() < heads * dim {
-            return Err(Error::invalid(format!(
-                "{OP}: out has {} floats, needs {} (num_q_heads {heads} x head_dim {dim})",
-                out.len(),
-                heads * dim
-            )));
+            return Err(Error::invalid(
+                OP,
+                format_args!(
+                    "out has {} floats; expected at least {} (num_q_heads {heads} x head_dim {dim})",
+                    out.len(),
+                    heads * dim
+                ),
+            ));
         }
         let lse = match lse {
             Some(lse) if lse.len() < heads => {
-                return Err(Error::invalid(format!(
-                    "{OP}: lse has {} floats, needs num_q_heads {heads}",
-                    lse.len()
-                )))
+                return Err(Error::invalid(
+                    OP,
+                    format_args!(
+                        "out_lse has {} floats; expected at least {heads} (num_q_heads)",
+                        lse.len()
+                    ),
+                ))
             }
             Some(lse) => lse.as_mut_ptr(),
             None => std::ptr::null_mut(),
         };
-        let layer = to_i32(layer, "layer")?;
         let raw = selection.as_raw_const();
         self.library.check(unsafe {
             (self.api().pq_decode_attend)(
                 self.ptr(),
                 seq_id,
                 layer,
-                query.as_raw(),
+                &query,
                 &raw,
                 scale.unwrap_or(0.0),
                 out.as_mut_ptr(),
@@ -468,10 +515,11 @@ impl Context {
     /// The last prompt queries of a layer, for selectors that score the
     /// prompt from an observation window (SnapKV, PyramidKV, SCOPE).
     pub fn prefill_queries(&self, seq_id: u64, layer: usize, queries: &Tensor<'_>) -> Result<()> {
-        let layer = to_i32(layer, "layer")?;
-        self.library.check(unsafe {
-            (self.api().pq_prefill_queries)(self.ptr(), seq_id, layer, queries.as_raw())
-        })
+        const OP: &str = "pq_prefill_queries";
+        let layer = self.layer_arg(OP, layer)?;
+        let queries = queries.c_tensor(OP, "queries")?;
+        self.library
+            .check(unsafe { (self.api().pq_prefill_queries)(self.ptr(), seq_id, layer, &queries) })
     }
 
     /// Attention probabilities over `selection`'s tokens (H2O, SCOPE):
@@ -483,17 +531,21 @@ impl Context {
         selection: &Selection,
         probs: &[f32],
     ) -> Result<()> {
-        self.check_selection(selection)?;
+        const OP: &str = "pq_observe_attention";
+        let layer = self.layer_arg(OP, layer)?;
+        self.check_selection(OP, "selection", selection)?;
         let needed = selection.kv_heads() * selection.capacity();
         if probs.len() < needed {
-            return Err(Error::invalid(format!(
-                "probs has {} values, the selection needs {needed} ({} kv heads x capacity {})",
-                probs.len(),
-                selection.kv_heads(),
-                selection.capacity()
-            )));
+            return Err(Error::invalid(
+                OP,
+                format_args!(
+                    "probs has {} floats; expected at least {needed} ({} kv heads x selection capacity {})",
+                    probs.len(),
+                    selection.kv_heads(),
+                    selection.capacity()
+                ),
+            ));
         }
-        let layer = to_i32(layer, "layer")?;
         let raw = selection.as_raw_const();
         self.library.check(unsafe {
             (self.api().pq_observe_attention)(self.ptr(), seq_id, layer, &raw, probs.as_ptr())
@@ -504,10 +556,9 @@ impl Context {
     /// flags) of the tokens at `first ..`, for every layer (FastGen reads
     /// them; give the prompt's before `prefill_queries`).
     pub fn token_classes(&self, seq_id: u64, first: usize, classes: &[u8]) -> Result<()> {
-        let first = i64::try_from(first)
-            .map_err(|_| Error::invalid(format!("first is {first}; at most i64::MAX")))?;
-        let count = i64::try_from(classes.len())
-            .map_err(|_| Error::invalid("more than i64::MAX classes".to_string()))?;
+        const OP: &str = "pq_sequence_token_classes";
+        let first = to_i64(OP, "first", first)?;
+        let count = to_i64(OP, "count", classes.len())?;
         self.library.check(unsafe {
             (self.api().pq_sequence_token_classes)(
                 self.ptr(),
@@ -515,6 +566,33 @@ impl Context {
                 first,
                 count,
                 classes.as_ptr(),
+            )
+        })
+    }
+
+    /// The `int32_t layer` of the C function `op`. One past `i32` is out of
+    /// range for any context: refused here with the library's own text.
+    pub(crate) fn layer_arg(&self, op: &str, layer: usize) -> Result<i32> {
+        i32::try_from(layer).map_err(|_| {
+            Error::invalid(
+                op,
+                format_args!(
+                    "layer is {layer}; expected 0..{}",
+                    self.config.num_layers - 1
+                ),
+            )
+        })
+    }
+
+    /// The `int32_t kv_head` of the C function `op`, as [`Context::layer_arg`].
+    fn kv_head_arg(&self, op: &str, kv_head: usize) -> Result<i32> {
+        i32::try_from(kv_head).map_err(|_| {
+            Error::invalid(
+                op,
+                format_args!(
+                    "kv_head is {kv_head}; expected 0..{}",
+                    self.config.num_kv_heads - 1
+                ),
             )
         })
     }
@@ -532,14 +610,23 @@ impl Context {
             .and_then(|l| self.capacity_hints.get(l))
     }
 
-    /// The library reads num_kv_heads counts and rows of a selection.
-    pub(crate) fn check_selection(&self, selection: &Selection) -> Result<()> {
+    /// The library reads num_kv_heads counts and rows of a selection:
+    /// argument `name` of the C function `op` must have as many.
+    pub(crate) fn check_selection(
+        &self,
+        op: &str,
+        name: &str,
+        selection: &Selection,
+    ) -> Result<()> {
         if selection.kv_heads() != self.num_kv_heads() {
-            return Err(Error::invalid(format!(
-                "selection has {} kv heads, the context has {}",
-                selection.kv_heads(),
-                self.num_kv_heads()
-            )));
+            return Err(Error::invalid(
+                op,
+                format_args!(
+                    "{name} has {} kv heads; expected {} (num_kv_heads)",
+                    selection.kv_heads(),
+                    self.num_kv_heads()
+                ),
+            ));
         }
         Ok(())
     }
@@ -547,7 +634,7 @@ impl Context {
     /// Index state of (sequence, layer), without waiting for builds.
     pub fn layer_info(&self, seq_id: u64, layer: usize) -> Result<LayerInfo> {
         let mut info = sys::pq_layer_info::new();
-        let layer = to_i32(layer, "layer")?;
+        let layer = self.layer_arg("pq_layer_info_get", layer)?;
         self.library.check(unsafe {
             (self.api().pq_layer_info_get)(self.ptr(), seq_id, layer, &mut info)
         })?;
@@ -564,19 +651,23 @@ impl Context {
         first: usize,
         out: &mut [u8],
     ) -> Result<()> {
+        const OP: &str = "pq_index_codes";
+        let (layer, kv_head, first) = (
+            self.layer_arg(OP, layer)?,
+            self.kv_head_arg(OP, kv_head)?,
+            to_i64(OP, "first", first)?,
+        );
         let subspaces = self.config.pq_subspaces as usize;
         if out.len() % subspaces != 0 {
-            return Err(Error::invalid(format!(
-                "out has {} bytes, not a multiple of pq_subspaces {subspaces}",
-                out.len()
-            )));
+            return Err(Error::invalid(
+                OP,
+                format_args!(
+                    "out has {} bytes; expected a multiple of pq_subspaces {subspaces} (count tokens x pq_subspaces)",
+                    out.len()
+                ),
+            ));
         }
-        let count = to_i64(out.len() / subspaces, "count")?;
-        let (layer, kv_head, first) = (
-            to_i32(layer, "layer")?,
-            to_i32(kv_head, "kv_head")?,
-            to_i64(first, "first")?,
-        );
+        let count = to_i64(OP, "count", out.len() / subspaces)?;
         self.library.check(unsafe {
             (self.api().pq_index_codes)(
                 self.ptr(),
@@ -599,10 +690,11 @@ impl Context {
         kv_head: usize,
         out: &mut [f32],
     ) -> Result<()> {
+        const OP: &str = "pq_index_centroids";
         let (layer, kv_head, len) = (
-            to_i32(layer, "layer")?,
-            to_i32(kv_head, "kv_head")?,
-            to_i64(out.len(), "out")?,
+            self.layer_arg(OP, layer)?,
+            self.kv_head_arg(OP, kv_head)?,
+            to_i64(OP, "out_floats", out.len())?,
         );
         self.library.check(unsafe {
             (self.api().pq_index_centroids)(

@@ -6,8 +6,10 @@ use pqcache_sys as sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// An argument is NULL, out of range or inconsistent with the
-    /// configuration. Also used for shape errors this crate finds before
-    /// calling the library.
+    /// configuration. Also used for the argument errors this crate finds
+    /// before calling the library (a slice shorter than its shape, a
+    /// selection for another head count), whose messages read as the
+    /// library's: the C function, the argument, its value, what was expected.
     InvalidArgument,
     /// An allocation failed or the context's host memory limit would be exceeded.
     OutOfMemory,
@@ -118,9 +120,14 @@ impl Error {
         }
     }
 
-    /// An argument error found on the Rust side, before calling the library.
-    pub(crate) fn invalid(message: impl Into<String>) -> Error {
-        Error::new(Status::InvalidArgument, message)
+    /// An argument error found on the Rust side, before calling the C
+    /// function `op`: `InvalidArgument` (the status the library gives a bad
+    /// argument) and `"<op>: <what>"`, where `what` names the argument, its
+    /// value and what was expected, as the library's own messages do
+    /// (docs/bindings/errors.md): `"pq_fetch_kv: selection has 3 kv heads;
+    /// expected 2 (num_kv_heads)"`.
+    pub(crate) fn invalid(op: &str, what: impl fmt::Display) -> Error {
+        Error::new(Status::InvalidArgument, format!("{op}: {what}"))
     }
 }
 

@@ -92,10 +92,12 @@ impl Library {
         let mut raw = *config.as_raw();
         let plugin_path = match config.cuda_plugin_path_ref() {
             Some(path) => Some(CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-                Error::invalid(format!(
-                    "cuda_plugin_path {} contains a NUL byte",
-                    path.display()
-                ))
+                Error::invalid(
+                    "pq_create",
+                    format_args!(
+                        "config.cuda_plugin_path is {path:?}; expected a path without NUL bytes"
+                    ),
+                )
             })?),
             None => None,
         };

@@ -17,18 +17,24 @@ use crate::{Context, Error, Result, Status};
 /// racing with the save, which pqcache.h forbids, makes it grow).
 const SAVE_ATTEMPTS: usize = 3;
 
-/// A path as the NUL-terminated bytes the library opens.
-fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::invalid(format!("path {:?} contains a NUL byte", path)))
+/// The `path` of the C function `op` as the NUL-terminated bytes the
+/// library opens.
+fn c_path(op: &str, path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        Error::invalid(
+            op,
+            format_args!("path is {path:?}; expected a path without NUL bytes"),
+        )
+    })
 }
 
-/// A state size the library reported, as a length this process can allocate.
-fn state_len(bytes: u64) -> Result<usize> {
+/// A state size the C function `op` reported, as a length this process can
+/// allocate.
+fn state_len(op: &str, bytes: u64) -> Result<usize> {
     usize::try_from(bytes).map_err(|_| {
         Error::new(
             Status::OutOfMemory,
-            format!("a saved state of {bytes} bytes does not fit in this address space"),
+            format!("{op}: a saved state of {bytes} bytes does not fit in this address space"),
         )
     })
 }
@@ -91,7 +97,7 @@ impl Context {
     /// tokens than the longest layer holds), `OutOfMemory`. No other call on
     /// `seq_id` may run concurrently.
     pub fn truncate(&self, seq_id: u64, tokens: usize) -> Result<()> {
-        let tokens = to_i64(tokens, "tokens")?;
+        let tokens = to_i64("pq_sequence_truncate", "tokens", tokens)?;
         self.library()
             .check(unsafe { (self.api().pq_sequence_truncate)(self.ptr(), seq_id, tokens) })
     }
@@ -115,7 +121,7 @@ impl Context {
         self.library().check(unsafe {
             (self.api().pq_sequence_state_size)(self.ptr(), seq_id, &mut bytes)
         })?;
-        state_len(bytes)
+        state_len("pq_sequence_state_size", bytes)
     }
 
     /// The sequence's state (every layer's K/V, PQ index, window position
@@ -142,12 +148,12 @@ impl Context {
             };
             if status == sys::PQ_ERR_BUFFER_TOO_SMALL && attempt < SAVE_ATTEMPTS {
                 // `written` is the size needed now.
-                size = state_len(written)?;
+                size = state_len("pq_sequence_save_buffer", written)?;
                 attempt += 1;
                 continue;
             }
             self.library().check(status)?;
-            let written = state_len(written)?;
+            let written = state_len("pq_sequence_save_buffer", written)?;
             if written > state.capacity() {
                 return Err(Error::new(
                     Status::Internal,
@@ -194,7 +200,10 @@ impl Context {
             }
             (Err(e), None) => Err(e),
             (Ok(()), _) => writer.flush().map_err(|io| {
-                Error::new(Status::Backend, format!("flushing the saved state: {io}"))
+                Error::new(
+                    Status::Backend,
+                    format!("pq_sequence_save: flushing the writer after the saved state: {io}"),
+                )
             }),
         }
     }
@@ -204,7 +213,7 @@ impl Context {
     /// on failure `path` is left as it was). A file system error is
     /// `Backend`, with the path and the OS's text.
     pub fn save_file(&self, seq_id: u64, path: impl AsRef<Path>) -> Result<()> {
-        let path = c_path(path.as_ref())?;
+        let path = c_path("pq_sequence_save_file", path.as_ref())?;
         self.library()
             .check(unsafe { (self.api().pq_sequence_save_file)(self.ptr(), seq_id, path.as_ptr()) })
     }
@@ -282,10 +291,10 @@ impl Context {
         let mut consumed = 0u64;
         let status = call(bytes.as_ptr().cast(), bytes.len() as u64, &mut consumed);
         if status == sys::PQ_ERR_BUFFER_TOO_SMALL {
-            return Ok(RestoreStep::NeedBytes(state_len(consumed)?));
+            return Ok(RestoreStep::NeedBytes(state_len(op, consumed)?));
         }
         self.library().check(status)?;
-        let consumed = state_len(consumed)?;
+        let consumed = state_len(op, consumed)?;
         if consumed > bytes.len() {
             return Err(Error::new(
                 Status::Internal,
@@ -299,7 +308,7 @@ impl Context {
     /// (`pq_sequence_restore_file`); a missing file is `NotFound`, a read
     /// error `Backend`.
     pub fn restore_file(&self, seq_id: u64, path: impl AsRef<Path>) -> Result<()> {
-        let path = c_path(path.as_ref())?;
+        let path = c_path("pq_sequence_restore_file", path.as_ref())?;
         self.library().check(unsafe {
             (self.api().pq_sequence_restore_file)(self.ptr(), seq_id, path.as_ptr())
         })

@@ -3,6 +3,7 @@ use std::marker::PhantomData;
 
 use pqcache_sys as sys;
 
+use crate::context::{to_i32, to_i64};
 use crate::{DType, Error, Result};
 
 /// Where each (token, head) row of `head_dim` elements starts in a buffer,
@@ -79,53 +80,105 @@ impl Shape {
         t == 0 || h == 0 || heads_inside_tokens || tokens_inside_heads
     }
 
+    /// The shape in words, for messages: "tokens 8 x heads 2 x head_dim 16,
+    /// token_stride 32, head_stride 16".
+    fn text(&self) -> String {
+        format!(
+            "tokens {} x heads {} x head_dim {}, token_stride {}, head_stride {}",
+            self.tokens, self.heads, self.head_dim, self.token_stride, self.head_stride
+        )
+    }
+
     /// Checks this shape against a slice of `len` elements and fills a
     /// pq_tensor; the library then only touches elements inside the slice.
-    fn describe(&self, data: *mut c_void, len: usize, dtype: DType) -> Result<sys::pq_tensor> {
-        let span = self
-            .span()
-            .ok_or_else(|| Error::invalid(format!("tensor shape {self:?} overflows")))?;
+    /// A failure names the C function `op` and the argument `name` (the C
+    /// parameter, e.g. `out_keys`, or `items[2].query` in a batch).
+    fn describe(
+        &self,
+        op: &str,
+        name: &str,
+        data: *mut c_void,
+        len: usize,
+        dtype: DType,
+    ) -> Result<sys::pq_tensor> {
+        let Some(span) = self.span() else {
+            return Err(Error::invalid(
+                op,
+                format_args!(
+                    "{name}.data has {len} elements; expected at least the span of {}, which overflows usize",
+                    self.text()
+                ),
+            ));
+        };
         if span > len {
-            return Err(Error::invalid(format!(
-                "tensor of {} tokens x {} heads x {} (strides {}, {}) spans {span} elements, the slice has {len}",
-                self.tokens, self.heads, self.head_dim, self.token_stride, self.head_stride
-            )));
+            return Err(Error::invalid(
+                op,
+                format_args!(
+                    "{name}.data has {len} elements; expected at least {span} ({})",
+                    self.text()
+                ),
+            ));
         }
         if !self.rows_disjoint() {
-            return Err(Error::invalid(format!("tensor rows overlap: {self:?}")));
+            return Err(Error::invalid(
+                op,
+                format_args!(
+                    "{name}.token_stride / head_stride are {} / {}; expected strides under \
+                     which no two rows overlap (tokens {} x heads {} x head_dim {})",
+                    self.token_stride, self.head_stride, self.tokens, self.heads, self.head_dim
+                ),
+            ));
         }
-        let narrow = |v: usize, what: &str| {
-            i32::try_from(v).map_err(|_| Error::invalid(format!("tensor {what} {v} exceeds i32")))
-        };
-        let wide = |v: usize, what: &str| {
-            i64::try_from(v).map_err(|_| Error::invalid(format!("tensor {what} {v} exceeds i64")))
-        };
+        let field = |field: &str| format!("{name}.{field}");
         Ok(sys::pq_tensor {
             data,
             dtype: dtype as i32,
             memory: sys::PQ_MEMORY_HOST,
-            tokens: wide(self.tokens, "tokens")?,
-            heads: narrow(self.heads, "heads")?,
-            head_dim: narrow(self.head_dim, "head_dim")?,
-            token_stride: wide(self.token_stride, "token_stride")?,
-            head_stride: wide(self.head_stride, "head_stride")?,
+            tokens: to_i64(op, &field("tokens"), self.tokens)?,
+            heads: to_i32(op, &field("heads"), self.heads)?,
+            head_dim: to_i32(op, &field("head_dim"), self.head_dim)?,
+            token_stride: to_i64(op, &field("token_stride"), self.token_stride)?,
+            head_stride: to_i64(op, &field("head_stride"), self.head_stride)?,
         })
     }
 }
 
+/// What both views hold: the slice's address and length in elements, and
+/// the element type and shape laid over it.
+#[derive(Debug, Clone, Copy)]
+struct View {
+    data: *mut c_void,
+    len: usize,
+    dtype: DType,
+    shape: Shape,
+}
+
+impl View {
+    /// The pq_tensor for argument `name` of the C function `op`, after
+    /// checking the shape against the slice.
+    fn c_tensor(&self, op: &str, name: &str) -> Result<sys::pq_tensor> {
+        self.shape
+            .describe(op, name, self.data, self.len, self.dtype)
+    }
+}
+
 /// A read-only view of host K, V or Q data for the library (prefill, append,
-/// select, prefill queries). The shape is checked against the slice here,
-/// before any C call; the library checks it against the configuration.
+/// select, prefill queries). The call that takes it checks the shape against
+/// the slice before any C call (its error names the call and the argument:
+/// `"pq_prefill_layer: keys.data has 255 elements; expected at least 256
+/// (tokens 8 x heads 2 x head_dim 16, token_stride 32, head_stride 16)"`);
+/// the library checks it against the configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct Tensor<'a> {
-    raw: sys::pq_tensor,
+    view: View,
     _data: PhantomData<&'a [u8]>,
 }
 
-/// A writable view of host memory that [`crate::Context::fetch`] fills.
+/// A writable view of host memory that [`crate::Context::fetch`] fills,
+/// checked against its slice by the call as [`Tensor`] is.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
-    raw: sys::pq_tensor,
+    view: View,
     _data: PhantomData<&'a mut [u8]>,
 }
 
@@ -136,66 +189,95 @@ unsafe impl Sync for Tensor<'_> {}
 unsafe impl Send for TensorMut<'_> {}
 unsafe impl Sync for TensorMut<'_> {}
 
+/// The constructors return `Result` as they did before 0.7, when they
+/// checked the shape against the slice themselves; since 0.7 they always
+/// succeed and the call that takes the view checks it, so that the error
+/// names the C function and the argument (docs/bindings/errors.md).
 impl<'a> Tensor<'a> {
     pub fn f32(data: &'a [f32], shape: Shape) -> Result<Tensor<'a>> {
-        Self::new(data.as_ptr().cast(), data.len(), DType::F32, shape)
+        Ok(Self::of(data, DType::F32, shape))
     }
 
     /// IEEE binary16 elements as their bits.
     pub fn f16(data: &'a [u16], shape: Shape) -> Result<Tensor<'a>> {
-        Self::new(data.as_ptr().cast(), data.len(), DType::F16, shape)
+        Ok(Self::of(data, DType::F16, shape))
     }
 
     /// bfloat16 elements as their bits.
     pub fn bf16(data: &'a [u16], shape: Shape) -> Result<Tensor<'a>> {
-        Self::new(data.as_ptr().cast(), data.len(), DType::Bf16, shape)
+        Ok(Self::of(data, DType::Bf16, shape))
     }
 
-    fn new(data: *const c_void, len: usize, dtype: DType, shape: Shape) -> Result<Tensor<'a>> {
+    fn of<T>(data: &'a [T], dtype: DType, shape: Shape) -> Tensor<'a> {
         // The library takes inputs as const pq_tensor* and never writes them.
-        let raw = shape.describe(data.cast_mut(), len, dtype)?;
-        Ok(Tensor {
-            raw,
+        let view = View {
+            data: data.as_ptr().cast_mut().cast(),
+            len: data.len(),
+            dtype,
+            shape,
+        };
+        Tensor {
+            view,
             _data: PhantomData,
-        })
+        }
     }
 
     pub fn dtype(&self) -> DType {
-        DType::try_from(self.raw.dtype).expect("set from a DType")
+        self.view.dtype
     }
 
-    pub(crate) fn as_raw(&self) -> &sys::pq_tensor {
-        &self.raw
+    /// The shape the view was made with.
+    pub fn shape(&self) -> Shape {
+        self.view.shape
+    }
+
+    /// The pq_tensor for argument `name` of the C function `op`, after
+    /// checking the shape against the slice.
+    pub(crate) fn c_tensor(&self, op: &str, name: &str) -> Result<sys::pq_tensor> {
+        self.view.c_tensor(op, name)
     }
 }
 
 impl<'a> TensorMut<'a> {
     pub fn f32(data: &'a mut [f32], shape: Shape) -> Result<TensorMut<'a>> {
-        Self::new(data.as_mut_ptr().cast(), data.len(), DType::F32, shape)
+        Ok(Self::of(data, DType::F32, shape))
     }
 
     pub fn f16(data: &'a mut [u16], shape: Shape) -> Result<TensorMut<'a>> {
-        Self::new(data.as_mut_ptr().cast(), data.len(), DType::F16, shape)
+        Ok(Self::of(data, DType::F16, shape))
     }
 
     pub fn bf16(data: &'a mut [u16], shape: Shape) -> Result<TensorMut<'a>> {
-        Self::new(data.as_mut_ptr().cast(), data.len(), DType::Bf16, shape)
+        Ok(Self::of(data, DType::Bf16, shape))
     }
 
-    fn new(data: *mut c_void, len: usize, dtype: DType, shape: Shape) -> Result<TensorMut<'a>> {
-        let raw = shape.describe(data, len, dtype)?;
-        Ok(TensorMut {
-            raw,
+    fn of<T>(data: &'a mut [T], dtype: DType, shape: Shape) -> TensorMut<'a> {
+        let view = View {
+            data: data.as_mut_ptr().cast(),
+            len: data.len(),
+            dtype,
+            shape,
+        };
+        TensorMut {
+            view,
             _data: PhantomData,
-        })
+        }
     }
 
     pub fn dtype(&self) -> DType {
-        DType::try_from(self.raw.dtype).expect("set from a DType")
+        self.view.dtype
     }
 
-    pub(crate) fn as_raw(&mut self) -> &sys::pq_tensor {
-        &self.raw
+    /// The shape the view was made with.
+    pub fn shape(&self) -> Shape {
+        self.view.shape
+    }
+
+    /// The pq_tensor for output argument `name` of the C function `op`,
+    /// after checking the shape against the slice (`&mut self`: the library
+    /// writes through it).
+    pub(crate) fn c_tensor(&mut self, op: &str, name: &str) -> Result<sys::pq_tensor> {
+        self.view.c_tensor(op, name)
     }
 }
 

@@ -272,16 +272,26 @@ fn invalid_arguments_carry_the_library_status_and_message() {
     assert_eq!(err.status, Status::InvalidArgument);
     assert_eq!(ctx.sequence_length(42, 0).unwrap(), 0);
 
-    // Slices too short for their shape never reach the library.
-    let err = Tensor::f32(&kv[1..], shape).unwrap_err();
+    // Slices too short for their shape never reach the library: the call
+    // refuses them, naming itself and the argument (tests/prechecks.rs has
+    // the exact messages).
+    let short = Tensor::f32(&kv[1..], shape).unwrap();
+    let err = ctx.prefill(42, 0, &tensor, &short).unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
-    assert!(err.message.contains("the slice has 255"), "{err}");
-    let err = Tensor::f32(
+    assert!(
+        err.message
+            .starts_with("pq_prefill_layer: values.data has 255 elements"),
+        "{err}"
+    );
+    let overlapping = Tensor::f32(
         &kv,
         Shape::strided(8, KV_HEADS, HEAD_DIM, HEAD_DIM, HEAD_DIM),
     )
-    .unwrap_err();
+    .unwrap();
+    let err = ctx.prefill(42, 0, &overlapping, &tensor).unwrap_err();
+    assert!(err.message.starts_with("pq_prefill_layer: keys."), "{err}");
     assert!(err.message.contains("overlap"), "{err}");
+    assert_eq!(ctx.sequence_length(42, 0).unwrap(), 0);
 
     // A selection for another geometry is refused before the call.
     let mut out = vec![0f32; 16 * 3 * HEAD_DIM];
@@ -291,7 +301,11 @@ fn invalid_arguments_carry_the_library_status_and_message() {
     let err = ctx
         .fetch(42, 0, &Selection::new(3, 16), &mut out_t, &mut out_t2)
         .unwrap_err();
-    assert!(err.message.contains("kv heads"), "{err}");
+    assert!(
+        err.message
+            .starts_with("pq_fetch_kv: selection has 3 kv heads"),
+        "{err}"
+    );
     assert_eq!(ctx.remove_sequence(7).unwrap_err().status, Status::NotFound);
 }
 
@@ -886,7 +900,10 @@ fn attend_errors_name_pq_decode_attend() {
             Some(&mut lse),
         )
         .unwrap_err();
-    assert!(err.message.starts_with("pq_decode_attend: lse"), "{err}");
+    assert!(
+        err.message.starts_with("pq_decode_attend: out_lse"),
+        "{err}"
+    );
     let err = ctx
         .attend(seq, 0, &query_tensor(q), &Selection::new(3, 4), None)
         .unwrap_err();
