@@ -43,6 +43,20 @@ type SelectFn = unsafe extern "C" fn(
 ///     ctx.add_sequence(1) // error[E0382]: borrow of moved value: `ctx`
 /// }
 /// ```
+/// Nothing else in this crate holds a pointer into the C context: a
+/// [`Selection`], an [`Attention`], [`Stats`] or a saved state are plain Rust
+/// data, and [`crate::SelectItem`] and [`crate::FetchItem`] borrow the
+/// caller's buffers, not the context. Anything that borrows the context (a
+/// `&Context` kept by another object, a scoped thread) keeps it from being
+/// dropped while the borrow lives; an `Arc<Context>` drops it with the last
+/// clone:
+/// ```compile_fail,E0505
+/// fn borrow_across_drop(ctx: pqcache::Context) -> pqcache::Result<usize> {
+///     let handle: &pqcache::Context = &ctx; // what any handle into it holds
+///     drop(ctx); // error[E0505]: cannot move out of `ctx` because it is borrowed
+///     handle.sequence_count()
+/// }
+/// ```
 pub struct Context {
     ctx: NonNull<sys::pq_context>,
     library: Library,
