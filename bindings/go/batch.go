@@ -139,7 +139,7 @@ func itemError(op string, i int, seq uint64, status Status, detail string) *Erro
 // is built here from its status.
 func (c *Context) DecodeSelectBatch(layer int, items []SelectItem) error {
 	const op = "pq_decode_select_batch"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return err
 	}
 	n := len(items)
@@ -234,7 +234,7 @@ func (c *Context) DecodeSelectBatch(layer int, items []SelectItem) error {
 // into the items' slices: one copy more than FetchKV makes (see above).
 func (c *Context) FetchKVBatch(layer int, items []FetchItem) error {
 	const op = "pq_fetch_kv_batch"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return err
 	}
 	n := len(items)
@@ -244,10 +244,10 @@ func (c *Context) FetchKVBatch(layer int, items []FetchItem) error {
 		if err := c.checkSelection(op, fmt.Sprintf("items[%d].selection", i), it.Selection); err != nil {
 			return err
 		}
-		if _, err := it.Keys.shape(op, fmt.Sprintf("items[%d].keys", i)); err != nil {
+		if _, err := it.Keys.shape(op, fmt.Sprintf("items[%d].out_keys", i)); err != nil {
 			return err
 		}
-		if _, err := it.Values.shape(op, fmt.Sprintf("items[%d].values", i)); err != nil {
+		if _, err := it.Values.shape(op, fmt.Sprintf("items[%d].out_values", i)); err != nil {
 			return err
 		}
 		size += padded(uintptr(len(it.Selection.Positions))*4) + padded(uintptr(len(it.Selection.Counts))*4) +
@@ -348,7 +348,7 @@ func checkDisjoint(op string, items []FetchItem) error {
 		for _, out := range []struct {
 			t    Tensor
 			name string
-		}{{items[i].Keys, "keys"}, {items[i].Values, "values"}} {
+		}{{items[i].Keys, "out_keys"}, {items[i].Values, "out_values"}} {
 			if size := out.t.bytes(); size > 0 {
 				start := uintptr(out.t.data)
 				spans = append(spans, span{start, start + size, fmt.Sprintf("items[%d].%s", i, out.name)})
@@ -358,7 +358,7 @@ func checkDisjoint(op string, items []FetchItem) error {
 	sort.Slice(spans, func(a, b int) bool { return spans[a].start < spans[b].start })
 	for k := 1; k < len(spans); k++ {
 		if spans[k].start < spans[k-1].end {
-			return invalid(op, "%s and %s overlap; every output needs its own memory",
+			return invalid(op, "%s and %s overlap; items of a batch run concurrently and must not share outputs",
 				spans[k-1].name, spans[k].name)
 		}
 	}

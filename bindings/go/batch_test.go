@@ -239,7 +239,7 @@ func TestBatchCallLevelErrors(t *testing.T) {
 	keys, values := fetchOutputs(sels)
 	values[2] = keys[0][:len(values[2])]
 	wantError(t, ctx.FetchKVBatch(0, fetchItems(batchIDs, sels, keys, values)), ErrInvalidArgument,
-		"items[0].keys and items[2].values overlap")
+		"items[0].out_keys and items[2].out_values overlap")
 	keys, values = fetchOutputs(sels)
 	bad := fetchItems(batchIDs, sels, keys, values)
 	bad[1].Selection = &Selection{Capacity: 1, Counts: []int32{2, 0}, Positions: []int32{0, 0}}

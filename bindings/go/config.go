@@ -266,35 +266,37 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 // toC fills a C pq_config (freed by the caller with DeletePq_config) from
 // c. It starts from pq_config_default, so struct_size is this header's. An
-// int that does not fit the C field's int32 is an error here: the C cast
-// would silently wrap it into a different, maybe valid, value.
+// int that does not fit the C field's int32 is an error here, named as the
+// library names a field ("config.num_layers is ..."): the C cast would
+// silently wrap it into a different, maybe valid, value.
 // cuda_plugin_path is left NULL: NewContext sets it.
 func (c *Config) toC() (pqswig.Pq_config, error) {
 	var bad error
 	i32 := func(field string, v int) int {
 		if (v < math.MinInt32 || v > math.MaxInt32) && bad == nil {
-			bad = invalid("pq_create", "Config.%s = %d does not fit in an int32", field, v)
+			bad = invalid("pq_create", "config.%s is %d; expected %d..%d (int32_t)",
+				field, v, math.MinInt32, math.MaxInt32)
 		}
 		return v
 	}
 	cc := pqswig.NewPq_config()
 	pqswig.Pq_config_default(cc)
 
-	cc.SetNum_layers(i32("NumLayers", c.NumLayers))
-	cc.SetNum_q_heads(i32("NumQHeads", c.NumQHeads))
-	cc.SetNum_kv_heads(i32("NumKVHeads", c.NumKVHeads))
-	cc.SetHead_dim(i32("HeadDim", c.HeadDim))
+	cc.SetNum_layers(i32("num_layers", c.NumLayers))
+	cc.SetNum_q_heads(i32("num_q_heads", c.NumQHeads))
+	cc.SetNum_kv_heads(i32("num_kv_heads", c.NumKVHeads))
+	cc.SetHead_dim(i32("head_dim", c.HeadDim))
 	cc.SetDtype(int(c.DType))
 
-	cc.SetPq_subspaces(i32("PQSubspaces", c.PQSubspaces))
-	cc.SetPq_bits(i32("PQBits", c.PQBits))
+	cc.SetPq_subspaces(i32("pq_subspaces", c.PQSubspaces))
+	cc.SetPq_bits(i32("pq_bits", c.PQBits))
 
-	cc.SetKmeans_iterations(i32("KMeansIterations", c.KMeansIterations))
-	cc.SetKmeans_min_iterations(i32("KMeansMinIterations", c.KMeansMinIterations))
-	cc.SetKmeans_max_iterations(i32("KMeansMaxIterations", c.KMeansMaxIterations))
+	cc.SetKmeans_iterations(i32("kmeans_iterations", c.KMeansIterations))
+	cc.SetKmeans_min_iterations(i32("kmeans_min_iterations", c.KMeansMinIterations))
+	cc.SetKmeans_max_iterations(i32("kmeans_max_iterations", c.KMeansMaxIterations))
 	cc.SetKmeans_tolerance(c.KMeansTolerance)
 	cc.SetKmeans_init(int(c.KMeansInit))
-	cc.SetKmeans_max_points_per_centroid(i32("KMeansMaxPointsPerCentroid", c.KMeansMaxPointsPerCentroid))
+	cc.SetKmeans_max_points_per_centroid(i32("kmeans_max_points_per_centroid", c.KMeansMaxPointsPerCentroid))
 	cc.SetSeed(c.Seed)
 
 	cc.SetCompute_alpha(c.ComputeAlpha)
@@ -302,40 +304,40 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetCompute_gamma(c.ComputeGamma)
 	cc.SetLayer_time_budget(c.LayerTimeBudget)
 
-	cc.SetWorker_threads(i32("WorkerThreads", c.WorkerThreads))
+	cc.SetWorker_threads(i32("worker_threads", c.WorkerThreads))
 
 	cc.SetSelector(int(c.Selector))
-	cc.SetSink_tokens(i32("SinkTokens", c.SinkTokens))
-	cc.SetLocal_tokens(i32("LocalTokens", c.LocalTokens))
-	cc.SetTopk_tokens(i32("TopKTokens", c.TopKTokens))
+	cc.SetSink_tokens(i32("sink_tokens", c.SinkTokens))
+	cc.SetLocal_tokens(i32("local_tokens", c.LocalTokens))
+	cc.SetTopk_tokens(i32("topk_tokens", c.TopKTokens))
 	cc.SetTopk_fraction(c.TopKFraction)
 	cc.SetGqa_combine(int(c.GQACombine))
 
 	cc.SetHost_memory_limit(c.HostMemoryLimit)
 	cc.SetBackend(int(c.Backend))
-	cc.SetDevice_id(i32("DeviceID", c.DeviceID))
+	cc.SetDevice_id(i32("device_id", c.DeviceID))
 
-	cc.SetSparq_dims(i32("SparQDims", c.SparQDims))
-	cc.SetBlock_tokens(i32("BlockTokens", c.BlockTokens))
-	cc.SetBlock_representatives(i32("BlockRepresentatives", c.BlockRepresentatives))
-	cc.SetObservation_window(i32("ObservationWindow", c.ObservationWindow))
-	cc.SetPooling_kernel(i32("PoolingKernel", c.PoolingKernel))
+	cc.SetSparq_dims(i32("sparq_dims", c.SparQDims))
+	cc.SetBlock_tokens(i32("block_tokens", c.BlockTokens))
+	cc.SetBlock_representatives(i32("block_representatives", c.BlockRepresentatives))
+	cc.SetObservation_window(i32("observation_window", c.ObservationWindow))
+	cc.SetPooling_kernel(i32("pooling_kernel", c.PoolingKernel))
 	cc.SetPyramid_ratio(c.PyramidRatio)
 	cc.SetScope_decode_share(c.ScopeDecodeShare)
 
 	cc.SetCache_tokens(c.CacheTokens)
-	cc.SetCache_block_tokens(i32("CacheBlockTokens", c.CacheBlockTokens))
+	cc.SetCache_block_tokens(i32("cache_block_tokens", c.CacheBlockTokens))
 	cc.SetCache_policy(int(c.CachePolicy))
-	cc.SetCache_update_blocks(i32("CacheUpdateBlocks", c.CacheUpdateBlocks))
+	cc.SetCache_update_blocks(i32("cache_update_blocks", c.CacheUpdateBlocks))
 
 	cc.SetKey_rotary(int(c.KeyRotary))
 	cc.SetPq_rerank(c.PQRerank)
 	cc.SetPooling(int(c.Pooling))
 	cc.SetPq_rebuild_share(c.PQRebuildShare)
-	cc.SetHistory_window(i32("HistoryWindow", c.HistoryWindow))
+	cc.SetHistory_window(i32("history_window", c.HistoryWindow))
 	cc.SetKeyformer_tau(c.KeyformerTau)
 	cc.SetKeyformer_tau_step(c.KeyformerTauStep)
-	cc.SetCluster_count(i32("ClusterCount", c.ClusterCount))
+	cc.SetCluster_count(i32("cluster_count", c.ClusterCount))
 	cc.SetAdakv_safeguard(c.AdaKVSafeguard)
 	cc.SetZigzag_mass(c.ZigZagMass)
 	cc.SetZigzag_floor(c.ZigZagFloor)

@@ -142,7 +142,7 @@ func (c *Context) RemoveSequence(seq uint64) error {
 // SequenceLength is the number of tokens stored for (seq, layer).
 func (c *Context) SequenceLength(seq uint64, layer int) (int64, error) {
 	const op = "pq_sequence_length"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return 0, err
 	}
 	out := make([]int64, 1)
@@ -165,7 +165,7 @@ func (c *Context) SequenceCount() (int64, error) {
 // DecodeSelect needs for (seq, layer) at its current length.
 func (c *Context) SelectionCapacity(seq uint64, layer int) (int, error) {
 	const op = "pq_selection_capacity"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return 0, err
 	}
 	out := make([]int64, 1)
@@ -181,7 +181,7 @@ func (c *Context) SelectionCapacity(seq uint64, layer int) (int, error) {
 // the capacity for the longest sequence admitted sizes every buffer once.
 func (c *Context) SelectionCapacityFor(layer int, tokens int64) (int, error) {
 	const op = "pq_selection_capacity_for"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return 0, err
 	}
 	out := make([]int64, 1)
@@ -306,7 +306,7 @@ type LayerInfo struct {
 // (pq_layer_info_get).
 func (c *Context) LayerInfo(seq uint64, layer int) (LayerInfo, error) {
 	const op = "pq_layer_info_get"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return LayerInfo{}, err
 	}
 	li := pqswig.NewPq_layer_info()
@@ -334,10 +334,12 @@ func (c *Context) LayerInfo(seq uint64, layer int) (LayerInfo, error) {
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // checkLayer refuses a layer the int32_t parameter cannot hold: the
-// conversion would wrap it into another, maybe valid, layer.
-func checkLayer(op string, layer int) error {
+// conversion would wrap it into another, maybe valid, layer. Such a layer
+// is out of range for any context, so the message is the library's own for
+// a layer out of range.
+func (c *Context) checkLayer(op string, layer int) error {
 	if layer < math.MinInt32 || layer > math.MaxInt32 {
-		return invalid(op, "layer = %d does not fit in an int32", layer)
+		return invalid(op, "layer is %d; expected 0..%d", layer, c.config.NumLayers-1)
 	}
 	return nil
 }

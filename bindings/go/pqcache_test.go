@@ -2,6 +2,7 @@ package pqcache
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -188,7 +189,7 @@ func TestCreateErrors(t *testing.T) {
 	c = refConfig()
 	c.NumLayers = 1 << 32
 	_, err = NewContext(c)
-	wantError(t, err, ErrInvalidArgument, "NumLayers")
+	wantError(t, err, ErrInvalidArgument, "pq_create: config.num_layers is 4294967296")
 }
 
 func TestCallErrors(t *testing.T) {
@@ -215,11 +216,11 @@ func TestCallErrors(t *testing.T) {
 
 	// A slice shorter than its shape is refused before the library reads it.
 	short := TensorF32(row[:refHeadDim], 1, refKVHeads, refHeadDim)
-	wantError(t, ctx.PrefillLayer(1, 0, short, one), ErrInvalidArgument, "keys", "slice of 16 elements")
+	wantError(t, ctx.PrefillLayer(1, 0, short, one), ErrInvalidArgument, "keys.data has 16 elements")
 	empty := TensorF32(nil, 4, refKVHeads, refHeadDim)
 	wantError(t, ctx.PrefillLayer(1, 0, one, empty), ErrInvalidArgument, "values")
 	negative := TensorF32(row, -1, refKVHeads, refHeadDim)
-	wantError(t, ctx.PrefillLayer(1, 0, negative, one), ErrInvalidArgument, "negative")
+	wantError(t, ctx.PrefillLayer(1, 0, negative, one), ErrInvalidArgument, "keys.tokens is -1")
 
 	// Shapes and types the library refuses, with its own message.
 	three := TensorF32(make([]float32, 3*refHeadDim), 1, 3, refHeadDim)
@@ -482,7 +483,7 @@ func TestDecodeAttendErrors(t *testing.T) {
 	// Caught in Go before the library would read past the slices.
 	short := TensorF32(q[:refHeadDim], 1, refQHeads, refHeadDim)
 	_, _, err = ctx.DecodeAttend(1, 0, short, sel, 0)
-	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "query", "slice")
+	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "query.data")
 	_, _, err = ctx.DecodeAttend(1, 0, query, nil, 0)
 	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "selection")
 	bad := *sel
@@ -492,4 +493,109 @@ func TestDecodeAttendErrors(t *testing.T) {
 	wantError(t, err, ErrInvalidArgument, "pq_decode_attend", "position")
 	_, _, err = ctx.DecodeAttend(1, 1<<33, query, sel, 0)
 	wantError(t, err, ErrInvalidArgument, "layer")
+}
+
+// wantMessage checks that err is an *Error with the status, the Op and
+// exactly the message.
+func wantMessage(t *testing.T, err error, status Status, op, message string) {
+	t.Helper()
+	wantError(t, err, status)
+	if e := err.(*Error); e.Op != op || e.Message != message {
+		t.Errorf("got Op %q, message\n\t%q\nwant Op %q, message\n\t%q", e.Op, e.Message, op, message)
+	}
+}
+
+// The checks made in Go before the library is called speak the shared
+// vocabulary of docs/bindings/errors.md: ErrInvalidArgument, the C
+// function, and the argument (as the C function names it) with its value
+// and what was expected.
+func TestPrechecksSpeakTheSharedVocabulary(t *testing.T) {
+	c := refConfig()
+	c.TopKTokens = 1 << 31
+	_, err := NewContext(c)
+	wantMessage(t, err, ErrInvalidArgument, "pq_create",
+		"pq_create: config.topk_tokens is 2147483648; expected -2147483648..2147483647 (int32_t)")
+
+	ctx := newRefContext(t)
+	if err := ctx.AddSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	row := make([]float32, refKVHeads*refHeadDim)
+	one := TensorF32(row, 1, refKVHeads, refHeadDim)
+	wantMessage(t, ctx.PrefillLayer(1, 0, one, TensorF32(row[:31], 1, refKVHeads, refHeadDim)),
+		ErrInvalidArgument, "pq_prefill_layer",
+		"pq_prefill_layer: values.data has 31 elements; expected at least 32 (tokens 1 x heads 2 x head_dim 16)")
+	wantMessage(t, ctx.DecodeAppend(1, 0, TensorF32(row, 1, -2, refHeadDim), one),
+		ErrInvalidArgument, "pq_decode_append", "pq_decode_append: keys.heads is -2; expected >= 0")
+	wantMessage(t, ctx.PrefillLayer(1, 0, TensorF32(row, 1, 1<<31, refHeadDim), one),
+		ErrInvalidArgument, "pq_prefill_layer",
+		"pq_prefill_layer: keys.heads is 2147483648; expected at most 2147483647 (int32_t)")
+	// A layer past int32 reads as the library's own text for a layer out of range.
+	wantMessage(t, ctx.PrefillLayer(1, 1, one, one), ErrInvalidArgument, "pq_prefill_layer",
+		"pq_prefill_layer: layer is 1; expected 0..0")
+	_, err = ctx.SequenceLength(1, 1<<33)
+	wantMessage(t, err, ErrInvalidArgument, "pq_sequence_length",
+		"pq_sequence_length: layer is 8589934592; expected 0..0")
+	if n, err := ctx.SequenceLength(1, 0); err != nil || n != 0 {
+		t.Fatalf("a refused call stored something: %d, %v", n, err)
+	}
+
+	kv := refGenerate(50, 64*refKVHeads*refHeadDim)
+	data := TensorF32(kv, 64, refKVHeads, refHeadDim)
+	if err := ctx.PrefillLayer(1, 0, data, data); err != nil {
+		t.Fatal(err)
+	}
+	q := refGenerate(51, refQHeads*refHeadDim)
+	query := TensorF32(q, 1, refQHeads, refHeadDim)
+	_, err = ctx.DecodeSelect(1, 0, TensorF32(q[:63], 1, refQHeads, refHeadDim))
+	wantMessage(t, err, ErrInvalidArgument, "pq_decode_select",
+		"pq_decode_select: query.data has 63 elements; expected at least 64 (tokens 1 x heads 4 x head_dim 16)")
+	sel, err := ctx.DecodeSelect(1, 0, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := refKVHeads * sel.Capacity * refHeadDim
+	dst := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	shortV := TensorF32(make([]float32, n-1), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	wantMessage(t, ctx.FetchKV(1, 0, sel, dst, shortV), ErrInvalidArgument, "pq_fetch_kv",
+		fmt.Sprintf("pq_fetch_kv: out_values.data has %d elements; expected at least %d "+
+			"(tokens %d x heads 2 x head_dim 16)", n-1, n, sel.Capacity))
+	dstV := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	three := &Selection{Capacity: 1, Counts: make([]int32, 3), Positions: make([]int32, 3)}
+	wantMessage(t, ctx.FetchKV(1, 0, three, dst, dstV), ErrInvalidArgument, "pq_fetch_kv",
+		"pq_fetch_kv: selection has 3 kv heads; expected 2 (num_kv_heads)")
+	wantMessage(t, ctx.FetchKV(1, 0, nil, dst, dstV), ErrInvalidArgument, "pq_fetch_kv",
+		"pq_fetch_kv: selection is nil; expected a *Selection")
+	bad := *sel
+	bad.Counts = []int32{int32(sel.Capacity + 1), 0}
+	wantMessage(t, ctx.FetchKV(1, 0, &bad, dst, dstV), ErrInvalidArgument, "pq_fetch_kv",
+		fmt.Sprintf("pq_fetch_kv: selection.Counts[0] is %d; expected 0..%d (Capacity)",
+			sel.Capacity+1, sel.Capacity))
+	bad = *sel
+	bad.Positions = sel.Positions[:len(sel.Positions)-1]
+	wantMessage(t, ctx.FetchKV(1, 0, &bad, dst, dstV), ErrInvalidArgument, "pq_fetch_kv",
+		fmt.Sprintf("pq_fetch_kv: selection.Positions has %d entries; expected at least %d "+
+			"(num_kv_heads 2 x Capacity %d)", len(sel.Positions)-1, 2*sel.Capacity, sel.Capacity))
+	bad = *sel
+	bad.Capacity = -1
+	_, _, err = ctx.DecodeAttend(1, 0, query, &bad, 0)
+	wantMessage(t, err, ErrInvalidArgument, "pq_decode_attend",
+		"pq_decode_attend: selection.Capacity is -1; expected >= 0")
+
+	// A batch names the item and its argument.
+	items := []FetchItem{{Seq: 1, Selection: sel, Keys: dst, Values: shortV}}
+	wantMessage(t, ctx.FetchKVBatch(0, items), ErrInvalidArgument, "pq_fetch_kv_batch",
+		fmt.Sprintf("pq_fetch_kv_batch: items[0].out_values.data has %d elements; expected at least %d "+
+			"(tokens %d x heads 2 x head_dim 16)", n-1, n, sel.Capacity))
+	items = []FetchItem{{Seq: 1, Selection: sel, Keys: dst, Values: dst}}
+	wantMessage(t, ctx.FetchKVBatch(0, items), ErrInvalidArgument, "pq_fetch_kv_batch",
+		"pq_fetch_kv_batch: items[0].out_keys and items[0].out_values overlap; "+
+			"items of a batch run concurrently and must not share outputs")
+	wantMessage(t, ctx.DecodeSelectBatch(1<<32, nil), ErrInvalidArgument, "pq_decode_select_batch",
+		"pq_decode_select_batch: layer is 4294967296; expected 0..0")
+
+	wantMessage(t, ctx.SaveSequenceFile(1, "state\x00.pq"), ErrInvalidArgument, "pq_sequence_save_file",
+		`pq_sequence_save_file: path is "state\x00.pq"; expected a path without NUL bytes`)
+	wantMessage(t, ctx.RestoreSequenceFile(2, "state\x00.pq"), ErrInvalidArgument, "pq_sequence_restore_file",
+		`pq_sequence_restore_file: path is "state\x00.pq"; expected a path without NUL bytes`)
 }

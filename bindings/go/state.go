@@ -137,7 +137,7 @@ func (c *Context) SaveSequence(seq uint64) ([]byte, error) {
 // path).
 func (c *Context) doPath(op, path string, f func(h pqswig.Struct_SS_pq_context, p *C.char) Status) error {
 	if strings.IndexByte(path, 0) >= 0 {
-		return invalid(op, "path %q contains a NUL byte", path)
+		return invalid(op, "path is %q; expected a path without NUL bytes", path)
 	}
 	p := C.CString(path)
 	defer C.free(unsafe.Pointer(p))

@@ -74,6 +74,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"unsafe"
 
@@ -146,18 +147,36 @@ func floatPointer(s []float32) *C.float { return (*C.float)(slicePointer(s)) }
 // shape checks that the slice holds the whole shape (the library trusts the
 // descriptor and would read or write past a short slice) and converts it.
 // The library checks the rest: heads and headDim against the config, the
-// dtype.
+// dtype. name is the argument as the C function op calls it ("out_keys",
+// "items[2].query"), which the message names.
 func (t Tensor) shape(op, name string) (C.go_pq_shape, error) {
-	if t.tokens < 0 || t.heads < 0 || t.headDim < 0 {
-		return C.go_pq_shape{}, invalid(op, "%s: negative shape %d x %d x %d", name, t.tokens, t.heads, t.headDim)
+	for _, f := range []struct {
+		field string
+		value int
+		max   int64
+		ctype string
+	}{
+		{"tokens", t.tokens, math.MaxInt64, "int64_t"},
+		{"heads", t.heads, math.MaxInt32, "int32_t"},
+		{"head_dim", t.headDim, math.MaxInt32, "int32_t"},
+	} {
+		if f.value < 0 {
+			return C.go_pq_shape{}, invalid(op, "%s.%s is %d; expected >= 0", name, f.field, f.value)
+		}
+		if int64(f.value) > f.max {
+			return C.go_pq_shape{}, invalid(op, "%s.%s is %d; expected at most %d (%s)",
+				name, f.field, f.value, f.max, f.ctype)
+		}
 	}
-	if t.heads > math.MaxInt32 || t.headDim > math.MaxInt32 {
-		return C.go_pq_shape{}, invalid(op, "%s: heads %d or head_dim %d does not fit in an int32", name, t.heads, t.headDim)
-	}
+	dims := fmt.Sprintf("tokens %d x heads %d x head_dim %d", t.tokens, t.heads, t.headDim)
 	need, ok := product(t.tokens, t.heads, t.headDim)
-	if !ok || need > t.length {
-		return C.go_pq_shape{}, invalid(op, "%s: a %d x %d x %d tensor does not fit in a slice of %d elements",
-			name, t.tokens, t.heads, t.headDim, t.length)
+	if !ok {
+		return C.go_pq_shape{}, invalid(op, "%s.data has %d elements; expected at least %s, which overflows int",
+			name, t.length, dims)
+	}
+	if need > t.length {
+		return C.go_pq_shape{}, invalid(op, "%s.data has %d elements; expected at least %d (%s)",
+			name, t.length, need, dims)
 	}
 	return C.go_pq_shape{
 		dtype: C.int32_t(t.dtype), layout: C.int32_t(t.layout), tokens: C.int64_t(t.tokens),
@@ -201,7 +220,7 @@ func (c *Context) DecodeAppend(seq uint64, layer int, keys, values Tensor) error
 }
 
 func (c *Context) store(op string, seq uint64, layer int, appendTokens bool, keys, values Tensor) error {
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return err
 	}
 	ks, vs, err := kvShapes(op, keys, values)
@@ -258,7 +277,7 @@ func (s *Selection) MaxCount() int {
 // pq_decode_select's.
 func (c *Context) DecodeSelect(seq uint64, layer int, query Tensor) (*Selection, error) {
 	const op = "pq_decode_select"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return nil, err
 	}
 	if _, err := query.shape(op, "query"); err != nil {
@@ -320,13 +339,17 @@ func (c *Context) selectGrown(h pqswig.Struct_SS_pq_context, seq uint64, layer i
 // [kv_head][capacity][head_dim].
 func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Tensor) error {
 	const op = "pq_fetch_kv"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return err
 	}
 	if err := c.checkSelection(op, "selection", sel); err != nil {
 		return err
 	}
-	ks, vs, err := kvShapes(op, keys, values)
+	ks, err := keys.shape(op, "out_keys")
+	if err != nil {
+		return err
+	}
+	vs, err := values.shape(op, "out_values")
 	if err != nil {
 		return err
 	}
@@ -357,7 +380,7 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 func (c *Context) DecodeAttend(seq uint64, layer int, query Tensor, sel *Selection,
 	scale float32) (out, lse []float32, err error) {
 	const op = "pq_decode_attend"
-	if err := checkLayer(op, layer); err != nil {
+	if err := c.checkLayer(op, layer); err != nil {
 		return nil, nil, err
 	}
 	qs, err := query.shape(op, "query")
@@ -382,16 +405,24 @@ func (c *Context) DecodeAttend(seq uint64, layer int, query Tensor, sel *Selecti
 
 // checkSelection refuses a selection the library would read past: it reads
 // NumKVHeads counts and, per head, counts[h] positions from row h*Capacity,
-// so a selection built or edited by hand must hold them.
+// so a selection built or edited by hand must hold them. name is the
+// argument as the C function op calls it ("selection", "items[1].selection").
 func (c *Context) checkSelection(op, name string, sel *Selection) error {
 	heads := c.config.NumKVHeads
-	if sel == nil || len(sel.Counts) != heads || sel.Capacity < 0 ||
-		len(sel.Positions) < heads*sel.Capacity {
-		return invalid(op, "%s: want %d counts and %d x Capacity positions", name, heads, heads)
+	switch {
+	case sel == nil:
+		return invalid(op, "%s is nil; expected a *Selection", name)
+	case len(sel.Counts) != heads:
+		return invalid(op, "%s has %d kv heads; expected %d (num_kv_heads)", name, len(sel.Counts), heads)
+	case sel.Capacity < 0:
+		return invalid(op, "%s.Capacity is %d; expected >= 0", name, sel.Capacity)
+	case len(sel.Positions)/heads < sel.Capacity:
+		return invalid(op, "%s.Positions has %d entries; expected at least %d (num_kv_heads %d x Capacity %d)",
+			name, len(sel.Positions), heads*sel.Capacity, heads, sel.Capacity)
 	}
 	for h, n := range sel.Counts {
 		if n < 0 || int(n) > sel.Capacity {
-			return invalid(op, "%s: Counts[%d] = %d is outside [0, Capacity = %d]", name, h, n, sel.Capacity)
+			return invalid(op, "%s.Counts[%d] is %d; expected 0..%d (Capacity)", name, h, n, sel.Capacity)
 		}
 	}
 	return nil
