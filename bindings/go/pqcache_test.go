@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"libpqcache.org/pqcache/internal/pqswig"
 )
@@ -598,4 +599,107 @@ func TestPrechecksSpeakTheSharedVocabulary(t *testing.T) {
 		`pq_sequence_save_file: path is "state\x00.pq"; expected a path without NUL bytes`)
 	wantMessage(t, ctx.RestoreSequenceFile(2, "state\x00.pq"), ErrInvalidArgument, "pq_sequence_restore_file",
 		`pq_sequence_restore_file: path is "state\x00.pq"; expected a path without NUL bytes`)
+}
+
+// newPrefilledContext is a reference-config context whose sequence 1 holds
+// 64 prefilled tokens; the test closes it.
+func newPrefilledContext(t *testing.T) *Context {
+	t.Helper()
+	ctx, err := NewContext(refConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.AddSequence(1); err != nil {
+		t.Fatal(err)
+	}
+	data := TensorF32(refGenerate(60, 64*refKVHeads*refHeadDim), 64, refKVHeads, refHeadDim)
+	if err := ctx.PrefillLayer(1, 0, data, data); err != nil {
+		t.Fatal(err)
+	}
+	return ctx
+}
+
+// What a Context handed out before Close (a Selection, batch items, a
+// restore in pieces) holds no pointer into the C context: passed back after
+// Close it meets the closed-context check, ErrBadState "<C function>: the
+// context is closed", and the library is not called (docs/bindings/errors.md).
+func TestObjectsMadeBeforeCloseMeetTheClosedContext(t *testing.T) {
+	ctx := newPrefilledContext(t)
+	query := TensorF32(refGenerate(61, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
+	sel, err := ctx.DecodeSelect(1, 0, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := ctx.SaveSequence(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	described, err := ctx.RestoreSequenceBegin(2, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := refKVHeads * sel.Capacity * refHeadDim
+	keys := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	values := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+	ctx.Close()
+
+	closed := func(op string, err error) {
+		t.Helper()
+		wantMessage(t, err, ErrBadState, op, op+": the context is closed")
+	}
+	closed("pq_fetch_kv", ctx.FetchKV(1, 0, sel, keys, values))
+	_, _, err = ctx.DecodeAttend(1, 0, query, sel, 0)
+	closed("pq_decode_attend", err)
+	closed("pq_fetch_kv_batch", ctx.FetchKVBatch(0,
+		[]FetchItem{{Seq: 1, Selection: sel, Keys: keys, Values: values}}))
+	closed("pq_decode_select_batch", ctx.DecodeSelectBatch(0, []SelectItem{{Seq: 1, Query: query}}))
+	_, err = ctx.RestoreSequenceKV(2, state[described:])
+	closed("pq_sequence_restore_kv", err)
+	_, err = ctx.SaveSequence(1)
+	closed("pq_sequence_save_buffer", err)
+	// The selection itself is Go data and stays readable.
+	if len(sel.Head(0)) == 0 {
+		t.Error("the selection lost its positions")
+	}
+}
+
+// Close racing with calls on other goroutines waits for the calls in
+// progress; every call either completes or reports the closed context, and
+// none reaches a freed one (run it under -race or ASan to see the latter).
+func TestCloseRacingWithCallsWaitsOrReportsClosed(t *testing.T) {
+	ctx := newPrefilledContext(t)
+	query := TensorF32(refGenerate(71, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
+	errs := make(chan error, 2)
+	started := make(chan struct{}, 2)
+	for g := 0; g < 2; g++ {
+		go func() {
+			started <- struct{}{}
+			for {
+				sel, err := ctx.DecodeSelect(1, 0, query)
+				if err == nil {
+					n := refKVHeads * sel.Capacity * refHeadDim
+					k := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+					v := TensorF32(make([]float32, n), sel.Capacity, refKVHeads, refHeadDim).HeadMajor()
+					err = ctx.FetchKV(1, 0, sel, k, v)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	<-started
+	<-started
+	time.Sleep(20 * time.Millisecond)
+	ctx.Close()
+	for g := 0; g < 2; g++ {
+		err := <-errs
+		var e *Error
+		if !errors.As(err, &e) || e.Status != ErrBadState ||
+			(e.Message != "pq_decode_select: the context is closed" &&
+				e.Message != "pq_fetch_kv: the context is closed") {
+			t.Errorf("a call racing with Close: %v", err)
+		}
+	}
 }
