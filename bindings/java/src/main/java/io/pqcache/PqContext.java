@@ -16,6 +16,7 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Path;
 import java.util.Arrays;
+import java.util.Locale;
 import java.util.Objects;
 import java.util.concurrent.atomic.AtomicIntegerArray;
 import java.util.concurrent.locks.Lock;
@@ -105,7 +106,7 @@ public final class PqContext implements AutoCloseable {
    *     (pqBits > 8), NOT_FOUND (CUDA backend without plug-in or device)
    */
   public PqContext(Config config) {
-    Objects.requireNonNull(config, "config");
+    nonNull(config, "pq_create", "config", "a Config");
     long[] created = new long[1];
     pq_config requested = config.toNative();
     try {
@@ -320,7 +321,7 @@ public final class PqContext implements AutoCloseable {
    * with the path and the system's text.
    */
   public void saveSequence(long seqId, Path path) {
-    String file = Objects.requireNonNull(path, "path").toString();
+    String file = nonNull(path, "pq_sequence_save_file", "path", "a Path").toString();
     run("pq_sequence_save_file", h -> pqcache.pq_sequence_save_file(h, seqId, file));
   }
 
@@ -336,7 +337,7 @@ public final class PqContext implements AutoCloseable {
    *     OUT_OF_MEMORY
    */
   public void restoreSequence(long seqId, byte[] state) {
-    Objects.requireNonNull(state, "state");
+    nonNull(state, "pq_sequence_restore", "data", "a byte[] of the saved state");
     ByteBuffer copy = ByteBuffer.allocateDirect(state.length);
     copy.put(0, state);
     restoreSequence(seqId, copy);
@@ -348,7 +349,7 @@ public final class PqContext implements AutoCloseable {
    * buffer is read in place, a heap buffer is copied first.
    */
   public void restoreSequence(long seqId, ByteBuffer state) {
-    ByteBuffer data = directBytes(state, "state");
+    ByteBuffer data = directBytes(state, "pq_sequence_restore", "data");
     run("pq_sequence_restore", h -> {
       try {
         pqcache.pq_sequence_restore(h, seqId, data, data.remaining());
@@ -364,7 +365,7 @@ public final class PqContext implements AutoCloseable {
    * error BACKEND.
    */
   public void restoreSequence(long seqId, Path path) {
-    String file = Objects.requireNonNull(path, "path").toString();
+    String file = nonNull(path, "pq_sequence_restore_file", "path", "a Path").toString();
     run("pq_sequence_restore_file", h -> pqcache.pq_sequence_restore_file(h, seqId, file));
   }
 
@@ -387,7 +388,8 @@ public final class PqContext implements AutoCloseable {
    * @throws PqException as {@link #restoreSequence(long, byte[])}
    */
   public long restoreSequenceBegin(long seqId, byte[] state) {
-    return restoreSequenceBegin(seqId, ByteBuffer.wrap(Objects.requireNonNull(state, "state")));
+    return restoreSequenceBegin(seqId, ByteBuffer.wrap(
+        nonNull(state, "pq_sequence_restore_begin", "data", "a byte[] of the saved state")));
   }
 
   /**
@@ -396,7 +398,7 @@ public final class PqContext implements AutoCloseable {
    * buffer is read in place, a heap buffer is copied first.
    */
   public long restoreSequenceBegin(long seqId, ByteBuffer state) {
-    return restoreStep("pq_sequence_restore_begin", state, "state",
+    return restoreStep("pq_sequence_restore_begin", state, "data",
         (h, data, consumed) -> pqcache.pq_sequence_restore_begin(h, seqId, data, data.remaining(),
             consumed));
   }
@@ -429,7 +431,8 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #restoreSequenceKV(long, ByteBuffer)} from a whole array (copied). */
   public long restoreSequenceKV(long seqId, byte[] data) {
-    return restoreSequenceKV(seqId, ByteBuffer.wrap(Objects.requireNonNull(data, "data")));
+    return restoreSequenceKV(seqId, ByteBuffer.wrap(
+        nonNull(data, "pq_sequence_restore_kv", "data", "a byte[] of the saved state")));
   }
 
   // --- prefill and decode ---
@@ -444,8 +447,8 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
   public void prefillLayer(long seqId, int layer, int tokens, float[] keys, float[] values) {
-    prefillLayer(seqId, layer, tokens, copyIn(keys, "keys", tokens, kvHeads),
-        copyIn(values, "values", tokens, kvHeads));
+    prefillLayer(seqId, layer, tokens, copyIn(keys, "pq_prefill_layer", "keys", tokens, kvHeads),
+        copyIn(values, "pq_prefill_layer", "values", tokens, kvHeads));
   }
 
   /** Appends decode tokens' keys and values (usually 1 token) to a prefilled layer. */
@@ -455,8 +458,8 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #decodeAppend(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
   public void decodeAppend(long seqId, int layer, int tokens, float[] keys, float[] values) {
-    decodeAppend(seqId, layer, tokens, copyIn(keys, "keys", tokens, kvHeads),
-        copyIn(values, "values", tokens, kvHeads));
+    decodeAppend(seqId, layer, tokens, copyIn(keys, "pq_decode_append", "keys", tokens, kvHeads),
+        copyIn(values, "pq_decode_append", "values", tokens, kvHeads));
   }
 
   /**
@@ -464,7 +467,7 @@ public final class PqContext implements AutoCloseable {
    * for SnapKV, PyramidKV and SCOPE; other selectors ignore them.
    */
   public void prefillQueries(long seqId, int layer, int tokens, ByteBuffer queries) {
-    ByteBuffer q = input(queries, "queries", tokens, queryHeads);
+    ByteBuffer q = input(queries, "pq_prefill_queries", "queries", tokens, queryHeads);
     run("pq_prefill_queries", h -> {
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, tokens, queryHeads)) {
         pqcache.pq_prefill_queries(h, seqId, layer, tq.tensor);
@@ -512,22 +515,24 @@ public final class PqContext implements AutoCloseable {
    * middle the hint held (stats: hint_tokens, hint_covered in the C API).
    */
   public Selection decodeSpeculate(long seqId, int layer, float[] queryEstimate) {
-    return select(seqId, layer, copyIn(queryEstimate, "queryEstimate", 1, queryHeads), true);
+    return select(seqId, layer,
+        copyIn(queryEstimate, "pq_decode_speculate", "query_estimate", 1, queryHeads), true);
   }
 
   private Selection select(long seqId, int layer, ByteBuffer query, boolean speculate) {
-    ByteBuffer q = input(query, "query", 1, queryHeads);
-    return call(speculate ? "pq_decode_speculate" : "pq_decode_select", h -> {
+    String function = speculate ? "pq_decode_speculate" : "pq_decode_select";
+    ByteBuffer q = input(query, function, speculate ? "query_estimate" : "query", 1, queryHeads);
+    return call(function, h -> {
       try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
         int capacity = capacityHint(layer);
-        ByteBuffer[] arrays = Selection.allocateNative(kvHeads, capacity);
+        ByteBuffer[] arrays = Selection.allocateNative(function, kvHeads, capacity);
         try {
           selectInto(h, seqId, layer, tq.tensor, arrays, capacity, speculate);
         } catch (PqException e) {
           if (e.status() != Status.BUFFER_TOO_SMALL) {
             throw e;
           }
-          return selectGrown(h, seqId, layer, tq.tensor, arrays, speculate);
+          return selectGrown(function, h, seqId, layer, tq.tensor, arrays, speculate);
         }
         return Selection.fromNative(kvHeads, capacity, arrays[0], arrays[1]);
       }
@@ -536,7 +541,7 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #decodeSelect(long, int, ByteBuffer)} from an array (F32; copies). */
   public Selection decodeSelect(long seqId, int layer, float[] query) {
-    return decodeSelect(seqId, layer, copyIn(query, "query", 1, queryHeads));
+    return decodeSelect(seqId, layer, copyIn(query, "pq_decode_select", "query", 1, queryHeads));
   }
 
   /**
@@ -553,12 +558,13 @@ public final class PqContext implements AutoCloseable {
    *     layer, a repeated seq_id), before any item ran
    */
   public Selection[] decodeSelectBatch(int layer, long[] seqIds, ByteBuffer[] queries) {
-    int n = batchSize(seqIds, queries, "queries");
+    final String function = "pq_decode_select_batch";
+    int n = batchSize(seqIds, queries, function, "queries");
     ByteBuffer[] q = new ByteBuffer[n];
     for (int i = 0; i < n; i++) {
-      q[i] = input(queries[i], "queries[" + i + "]", 1, queryHeads);
+      q[i] = input(queries[i], function, "items[" + i + "].query", 1, queryHeads);
     }
-    return call("pq_decode_select_batch", h -> {
+    return call(function, h -> {
       int capacity = capacityHint(layer);
       NativeTensor[] tensors = new NativeTensor[n];
       ByteBuffer[][] arrays = new ByteBuffer[n][];
@@ -569,7 +575,7 @@ public final class PqContext implements AutoCloseable {
       try {
         for (int i = 0; i < n; i++) {
           tensors[i] = tensor(q[i], TOKEN_MAJOR, 1, queryHeads);
-          arrays[i] = Selection.allocateNative(kvHeads, capacity);
+          arrays[i] = Selection.allocateNative(function, kvHeads, capacity);
           pq_selection out = new pq_selection();
           try {
             out.attach(arrays[i][0], arrays[i][1], capacity);
@@ -603,10 +609,10 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #decodeSelectBatch(int, long[], ByteBuffer[])} from arrays (F32; copies). */
   public Selection[] decodeSelectBatch(int layer, long[] seqIds, float[][] queries) {
-    int n = batchSize(seqIds, queries, "queries");
+    int n = batchSize(seqIds, queries, "pq_decode_select_batch", "queries");
     ByteBuffer[] q = new ByteBuffer[n];
     for (int i = 0; i < n; i++) {
-      q[i] = copyIn(queries[i], "queries[" + i + "]", 1, queryHeads);
+      q[i] = copyIn(queries[i], "pq_decode_select_batch", "items[" + i + "].query", 1, queryHeads);
     }
     return decodeSelectBatch(layer, seqIds, q);
   }
@@ -626,18 +632,20 @@ public final class PqContext implements AutoCloseable {
    */
   public void fetchKVBatch(int layer, long[] seqIds, Selection[] selections, ByteBuffer[] outKeys,
       ByteBuffer[] outValues) {
-    int n = batchSize(seqIds, selections, "selections");
-    batchSize(seqIds, outKeys, "outKeys");
-    batchSize(seqIds, outValues, "outValues");
+    final String function = "pq_fetch_kv_batch";
+    int n = batchSize(seqIds, selections, function, "selections");
+    batchSize(seqIds, outKeys, function, "outKeys");
+    batchSize(seqIds, outValues, function, "outValues");
     ByteBuffer[] k = new ByteBuffer[n];
     ByteBuffer[] v = new ByteBuffer[n];
     for (int i = 0; i < n; i++) {
-      checkSelection(selections[i], "selections[" + i + "]");
+      String item = "items[" + i + "].";
+      checkSelection(selections[i], function, item + "selection");
       int rows = selections[i].capacity();
-      k[i] = output(outKeys[i], "outKeys[" + i + "]", rows, kvHeads);
-      v[i] = output(outValues[i], "outValues[" + i + "]", rows, kvHeads);
+      k[i] = output(outKeys[i], function, item + "out_keys", rows, kvHeads);
+      v[i] = output(outValues[i], function, item + "out_values", rows, kvHeads);
     }
-    run("pq_fetch_kv_batch", h -> {
+    run(function, h -> {
       NativeTensor[] tensors = new NativeTensor[2 * n];
       SWIGTYPE_p_pq_fetch_item items = pqcache.pqj_fetch_items_new(n);
       if (items == null) {
@@ -688,10 +696,10 @@ public final class PqContext implements AutoCloseable {
    */
   public void fetchKV(long seqId, int layer, Selection selection, ByteBuffer outKeys,
       ByteBuffer outValues) {
-    checkSelection(selection, "selection");
+    checkSelection(selection, "pq_fetch_kv", "selection");
     int rows = selection.capacity();
-    ByteBuffer k = output(outKeys, "outKeys", rows, kvHeads);
-    ByteBuffer v = output(outValues, "outValues", rows, kvHeads);
+    ByteBuffer k = output(outKeys, "pq_fetch_kv", "out_keys", rows, kvHeads);
+    ByteBuffer v = output(outValues, "pq_fetch_kv", "out_values", rows, kvHeads);
     run("pq_fetch_kv", h -> {
       pq_selection chosen = attached(selection);
       try (NativeTensor tk = tensor(k, HEAD_MAJOR, rows, kvHeads);
@@ -710,10 +718,10 @@ public final class PqContext implements AutoCloseable {
    */
   public void fetchKV(long seqId, int layer, Selection selection, float[] outKeys,
       float[] outValues) {
-    Objects.requireNonNull(selection, "selection");
+    nonNull(selection, "pq_fetch_kv", "selection", "a Selection");
     int rows = selection.capacity();
-    ByteBuffer k = scratch(outKeys, "outKeys", rows, kvHeads);
-    ByteBuffer v = scratch(outValues, "outValues", rows, kvHeads);
+    ByteBuffer k = scratch(outKeys, "pq_fetch_kv", "out_keys", rows, kvHeads);
+    ByteBuffer v = scratch(outValues, "pq_fetch_kv", "out_values", rows, kvHeads);
     // Start from the arrays' contents: rows past a head's count stay as they were.
     k.asFloatBuffer().put(outKeys, 0, k.capacity() / Float.BYTES);
     v.asFloatBuffer().put(outValues, 0, v.capacity() / Float.BYTES);
@@ -739,8 +747,8 @@ public final class PqContext implements AutoCloseable {
    */
   public Attention decodeAttend(long seqId, int layer, ByteBuffer query, Selection selection,
       float scale) {
-    ByteBuffer q = input(query, "query", 1, queryHeads);
-    checkSelection(selection, "selection");
+    ByteBuffer q = input(query, "pq_decode_attend", "query", 1, queryHeads);
+    checkSelection(selection, "pq_decode_attend", "selection");
     ByteBuffer out = ByteBuffer.allocateDirect(queryHeads * headDim * Float.BYTES)
         .order(ByteOrder.nativeOrder());
     ByteBuffer lse = ByteBuffer.allocateDirect(queryHeads * Float.BYTES)
@@ -771,7 +779,8 @@ public final class PqContext implements AutoCloseable {
   /** {@link #decodeAttend(long, int, ByteBuffer, Selection, float)} from an array (F32; copies). */
   public Attention decodeAttend(long seqId, int layer, float[] query, Selection selection,
       float scale) {
-    return decodeAttend(seqId, layer, copyIn(query, "query", 1, queryHeads), selection, scale);
+    return decodeAttend(seqId, layer, copyIn(query, "pq_decode_attend", "query", 1, queryHeads),
+        selection, scale);
   }
 
   /** {@link #decodeAttend(long, int, float[], Selection, float)} with the default scale. */
@@ -786,12 +795,14 @@ public final class PqContext implements AutoCloseable {
    * selectors ignore them.
    */
   public void observeAttention(long seqId, int layer, Selection selection, float[] probs) {
-    Objects.requireNonNull(selection, "selection");
-    Objects.requireNonNull(probs, "probs");
+    final String function = "pq_observe_attention";
+    checkSelection(selection, function, "selection");
+    nonNull(probs, function, "probs", "a float[]");
     int needed = selection.kvHeads() * selection.capacity();
     if (probs.length < needed) {
-      throw new IllegalArgumentException("probs has " + probs.length + " floats, needs "
-          + needed + " (kvHeads x selection capacity)");
+      throw invalid(function, "probs has " + probs.length + " floats; expected at least " + needed
+          + " (" + selection.kvHeads() + " kv heads x selection capacity "
+          + selection.capacity() + ")");
     }
     ByteBuffer p = ByteBuffer.allocateDirect(needed * Float.BYTES).order(ByteOrder.nativeOrder());
     p.asFloatBuffer().put(probs, 0, needed);
@@ -816,7 +827,7 @@ public final class PqContext implements AutoCloseable {
    * FastGen reads them: give the prompt's before {@code prefillQueries}.
    */
   public void tokenClasses(long seqId, long first, byte[] classes) {
-    Objects.requireNonNull(classes, "classes");
+    nonNull(classes, "pq_sequence_token_classes", "classes", "a byte[]");
     ByteBuffer c = ByteBuffer.allocateDirect(Math.max(classes.length, 1));
     c.put(classes);
     run("pq_sequence_token_classes", h -> {
@@ -909,8 +920,8 @@ public final class PqContext implements AutoCloseable {
    * whose address is the first of them: a slice of a direct one, else a
    * copy.
    */
-  private static ByteBuffer directBytes(ByteBuffer buffer, String name) {
-    ByteBuffer bytes = Objects.requireNonNull(buffer, name).slice();
+  private static ByteBuffer directBytes(ByteBuffer buffer, String function, String name) {
+    ByteBuffer bytes = nonNull(buffer, function, name, "a ByteBuffer").slice();
     if (bytes.isDirect()) {
       return bytes;
     }
@@ -931,7 +942,7 @@ public final class PqContext implements AutoCloseable {
    * out_consumed on PQ_ERR_BUFFER_TOO_SMALL too).
    */
   private long restoreStep(String function, ByteBuffer buffer, String name, RestoreCall op) {
-    ByteBuffer data = directBytes(buffer, name);
+    ByteBuffer data = directBytes(buffer, function, name);
     ByteBuffer consumed = ByteBuffer.allocateDirect(Long.BYTES).order(ByteOrder.nativeOrder());
     return call(function, h -> {
       try {
@@ -957,8 +968,8 @@ public final class PqContext implements AutoCloseable {
 
   private void store(String function, StoreCall call, long seqId, int layer, int tokens,
       ByteBuffer keys, ByteBuffer values) {
-    ByteBuffer k = input(keys, "keys", tokens, kvHeads);
-    ByteBuffer v = input(values, "values", tokens, kvHeads);
+    ByteBuffer k = input(keys, function, "keys", tokens, kvHeads);
+    ByteBuffer v = input(values, function, "values", tokens, kvHeads);
     run(function, h -> {
       try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
           NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
@@ -999,13 +1010,13 @@ public final class PqContext implements AutoCloseable {
    * After BUFFER_TOO_SMALL, which wrote the capacity needed into the counts of
    * {@code tooSmall}: selects once more into arrays of that size.
    */
-  private Selection selectGrown(long h, long seqId, int layer, pq_tensor query,
+  private Selection selectGrown(String function, long h, long seqId, int layer, pq_tensor query,
       ByteBuffer[] tooSmall, boolean speculate) {
     int needed = tooSmall[1].getInt(0);
     if (layer >= 0 && layer < layers) {
       capacityHints.accumulateAndGet(layer, needed, Math::max);
     }
-    ByteBuffer[] arrays = Selection.allocateNative(kvHeads, needed);
+    ByteBuffer[] arrays = Selection.allocateNative(function, kvHeads, needed);
     selectInto(h, seqId, layer, query, arrays, needed, speculate);
     return Selection.fromNative(kvHeads, needed, arrays[0], arrays[1]);
   }
@@ -1033,7 +1044,8 @@ public final class PqContext implements AutoCloseable {
       String retryMessage = null;
       if (codes[i] == pq_status.PQ_ERR_BUFFER_TOO_SMALL) {
         try {
-          selections[i] = selectGrown(h, seqIds[i], layer, tensors[i].tensor, arrays[i], false);
+          selections[i] = selectGrown("pq_decode_select", h, seqIds[i], layer, tensors[i].tensor,
+              arrays[i], false);
           codes[i] = pq_status.PQ_OK;
         } catch (PqException retry) {
           codes[i] = retry.code();
@@ -1055,24 +1067,50 @@ public final class PqContext implements AutoCloseable {
     return selections;
   }
 
-  /** The number of items of a batch: one entry of {@code items} per sequence id. */
-  private static int batchSize(long[] seqIds, Object[] items, String name) {
-    Objects.requireNonNull(seqIds, "seqIds");
-    Objects.requireNonNull(items, name);
+  /**
+   * The number of items of a batch of the C function {@code function}: one entry of
+   * {@code items} (the Java parameter {@code name}, which C has not) per sequence id.
+   */
+  private static int batchSize(long[] seqIds, Object[] items, String function, String name) {
+    nonNull(seqIds, function, "seqIds", "a long[]");
+    nonNull(items, function, name, "an array");
     if (items.length != seqIds.length) {
-      throw new IllegalArgumentException(name + " has " + items.length + " entries for "
-          + seqIds.length + " seqIds; expected one each");
+      throw invalid(function, name + " has " + items.length + " entries; expected "
+          + seqIds.length + ", one per seqIds entry");
     }
     return seqIds.length;
   }
 
-  /** The library reads kvHeads counts and rows of a selection. */
-  private void checkSelection(Selection selection, String name) {
-    Objects.requireNonNull(selection, name);
+  /** The library reads kvHeads counts and rows of a selection, argument {@code name}. */
+  private void checkSelection(Selection selection, String function, String name) {
+    nonNull(selection, function, name, "a Selection");
     if (selection.kvHeads() != kvHeads) {
-      throw new IllegalArgumentException(name + " has " + selection.kvHeads()
-          + " kv heads, the context " + kvHeads);
+      throw invalid(function, name + " has " + selection.kvHeads() + " kv heads; expected "
+          + kvHeads + " (num_kv_heads)");
     }
+  }
+
+  /**
+   * A precondition of the C function {@code function} checked in Java: the message reads as the
+   * library's, the function first, then the argument, its value and what was expected
+   * (docs/bindings/errors.md).
+   */
+  static IllegalArgumentException invalid(String function, String what) {
+    return new IllegalArgumentException(function + ": " + what);
+  }
+
+  /**
+   * {@code value}, or a NullPointerException (what Java throws for a null argument) whose
+   * message reads as {@link #invalid}'s: "pq_fetch_kv: selection is null; expected a Selection".
+   */
+  private static <T> T nonNull(T value, String function, String name, String expected) {
+    return Objects.requireNonNull(value,
+        () -> function + ": " + name + " is null; expected " + expected);
+  }
+
+  /** The element type as the C API names it: f32, f16 or bf16. */
+  private static String dtypeName(DType type) {
+    return type.name().toLowerCase(Locale.ROOT);
   }
 
   private static pq_selection attached(Selection selection) {
@@ -1112,65 +1150,79 @@ public final class PqContext implements AutoCloseable {
     return Math.max(0L, tokens) * heads * headDim * dtype.bytes();
   }
 
-  private ByteBuffer input(ByteBuffer buffer, String name, int tokens, int heads) {
-    return checked(buffer, name, tokens, heads, false);
+  private ByteBuffer input(ByteBuffer buffer, String function, String name, int tokens,
+      int heads) {
+    return checked(buffer, function, name, tokens, heads, false);
   }
 
-  private ByteBuffer output(ByteBuffer buffer, String name, int tokens, int heads) {
-    return checked(buffer, name, tokens, heads, true);
+  private ByteBuffer output(ByteBuffer buffer, String function, String name, int tokens,
+      int heads) {
+    return checked(buffer, function, name, tokens, heads, true);
   }
 
-  /** The buffer's bytes from its position, as a view the native code addresses from 0. */
-  private ByteBuffer checked(ByteBuffer buffer, String name, int tokens, int heads,
-      boolean written) {
-    Objects.requireNonNull(buffer, name);
+  /** The shape in words, for messages: "tokens 8 x heads 2 x head_dim 16". */
+  private String shape(int tokens, int heads) {
+    return "tokens " + tokens + " x heads " + heads + " x head_dim " + headDim;
+  }
+
+  /**
+   * The buffer's bytes from its position, as a view the native code addresses from 0; a
+   * failure names the C function and the argument as the library would.
+   */
+  private ByteBuffer checked(ByteBuffer buffer, String function, String name, int tokens,
+      int heads, boolean written) {
+    nonNull(buffer, function, name, "a direct ByteBuffer");
     if (!buffer.isDirect()) {
-      throw new IllegalArgumentException(name + " must be a direct ByteBuffer"
+      throw invalid(function, name + " is a heap ByteBuffer; expected a direct one"
           + " (ByteBuffer.allocateDirect): a heap buffer has no fixed native address;"
-          + " use the float[] overloads to pass arrays by copy");
+          + " the float[] overloads pass arrays by copy");
     }
     if (buffer.order() != ByteOrder.nativeOrder()) {
-      throw new IllegalArgumentException(name + " is " + buffer.order() + " but the library"
-          + " reads elements in the native order: call " + name
-          + ".order(ByteOrder.nativeOrder())");
+      throw invalid(function, name + " is " + buffer.order() + "; expected the native order "
+          + ByteOrder.nativeOrder() + ", in which the library reads elements"
+          + " (buffer.order(ByteOrder.nativeOrder()))");
     }
     if (written && buffer.isReadOnly()) {
-      throw new IllegalArgumentException(name + " is read-only but receives the fetched rows");
+      throw invalid(function, name + " is read-only; expected a writable buffer, which"
+          + " receives the fetched rows");
     }
     long needed = bytes(tokens, heads);
     if (buffer.remaining() < needed) {
-      throw new IllegalArgumentException(name + " has " + buffer.remaining()
-          + " bytes from its position, needs " + needed + " (" + tokens + " tokens x " + heads
-          + " heads x " + headDim + " x " + dtype + ")");
+      throw invalid(function, name + " has " + buffer.remaining() + " bytes from its position;"
+          + " expected at least " + needed + " (" + shape(tokens, heads) + " x "
+          + dtype.bytes() + " bytes of " + dtypeName(dtype) + ")");
     }
     return buffer.slice();
   }
 
-  private void requireF32(String name) {
+  private void requireF32(String function, String name) {
     if (dtype != DType.F32) {
-      throw new IllegalArgumentException(name + ": float[] needs an F32 context, this one is "
-          + dtype + "; pass a direct ByteBuffer of " + dtype + " elements");
+      throw invalid(function, name + " is a float[]; expected a direct ByteBuffer of "
+          + dtypeName(dtype) + " elements: the context stores " + dtypeName(dtype)
+          + ", and float[] passes f32");
     }
   }
 
-  private ByteBuffer copyIn(float[] array, String name, int tokens, int heads) {
-    ByteBuffer buffer = scratch(array, name, tokens, heads);
+  private ByteBuffer copyIn(float[] array, String function, String name, int tokens,
+      int heads) {
+    ByteBuffer buffer = scratch(array, function, name, tokens, heads);
     buffer.asFloatBuffer().put(array, 0, buffer.capacity() / Float.BYTES);
     return buffer;
   }
 
   /** A direct buffer of the tensor's size after checking the array against it. */
-  private ByteBuffer scratch(float[] array, String name, int tokens, int heads) {
-    Objects.requireNonNull(array, name);
-    requireF32(name);
+  private ByteBuffer scratch(float[] array, String function, String name, int tokens,
+      int heads) {
+    nonNull(array, function, name, "a float[]");
+    requireF32(function, name);
     long needed = bytes(tokens, heads);
     if (array.length * (long) Float.BYTES < needed) {
-      throw new IllegalArgumentException(name + " has " + array.length + " floats, needs "
-          + needed / Float.BYTES + " (" + tokens + " tokens x " + heads + " heads x " + headDim
-          + ")");
+      throw invalid(function, name + " has " + array.length + " floats; expected at least "
+          + needed / Float.BYTES + " (" + shape(tokens, heads) + ")");
     }
     if (needed > Integer.MAX_VALUE) {
-      throw new IllegalArgumentException(name + ": " + needed + " bytes exceed a Java buffer");
+      throw invalid(function, name + " needs " + needed + " bytes; expected at most "
+          + Integer.MAX_VALUE + ", the most a Java buffer holds");
     }
     return ByteBuffer.allocateDirect((int) needed).order(ByteOrder.nativeOrder());
   }

@@ -26,12 +26,16 @@ public final class Selection {
     this.nativeCounts = nativeCounts;
   }
 
-  /** Empty native arrays for kvHeads x capacity positions, in the platform's byte order. */
-  static ByteBuffer[] allocateNative(int kvHeads, int capacity) {
+  /**
+   * Empty native arrays for kvHeads x capacity positions, in the platform's byte order, for the
+   * {@code out} of the C function {@code function}.
+   */
+  static ByteBuffer[] allocateNative(String function, int kvHeads, int capacity) {
     long positionBytes = 4L * kvHeads * capacity;
     if (positionBytes > Integer.MAX_VALUE) {
-      throw new IllegalArgumentException("selection of " + kvHeads + " x " + capacity
-          + " positions does not fit a Java buffer");
+      throw PqContext.invalid(function, "out.capacity is " + capacity + "; expected at most "
+          + Integer.MAX_VALUE / 4 / kvHeads + " (" + kvHeads + " kv heads x capacity positions"
+          + " of 4 bytes must fit a Java buffer)");
     }
     return new ByteBuffer[] {
       ByteBuffer.allocateDirect((int) positionBytes).order(ByteOrder.nativeOrder()),

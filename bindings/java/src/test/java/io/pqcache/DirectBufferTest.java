@@ -117,8 +117,7 @@ class DirectBufferTest {
     ByteBuffer enough = nativeBuffer(TOKENS * rowFloats * 4);
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
         () -> ctx.prefillLayer(1, 0, TOKENS, enough, small));
-    assertTrue(e.getMessage().contains("values") && e.getMessage().contains("needs"),
-        e.getMessage());
+    assertTrue(e.getMessage().startsWith("pq_prefill_layer: values has"), e.getMessage());
     // What counts is what remains after the position.
     enough.position(4);
     assertThrows(IllegalArgumentException.class,
@@ -160,7 +159,8 @@ class DirectBufferTest {
       half.addSequence(1);
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
           () -> half.prefillLayer(1, 0, 1, new float[32], new float[32]));
-      assertTrue(e.getMessage().contains("F16"), e.getMessage());
+      assertEquals("pq_prefill_layer: keys is a float[]; expected a direct ByteBuffer of f16"
+          + " elements: the context stores f16, and float[] passes f32", e.getMessage());
       // The same data as F16 bytes goes through a direct buffer: 1.0 is 0x3c00.
       ByteBuffer ones = nativeBuffer(32 * 2);
       for (int i = 0; i < 32; i++) {
@@ -191,5 +191,86 @@ class DirectBufferTest {
       }
     }
     assertEquals(selection.count(0) * ctx.headDim() + selection.count(1) * ctx.headDim(), filled);
+  }
+
+  /**
+   * Every check made in Java before the library is called names the C function and the
+   * argument (as the C function calls it), its value and what was expected, as the library's
+   * own messages do (docs/bindings/errors.md); nothing reaches the library.
+   */
+  @Test
+  void preconditionMessagesSpeakTheSharedVocabulary() {
+    int bytes = TOKENS * rowFloats * 4;
+    ByteBuffer enough = nativeBuffer(bytes);
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.prefillLayer(1, 0, TOKENS, enough, nativeBuffer(bytes - 1)));
+    assertEquals("pq_prefill_layer: values has 8191 bytes from its position; expected at least"
+        + " 8192 (tokens 64 x heads 2 x head_dim 16 x 4 bytes of f32)", e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> ctx.decodeAppend(1, 0, TOKENS,
+        ByteBuffer.allocate(bytes).order(ByteOrder.nativeOrder()), enough));
+    assertEquals("pq_decode_append: keys is a heap ByteBuffer; expected a direct one"
+        + " (ByteBuffer.allocateDirect): a heap buffer has no fixed native address;"
+        + " the float[] overloads pass arrays by copy", e.getMessage());
+    ByteOrder foreign = ByteOrder.nativeOrder() == ByteOrder.LITTLE_ENDIAN
+        ? ByteOrder.BIG_ENDIAN : ByteOrder.LITTLE_ENDIAN;
+    e = assertThrows(IllegalArgumentException.class, () -> ctx.prefillQueries(1, 0, 1,
+        ByteBuffer.allocateDirect(ctx.queryHeads() * ctx.headDim() * 4).order(foreign)));
+    assertEquals("pq_prefill_queries: queries is " + foreign + "; expected the native order "
+        + ByteOrder.nativeOrder() + ", in which the library reads elements"
+        + " (buffer.order(ByteOrder.nativeOrder()))", e.getMessage());
+    e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.decodeSpeculate(1, 0, new float[63]));
+    assertEquals("pq_decode_speculate: query_estimate has 63 floats; expected at least 64"
+        + " (tokens 1 x heads 4 x head_dim 16)", e.getMessage());
+    NullPointerException missing = assertThrows(NullPointerException.class,
+        () -> ctx.restoreSequence(2, (byte[]) null));
+    assertEquals("pq_sequence_restore: data is null; expected a byte[] of the saved state",
+        missing.getMessage());
+    assertEquals(0, ctx.sequenceLength(1, 0), "nothing reached the library");
+
+    ctx.prefillLayer(1, 0, TOKENS, ReferenceCycle.generate(1, TOKENS * rowFloats),
+        ReferenceCycle.generate(2, TOKENS * rowFloats));
+    float[] q = ReferenceCycle.generate(5, ctx.queryHeads() * ctx.headDim());
+    Selection selection = ctx.decodeSelect(1, 0, q);
+    int capacity = selection.capacity();
+    int outBytes = ctx.kvHeads() * capacity * ctx.headDim() * 4;
+    ByteBuffer readOnly = nativeBuffer(outBytes).asReadOnlyBuffer().order(ByteOrder.nativeOrder());
+    e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.fetchKV(1, 0, selection, nativeBuffer(outBytes), readOnly));
+    assertEquals("pq_fetch_kv: out_values is read-only; expected a writable buffer, which"
+        + " receives the fetched rows", e.getMessage());
+    e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.fetchKV(1, 0, selection, new float[7], new float[7]));
+    assertEquals("pq_fetch_kv: out_keys has 7 floats; expected at least " + outBytes / 4
+        + " (tokens " + capacity + " x heads 2 x head_dim 16)", e.getMessage());
+    missing = assertThrows(NullPointerException.class,
+        () -> ctx.decodeAttend(1, 0, q, null));
+    assertEquals("pq_decode_attend: selection is null; expected a Selection",
+        missing.getMessage());
+    e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.observeAttention(1, 0, selection, new float[3]));
+    assertEquals("pq_observe_attention: probs has 3 floats; expected at least " + 2 * capacity
+        + " (2 kv heads x selection capacity " + capacity + ")", e.getMessage());
+
+    // A selection of another head count, from a context of another geometry.
+    Config wider = Config.builder().layers(1).queryHeads(4).kvHeads(4).headDim(16)
+        .dtype(DType.F32).build();
+    Selection other;
+    try (PqContext four = new PqContext(wider)) {
+      four.addSequence(1);
+      int rows = TOKENS * 4 * 16;
+      four.prefillLayer(1, 0, TOKENS, ReferenceCycle.generate(1, rows),
+          ReferenceCycle.generate(2, rows));
+      other = four.decodeSelect(1, 0, q);
+    }
+    e = assertThrows(IllegalArgumentException.class,
+        () -> ctx.decodeAttend(1, 0, q, other));
+    assertEquals("pq_decode_attend: selection has 4 kv heads; expected 2 (num_kv_heads)",
+        e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> ctx.fetchKVBatch(0,
+        new long[] {1}, new Selection[] {other}, new ByteBuffer[] {nativeBuffer(outBytes)},
+        new ByteBuffer[] {nativeBuffer(outBytes)}));
+    assertEquals("pq_fetch_kv_batch: items[0].selection has 4 kv heads; expected 2"
+        + " (num_kv_heads)", e.getMessage());
   }
 }
