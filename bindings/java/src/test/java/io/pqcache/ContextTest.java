@@ -53,6 +53,105 @@ class ContextTest {
     assertEquals("pq_wait_builds: the context is closed", closed.libraryMessage());
   }
 
+  /** A reference-config context whose sequence 1 holds 64 prefilled tokens. */
+  private static PqContext prefilledContext() {
+    PqContext ctx = new PqContext(ReferenceCycle.config());
+    int rows = 64 * ctx.kvHeads() * ctx.headDim();
+    ctx.addSequence(1);
+    ctx.prefillLayer(1, 0, 64, ReferenceCycle.generate(1, rows), ReferenceCycle.generate(2, rows));
+    return ctx;
+  }
+
+  /**
+   * What a context handed out before close() (selections, a restore in pieces, batch inputs)
+   * holds no native pointer into it: passed back after close() it meets the closed-context
+   * check, PqClosedException naming the C function, and the library is not called
+   * (docs/bindings/errors.md, issue 39's audit).
+   */
+  @Test
+  void objectsMadeBeforeCloseMeetTheClosedContext() {
+    PqContext ctx = prefilledContext();
+    float[] q = ReferenceCycle.generate(3, ctx.queryHeads() * ctx.headDim());
+    Selection selection = ctx.decodeSelect(1, 0, q);
+    byte[] state = ctx.saveSequence(1);
+    long described = ctx.restoreSequenceBegin(2, state);
+    int outFloats = ctx.kvHeads() * selection.capacity() * ctx.headDim();
+    ByteBuffer out = ByteBuffer.allocateDirect(outFloats * 4).order(ByteOrder.nativeOrder());
+    ByteBuffer outV = ByteBuffer.allocateDirect(outFloats * 4).order(ByteOrder.nativeOrder());
+    ctx.close();
+
+    assertEquals("pq_fetch_kv: the context is closed", assertThrows(PqClosedException.class,
+        () -> ctx.fetchKV(1, 0, selection, out, outV)).libraryMessage());
+    assertEquals("pq_fetch_kv: the context is closed", assertThrows(PqClosedException.class,
+        () -> ctx.fetchKV(1, 0, selection, new float[outFloats], new float[outFloats]))
+        .libraryMessage());
+    assertEquals("pq_decode_attend: the context is closed", assertThrows(
+        PqClosedException.class, () -> ctx.decodeAttend(1, 0, q, selection)).libraryMessage());
+    assertEquals("pq_observe_attention: the context is closed", assertThrows(
+        PqClosedException.class,
+        () -> ctx.observeAttention(1, 0, selection, new float[2 * selection.capacity()]))
+        .libraryMessage());
+    assertEquals("pq_fetch_kv_batch: the context is closed", assertThrows(
+        PqClosedException.class, () -> ctx.fetchKVBatch(0, new long[] {1},
+            new Selection[] {selection}, new ByteBuffer[] {out}, new ByteBuffer[] {outV}))
+        .libraryMessage());
+    assertEquals("pq_decode_select_batch: the context is closed", assertThrows(
+        PqClosedException.class, () -> ctx.decodeSelectBatch(0, new long[] {1},
+            new float[][] {q})).libraryMessage());
+    assertEquals("pq_sequence_restore_kv: the context is closed", assertThrows(
+        PqClosedException.class, () -> ctx.restoreSequenceKV(2, java.util.Arrays.copyOfRange(
+            state, (int) described, state.length))).libraryMessage());
+    assertEquals("pq_decode_speculate: the context is closed", assertThrows(
+        PqClosedException.class, () -> ctx.decodeSpeculate(1, 0, q)).libraryMessage());
+    // The selection itself is plain Java data and stays readable.
+    assertEquals(selection.maxCount(), selection.positions(0).length);
+  }
+
+  /**
+   * close() racing with calls on other threads: it waits for the calls in progress, and every
+   * call either completes or throws PqClosedException; none reaches a freed context.
+   */
+  @Test
+  void closeRacingWithCallsWaitsOrReportsClosed() throws Exception {
+    PqContext ctx = prefilledContext();
+    float[] q = ReferenceCycle.generate(3, ctx.queryHeads() * ctx.headDim());
+    java.util.concurrent.CountDownLatch started = new java.util.concurrent.CountDownLatch(2);
+    java.util.List<Thread> threads = new java.util.ArrayList<>();
+    java.util.concurrent.atomic.AtomicReference<Throwable> unexpected =
+        new java.util.concurrent.atomic.AtomicReference<>();
+    int[] closedSeen = new int[2];
+    for (int t = 0; t < 2; t++) {
+      int id = t;
+      Thread thread = new Thread(() -> {
+        started.countDown();
+        try {
+          while (true) {
+            Selection s = ctx.decodeSelect(1, 0, q);
+            ctx.fetchKV(1, 0, s, new float[ctx.kvHeads() * s.capacity() * ctx.headDim()],
+                new float[ctx.kvHeads() * s.capacity() * ctx.headDim()]);
+          }
+        } catch (PqClosedException e) {
+          closedSeen[id] = 1;
+        } catch (Throwable e) {
+          unexpected.set(e);
+        }
+      });
+      threads.add(thread);
+      thread.start();
+    }
+    started.await();
+    Thread.sleep(20);
+    ctx.close();
+    for (Thread thread : threads) {
+      thread.join(30_000);
+      assertFalse(thread.isAlive());
+    }
+    if (unexpected.get() != null) {
+      throw new AssertionError("a call racing with close", unexpected.get());
+    }
+    assertArrayEquals(new int[] {1, 1}, closedSeen);
+  }
+
   @Test
   void badConfigurationThrowsWithStatusAndLibraryMessage() {
     Config bad = Config.builder().layers(1).queryHeads(4).kvHeads(2).headDim(0).build();
