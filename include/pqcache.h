@@ -107,11 +107,16 @@ typedef enum pq_status {
   PQ_ERR_OUT_OF_MEMORY = -2,
   /* The call is valid but not now: for example select before prefill. */
   PQ_ERR_BAD_STATE = -3,
-  /* The sequence (or plug-in, or device) does not exist. */
+  /* What the call names does not exist: a sequence, a file
+   * (pq_sequence_restore_file), a key (the Redis tier, pqcache_redis.h), a
+   * watch, the CUDA plug-in or a device. The message names it. */
   PQ_ERR_NOT_FOUND = -4,
   /* A valid request this build or backend does not implement. */
   PQ_ERR_UNSUPPORTED = -5,
-  /* The compute backend (for example the CUDA plug-in) reported an error. */
+  /* Something outside the library failed: the CUDA plug-in or device, the
+   * file system (pq_sequence_save_file, _restore_file), a caller's
+   * callback (pq_write_fn, host_alloc), the Redis server (refused,
+   * timed out, out of memory). The message says which and why. */
   PQ_ERR_BACKEND = -6,
   /* A bug in libpqcache. Please report it with the message. */
   PQ_ERR_INTERNAL = -7,

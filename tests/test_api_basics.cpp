@@ -67,6 +67,34 @@ TEST(ApiBasics, StatusStringForEveryCode) {
   }
 }
 
+// Issue 39: a status string describes every use of its status, not one
+// (the Redis tier's refused connection read "the compute backend failed",
+// a missing key "no such sequence, plug-in or device").
+TEST(ApiBasics, StatusStringsFitEveryUseOfTheirStatus) {
+  struct Use {
+    pq_status s;
+    const char* word;  // what the string must name
+    const char* where;  // a call that returns the status for it
+  } uses[] = {
+      {PQ_ERR_NOT_FOUND, "sequence", "pq_sequence_remove of an unknown id"},
+      {PQ_ERR_NOT_FOUND, "file", "pq_sequence_restore_file of a missing path"},
+      {PQ_ERR_NOT_FOUND, "key", "pq_redis_get of a missing key"},
+      {PQ_ERR_NOT_FOUND, "plug-in", "pq_create with the CUDA backend and no plug-in"},
+      {PQ_ERR_NOT_FOUND, "device", "pq_create with the CUDA backend and no device"},
+      {PQ_ERR_BACKEND, "CUDA", "a CUDA call of the plug-in"},
+      {PQ_ERR_BACKEND, "file", "pq_sequence_save_file into an unwritable folder"},
+      {PQ_ERR_BACKEND, "Redis", "pq_redis_connect to a port nobody listens on"},
+      {PQ_ERR_BACKEND, "callback", "pq_sequence_save whose pq_write_fn returns non-zero"},
+      {PQ_ERR_CORRUPT, "Redis", "pq_redis_get of a damaged block"},
+      {PQ_ERR_CORRUPT, "file", "pq_sequence_restore_file of a damaged file"},
+  };
+  for (const Use& u : uses)
+    EXPECT_NE(std::string(pq_status_string(u.s)).find(u.word), std::string::npos)
+        << pq_status_string(u.s) << " does not fit " << u.where;
+  EXPECT_EQ(std::string(pq_status_string(PQ_ERR_BACKEND)).find("compute backend failed"),
+            std::string::npos);
+}
+
 TEST(ApiBasics, LastErrorIsEmptyOnAFreshThread) {
   std::string msg = "unset";
   std::thread t([&] { msg = pq_last_error() ? pq_last_error() : "(null)"; });

@@ -72,13 +72,19 @@ const char* pq_status_string(int32_t status) {
     case PQ_ERR_INVALID_ARGUMENT: return "PQ_ERR_INVALID_ARGUMENT: an argument is invalid";
     case PQ_ERR_OUT_OF_MEMORY: return "PQ_ERR_OUT_OF_MEMORY: out of memory or over the limit";
     case PQ_ERR_BAD_STATE: return "PQ_ERR_BAD_STATE: call not valid in the current state";
-    case PQ_ERR_NOT_FOUND: return "PQ_ERR_NOT_FOUND: no such sequence, plug-in or device";
+    case PQ_ERR_NOT_FOUND:
+      return "PQ_ERR_NOT_FOUND: what the call names does not exist (a sequence, file, Redis key, "
+             "plug-in or device)";
     case PQ_ERR_UNSUPPORTED: return "PQ_ERR_UNSUPPORTED: not supported by this build or backend";
-    case PQ_ERR_BACKEND: return "PQ_ERR_BACKEND: the compute backend failed";
+    case PQ_ERR_BACKEND:
+      return "PQ_ERR_BACKEND: something outside the library failed (the CUDA device, a file, "
+             "the Redis server or a callback)";
     case PQ_ERR_INTERNAL: return "PQ_ERR_INTERNAL: internal error in libpqcache";
     case PQ_ERR_BUFFER_TOO_SMALL:
       return "PQ_ERR_BUFFER_TOO_SMALL: an output buffer is too small (its needed size was written)";
-    case PQ_ERR_CORRUPT: return "PQ_ERR_CORRUPT: saved state is truncated or corrupted";
+    case PQ_ERR_CORRUPT:
+      return "PQ_ERR_CORRUPT: saved state (a buffer, file or Redis block) is truncated or "
+             "corrupted";
     case PQ_ERR_INCOMPATIBLE:
       return "PQ_ERR_INCOMPATIBLE: saved state of another format version or geometry";
   }
