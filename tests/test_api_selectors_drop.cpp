@@ -107,7 +107,10 @@ double pyramid_budget(double k, int32_t layer, int32_t layers, double rho) {
 }
 
 // SnapKV's prompt score per token [0, P) for kv head h, computed in double:
-// softmax per window query and query head (causal), summed, max-pooled.
+// softmax per window query and query head (causal), summed, pooled within
+// its span: the tokens before the window among themselves (as the official
+// code and kvpress, which pool attn_weights[..., :-window] only), the
+// window's among themselves.
 std::vector<double> snapkv_reference(const std::vector<float>& keys, int64_t P,
                                      const std::vector<float>& queries, int64_t q_tokens,
                                      const pq_config& c, int32_t h) {
@@ -135,8 +138,9 @@ std::vector<double> snapkv_reference(const std::vector<float>& keys, int64_t P,
   std::vector<double> pooled(static_cast<size_t>(P));
   const int64_t half = c.pooling_kernel / 2;
   for (int64_t t = 0; t < P; ++t) {
+    const int64_t span_begin = t < P - w ? 0 : P - w, span_end = t < P - w ? P - w : P;
     double m = raw[static_cast<size_t>(t)], sum = 0.0;
-    for (int64_t u = std::max<int64_t>(0, t - half); u <= std::min<int64_t>(P - 1, t + half); ++u) {
+    for (int64_t u = std::max(span_begin, t - half); u <= std::min(span_end - 1, t + half); ++u) {
       m = std::max(m, raw[static_cast<size_t>(u)]);
       sum += raw[static_cast<size_t>(u)];
     }

@@ -8,14 +8,21 @@
 // head and every query head g of its GQA group:
 //   p[g][i][t] = softmax_t(q[g][i] . k[t] / sqrt(head_dim)),  t <= P - w + i
 //   raw[t]     = sum over i and g of p[g][i][t]
-//   score[t]   = max of raw over [t - K/2, t + K/2] clipped to [0, P)
+//   score[t]   = max of raw over [t - K/2, t + K/2] clipped to t's span
 //                (PQ_POOLING_MAX), or the sum of raw there / K
 //                (PQ_POOLING_AVG: zero padding counted, as torch's
-//                avg_pool1d in the official SnapKV code)
+//                avg_pool1d, count_include_pad, in the official SnapKV
+//                code and kvpress)
 // (K = pooling_kernel, odd; "same" padding that never wins a max; K = 1 is
-// no pooling). The scores are static: they are computed once, here, reading
-// every prompt key once, and never updated during decode. A later call
-// replaces them (all stored tokens are rescored against the new window).
+// no pooling). t's span is [0, P - w) for the tokens before the window and
+// [P - w, P) for the window's own: the official code and kvpress score and
+// pool only attn_weights[..., :-window] (the window is always kept), so the
+// window's large attention must not lift the last K/2 tokens before it; the
+// window's tokens, which the library ranks like the others when
+// local_tokens < w, are pooled among themselves. The scores are static: they
+// are computed once, here, reading every prompt key once, and never updated
+// during decode. A later call replaces them (all stored tokens are rescored
+// against the new window).
 #pragma once
 
 #include <algorithm>
@@ -160,7 +167,9 @@ struct PromptScores {
       s.resize(static_cast<size_t>(P));
       const int64_t half = c.pooling_kernel / 2;
       for (int64_t t = 0; t < P; ++t) {
-        const int64_t lo = std::max<int64_t>(0, t - half), hi = std::min(P - 1, t + half);
+        // The span t pools over: the tokens before the window, or the window.
+        const int64_t span_begin = t < P - w ? 0 : P - w, span_end = t < P - w ? P - w : P;
+        const int64_t lo = std::max(span_begin, t - half), hi = std::min(span_end - 1, t + half);
         double m = raw[static_cast<size_t>(t)];
         if (c.pooling == PQ_POOLING_AVG) {  // zero padding counted, as avg_pool1d
           double sum = 0.0;

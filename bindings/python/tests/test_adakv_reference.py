@@ -5,10 +5,10 @@ below in numpy, on the same keys and window queries.
 
 Aligned settings: kvpress keeps n_kept = k + w tokens per head on average,
 the w window tokens always (their score is max + 1); the library keeps k
-middle tokens per head on average plus a local window of w, no sinks. Its
-pooling differs at the window's edge (kvpress pads the context with zeros
-where the library pools over the window's columns), so both pool with a
-kernel of 1. kvpress's safeguard int(n_kept * alpha) counts the window
+middle tokens per head on average plus a local window of w, no sinks. Both
+pool as SnapKVPress's default does, avg_pool1d with a kernel of 5 over the
+tokens before the window only (zero padding counted at both ends).
+kvpress's safeguard int(n_kept * alpha) counts the window
 tokens, which it protects first: the library's adakv_safeguard is the share
 left for the middle, (int(n_kept * alpha) - w) / k. The queries make one
 head sharp and one flat, so that the safeguard decides what the sharp one
@@ -21,6 +21,7 @@ import numpy as np
 import pqcache
 
 Q_HEADS, KV_HEADS, DIM, PROMPT, WINDOW, K = 4, 2, 16, 200, 8, 40
+KERNEL = 5                                             # SnapKVPress.kernel_size
 ALPHA = 0.75                                           # kvpress's alpha_safeguard
 N_KEPT = K + WINDOW                                    # int(k_len * (1 - compression_ratio))
 SAFEGUARD = (int(N_KEPT * ALPHA) - WINDOW) / K         # the library's share: 28 / 40
@@ -31,7 +32,7 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def snapkv_score(queries, keys, window=WINDOW, kernel=1):
+def snapkv_score(queries, keys, window=WINDOW, kernel=KERNEL):
     """SnapKVPress.score with compute_window_attention: queries [w, q_heads,
     d] of the last w positions, keys [k_len, kv_heads, d] -> [kv_heads, k_len]."""
     k_len = len(keys)
@@ -81,7 +82,8 @@ def test_each_heads_tokens_are_those_adakvpress_keeps():
     assert (unguarded != kept).any(), "the safeguard changes nothing: the test would not see it"
     with pqcache.Context(1, Q_HEADS, KV_HEADS, DIM, "f32", selector="adakv", sink_tokens=0,
                          local_tokens=WINDOW, topk_tokens=K, observation_window=WINDOW,
-                         pooling_kernel=1, adakv_safeguard=SAFEGUARD) as ctx:
+                         pooling_kernel=KERNEL, pooling="avg",
+                         adakv_safeguard=SAFEGUARD) as ctx:
         ctx.add_sequence(0)
         ctx.prefill(0, 0, keys, keys)
         ctx.prefill_queries(0, 0, queries)

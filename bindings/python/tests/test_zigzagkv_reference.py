@@ -11,9 +11,9 @@ measures and shares the middle (the tokens between the sinks and the local
 window). So the reference runs the PR's two functions on the scores of the
 prompt without its window, with seq_len = the middle and the compression
 ratio that leaves k of it, and the library keeps no sinks and a local window
-of the observation window. Pooling is a kernel of 1 (kvpress pads the
-context with zeros where the library pools over the window's columns, as in
-test_adakv_reference.py). The layers' queries are scaled apart so that their
+of the observation window. Both pool as SnapKVPress's default does,
+avg_pool1d with a kernel of 5 over the tokens before the window only. The
+layers' queries are scaled apart so that their
 budgets differ. (Checked: a reference with mass 0.8, a floor of 0.3 or the
 budgets of uniform layers fails.)"""
 import math
@@ -24,6 +24,7 @@ import pqcache
 
 LAYERS, Q_HEADS, KV_HEADS, DIM, PROMPT, WINDOW, K = 3, 4, 2, 16, 240, 8, 40
 MASS, FLOOR = 0.9, 0.2                   # the PR's attention_threshold and b_bound_ratio
+KERNEL = 5                               # SnapKVPress.kernel_size
 MIDDLE = PROMPT - WINDOW
 
 
@@ -32,14 +33,19 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def snapkv_context_scores(queries, keys):
+def snapkv_context_scores(queries, keys, kernel=KERNEL):
     """SnapKVPress.score before its window padding: [kv_heads, PROMPT - WINDOW]."""
     group = Q_HEADS // KV_HEADS
     key_states = np.repeat(keys.transpose(1, 0, 2), group, axis=0)           # repeat_kv
     attn = queries.transpose(1, 0, 2) @ key_states.transpose(0, 2, 1) / math.sqrt(DIM)
     mask = np.triu(np.full(attn.shape[1:], -np.inf), k=PROMPT - WINDOW + 1)
     attn = softmax(attn + mask)[..., :-WINDOW]
-    return attn.mean(axis=-2).reshape(KV_HEADS, group, -1).mean(1)
+    scores = attn.mean(axis=-2)                                               # [heads, ctx]
+    pad = kernel // 2                                                         # avg_pool1d
+    padded = np.pad(scores, ((0, 0), (pad, pad)))
+    scores = np.stack([padded[:, i:i + kernel].sum(-1) / kernel
+                       for i in range(scores.shape[1])], axis=-1)
+    return scores.reshape(KV_HEADS, group, -1).mean(1)
 
 
 def compute_lmba(scores, threshold=MASS):
@@ -76,7 +82,8 @@ def test_each_layers_tokens_are_those_zigzagkvpress_keeps():
     assert compute_budgets([1.0] * LAYERS, MIDDLE, 1 - K / MIDDLE) != budgets
     with pqcache.Context(LAYERS, Q_HEADS, KV_HEADS, DIM, "f32", selector="zigzagkv",
                          sink_tokens=0, local_tokens=WINDOW, topk_tokens=K,
-                         observation_window=WINDOW, pooling_kernel=1) as ctx:
+                         observation_window=WINDOW, pooling_kernel=KERNEL,
+                         pooling="avg") as ctx:
         ctx.add_sequence(0)
         for layer in range(LAYERS):
             ctx.prefill(0, layer, keys[layer], keys[layer])

@@ -1,0 +1,218 @@
+// Selectors against the rules of their methods' own code, each re-typed
+// here from the outside source (docs/selector-references.md names the files
+// and commits): SnapKV's window scores and pooling (NVIDIA/kvpress
+// SnapKVPress.score; FasterDecoding/SnapKV SnapKVCluster.update_kv). Public
+// API only. Each test also checks that its data tell the outside rule from
+// the nearest wrong one, so that it cannot pass by accident.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "api_test_util.h"
+
+namespace {
+
+using pqt::Ctx;
+using pqt::Sel;
+
+constexpr uint64_t kSeq = 3;
+
+// keys [tokens][kv_heads][head_dim], queries [w][q_heads][head_dim].
+struct Prompt {
+  int32_t q_heads, kv_heads, dim;
+  int64_t tokens, window;
+  std::vector<float> keys, queries;
+};
+
+// The softmax of window row i of query head qh over the keys it sees (causal:
+// prompt position tokens - window + i sees [0, tokens - window + i]), in
+// double; 0 past what it sees.
+std::vector<double> window_row_attention(const Prompt& p, int64_t i, int32_t qh) {
+  const int32_t group = p.q_heads / p.kv_heads, h = qh / group;
+  const int64_t seen = p.tokens - p.window + i + 1;
+  const float* q = p.queries.data() + (static_cast<size_t>(i) * p.q_heads + qh) * p.dim;
+  std::vector<double> logit(static_cast<size_t>(seen));
+  for (int64_t t = 0; t < seen; ++t) {
+    const float* k = p.keys.data() + (static_cast<size_t>(t) * p.kv_heads + h) * p.dim;
+    double dot = 0;
+    for (int32_t e = 0; e < p.dim; ++e) dot += double{q[e]} * k[e];
+    logit[static_cast<size_t>(t)] = dot / std::sqrt(static_cast<double>(p.dim));
+  }
+  const double mx = *std::max_element(logit.begin(), logit.end());
+  double total = 0;
+  for (double l : logit) total += std::exp(l - mx);
+  std::vector<double> out(static_cast<size_t>(p.tokens), 0.0);
+  for (int64_t t = 0; t < seen; ++t) out[static_cast<size_t>(t)] = std::exp(logit[t] - mx) / total;
+  return out;
+}
+
+// torch's avg_pool1d / max_pool1d over x with kernel_size k, padding k // 2,
+// stride 1: avg counts the zero padding (count_include_pad=True, the
+// default), max pads with -inf (the padding never wins).
+std::vector<double> pool1d(const std::vector<double>& x, int32_t kernel, bool average) {
+  const int64_t n = static_cast<int64_t>(x.size()), half = kernel / 2;
+  std::vector<double> out(x.size());
+  for (int64_t t = 0; t < n; ++t) {
+    double sum = 0, mx = -std::numeric_limits<double>::infinity();
+    for (int64_t u = t - half; u <= t + half; ++u) {
+      if (u < 0 || u >= n) continue;  // padding: 0 to the sum, never the max
+      sum += x[static_cast<size_t>(u)];
+      mx = std::max(mx, x[static_cast<size_t>(u)]);
+    }
+    out[static_cast<size_t>(t)] = average ? sum / kernel : mx;
+  }
+  return out;
+}
+
+// SnapKV's scores, per kv head and prompt token: kvpress's
+// SnapKVPress.score (the mean over the window rows, pooled per query head,
+// then the mean over the GQA group) and, for one query head per kv head, the
+// authors' update_kv (the sum over the window rows, then pooled): the same
+// ranking. Each token is pooled within its span, which `split_at_window`
+// decides: the outside code scores and pools attn_weights[..., :-window]
+// alone, the tokens before the window (the library pools the window's own
+// tokens among themselves); false pools across the whole prompt (the
+// library's rule before the fix), for the check that the data tell the two
+// apart.
+std::vector<std::vector<double>> snapkv_scores(const Prompt& p, int32_t kernel, bool average,
+                                               bool split_at_window) {
+  const int32_t group = p.q_heads / p.kv_heads;
+  const int64_t context = p.tokens - p.window;
+  std::vector<std::vector<double>> out(static_cast<size_t>(p.kv_heads),
+                                       std::vector<double>(static_cast<size_t>(p.tokens), 0.0));
+  for (int32_t qh = 0; qh < p.q_heads; ++qh) {
+    std::vector<double> mean(static_cast<size_t>(p.tokens), 0.0);
+    for (int64_t i = 0; i < p.window; ++i) {
+      const std::vector<double> a = window_row_attention(p, i, qh);
+      for (int64_t t = 0; t < p.tokens; ++t) mean[t] += a[t] / static_cast<double>(p.window);
+    }
+    std::vector<double> pooled;
+    if (split_at_window) {
+      pooled = pool1d(std::vector<double>(mean.begin(), mean.begin() + context), kernel, average);
+      const std::vector<double> window =
+          pool1d(std::vector<double>(mean.begin() + context, mean.end()), kernel, average);
+      pooled.insert(pooled.end(), window.begin(), window.end());
+    } else {
+      pooled = pool1d(mean, kernel, average);
+    }
+    for (int64_t t = 0; t < p.tokens; ++t) out[qh / group][t] += pooled[t] / group;
+  }
+  return out;
+}
+
+// The k positions of the highest of the first `span` scores, ascending. Max
+// pooling copies a peak to its neighbours, so equal scores meet at the
+// boundary: torch.topk leaves their order open, and the library keeps the
+// larger position.
+std::vector<int32_t> top_k(const std::vector<double>& s, int64_t span, int64_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(span));
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return s[a] != s[b] ? s[a] > s[b] : a > b;
+  });
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// A prompt with two kinds of tokens at the window's edge: `drawing` ones
+// (key dimension 0 large where every query's is) take most of the window's
+// attention, `ignored` ones (the opposite sign) almost none. Pooling across
+// the edge lifts the ignored side there.
+enum class Edge { kWindowDraws, kContextDraws };
+Prompt edge_prompt(int32_t q_heads, int32_t kv_heads, uint64_t seed, Edge edge) {
+  Prompt p{q_heads, kv_heads, 16, 160, 16, {}, {}};
+  p.keys = pqt::random_normal(static_cast<size_t>(p.tokens) * kv_heads * p.dim, seed);
+  p.queries = pqt::random_normal(static_cast<size_t>(p.window) * q_heads * p.dim, seed + 1);
+  for (size_t i = 0; i < p.queries.size(); i += p.dim) p.queries[i] = 4.f;
+  const int64_t context = p.tokens - p.window;
+  // kWindowDraws: the whole window draws, the last 2 before it are ignored;
+  // kContextDraws: the last 3 before it draw, the window's first 2 are ignored.
+  const int64_t begin = edge == Edge::kWindowDraws ? context - 2 : context - 3;
+  const int64_t end = edge == Edge::kWindowDraws ? p.tokens : context + 2;
+  for (int64_t t = begin; t < end; ++t) {
+    const bool draws = (t >= context) == (edge == Edge::kWindowDraws);
+    for (int32_t h = 0; h < kv_heads; ++h)
+      p.keys[(static_cast<size_t>(t) * kv_heads + h) * p.dim] = draws ? 4.f : -4.f;
+  }
+  return p;
+}
+
+// The library's SnapKV over the prompt, no sinks: its middle is [0, tokens -
+// local).
+std::vector<std::vector<int32_t>> library_snapkv(const Prompt& p, int32_t kernel, int32_t pooling,
+                                                 int32_t local, int64_t k) {
+  pq_config c = pqt::make_config(1, p.q_heads, p.kv_heads, p.dim, PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_SNAPKV;
+  c.sink_tokens = 0;
+  c.local_tokens = local;
+  c.topk_tokens = static_cast<int32_t>(k);
+  c.observation_window = static_cast<int32_t>(p.window);
+  c.pooling_kernel = kernel;
+  c.pooling = pooling;
+  c.worker_threads = 1;
+  Ctx ctx(c);
+  std::vector<std::vector<int32_t>> rows;
+  EXPECT_TRUE(ctx.ok()) << pq_last_error();
+  if (!ctx.ok()) return rows;
+  pqt::HostTensor kt = pqt::make_tensor(p.keys, p.tokens, p.kv_heads, p.dim, c.dtype);
+  pqt::HostTensor qt = pqt::make_tensor(p.queries, p.window, p.q_heads, p.dim, c.dtype);
+  EXPECT_TRUE(pqt::IsOk(pq_sequence_add(ctx, kSeq)));
+  EXPECT_TRUE(pqt::IsOk(pq_prefill_layer(ctx, kSeq, 0, kt.get(), kt.get())));
+  EXPECT_TRUE(pqt::IsOk(pq_prefill_queries(ctx, kSeq, 0, qt.get())));
+  Sel sel(p.kv_heads, pqt::selection_capacity(ctx, kSeq, 0));
+  std::vector<float> q(static_cast<size_t>(p.q_heads) * p.dim, 1.f);  // SnapKV ignores it
+  pqt::HostTensor qd = pqt::make_tensor(q, 1, p.q_heads, p.dim, c.dtype);
+  EXPECT_TRUE(pqt::IsOk(pq_decode_select(ctx, kSeq, 0, qd.get(), sel.get())));
+  const pqt::Regions r = pqt::regions(p.tokens, c);
+  for (int32_t h = 0; h < p.kv_heads; ++h) rows.push_back(pqt::middle_of(sel.row(h), r));
+  return rows;
+}
+
+// The library's top k of its middle against the same of the outside scores;
+// `local` = the window makes the middle the outside code's context.
+void expect_snapkv_pools_within_spans(const Prompt& p, int32_t kernel, int32_t pooling,
+                                      int32_t local) {
+  const int64_t k = 24, middle = p.tokens - local;
+  const bool average = pooling == PQ_POOLING_AVG;
+  const auto split = snapkv_scores(p, kernel, average, true);
+  const auto across = snapkv_scores(p, kernel, average, false);
+  const auto got = library_snapkv(p, kernel, pooling, local, k);
+  ASSERT_EQ(got.size(), static_cast<size_t>(p.kv_heads));
+  for (int32_t h = 0; h < p.kv_heads; ++h) {
+    SCOPED_TRACE("kv head " + std::to_string(h));
+    const std::vector<int32_t> want = top_k(split[h], middle, k);
+    ASSERT_NE(want, top_k(across[h], middle, k))
+        << "the data do not tell pooling across the window's edge from pooling within it";
+    EXPECT_EQ(got[h], want);
+  }
+}
+
+// kvpress's default: avg_pool1d, kernel 5, over a GQA group of 2.
+TEST(SnapKvReference, AveragePoolingSeesOnlyTheTokensBeforeTheWindowAsKvpress) {
+  const Prompt p = edge_prompt(4, 2, 11, Edge::kWindowDraws);
+  expect_snapkv_pools_within_spans(p, 5, PQ_POOLING_AVG, static_cast<int32_t>(p.window));
+}
+
+// The authors' maxpool (SnapKVCluster.update_kv) with the paper's kernel 7,
+// one query head per kv head as in their code.
+TEST(SnapKvReference, MaxPoolingSeesOnlyTheTokensBeforeTheWindowAsTheAuthors) {
+  const Prompt p = edge_prompt(2, 2, 21, Edge::kWindowDraws);
+  expect_snapkv_pools_within_spans(p, 7, PQ_POOLING_MAX, static_cast<int32_t>(p.window));
+}
+
+// A local window shorter than the observation window leaves window tokens in
+// the middle, which the outside code never scores (it keeps them): the
+// library pools them among themselves, so the tokens before them lift none.
+TEST(SnapKvReference, WindowTokensInTheMiddlePoolAmongThemselves) {
+  for (int32_t pooling : {PQ_POOLING_AVG, PQ_POOLING_MAX}) {
+    SCOPED_TRACE(pooling == PQ_POOLING_AVG ? "avg" : "max");
+    const Prompt p = edge_prompt(4, 2, 41, Edge::kContextDraws);
+    expect_snapkv_pools_within_spans(p, 5, pooling, 4);
+  }
+}
+
+}  // namespace
