@@ -614,8 +614,9 @@ typedef struct pq_config {
    * recovers all of it. (Added in 0.7.) */
   float fastgen_recovery;
   /* InfiniGen: the share of head_dim kept of each key (its partial key),
-   * in (0, 1], default 0.2 (the authors' runtime setting); at least one
-   * column. (Added in 0.7.) */
+   * in (0, 1], default 0.2 (the authors' runtime setting): head_dim * ratio
+   * columns truncated, as the authors' int() (12 at head_dim 64), at least
+   * one. (Added in 0.7.) */
   float infinigen_partial_ratio;
   /* InfiniGen: a token is counted toward a select's n when its partial
    * score is within this of its head's best, in (0, 1e6], default 4 (the

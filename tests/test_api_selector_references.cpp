@@ -1,9 +1,11 @@
 // Selectors against the rules of their methods' own code, each re-typed
 // here from the outside source (docs/selector-references.md names the files
 // and commits): SnapKV's window scores and pooling (NVIDIA/kvpress
-// SnapKVPress.score; FasterDecoding/SnapKV SnapKVCluster.update_kv). Public
-// API only. Each test also checks that its data tell the outside rule from
-// the nearest wrong one, so that it cannot pass by accident.
+// SnapKVPress.score; FasterDecoding/SnapKV SnapKVCluster.update_kv) and
+// InfiniGen's partial column count (snu-comparch/InfiniGen
+// partial_weight_index_generation). Public API only. Each test also checks
+// that its data tell the outside rule from the nearest wrong one, so that it
+// cannot pass by accident.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -213,6 +215,63 @@ TEST(SnapKvReference, WindowTokensInTheMiddlePoolAmongThemselves) {
     const Prompt p = edge_prompt(4, 2, 41, Edge::kContextDraws);
     expect_snapkv_pools_within_spans(p, 5, pooling, 4);
   }
+}
+
+// ---------------------------------------------------------------------------
+// InfiniGen: the partial column count
+// ---------------------------------------------------------------------------
+
+// InfiniGen reads r floats per middle token and kv head at a select
+// (pq_layer_info.last_select_bytes = kv_heads * middle * r * 4): r from the
+// outside.
+int64_t library_partial_columns(int32_t head_dim, float ratio) {
+  constexpr int32_t kKv = 2, kQ = 2;
+  constexpr int64_t kTokens = 48;
+  pq_config c = pqt::make_config(1, kQ, kKv, head_dim, PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_INFINIGEN;
+  c.sink_tokens = 2;
+  c.local_tokens = 6;
+  c.topk_tokens = 8;
+  c.observation_window = 8;
+  c.infinigen_partial_ratio = ratio;
+  c.worker_threads = 1;
+  Ctx ctx(c);
+  EXPECT_TRUE(ctx.ok()) << pq_last_error();
+  if (!ctx.ok()) return -1;
+  const std::vector<float> keys = pqt::random_normal(size_t{kTokens} * kKv * head_dim, 5);
+  const std::vector<float> queries = pqt::random_normal(size_t{8} * kQ * head_dim, 6);
+  pqt::HostTensor kt = pqt::make_tensor(keys, kTokens, kKv, head_dim, c.dtype);
+  pqt::HostTensor qt = pqt::make_tensor(queries, 8, kQ, head_dim, c.dtype);
+  EXPECT_TRUE(pqt::IsOk(pq_sequence_add(ctx, kSeq)));
+  EXPECT_TRUE(pqt::IsOk(pq_prefill_layer(ctx, kSeq, 0, kt.get(), kt.get())));
+  EXPECT_TRUE(pqt::IsOk(pq_prefill_queries(ctx, kSeq, 0, qt.get())));
+  Sel sel(kKv, pqt::selection_capacity(ctx, kSeq, 0));
+  pqt::HostTensor qd = pqt::make_tensor(queries.data(), 1, kQ, head_dim, c.dtype);
+  EXPECT_TRUE(pqt::IsOk(pq_decode_select(ctx, kSeq, 0, qd.get(), sel.get())));
+  const uint64_t bytes = pqt::layer_info(ctx, kSeq, 0).last_select_bytes;
+  const int64_t middle = pqt::regions(kTokens, c).middle;
+  return static_cast<int64_t>(bytes / (uint64_t{kKv} * middle * sizeof(float)));
+}
+
+// partial_weight_index_generation: int(head_dim * partial_weight_ratio), a
+// Python float product truncated toward zero; the library keeps at least one
+// column (pqcache.h). The ratios are the decimals a caller writes; a float
+// holding 0.7 is below 0.7, so the float product alone would truncate 10 x
+// 0.7 to 6 where Python says 7.
+TEST(InfiniGenReference, PartialColumnsAreTheAuthorsTruncatedCount) {
+  struct Case {
+    int32_t head_dim;
+    double ratio;  // as the authors' scripts pass it (--partial-weight-ratio)
+  };
+  for (Case c : {Case{64, 0.2}, Case{128, 0.2}, Case{10, 0.7}, Case{20, 0.35}, Case{100, 0.29},
+                 Case{16, 0.9}, Case{8, 0.05}, Case{64, 1.0}}) {
+    SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + ", ratio " + std::to_string(c.ratio));
+    const int64_t authors = static_cast<int64_t>(c.head_dim * c.ratio);  // Python's int()
+    const int64_t want = std::max<int64_t>(1, authors);
+    EXPECT_EQ(library_partial_columns(c.head_dim, static_cast<float>(c.ratio)), want);
+  }
+  // The case: rounding gives 13 at head size 64, the authors 12.
+  EXPECT_NE(std::lround(64 * 0.2), static_cast<long>(64 * 0.2));
 }
 
 }  // namespace

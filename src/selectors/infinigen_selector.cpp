@@ -6,8 +6,9 @@
 // of the window queries of its GQA group (rows: w x group, the
 // eigenvectors of Q^T Q, base/symmetric_eigen.h). q.k = (q A).(k A), and
 // A concentrates the queries' magnitude in few columns; the r =
-// max(1, round(infinigen_partial_ratio * head_dim)) columns of largest
-// sum over the rows of |q A| are kept. The authors compute A offline from
+// max(1, int(head_dim * infinigen_partial_ratio)) columns of largest
+// sum over the rows of |q A| are kept (truncated, as the authors'
+// partial_weight_index_generation: 12 at head_dim 64 and the default 0.2). The authors compute A offline from
 // one sample prompt (and order its columns by s_q * s_k, which only names
 // them: the columns kept are chosen by magnitude either way) and the
 // columns per request from the prompt's queries (the runtime path); here
@@ -28,6 +29,7 @@
 // keys and the window queries: a save keeps the columns, the partial keys
 // are recomputed after a restore.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -47,8 +49,16 @@ namespace pq {
 
 namespace {
 
+// The authors' int(head_dim * partial_weight_ratio): a Python float
+// product truncated. The ratio is taken as its shortest decimal (what the
+// caller wrote: 0.7, not the float just below it, whose product with 10
+// would truncate to 6 where Python's gives 7). At least one column.
 int32_t partial_columns(const pq_config& c) {
-  const double r = std::round(static_cast<double>(c.infinigen_partial_ratio) * c.head_dim);
+  char text[32];  // the shortest decimal that reads back as the float (to_chars)
+  const char* end = std::to_chars(text, text + sizeof text, c.infinigen_partial_ratio).ptr;
+  double ratio = 0.0;
+  std::from_chars(text, end, ratio);
+  const double r = std::trunc(ratio * c.head_dim);
   return static_cast<int32_t>(std::clamp<double>(r, 1.0, c.head_dim));
 }
 
