@@ -18,6 +18,12 @@
 //
 // Cold start: before any observation every score is 0, and ties go to the
 // larger position, so the most recent middle tokens are kept.
+//
+// Saturation: a score stops at FLT_MAX (saturating_add). Any finite
+// probability >= 0 is accepted, so two of 3e38 would sum to +inf, which a
+// saved state cannot hold (the loader refuses it as corrupt): what the
+// library saves it must restore. Tokens at FLT_MAX tie (the larger position
+// wins), which only observations near the float's limit can cause.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +36,11 @@
 #include "format/state_io.h"
 
 namespace pq {
+
+// score + p (both finite, >= 0), at most FLT_MAX.
+inline float saturating_add(float score, float p) {
+  return std::min(score + p, std::numeric_limits<float>::max());
+}
 
 struct AttentionAccumulator {
   explicit AttentionAccumulator(int32_t kv_heads)
@@ -52,7 +63,7 @@ struct AttentionAccumulator {
     const std::vector<uint8_t>& d = dropped[h];
     for (int64_t i = 0; i < count; ++i) {
       const size_t p = static_cast<size_t>(positions[i]);
-      if (!d[p]) s[p] += probs[i];
+      if (!d[p]) s[p] = saturating_add(s[p], probs[i]);
     }
   }
 
