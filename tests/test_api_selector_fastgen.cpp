@@ -68,20 +68,25 @@ std::vector<uint8_t> prompt_classes() {
 }
 
 // The rule, in the library's arithmetic where it matters (the window's
-// column sums in double from float logits, the scores then in float).
+// column sums in double from float logits, the attention sums then in
+// float). A heavy hitter ranks by its mean attention since it was stored
+// (cold-compress's numerator / denominator): sum / observed.
 struct FastGenRef {
   pq_config c;
   std::vector<uint8_t> classes;
   std::vector<int> policy;
   std::vector<std::vector<float>> score;
+  std::vector<std::vector<uint32_t>> observed;
   std::vector<std::vector<bool>> dropped;
 
-  explicit FastGenRef(const pq_config& config) : c(config), score(kHeads), dropped(kHeads) {}
+  explicit FastGenRef(const pq_config& config)
+      : c(config), score(kHeads), observed(kHeads), dropped(kHeads) {}
 
   uint8_t class_of(int64_t t) const { return t < int64_t(classes.size()) ? classes[t] : 0; }
   void grow(int64_t n) {
     for (int32_t h = 0; h < kHeads; ++h) {
       score[h].resize(std::max<size_t>(n, score[h].size()), 0.f);
+      observed[h].resize(score[h].size(), 0);
       dropped[h].resize(score[h].size(), false);
     }
   }
@@ -108,7 +113,12 @@ struct FastGenRef {
         for (float v : l) total += std::exp(double{v} - mx);
         for (int64_t t = 0; t < seen; ++t) sum[t] += std::exp(double{l[t]} - mx) * (1.0 / total);
       }
-      for (int64_t t = 0; t < kPrompt; ++t) score[h][t] = static_cast<float>(sum[t]);
+      // The profile is each token's first observation: the mean over the
+      // window rows that see it.
+      for (int64_t t = 0; t < kPrompt; ++t) {
+        score[h][t] = static_cast<float>(sum[t] / std::min<int64_t>(kQueries, kPrompt - t));
+        observed[h][t] = 1;
+      }
       // The policies' recovered shares.
       const int64_t heavy = (r.k + 1) / 2, window = r.k - heavy;
       double rec[4] = {0, 0, 0, 0};
@@ -152,7 +162,7 @@ struct FastGenRef {
     int64_t guarded = 0;
     std::vector<std::pair<float, int32_t>> ranked;
     for (int64_t t = r.sink_end; t < r.local_begin; ++t) {
-      float v = score[h][t];
+      float v = observed[h][t] == 0 ? 0.f : score[h][t] / static_cast<float>(observed[h][t]);
       if (protects(p, t, r.local_begin, window)) {
         dropped[h][t] = false;
         v = std::numeric_limits<float>::infinity();
@@ -174,6 +184,7 @@ struct FastGenRef {
       } else if (!dropped[h][t]) {
         dropped[h][t] = true;
         score[h][t] = 0.f;
+        observed[h][t] = 0;
       }
     }
     std::sort(keep.begin(), keep.end());
@@ -182,7 +193,10 @@ struct FastGenRef {
 
   void observe(int32_t h, const std::vector<int32_t>& tokens, const float* probs) {
     for (size_t i = 0; i < tokens.size(); ++i)
-      if (!dropped[h][tokens[i]]) score[h][tokens[i]] += probs[i];
+      if (!dropped[h][tokens[i]]) {
+        score[h][tokens[i]] += probs[i];
+        ++observed[h][tokens[i]];
+      }
   }
 };
 

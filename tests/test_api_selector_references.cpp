@@ -1,15 +1,18 @@
 // Selectors against the rules of their methods' own code, each re-typed
 // here from the outside source (docs/selector-references.md names the files
 // and commits): SnapKV's window scores and pooling (NVIDIA/kvpress
-// SnapKVPress.score; FasterDecoding/SnapKV SnapKVCluster.update_kv) and
+// SnapKVPress.score; FasterDecoding/SnapKV SnapKVCluster.update_kv),
 // InfiniGen's partial column count (snu-comparch/InfiniGen
-// partial_weight_index_generation). Public API only. Each test also checks
-// that its data tell the outside rule from the nearest wrong one, so that it
-// cannot pass by accident.
+// partial_weight_index_generation) and FastGen's heavy hitters
+// (AnswerDotAI/cold-compress KVCacheHybrid._eviction_idx_for_head). Public
+// API only. Each test also checks that its data tell the outside rule from
+// the nearest wrong one, so that it cannot pass by accident.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -272,6 +275,183 @@ TEST(InfiniGenReference, PartialColumnsAreTheAuthorsTruncatedCount) {
   }
   // The case: rounding gives 13 at head size 64, the authors 12.
   EXPECT_NE(std::lround(64 * 0.2), static_cast<long>(64 * 0.2));
+}
+
+// ---------------------------------------------------------------------------
+// FastGen: heavy hitters by mean attention since insertion
+// ---------------------------------------------------------------------------
+
+// cold-compress's heavy-hitter heads (KVCacheHybrid over KVCacheHeavyHitter),
+// mapped onto the library's regions: every token has a history of observed
+// attention, numerator (the sum) and denominator (the observations since it
+// was stored; the profile's prompt attention, attn.sum over the rows that
+// see a key / their number, is the first); a head keeps `heavy` of its
+// middle, and while more compete it evicts the argmin of numerator /
+// denominator (_eviction_idx_for_head), for good. `mean` false ranks by the
+// numerator alone (the library's rule before the fix), for the check.
+struct ColdCompressHeavyHitters {
+  bool mean;
+  int64_t heavy;
+  std::vector<std::vector<double>> numerator;
+  std::vector<std::vector<int64_t>> denominator;
+  std::vector<std::vector<bool>> evicted;
+
+  double score(int32_t h, int64_t t) const {
+    if (!mean) return numerator[h][t];
+    return denominator[h][t] == 0 ? 0.0 : numerator[h][t] / denominator[h][t];
+  }
+  void grow(int64_t n) {
+    for (size_t h = 0; h < numerator.size(); ++h) {
+      numerator[h].resize(static_cast<size_t>(n), 0.0);
+      denominator[h].resize(static_cast<size_t>(n), 0);
+      evicted[h].resize(static_cast<size_t>(n), false);
+    }
+  }
+  // The middle tokens kept, ascending, after evicting down to `heavy`.
+  std::vector<int32_t> select(int32_t h, const pqt::Regions& r) {
+    std::vector<int32_t> kept;
+    for (int64_t t = r.sink_end; t < r.local_begin; ++t)
+      if (!evicted[h][t]) kept.push_back(static_cast<int32_t>(t));
+    while (static_cast<int64_t>(kept.size()) > heavy) {
+      auto lowest = std::min_element(kept.begin(), kept.end(), [&](int32_t a, int32_t b) {
+        return score(h, a) < score(h, b);
+      });
+      evicted[h][*lowest] = true;
+      kept.erase(lowest);
+    }
+    return kept;
+  }
+  void observe(int32_t h, int32_t t, double p) {
+    numerator[h][t] += p;
+    denominator[h][t] += 1;
+  }
+};
+
+// The attention a step pays a token: any finite value >= 0 is allowed; these
+// are spread so that no two histories tie.
+double step_probability(int64_t step, int32_t h, int32_t t) {
+  uint64_t x = (static_cast<uint64_t>(step) << 40) ^ (static_cast<uint64_t>(h) << 32) ^
+               static_cast<uint64_t>(t);
+  x += 0x9E3779B97F4A7C15ull;  // splitmix64
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return 0.001 + 0.999 * static_cast<double>(x >> 11) / 9007199254740992.0;
+}
+
+double jaccard(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  std::set<int32_t> u(a.begin(), a.end());
+  u.insert(b.begin(), b.end());
+  return u.empty() ? 1.0 : static_cast<double>(pqt::overlap(a, b)) / static_cast<double>(u.size());
+}
+
+TEST(FastGenReference, HeavyHittersRankByMeanAttentionSinceInsertionAsColdCompress) {
+  constexpr int32_t kQ = 4, kKv = 2, kDim = 8;
+  constexpr int64_t kPrompt = 64, kWindow = 4, kSteps = 128;
+  pq_config c = pqt::make_config(1, kQ, kKv, kDim, PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_FASTGEN;
+  c.sink_tokens = 2;
+  c.local_tokens = 8;
+  c.topk_tokens = 8;  // heavy hitters ceil(8 / 2) = 4
+  c.observation_window = kWindow;
+  c.fastgen_recovery = 0.9f;
+  c.worker_threads = 1;
+  // The window rows of each kv head attend to three targets (key dimension 0
+  // is 1 there, 0 elsewhere; the queries' is large), so the heavy-hitter
+  // policy recovers 0.9 and the special one (sinks and local window) does not.
+  Prompt p{kQ, kKv, kDim, kPrompt, kWindow, {}, {}};
+  p.keys = pqt::random_normal(size_t{kPrompt} * kKv * kDim, 31, 0.5f);
+  p.queries = pqt::random_normal(size_t{kWindow} * kQ * kDim, 32, 0.3f);
+  for (int64_t t = 0; t < kPrompt; ++t)
+    for (int32_t h = 0; h < kKv; ++h) p.keys[(t * kKv + h) * kDim] = 0.f;
+  const int32_t targets[kKv][3] = {{12, 30, 41}, {20, 33, 47}};
+  for (int32_t h = 0; h < kKv; ++h)
+    for (int32_t t : targets[h]) p.keys[(t * kKv + h) * kDim] = 1.f;
+  for (size_t i = 0; i < p.queries.size(); i += kDim) p.queries[i] = 6.f * std::sqrt(8.f);
+
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  pqt::HostTensor kt = pqt::make_tensor(p.keys, kPrompt, kKv, kDim, c.dtype);
+  pqt::HostTensor qt = pqt::make_tensor(p.queries, kWindow, kQ, kDim, c.dtype);
+  PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+  PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq, 0, kt.get(), kt.get()));
+  PQ_ASSERT_OK(pq_prefill_queries(ctx, kSeq, 0, qt.get()));
+
+  const int64_t heavy = (c.topk_tokens + 1) / 2;
+  ColdCompressHeavyHitters mean_rule{true, heavy, {}, {}, {}}, sum_rule{false, heavy, {}, {}, {}};
+  for (ColdCompressHeavyHitters* rule : {&mean_rule, &sum_rule}) {
+    rule->numerator.resize(kKv);
+    rule->denominator.resize(kKv);
+    rule->evicted.resize(kKv);
+    rule->grow(kPrompt);
+  }
+  // The profile as the first observation: the group's attention summed (as
+  // pq_observe_attention's probabilities are), averaged over the window rows
+  // that see the token.
+  const int32_t group = kQ / kKv;
+  for (int32_t h = 0; h < kKv; ++h) {
+    std::vector<double> sum(kPrompt, 0.0);
+    for (int64_t i = 0; i < kWindow; ++i)
+      for (int32_t g = 0; g < group; ++g) {
+        const std::vector<double> a = window_row_attention(p, i, h * group + g);
+        for (int64_t t = 0; t < kPrompt; ++t) sum[t] += a[t];
+      }
+    for (int64_t t = 0; t < kPrompt; ++t) {
+      const int64_t rows = std::min<int64_t>(kWindow, kPrompt - t);
+      for (ColdCompressHeavyHitters* rule : {&mean_rule, &sum_rule}) rule->observe(h, int32_t(t), sum[t] / rows);
+    }
+  }
+
+  const std::vector<float> decode_keys = pqt::random_normal(size_t{kSteps} * kKv * kDim, 33);
+  double jaccard_sum_rule = 0;
+  int64_t compared = 0, equal = 0;
+  for (int64_t s = 0; s <= kSteps; ++s) {
+    const int64_t n = kPrompt + s;
+    if (s > 0) {
+      pqt::HostTensor kv = pqt::make_tensor(decode_keys.data() + (s - 1) * kKv * kDim, 1, kKv,
+                                            kDim, c.dtype);
+      ASSERT_TRUE(pqt::IsOk(pq_decode_append(ctx, kSeq, 0, kv.get(), kv.get())));
+    }
+    for (ColdCompressHeavyHitters* rule : {&mean_rule, &sum_rule}) rule->grow(n);
+    const pqt::Regions r = pqt::regions(n, c);
+    Sel sel(kKv, pqt::selection_capacity(ctx, kSeq, 0));
+    pqt::HostTensor qd = pqt::make_tensor(p.queries.data(), 1, kQ, kDim, c.dtype);
+    ASSERT_TRUE(pqt::IsOk(pq_decode_select(ctx, kSeq, 0, qd.get(), sel.get())));
+    std::vector<float> probs(static_cast<size_t>(kKv * sel.capacity), 0.f);
+    for (int32_t h = 0; h < kKv; ++h) {
+      const std::vector<int32_t> row = sel.row(h);
+      const std::vector<int32_t> got = pqt::middle_of(row, r);
+      ASSERT_EQ(static_cast<int64_t>(got.size()), std::min(heavy, r.middle))
+          << "kv head " << h << " does not hold the heavy-hitter policy";
+      const std::vector<int32_t> want = mean_rule.select(h, r);
+      const std::vector<int32_t> by_sum = sum_rule.select(h, r);
+      EXPECT_EQ(got, want) << "step " << s << ", kv head " << h;
+      ++compared;
+      equal += got == want;
+      jaccard_sum_rule += jaccard(by_sum, want);
+      // Every token the head attends this step (sinks, kept middle, local
+      // window) is observed, in the library and in both rules.
+      for (size_t i = 0; i < row.size(); ++i) {
+        const double v = step_probability(s, h, row[i]);
+        probs[h * sel.capacity + i] = static_cast<float>(v);
+      }
+      for (ColdCompressHeavyHitters* rule : {&mean_rule, &sum_rule}) {
+        std::vector<int32_t> attended;
+        for (int64_t t = 0; t < r.sink_end; ++t) attended.push_back(int32_t(t));
+        const std::vector<int32_t> middle = rule == &mean_rule ? want : by_sum;
+        attended.insert(attended.end(), middle.begin(), middle.end());
+        for (int64_t t = r.local_begin; t < n; ++t) attended.push_back(int32_t(t));
+        for (int32_t t : attended) rule->observe(h, t, static_cast<float>(step_probability(s, h, t)));
+      }
+    }
+    ASSERT_TRUE(pqt::IsOk(pq_observe_attention(ctx, kSeq, 0, sel.get(), probs.data())));
+  }
+  std::printf("FastGen against cold-compress's mean rule: %lld of %lld selections equal; "
+              "the sum rule's mean Jaccard with it %.3f\n",
+              static_cast<long long>(equal), static_cast<long long>(compared),
+              jaccard_sum_rule / static_cast<double>(compared));
+  EXPECT_LT(jaccard_sum_rule / static_cast<double>(compared), 0.95)
+      << "the data do not tell the sum from the mean";
 }
 
 }  // namespace

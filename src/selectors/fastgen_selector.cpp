@@ -22,10 +22,15 @@
 // Decode, per select: a special or punctuation head keeps those classes of
 // the current middle (later tokens by the classes given for them); a full
 // head the whole middle; a heavy head its protected classes and the
-// ceil(k / 2) other middle tokens with the highest accumulated attention
-// (the window's column sums, then what pq_observe_attention adds), the
-// others dropped for good (drop_selection.h; cold-compress evicts the
-// lowest average one token per step: at a fixed budget the same set); a
+// ceil(k / 2) other middle tokens with the highest mean attention since
+// they were stored, the others dropped for good (drop_selection.h). The
+// mean is cold-compress's numerator / denominator (KVCacheHeavyHitter's
+// attention history): the profile is a token's first observation (the
+// attention the window rows that see it paid it, summed over the GQA group
+// as pq_observe_attention's probabilities are, averaged over those rows),
+// and every pq_observe_attention that covers it one more. Cold-compress
+// evicts the lowest mean one token per step: at a fixed budget the same set
+// (a sum would favour the oldest tokens: 0.79 Jaccard after 128 steps). A
 // window head also keeps the newest k - ceil(k / 2) middle tokens, which
 // join the heavy-hitter contest as they age out of it. Heads keep
 // different numbers of tokens (pq_selection.counts); the capacity is the
@@ -33,14 +38,17 @@
 //
 // Where the library differs from cold-compress: the profile is the
 // observation window's rows, not the whole prompt's attention (which a
-// server with FlashAttention never holds); the budgets are the library's k
-// (cold-compress: 0.3 of the maximum cache length each for the heavy
-// hitters and the window); the local window and sinks are the library's.
+// server with FlashAttention never holds); the mean is over every
+// observation since the token was stored (cold-compress keeps the last 400,
+// history_window_size, so from the 400th step on a token's oldest ones
+// leave its mean there); the budgets are the library's k (cold-compress:
+// 0.3 of the maximum cache length each for the heavy hitters and the
+// window); the local window and sinks are the library's.
 //
 // Classes come from pq_sequence_token_classes, per layer in this state (so
 // truncate, fork and save carry them); a token never described is plain.
 // Give the prompt's before pq_prefill_queries: the profile reads them.
-// A later pq_prefill_queries profiles anew (accumulated attention and drop
+// A later pq_prefill_queries profiles anew (attention histories and drop
 // marks start over). A truncate keeps the policies. Bytes: the state only;
 // a decode step reads no key (the profile read the prompt keys once).
 #include <algorithm>
@@ -69,14 +77,41 @@ int64_t heavy_budget(int64_t k) { return (k + 1) / 2; }
 int64_t window_budget(int64_t k) { return k - heavy_budget(k); }
 
 struct FastGenState final : CopyableState<FastGenState> {
-  FastGenState(int32_t layer, int32_t kv_heads) : layer(layer), attention(kv_heads) {}
+  FastGenState(int32_t layer, int32_t kv_heads)
+      : layer(layer), attention(kv_heads), observed(static_cast<size_t>(kv_heads)) {}
   int32_t layer;
   int64_t prompt_tokens = -1;       // tokens at the last pq_prefill_queries; -1 before
   std::vector<uint8_t> policy;      // [kv_head], once profiled
-  AttentionAccumulator attention;   // heavy-hitter scores and drop marks
+  AttentionAccumulator attention;   // the attention histories' sums (saturating), drop marks
+  std::vector<std::vector<uint32_t>> observed;  // [kv_head][token]: observations in the sum
   std::vector<uint8_t> classes;     // [token] pq_token_class flags; may pass the stored tokens
 
   bool ready() const { return prompt_tokens >= 0; }
+  // A heavy hitter's score: its mean attention since it was stored; 0
+  // before its first observation.
+  float mean_attention(size_t h, int64_t t) const {
+    const uint32_t n = observed[h][static_cast<size_t>(t)];
+    return n == 0 ? 0.f : attention.score[h][static_cast<size_t>(t)] / static_cast<float>(n);
+  }
+  // Room for n tokens in every head (new tokens: no observation, kept).
+  void grow(int64_t n) {
+    attention.grow(n);
+    for (std::vector<uint32_t>& o : observed)
+      if (static_cast<int64_t>(o.size()) < n) o.resize(static_cast<size_t>(n), 0);
+  }
+  void observe(int32_t kv_head, const int32_t* positions, const float* probs, int64_t count) {
+    if (count <= 0) return;
+    grow(tokens_covered(positions, count));
+    const size_t h = static_cast<size_t>(kv_head);
+    std::vector<float>& sum = attention.score[h];
+    std::vector<uint32_t>& n = observed[h];
+    for (int64_t i = 0; i < count; ++i) {
+      const size_t t = static_cast<size_t>(positions[i]);
+      if (attention.dropped[h][t]) continue;  // dropped for good: ignored, as H2O's
+      sum[t] = saturating_add(sum[t], probs[i]);
+      if (n[t] < std::numeric_limits<uint32_t>::max()) ++n[t];
+    }
+  }
   uint8_t class_of(int64_t t) const {
     return t < static_cast<int64_t>(classes.size()) ? classes[static_cast<size_t>(t)] : 0;
   }
@@ -107,6 +142,8 @@ struct FastGenState final : CopyableState<FastGenState> {
 
   void truncate(int64_t tokens) override {
     attention.truncate(tokens);
+    for (std::vector<uint32_t>& o : observed)
+      if (static_cast<int64_t>(o.size()) > tokens) o.resize(static_cast<size_t>(tokens));
     if (static_cast<int64_t>(classes.size()) > tokens) {
       classes.resize(static_cast<size_t>(tokens));
       classes.shrink_to_fit();  // its charge goes down with it
@@ -117,6 +154,7 @@ struct FastGenState final : CopyableState<FastGenState> {
     out.put<int64_t>(prompt_tokens);
     out.put_vector(policy);
     attention.save(out);
+    for (const std::vector<uint32_t>& o : observed) out.put_vector(o);
     out.put_vector(classes);
   }
   void load(ByteReader& in, int64_t tokens, const pq_config& c) override {
@@ -133,6 +171,18 @@ struct FastGenState final : CopyableState<FastGenState> {
       if (p >= kPolicies)
         in.corrupt("fastgen: a head's policy is " + std::to_string(p) + "; expected 0 to 4");
     attention.load(in, tokens);
+    for (size_t h = 0; h < observed.size(); ++h) {
+      const std::vector<float>& sum = attention.score[h];
+      observed[h] = in.get_vector<uint32_t>("fastgen: observations", sum.size());
+      if (observed[h].size() != sum.size())
+        in.corrupt("fastgen: kv head " + std::to_string(h) + " has " +
+                   std::to_string(observed[h].size()) + " observation counts for " +
+                   std::to_string(sum.size()) + " attention sums");
+      for (size_t t = 0; t < sum.size(); ++t)
+        if (observed[h][t] == 0 && sum[t] != 0.f)
+          in.corrupt("fastgen: kv head " + std::to_string(h) + ", token " + std::to_string(t) +
+                     " has attention " + number_text(sum[t]) + " but no observation");
+    }
     classes = in.get_vector<uint8_t>("fastgen: token classes", in.left());
     for (size_t t = 0; t < classes.size(); ++t)
       if (classes[t] & ~(PQ_TOKEN_SPECIAL | PQ_TOKEN_PUNCTUATION))
@@ -177,15 +227,22 @@ class FastGenSelector final : public Selector {
     const double rows = static_cast<double>(w) * (c.num_q_heads / c.num_kv_heads);
     std::vector<double> sum(static_cast<size_t>(P));
     std::vector<uint8_t> policy(static_cast<size_t>(c.num_kv_heads));
-    s.attention.truncate(0);  // the profile starts the accumulated attention over
-    s.attention.grow(P);
+    s.attention.truncate(0);  // the profile starts the attention histories over
+    for (std::vector<uint32_t>& o : s.observed) o.clear();
+    s.grow(P);
     for (int32_t h = 0; h < c.num_kv_heads; ++h) {
       std::fill(sum.begin(), sum.end(), 0.0);
       for_each_window_row(store, queries, w, c, h, [&](int64_t, const float* l, int64_t n) {
         add_softmax(l, n, 1.0, sum.data());
       });
+      // The first observation: the mean over the window rows that see t
+      // (row i, at position P - w + i, sees [0, P - w + i]).
       std::vector<float>& score = s.attention.score[static_cast<size_t>(h)];
-      for (int64_t t = 0; t < P; ++t) score[static_cast<size_t>(t)] = static_cast<float>(sum[t]);
+      for (int64_t t = 0; t < P; ++t) {
+        const int64_t seen_by = std::min(w, P - t);
+        score[static_cast<size_t>(t)] = static_cast<float>(sum[t] / static_cast<double>(seen_by));
+        s.observed[static_cast<size_t>(h)][static_cast<size_t>(t)] = 1;
+      }
       policy[static_cast<size_t>(h)] =
           choose_policy(s, sum, rows, mid_begin, mid_end, k, c.fastgen_recovery);
     }
@@ -197,12 +254,12 @@ class FastGenSelector final : public Selector {
                     const pq_config&) const override {
     FastGenState& s = state_of<FastGenState>(state, name());
     if (!s.ready()) fail_needs_prefill_queries(name(), s.layer);
-    s.attention.grow(n);
+    s.grow(n);
   }
 
   void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,
                          const float* probs, int64_t count) const override {
-    state_of<FastGenState>(state, name()).attention.add(kv_head, positions, probs, count);
+    state_of<FastGenState>(state, name()).observe(kv_head, positions, probs, count);
   }
 
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {
@@ -224,7 +281,8 @@ class FastGenSelector final : public Selector {
         // takes them all and the heavy hitters among the rest; the rest is
         // dropped. A protected token is kept whatever happened to it before.
         std::vector<uint8_t>& dropped = s.attention.dropped[static_cast<size_t>(h)];
-        std::vector<float>& score = s.attention.score[static_cast<size_t>(h)];
+        std::vector<float>& sum = s.attention.score[static_cast<size_t>(h)];
+        std::vector<uint32_t>& observed = s.observed[static_cast<size_t>(h)];
         int64_t guarded = 0;
         for (int64_t t = begin; t < end; ++t)
           if (s.protects(p, t, end, window)) {
@@ -238,9 +296,12 @@ class FastGenSelector final : public Selector {
             head, begin, end, kept,
             [&](int64_t t) {
               return s.protects(p, t, end, window) ? std::numeric_limits<float>::infinity()
-                                                   : score[static_cast<size_t>(t)];
+                                                   : s.mean_attention(static_cast<size_t>(h), t);
             },
-            dropped, row, [&](int64_t t) { score[static_cast<size_t>(t)] = 0.f; });
+            dropped, row, [&](int64_t t) {
+              sum[static_cast<size_t>(t)] = 0.f;  // a revived token starts a new history
+              observed[static_cast<size_t>(t)] = 0;
+            });
       }
       r.head_counts[h] = static_cast<int32_t>(kept);
     });
