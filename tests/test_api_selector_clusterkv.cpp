@@ -145,6 +145,73 @@ TEST(ClusterKv, NewMiddleTokensAreKeptUntilTheirWindowIsClustered) {
   }
 }
 
+// Issue 39 (audit D1): a truncate kept every cluster, so truncate-regrow
+// cycles grew the clusters without bound (106 MB of heap in 2000 cycles,
+// host_bytes unchanged) until the saved state no longer restored ("tokens
+// [4, 1024) in 16400 clusters do not fit"). A cut now drops the window it
+// goes through: regrown with the same tokens, the sequence selects as one
+// that never truncated, its saved size stays put, and it restores. A cut
+// inside the prompt's clusters keeps them for the tokens left (its windows
+// then start there): the size stays put over cycles and it restores too.
+TEST(ClusterKv, TruncateAndRegrowSelectsAsIfNeverCutAndStaysRestorable) {
+  const int64_t P = 120, grown = 800, n = P + grown;  // prompt middle [4, 104)
+  pq_config c = clusterkv_config(4);
+  Clustered data = clustered_keys(n, 13);
+  std::vector<float> q(kDim, 0.f);
+  q[1] = 4.f, q[2] = 1.f;
+  auto append = [&](pq_context* ctx, int64_t from, int64_t to) {
+    for (int64_t t = from; t < to; ++t) {
+      pqt::HostTensor one = pqt::make_tensor(data.keys.data() + t * kDim, 1, 1, kDim, c.dtype);
+      ASSERT_TRUE(pqt::IsOk(pq_decode_append(ctx, kSeq, 0, one.get(), one.get())));
+      if (t % 97 == 0) (void)select_middle(ctx, c, q, t + 1);  // windows form at any select
+    }
+  };
+  auto state_size = [&](pq_context* ctx) {
+    uint64_t size = 0;
+    EXPECT_TRUE(pqt::IsOk(pq_sequence_state_size(ctx, kSeq, &size)));
+    return size;
+  };
+  Ctx never(c), cut(c);
+  for (pq_context* ctx : {never.get(), cut.get()}) {
+    PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+    pqt::HostTensor k = pqt::make_tensor(data.keys.data(), P, 1, kDim, c.dtype);
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq, 0, k.get(), k.get()));
+    (void)select_middle(ctx, c, q, P);
+  }
+  append(never, P, n);
+  const std::vector<int32_t> want = select_middle(never, c, q, n);
+  const uint64_t never_size = state_size(never);
+  // Cuts in the first window, in the second, on a window's end.
+  for (int cycle = 0; cycle < 30; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    append(cut, cycle == 0 ? P : P + 1, n);
+    (void)select_middle(cut, c, q, n);
+    const int64_t to[] = {200 + cycle, 470 + cycle, 744};
+    PQ_ASSERT_OK(pq_sequence_truncate(cut, kSeq, to[cycle % 3]));
+    append(cut, to[cycle % 3], n);
+    EXPECT_EQ(select_middle(cut, c, q, n), want);
+    EXPECT_EQ(state_size(cut), never_size) << "the clusters grew with the cycles";
+    PQ_ASSERT_OK(pq_sequence_truncate(cut, kSeq, P + 1));
+  }
+  // A cut inside the prompt's clusters, then cycles as above.
+  PQ_ASSERT_OK(pq_sequence_truncate(cut, kSeq, 70));
+  append(cut, 70, n);
+  (void)select_middle(cut, c, q, n);
+  const uint64_t prompt_cut_size = state_size(cut);
+  for (int cycle = 0; cycle < 10; ++cycle) {
+    PQ_ASSERT_OK(pq_sequence_truncate(cut, kSeq, 300 + 37 * cycle));
+    append(cut, 300 + 37 * cycle, n);
+    (void)select_middle(cut, c, q, n);
+    EXPECT_EQ(state_size(cut), prompt_cut_size) << "cycle " << cycle;
+  }
+  std::vector<uint8_t> state(prompt_cut_size);
+  uint64_t written = 0;
+  PQ_ASSERT_OK(pq_sequence_save_buffer(cut, kSeq, state.data(), state.size(), &written));
+  Ctx restored(c);
+  PQ_ASSERT_OK(pq_sequence_restore(restored, kSeq, state.data(), written));
+  EXPECT_EQ(select_middle(restored, c, q, n), select_middle(cut, c, q, n));
+}
+
 TEST(ClusterKv, ClusterCountIsCheckedAndGroupsRankTogether) {
   for (int32_t bad : {0, -1, 65537}) {
     pq_config c = clusterkv_config(bad);

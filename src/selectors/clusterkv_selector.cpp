@@ -15,7 +15,9 @@
 //   (as many as its tokens if fewer); the tokens that enter the middle after
 //   it are clustered 320 at a time into 8 clusters of their own, appended
 //   (the prompt's clusters are never redone). The clusters so depend on the
-//   tokens only, not on when selects came.
+//   tokens only, not on when selects came. A truncate drops the window it
+//   cuts through and every later one, clusters included (a cut inside the
+//   prompt's tokens keeps the prompt's clusters for the tokens left).
 // - Selection: the tokens not clustered yet are kept first (the authors
 //   attend to them in full; the most recent if they alone exceed k). The
 //   clusters are ranked by q . centroid; whole clusters are taken in that
@@ -58,9 +60,13 @@ constexpr int64_t kWindowTokens = 320;  // tokens clustered together after the f
 constexpr int32_t kWindowClusters = 8;  // clusters each such window gets
 constexpr float kEpsilon = 1e-8f;
 
-// The clusters of one kv head.
+// The clusters of one kv head: the prompt's middle [begin, prompt_end) in
+// prompt_clusters clusters, then whole windows [prompt_end + 320 j, + 320)
+// of kWindowClusters clusters each, up to end.
 struct HeadClusters {
   int64_t begin = -1, end = -1;  // tokens [begin, end) are clustered; -1: none yet
+  int64_t prompt_end = -1;
+  int32_t prompt_clusters = 0;
   int32_t clusters = 0;
   std::vector<float> centroids;  // [clusters][head_dim]
   std::vector<int32_t> label;    // [end - begin]: the cluster of token begin + i
@@ -193,9 +199,18 @@ void cluster_keys(const KvStore& store, int32_t h, const pq_config& c, int64_t f
 }
 
 struct ClusterState final : CopyableState<ClusterState> {
-  explicit ClusterState(int32_t kv_heads) : heads(static_cast<size_t>(kv_heads)) {}
+  ClusterState(int32_t kv_heads, int32_t head_dim)
+      : head_dim(head_dim), heads(static_cast<size_t>(kv_heads)) {}
+  int32_t head_dim;
   std::vector<HeadClusters> heads;
 
+  // What a run that never had the tokens at or after `tokens` would hold,
+  // as near as the tokens allow: a window the cut goes through goes whole,
+  // with its clusters (its tokens are clustered again once a whole window
+  // has entered the middle); a cut inside the prompt's clusters keeps them
+  // for the tokens left, and no window. So the clusters stay within what
+  // the tokens bound (and the loader accepts), however many truncates and
+  // regrowths come.
   void truncate(int64_t tokens) override {
     for (HeadClusters& h : heads) {
       if (!h.clustered() || tokens >= h.end) continue;
@@ -203,9 +218,19 @@ struct ClusterState final : CopyableState<ClusterState> {
         h = HeadClusters{};  // clustered again at the next select
         continue;
       }
-      h.label.resize(static_cast<size_t>(tokens - h.begin));
-      h.end = tokens;
-      h.index_members();  // clusters left empty stay, with no tokens
+      if (tokens < h.prompt_end) {
+        h.end = h.prompt_end = tokens;
+        h.clusters = h.prompt_clusters;
+      } else {
+        const int64_t windows = (tokens - h.prompt_end) / kWindowTokens;
+        h.end = h.prompt_end + windows * kWindowTokens;
+        h.clusters = h.prompt_clusters + static_cast<int32_t>(windows) * kWindowClusters;
+      }
+      cut_to(h.centroids, static_cast<size_t>(h.clusters) * static_cast<size_t>(head_dim));
+      cut_to(h.label, static_cast<size_t>(h.end - h.begin));
+      cut_to(h.member, h.label.size());
+      cut_to(h.offset, static_cast<size_t>(h.clusters) + 1);
+      h.index_members();
     }
   }
 
@@ -214,6 +239,8 @@ struct ClusterState final : CopyableState<ClusterState> {
     for (const HeadClusters& h : heads) {
       out.put<int64_t>(h.begin);
       out.put<int64_t>(h.end);
+      out.put<int64_t>(h.prompt_end);
+      out.put<int32_t>(h.prompt_clusters);
       out.put<int32_t>(h.clusters);
       out.put_vector(h.centroids);
       out.put_vector(h.label);
@@ -228,14 +255,24 @@ struct ClusterState final : CopyableState<ClusterState> {
     for (HeadClusters& h : heads) {
       h.begin = in.get<int64_t>("clusterkv: first clustered token");
       h.end = in.get<int64_t>("clusterkv: end of the clustered tokens");
+      h.prompt_end = in.get<int64_t>("clusterkv: end of the prompt's clustered tokens");
+      h.prompt_clusters = in.get<int32_t>("clusterkv: the prompt's clusters");
       h.clusters = in.get<int32_t>("clusterkv: clusters");
-      const bool none = h.begin == -1 && h.end == -1 && h.clusters == 0;
-      const int64_t most = c.cluster_count + kWindowClusters * (tokens / kWindowTokens + 1);
-      if (!none && !(0 <= h.begin && h.begin <= h.end && h.end <= tokens && h.clusters >= 0 &&
-                     h.clusters <= most))
+      const bool none = h.begin == -1 && h.end == -1 && h.prompt_end == -1 &&
+                        h.prompt_clusters == 0 && h.clusters == 0;
+      // The prompt's clusters, then whole windows of kWindowClusters.
+      const bool fits =
+          0 <= h.begin && h.begin <= h.prompt_end && h.prompt_end <= h.end && h.end <= tokens &&
+          0 <= h.prompt_clusters && h.prompt_clusters <= c.cluster_count &&
+          (h.end - h.prompt_end) % kWindowTokens == 0 &&
+          h.clusters == h.prompt_clusters + kWindowClusters * (h.end - h.prompt_end) / kWindowTokens;
+      if (!none && !fits)
         in.corrupt("clusterkv: tokens [" + std::to_string(h.begin) + ", " + std::to_string(h.end) +
-                   ") in " + std::to_string(h.clusters) + " clusters do not fit a layer of " +
-                   std::to_string(tokens) + " tokens");
+                   ") in " + std::to_string(h.clusters) + " clusters, of which the prompt's [" +
+                   std::to_string(h.begin) + ", " + std::to_string(h.prompt_end) + ") in " +
+                   std::to_string(h.prompt_clusters) + ", do not fit a layer of " +
+                   std::to_string(tokens) + " tokens (windows of " + std::to_string(kWindowTokens) +
+                   " tokens in " + std::to_string(kWindowClusters) + " clusters)");
       h.centroids = in.get_vector<float>("clusterkv: centroids",
                                          static_cast<uint64_t>(h.clusters) * c.head_dim);
       h.label = in.get_vector<int32_t>("clusterkv: labels",
@@ -261,7 +298,7 @@ class ClusterKvSelector final : public Selector {
   const char* name() const override { return "clusterkv"; }
 
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t) const override {
-    return std::make_unique<ClusterState>(c.num_kv_heads);
+    return std::make_unique<ClusterState>(c.num_kv_heads, c.head_dim);
   }
   StateCost state_cost(const pq_config& c) const override {
     const uint64_t centroid = static_cast<uint64_t>(c.head_dim) * sizeof(float);
@@ -321,7 +358,8 @@ class ClusterKvSelector final : public Selector {
       if (count > 0)
         cluster_keys(r.store(), r.kv_head, c, h.begin, count,
                      static_cast<int32_t>(std::min<int64_t>(c.cluster_count, count)), h);
-      h.end = h.begin + count;
+      h.end = h.prompt_end = h.begin + count;
+      h.prompt_clusters = h.clusters;
       grew = true;
     }
     while (r.mid_end() - h.end >= kWindowTokens) {
