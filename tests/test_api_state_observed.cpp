@@ -154,4 +154,51 @@ TEST(StateObserved, TwoHugeObservationsOfOneTokenStillRestore) {
   }
 }
 
+// Issue 39 (audit D4): prompt scores were NaN when q . k overflowed the
+// float (keys and queries near FLT_MAX, both accepted): exp(inf - inf) in
+// the window rows' softmax. The selection went on, the save succeeded, the
+// restore refused it as PQ_ERR_CORRUPT for SnapKV, PyramidKV, AdaKV,
+// ZigZagKV, SCOPE, FastGen and PyramidInfer.
+TEST(StateObserved, PromptScoresOfOverflowingLogitsRestore) {
+  for (int32_t selector : {PQ_SELECTOR_SNAPKV, PQ_SELECTOR_PYRAMIDKV, PQ_SELECTOR_ADAKV,
+                           PQ_SELECTOR_ZIGZAGKV, PQ_SELECTOR_SCOPE, PQ_SELECTOR_FASTGEN,
+                           PQ_SELECTOR_PYRAMIDINFER, PQ_SELECTOR_KEYFORMER}) {
+    for (float big : {1e20f, 3e38f}) {
+      SCOPED_TRACE("selector " + std::to_string(selector) + ", " + std::to_string(big));
+      Ctx ctx(observed_config(selector));
+      ASSERT_TRUE(ctx.ok()) << pq_last_error();
+      std::vector<float> keys = pqt::random_normal(size_t{kPrompt} * kKv * kDim, 21);
+      std::vector<float> queries = pqt::random_normal(size_t{kWindow} * kQ * kDim, 22);
+      // Token 9's keys and every window query point the same huge way, and
+      // token 12's the opposite: +inf and -inf in the same row, and
+      // products that overflow inside one dot.
+      for (int32_t h = 0; h < kKv; ++h) {
+        keys[(size_t{9} * kKv + h) * kDim] = big;
+        keys[(size_t{9} * kKv + h) * kDim + 1] = -big;
+        keys[(size_t{12} * kKv + h) * kDim] = -big;
+      }
+      for (size_t r = 0; r < size_t{kWindow} * kQ; ++r) {
+        queries[r * kDim] = big;
+        queries[r * kDim + 1] = big;
+      }
+      pqt::HostTensor kt = pqt::make_tensor(keys.data(), kPrompt, kKv, kDim, PQ_DTYPE_F32);
+      pqt::HostTensor qt = pqt::make_tensor(queries, kWindow, kQ, kDim, PQ_DTYPE_F32);
+      PQ_ASSERT_OK(pq_sequence_add(ctx, kSeq));
+      PQ_ASSERT_OK(pq_prefill_layer(ctx, kSeq, 0, kt.get(), kt.get()));
+      PQ_ASSERT_OK(pq_prefill_queries(ctx, kSeq, 0, qt.get()));
+      const std::vector<float> q = pqt::random_normal(size_t{kQ} * kDim, 23);
+      Sel original(kKv, pqt::selection_capacity(ctx, kSeq, 0));
+      PQ_ASSERT_OK(select(ctx, kSeq, q, &original));
+      const std::vector<uint8_t> state = save(ctx, kSeq);
+      ASSERT_TRUE(pqt::IsOk(pq_sequence_restore(ctx, kRestored, state.data(), state.size())))
+          << "a state the library saved does not restore";
+      Sel again(kKv, pqt::selection_capacity(ctx, kRestored, 0));
+      Sel twice(kKv, pqt::selection_capacity(ctx, kSeq, 0));
+      PQ_ASSERT_OK(select(ctx, kSeq, q, &twice));
+      PQ_ASSERT_OK(select(ctx, kRestored, q, &again));
+      for (int32_t h = 0; h < kKv; ++h) EXPECT_EQ(again.row(h), twice.row(h)) << "kv head " << h;
+    }
+  }
+}
+
 }  // namespace

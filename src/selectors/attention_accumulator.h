@@ -95,8 +95,8 @@ struct AttentionAccumulator {
   void truncate(int64_t tokens) {
     for (size_t h = 0; h < score.size(); ++h)
       if (static_cast<int64_t>(score[h].size()) > tokens) {
-        score[h].resize(static_cast<size_t>(tokens));
-        dropped[h].resize(static_cast<size_t>(tokens));
+        cut_to(score[h], static_cast<size_t>(tokens));
+        cut_to(dropped[h], static_cast<size_t>(tokens));
       }
   }
   void save(ByteWriter& out) const {

@@ -143,7 +143,7 @@ struct FastGenState final : CopyableState<FastGenState> {
   void truncate(int64_t tokens) override {
     attention.truncate(tokens);
     for (std::vector<uint32_t>& o : observed)
-      if (static_cast<int64_t>(o.size()) > tokens) o.resize(static_cast<size_t>(tokens));
+      if (static_cast<int64_t>(o.size()) > tokens) cut_to(o, static_cast<size_t>(tokens));
     if (static_cast<int64_t>(classes.size()) > tokens) {
       classes.resize(static_cast<size_t>(tokens));
       classes.shrink_to_fit();  // its charge goes down with it
@@ -199,8 +199,10 @@ class FastGenSelector final : public Selector {
     return std::make_unique<FastGenState>(layer, c.num_kv_heads);
   }
   StateCost state_cost(const pq_config& c) const override {
-    // The token classes are charged apart, as held (caller_bytes).
-    return {sizeof(FastGenState), per_token_cost(c, AttentionAccumulator::kBytesPerToken)};
+    // Per token the accumulated attention and its observation count; the
+    // token classes are charged apart, as held (caller_bytes).
+    return {sizeof(FastGenState),
+            per_token_cost(c, AttentionAccumulator::kBytesPerToken + sizeof(uint32_t))};
   }
   int64_t head_capacity(int64_t, int64_t middle, const pq_config&) const override {
     return middle;

@@ -100,7 +100,7 @@ struct InfiniGenState final : CopyableState<InfiniGenState> {
 
   void truncate(int64_t n) override {
     for (size_t h = 0; h < partial.size(); ++h)
-      if (tokens(h) > n) partial[h].resize(static_cast<size_t>(n) * r);
+      if (tokens(h) > n) cut_to(partial[h], static_cast<size_t>(n) * r);
   }
   void save(ByteWriter& out) const override {
     out.put<uint8_t>(ready ? 1 : 0);

@@ -52,7 +52,11 @@ struct InfllmState final : CopyableState<InfllmState>, BlockCoverage {
   // per kv head: [block][R] positions, ascending, -1 past the block's count;
   // block j is the absolute block mid_begin / B + j.
   std::vector<std::vector<int32_t>> reps;
-  void truncate(int64_t) override { forget(); }
+  // Rebuilt from the keys at the next select; the summaries' memory goes now.
+  void truncate(int64_t) override {
+    forget();
+    std::vector<std::vector<int32_t>>().swap(reps);
+  }
   void save(ByteWriter&) const override {}
   void load(ByteReader&, int64_t, const pq_config&) override { forget(); }
 };

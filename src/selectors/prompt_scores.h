@@ -50,6 +50,20 @@ inline void check_window(int64_t w, int64_t P) {
              " tokens; pass the queries of the prompt tokens already stored");
 }
 
+// q . k * scale as a window row's logit: the float dot, or where that
+// overflows (queries and keys near FLT_MAX, which the library accepts) the
+// double one clamped to the float range. A row of finite logits keeps its
+// softmax a distribution (inf - inf is NaN), so the scores built from it
+// stay finite, and a state the library saves restores (issue 39).
+inline float window_logit(const float* q, const float* k, int32_t d, float scale) {
+  const float v = dot(q, k, d) * scale;
+  if (std::isfinite(v)) return v;
+  double s = 0.0;
+  for (int32_t e = 0; e < d; ++e) s += static_cast<double>(q[e]) * k[e];
+  const double most = std::numeric_limits<float>::max();
+  return static_cast<float>(std::clamp(s * scale, -most, most));
+}
+
 // The scaled logits of kv head h's window rows over the keys each sees:
 // row r = i * group + g is window query i (prompt position P - w + i) of
 // query head h * group + g, and row(r, logits, n) gets
@@ -85,7 +99,7 @@ void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
         const float* q = query(r);
         float* l = logits.data() + (r - r0) * P;
         const int64_t end = std::min(t1, seen(r));
-        for (int64_t t = t0; t < end; ++t) l[t] = dot(q, keys.data() + (t - t0) * d, d) * scale;
+        for (int64_t t = t0; t < end; ++t) l[t] = window_logit(q, keys.data() + (t - t0) * d, d, scale);
       }
     }
     for (int64_t r = r0; r < r1; ++r) row(r, logits.data() + (r - r0) * P, seen(r));
@@ -127,7 +141,7 @@ struct PromptScores {
   void truncate(int64_t tokens) {
     if (prompt_tokens <= tokens) return;
     prompt_tokens = tokens;
-    for (auto& s : score) s.resize(static_cast<size_t>(tokens));
+    for (auto& s : score) cut_to(s, static_cast<size_t>(tokens));
   }
   void save(ByteWriter& out) const {
     out.put<int64_t>(prompt_tokens);

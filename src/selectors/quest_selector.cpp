@@ -39,7 +39,11 @@ struct QuestState final : CopyableState<QuestState>, BlockCoverage {
   // per kv head: [block][2][head_dim], min row then max row; block j is the
   // absolute block mid_begin / B + j.
   std::vector<std::vector<float>> minmax;
-  void truncate(int64_t) override { forget(); }
+  // Rebuilt from the keys at the next select; the summaries' memory goes now.
+  void truncate(int64_t) override {
+    forget();
+    std::vector<std::vector<float>>().swap(minmax);
+  }
   void save(ByteWriter&) const override {}
   void load(ByteReader&, int64_t, const pq_config&) override { forget(); }
 };

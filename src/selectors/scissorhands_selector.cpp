@@ -101,9 +101,9 @@ struct ScissorhandsState final : CopyableState<ScissorhandsState> {
   void truncate(int64_t n) override {
     for (size_t h = 0; h < dropped.size(); ++h)
       if (tokens(h) > n) {
-        seen[h].resize(static_cast<size_t>(n) * words);
-        hit[h].resize(static_cast<size_t>(n) * words);
-        dropped[h].resize(static_cast<size_t>(n));
+        cut_to(seen[h], static_cast<size_t>(n) * words);
+        cut_to(hit[h], static_cast<size_t>(n) * words);
+        cut_to(dropped[h], static_cast<size_t>(n));
       }
   }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "base/cut_to.h"
 #include "base/error.h"
 #include "pqcache.h"
 #include "store/kv_store.h"
@@ -87,7 +88,8 @@ struct StateCost {
   uint64_t per_chunk = 0;   // per KvStore::kChunkTokens tokens stored
 };
 
-// State that grows by resize() may hold twice what it uses.
+// State that grows by resize() may hold twice what it uses; a truncate
+// cuts it with cut_to (base/cut_to.h), which keeps it so.
 constexpr uint64_t kGrowthRoom = 2;
 
 // Per-token state of `bytes_per_token` for every kv head, per chunk.

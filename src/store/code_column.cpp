@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/cut_to.h"
+
 namespace pq {
 
 const uint8_t* CodeColumn::at(int64_t t) const {
@@ -25,17 +27,22 @@ uint8_t* CodeColumn::grow(int64_t tokens, int64_t reserve_tokens) {
 
 void CodeColumn::shrink(int64_t tokens) {
   if (tokens >= tail_first_) {
-    tail_.resize(static_cast<size_t>(tokens - tail_first_) * m_);
+    cut_to(tail_, static_cast<size_t>(tokens - tail_first_) * m_);
     return;
   }
   // The cut falls in the frozen runs: the tail goes, the run holding the
-  // cut is used only up to it (its storage is immutable and stays whole).
-  tail_.clear();
-  tail_.shrink_to_fit();
+  // cut is used only up to it (its storage is immutable and stays whole
+  // while a fork shares it; held alone, the part used is copied out once
+  // the run is more than twice that, as cut_to keeps a tail).
+  std::vector<uint8_t>().swap(tail_);
   while (!frozen_.empty() && frozen_.back().first >= tokens) frozen_.pop_back();
   if (!frozen_.empty()) {
     Run& last = frozen_.back();
     last.tokens = std::min(last.tokens, tokens - last.first);
+    const size_t used = static_cast<size_t>(last.tokens) * m_;
+    if (last.data.use_count() == 1 && last.data->size() > 2 * used)
+      last.data = std::make_shared<const std::vector<uint8_t>>(
+          last.data->begin(), last.data->begin() + static_cast<std::ptrdiff_t>(used));
   }
   tail_first_ = tokens;
 }
