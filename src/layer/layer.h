@@ -252,13 +252,15 @@ class Layer {
   bool background_rebuild_ = false;
   uint64_t last_select_bytes_ = 0;
   // The last pq_decode_speculate's middle rows ([kv_heads][k], counts per
-  // head) and the length it was made at (-1: none, or used).
+  // head) and the length it was made at (-1: none). Held, and charged to
+  // the memory limit, from the speculation to the next select or truncate.
   struct Hint {
     int64_t tokens = -1;
     int64_t local_begin = 0;  // its local window: [local_begin, tokens)
     int64_t k = 0;
     std::vector<int32_t> middle;
     std::vector<int32_t> counts;
+    Reservation charge;
   };
   Hint hint_;
 

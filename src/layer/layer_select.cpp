@@ -17,6 +17,14 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
   std::lock_guard<std::mutex> lock(mutex_);
   PreparedSelect prepared;
   select_prepare(queries, out, seq, prepared);
+  Reservation hint_charge;  // a speculation's rows are kept: charged first
+  if (speculate) {
+    hint_ = Hint{};
+    hint_charge = shared_.budget.reserve(
+        (prepared.middle.size() + prepared.head_counts.size()) * sizeof(int32_t),
+        "keeping layer " + str(layer_index_) + "'s speculation (pq_decode_speculate)",
+        "; it is held until the layer's next select");
+  }
   // A speculation changes a copy of what a select would change (drop
   // marks, step counts, clusters), which is then dropped.
   std::unique_ptr<SelectorState> copy;
@@ -35,6 +43,7 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
   hint_.k = prepared.regions.k;
   hint_.middle.swap(prepared.middle);
   hint_.counts.swap(prepared.head_counts);
+  hint_.charge = std::move(hint_charge);
   return count;
 }
 
@@ -44,7 +53,7 @@ void Layer::count_hint(const PreparedSelect& prepared, const SequenceInfo& seq) 
   // for layer l before layer l has the step's token (its K needs layer l's
   // input), and that token is in the local window, not the middle.
   if (hint_.tokens != prepared.regions.n && hint_.tokens != prepared.regions.n - 1) {
-    hint_.tokens = -1;  // made at another length: not a hint for this select
+    hint_ = Hint{};  // made at another length: not a hint for this select
     return;
   }
   uint64_t chosen = 0, covered = 0;
@@ -74,7 +83,7 @@ void Layer::count_hint(const PreparedSelect& prepared, const SequenceInfo& seq) 
     c->hint_tokens.fetch_add(chosen);
     c->hint_covered.fetch_add(covered);
   }
-  hint_.tokens = -1;
+  hint_ = Hint{};  // used: its rows and their charge go
 }
 
 void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,

@@ -59,7 +59,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq.id, "pq_sequence_truncate");
   if (tokens >= store_.tokens()) return;
-  hint_.tokens = -1;  // made for tokens that go
+  hint_ = Hint{};  // made for tokens that go
   // An index trained on tokens that go is rebuilt over those that stay, as
   // a prefill of them would build it. Queued first: it is the only step
   // that can fail, and until it is queued nothing has changed.

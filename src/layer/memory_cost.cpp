@@ -13,6 +13,11 @@ namespace {
 // A layer's objects beyond sizeof(Layer): the store's chunk list, mutexes'
 // and vectors' heap parts, the selector state's allocation. Generous.
 constexpr uint64_t kLayerOverhead = 1024;
+// Per kv head, the selector state's per-head vectors: up to 4 vectors of
+// 24 bytes in the state, each allocation with the allocator's 16-byte
+// header (Scissorhands, the largest, keeps 3 per head plus a step count;
+// PQ 2 code columns and tuple counts). Measured at 48-88 bytes per head.
+constexpr uint64_t kPerKvHeadOverhead = 4 * (24 + 16) + 32;
 // What the allocator adds to each of a chunk's two K/V blocks: a page, for
 // blocks large enough to be mapped on their own (glibc's mmap threshold).
 constexpr uint64_t kAllocationOverhead = 4096;
@@ -30,7 +35,9 @@ MemoryCost memory_cost(const pq_config& c, const Selector& selector) {
     const uint64_t slots = static_cast<uint64_t>(c.cache_tokens / c.cache_block_tokens);
     m.cache_fixed = sizeof(BlockCache) + saturating_mul(slots, BlockCache::kSlotBytes);
   }
-  m.layer_fixed = sizeof(Layer) + kLayerOverhead + state.per_layer + m.cache_fixed;
+  m.layer_fixed = sizeof(Layer) + kLayerOverhead +
+                  kPerKvHeadOverhead * static_cast<uint64_t>(c.num_kv_heads) + state.per_layer +
+                  m.cache_fixed;
   m.chunk_kv = 2 * (static_cast<uint64_t>(KvStore::kChunkTokens) * c.num_kv_heads * c.head_dim *
                         dtype_size(c.dtype) +
                     kAllocationOverhead);
