@@ -30,6 +30,18 @@ no keys or values at all (the library's host store holds them, which is the
 point of PQCache), its sliding layers are transformers' own. A DynamicCache
 or StaticCache works too (then the model keeps a full copy as well).
 
+Reuse and beams. A LibraryCache's crop(-n) truncates every row's sequence in
+the library (pq_sequence_truncate), so a cache prefilled with one context
+can be cropped back to it and asked another question (kvpress's
+one-context-many-questions pattern, assisted generation's rollback). Its
+batch_repeat_interleave, batch_select_indices and reorder_cache (beam
+search, num_return_sequences on a prefilled cache) fork sequences
+(pq_sequence_fork: full chunks shared copy-on-write) and remove the rows no
+longer used. checkpoint() and rewind() put a cache back exactly, for every
+selector, through forks; crop leaves H2O, Scissorhands, Keyformer, FastGen,
+ClusterKV and Random with what they learnt from the dropped steps (the
+library's truncate keeps it).
+
 Several Sessions on one model. Each may stay open: a forward reaches the
 Session whose cache it runs (the LibraryCache binds the model's attention
 layers to its Session as the forward enters them), whichever was made
@@ -66,8 +78,9 @@ library host buffers (the CUDA backend's device path is the C API's).
 
 from __future__ import annotations
 
+import copy
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -91,12 +104,12 @@ except ModuleNotFoundError as missing:
         "pip install -r requirements-eval.txt installs them). `import pqcache` works without "
         "them.", name=missing.name) from missing
 
-from . import Context, SelectionResult
+from . import Context, SelectionResult, _Closing
 from .selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTORS, PROMPT_QUERY_SELECTORS,
                               TOKEN_CLASS_SELECTORS, selector_name, token_class_table)
 
-__all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "register", "attention_forward",
-           "model_key_rotary", "prompt_column_sums"]
+__all__ = ["ATTENTION_NAME", "Session", "LibraryCache", "CacheCheckpoint", "register",
+           "attention_forward", "model_key_rotary", "prompt_column_sums"]
 
 ATTENTION_NAME = "pqcache"
 CHUNK_MODES = ("prefill", "decode")
@@ -152,6 +165,9 @@ class _Row:
     # to SnapKV-style selectors at the first decode step (only then is it
     # known which chunk ended the prompt).
     pending_window: Dict[int, np.ndarray] = field(default_factory=dict)
+    # The windows of the latest prompt chunks, kept after the hand over, for
+    # crop (see _PromptWindows).
+    prompt_windows: Dict[int, "_PromptWindows"] = field(default_factory=dict)
     selection: Dict[int, SelectionResult] = field(default_factory=dict)
     fetched: Dict[int, tuple] = field(default_factory=dict)
     # speculate=True: each library layer's hint for the coming token
@@ -159,13 +175,69 @@ class _Row:
     hints: Dict[int, SelectionResult] = field(default_factory=dict)
 
 
+class _PromptWindows:
+    """The last `size` prompt queries at the end of each of the latest
+    prompt chunks of one library layer: runs (start, end, window), window
+    [<= size, q_heads, D] ending at position end, borrowed from the chunk
+    before where the chunk is shorter. A crop back to the end of a context
+    after its question, or into the last chunk, so finds the queries that a
+    single prefill of the kept tokens would hand to SnapKV-style selectors.
+    Two runs cover a context and its question; a crop further back (or
+    deeper than `size` tokens into a chunk) finds fewer queries or none."""
+
+    KEPT = 2
+
+    def __init__(self, size: int, runs: Sequence[tuple] = ()):
+        self.size, self.runs = size, list(runs)
+
+    def copy(self) -> "_PromptWindows":
+        return _PromptWindows(self.size, self.runs)  # windows are never written to
+
+    def add(self, start: int, end: int, latest: np.ndarray) -> np.ndarray:
+        """A prompt chunk of positions start..end-1 whose last queries are
+        `latest`; returns the window at its end."""
+        if self.runs and self.runs[-1][1] == start and len(latest) < self.size:
+            latest = np.concatenate([self.runs[-1][2], latest])[-self.size:]
+        latest = np.ascontiguousarray(latest)
+        self.runs = (self.runs + [(start, end, latest)])[-self.KEPT:]
+        return latest
+
+    def crop(self, tokens: int) -> Optional[np.ndarray]:
+        """Forgets the queries at or after `tokens`. Returns the window that
+        now ends the kept prompt where the cut removed a prompt chunk or
+        fell inside one (to hand over again), else None."""
+        cut = False
+        while self.runs and self.runs[-1][0] >= tokens:
+            self.runs.pop()
+            cut = True
+        if not self.runs or self.runs[-1][1] < tokens:
+            return None  # decode tokens follow the last prompt chunk
+        start, end, window = self.runs[-1]
+        if end > tokens:
+            own = end - start  # the chunk's queries are the window's last ones
+            if own <= len(window) and len(self.runs) > 1 and self.runs[-2][1] == start:
+                window = np.concatenate([self.runs[-2][2],
+                                         window[len(window) - own:][:tokens - start]])
+                window = window[-self.size:]
+            else:
+                window = window[:len(window) - (end - tokens)]
+            self.runs.pop()
+            if len(window) == 0:
+                return None
+            self.runs.append((start, tokens, np.ascontiguousarray(window)))
+            cut = True
+        return self.runs[-1][2] if cut else None
+
+
 class _LibraryLayer(CacheLayerMixin):
     """A cache layer that keeps no keys or values: the library's host store
     holds them. update() returns just the new tokens' K/V; the attention
-    function gets everything else from the library."""
+    function gets everything else from the library. crop and the batch
+    operations only keep its count: LibraryCache does the library's part
+    once for all layers (one truncate or fork covers every layer)."""
 
     is_sliding = False
-    is_croppable = False
+    is_croppable = True
 
     def __init__(self):
         super().__init__()
@@ -194,25 +266,30 @@ class _LibraryLayer(CacheLayerMixin):
         self.length = 0
 
     def reorder_cache(self, beam_idx) -> None:
-        raise NotImplementedError("pqcache.transformers.LibraryCache does not support beam "
-                                  "search (its keys and values live in the library)")
+        pass  # the rows are the library's sequences: LibraryCache reorders them
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("pqcache.transformers.LibraryCache cannot drop tokens yet "
-                                  "(the library has no truncate): start a new cache")
+        self.length += tokens_to_remove  # <= 0: LibraryCache.crop checked it and truncated
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("pqcache.transformers.LibraryCache cannot repeat rows "
-                                  "(num_return_sequences > 1, beam search)")
+        pass
 
     def batch_select_indices(self, indices) -> None:
-        raise NotImplementedError("pqcache.transformers.LibraryCache cannot select rows")
+        pass
 
 
 class LibraryCache(Cache):
     """A transformers Cache for a Session's model: the selecting layers keep
     nothing (the library does), the others are transformers' dynamic layers
-    of their type (sliding-window layers keep their window)."""
+    of their type (sliding-window layers keep their window).
+
+    Its rows are the Session's rows, which follow the cache that ran last:
+    crop, the batch operations and checkpoint act on them, so use them on
+    that cache. crop(-n) truncates the library's sequences; the batch
+    operations (beam search, num_return_sequences) fork and remove them;
+    checkpoint() and rewind() put the cache back exactly (see the module
+    doc). A Session made with rows=[...] (a context per row) can crop and
+    checkpoint but not move rows between contexts."""
 
     def __init__(self, session: "Session"):
         layer_types, layer_kwargs = get_layer_types_and_kwargs(session.text_config)
@@ -221,13 +298,156 @@ class LibraryCache(Cache):
                   for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs))]
         super().__init__(layers=layers)
         self._session = session
+        self._batch = 0  # rows of the forwards this cache ran (0 before the first)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         # Every attention layer updates its cache before it attends: the
         # Session of this cache serves the forward, even where another
         # Session on the same model was made (or used) after it.
         self._session._serve()
+        self._batch = key_states.shape[0]
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    # --- dropping tokens, moving rows --------------------------------------
+
+    def library_length(self) -> int:
+        """Tokens every row holds in the library: the selecting layers'
+        count, which crop and rewind move with the library's sequences."""
+        return next(layer.length for layer in self.layers if isinstance(layer, _LibraryLayer))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the last -tokens_to_remove tokens of every row (transformers
+        5's convention: a negative count; 0 only trims sliding windows):
+        pq_sequence_truncate on each row's sequence, and transformers' crop
+        on the other layers. To go back to a length L:
+        cache.crop(L - cache.library_length())."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): give the number of tokens to drop as "
+                             "a negative count (transformers 5's crop); to keep L tokens, "
+                             "crop(L - cache.library_length())")
+        length = self.library_length()
+        keep = length + tokens_to_remove
+        if keep < 0:
+            raise ValueError(f"crop({tokens_to_remove}): the cache holds {length} tokens")
+        if tokens_to_remove == 0:
+            super().crop(0)
+            return
+        for i, layer in enumerate(self.layers):
+            # Checked before anything changes: transformers' own check would
+            # come after the library had dropped its tokens.
+            if (getattr(layer, "is_sliding", False) and layer.is_initialized
+                    and layer.get_seq_length() >= layer.sliding_window
+                    and not getattr(layer, "record_past", False)):
+                raise RuntimeError(
+                    f"crop({tokens_to_remove}): sliding-window layer {i} has dropped the tokens "
+                    "before its window, so it cannot go back: call "
+                    "cache.activate_past_recording() before the tokens to drop come, or use "
+                    "cache.checkpoint() and cache.rewind()")
+        self._session._truncate_rows(self._rows_in_use("crop", length), keep)
+        super().crop(tokens_to_remove)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row becomes `repeats` adjacent rows (generate's expansion for
+        num_beams and num_return_sequences, done on an already prefilled
+        cache): the copies are forks of the row's sequence."""
+        if repeats < 1:
+            raise ValueError(f"batch_repeat_interleave({repeats}): expected repeats >= 1")
+        self._move_rows([row for row in range(self._batch) for _ in range(repeats)],
+                        "batch_repeat_interleave")
+        super().batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices) -> None:
+        """Keeps the rows `indices` (a sequence of row numbers or a boolean
+        mask), in that order; a row named twice is forked."""
+        rows = torch.as_tensor(indices)
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().flatten()
+        self._move_rows(rows.tolist(), "batch_select_indices")
+        super().batch_select_indices(indices)
+
+    def reorder_cache(self, beam_idx) -> None:
+        """Beam search: row i continues row beam_idx[i]. The first row to
+        continue a row takes its sequence, each further one forks it, and a
+        row no beam continues is removed."""
+        self._move_rows(torch.as_tensor(beam_idx).tolist(), "reorder_cache")
+        super().reorder_cache(beam_idx)
+
+    def _move_rows(self, sources: List[int], operation: str) -> None:
+        if self._batch == 0:
+            return  # no forward yet: there are no rows to move
+        self._session._take_rows(self._rows_in_use(operation, self.library_length()), sources,
+                                 operation)
+        self._batch = len(sources)
+
+    def _rows_in_use(self, operation: str, length: int) -> int:
+        """This cache's row count, after checking that the Session's rows
+        still hold its tokens (another cache of the Session may have started
+        a prompt since)."""
+        for b in range(self._batch):
+            held = self._session.length(b)
+            if held != length:
+                raise ValueError(
+                    f"{operation}: this cache holds {length} tokens but the Session's row {b} "
+                    f"holds {held}: another cache of the Session ran since; a Session's rows "
+                    "follow the cache that ran last")
+        return self._batch
+
+    # --- exact reuse ---------------------------------------------------------
+
+    def checkpoint(self) -> "CacheCheckpoint":
+        """The cache as it is now, for rewind(): every row's sequence forked
+        (full 256-token chunks are shared, not copied) and copies of
+        transformers' own layers. Close it when done (the Session's close
+        frees it too)."""
+        session = self._session
+        session._serve()
+        rows = session._checkpoint_rows(self._rows_in_use("checkpoint", self.library_length()))
+        layers = [None if isinstance(layer, _LibraryLayer) else copy.deepcopy(layer)
+                  for layer in self.layers]
+        return CacheCheckpoint(session, rows, layers, self.library_length(), self._batch)
+
+    def rewind(self, checkpoint: "CacheCheckpoint") -> None:
+        """Puts the cache back as it was at checkpoint() (its rows become
+        forks of the checkpoint's, which stays usable for the next rewind).
+        Unlike crop, nothing the selectors saw since survives."""
+        if checkpoint.session is not self._session:
+            raise ValueError("rewind: the checkpoint was made by another Session's cache")
+        if checkpoint.rows is None:
+            raise ValueError("rewind: the checkpoint is closed")
+        self._session._rewind_rows(checkpoint.rows)
+        for i, saved in enumerate(checkpoint.layers):
+            if saved is None:
+                self.layers[i].length = checkpoint.length
+            else:
+                self.layers[i] = copy.deepcopy(saved)  # the checkpoint stays as it was
+        self._batch = checkpoint.batch
+
+    def __deepcopy__(self, memo):
+        raise TypeError(
+            "a pqcache LibraryCache cannot be deep-copied: its rows are sequences in its "
+            "Session's library contexts. To reuse a prefilled prompt, use "
+            "checkpoint = cache.checkpoint() and cache.rewind(checkpoint), or "
+            "cache.crop(L - cache.library_length())")
+
+
+class CacheCheckpoint(_Closing):
+    """What LibraryCache.checkpoint() returns: a fork of each row's sequence
+    (held in the Session's contexts, not visible as rows), the Session's
+    state of each row, and copies of the cache's transformers layers.
+    close() (or a `with` block, or the garbage collector) frees the forked
+    sequences."""
+
+    def __init__(self, session: "Session", rows: List[_Row], layers: list, length: int,
+                 batch: int):
+        self.session, self.rows, self.layers = session, rows, layers
+        self.length, self.batch = length, batch
+
+    def close(self) -> None:
+        """Frees the forked sequences; idempotent. After the Session's close
+        there is nothing left to free."""
+        rows, self.rows = self.rows, None
+        if rows:
+            self.session._remove_rows(rows)
 
 
 class Session:
@@ -305,6 +525,9 @@ class Session:
         self._input_ids: Optional[torch.Tensor] = None
         self._ids_hook = None
         self._rows: List[_Row] = []
+        # Sequence ids are never reused: forks (beams, checkpoints) take new
+        # ones, so row b's sequence is not always b (sequence(b) says).
+        self._next_seq = 0 if rows is None else 1
         self._shared: Optional[Context] = None
         self._per_row = rows is not None
         self._broadcast = False  # prefill_all_rows: batch row 0's prompt goes to every row
@@ -406,7 +629,9 @@ class Session:
     # --- what callers use ---------------------------------------------------
 
     def cache(self) -> LibraryCache:
-        """A new LibraryCache for one generate call (or one forward series)."""
+        """A new LibraryCache for one generate call or forward series (a
+        forward at position 0 starts the rows anew). To reuse a prefilled
+        prompt, keep the cache and crop it, or checkpoint and rewind it."""
         return LibraryCache(self)
 
     def context(self, row: int = 0) -> Context:
@@ -414,8 +639,9 @@ class Session:
         return self._rows[row].ctx if self._per_row else self._shared
 
     def sequence(self, row: int = 0) -> int:
-        """The library sequence id of batch row `row` within context(row)."""
-        return self._rows[row].seq if self._per_row else row
+        """The library sequence id of batch row `row` within context(row)
+        (a fork, for beams or a rewind, gets a new one)."""
+        return self._rows[row].seq if self._per_row or row < len(self._rows) else row
 
     def length(self, row: int = 0) -> int:
         """Tokens the library holds for batch row `row` (0 before its prompt)."""
@@ -452,6 +678,7 @@ class Session:
         for layer in cache.layers:
             if not isinstance(layer, _LibraryLayer) and layer.is_initialized:
                 layer.batch_repeat_interleave(len(self._rows))
+        cache._batch = len(self._rows)  # its forwards ran one row, for all of them
         return cache, out.logits[0, -1]
 
     # --- the attention function's work -----------------------------------
@@ -523,10 +750,14 @@ class Session:
             if self._per_row:
                 raise ValueError(f"batch row {b}: this Session has {len(self._rows)} rows "
                                  "(one per dict in rows=)")
-            seq = len(self._rows)
+            seq = self._new_seq()
             self._shared.add_sequence(seq)
             self._rows.append(self._row(self._shared, seq, self._config))
         return self._rows[b]
+
+    def _new_seq(self) -> int:
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        return seq
 
     def _reset(self, row: _Row) -> None:
         """A new prompt on this row: the library forgets the old sequence."""
@@ -534,7 +765,88 @@ class Session:
         row.ctx.add_sequence(row.seq)
         row.lengths = [0] * len(row.lengths)
         row.pending_window.clear()
+        row.prompt_windows.clear()
         row.hints.clear()
+
+    # --- crop, forks and checkpoints (LibraryCache's operations) -----------
+
+    def _truncate_rows(self, batch: int, tokens: int) -> None:
+        """Rows 0..batch-1 keep their first `tokens` tokens."""
+        for row in self._rows[:batch]:
+            if max(row.lengths) > tokens:
+                row.ctx.truncate(row.seq, tokens)
+            row.lengths = [min(n, tokens) for n in row.lengths]
+            for layer, windows in row.prompt_windows.items():
+                # A prompt's end moved: its selector gets the queries that
+                # end the kept prompt before the next decode step.
+                window = windows.crop(tokens)
+                if window is not None:
+                    row.pending_window[layer] = window
+                elif not windows.runs or windows.runs[-1][1] != tokens:
+                    row.pending_window.pop(layer, None)
+
+    def _fork_row(self, row: _Row) -> _Row:
+        """A new sequence holding what `row` holds (pq_sequence_fork), with
+        the Session's state of it; selection and fetch buffers are its own."""
+        child = self._new_seq()
+        row.ctx.fork(row.seq, child)
+        return replace(row, seq=child, lengths=list(row.lengths),
+                       pending_window=dict(row.pending_window),
+                       prompt_windows={layer: windows.copy()
+                                       for layer, windows in row.prompt_windows.items()},
+                       selection={}, fetched={},
+                       hints=dict(row.hints))
+
+    def _fork_rows(self, rows: Sequence[_Row]) -> List[_Row]:
+        forks: List[_Row] = []
+        try:
+            for row in rows:
+                forks.append(self._fork_row(row))
+        except BaseException:
+            self._remove_rows(forks)
+            raise
+        return forks
+
+    def _remove_rows(self, rows: Sequence[_Row]) -> None:
+        for row in rows:
+            if row.ctx in self._contexts:  # after close() the contexts hold nothing
+                row.ctx.remove_sequence(row.seq)
+
+    def _take_rows(self, batch: int, sources: List[int], operation: str) -> None:
+        """Row i becomes row sources[i] of rows 0..batch-1. The first row
+        to take a row keeps its sequence, each further one forks it; once
+        rows move, the sequences of rows nothing takes are removed (and of
+        rows past `batch`, left by an earlier, wider batch)."""
+        bad = [s for s in sources if not 0 <= s < batch]
+        if bad:
+            raise IndexError(f"{operation}: row {bad[0]} does not exist; the cache has "
+                             f"{batch} rows")
+        if sources == list(range(batch)):
+            return
+        if self._per_row:
+            raise ValueError(
+                f"{operation}: this Session gives each row a context of its own (rows=[...]), "
+                "and a sequence forks only within its context; beam search and repeated rows "
+                "need a Session with one context (no rows=)")
+        repeated = [i for i, s in enumerate(sources) if s in sources[:i]]
+        forks = self._fork_rows([self._rows[sources[i]] for i in repeated])
+        taken = {i: fork for i, fork in zip(repeated, forks)}
+        rows = [taken[i] if i in taken else self._rows[s] for i, s in enumerate(sources)]
+        kept = set(sources)
+        self._remove_rows([row for b, row in enumerate(self._rows) if b not in kept])
+        self._rows = rows
+
+    def _checkpoint_rows(self, batch: int) -> List[_Row]:
+        return self._fork_rows(self._rows[:batch])
+
+    def _rewind_rows(self, saved: Sequence[_Row]) -> None:
+        """The rows become forks of `saved` (a checkpoint's rows)."""
+        if self._per_row and len(saved) != len(self._rows):
+            raise ValueError(f"rewind: the checkpoint has {len(saved)} rows, this Session "
+                             f"{len(self._rows)} (one per dict in rows=)")
+        forks = self._fork_rows(saved)
+        self._remove_rows(self._rows)
+        self._rows = forks
 
     def _attend(self, module, query, key, value, attention_mask, scaling, dropout, kwargs):
         if module.layer_idx not in self.library_layer:  # a sliding-window layer stays local
@@ -561,11 +873,7 @@ class Session:
                 self._reset(row)
                 held = 0
             elif start != held:
-                raise ValueError(
-                    f"batch row {b}, layer {module.layer_idx}: the model is at position {start} "
-                    f"but the library holds {held} tokens of this sequence; pqcache cannot drop "
-                    "tokens (no truncate yet) and rows must not be padded: use a new cache "
-                    "for a new prompt")
+                raise ValueError(_position_mismatch(b, module.layer_idx, start, held))
             if key.shape[2] == tokens:            # LibraryCache, or a first prompt chunk
                 new_k, new_v = key[b, :, :tokens], value[b, :, :tokens]
                 full = held == 0
@@ -630,12 +938,13 @@ class Session:
         if row.selector in PROMPT_QUERY_SELECTORS:
             window = int(row.ctx.config()["observation_window"])
             # [q_heads, T, D] -> the last queries as [w, q_heads, D]; a short
-            # last chunk borrows the rest from the chunk before it.
+            # last chunk borrows the rest from the prompt chunk just before
+            # it (none when decode tokens came between: their queries are
+            # not kept).
             latest = _host_array(query[:, -window:].transpose(0, 1))
-            earlier = row.pending_window.get(layer)
-            if earlier is not None and len(latest) < window:
-                latest = np.concatenate([earlier, latest])[-window:]
-            row.pending_window[layer] = np.ascontiguousarray(latest)
+            windows = row.prompt_windows.setdefault(layer, _PromptWindows(window))
+            end = row.lengths[layer]
+            row.pending_window[layer] = windows.add(end - new_k.shape[1], end, latest)
 
     def _hand_over_window(self, row: _Row, layer: int) -> None:
         # A selector that shares its budget across layers (ZigZagKV) needs
@@ -783,6 +1092,20 @@ def _all_positions(kv_heads: int, n: int) -> SelectionResult:
     sel.positions[:] = np.arange(n, dtype=np.int32)
     sel.counts[:] = n
     return sel
+
+
+def _position_mismatch(row: int, layer: int, start: int, held: int) -> str:
+    message = (f"batch row {row}, layer {layer}: the model is at position {start} but the "
+               f"library holds {held} tokens of this sequence")
+    if held == 0:
+        return (message + ": a row new to the cache cannot continue a prompt; give a "
+                "prefilled cache its extra rows first (cache.batch_repeat_interleave(n) for "
+                "num_return_sequences or num_beams n)")
+    if start < held:
+        return (message + ": a DynamicCache or StaticCache cropped outside the Session leaves "
+                "the library's tokens; crop a LibraryCache (session.cache()) instead, which "
+                "truncates the library's sequences too")
+    return message + ": rows must not be padded, and a new prompt starts at position 0"
 
 
 def _check_unpadded(mask: Optional[torch.Tensor], visible: int, row: int) -> None:

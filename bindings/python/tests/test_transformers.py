@@ -466,26 +466,6 @@ def test_padded_rows_are_refused():
         model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
 
 
-def test_dropping_tokens_is_refused_not_silently_wrong():
-    model = _model("llama")
-    with torch.no_grad(), pqt.Session(model, selector="pq", **SMALL) as session:
-        cache = DynamicCache(config=model.config)
-        model(_ids(100), past_key_values=cache)
-        cache.crop(-10)  # a server rolling back rejected tokens
-        with pytest.raises(ValueError, match="position 90 but the library holds 100"):
-            model(_ids(1), past_key_values=cache)
-        with pytest.raises(NotImplementedError, match="cannot drop tokens"):
-            session.cache().crop(-1)
-
-
-def test_beam_search_is_refused_with_a_library_cache():
-    model = _model("llama")
-    with pqt.Session(model, selector="pq", **SMALL) as session, \
-            pytest.raises(NotImplementedError, match="beam search|repeat rows"):
-        model.generate(_ids(50), max_new_tokens=3, num_beams=2, do_sample=False,
-                       past_key_values=session.cache())
-
-
 def test_bad_session_arguments():
     model = _model("llama")
     with pytest.raises(ValueError, match="chunk_mode"):
