@@ -486,7 +486,11 @@ typedef struct pq_config {
    *    1-token prefill takes a whole chunk; the next 255 tokens take none;
    *  - per layer, what a selector keeps of the caller's descriptions apart
    *    from the stored tokens, as held: FastGen's token classes (one byte
-   *    per described position, which may run ahead of the K/V).
+   *    per described position, which may run ahead of the K/V);
+   *  - per layer, a speculation's rows (pq_decode_speculate), from the
+   *    speculation to the layer's next select or truncate.
+   * A truncate gives back what the tokens that go were counted for, state
+   * included.
    * pq_stats.host_bytes reports what is held. A call that would pass the
    * limit returns PQ_ERR_OUT_OF_MEMORY and holds nothing, not even for a
    * moment another thread could observe. pq_create refuses (INVALID_ARGUMENT)

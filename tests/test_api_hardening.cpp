@@ -637,3 +637,99 @@ TEST(HostMemoryLimit, CountsAtLeastWhatTheLibraryAllocates) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 39 (audit D3): a speculation's rows were kept until the process
+// ended (never charged, never freed); they are now held, and charged, only
+// until the layer's next select or truncate.
+TEST(HostMemoryLimit, ASpeculationIsChargedUntilTheLayersNextSelect) {
+  pq_config c = make_config(1, 4, 2, 8, PQ_DTYPE_F32);
+  c.selector = PQ_SELECTOR_EXACT;
+  c.topk_fraction = 1.f;  // k is the whole middle: a hint of kv_heads x middle positions
+  c.worker_threads = 1;
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  HostTensor t = kv(20000, 2, 8, 61);
+  PQ_ASSERT_OK(pq_prefill_layer(ctx, 1, 0, t.get(), t.get()));
+  HostTensor q = make_tensor(random_normal(4 * 8, 62), 1, 4, 8, PQ_DTYPE_F32);
+  const uint64_t before = host_bytes(ctx);
+  Sel sel(2, selection_capacity(ctx, 1, 0));
+  PQ_ASSERT_OK(pq_decode_speculate(ctx, 1, 0, q.get(), sel.get()));
+  const uint64_t middle = 20000 - static_cast<uint64_t>(c.sink_tokens) - c.local_tokens;
+  EXPECT_GE(host_bytes(ctx) - before, 2 * middle * sizeof(int32_t)) << "the hint is charged";
+  PQ_ASSERT_OK(pq_decode_select(ctx, 1, 0, q.get(), sel.get()));
+  EXPECT_EQ(host_bytes(ctx), before) << "the select that used it let it go";
+  PQ_ASSERT_OK(pq_decode_speculate(ctx, 1, 0, q.get(), sel.get()));
+  PQ_ASSERT_OK(pq_decode_speculate(ctx, 1, 0, q.get(), sel.get()));
+  EXPECT_LT(host_bytes(ctx) - before, 2 * 2 * middle * sizeof(int32_t)) << "one hint at a time";
+  PQ_ASSERT_OK(pq_sequence_truncate(ctx, 1, 10000));
+  PQ_ASSERT_OK(pq_sequence_remove(ctx, 1));
+  EXPECT_EQ(host_bytes(ctx), 0u);
+  // Refused past the limit, with nothing held.
+  c.host_memory_limit = before + 2 * middle;  // room for a quarter of the hint
+  Ctx tight(c);
+  ASSERT_TRUE(tight.ok()) << pq_last_error();
+  PQ_ASSERT_OK(pq_sequence_add(tight, 1));
+  PQ_ASSERT_OK(pq_prefill_layer(tight, 1, 0, t.get(), t.get()));
+  const uint64_t held = host_bytes(tight);
+  PQ_EXPECT_ERR(pq_decode_speculate(tight, 1, 0, q.get(), sel.get()), PQ_ERR_OUT_OF_MEMORY,
+                "speculation");
+  EXPECT_EQ(host_bytes(tight), held);
+  PQ_EXPECT_OK(pq_decode_select(tight, 1, 0, q.get(), sel.get()));
+}
+
+// Issue 39 (audit D2): a truncate released its chunks' charge while the
+// selector states kept their capacity (6 Scissorhands sequences of 8192
+// tokens truncated to 0 held 384 MB, host_bytes near 0). What the heap
+// holds after the cut is at most what is counted, for every selector that
+// keeps per-token state.
+TEST(HostMemoryLimit, ATruncateKeepsNoMoreThanItIsCountedFor) {
+  if (kSanitizerHeap) GTEST_SKIP() << "a sanitizer's allocator replaces glibc's heap figures";
+  for (int32_t selector :
+       {PQ_SELECTOR_PQ, PQ_SELECTOR_H2O, PQ_SELECTOR_SCOPE, PQ_SELECTOR_SNAPKV,
+        PQ_SELECTOR_QUEST, PQ_SELECTOR_INFLLM, PQ_SELECTOR_SCISSORHANDS, PQ_SELECTOR_KEYFORMER,
+        PQ_SELECTOR_CLUSTERKV, PQ_SELECTOR_FASTGEN, PQ_SELECTOR_INFINIGEN}) {
+    SCOPED_TRACE("selector " + std::to_string(selector));
+    pq_config c = make_config(1, 8, 8, 64, PQ_DTYPE_F32);
+    c.selector = selector;
+    c.history_window = 1024;  // Scissorhands: 128 bytes of history per token and head
+    c.block_tokens = 16;
+    c.cluster_count = 16;
+    c.kmeans_iterations = 2;
+    c.worker_threads = 1;
+    Ctx ctx(c);
+    ASSERT_TRUE(ctx.ok()) << pq_last_error();
+    // The test's own buffers come before the baseline or go before the end.
+    HostTensor t = kv(16384, 8, 64, 63);
+    HostTensor w = make_tensor(random_normal(32 * 8 * 64, 64), 32, 8, 64, PQ_DTYPE_F32);
+    HostTensor q = make_tensor(random_normal(8 * 64, 65), 1, 8, 64, PQ_DTYPE_F32);
+    const size_t heap = heap_in_use();
+    const uint64_t counted = host_bytes(ctx);
+    PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+    PQ_ASSERT_OK(pq_prefill_layer(ctx, 1, 0, t.get(), t.get()));
+    PQ_ASSERT_OK(pq_prefill_queries(ctx, 1, 0, w.get()));
+    {
+      Sel sel(8, selection_capacity(ctx, 1, 0));
+      PQ_ASSERT_OK(pq_decode_select(ctx, 1, 0, q.get(), sel.get()));
+      std::vector<float> probs(sel.positions.size(), 0.01f);
+      PQ_ASSERT_OK(pq_observe_attention(ctx, 1, 0, sel.get(), probs.data()));
+    }
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    PQ_ASSERT_OK(pq_sequence_truncate(ctx, 1, 300));
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    const size_t kept = heap_in_use() - heap;
+    const uint64_t kept_counted = host_bytes(ctx) - counted;
+    // What the context keeps with no sequence at all (working memory of a
+    // select kept for the next one, not counted) is not the sequence's.
+    PQ_ASSERT_OK(pq_sequence_remove(ctx, 1));
+    PQ_ASSERT_OK(pq_wait_builds(ctx));
+    const size_t idle = heap_in_use() > heap ? heap_in_use() - heap : 0;
+    EXPECT_LE(kept, kept_counted + idle)
+        << "after the truncate the heap holds " << kept << " bytes more, " << kept_counted
+        << " counted, " << idle << " kept by the context without the sequence";
+  }
+}
+
+}  // namespace
