@@ -81,11 +81,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 6
+#define PQ_VERSION_MINOR 7
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.6.0"
+#define PQ_VERSION_STRING "0.7.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -251,9 +251,10 @@ typedef enum pq_selector {
    * of special tokens, + punctuation, + heavy hitters, + a recent window,
    * full whose kept share of the window's attention (sinks and the local
    * window counted) reaches fastgen_recovery. The heavy hitters are
-   * ceil(k / 2) middle tokens by accumulated attention (the window's
-   * column sums, then pq_observe_attention; dropped for good once left
-   * out), the recent window the newest k - ceil(k / 2) middle tokens.
+   * ceil(k / 2) middle tokens by mean attention since the token was
+   * stored (the profile's share, then each pq_observe_attention, as
+   * cold-compress ranks them; dropped for good once left out), the recent
+   * window the newest k - ceil(k / 2) middle tokens.
    * Needs pq_sequence_token_classes (before pq_prefill_queries) and
    * pq_prefill_queries; heads take different numbers of tokens (in
    * pq_selection.counts; a full head keeps the whole middle, so the
@@ -828,8 +829,15 @@ PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,
 
 /* Keeps the first `tokens` tokens of every layer of seq_id and drops the
  * rest (a server rolling back rejected speculative tokens): the K/V, the
- * PQ codes, the selector's state and the block cache's bookkeeping follow,
- * and the next decode step is as if the dropped tokens never came. A layer
+ * PQ codes, the selector's state and the block cache's bookkeeping follow:
+ * nothing of the dropped tokens stays. For PQ, exact, window, SparQ,
+ * InfLLM, Quest, SnapKV, PyramidKV, AdaKV, ZigZagKV, PyramidInfer and
+ * InfiniGen the next decode step is as if they never came. Selectors that
+ * learn at decode steps keep what the kept tokens learned while the
+ * dropped ones were there: observed attention and drop marks (H2O, SCOPE,
+ * FastGen, Keyformer), the steps counted (Scissorhands, Keyformer),
+ * Random's stream, and ClusterKV's prompt clusters when the cut falls
+ * inside the prompt. To go back exactly, fork before and remove after. A layer
  * with `tokens` or fewer tokens is left as it is. When the cut falls inside
  * a layer's prefill, its prefill becomes the first `tokens` tokens and its
  * index is rebuilt over them on the worker pool, as a prefill of those
@@ -1232,15 +1240,16 @@ PQ_API pq_status pq_prefill_queries(pq_context* ctx, uint64_t seq_id,
  * `selection` (usually the one pq_decode_select returned at this step),
  * per kv head and summed over the group's query heads:
  * probs[h * selection->capacity + i] belongs to token
- * selection->positions[h * selection->capacity + i]. Selectors that
- * accumulate attention (H2O, SCOPE, FastGen's heavy-hitter heads) add them
- * to each token's score;
- * Scissorhands takes each call as one step and records which tokens got at
- * least uniform attention; Keyformer takes each call as one step of its
- * Gumbel softmax over log(probs); others ignore the call (PQ_OK). To seed H2O with
- * the prompt's attention, pass a selection of all prompt tokens with their
- * column sums. Probabilities must
- * be finite and >= 0. Threading: as pq_decode_select. */
+ * selection->positions[h * selection->capacity + i]. H2O and SCOPE add
+ * them to each token's score, FastGen's heavy-hitter heads to its sum and
+ * observation count (it ranks by their mean); a score stops at FLT_MAX,
+ * so a saved state always restores. Scissorhands takes each call as one
+ * step and records which tokens got at least uniform attention; Keyformer
+ * takes each call as one step of its Gumbel softmax over log(probs);
+ * others ignore the call (PQ_OK). To seed H2O with the prompt's attention,
+ * pass a selection of all prompt tokens with their column sums.
+ * Probabilities must be finite and >= 0 (any such value). Threading: as
+ * pq_decode_select. */
 PQ_API pq_status pq_observe_attention(pq_context* ctx, uint64_t seq_id,
                                       int32_t layer,
                                       const pq_selection* selection,
