@@ -27,7 +27,11 @@ PQ_ERR_BAD_STATE "<C function>: the context is closed", as in Go and Java
 
 Threads: a Context may be shared; calls on different sequences (or different
 layers of one sequence) run concurrently, since every call releases the GIL.
-close() must not race with other calls on the same context.
+close() may race with calls on other threads: it makes new calls raise the
+closed-context PQError at once, waits for the calls already in the library,
+then frees the context (as Go's and Java's close() do). Called from inside a
+call on the same context on the same thread, it raises PQError
+PQ_ERR_BAD_STATE rather than wait for itself.
 
 Batches: select_batch and fetch_batch run one layer for many sequences in one
 library call (the library spreads them over its worker pool). Items succeed or
@@ -50,6 +54,8 @@ outputs, all on the sequence's stream with no host wait (pqcache.device).
 from __future__ import annotations
 
 import os
+import threading
+from _thread import get_ident as _get_ident
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -224,7 +230,14 @@ class Context(_Closing):
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: str = "f16", **options):
-        self._ctx = None  # close() and __del__ work even if __init__ fails
+        # The lifetime: calls in flight per thread (thread id: nesting), and
+        # whether close() has begun (also before pq_create succeeds, so that
+        # close() and __del__ work even if __init__ fails). See _call.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # _callers emptied, or destroyed
+        self._callers: Dict[int, int] = {}
+        self._closing, self._closer = True, None
+        self._ctx = None
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         config = _c.pq_config()  # starts from pq_config_default()
@@ -247,25 +260,112 @@ class Context(_Closing):
         self.num_layers, self.num_q_heads = num_layers, num_q_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._ctx = _c.pq_create(config)
+        self._closing = False
 
     # --- lifetime --------------------------------------------------------
 
     def close(self) -> None:
-        """Waits for running index builds and frees the context. Must not race
-        with other calls on it; later calls raise PQError PQ_ERR_BAD_STATE
-        "<C function>: the context is closed"."""
-        if self._ctx is not None:
-            ctx, self._ctx = self._ctx, None
-            _c.pq_destroy(ctx)
+        """Frees the context (pq_destroy, which waits for running index
+        builds). Safe while other threads call into the context: from now on
+        new calls raise PQError PQ_ERR_BAD_STATE "<C function>: the context
+        is closed" at once, and close() waits for the calls already in the
+        library to return before it frees anything, as Go's and Java's
+        close() do. A second close(), or one racing this one, returns once
+        the context is freed. A close() that would wait for a call of its own
+        thread (one made from inside a call on this context: a finalizer or a
+        signal handler run while the call converts its arguments, or a
+        Python object the call reads) raises PQError PQ_ERR_BAD_STATE instead
+        of waiting forever; close after that call returns."""
+        lock = self.__dict__.get("_lock")
+        if lock is None:
+            return  # __init__ failed before the context had a lifetime
+        me = _get_ident()
+        with lock:
+            if self._callers.get(me):
+                raise _error(_c.PQ_ERR_BAD_STATE,
+                             "pq_destroy: close() cannot run inside a call on the same context "
+                             "(this thread is in one, so close() would wait for it forever); "
+                             "close the context after that call returns")
+            while self._closing and self._ctx is not None and self._closer not in (None, me):
+                self._idle.wait(0.05)  # another thread's close(): until it is done
+            if self._closing:  # closed, never created, or closing on this very thread
+                return
+            self._closing, self._closer = True, me
+            try:
+                while self._callers:  # woken by calls leaving; the timeout only
+                    self._idle.wait(0.05)  # bounds a wake-up missed
+            except BaseException:  # interrupted (KeyboardInterrupt): still open
+                self._closing, self._closer = False, None
+                self._idle.notify_all()
+                raise
+            ctx = self._ctx
+        try:
+            _c.pq_destroy(ctx)  # without the lock: builds may take a while
+        finally:
+            with lock:
+                self._ctx, self._closer = None, None
+                self._idle.notify_all()
 
+    def _call(self, op: str, function, *args):
+        """function(handle, *args), a call of the C function `op`, while the
+        context is open. The call counts as in flight until it returns, so
+        that close() waits for it; once close() has begun, PQError
+        PQ_ERR_BAD_STATE "<op>: the context is closed", as in the Go and Java
+        bindings, and the library is not called. Costs one acquisition of an
+        uncontended lock: leaving takes none (each thread changes only its
+        own entry of _callers, and close() waits for the entries to go, with
+        a timeout that makes a missed wake-up only a delay)."""
+        me = _get_ident()
+        counted = False
+        try:
+            with self._lock:  # close() sets _closing under it: one or the other first
+                if self._closing:
+                    raise _error(_c.PQ_ERR_BAD_STATE, f"{op}: the context is closed")
+                callers = self._callers
+                callers[me] = callers.get(me, 0) + 1
+                counted = True  # nothing can interrupt between these two lines
+            return function(self._ctx, *args)
+        finally:
+            if counted:
+                self._leave(me)
 
-    def _handle(self, op: str):
-        """The native context for a call of the C function `op`. Once closed:
-        PQError PQ_ERR_BAD_STATE "<op>: the context is closed", as in the Go
-        and Java bindings (passed on, the library would only see NULL)."""
-        if self._ctx is None:
-            raise _error(_c.PQ_ERR_BAD_STATE, f"{op}: the context is closed")
-        return self._ctx
+    def _call_beside(self, function):
+        """function(), a C call through a handle that reaches into this
+        context but stays valid after it is freed (pqcache.redis.Transfer:
+        the C transfer learns of pq_destroy through pq_watch_destroy and
+        answers PQ_ERR_BAD_STATE from then on). While the context is open the
+        call counts as in flight, as _call's do; while another thread closes
+        it, it waits until pq_destroy has returned; once closed it runs as
+        it is. On a thread that close() waits for (a finalizer run inside
+        close() itself, or inside a call in flight) it runs at once, since
+        pq_destroy cannot begin before that thread goes on."""
+        me = _get_ident()
+        counted = False
+        try:
+            with self._lock:
+                if not self._closing:
+                    self._callers[me] = self._callers.get(me, 0) + 1
+                    counted = True
+                else:
+                    while (self._ctx is not None and self._closer not in (None, me)
+                           and not self._callers.get(me)):
+                        self._idle.wait(0.05)
+            return function()
+        finally:
+            if counted:
+                self._leave(me)
+
+    def _leave(self, me: int) -> None:
+        """A call of thread `me` returned (see _call)."""
+        callers = self._callers
+        left = callers[me] - 1
+        if left:
+            callers[me] = left
+        else:
+            del callers[me]
+        if self._closing:  # close() waits: let it look at _callers again
+            with self._lock:
+                self._idle.notify_all()
 
     def _check_dtype(self, name: str, array) -> None:
         """Raises DTypeError, naming `name`, when array's element type is not
@@ -293,32 +393,32 @@ class Context(_Closing):
 
     def config(self) -> Dict[str, object]:
         """The effective configuration (defaults resolved, e.g. worker_threads)."""
-        return _as_dict(_c.pq_get_config(self._handle("pq_get_config")))
+        return _as_dict(self._call("pq_get_config", _c.pq_get_config))
 
     def backend(self) -> str:
         """The backend in use: "cpu" or "cuda"."""
-        code = _c.pq_get_backend(self._handle("pq_get_backend"))
+        code = self._call("pq_get_backend", _c.pq_get_backend)
         return next(name for name, value in BACKENDS.items() if value == code)
 
     # --- sequences -------------------------------------------------------
 
     def add_sequence(self, seq: int) -> None:
-        _c.pq_sequence_add(self._handle("pq_sequence_add"), seq)
+        self._call("pq_sequence_add", _c.pq_sequence_add, seq)
 
     def remove_sequence(self, seq: int) -> None:
-        _c.pq_sequence_remove(self._handle("pq_sequence_remove"), seq)
+        self._call("pq_sequence_remove", _c.pq_sequence_remove, seq)
 
     def length(self, seq: int, layer: int) -> int:
         """Tokens stored for (seq, layer)."""
-        return _c.pq_sequence_length(self._handle("pq_sequence_length"), seq, layer)
+        return self._call("pq_sequence_length", _c.pq_sequence_length, seq, layer)
 
     def sequence_count(self) -> int:
-        return _c.pq_sequence_count(self._handle("pq_sequence_count"))
+        return self._call("pq_sequence_count", _c.pq_sequence_count)
 
     def set_stream(self, seq: int, cuda_stream: Optional[int]) -> None:
         """Orders seq's device work on a cudaStream_t given as an integer
         (torch.cuda.Stream.cuda_stream), or None for the context's stream."""
-        _c.pq_sequence_set_stream(self._handle("pq_sequence_set_stream"), seq, cuda_stream)
+        self._call("pq_sequence_set_stream", _c.pq_sequence_set_stream, seq, cuda_stream)
 
     # --- sequence state (added in 0.5) -----------------------------------
 
@@ -332,7 +432,7 @@ class Context(_Closing):
         PQError: PQ_ERR_NOT_FOUND, PQ_ERR_INVALID_ARGUMENT (negative, or more
         tokens than the longest layer holds). No other call on seq may run
         concurrently."""
-        _c.pq_sequence_truncate(self._handle("pq_sequence_truncate"), seq, tokens)
+        self._call("pq_sequence_truncate", _c.pq_sequence_truncate, seq, tokens)
 
     def fork(self, parent: int, child: int) -> None:
         """Adds `child` holding the same tokens, PQ index and selector state
@@ -341,12 +441,12 @@ class Context(_Closing):
         (counted once against the host memory limit); from then on each
         sequence grows on its own. PQError: PQ_ERR_NOT_FOUND (parent),
         PQ_ERR_INVALID_ARGUMENT (child exists), PQ_ERR_OUT_OF_MEMORY."""
-        _c.pq_sequence_fork(self._handle("pq_sequence_fork"), parent, child)
+        self._call("pq_sequence_fork", _c.pq_sequence_fork, parent, child)
 
     def state_size(self, seq: int) -> int:
         """The bytes save(seq) would return now (pq_sequence_state_size);
         waits for the sequence's index builds."""
-        return _c.pq_sequence_state_size(self._handle("pq_sequence_state_size"), seq)
+        return self._call("pq_sequence_state_size", _c.pq_sequence_state_size, seq)
 
     def save(self, seq: int) -> bytes:
         """seq's state (every layer's K/V, PQ index, window position and
@@ -356,14 +456,14 @@ class Context(_Closing):
         pq_sequence_save_buffer straight into the bytes object (sized again
         if the library asks for more). Waits for the sequence's index
         builds; no call that changes seq may run concurrently."""
-        return _c.pq_sequence_save_bytes(self._handle("pq_sequence_save_buffer"), seq)
+        return self._call("pq_sequence_save_buffer", _c.pq_sequence_save_bytes, seq)
 
     def save_file(self, seq: int, path: PathLike) -> None:
         """Saves seq's state into the file at `path`, atomically
         (pq_sequence_save_file: a temporary file beside it, fsync, rename; on
         failure the file is left as it was). A file system error raises
         PQError PQ_ERR_BACKEND, with the path and the system's text."""
-        _c.pq_sequence_save_file(self._handle("pq_sequence_save_file"), seq, path)
+        self._call("pq_sequence_save_file", _c.pq_sequence_save_file, seq, path)
 
     def restore(self, seq: int, state) -> None:
         """Adds seq from a state save returned (bytes, or any C-contiguous
@@ -374,7 +474,7 @@ class Context(_Closing):
         PQ_ERR_INVALID_ARGUMENT (seq exists), PQ_ERR_CORRUPT (truncated or
         damaged bytes), PQ_ERR_INCOMPATIBLE (another format version or
         geometry), PQ_ERR_OUT_OF_MEMORY."""
-        _c.pq_sequence_restore(self._handle("pq_sequence_restore"), seq, state)
+        self._call("pq_sequence_restore", _c.pq_sequence_restore, seq, state)
 
     def restore_begin(self, seq: int, state) -> int:
         """Begins a restore in pieces, for a state that arrives in parts (a
@@ -391,8 +491,8 @@ class Context(_Closing):
         before the description does, nothing is added and PQError
         PQ_ERR_BUFFER_TOO_SMALL is raised with .needed, the bytes needed from
         the state's start. Other errors: as restore."""
-        return _c.pq_sequence_restore_begin(self._handle("pq_sequence_restore_begin"), seq,
-                                            state)
+        return self._call("pq_sequence_restore_begin", _c.pq_sequence_restore_begin, seq,
+                          state)
 
     def restore_kv(self, seq: int, data) -> int:
         """Reads exactly one next section of a restore begun with
@@ -408,13 +508,13 @@ class Context(_Closing):
         not fit the layer, or hold a NaN or Inf, raise PQ_ERR_CORRUPT and end
         the restore (the sequence must be removed). Calls for one seq must
         not overlap; selections on seq may run meanwhile."""
-        return _c.pq_sequence_restore_kv(self._handle("pq_sequence_restore_kv"), seq, data)
+        return self._call("pq_sequence_restore_kv", _c.pq_sequence_restore_kv, seq, data)
 
     def restore_file(self, seq: int, path: PathLike) -> None:
         """restore from the file at `path` (pq_sequence_restore_file); a
         missing file raises PQError PQ_ERR_NOT_FOUND, a read error
         PQ_ERR_BACKEND."""
-        _c.pq_sequence_restore_file(self._handle("pq_sequence_restore_file"), seq, path)
+        self._call("pq_sequence_restore_file", _c.pq_sequence_restore_file, seq, path)
 
     # --- prefill and decode ----------------------------------------------
 
@@ -425,22 +525,22 @@ class Context(_Closing):
         The library copies the data; the arrays may be reused on return."""
         self._check_dtype("keys", keys)
         self._check_dtype("values", values)
-        _c.pq_prefill_layer(self._handle("pq_prefill_layer"), seq, layer,
-                            _tensor_view(keys, layout), _tensor_view(values, layout))
+        self._call("pq_prefill_layer", _c.pq_prefill_layer, seq, layer,
+                   _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def append(self, seq: int, layer: int, keys, values, layout: str = "token_major") -> None:
         """Appends decode tokens' K/V (usually one token) to a prefilled layer."""
         self._check_dtype("keys", keys)
         self._check_dtype("values", values)
-        _c.pq_decode_append(self._handle("pq_decode_append"), seq, layer,
-                            _tensor_view(keys, layout), _tensor_view(values, layout))
+        self._call("pq_decode_append", _c.pq_decode_append, seq, layer,
+                   _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def prefill_queries(self, seq: int, layer: int, queries, layout: str = "token_major") -> None:
         """The prompt's last queries [tokens][q_heads][head_dim], for SnapKV,
         PyramidKV and SCOPE (other selectors ignore them)."""
         self._check_dtype("queries", queries)
-        _c.pq_prefill_queries(self._handle("pq_prefill_queries"), seq, layer,
-                              _tensor_view(queries, layout))
+        self._call("pq_prefill_queries", _c.pq_prefill_queries, seq, layer,
+                   _tensor_view(queries, layout))
 
     def token_classes(self, seq: int, first: int, classes) -> None:
         """The classes of the tokens at first, first + 1, ... (TOKEN_SPECIAL
@@ -458,21 +558,21 @@ class Context(_Closing):
             if bad.size:
                 raise ValueError(f"classes[{bad[0]}] is {values[bad[0]]}; a class is a byte of "
                                  "TOKEN_SPECIAL | TOKEN_PUNCTUATION flags")
-        _c.pq_sequence_token_classes(self._handle("pq_sequence_token_classes"), seq, first,
-                                     np.ascontiguousarray(values, dtype=np.uint8))
+        self._call("pq_sequence_token_classes", _c.pq_sequence_token_classes, seq, first,
+                   np.ascontiguousarray(values, dtype=np.uint8))
 
     # --- selection and fetch ---------------------------------------------
 
     def capacity(self, seq: int, layer: int) -> int:
         """Entries per kv head that select needs at the current length."""
-        return _c.pq_selection_capacity(self._handle("pq_selection_capacity"), seq, layer)
+        return self._call("pq_selection_capacity", _c.pq_selection_capacity, seq, layer)
 
     def capacity_for(self, layer: int, tokens: int) -> int:
         """Entries per kv head that select needs at `layer` for a sequence of
         `tokens` tokens, without a sequence; it never decreases as tokens
         grow, so the capacity for the longest sequence sizes every buffer."""
-        return _c.pq_selection_capacity_for(self._handle("pq_selection_capacity_for"), layer,
-                                            tokens)
+        return self._call("pq_selection_capacity_for", _c.pq_selection_capacity_for, layer,
+                          tokens)
 
     @staticmethod
     def _query(query):
@@ -490,7 +590,7 @@ class Context(_Closing):
         if 0 <= layer < self.num_layers:
             self._capacity_hints[layer] = max(self._capacity_hints[layer], needed)
         out = SelectionResult(self.num_kv_heads, needed)
-        call(self._handle(call.__name__), seq, layer, query, out.arrays)
+        self._call(call.__name__, call, seq, layer, query, out.arrays)
         return out
 
     def speculate(self, seq: int, layer: int, query_estimate,
@@ -521,11 +621,11 @@ class Context(_Closing):
         query = self._query(query)
         self._check_dtype("query", query)
         if out is not None:
-            call(self._handle(call.__name__), seq, layer, query, out.arrays)
+            self._call(call.__name__, call, seq, layer, query, out.arrays)
             return out
         out = SelectionResult(self.num_kv_heads, self._capacity_hint(layer))
         try:
-            call(self._handle(call.__name__), seq, layer, query, out.arrays)
+            self._call(call.__name__, call, seq, layer, query, out.arrays)
         except PQError as e:
             if e.status != _BUFFER_TOO_SMALL:
                 raise
@@ -552,8 +652,8 @@ class Context(_Closing):
         hint = self._capacity_hint(layer)
         results = [SelectionResult(self.num_kv_heads, hint) for _ in seqs]
         try:
-            _c.pq_decode_select_batch(self._handle("pq_decode_select_batch"), layer, seqs, queries,
-                                      [r.arrays for r in results])
+            self._call("pq_decode_select_batch", _c.pq_decode_select_batch, layer, seqs, queries,
+                       [r.arrays for r in results])
             return results
         except PQError as e:
             if getattr(e, "statuses", None) is None:
@@ -592,8 +692,8 @@ class Context(_Closing):
         if probs.shape != selection.positions.shape:
             raise ValueError(f"probs has shape {probs.shape}; expected "
                              f"{selection.positions.shape}, the shape of selection.positions")
-        _c.pq_observe_attention(self._handle("pq_observe_attention"), seq, layer,
-                                selection.arrays, probs)
+        self._call("pq_observe_attention", _c.pq_observe_attention, seq, layer,
+                   selection.arrays, probs)
 
     def fetch(self, seq: int, layer: int, selection: SelectionResult,
               out: Optional[Tuple[np.ndarray, np.ndarray]] = None
@@ -607,8 +707,8 @@ class Context(_Closing):
         keys, values = out if out is not None else self._fetch_buffers(selection)
         self._check_dtype("out[0] (keys)", keys)
         self._check_dtype("out[1] (values)", values)
-        _c.pq_fetch_kv(self._handle("pq_fetch_kv"), seq, layer, selection.arrays,
-                       _tensor_view(keys, "head_major"), _tensor_view(values, "head_major"))
+        self._call("pq_fetch_kv", _c.pq_fetch_kv, seq, layer, selection.arrays,
+                   _tensor_view(keys, "head_major"), _tensor_view(values, "head_major"))
         return keys, values
 
     def attend(self, seq: int, layer: int, query, selection: SelectionResult,
@@ -628,8 +728,8 @@ class Context(_Closing):
         lse = np.empty(self.num_q_heads, np.float32)
         query = self._query(query)
         self._check_dtype("query", query)
-        _c.pq_decode_attend(self._handle("pq_decode_attend"), seq, layer, query,
-                            selection.arrays, 0.0 if scale is None else scale, out, lse)
+        self._call("pq_decode_attend", _c.pq_decode_attend, seq, layer, query,
+                   selection.arrays, 0.0 if scale is None else scale, out, lse)
         return out, lse
 
     def select_device(self, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
@@ -677,10 +777,10 @@ class Context(_Closing):
                 self._check_dtype(f"out_keys[{i}]", keys)
                 self._check_dtype(f"out_values[{i}]", values)
         try:
-            _c.pq_fetch_kv_batch(self._handle("pq_fetch_kv_batch"), layer, seqs,
-                                 [s.arrays for s in selections],
-                                 [_tensor_view(k, "head_major") for k, _ in outs],
-                                 [_tensor_view(v, "head_major") for _, v in outs])
+            self._call("pq_fetch_kv_batch", _c.pq_fetch_kv_batch, layer, seqs,
+                       [s.arrays for s in selections],
+                       [_tensor_view(k, "head_major") for k, _ in outs],
+                       [_tensor_view(v, "head_major") for _, v in outs])
         except PQError as e:
             statuses = getattr(e, "statuses", None)
             if statuses is None:
@@ -694,14 +794,14 @@ class Context(_Closing):
     def layer_info(self, seq: int, layer: int) -> Dict[str, object]:
         """pq_layer_info as a dict (tokens, coded_tokens, index_ready,
         last_select_bytes, ...), without waiting for builds."""
-        return _as_dict(_c.pq_layer_info_get(self._handle("pq_layer_info_get"), seq, layer))
+        return _as_dict(self._call("pq_layer_info_get", _c.pq_layer_info_get, seq, layer))
 
     def stats(self) -> Dict[str, object]:
         """Context-wide pq_stats as a dict."""
-        return _as_dict(_c.pq_stats_get(self._handle("pq_stats_get")))
+        return _as_dict(self._call("pq_stats_get", _c.pq_stats_get))
 
     def sequence_stats(self, seq: int) -> Dict[str, object]:
-        return _as_dict(_c.pq_sequence_stats_get(self._handle("pq_sequence_stats_get"), seq))
+        return _as_dict(self._call("pq_sequence_stats_get", _c.pq_sequence_stats_get, seq))
 
     def codes(self, seq: int, layer: int, kv_head: int, first: int, count: int,
               subspaces: Optional[int] = None) -> np.ndarray:
@@ -710,7 +810,7 @@ class Context(_Closing):
         if subspaces is None:
             subspaces = int(self.config()["pq_subspaces"])
         out = np.zeros((count, subspaces), np.uint8)
-        _c.pq_index_codes(self._handle("pq_index_codes"), seq, layer, kv_head, first, count, out)
+        self._call("pq_index_codes", _c.pq_index_codes, seq, layer, kv_head, first, count, out)
         return out
 
     def centroids(self, seq: int, layer: int, kv_head: int) -> np.ndarray:
@@ -719,9 +819,9 @@ class Context(_Closing):
         config = self.config()
         m, bits = int(config["pq_subspaces"]), int(config["pq_bits"])
         out = np.zeros((m, 1 << bits, self.head_dim // m), np.float32)
-        _c.pq_index_centroids(self._handle("pq_index_centroids"), seq, layer, kv_head, out)
+        self._call("pq_index_centroids", _c.pq_index_centroids, seq, layer, kv_head, out)
         return out
 
     def wait_builds(self) -> None:
         """Blocks until every index build queued so far has finished."""
-        _c.pq_wait_builds(self._handle("pq_wait_builds"))
+        self._call("pq_wait_builds", _c.pq_wait_builds)

@@ -12,7 +12,11 @@ objects that describe device memory: PyTorch CUDA tensors (read through
 data_ptr(), so bfloat16 works too), or anything with __cuda_array_interface__
 (CuPy, Numba). Malformed arrays raise TypeError or ValueError before the
 library sees them; the library's own refusals raise PQError (e.g.
-PQ_ERR_UNSUPPORTED on the CPU backend or for host memory).
+PQ_ERR_UNSUPPORTED on the CPU backend or for host memory). Both are calls on
+the context like any other: a Context.close() on another thread waits for
+them to return, and on a closed context they raise PQ_ERR_BAD_STATE
+"<C function>: the context is closed". A DeviceSelection holds no pointer into
+the context.
 """
 
 from __future__ import annotations
@@ -109,9 +113,9 @@ def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> Dev
         raise ValueError(f"query has shape {q.shape}; expected [q_heads][head_dim]")
     if q.dtype is None:
         raise TypeError("query must be float32, float16 or bfloat16")
-    _c.pq_decode_select_device(ctx._handle("pq_decode_select_device"), seq, layer, q.address,
-                               q.dtype, shape[0], shape[1], strides[0], out._addresses[0],
-                               out._addresses[1], out.capacity)
+    ctx._call("pq_decode_select_device", _c.pq_decode_select_device, seq, layer, q.address,
+              q.dtype, shape[0], shape[1], strides[0], out._addresses[0], out._addresses[1],
+              out.capacity)
     return out
 
 
@@ -127,7 +131,7 @@ def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, va
     if k.dtype is None:
         raise TypeError("keys and values must be float32, float16 or bfloat16")
     heads, tokens, head_dim = k.shape
-    _c.pq_fetch_kv_device(ctx._handle("pq_fetch_kv_device"), seq, layer,
-                          selection._addresses[0], selection._addresses[1], selection.capacity,
-                          k.address, v.address, k.dtype, tokens, heads, head_dim, k.strides[1],
-                          k.strides[0])
+    ctx._call("pq_fetch_kv_device", _c.pq_fetch_kv_device, seq, layer,
+              selection._addresses[0], selection._addresses[1], selection.capacity,
+              k.address, v.address, k.dtype, tokens, heads, head_dim, k.strides[1],
+              k.strides[0])

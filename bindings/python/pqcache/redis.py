@@ -17,7 +17,10 @@ as PQ_ERR_CORRUPT from pq_sequence_restore, keep their status). A call on a
 closed connection, transfer or context raises PQ_ERR_BAD_STATE "<function>:
 the connection is closed" (context, transfer), as pqcache.Context does; a
 transfer whose context or connection was closed first raises
-PQ_ERR_BAD_STATE from the C library, naming which went.
+PQ_ERR_BAD_STATE from the C library, naming which went. Every call that
+reaches into a context (put, get, get_begin, and a transfer's advance,
+finish, progress and close) counts as a call on it, so a Context.close() on
+another thread waits for it to return (pqcache.Context.close).
 
 The module calls libpqcache_redis.so.N (N: libpqcache's ABI major) through
 ctypes, found in this order:
@@ -137,10 +140,14 @@ def _key(key) -> bytes:
     return key
 
 
-def _context(op: str, ctx) -> int:
+def _on_context(op: str, ctx, call) -> None:
+    """call(handle), the pq_redis_* function `op` given ctx's pq_context* (an
+    int), run as a call on ctx (Context._call): a ctx.close() on another
+    thread waits for it, and a closed ctx raises PQ_ERR_BAD_STATE "<op>: the
+    context is closed" without calling the library."""
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx must be a pqcache.Context, not {type(ctx).__name__}")
-    return int(ctx._handle(op))  # the pq_context* the SWIG module holds
+    ctx._call(op, lambda handle: call(int(handle)))  # the pq_context* SWIG holds
 
 
 class Transfer(_Closing):
@@ -150,44 +157,55 @@ class Transfer(_Closing):
     removed (pq_redis_transfer_free). Closing its context or its Redis
     connection first leaves it invalid: advance, finish and progress then
     raise PQ_ERR_BAD_STATE naming which went (the C library learns it
-    through pq_watch_destroy), and close only frees it."""
+    through pq_watch_destroy), and close only frees it. Its calls count as
+    calls on the context: a Context.close() on another thread waits for one
+    in flight, and one made while that close() runs waits for it to end
+    (then answers as above)."""
 
     def __init__(self, handle: int, conn: "Redis", ctx: Context):
         self._handle = handle
         self._refs = (conn, ctx)  # kept alive: the C transfer uses both
 
-    def _h(self, op: str) -> int:
-        if self._handle is None:
+    def _run(self, op: str, function, *args) -> None:
+        """function(transfer, *args), checked, beside the context
+        (Context._call_beside): counted as a call on it while it is open, so
+        that a close() on another thread waits for it, and run only after
+        pq_destroy when a close() has begun (the C transfer then answers
+        PQ_ERR_BAD_STATE)."""
+        handle, refs = self._handle, self._refs
+        if handle is None or refs is None:
             raise _closed(op, "transfer")
-        return self._handle
+        refs[1]._call_beside(lambda: _check(function(handle, *args)))
 
     def advance(self, max_blocks: int = 0) -> bool:
         """Fetches up to max_blocks more blocks (0: all that are left) and
         restores the K/V sections they complete. True once the whole state
         is restored."""
         done = _I32(0)
-        _check(_lib.pq_redis_get_continue(self._h("pq_redis_get_continue"),
-                                          _u64("max_blocks", max_blocks), ctypes.byref(done)))
+        self._run("pq_redis_get_continue", _lib.pq_redis_get_continue,
+                  _u64("max_blocks", max_blocks), ctypes.byref(done))
         return bool(done.value)
 
     def finish(self) -> None:
         """Fetches every block left: the sequence is then complete."""
-        _check(_lib.pq_redis_get_finish(self._h("pq_redis_get_finish")))
+        self._run("pq_redis_get_finish", _lib.pq_redis_get_finish)
 
     def progress(self) -> Dict[str, int]:
         """fetched_bytes, description_bytes, state_bytes and layers_ready
         (layers 0 .. layers_ready - 1 have their K/V)."""
         fetched, description, state, layers = _U64(), _U64(), _U64(), _I32()
-        _check(_lib.pq_redis_transfer_progress(self._h("pq_redis_transfer_progress"),
-                                               ctypes.byref(fetched), ctypes.byref(description),
-                                               ctypes.byref(state), ctypes.byref(layers)))
+        self._run("pq_redis_transfer_progress", _lib.pq_redis_transfer_progress,
+                  ctypes.byref(fetched), ctypes.byref(description), ctypes.byref(state),
+                  ctypes.byref(layers))
         return {"fetched_bytes": fetched.value, "description_bytes": description.value,
                 "state_bytes": state.value, "layers_ready": layers.value}
 
     def close(self) -> None:
         if self._handle is not None:
             handle, self._handle = self._handle, None
-            _lib.pq_redis_transfer_free(handle)
+            # Abandoning removes the sequence from the context: beside it, as
+            # the other calls (after pq_destroy if a close() has begun).
+            self._refs[1]._call_beside(lambda: _lib.pq_redis_transfer_free(handle))
             self._refs = None
 
 
@@ -219,22 +237,23 @@ class Redis(_Closing):
 
     def put(self, ctx: Context, seq: int, key, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         """Saves sequence seq of ctx under key, in blocks of block_bytes."""
-        _check(_lib.pq_redis_put(self._open("pq_redis_put"), _context("pq_redis_put", ctx),
-                                 _u64("seq", seq), _key(key), _u64("block_bytes", block_bytes)))
+        conn = self._open("pq_redis_put")
+        _on_context("pq_redis_put", ctx, lambda handle: _check(_lib.pq_redis_put(
+            conn, handle, _u64("seq", seq), _key(key), _u64("block_bytes", block_bytes))))
 
     def get(self, ctx: Context, seq: int, key) -> None:
         """Restores the state under key as sequence seq of ctx (which must not
         exist). On any error no sequence was added."""
-        _check(_lib.pq_redis_get(self._open("pq_redis_get"), _context("pq_redis_get", ctx),
-                                 _u64("seq", seq), _key(key)))
+        conn = self._open("pq_redis_get")
+        _on_context("pq_redis_get", ctx, lambda handle: _check(_lib.pq_redis_get(
+            conn, handle, _u64("seq", seq), _key(key))))
 
     def get_begin(self, ctx: Context, seq: int, key) -> Transfer:
         """Adds seq to ctx from the state's first blocks (its description):
         it selects now; the returned Transfer brings the K/V."""
-        handle = _P()
-        _check(_lib.pq_redis_get_begin(self._open("pq_redis_get_begin"),
-                                       _context("pq_redis_get_begin", ctx), _u64("seq", seq),
-                                       _key(key), ctypes.byref(handle)))
+        handle, conn = _P(), self._open("pq_redis_get_begin")
+        _on_context("pq_redis_get_begin", ctx, lambda context: _check(_lib.pq_redis_get_begin(
+            conn, context, _u64("seq", seq), _key(key), ctypes.byref(handle))))
         transfer = Transfer(handle.value, self, ctx)
         self._transfers.add(transfer)
         return transfer
