@@ -16,7 +16,13 @@
 //    outputs, across batch items, a descriptor inside its positions) never
 //    make it read what it did not check;
 //  - a restored state whose numbers were changed under valid checksums
-//    never reports impossible build facts.
+//    never reports impossible build facts;
+//  - anything the library saved (huge finite attention observed included)
+//    restores;
+//  - with a host memory limit, pq_stats.host_bytes never passes it (huge
+//    token-class ranges included);
+//  - handles that outlive their context: every pq_watch_destroy watch not
+//    ended runs exactly once at pq_destroy, an ended one never.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "fuzz_state.h"
@@ -151,11 +158,28 @@ Tensor make_tensor(FuzzedDataProvider& in, int32_t dtype, int64_t tokens, int32_
   return x;
 }
 
+// A handle kept by another library into the context (pq_watch_destroy).
+struct Watch {
+  pq_context* ctx = nullptr;
+  uint64_t id = 0;
+  int runs = 0;
+  bool ended = false;      // pq_unwatch_destroy returned PQ_OK
+  bool ends_itself = false;  // calls pq_unwatch_destroy from its own fn
+};
+
+void watch_ran(void* user) {
+  Watch& w = *static_cast<Watch*>(user);
+  ++w.runs;
+  if (w.ends_itself && pq_unwatch_destroy(w.ctx, w.id) != PQ_ERR_NOT_FOUND)
+    finding("a watch could still be ended from inside pq_destroy");
+}
+
 struct State {
   pq_context* ctx = nullptr;
   pq_config config{};
   std::vector<int32_t> positions, counts;
   int64_t capacity = 0;
+  std::vector<std::unique_ptr<Watch>> watches;
 };
 
 uint64_t seq_id(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange<uint64_t>(0, 3); }
@@ -345,7 +369,13 @@ void fetch(FuzzedDataProvider& in, State& s) {
 void observe(FuzzedDataProvider& in, State& s) {
   if (s.counts.empty()) return;
   mangle_selection(in, s);
-  std::vector<float> probs(s.positions.size(), in.ConsumeFloatingPointInRange<float>(-1.f, 2.f));
+  // Ordinary probabilities, or huge and tiny finite ones (accumulated, they
+  // must stay restorable: issue 39 R3).
+  const float extremes[] = {3e38f, std::numeric_limits<float>::max(), 1e30f,
+                            std::numeric_limits<float>::denorm_min(), 0.f};
+  const float p = in.ConsumeBool() ? in.ConsumeFloatingPointInRange<float>(-1.f, 2.f)
+                                   : extremes[in.ConsumeIntegralInRange(0, 4)];
+  std::vector<float> probs(s.positions.size(), p);
   if (in.ConsumeBool() && !probs.empty()) probs[0] = NAN;
   pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
   check(pq_observe_attention(s.ctx, seq_id(in), layer_of(in, s.config), &sel, probs.data()));
@@ -357,11 +387,56 @@ void token_classes(FuzzedDataProvider& in, State& s) {
   const int64_t extremes[] = {0, 1, 80, std::numeric_limits<int64_t>::max(), -1};
   const int64_t first = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 200)
                                          : extremes[in.ConsumeIntegralInRange(0, 4)];
-  const int64_t count = in.ConsumeIntegralInRange<int64_t>(-1, 200);
+  // Now and then a range far past the stored tokens (issue 39 R2: charged
+  // to the host memory limit, never past it).
+  const bool huge = in.ConsumeIntegralInRange(0, 7) == 0;
+  const int64_t count = huge ? int64_t{1} << in.ConsumeIntegralInRange(16, 22)
+                             : in.ConsumeIntegralInRange<int64_t>(-1, 200);
+  const uint64_t seq = seq_id(in);
+  const bool null = in.ConsumeIntegralInRange(0, 7) == 0;
+  // Each class from the input; a huge range repeats one (consuming the
+  // input per position would leave nothing for the calls after it).
   std::vector<uint8_t> classes(static_cast<size_t>(std::max<int64_t>(count, 1)));
-  for (uint8_t& c : classes) c = in.ConsumeIntegralInRange<uint8_t>(0, in.ConsumeBool() ? 3 : 255);
-  check(pq_sequence_token_classes(s.ctx, seq_id(in), first, count,
-                                  in.ConsumeBool() ? classes.data() : nullptr));
+  if (huge)
+    std::fill(classes.begin(), classes.end(), in.ConsumeIntegralInRange<uint8_t>(0, 3));
+  else
+    for (uint8_t& c : classes) c = in.ConsumeIntegralInRange<uint8_t>(0, in.ConsumeBool() ? 3 : 255);
+  check(pq_sequence_token_classes(s.ctx, seq, first, count, null ? nullptr : classes.data()));
+}
+
+// pq_watch_destroy / pq_unwatch_destroy: a new watch, or the end of one
+// (ended ones again, and ids never made).
+void watch(FuzzedDataProvider& in, State& s) {
+  if (s.watches.empty() || in.ConsumeBool()) {
+    auto w = std::make_unique<Watch>();
+    w->ctx = s.ctx;
+    w->ends_itself = in.ConsumeBool();
+    const pq_status st = pq_watch_destroy(s.ctx, watch_ran, w.get(), &w->id);
+    check(st);
+    if (st == PQ_OK) s.watches.push_back(std::move(w));
+    return;
+  }
+  if (in.ConsumeIntegralInRange(0, 7) == 0) {
+    const pq_status st = pq_unwatch_destroy(s.ctx, in.ConsumeIntegral<uint64_t>() | (uint64_t{1} << 63));
+    check(st);
+    if (st != PQ_ERR_NOT_FOUND) finding("pq_unwatch_destroy ended a watch never made");
+    return;
+  }
+  Watch& w = *s.watches[in.ConsumeIntegralInRange<size_t>(0, s.watches.size() - 1)];
+  const pq_status st = pq_unwatch_destroy(s.ctx, w.id);
+  check(st);
+  if (st != (w.ended ? PQ_ERR_NOT_FOUND : PQ_OK))
+    finding("pq_unwatch_destroy answered other than its watch's state says");
+  w.ended = true;
+}
+
+// With a limit, what the library holds never passes it.
+void check_limit(const State& s) {
+  if (s.config.host_memory_limit == 0) return;
+  pq_stats stats;
+  stats.struct_size = sizeof stats;
+  check(pq_stats_get(s.ctx, &stats));
+  if (stats.host_bytes > s.config.host_memory_limit) finding("host_bytes passed the limit");
 }
 
 void read_index(FuzzedDataProvider& in, State& s) {
@@ -561,7 +636,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (pq_subspaces and pq_bits 0 are chosen at pq_create).
   check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 16)) {
+    switch (in.ConsumeIntegralInRange(0, 17)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -585,9 +660,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 13: check(pq_sequence_fork(s.ctx, seq_id(in), seq_id(in))); break;
       case 14: save_and_restore(in, s); break;
       case 15: token_classes(in, s); break;
+      case 16: watch(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
+    check_limit(s);
   }
   pq_destroy(s.ctx);  // builds may still run
+  for (const auto& w : s.watches)
+    if (w->runs != (w->ended ? 0 : 1)) finding("a watch ran other than once (or never, if ended)");
   return 0;
 }
