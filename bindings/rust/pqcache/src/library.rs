@@ -117,7 +117,7 @@ impl Library {
     }
 
     /// The library's text for a status (`pq_status_string`), e.g.
-    /// `"PQ_ERR_NOT_FOUND: no such sequence, plug-in or device"`.
+    /// `"PQ_ERR_NOT_FOUND: what the call names does not exist (a sequence, file, Redis key, plug-in or device)"`.
     pub(crate) fn status_string(&self, status: sys::pq_status) -> String {
         // SAFETY: pq_status_string returns a static C string for any value.
         let text = unsafe { CStr::from_ptr((self.api().pq_status_string)(status)) };
