@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "base/call_args.h"
 #include "base/error.h"
@@ -20,10 +21,12 @@ int64_t Layer::select(const std::vector<float>& queries, pq_selection* out,
   Reservation hint_charge;  // a speculation's rows are kept: charged first
   if (speculate) {
     hint_ = Hint{};
-    hint_charge = shared_.budget.reserve(
-        (prepared.middle.size() + prepared.head_counts.size()) * sizeof(int32_t),
-        "keeping layer " + str(layer_index_) + "'s speculation (pq_decode_speculate)",
-        "; it is held until the layer's next select");
+    hint_charge = shared_.budget.reserve_or_describe(
+        (prepared.middle.size() + prepared.head_counts.size()) * sizeof(int32_t), [&] {
+          return std::make_pair("keeping layer " + str(layer_index_) +
+                                    "'s speculation (pq_decode_speculate)",
+                                std::string("; it is held until the layer's next select"));
+        });
   }
   // A speculation changes a copy of what a select would change (drop
   // marks, step counts, clusters), which is then dropped.

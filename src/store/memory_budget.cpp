@@ -34,17 +34,24 @@ void Reservation::release() {
   bytes_ = 0;
 }
 
-Reservation MemoryBudget::reserve(uint64_t bytes, const std::string& what,
-                                  const std::string& how) {
+bool MemoryBudget::try_reserve(uint64_t bytes, Reservation* out) {
   uint64_t held = used_.load();
   do {
-    if (limit_ != 0 && (bytes > limit_ || held > limit_ - bytes))
-      fail(PQ_ERR_OUT_OF_MEMORY, what + " needs " + std::to_string(bytes) +
-                                     " bytes, which would pass the host memory limit of " +
-                                     std::to_string(limit_) + " bytes: " +
-                                     std::to_string(held) + " held" + how);
+    if (limit_ != 0 && (bytes > limit_ || held > limit_ - bytes)) return false;
   } while (!used_.compare_exchange_weak(held, held + bytes));
-  return Reservation(this, bytes);
+  *out = Reservation(this, bytes);
+  return true;
+}
+
+Reservation MemoryBudget::reserve(uint64_t bytes, const std::string& what,
+                                  const std::string& how) {
+  Reservation held;
+  if (!try_reserve(bytes, &held))
+    fail(PQ_ERR_OUT_OF_MEMORY, what + " needs " + std::to_string(bytes) +
+                                   " bytes, which would pass the host memory limit of " +
+                                   std::to_string(limit_) + " bytes: " +
+                                   std::to_string(used_.load()) + " held" + how);
+  return held;
 }
 
 }  // namespace pq

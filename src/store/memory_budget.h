@@ -45,11 +45,23 @@ class MemoryBudget {
   // when that would pass the limit; `what` and `how` complete the message:
   // "<what> needs N bytes, ... <how>".
   Reservation reserve(uint64_t bytes, const std::string& what, const std::string& how = "");
+  // reserve() for calls that run at every decode step: the message is made
+  // (describe() returns {what, how}) only when the bytes are refused.
+  template <typename Describe>
+  Reservation reserve_or_describe(uint64_t bytes, Describe&& describe) {
+    Reservation held;
+    if (try_reserve(bytes, &held)) return held;
+    const auto message = describe();
+    return reserve(bytes, message.first, message.second);
+  }
   uint64_t used() const { return used_.load(); }
   uint64_t limit() const { return limit_; }  // 0 = unlimited
 
  private:
   friend class Reservation;
+  // Holds `bytes` more in *out and returns true, or returns false (holding
+  // nothing) when that would pass the limit.
+  bool try_reserve(uint64_t bytes, Reservation* out);
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0};
 };
