@@ -160,6 +160,10 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::gather_selected,
     pqcuda::event_query,
     pqcuda::gather_selected_rows,
+    pqcuda::inline_copies,
+    pqcuda::stream_capturing,
+    pqcuda::pq_lut_rows,
+    pqcuda::fill_selection_rows,
 };
 
 }  // namespace

@@ -31,10 +31,9 @@ __device__ __forceinline__ float load_element(const uint8_t* p, int32_t dtype) {
 // ..., the lanes are added in order to 0, then the tail; __fmul_rn /
 // __fadd_rn keep nvcc from contracting into FMAs, which the CPU build never
 // uses.
-__global__ void __launch_bounds__(kThreads)
-    lut_kernel(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
-               const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
-               int64_t entries) {
+__device__ void lut_entries(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
+                            const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
+                            int64_t entries) {
   const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < entries;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -59,9 +58,24 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    fill_selection_kernel(int32_t* positions, int32_t* counts, int32_t heads, int64_t capacity,
-                          int64_t sink_end, const int32_t* middle, int64_t k, int64_t mid_end,
-                          int64_t n) {
+    lut_kernel(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
+               const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
+               int64_t entries) {
+  lut_entries(query, dtype, head_stride, group, centroids, m, C, sd, lut, entries);
+}
+
+// One item's tables per grid row (blockIdx.y).
+__global__ void __launch_bounds__(kThreads)
+    lut_rows_kernel(const pq_lut_row* rows, int32_t dtype, int64_t head_stride, int32_t group,
+                    int32_t m, int32_t C, int32_t sd, int64_t entries) {
+  const pq_lut_row r = rows[blockIdx.y];
+  lut_entries(static_cast<const uint8_t*>(r.query), dtype, head_stride, group, r.centroids, m, C,
+              sd, r.lut, entries);
+}
+
+__device__ void fill_positions(int32_t* positions, int32_t* counts, int32_t heads,
+                               int64_t capacity, int64_t sink_end, const int32_t* middle,
+                               int64_t k, int64_t mid_end, int64_t n) {
   const int64_t count = sink_end + k + (n - mid_end);
   const int64_t total = static_cast<int64_t>(heads) * count;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
@@ -82,6 +96,25 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; h < heads;
          h += static_cast<int64_t>(gridDim.x) * blockDim.x)
       counts[h] = 0;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fill_selection_kernel(int32_t* positions, int32_t* counts, int32_t heads, int64_t capacity,
+                          int64_t sink_end, const int32_t* middle, int64_t k, int64_t mid_end,
+                          int64_t n) {
+  fill_positions(positions, counts, heads, capacity, sink_end, middle, k, mid_end, n);
+}
+
+// One selection per grid row (blockIdx.y); a row that does not make a
+// selection (checked on the host for the table it wrote) writes nothing.
+__global__ void __launch_bounds__(kThreads)
+    fill_selection_rows_kernel(const pq_fill_row* rows, int32_t heads) {
+  const pq_fill_row r = rows[blockIdx.y];
+  if (r.sink_end < 0 || r.k < 0 || r.mid_end < r.sink_end || r.n < r.mid_end ||
+      r.sink_end + r.k + (r.n - r.mid_end) > r.capacity)
+    return;
+  fill_positions(r.positions, r.counts, heads, r.capacity, r.sink_end, r.middle, r.k, r.mid_end,
+                 r.n);
 }
 
 // Chunk c of selection a's work: one 16-byte chunk of a (row, K or V) pair,
@@ -240,6 +273,45 @@ int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64
   gather_selected_rows_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_items);
   cudaError_t s = cudaGetLastError();
   return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "gather_selected_rows: launch", s);
+}
+
+int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
+                int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
+                int32_t sub_dim, void* stream, char* err, size_t err_len) {
+  if (rows < 0 || rows > 65535)
+    return set_error(err, err_len, "pq_lut_rows: rows is %d; expected 0..65535", rows);
+  if (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16)
+    return set_error(err, err_len, "pq_lut_rows: dtype is %d; expected f32, f16 or bf16", dtype);
+  if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || centroids > 256 ||
+      sub_dim < 1 || head_stride < 0)
+    return set_error(err, err_len, "pq_lut_rows: kv_heads %d, group_size %d, subspaces %d, "
+                     "centroids %d, sub_dim %d: expected each >= 1, centroids <= 256",
+                     kv_heads, group_size, subspaces, centroids, sub_dim);
+  if (rows == 0) return 0;
+  if (d_rows == nullptr) return set_error(err, err_len, "pq_lut_rows: d_rows is NULL");
+  const int64_t entries =
+      static_cast<int64_t>(kv_heads) * group_size * subspaces * static_cast<int64_t>(centroids);
+  const dim3 grid(blocks_for(entries), static_cast<unsigned>(rows));
+  lut_rows_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      d_rows, dtype, head_stride, group_size, subspaces, centroids, sub_dim, entries);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "pq_lut_rows: launch", s);
+}
+
+int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, int64_t max_count,
+                        void* stream, char* err, size_t err_len) {
+  if (rows < 0 || rows > 65535 || heads < 1 || max_count < 0)
+    return set_error(err, err_len, "fill_selection_rows: rows %d, heads %d, max_count %lld: "
+                     "expected rows 0..65535, heads >= 1, max_count >= 0", rows, heads,
+                     static_cast<long long>(max_count));
+  if (rows == 0) return 0;
+  if (d_rows == nullptr) return set_error(err, err_len, "fill_selection_rows: d_rows is NULL");
+  const int64_t work = static_cast<int64_t>(heads) * max_count;
+  const dim3 grid(blocks_for(work > heads ? work : heads), static_cast<unsigned>(rows));
+  fill_selection_rows_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_rows,
+                                                                                       heads);
+  cudaError_t s = cudaGetLastError();
+  return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "fill_selection_rows: launch", s);
 }
 
 }  // namespace pqcuda

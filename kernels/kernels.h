@@ -68,8 +68,17 @@ int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64
                    int64_t sink_end, const int32_t* d_middle, int64_t k, int64_t mid_end,
                    int64_t n, void* stream, char* err, size_t err_len);
 int gather_selected(const pq_selected_gather* args, void* stream, char* err, size_t err_len);
+int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
+                int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
+                int32_t sub_dim, void* stream, char* err, size_t err_len);
+int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, int64_t max_count,
+                        void* stream, char* err, size_t err_len);
 int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
                          void* stream, char* err, size_t err_len);
+
+// inline_copies.cu: the small copies of a decode step, passed by value.
+int inline_copies(const pq_inline_copies* args, void* stream, char* err, size_t err_len);
+int stream_capturing(void* stream, char* err, size_t err_len);
 
 // encode.cu: PQ codes with the CPU's nearest-centroid rule.
 int encode(const float* d_keys, int64_t tokens, int64_t key_stride, const float* d_centroids,

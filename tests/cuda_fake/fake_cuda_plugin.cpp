@@ -21,6 +21,7 @@
 // waited and how many bytes went up.
 #include <algorithm>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,6 +69,8 @@ struct Stream {
   std::deque<std::function<void()>> queue;
   uint64_t enqueued = 0;  // operations ever enqueued
   uint64_t done = 0;      // operations ever run
+  bool capturing = false; // enqueued work goes into `graph`
+  std::vector<std::function<void()>> graph;
 };
 Stream g_legacy;                // the NULL stream
 std::set<Stream*> g_streams;    // from stream_create
@@ -92,9 +95,22 @@ void run_everything() {
 
 void enqueue(void* stream, std::function<void()> op) {
   Stream& s = stream_of(stream);
+  if (s.capturing) {
+    s.graph.push_back(std::move(op));
+    return;
+  }
   s.queue.push_back(std::move(op));
   ++s.enqueued;
 }
+
+// A capture (global mode) refuses what would wait, allocate or free.
+bool any_capturing() {
+  if (g_legacy.capturing) return true;
+  for (Stream* s : g_streams)
+    if (s->capturing) return true;
+  return false;
+}
+int refused_in_capture(const char* what, char* err, size_t len);
 
 struct Event {
   Stream* stream = nullptr;
@@ -110,6 +126,12 @@ int error(char* err, size_t len, const char* fmt, ...) {
     va_end(args);
   }
   return 1;
+}
+
+int refused_in_capture(const char* what, char* err, size_t len) {
+  ++g_counters.capture_refusals;
+  return error(err, len, "%s: cudaErrorStreamCaptureUnsupported (operation not permitted when "
+               "stream is capturing)", what);
 }
 
 // Reports (once) a fault of a deferred operation at the next wait.
@@ -151,6 +173,8 @@ int device_alloc(void** ptr, size_t bytes, char* err, size_t len) {
   *ptr = nullptr;
   if (bytes == 0) return 0;
   Lock lock(g_mutex);
+  if (any_capturing()) return refused_in_capture("cudaMalloc", err, len);
+  ++g_counters.device_allocs;
   const char* limit = std::getenv("PQ_FAKE_CUDA_DEVICE_BYTES");
   if (limit != nullptr && g_counters.device_bytes_live + bytes > std::strtoull(limit, nullptr, 10))
     return error(err, len, "cudaMalloc(%zu bytes): cudaErrorMemoryAllocation (fake limit)", bytes);
@@ -167,6 +191,8 @@ int device_free(void* ptr, char* err, size_t len) {
   Lock lock(g_mutex);
   auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g_device.end()) return error(err, len, "cudaFree: not a device allocation");
+  if (any_capturing()) return refused_in_capture("cudaFree", err, len);
+  ++g_counters.device_frees;
   run_everything();  // cudaFree synchronises the device
   g_counters.device_bytes_live -= it->second;
   g_device.erase(it);
@@ -178,6 +204,8 @@ int host_alloc(void** ptr, size_t bytes, char* err, size_t len) {
   *ptr = nullptr;
   if (bytes == 0) return 0;
   Lock lock(g_mutex);
+  if (any_capturing()) return refused_in_capture("cudaHostAlloc", err, len);
+  ++g_counters.host_allocs;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) return error(err, len, "cudaHostAlloc(%zu bytes): out of memory", bytes);
   std::memset(p, 0xCD, bytes);
@@ -190,6 +218,8 @@ int host_free(void* ptr, char* err, size_t len) {
   Lock lock(g_mutex);
   auto it = g_pinned.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g_pinned.end()) return error(err, len, "cudaFreeHost: not a pinned allocation");
+  if (any_capturing()) return refused_in_capture("cudaFreeHost", err, len);
+  ++g_counters.host_frees;
   run_everything();  // cudaFreeHost synchronises the device
   g_pinned.erase(it);
   std::free(ptr);
@@ -216,6 +246,7 @@ int stream_destroy(void* stream, char* err, size_t len) {
 int stream_synchronize(void* stream, char* err, size_t len) {
   Lock lock(g_mutex);
   if (!valid_stream(stream)) return error(err, len, "cudaStreamSynchronize: unknown stream");
+  if (any_capturing()) return refused_in_capture("cudaStreamSynchronize", err, len);
   ++g_counters.host_waits;
   run_all(stream_of(stream));
   return take_sticky(err, len);
@@ -241,6 +272,7 @@ int event_record(void* event, void* stream, char* err, size_t len) {
   auto* e = static_cast<Event*>(event);
   if (g_events.count(e) == 0) return error(err, len, "cudaEventRecord: unknown event");
   if (!valid_stream(stream)) return error(err, len, "cudaEventRecord: unknown stream");
+  ++g_counters.event_records;
   e->stream = &stream_of(stream);
   e->ticket = e->stream->enqueued;  // complete once what is enqueued so far has run
   return 0;
@@ -249,6 +281,7 @@ int event_synchronize(void* event, char* err, size_t len) {
   Lock lock(g_mutex);
   auto* e = static_cast<Event*>(event);
   if (g_events.count(e) == 0) return error(err, len, "cudaEventSynchronize: unknown event");
+  if (any_capturing()) return refused_in_capture("cudaEventSynchronize", err, len);
   ++g_counters.host_waits;
   if (e->stream != nullptr) run_until(*e->stream, e->ticket);
   return take_sticky(err, len);
@@ -260,6 +293,10 @@ int event_query(void* event, char* err, size_t len) {
   auto* e = static_cast<Event*>(event);
   if (g_events.count(e) == 0) {
     error(err, len, "cudaEventQuery: unknown event");
+    return -1;
+  }
+  if (any_capturing()) {
+    refused_in_capture("cudaEventQuery", err, len);
     return -1;
   }
   return e->stream == nullptr || e->stream->done >= e->ticket ? 1 : 0;
@@ -289,6 +326,11 @@ int copy_async(void* dst, const void* src, size_t bytes, void* stream, char* err
     return error(err, len, "cudaMemcpyAsync: %zu bytes read past the device allocation", bytes);
   if (!is_device(dst) && !is_device(src) && is_pageable(dst) && is_pageable(src))
     return error(err, len, "cudaMemcpyAsync: neither side is device or pinned memory");
+  if (is_pageable(src) || is_pageable(dst)) {
+    if (stream_of(stream).capturing)
+      return refused_in_capture("cudaMemcpyAsync from or to pageable memory", err, len);
+    ++g_counters.pageable_copies;
+  }
   if (is_device(src) && is_pageable(dst)) {
     ++g_counters.host_waits;  // the call returns once the copy is done
     run_all(stream_of(stream));
@@ -312,6 +354,7 @@ int copy_async(void* dst, const void* src, size_t bytes, void* stream, char* err
 // cudaMemcpy on the legacy stream: the legacy stream's work first.
 int copy(void* dst, const void* src, size_t bytes, int direction, char* err, size_t len) {
   Lock lock(g_mutex);
+  if (any_capturing()) return refused_in_capture("cudaMemcpy", err, len);
   const void* device_side = direction == PQ_COPY_DEVICE_TO_HOST ? src : dst;
   if (!is_device(device_side, bytes))
     return error(err, len, "cudaMemcpy: the device side is not %zu bytes of device memory", bytes);
@@ -710,6 +753,126 @@ void run_gather_selected(const pq_selected_gather& a) {
   }
 }
 
+// --- version 6 -----------------------------------------------------------------
+
+// The arguments are copied at the call, as kernel parameters are.
+int inline_copies(const pq_inline_copies* args, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (args == nullptr) return error(err, len, "inline_copies: args is NULL");
+  if (args->rows < 0 || args->rows > PQ_INLINE_ROWS || args->pieces < 0 ||
+      args->pieces > PQ_INLINE_PIECES || (args->rows > 0 && (args->row_bytes == 0 ||
+                                                             args->row_bytes > 4096)))
+    return error(err, len, "inline_copies: bad shape");
+  for (int32_t p = 0; p < args->pieces; ++p)
+    if (uint32_t{args->piece_at[p]} + args->piece_bytes[p] > PQ_INLINE_BYTES)
+      return error(err, len, "inline_copies: piece %d is outside the payload", p);
+  if (!valid_stream(stream)) return error(err, len, "inline_copies: unknown stream");
+  ++g_counters.inline_copies;
+  for (int32_t p = 0; p < args->pieces; ++p) g_counters.bytes_to_device += args->piece_bytes[p];
+  auto a = std::make_shared<pq_inline_copies>(*args);
+  enqueue(stream, [a] {
+    auto addressable = [](const void* p, size_t n) { return is_device(p, n) || is_pinned(p, n); };
+    for (int32_t r = 0; r < a->rows; ++r) {
+      if (!addressable(a->srcs[r], a->row_bytes) || !addressable(a->dsts[r], a->row_bytes))
+        return fault("inline_copies: a row's source or destination is not device or pinned "
+                     "memory");
+      std::memcpy(a->dsts[r], a->srcs[r], a->row_bytes);
+    }
+    for (int32_t p = 0; p < a->pieces; ++p) {
+      if (!addressable(a->piece_dst[p], a->piece_bytes[p]))
+        return fault("inline_copies: a piece's destination is not device or pinned memory");
+      std::memcpy(a->piece_dst[p], a->payload + a->piece_at[p], a->piece_bytes[p]);
+    }
+  });
+  return 0;
+}
+
+int stream_capturing(void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (!valid_stream(stream)) {
+    error(err, len, "cudaStreamIsCapturing: unknown stream");
+    return -1;
+  }
+  return stream_of(stream).capturing ? 1 : 0;
+}
+
+// The tables are read when the "kernel" runs, as on the device.
+int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
+                int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
+                int32_t sub_dim, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0 || rows > 65535 || kv_heads < 1 || group_size < 1 || subspaces < 1 ||
+      centroids < 1 || centroids > 256 || sub_dim < 1 || head_stride < 0 ||
+      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16))
+    return error(err, len, "pq_lut_rows: bad shape");
+  if (rows == 0) return 0;
+  if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_lut_row)))
+    return error(err, len, "pq_lut_rows: d_rows is not %d rows of device memory", rows);
+  if (!valid_stream(stream)) return error(err, len, "pq_lut_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    const int32_t head_dim = subspaces * sub_dim;
+    const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
+    const int32_t q_heads = kv_heads * group_size;
+    std::vector<float> q(static_cast<size_t>(head_dim));
+    for (int32_t r = 0; r < rows; ++r) {
+      const pq_lut_row row = d_rows[r];
+      if (!is_device(row.query, static_cast<size_t>(q_heads - 1) * head_stride + head_dim * es) ||
+          !is_device(row.centroids, static_cast<size_t>(kv_heads) * subspaces * centroids *
+                                        sub_dim * sizeof(float)) ||
+          !is_device(row.lut, static_cast<size_t>(q_heads) * subspaces * centroids * sizeof(float)))
+        return fault("pq_lut_rows: a row's query, centroids or LUT are not device memory");
+      for (int32_t qh = 0; qh < q_heads; ++qh) {
+        pq::to_float(static_cast<const uint8_t*>(row.query) + qh * head_stride, dtype, head_dim,
+                     q.data());
+        const int32_t h = qh / group_size;
+        for (int32_t j = 0; j < subspaces; ++j)
+          for (int32_t c = 0; c < centroids; ++c)
+            row.lut[(static_cast<size_t>(qh) * subspaces + j) * centroids + c] = pq::dot(
+                q.data() + j * sub_dim,
+                row.centroids + ((static_cast<size_t>(h) * subspaces + j) * centroids + c) * sub_dim,
+                sub_dim);
+      }
+    }
+  });
+  return 0;
+}
+
+int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, int64_t max_count,
+                        void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (rows < 0 || rows > 65535 || heads < 1 || max_count < 0)
+    return error(err, len, "fill_selection_rows: bad shape");
+  if (rows == 0) return 0;
+  if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_fill_row)))
+    return error(err, len, "fill_selection_rows: d_rows is not %d rows of device memory", rows);
+  if (!valid_stream(stream)) return error(err, len, "fill_selection_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    for (int32_t r = 0; r < rows; ++r) {
+      const pq_fill_row f = d_rows[r];
+      const int64_t count = f.sink_end + f.k + (f.n - f.mid_end);
+      if (f.sink_end < 0 || f.k < 0 || f.mid_end < f.sink_end || f.n < f.mid_end ||
+          count > f.capacity)
+        continue;  // not a selection: nothing written, as on the device
+      if (count > max_count) return fault("fill_selection_rows: a row exceeds max_count");
+      if (!is_device(f.positions, static_cast<size_t>(heads) * f.capacity * sizeof(int32_t)) ||
+          !is_device(f.counts, static_cast<size_t>(heads) * sizeof(int32_t)) ||
+          (f.k > 0 && !is_device(f.middle, static_cast<size_t>(heads) * f.k * sizeof(int32_t))))
+        return fault("fill_selection_rows: a row's arrays are not device memory");
+      for (int32_t h = 0; h < heads; ++h) {
+        int32_t* row = f.positions + h * f.capacity;
+        int64_t w = 0;
+        for (int64_t p = 0; p < f.sink_end; ++p) row[w++] = static_cast<int32_t>(p);
+        for (int64_t i = 0; i < f.k; ++i) row[w++] = f.middle[h * f.k + i];
+        for (int64_t p = f.mid_end; p < f.n; ++p) row[w++] = static_cast<int32_t>(p);
+        f.counts[h] = static_cast<int32_t>(count);
+      }
+    }
+  });
+  return 0;
+}
+
 const pq_cuda_plugin kTable = {
     PQ_CUDA_PLUGIN_ABI_VERSION,
     sizeof(pq_cuda_plugin),
@@ -747,6 +910,10 @@ const pq_cuda_plugin kTable = {
     gather_selected,
     event_query,
     gather_selected_rows,
+    inline_copies,
+    stream_capturing,
+    pq_lut_rows,
+    fill_selection_rows,
 };
 
 }  // namespace
@@ -754,13 +921,19 @@ const pq_cuda_plugin kTable = {
 extern "C" {
 
 // PQ_FAKE_CUDA_ABI=<n> makes it a plug-in of ABI n (the table otherwise
-// unchanged), for the loader's refusal of another version.
+// unchanged), for the loader's refusal of another version; n = 5 also
+// gives ABI 5's table size, so that libpqcache 0.7 runs over it.
 __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entry(
     uint32_t abi_version) {
   static const pq_cuda_plugin table = [] {
     pq_cuda_plugin t = kTable;
-    if (const char* abi = std::getenv("PQ_FAKE_CUDA_ABI"))
+    if (const char* abi = std::getenv("PQ_FAKE_CUDA_ABI")) {
       t.abi_version = static_cast<uint32_t>(std::atoi(abi));
+      // ABI 5's table is version 6's without its last four entries: a
+      // library of 0.7 then runs over this fake (the hazard tests of 0.8
+      // against the code they fixed).
+      if (t.abi_version == 5) t.struct_size = offsetof(pq_cuda_plugin, inline_copies);
+    }
     return t;
   }();
   if (abi_version == table.abi_version || abi_version == 0) return &table;
@@ -776,6 +949,29 @@ __attribute__((visibility("default"))) void pq_fake_cuda_counters_get(
 __attribute__((visibility("default"))) void pq_fake_cuda_synchronize_all(void) {
   Lock lock(g_mutex);
   run_everything();
+}
+
+__attribute__((visibility("default"))) void pq_fake_cuda_capture_begin(void* stream) {
+  Lock lock(g_mutex);
+  Stream& s = stream_of(stream);
+  s.capturing = true;
+  s.graph.clear();
+}
+
+__attribute__((visibility("default"))) int64_t pq_fake_cuda_capture_end(void* stream) {
+  Lock lock(g_mutex);
+  Stream& s = stream_of(stream);
+  if (!s.capturing) return -1;
+  s.capturing = false;
+  return static_cast<int64_t>(s.graph.size());
+}
+
+__attribute__((visibility("default"))) int pq_fake_cuda_graph_replay(void* stream) {
+  Lock lock(g_mutex);
+  Stream& s = stream_of(stream);
+  if (s.capturing) return 1;
+  for (const auto& op : s.graph) enqueue(stream, op);
+  return 0;
 }
 
 __attribute__((visibility("default"))) void* pq_fake_cuda_malloc(size_t bytes) {

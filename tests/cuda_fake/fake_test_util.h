@@ -23,6 +23,10 @@ struct Fake {
   const pq_cuda_plugin* table = nullptr;
   pq_fake_cuda_counters_get_fn counters_get = nullptr;
   pq_fake_cuda_pending_fn pending = nullptr;
+  pq_fake_cuda_synchronize_all_fn synchronize_all = nullptr;
+  pq_fake_cuda_capture_begin_fn capture_begin = nullptr;
+  pq_fake_cuda_capture_end_fn capture_end = nullptr;
+  pq_fake_cuda_graph_replay_fn graph_replay = nullptr;
 
   static Fake& get() {
     static Fake fake = [] {
@@ -31,10 +35,18 @@ struct Fake {
       void* h = dlopen(PQ_FAKE_CUDA_PLUGIN_FILE, RTLD_NOW | RTLD_LOCAL);
       if (h == nullptr) return f;
       auto entry = reinterpret_cast<pq_cuda_plugin_entry_fn>(dlsym(h, PQ_CUDA_PLUGIN_ENTRY));
-      f.table = entry ? entry(PQ_CUDA_PLUGIN_ABI_VERSION) : nullptr;
+      f.table = entry ? entry(0) : nullptr;  // whatever it speaks (PQ_FAKE_CUDA_ABI)
       f.counters_get =
           reinterpret_cast<pq_fake_cuda_counters_get_fn>(dlsym(h, "pq_fake_cuda_counters_get"));
       f.pending = reinterpret_cast<pq_fake_cuda_pending_fn>(dlsym(h, "pq_fake_cuda_pending"));
+      f.synchronize_all = reinterpret_cast<pq_fake_cuda_synchronize_all_fn>(
+          dlsym(h, "pq_fake_cuda_synchronize_all"));
+      f.capture_begin = reinterpret_cast<pq_fake_cuda_capture_begin_fn>(
+          dlsym(h, "pq_fake_cuda_capture_begin"));
+      f.capture_end =
+          reinterpret_cast<pq_fake_cuda_capture_end_fn>(dlsym(h, "pq_fake_cuda_capture_end"));
+      f.graph_replay =
+          reinterpret_cast<pq_fake_cuda_graph_replay_fn>(dlsym(h, "pq_fake_cuda_graph_replay"));
       return f;
     }();
     return fake;
@@ -54,6 +66,15 @@ pq_fake_cuda_counters counters_since(const pq_fake_cuda_counters& before) {
   d.kernel_launches = after.kernel_launches - before.kernel_launches;
   d.bytes_to_device = after.bytes_to_device - before.bytes_to_device;
   d.bytes_to_host = after.bytes_to_host - before.bytes_to_host;
+  d.device_bytes_live = after.device_bytes_live - before.device_bytes_live;
+  d.device_allocs = after.device_allocs - before.device_allocs;
+  d.device_frees = after.device_frees - before.device_frees;
+  d.host_allocs = after.host_allocs - before.host_allocs;
+  d.host_frees = after.host_frees - before.host_frees;
+  d.pageable_copies = after.pageable_copies - before.pageable_copies;
+  d.capture_refusals = after.capture_refusals - before.capture_refusals;
+  d.event_records = after.event_records - before.event_records;
+  d.inline_copies = after.inline_copies - before.inline_copies;
   return d;
 }
 

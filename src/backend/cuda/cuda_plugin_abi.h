@@ -16,8 +16,10 @@ extern "C" {
  * built with (the packages pin the plug-in to the same release), so there
  * are no older tables to serve and no fallback modes. Version 4 replaced the
  * layered v1/v2/v3 tables of 0.3; version 5 added the row-table scan and
- * top-k (a batch of sequences in one launch each). */
-#define PQ_CUDA_PLUGIN_ABI_VERSION 5u
+ * top-k (a batch of sequences in one launch each); version 6 the copies
+ * passed by value (inline_copies) and stream_capturing, so that a steady
+ * decode step stages nothing and can be captured in a CUDA graph. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION 6u
 #define PQ_CUDA_PLUGIN_ENTRY "pq_cuda_plugin_entry"
 
 enum { PQ_COPY_DEVICE_TO_HOST = 0, PQ_COPY_HOST_TO_DEVICE = 1 };
@@ -72,6 +74,48 @@ typedef struct pq_topk_row {
   int64_t k;
   int64_t first;
 } pq_topk_row;
+
+/* Small copies passed by value, as kernel parameters (inline_copies): no
+ * pinned staging to fence, no plan to upload, nothing refused in a CUDA
+ * graph capture. `rows` rows of row_bytes, row i from srcs[i] to dsts[i],
+ * then `pieces` pieces of the payload, piece i (piece_bytes[i] bytes from
+ * payload + piece_at[i]) to piece_dst[i]. Every address is device memory
+ * or mapped pinned host memory (read or written across PCIe). 2,368 bytes:
+ * within the 4 KiB of kernel parameters every CUDA device takes. */
+#define PQ_INLINE_ROWS 64
+#define PQ_INLINE_PIECES 32
+#define PQ_INLINE_BYTES 1024
+typedef struct pq_inline_copies {
+  int32_t rows;
+  int32_t pieces;
+  uint64_t row_bytes;
+  const void* srcs[PQ_INLINE_ROWS];
+  void* dsts[PQ_INLINE_ROWS];
+  void* piece_dst[PQ_INLINE_PIECES];
+  uint16_t piece_at[PQ_INLINE_PIECES];
+  uint16_t piece_bytes[PQ_INLINE_PIECES];
+  uint8_t payload[PQ_INLINE_BYTES];
+} pq_inline_copies;
+
+/* One item of pq_lut_rows (device pointers): an item's query, its layer's
+ * centroids, its LUTs, with pq_lut's layouts. */
+typedef struct pq_lut_row {
+  const void* query;
+  const float* centroids;
+  float* lut;
+} pq_lut_row;
+
+/* One selection of fill_selection_rows, with fill_selection's meaning. */
+typedef struct pq_fill_row {
+  int32_t* positions;
+  int32_t* counts;
+  const int32_t* middle;
+  int64_t capacity;
+  int64_t sink_end;
+  int64_t k;
+  int64_t mid_end;
+  int64_t n;
+} pq_fill_row;
 
 /* Every function returns 0 on success, else non-zero and a message in err
  * (err_len bytes, NUL-terminated), except where noted.
@@ -236,6 +280,25 @@ typedef struct pq_cuda_plugin {
    * max_chunks >= every item's heads * capacity * 2 * ceil(row_bytes / 16). */
   int (*gather_selected_rows)(const pq_selected_gather* d_items, int32_t items,
                               int64_t max_chunks, void* stream, char* err, size_t err_len);
+
+  /* --- a decode step with no staging (version 6) -------------------------- */
+  /* The copies of *args in one launch; *args is read at the call (its
+   * bytes travel as kernel parameters). row_bytes <= 4096. */
+  int (*inline_copies)(const pq_inline_copies* args, void* stream, char* err, size_t err_len);
+  /* Whether work enqueued on `stream` is being captured into a CUDA graph
+   * (cudaStreamIsCapturing): 1 yes, 0 no, -1 an error (in err). A capture
+   * refuses waits, allocations, frees, event queries and pageable copies. */
+  int (*stream_capturing)(void* stream, char* err, size_t err_len);
+  /* pq_lut for `rows` items in one launch (d_rows: DEVICE array), all of
+   * one shape: the batched device step's tables. */
+  int (*pq_lut_rows)(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
+                     int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
+                     int32_t sub_dim, void* stream, char* err, size_t err_len);
+  /* fill_selection for `rows` selections of `heads` heads in one launch
+   * (d_rows: DEVICE array); max_count >= every row's sink_end + k + n -
+   * mid_end. A row that does not make a selection writes nothing. */
+  int (*fill_selection_rows)(const pq_fill_row* d_rows, int32_t rows, int32_t heads,
+                             int64_t max_count, void* stream, char* err, size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or
