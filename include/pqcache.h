@@ -35,6 +35,17 @@
  *    either finish on the data they already hold or return PQ_ERR_NOT_FOUND.
  *  - The library keeps no global mutable state: two contexts share nothing
  *    unless the caller gives them one worker pool (pq_pool).
+ *  - Device work (CUDA backend) outlives the call that enqueued it: a
+ *    fetch queued on a sequence's stream reads that sequence's rows when
+ *    the stream gets to it. While it is queued, every call may run on the
+ *    sequence, pq_sequence_truncate, pq_sequence_remove and appends
+ *    included: store blocks and device buffers they let go of are handed
+ *    to another sequence only once the work enqueued before the release,
+ *    on every stream, has run (events, queried without waiting), so the
+ *    fetch returns the rows it was given. What the caller must order
+ *    itself: its own writes to the fetch's outputs, and the replays of a
+ *    CUDA graph that captured a step, which must finish before the
+ *    sequence is truncated or removed (a capture records no release fence).
  *  - Callbacks (pq_hooks, pq_write_fn) may run on the library's worker
  *    threads and on the calling thread, concurrently: each says what it may
  *    call.
@@ -81,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 7
+#define PQ_VERSION_MINOR 8
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.7.0"
+#define PQ_VERSION_STRING "0.8.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -852,6 +863,25 @@ PQ_API pq_status pq_sequence_set_stream(pq_context* ctx, uint64_t seq_id,
 PQ_API pq_status pq_sequence_truncate(pq_context* ctx, uint64_t seq_id,
                                       int64_t tokens);
 
+/* Makes room for seq_id to grow to `tokens` tokens per layer without
+ * allocating during its decode steps (added in 0.8): on the CUDA backend
+ * the page-locked K/V blocks of the chunks still to come (cut from the pool
+ * now: opening a chunk then pins nothing), and per layer the device codes,
+ * the chunk tables and the working buffers of the sequence's stream for a
+ * selection at that length. After it, a steady decode step on the device
+ * (pq_decode_append of host K/V, pq_decode_select_device,
+ * pq_fetch_kv_device) allocates nothing, frees nothing and waits for
+ * nothing (tests/cuda_fake/test_cuda_fake_steady.cpp counts it). Nothing is
+ * charged to config.host_memory_limit until tokens are stored; reserved
+ * blocks stay in the pool for any sequence. Call it after
+ * pq_sequence_set_stream (the buffers are the stream's). The CPU backend
+ * has nothing to reserve (PQ_OK). Errors: PQ_ERR_NOT_FOUND,
+ * PQ_ERR_INVALID_ARGUMENT (tokens < 0 or > INT32_MAX),
+ * PQ_ERR_OUT_OF_MEMORY (device or pinned memory; what was reserved before
+ * the failure stays). Threading: as pq_sequence_truncate. */
+PQ_API pq_status pq_sequence_reserve(pq_context* ctx, uint64_t seq_id,
+                                     int64_t tokens);
+
 /* Adds child_id holding the same tokens as parent_id (many requests with
  * one system prompt, parallel samples). Full chunks of 256 tokens are
  * shared, copy-on-write, and the host memory limit counts them once; the
@@ -1219,6 +1249,26 @@ PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
                                     int32_t layer, const pq_selection* selection,
                                     const pq_tensor* out_keys,
                                     const pq_tensor* out_values);
+
+/* pq_decode_select_device for every item, at one layer (added in 0.8):
+ * items as pq_decode_select_batch's (query and out->positions/counts in
+ * device memory), with that call's item-by-item statuses and call-level
+ * errors. When the items' sequences share one stream, the whole batch is
+ * one launch chain on it (the LUTs, one scan, one top-k and the fill of
+ * every selection: four launches and one table upload, whatever the
+ * count), enqueued without a host wait; otherwise the items run one by
+ * one. Each item selects what its pq_decode_select_device would.
+ * Threading: as pq_decode_select_batch. */
+PQ_API pq_status pq_decode_select_device_batch(pq_context* ctx, int32_t layer,
+                                               pq_select_item* items,
+                                               int64_t count);
+
+/* pq_fetch_kv_device for every item, at one layer (added in 0.8): items
+ * as pq_fetch_kv_batch's, with device selections and device outputs of at
+ * least selection.capacity tokens. Items sharing one stream are gathered
+ * in one launch, without a host wait. Threading: as pq_fetch_kv_batch. */
+PQ_API pq_status pq_fetch_kv_device_batch(pq_context* ctx, int32_t layer,
+                                          pq_fetch_item* items, int64_t count);
 
 /* ------------------------------------------------------------------------ */
 /* Inputs some selectors need                                               */

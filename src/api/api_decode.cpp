@@ -67,6 +67,17 @@ pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
   });
 }
 
+pq_status pq_decode_select_device_batch(pq_context* ctx, int32_t layer, pq_select_item* items,
+                                        int64_t count) {
+  return guarded_on(ctx, __func__,
+                    [&] { ctx_of(ctx).decode_select_device_batch(layer, items, count); });
+}
+
+pq_status pq_fetch_kv_device_batch(pq_context* ctx, int32_t layer, pq_fetch_item* items,
+                                   int64_t count) {
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).fetch_kv_device_batch(layer, items, count); });
+}
+
 pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,
                            pq_selection* out) {
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select(seq_id, layer, query, out); });

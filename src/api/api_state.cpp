@@ -34,6 +34,10 @@ pq_status pq_sequence_truncate(pq_context* ctx, uint64_t seq_id, int64_t tokens)
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_truncate(seq_id, tokens); });
 }
 
+pq_status pq_sequence_reserve(pq_context* ctx, uint64_t seq_id, int64_t tokens) {
+  return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_reserve(seq_id, tokens); });
+}
+
 pq_status pq_sequence_fork(pq_context* ctx, uint64_t parent_id, uint64_t child_id) {
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).sequence_fork(parent_id, child_id); });
 }

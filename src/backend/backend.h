@@ -167,6 +167,17 @@ class Backend {
   virtual bool fetch_device_selection(const DeviceSelectionFetchArgs& args) const {
     return false;
   }
+  // The same for the sequences of a batch at one layer, each kind in one
+  // launch chain (pq_decode_select_device_batch, pq_fetch_kv_device_batch):
+  // false, with nothing done, when the items do not allow it (streams or
+  // stores differ); the caller then runs them one by one.
+  virtual bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const {
+    return false;
+  }
+  virtual bool fetch_batch_device_selection(
+      const std::vector<const DeviceSelectionFetchArgs*>& items) const {
+    return false;
+  }
 
   // The device-side state of one (sequence, layer), or null for a backend
   // without a device. Created with the layer, destroyed with it.
@@ -207,6 +218,42 @@ class Backend {
                                      int32_t block_tokens, void* stream) const {
     return 0;
   }
+
+  // pq_decode_append of K/V in device memory: the rows of tokens [first,
+  // first + keys.tokens), opened in `store` and not written, are written by
+  // the device from the caller's tensors on the stream, and so are the
+  // window's rows of them: no host round trip. False, with nothing done,
+  // when the backend cannot (the caller stages the K/V through the host).
+  // Until device_writes_landed() (never waits) or wait_device_writes(), the
+  // host must not read those rows.
+  virtual bool append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+                                  const pq_tensor& keys, const pq_tensor& values,
+                                  void* stream) const {
+    return false;
+  }
+  virtual bool device_writes_landed(DeviceLayer* device) const { return true; }
+  virtual void wait_device_writes(DeviceLayer* device) const {}
+
+  // Keeps what stays valid of a layer's device state when its store was cut
+  // to `tokens` (pq_sequence_truncate), without waiting for the device.
+  // The block cache's bookkeeping starts empty. No-op without a device.
+  virtual void truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+                               void* stream) const {}
+
+  // pq_sequence_reserve. reserve_store: `blocks` more store blocks of
+  // `block_bytes` can be handed out without allocating (false: could not
+  // allocate them; the CPU backend's malloc needs nothing). reserve_layer:
+  // the layer's device buffers and its stream's working buffers for a
+  // middle of up to args.middle tokens, k of them selected.
+  virtual bool reserve_store(size_t block_bytes, size_t blocks) const { return true; }
+  struct ReserveArgs {
+    int64_t tokens;   // the sequence's length to make room for
+    int64_t middle;   // the middle at that length
+    int64_t k;        // tokens selected per kv head there
+    int32_t group_size, subspaces, centroids, combine;
+    void* stream;
+  };
+  virtual void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const {}
 };
 
 // The built-in host backend.

@@ -113,7 +113,95 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
 
 void Layer::wait_ingests() { ingest_.wait(); }
 
-void Layer::settle() { ingest_.settle(); }
+void Layer::settle() {
+  ingest_.settle();
+  if (device_pending_first_.load() >= 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    land_device_writes(/*wait=*/true);
+  }
+}
+
+void Layer::settle_device() {
+  ingest_.settle();
+  if (device_pending_first_.load() >= 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    land_device_writes(/*wait=*/false);
+  }
+}
+
+bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
+                               const SequenceInfo& seq) {
+  settle_device();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_prefill(seq.id, "pq_decode_append");
+  require_kv(seq.id, "pq_decode_append");
+  // Opening may copy a partial chunk shared with a fork: its rows must be
+  // there to be read.
+  if (store_.open_copies_last_chunk()) land_device_writes(/*wait=*/true);
+  const int64_t first = store_.tokens();
+  store_.open(keys.tokens);
+  bool written = false;
+  try {
+    written = shared_.backend->append_from_device(device_.get(), store_, first, keys, values,
+                                                  seq.stream);
+  } catch (...) {
+    store_.truncate(first);
+    throw;
+  }
+  if (!written) {
+    store_.truncate(first);
+    return false;
+  }
+  if (device_pending_first_.load() < 0) device_pending_first_.store(first);
+  device_pending_stream_ = seq.stream;
+  update_mirrors();
+  return true;
+}
+
+void Layer::land_device_writes(bool wait) {
+  const int64_t first = device_pending_first_.load();
+  if (first < 0) return;
+  if (!shared_.backend->device_writes_landed(device_.get())) {
+    if (!wait) return;
+    shared_.backend->wait_device_writes(device_.get());
+  }
+  device_pending_first_.store(-1);
+  const int64_t end = store_.tokens();
+  // The rows of [first, end), chunk by chunk, as K and V tensors
+  // ([token][head] with the chunk's head stride).
+  const int32_t dtype = shared_.config.dtype;
+  const int32_t dim = shared_.config.head_dim;
+  for (int64_t t = first; t < end;) {
+    const int64_t in_chunk = t % KvStore::kChunkTokens;
+    const int64_t n = std::min(end - t, KvStore::kChunkTokens - in_chunk);
+    for (const bool key : {true, false}) {
+      pq_tensor view{};
+      view.data = const_cast<uint8_t*>(key ? store_.key_row(t, 0) : store_.value_row(t, 0));
+      view.dtype = dtype;
+      view.memory = PQ_MEMORY_HOST;
+      view.tokens = n;
+      view.heads = shared_.config.num_kv_heads;
+      view.head_dim = dim;
+      view.token_stride = dim;
+      view.head_stride = KvStore::kChunkTokens * static_cast<int64_t>(dim);
+      try {
+        reject_non_finite(view, key ? "keys" : "values");
+      } catch (const Error& e) {
+        // Dropped whole, as a host append with a NaN stores nothing.
+        store_.truncate(first);
+        if (selector_state_) selector_state_->truncate(first);
+        shared_.backend->truncate_device(device_.get(), store_, first, device_pending_stream_);
+        update_mirrors();
+        fail(PQ_ERR_INVALID_ARGUMENT,
+             "the K/V appended from device memory (pq_decode_append) to layer " +
+                 str(layer_index_) + " as tokens " + str(first) + ".." + str(end - 1) +
+                 " hold a non-finite value (" + e.what() + ", counting from token " + str(t) +
+                 "); those tokens were dropped: the layer holds " + str(first) + " tokens");
+      }
+    }
+    t += n;
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Introspection

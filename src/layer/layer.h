@@ -50,12 +50,21 @@ class Layer {
   // A prefill from device memory, copied on the sequence's stream and
   // stored by a pool task once it landed; `owner` keeps the layer alive
   // until then. False when the backend copies synchronously only.
+  // pq_decode_append of device K/V without the host (CUDA backend): the
+  // store's rows and the window written by the device on the stream; the
+  // values are checked once they have landed (land_device_writes). False
+  // when the backend cannot (the caller stages them through the host).
+  bool append_from_device(const pq_tensor& keys, const pq_tensor& values,
+                          const SequenceInfo& seq);
   bool append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
                     std::shared_ptr<void> owner);
   // Waits for the asynchronous prefills in flight and throws the error of
   // one that failed (once). Every call on the layer starts with it; call it
   // without the lock (an ingest in flight takes it).
   void settle();
+  // settle() for the steps kept on the device: K/V the device is still
+  // appending are not waited for (those steps read no row on the host).
+  void settle_device();
   void wait_ingests();
 
   // --- reading (layer.cpp) ------------------------------------------------
@@ -164,6 +173,19 @@ class Layer {
   // --- sequence state (layer_state.cpp) ------------------------------------
   // pq_sequence_truncate: keeps the first `tokens` tokens (fewer than held).
   void truncate(int64_t tokens, const SequenceInfo& seq);
+  // pq_sequence_reserve: the layer's device buffers and its stream's
+  // working buffers for `tokens` tokens. Returns the store blocks the layer
+  // will open on its way there (K and V of each chunk).
+  int64_t reserve(int64_t tokens, const SequenceInfo& seq);
+  // pq_decode_select_device and pq_fetch_kv_device in halves, for a batch
+  // whose device work is one launch chain (Context::decode_select_device_
+  // batch): the caller holds mutex() after settle() across them.
+  void device_select_prepare(pq_selection* out, const SequenceInfo& seq, PreparedSelect& prepared);
+  void device_select_finish(PreparedSelect& prepared, const SequenceInfo& seq);
+  DeviceSelectionFetchArgs device_fetch_args(const pq_selection& sel, const pq_tensor& out_keys,
+                                             const pq_tensor& out_values, const SequenceInfo& seq);
+  void count_device_fetch(const pq_selection& sel, const SequenceInfo& seq);
+  size_t store_block_bytes() const { return store_.block_bytes(); }
   // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
   void fork_from(Layer& parent, uint64_t parent_id);
   // pq_sequence_save, in two parts so that every layer's index comes before
@@ -217,6 +239,11 @@ class Layer {
   void gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
                       const pq_tensor& out_values, uint64_t rows, void* stream);
   void update_mirrors();
+  // Under mutex_: once the device's appends have landed (waiting for them
+  // when `wait`), checks their values; a non-finite one drops every token
+  // appended from the device since the last check, and throws
+  // PQ_ERR_INVALID_ARGUMENT saying so (once).
+  void land_device_writes(bool wait);
   // Makes caller_state_ hold what the selector's state says it holds for
   // the caller (SelectorState::caller_bytes): what it gives back is
   // released, what it adds comes from `room` when given, else the budget.
@@ -247,6 +274,12 @@ class Layer {
   // Restored without its K/V yet (pq_sequence_restore_begin): the store's
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;
+  // Tokens [device_pending_first_, end) were appended from device memory
+  // (append_from_device) and may not have landed: the host reads them only
+  // after land_device_writes (-1: none pending). Atomic: settle() looks
+  // before taking the lock.
+  std::atomic<int64_t> device_pending_first_{-1};
+  void* device_pending_stream_ = nullptr;
   // The pending build was queued by rebuild_for_long_output: selects go on
   // with the installed index until it is done, instead of waiting.
   bool background_rebuild_ = false;

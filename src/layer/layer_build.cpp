@@ -58,6 +58,7 @@ void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
   if (!(share > 0.f) || index == nullptr || build_.pending() || awaiting_kv_) return;
   const int64_t n = store_.tokens();
   if (static_cast<double>(n - index->built_tokens) <= static_cast<double>(share) * n) return;
+  land_device_writes(/*wait=*/true);  // the build reads every row
   build_.schedule(store_, n, seq);
   background_rebuild_ = true;
 }
@@ -65,6 +66,9 @@ void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
 void Layer::code_tokens(int64_t end) {
   PqIndex& index = *build_.index();
   if (index.coded_tokens >= end) return;
+  // Coding reads the keys: those the device is still appending land first.
+  const int64_t pending = device_pending_first_.load();
+  if (pending >= 0 && pending < end) land_device_writes(/*wait=*/true);
   const int32_t dtype = shared_.config.dtype;
   const int32_t head_dim = shared_.config.head_dim;
   const KvStore& store = store_;

@@ -3,6 +3,7 @@
 // and pq_fetch_kv, with the selection itself written and read by the
 // backend's device on the sequence's stream.
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "layer/layer.h"
@@ -11,19 +12,28 @@ namespace pq {
 
 void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
                              const SequenceInfo& seq) {
-  settle();
+  settle_device();
   std::lock_guard<std::mutex> lock(mutex_);
   PreparedSelect prepared;
-  const std::vector<float> no_host_queries;  // the LUT is built on the device
   pq_selection descriptor = out;
-  select_prepare(no_host_queries, &descriptor, seq, prepared, /*host_out=*/false);
-  const LayerSelection& r = *prepared.request;
-  const Regions& regions = prepared.regions;
-  const bool scored = r.k > 0 && r.k < r.middle.size();
-  const DeviceSelectArgs args{r.pq_args(/*luts=*/nullptr), query, regions.n, descriptor};
+  device_select_prepare(&descriptor, seq, prepared);
+  const DeviceSelectArgs args{prepared.request->pq_args(/*luts=*/nullptr), query,
+                              prepared.regions.n, descriptor};
   if (!shared_.backend->select_to_device(args))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device: the ") +
                                  shared_.backend->name() + " backend has no device");
+  device_select_finish(prepared, seq);
+}
+
+void Layer::device_select_prepare(pq_selection* out, const SequenceInfo& seq,
+                                  PreparedSelect& prepared) {
+  static const std::vector<float> no_host_queries;  // the LUT is built on the device
+  select_prepare(no_host_queries, out, seq, prepared, /*host_out=*/false);
+}
+
+void Layer::device_select_finish(PreparedSelect& prepared, const SequenceInfo& seq) {
+  const LayerSelection& r = *prepared.request;
+  const bool scored = r.k > 0 && r.k < r.middle.size();
   prepared.bytes = scored ? static_cast<uint64_t>(r.middle.size()) *
                                 r.index->codebook->subspaces * r.context.kv_heads()
                           : 0;
@@ -32,14 +42,24 @@ void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
 
 void Layer::fetch_device_selection(const pq_selection& sel, const pq_tensor& out_keys,
                                    const pq_tensor& out_values, const SequenceInfo& seq) {
-  settle();
+  settle_device();
   std::lock_guard<std::mutex> lock(mutex_);
-  require_prefill(seq.id, "pq_fetch_kv_device");
-  require_kv(seq.id, "pq_fetch_kv_device");
-  if (!shared_.backend->fetch_device_selection(
-          DeviceSelectionFetchArgs{context(seq), store_, sel, out_keys, out_values}))
+  if (!shared_.backend->fetch_device_selection(device_fetch_args(sel, out_keys, out_values, seq)))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_fetch_kv_device: the ") + shared_.backend->name() +
                                  " backend has no device");
+  count_device_fetch(sel, seq);
+}
+
+DeviceSelectionFetchArgs Layer::device_fetch_args(const pq_selection& sel,
+                                                  const pq_tensor& out_keys,
+                                                  const pq_tensor& out_values,
+                                                  const SequenceInfo& seq) {
+  require_prefill(seq.id, "pq_fetch_kv_device");
+  require_kv(seq.id, "pq_fetch_kv_device");
+  return DeviceSelectionFetchArgs{context(seq), store_, sel, out_keys, out_values};
+}
+
+void Layer::count_device_fetch(const pq_selection& sel, const SequenceInfo& seq) {
   const uint64_t bytes = static_cast<uint64_t>(sel.capacity) * shared_.config.num_kv_heads *
                          store_.row_bytes() * 2;
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
@@ -47,6 +67,24 @@ void Layer::fetch_device_selection(const pq_selection& sel, const pq_tensor& out
     // The counts are on the device: the bytes the outputs can hold.
     c->bytes_fetched.fetch_add(bytes);
   }
+}
+
+int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const pq_config& c = shared_.config;
+  const Regions r = shared_.regions(tokens, layer_index_);
+  Backend::ReserveArgs args{tokens,
+                            r.mid_end - r.sink_end,
+                            r.k,
+                            c.num_q_heads / c.num_kv_heads,
+                            c.pq_subspaces,
+                            int32_t{1} << c.pq_bits,
+                            c.gqa_combine,
+                            seq.stream};
+  shared_.backend->reserve_layer(device_.get(), args);
+  const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
+  return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_.chunk_count()));
 }
 
 }  // namespace pq

@@ -130,7 +130,10 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   // The middle is chosen aside and the rows written only when every head
   // succeeded: outputs are written only on success.
   prepared.regions = r;
-  prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
+  // Written on the device, the middle needs no host array: the step's host
+  // work stays O(kv heads), whatever k.
+  if (host_out)
+    prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
   prepared.head_counts.assign(static_cast<size_t>(kv_heads), static_cast<int32_t>(r.k));
   LayerSelection& s = prepared.request.emplace(
       LayerSelection{context(seq), store_, *shared_.backend, shared_.scratch});

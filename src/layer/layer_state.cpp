@@ -55,10 +55,14 @@ void Layer::reset_cache_and_device(void* stream) {
 // ---------------------------------------------------------------------------
 
 void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
-  settle();
+  // K/V the device is still appending are not waited for: a truncate reads
+  // no row (unless it rebuilds, below), and speculative decoding truncates
+  // every step.
+  settle_device();
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq.id, "pq_sequence_truncate");
   if (tokens >= store_.tokens()) return;
+  if (device_pending_first_.load() >= tokens) device_pending_first_.store(-1);  // all dropped
   hint_ = Hint{};  // made for tokens that go
   // An index trained on tokens that go is rebuilt over those that stay, as
   // a prefill of them would build it. Queued first: it is the only step
@@ -66,6 +70,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   const bool index_covers_dropped =
       tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
+  if (rebuild && device_pending_first_.load() >= 0) land_device_writes(/*wait=*/true);
   if (rebuild) build_.schedule(store_, tokens, seq);
   background_rebuild_ = background_rebuild_ && !rebuild;
   PqIndex* index = build_.index();
@@ -82,7 +87,16 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   store_.truncate_under_readers(tokens);
   if (selector_state_) selector_state_->truncate(tokens);
   charge_caller_state(nullptr);  // gives back only
-  reset_cache_and_device(seq.stream);
+  // The device state of the tokens kept stays (their codes, their window
+  // rows): a truncate every step (speculative decoding) re-uploads nothing
+  // and never waits for the device. The block cache starts empty.
+  if (cache_)
+    cache_ = std::make_unique<BlockCache>(shared_.config.cache_tokens,
+                                          shared_.config.cache_block_tokens,
+                                          shared_.config.cache_policy,
+                                          shared_.config.cache_update_blocks);
+  shared_.backend->truncate_device(device_.get(), store_, tokens, seq.stream);
+  if (index_covers_dropped) build_.bump_generation();  // the device's codes are of the old index
   update_mirrors();
   publish_share();
 }

@@ -183,6 +183,11 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
   if (is_prefill && keys->memory == PQ_MEMORY_DEVICE && values->memory == PQ_MEMORY_DEVICE &&
       layer.append_async(*keys, *values, seq->info(), seq))
     return;
+  // A decode token's K/V on the device go into the store and the window
+  // with no host round trip, where the backend can.
+  if (!is_prefill && keys->memory == PQ_MEMORY_DEVICE && values->memory == PQ_MEMORY_DEVICE &&
+      layer.append_from_device(*keys, *values, seq->info()))
+    return;
   StagedTensor k = stage_input(backend, *keys, seq->info().stream);
   StagedTensor v = stage_input(backend, *values, seq->info().stream);
   layer.append(k.view, v.view, is_prefill, seq->info());

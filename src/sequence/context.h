@@ -119,6 +119,9 @@ class Context {
 
   // Sequence state (context_state.cpp).
   void sequence_truncate(uint64_t id, int64_t tokens);
+  void sequence_reserve(uint64_t id, int64_t tokens);
+  void decode_select_device_batch(int32_t layer, pq_select_item* items, int64_t count);
+  void fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t count);
   void sequence_fork(uint64_t parent, uint64_t child);
   // Returns the bytes written; write may be null (the size alone).
   uint64_t sequence_save(uint64_t id, pq_write_fn write, void* user);
@@ -143,9 +146,16 @@ class Context {
                                       const std::vector<SequenceInfo>& infos)>;
   bool run_batch_locked(int32_t layer, const std::vector<uint64_t>& ids,
                         std::vector<BatchOutcome>& outcomes, std::atomic<uint64_t> Counters::*time,
-                        const BatchRun& run);
+                        const BatchRun& run, bool device_step = false);
   // decode_select_batch's path for a backend that chooses every item's
   // middle in one call; false when it does not apply (context_batch.cpp).
+  // The checks of pq_decode_select_device and pq_fetch_kv_device, on
+  // copies of the descriptors (context_device.cpp).
+  pq_tensor device_select_checks(const pq_tensor* query, const pq_selection* out,
+                                 pq_selection* sel) const;
+  void device_fetch_checks(const pq_selection* selection, const pq_tensor* out_keys,
+                           const pq_tensor* out_values, pq_selection* sel, pq_tensor* keys,
+                           pq_tensor* values) const;
   bool select_batch_on_device(int32_t layer, const std::vector<pq_select_item>& local,
                               const std::vector<pq_tensor>& queries,
                               std::vector<pq_selection>& outs, std::vector<BatchOutcome>& outcomes);

@@ -11,6 +11,7 @@
 
 #include "backend/staging.h"
 #include "base/call_args.h"
+#include "sequence/batch_items.h"
 #include "sequence/context.h"
 #include "base/error.h"
 #include "base/tensor.h"
@@ -18,21 +19,6 @@
 namespace pq {
 
 namespace {
-
-using Outcome = BatchOutcome;
-
-// Runs fn, its exception becoming the item's outcome as at the C API
-// boundary (the batch call names the function when it reports the item).
-template <typename Fn>
-void run_item(Outcome& outcome, Fn&& fn) noexcept {
-  outcome.status = catch_status(std::forward<Fn>(fn), [&outcome](const char* what,
-                                                                   const char* prefix) {
-    try {
-      outcome.message = std::string(prefix) + what;
-    } catch (...) {  // no memory for the text: the status still says what happened
-    }
-  });
-}
 
 // Locks every mutex, in no order the rest of the library must share: one
 // is locked, the others tried, and on a busy one everything is let go and
@@ -59,25 +45,6 @@ class LockAll {
  private:
   std::vector<std::unique_lock<std::mutex>> locks_;
 };
-
-void check_batch(const void* items, int64_t count) {
-  if (count < 0) invalid("count is " + str(count) + "; expected >= 0");
-  if (items == nullptr && count > 0) invalid("items is NULL with count " + str(count));
-}
-
-// A seq_id may appear once: its items would race on one layer's state.
-template <typename Item>
-void require_unique_ids(const Item* items, int64_t count) {
-  std::unordered_set<uint64_t> seen;
-  seen.reserve(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i)
-    if (!seen.insert(items[i].seq_id).second) {
-      int64_t first = 0;
-      while (items[first].seq_id != items[i].seq_id) ++first;
-      invalid("items[" + str(i) + "].seq_id " + std::to_string(items[i].seq_id) +
-              " repeats items[" + str(first) + "]'s; a sequence may appear once per batch");
-    }
-}
 
 // The bytes an item writes, for the check that items do not share outputs.
 struct OutputSpan {
@@ -125,26 +92,6 @@ void require_disjoint_items(std::vector<OutputSpan>& spans) {
 
 std::string item_name(int64_t i, const char* field) {
   return "items[" + str(i) + "]." + field;
-}
-
-// Writes every item's status and throws the first failure, naming it
-// (local: the items as the call read them).
-template <typename Item>
-void finish_batch(Item* items, const std::vector<Item>& local,
-                  const std::vector<Outcome>& outcomes) {
-  const Outcome* first = nullptr;
-  int64_t first_index = 0;
-  for (size_t i = 0; i < outcomes.size(); ++i) {
-    items[i].status = outcomes[i].status;
-    if (outcomes[i].status != PQ_OK && first == nullptr) {
-      first = &outcomes[i];
-      first_index = static_cast<int64_t>(i);
-    }
-  }
-  if (first != nullptr)
-    fail(first->status, "items[" + str(first_index) + "] (seq_id " +
-                            std::to_string(local[static_cast<size_t>(first_index)].seq_id) +
-                            "): " + first->message);
 }
 
 }  // namespace
@@ -206,7 +153,8 @@ void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t 
 // waited that long), the context's once.
 bool Context::run_batch_locked(int32_t layer, const std::vector<uint64_t>& ids,
                                std::vector<BatchOutcome>& outcomes,
-                               std::atomic<uint64_t> Counters::*time, const BatchRun& run) {
+                               std::atomic<uint64_t> Counters::*time, const BatchRun& run,
+                               bool device_step) {
   std::vector<size_t> live;
   std::vector<std::shared_ptr<Sequence>> seqs(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -224,7 +172,7 @@ bool Context::run_batch_locked(int32_t layer, const std::vector<uint64_t>& ids,
   std::vector<SequenceInfo> infos;
   for (size_t i : live) {
     Layer& l = *seqs[i]->layers[static_cast<size_t>(layer)];
-    run_item(outcomes[i], [&] { l.settle(); });
+    run_item(outcomes[i], [&] { device_step ? l.settle_device() : l.settle(); });
     if (outcomes[i].status != PQ_OK) continue;
     mutexes.push_back(&l.mutex());
     settled.push_back(i);

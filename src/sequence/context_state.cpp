@@ -2,6 +2,7 @@
 // Each layer does its part (layer_state.cpp); here are the checks that need
 // no layer, the framing and the all-or-nothing insertion of a new sequence.
 #include <algorithm>
+#include <cstdint>
 #include <new>
 #include <string>
 
@@ -50,7 +51,7 @@ void Context::sequence_truncate(uint64_t id, int64_t tokens) {
   std::shared_ptr<Sequence> seq = find(id);
   int64_t longest = 0;
   for (auto& layer : seq->layers) {
-    layer->settle();
+    layer->settle_device();  // reads the lengths only
     longest = std::max(longest, layer->tokens());
   }
   if (tokens < 0 || tokens > longest)
@@ -60,6 +61,23 @@ void Context::sequence_truncate(uint64_t id, int64_t tokens) {
                                       std::to_string(longest) + ")");
   for (auto& layer : seq->layers) layer->truncate(tokens, seq->info());
   debug([&] { return "sequence truncated: seq_id " + std::to_string(id) + " to " + std::to_string(tokens) + " tokens"; });
+}
+
+void Context::sequence_reserve(uint64_t id, int64_t tokens) {
+  if (tokens < 0 || tokens > INT32_MAX)
+    fail(PQ_ERR_INVALID_ARGUMENT, "tokens is " + std::to_string(tokens) +
+                                      "; expected 0..2147483647 (a layer's most tokens)");
+  std::shared_ptr<Sequence> seq = find(id);
+  int64_t blocks = 0;
+  for (auto& layer : seq->layers) blocks += layer->reserve(tokens, seq->info());
+  if (blocks > 0 && !seq->layers.empty() &&
+      !shared_.backend->reserve_store(seq->layers.front()->store_block_bytes(),
+                                      static_cast<size_t>(blocks)))
+    fail(PQ_ERR_OUT_OF_MEMORY, "reserving " + std::to_string(blocks) + " K/V blocks of " +
+                                   std::to_string(seq->layers.front()->store_block_bytes()) +
+                                   " bytes for seq_id " + std::to_string(id) + " (" +
+                                   std::to_string(tokens) + " tokens): the " +
+                                   shared_.backend->name() + " backend could not allocate them");
 }
 
 void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {

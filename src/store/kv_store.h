@@ -72,6 +72,11 @@ class KvStore {
   // returns false if a value was not finite (the rows are then partly
   // written).
   void open(int64_t count);
+  // Whether the next open() copies the partial last chunk (shared with a
+  // fork or a reader), reading its rows.
+  bool open_copies_last_chunk() const {
+    return tokens_ % kChunkTokens > 0 && !chunks_.empty() && chunks_.back()->shared.load();
+  }
   bool copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
                ThreadPool* pool = nullptr);
   // For K/V that arrive after their tokens are known (a restore whose
@@ -92,6 +97,8 @@ class KvStore {
   // The chunks' K and V blocks, [head][token in chunk][dim] each: chunk c
   // holds tokens [c * kChunkTokens, (c + 1) * kChunkTokens).
   size_t chunk_count() const { return chunks_.size(); }
+  // The bytes of one chunk's K (or V) block, as the allocator is asked.
+  size_t block_bytes() const { return tensor_bytes_per_chunk(); }
   const uint8_t* chunk_keys(size_t c) const { return chunks_[c]->keys.get(); }
   const uint8_t* chunk_values(size_t c) const { return chunks_[c]->values.get(); }
 

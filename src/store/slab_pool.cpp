@@ -12,40 +12,100 @@ SlabPool::~SlabPool() {
   for (const auto& [base, slab] : slabs_) free_(reinterpret_cast<void*>(base), slab.bytes);
 }
 
+bool SlabPool::cut_slab(size_t block) {
+  std::vector<void*>& free_blocks = blocks_[block];
+  // A block too large to share a slab gets a slab of its own.
+  const size_t per_slab = std::max<size_t>(slab_bytes_ / block, 1);
+  const size_t bytes_of_slab = per_slab * block;
+  void* base = alloc_(bytes_of_slab);
+  if (base == nullptr) return false;
+  slabs_[reinterpret_cast<uintptr_t>(base)] = Slab{bytes_of_slab, block, 0};
+  free_blocks.reserve(free_blocks.size() + per_slab);
+  // Handed out from the front of the slab first (popped from the back).
+  for (size_t i = per_slab; i-- > 0;) free_blocks.push_back(static_cast<uint8_t*>(base) + i * block);
+  return true;
+}
+
 void* SlabPool::allocate(size_t bytes) noexcept {
   const size_t block = rounded(std::max<size_t>(bytes, 1));
   std::lock_guard<std::mutex> lock(mutex_);
   try {
+    if (!quarantine_.empty()) reclaim();
     std::vector<void*>& free_blocks = blocks_[block];
-    if (free_blocks.empty()) {
-      // A block too large to share a slab gets a slab of its own.
-      const size_t per_slab = std::max<size_t>(slab_bytes_ / block, 1);
-      const size_t bytes_of_slab = per_slab * block;
-      void* base = alloc_(bytes_of_slab);
-      if (base == nullptr) return nullptr;
-      slabs_[reinterpret_cast<uintptr_t>(base)] = Slab{bytes_of_slab, block, 0};
-      free_blocks.reserve(free_blocks.size() + per_slab);
-      // Handed out from the front of the slab first (popped from the back).
-      for (size_t i = per_slab; i-- > 0;)
-        free_blocks.push_back(static_cast<uint8_t*>(base) + i * block);
-    }
+    if (free_blocks.empty() && !cut_slab(block)) return nullptr;
     void* p = free_blocks.back();
     free_blocks.pop_back();
     ++slab_of(p)->in_use;
+    auto r = reserved_.find(block);
+    if (r != reserved_.end() && r->second > 0) --r->second;
     return p;
   } catch (...) {  // bad_alloc of the bookkeeping
     return nullptr;
   }
 }
 
+bool SlabPool::reserve(size_t bytes, size_t count) noexcept {
+  const size_t block = rounded(std::max<size_t>(bytes, 1));
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    if (!quarantine_.empty()) reclaim();
+    size_t& promised = reserved_[block];
+    promised += count;
+    while (blocks_[block].size() < promised)
+      if (!cut_slab(block)) return false;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void SlabPool::set_fence(Fence* fence) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fence_ = fence;
+}
+
+void SlabPool::reclaim() {
+  // Blocks released together share a mark: each mark is asked once.
+  const Fence::Mark* asked = nullptr;
+  bool passed = false;
+  std::vector<Quarantined> still;
+  std::vector<void*> ready;
+  for (Quarantined& q : quarantine_) {
+    if (asked == nullptr || q.mark != *asked) {
+      asked = &q.mark;
+      passed = fence_ == nullptr || fence_->passed(q.mark);
+    }
+    (passed ? ready.push_back(q.ptr) : still.push_back(std::move(q)));
+  }
+  quarantine_ = std::move(still);
+  for (void* p : ready) give_back(p);
+}
+
 void SlabPool::release(void* ptr, size_t) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (fence_ != nullptr && find_slab(ptr) != slabs_.end()) {
+    try {
+      quarantine_.push_back(Quarantined{ptr, fence_->mark()});
+      return;
+    } catch (...) {
+      // No room to remember it (or no event to fence it): the block is lost
+      // to the pool until the pool goes, which is safe.
+      return;
+    }
+  }
+  give_back(ptr);
+}
+
+void SlabPool::give_back(void* ptr) {
   auto it = find_slab(ptr);
   if (it == slabs_.end()) return;  // not ours: never handed out
   Slab& slab = it->second;
   blocks_[slab.block].push_back(ptr);  // capacity reserved when the slab was cut
   if (--slab.in_use > 0) return;
+  // Under a fence (the CUDA backend) empty slabs are kept: freeing pinned
+  // memory waits for the whole device. Reserved blocks are kept too.
+  if (fence_ != nullptr || reserved_[slab.block] > 0) return;
   // Keep one empty slab of this size as a spare; give back any other.
   int64_t empty = 0;
   for (const auto& [base, other] : slabs_)

@@ -6,13 +6,16 @@
 // time and hands out blocks of the sizes asked for (a context asks for one
 // size: a chunk's K or V tensor). A slab goes back once none of its blocks
 // is in use, except one spare per block size, so that adding and removing
-// sequences does not pin and unpin at every turn.
+// sequences does not pin and unpin at every turn; under a fence (the CUDA
+// backend, whose device work reads the blocks) every slab is kept until
+// the pool goes, since giving pinned memory back waits for the whole device.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -22,6 +25,17 @@ namespace pq {
 
 class SlabPool {
  public:
+  // Whether device work that may read a released block has run: a block
+  // released under a fence waits in quarantine until passed(mark) says so
+  // (asked when blocks are handed out; never waited for).
+  class Fence {
+   public:
+    using Mark = std::shared_ptr<const void>;
+    virtual ~Fence() = default;
+    virtual Mark mark() = 0;
+    virtual bool passed(const Mark& mark) = 0;
+  };
+
   // alloc returns `bytes` of memory (aligned to 256) or null; free gives it
   // back. Neither may throw.
   using AllocFn = std::function<void*(size_t bytes)>;
@@ -39,6 +53,14 @@ class SlabPool {
   // be allocated.
   void* allocate(size_t bytes) noexcept;
   void release(void* ptr, size_t bytes) noexcept;
+  // Blocks released from now on are fenced (null: reused at once). The
+  // fence must outlive the pool.
+  void set_fence(Fence* fence);
+  // Cuts slabs now so that `count` more blocks of `bytes` can be handed out
+  // without allocating (pq_sequence_reserve): the decode step that opens a
+  // chunk then pins nothing. Reserved blocks are counted down as blocks of
+  // that size are handed out. False when a slab could not be allocated.
+  bool reserve(size_t bytes, size_t count) noexcept;
 
   // The pool as a K/V store allocator (hooks.h): the store's HostBlocks
   // allocate and free through it.
@@ -58,6 +80,10 @@ class SlabPool {
   std::map<uintptr_t, Slab>::iterator find_slab(const void* ptr);
   Slab* slab_of(const void* ptr);
   void drop_slab(uintptr_t base);
+  // Quarantined blocks whose fence passed back to the free lists.
+  void reclaim();
+  void give_back(void* ptr);
+  bool cut_slab(size_t block);
 
   const AllocFn alloc_;
   const FreeFn free_;
@@ -66,6 +92,13 @@ class SlabPool {
   mutable std::mutex mutex_;
   std::map<uintptr_t, Slab> slabs_;               // by base address
   std::map<size_t, std::vector<void*>> blocks_;   // free blocks by size
+  std::map<size_t, size_t> reserved_;             // blocks promised, by size
+  struct Quarantined {
+    void* ptr;
+    Fence::Mark mark;
+  };
+  Fence* fence_ = nullptr;
+  std::vector<Quarantined> quarantine_;           // released, maybe still read
 };
 
 }  // namespace pq

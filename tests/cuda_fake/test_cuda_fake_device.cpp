@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -318,6 +319,95 @@ TEST(FakeCudaDeviceStepErrors, PositionsOutsideTheSequenceAreNotRead) {
         EXPECT_EQ(std::memcmp(got.data() + at, hk.bytes.data() + at, row), 0)
             << "head " << h << " row " << i << " (position " << p << ")";
     }
+}
+
+// pq_decode_select_device_batch and pq_fetch_kv_device_batch: sequences on
+// one stream are one launch chain (four launches for every selection, one
+// gather for every fetch), no host wait, and each item gets what its
+// host-positions call gives on the CPU backend; a sequence whose middle is
+// shorter than k takes it whole within the same chain.
+TEST(FakeCudaDeviceBatch, OneLaunchChainForEverySequenceMatchesTheCpu) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  const pq_config c = base_config(PQ_DTYPE_F16);
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  const std::vector<uint64_t> ids{5, 6, 7, 8};
+  const std::vector<int64_t> lengths{700, 333, 40, 512};  // 40: the middle is shorter than k
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, ids[i], lengths[i], PQ_DTYPE_F16);
+  if (HasFatalFailure()) return;
+  for (int64_t step = 0; step < 3; ++step) {
+    const int32_t l = static_cast<int32_t>(step % kLayers);
+    std::vector<Step> data;
+    std::vector<std::unique_ptr<DeviceTensor>> dq, dk, dv;
+    std::vector<std::unique_ptr<DeviceSel>> sels;
+    std::vector<pq_select_item> select_items;
+    std::vector<pq_fetch_item> fetch_items;
+    int64_t cap = 0;
+    for (uint64_t id : ids) cap = std::max(cap, selection_capacity(cpu, id, l));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      data.push_back(step_data(l, step, PQ_DTYPE_F16, ids[i]));
+      for (pq_context* ctx : {cpu.get(), cuda.get()})
+        ASSERT_EQ(pq_decode_append(ctx, ids[i], l, data[i].k.get(), data[i].v.get()), PQ_OK);
+    }
+    for (uint64_t id : ids) cap = std::max(cap, selection_capacity(cpu, id, l));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dq.push_back(std::make_unique<DeviceTensor>(data[i].q));
+      sels.push_back(std::make_unique<DeviceSel>(cap));
+      dk.push_back(std::make_unique<DeviceTensor>(
+          make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR)));
+      dv.push_back(std::make_unique<DeviceTensor>(
+          make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR)));
+      select_items.push_back(pq_select_item{ids[i], dq[i]->t, sels[i]->s, PQ_ERR_INTERNAL});
+      fetch_items.push_back(
+          pq_fetch_item{ids[i], sels[i]->s, dk[i]->t, dv[i]->t, PQ_ERR_INTERNAL});
+    }
+    pq_fake_cuda_counters before = Fake::get().counters();
+    ASSERT_EQ(pq_decode_select_device_batch(cuda, l, select_items.data(),
+                                            static_cast<int64_t>(ids.size())),
+              PQ_OK)
+        << pq_last_error();
+    const pq_fake_cuda_counters sel = counters_since(before);
+    EXPECT_EQ(sel.host_waits, 0u);
+    EXPECT_EQ(sel.kernel_launches, 4u) << "LUTs, scan, top-k, fill: for every sequence at once";
+    before = Fake::get().counters();
+    ASSERT_EQ(pq_fetch_kv_device_batch(cuda, l, fetch_items.data(),
+                                       static_cast<int64_t>(ids.size())),
+              PQ_OK)
+        << pq_last_error();
+    const pq_fake_cuda_counters fetch = counters_since(before);
+    EXPECT_EQ(fetch.host_waits, 0u);
+    EXPECT_EQ(fetch.kernel_launches, 1u) << "one gather for every sequence";
+    for (const pq_select_item& item : select_items) EXPECT_EQ(item.status, PQ_OK);
+    for (const pq_fetch_item& item : fetch_items) EXPECT_EQ(item.status, PQ_OK);
+    sync_all();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      SCOPED_TRACE("seq " + std::to_string(ids[i]) + " step " + std::to_string(step));
+      Sel want(kKvHeads, cap);
+      ASSERT_EQ(pq_decode_select(cpu, ids[i], l, data[i].q.get(), want.get()), PQ_OK);
+      for (int32_t h = 0; h < kKvHeads; ++h) ASSERT_EQ(sels[i]->row(h), want.row(h)) << "head " << h;
+      HostTensor hk = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+      HostTensor hv = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR);
+      ASSERT_EQ(pq_fetch_kv(cpu, ids[i], l, want.get(), hk.get(), hv.get()), PQ_OK);
+      const std::vector<uint8_t> got_k = dk[i]->buffer.download(), got_v = dv[i]->buffer.download();
+      const size_t row = kDim * 2;
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        const size_t n = want.row(h).size();
+        const size_t at = static_cast<size_t>(h) * cap * row;
+        EXPECT_EQ(std::memcmp(got_k.data() + at, hk.bytes.data() + at, n * row), 0) << "keys, head " << h;
+        EXPECT_EQ(std::memcmp(got_v.data() + at, hv.bytes.data() + at, n * row), 0) << "values, head " << h;
+      }
+    }
+  }
+  // Items fail on their own: an unknown sequence, the others selected.
+  Step d = step_data(0, 9, PQ_DTYPE_F16, 5);
+  DeviceTensor q(d.q);
+  DeviceSel a(selection_capacity(cuda, 5, 0)), b(selection_capacity(cuda, 5, 0));
+  pq_select_item items[2] = {{5, q.t, a.s, PQ_OK}, {404, q.t, b.s, PQ_OK}};
+  PQ_EXPECT_ERR(pq_decode_select_device_batch(cuda, 0, items, 2), PQ_ERR_NOT_FOUND, "items[1]");
+  EXPECT_EQ(items[0].status, PQ_OK);
+  EXPECT_EQ(items[1].status, PQ_ERR_NOT_FOUND);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@ namespace cuda_detail {
 CudaBackend::CudaBackend(const pq_cuda_plugin* plugin, int32_t device)
     : k_(plugin),
       device_(device),
+      fences_(plugin),
+      recycler_(plugin, &fences_),
       pinned_store_(
           [this](size_t bytes) -> void* {
             char err[512] = {0};
@@ -30,6 +32,29 @@ CudaBackend::CudaBackend(const pq_cuda_plugin* plugin, int32_t device)
             k_->host_free(p, err, sizeof err);
           },
           "the CUDA backend's page-locked K/V pool (cudaHostAlloc)") {
+  pinned_store_.set_fence(&fences_);
+}
+
+CudaBackend::Touch::~Touch() {
+  try {
+    b_.fences_.after_access(stream_);
+  } catch (...) {
+    // No event to fence with: the release that follows finds the stream's
+    // previous fence, and the work of this call is ordered after it.
+  }
+}
+
+void CudaBackend::grow(void*& ptr, size_t& bytes, size_t want, const char* what) const {
+  if (bytes >= want) return;
+  size_t got = 0;
+  void* p = recycler_.acquire(std::max(want, 2 * bytes), false, what, &got);
+  recycler_.release(ptr, bytes, false);
+  ptr = p;
+  bytes = got;
+}
+
+bool CudaBackend::reserve_store(size_t block_bytes, size_t blocks) const {
+  return pinned_store_.reserve(block_bytes, blocks);
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes, int32_t src_memory,
@@ -64,6 +89,7 @@ void CudaBackend::read_to_host(const std::vector<HostRead>& reads, void* stream)
   char err[512] = {0};
   StreamScratch& scratch = scratch_for(stream);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, stream);
   uint8_t* pinned = scratch.reads.acquire(total);
   size_t at = 0;
   for (const HostRead& r : reads) {
@@ -92,7 +118,7 @@ std::unique_ptr<HostCopy> CudaBackend::copy_to_host_async(const void* src, size_
 }
 
 std::unique_ptr<DeviceLayer> CudaBackend::make_device_layer(const pq_config& c) const {
-  return std::make_unique<CudaLayer>(k_, c);
+  return std::make_unique<CudaLayer>(k_, c, &recycler_);
 }
 
 void CudaBackend::require_device_memory(const void* p, const char* name) const {
@@ -114,7 +140,7 @@ void CudaBackend::use_device() const {
 StreamScratch& CudaBackend::scratch_for(void* stream) const {
   std::lock_guard<std::mutex> lock(scratch_mutex_);
   std::unique_ptr<StreamScratch>& slot = scratch_[stream];
-  if (!slot) slot = std::make_unique<StreamScratch>(k_);
+  if (!slot) slot = std::make_unique<StreamScratch>(k_, &recycler_);
   return *slot;
 }
 

@@ -89,6 +89,13 @@ class CudaBackend final : public Backend {
   // the middle and the local window into the caller's arrays.
   bool select_to_device(const DeviceSelectArgs& a) const override;
 
+  // Those two for the sequences of a batch at one layer
+  // (cuda_device_batch.cpp): every selection in four launches, every fetch
+  // in one, whatever the batch size.
+  bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const override;
+  bool fetch_batch_device_selection(
+      const std::vector<const DeviceSelectionFetchArgs*>& items) const override;
+
   // A selection in device memory gathered in one launch, the store read
   // through device tables of its chunk addresses (sent again only when the
   // chunks changed) and the sink and local rows from the device window.
@@ -129,6 +136,27 @@ class CudaBackend final : public Backend {
                              const std::vector<BlockCache::Admission>& admissions,
                              int32_t block_tokens, void* stream) const override;
 
+  // Device K/V appended without the host: one inline_copies launch per 64
+  // rows writes the store rows (mapped pinned memory) and the window rows
+  // from the caller's tensors; the layer's landing event follows them.
+  bool append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+                          const pq_tensor& keys, const pq_tensor& values,
+                          void* stream) const override;
+  bool device_writes_landed(DeviceLayer* device) const override;
+  void wait_device_writes(DeviceLayer* device) const override;
+
+  // Keeps the layer's device state over a truncate: the codes and window
+  // rows of kept tokens stay, the window rows of the new last tokens that
+  // later ones had overwritten come back from the store (one gather), and
+  // nothing waits.
+  void truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+                       void* stream) const override;
+
+  // pq_sequence_reserve: store blocks, and per layer the device codes, the
+  // chunk tables and the stream's working buffers for `tokens` tokens.
+  bool reserve_store(size_t block_bytes, size_t blocks) const override;
+  void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const override;
+
  private:
   // Rows to copy from the host store into device memory: sources, then
   // their destinations.
@@ -165,6 +193,14 @@ class CudaBackend final : public Backend {
   void upload_codes(const CodeColumn& codes, int64_t first, int64_t end, uint8_t* d,
                     void* s) const;
 
+  // The new codes of tokens [from, end) of every kv head in one
+  // inline_copies launch (to d, [head][stride][m]); false when they do not
+  // fit its payload.
+  bool upload_codes_inline(const PqLayerSelectArgs& a, int64_t from, int64_t end, uint8_t* d,
+                           int64_t stride, void* s) const;
+  // The layer's device codes grown to hold `tokens` per kv head.
+  void grow_codes(CudaLayer& layer, int64_t tokens, int32_t kv_heads, int32_t m) const;
+
   // The layer's codes on the device, tokens [0, a.end) of every kv head
   // present: uploads only what was coded since the last call (a rebuilt
   // index, or a grown buffer, uploads everything again).
@@ -173,8 +209,30 @@ class CudaBackend final : public Backend {
   void stream_copy(void* dst, const void* src, size_t bytes, const void* device_side,
                    void* stream);
 
+  // The rows of `rows` (at most PQ_INLINE_ROWS) in one inline_copies
+  // launch: nothing staged, nothing waited for. False when they do not fit.
+  bool copy_rows_inline(const RowCopies& rows, size_t row_bytes, void* stream) const;
+
+  // A device buffer of a layer grown to at least `bytes` (geometrically),
+  // the old one handed back fenced; its contents are not kept.
+  void grow(void*& ptr, size_t& bytes, size_t want, const char* what) const;
+
+  // Records, when the entry that made it returns (by return or throw), that
+  // the work it enqueued on `stream` may touch store and layer memory: what
+  // is released after that waits for it.
+  class Touch {
+   public:
+    Touch(const CudaBackend& b, void* stream) : b_(b), stream_(stream) {}
+    ~Touch();
+   private:
+    const CudaBackend& b_;
+    void* stream_;
+  };
+
   const pq_cuda_plugin* k_;
   const int32_t device_;
+  mutable ReleaseFences fences_;
+  mutable Recycler recycler_;
   mutable SlabPool pinned_store_;
   mutable std::mutex scratch_mutex_;  // guards the map only
   mutable std::unordered_map<void*, std::unique_ptr<StreamScratch>> scratch_;

@@ -26,13 +26,11 @@ uint64_t CudaBackend::store_window(DeviceLayer* device, const KvStore& store, in
     positions.push_back(p);
   if (positions.empty()) return 0;
   use_device();
-  char err[512] = {0};
+  const Touch touch(*this, stream);
   if (layer->d_window == nullptr) {
     const size_t bytes = static_cast<size_t>(layer->window_slots()) * layer->window_slot_bytes();
-    if (k_->device_alloc(&layer->d_window, bytes, err, sizeof err) != 0)
-      fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(bytes) +
-                                     " device bytes of the sink and local window could not "
-                                     "be allocated: " + err);
+    size_t got = 0;
+    layer->d_window = recycler_.acquire(bytes, false, "the sink and local window", &got);
     layer->window_pos.assign(static_cast<size_t>(layer->window_slots()), -1);
   }
   RowCopies rows;
@@ -44,7 +42,141 @@ uint64_t CudaBackend::store_window(DeviceLayer* device, const KvStore& store, in
     }
     layer->window_pos[static_cast<size_t>(w)] = p;
   }
+  // A decode step's token: by value, so that the step stages and waits for
+  // nothing.
+  if (device_reads(store) && copy_rows_inline(rows, layer->row_bytes, stream)) return 0;
   return copy_rows_to_device(store, rows, layer->row_bytes, layer->window_plan, stream);
+}
+
+bool CudaBackend::append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+                                     const pq_tensor& keys, const pq_tensor& values,
+                                     void* stream) const {
+  auto* layer = static_cast<CudaLayer*>(device);
+  // The caller's host_alloc memory is not the device's to write; rows past
+  // what a kernel parameter carries go through the host.
+  if (layer == nullptr || !device_reads(store) || layer->row_bytes > 4096) return false;
+  require_device_memory(keys.data, "keys.data");
+  require_device_memory(values.data, "values.data");
+  use_device();
+  const Touch touch(*this, stream);
+  const int64_t count = keys.tokens, n = first + count;
+  const size_t es = dtype_size(keys.dtype);
+  auto row_of = [es](const pq_tensor& t, int64_t token, int32_t head) {
+    return static_cast<const uint8_t*>(t.data) + (token * t.token_stride + head * t.head_stride) * es;
+  };
+  RowCopies rows;
+  for (int64_t t = 0; t < count; ++t)
+    for (int32_t h = 0; h < layer->kv_heads; ++h) {
+      rows.add(row_of(keys, t, h), const_cast<uint8_t*>(store.key_row(first + t, h)));
+      rows.add(row_of(values, t, h), const_cast<uint8_t*>(store.value_row(first + t, h)));
+    }
+  // The window's rows of the new tokens, from the caller's tensors too.
+  if (layer->window_slots() > 0) {
+    if (layer->d_window == nullptr) {
+      const size_t bytes = static_cast<size_t>(layer->window_slots()) * layer->window_slot_bytes();
+      size_t got = 0;
+      layer->d_window = recycler_.acquire(bytes, false, "the sink and local window", &got);
+      layer->window_pos.assign(static_cast<size_t>(layer->window_slots()), -1);
+    }
+    for (int64_t p = first; p < n; ++p) {
+      const bool sink = p < layer->sink_tokens;
+      if (!sink && p < n - layer->local_tokens) continue;
+      const int64_t w = layer->window_slot(p);
+      for (int32_t h = 0; h < layer->kv_heads; ++h) {
+        rows.add(row_of(keys, p - first, h), layer->window_row(w, false, h));
+        rows.add(row_of(values, p - first, h), layer->window_row(w, true, h));
+      }
+      layer->window_pos[static_cast<size_t>(w)] = p;
+    }
+  }
+  RowCopies part;
+  for (size_t i = 0; i < rows.srcs.size(); i += PQ_INLINE_ROWS) {
+    const size_t end = std::min(rows.srcs.size(), i + PQ_INLINE_ROWS);
+    part.srcs.assign(rows.srcs.begin() + i, rows.srcs.begin() + end);
+    part.dsts.assign(rows.dsts.begin() + i, rows.dsts.begin() + end);
+    copy_rows_inline(part, layer->row_bytes, stream);
+  }
+  char err[512] = {0};
+  if (layer->landing_event == nullptr)
+    check(k_->event_create(&layer->landing_event, err, sizeof err), "event create", err);
+  check(k_->event_record(layer->landing_event, stream, err, sizeof err), "event record", err);
+  layer->landing_recorded = true;
+  return true;
+}
+
+bool CudaBackend::device_writes_landed(DeviceLayer* device) const {
+  auto* layer = static_cast<CudaLayer*>(device);
+  if (layer == nullptr || !layer->landing_recorded) return true;
+  char err[512] = {0};
+  return k_->event_query(layer->landing_event, err, sizeof err) == 1;
+}
+
+void CudaBackend::wait_device_writes(DeviceLayer* device) const {
+  auto* layer = static_cast<CudaLayer*>(device);
+  if (layer == nullptr || !layer->landing_recorded) return;
+  char err[512] = {0};
+  check(k_->event_synchronize(layer->landing_event, err, sizeof err), "device append", err);
+}
+
+bool CudaBackend::copy_rows_inline(const RowCopies& rows, size_t row_bytes, void* stream) const {
+  const size_t n = rows.srcs.size();
+  if (n > PQ_INLINE_ROWS || row_bytes > 4096) return false;
+  pq_inline_copies args{};
+  args.rows = static_cast<int32_t>(n);
+  args.row_bytes = row_bytes;
+  for (size_t i = 0; i < n; ++i) {
+    args.srcs[i] = rows.srcs[i];
+    args.dsts[i] = rows.dsts[i];
+  }
+  char err[512] = {0};
+  check(k_->inline_copies(&args, stream, err, sizeof err), "inline row copies", err);
+  return true;
+}
+
+void CudaBackend::truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+                                  void* stream) const {
+  auto* layer = static_cast<CudaLayer*>(device);
+  if (layer == nullptr) return;
+  layer->truncate(tokens);
+  if (layer->d_window == nullptr || layer->local_tokens == 0) return;
+  // The last local tokens kept whose ring slots later tokens overwrote come
+  // back from the store.
+  const int64_t first = std::max<int64_t>(layer->sink_tokens, tokens - layer->local_tokens);
+  int64_t missing = first;
+  while (missing < tokens &&
+         layer->window_pos[static_cast<size_t>(layer->window_slot(missing))] == missing)
+    ++missing;
+  if (missing < tokens) store_window(device, store, missing, tokens - missing, stream);
+}
+
+void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const {
+  auto* layer = static_cast<CudaLayer*>(device);
+  if (layer == nullptr) return;
+  use_device();
+  const Touch touch(*this, a.stream);
+  const int32_t kv = layer->kv_heads;
+  // The layer's codes and chunk tables for a.tokens tokens.
+  if (layer->codes_capacity < a.tokens) grow_codes(*layer, a.tokens, kv, a.subspaces);
+  const int64_t chunks = (a.tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
+  if (layer->table_capacity < chunks) {
+    layer->chunk_tables.device(2 * static_cast<size_t>(chunks) * sizeof(const uint8_t*));
+    layer->table_capacity = chunks;
+    layer->chunks_sent.clear();  // sent whole at the next fetch
+  }
+  // The stream's working buffers of a selection at that length.
+  const int64_t n = std::max<int64_t>(a.middle, 1);
+  StreamScratch& scratch = scratch_for(a.stream);
+  std::lock_guard<std::mutex> lock(scratch.mutex);
+  DeviceArena& arena = scratch.arena;
+  arena.get(StreamScratch::kLut, static_cast<size_t>(kv) * a.group_size * a.subspaces *
+                                     a.centroids * sizeof(float));
+  arena.get(StreamScratch::kScores, static_cast<size_t>(kv) * n * sizeof(float));
+  arena.get(StreamScratch::kPositions,
+            static_cast<size_t>(kv) * std::max<int64_t>(a.k, 1) * sizeof(int32_t));
+  const size_t scan_ws = k_->pq_scan_workspace_size(kv, a.group_size, a.subspaces, n, a.combine);
+  if (scan_ws > 0) arena.get(StreamScratch::kScanWorkspace, scan_ws);
+  const size_t topk_ws = k_->topk_workspace_size(kv, n, a.k);
+  if (topk_ws > 0) arena.get(StreamScratch::kTopkWorkspace, topk_ws);
 }
 
 uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvStore& store,
@@ -54,11 +186,11 @@ uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvStore& stor
   if (layer == nullptr || admissions.empty()) return 0;
   use_device();
   char err[512] = {0};
+  const Touch touch(*this, stream);
   if (layer->d_slots == nullptr) {
     const size_t bytes = static_cast<size_t>(layer->slot_count) * layer->slot_bytes();
-    if (k_->device_alloc(&layer->d_slots, bytes, err, sizeof err) != 0)
-      fail(PQ_ERR_OUT_OF_MEMORY, "the block cache's " + std::to_string(bytes) +
-                                     " device bytes could not be allocated: " + err);
+    size_t got = 0;
+    layer->d_slots = recycler_.acquire(bytes, false, "the block cache's slots", &got);
     layer->slot_block.assign(static_cast<size_t>(layer->slot_count), -1);
   }
   RowCopies rows;
@@ -100,7 +232,7 @@ uint64_t CudaBackend::copy_rows_to_device(const KvStore& store, const RowCopies&
       srcs[i] = staged;
     }
   }
-  void* d_plan = plan.device(k_, plan_bytes);
+  void* d_plan = plan.device(plan_bytes);
   check(k_->copy_async(d_plan, pinned, plan_bytes, stream, err, sizeof err), "row plan upload",
         err);
   check(k_->gather_rows(static_cast<const void* const*>(d_plan),

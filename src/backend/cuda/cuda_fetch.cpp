@@ -28,6 +28,7 @@ bool CudaBackend::fetch_device_selection(const DeviceSelectionFetchArgs& a) cons
   if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
   use_device();
   char err[512] = {0};
+  const Touch touch(*this, a.context.stream);
   const pq_selected_gather g =
       selected_gather(*layer, a.store, a.selection.positions, a.selection.counts,
                       a.selection.capacity, a.out_keys, a.out_values, a.context.stream);
@@ -47,7 +48,7 @@ pq_selected_gather CudaBackend::selected_gather(CudaLayer& layer, const KvStore&
   g.capacity = capacity;
   g.heads = layer.kv_heads;
   g.key_chunks = d_tables;
-  g.value_chunks = d_tables + store.chunk_count();
+  g.value_chunks = d_tables + layer.table_capacity;
   g.chunk_tokens = KvStore::kChunkTokens;
   g.tokens = store.tokens();
   g.row_bytes = store.row_bytes();
@@ -98,6 +99,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
 
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, s);
   // Pinned: the plan, sources then destinations, K rows then V rows
   // (4 x rows pointers); then room for the staged K and V rows of stores
   // the device cannot read.
@@ -118,49 +120,76 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
     uint64_t* staged_bytes;
   };
   std::vector<Miss> misses;
+  // The plan, one task per (item, kv head): 32 bytes a row, 4 ms of one
+  // core at 128K tokens, so spread over the pool when it is large. Tasks
+  // write disjoint rows; a store the device cannot read leaves each task's
+  // misses in its own list.
+  struct Task {
+    const DeviceFetchArgs* a;
+    int32_t head;
+    int64_t first_row;
+  };
+  std::vector<Task> tasks;
   int64_t row = 0;
   for (const DeviceFetchArgs& a : items) {
     auto* layer = static_cast<CudaLayer*>(a.context.device);
-    const size_t es = dtype_size(a.out_keys.dtype);
-    const bool readable = device_reads(a.store);
     const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
     if (use_cache && layer->fill_recorded)  // slot fills of earlier fetches, maybe on another stream
       check(k_->stream_wait_event(s, layer->fill_event, err, sizeof err), "cache wait", err);
     for (int32_t h = 0; h < a.out_keys.heads; ++h) {
-      const int32_t* pos = a.selection.positions + h * a.selection.capacity;
-      for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++row) {
-        const int64_t p = pos[i];
-        dst_k[row] = static_cast<uint8_t*>(a.out_keys.data) +
-                     (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
-        dst_v[row] = static_cast<uint8_t*>(a.out_values.data) +
-                     (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
-        if (layer != nullptr && layer->d_window != nullptr &&
-            (p < a.middle.begin || p >= a.middle.end)) {
-          const int64_t w = layer->window_slot(p);
-          if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
-            src_k[row] = layer->window_row(w, false, h);
-            src_v[row] = layer->window_row(w, true, h);
-            continue;
-          }
-        }
-        int32_t slot = -1;
-        if (use_cache && p >= a.middle.begin && p < a.middle.end) slot = a.cache->lookup(p);
-        if (slot >= 0 &&
-            layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
-          const int64_t offset = p % layer->block_tokens;
-          src_k[row] = layer->slot_row(slot, false, h, offset);
-          src_v[row] = layer->slot_row(slot, true, h, offset);
-          continue;
-        }
-        if (readable) {
-          src_k[row] = const_cast<uint8_t*>(a.store.key_row(p, h));
-          src_v[row] = const_cast<uint8_t*>(a.store.value_row(p, h));
-        } else {
-          misses.push_back({row, p, &a.store, h, a.staged_bytes});
-        }
-      }
+      tasks.push_back({&a, h, row});
+      row += a.selection.counts[h];
     }
   }
+  std::vector<std::vector<Miss>> task_misses(tasks.size());
+  auto plan_task = [&](int64_t t) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    const DeviceFetchArgs& a = *task.a;
+    const int32_t h = task.head;
+    auto* layer = static_cast<CudaLayer*>(a.context.device);
+    const size_t es = dtype_size(a.out_keys.dtype);
+    const bool readable = device_reads(a.store);
+    const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
+    const int32_t* pos = a.selection.positions + h * a.selection.capacity;
+    int64_t r = task.first_row;
+    for (int32_t i = 0; i < a.selection.counts[h]; ++i, ++r) {
+      const int64_t p = pos[i];
+      dst_k[r] = static_cast<uint8_t*>(a.out_keys.data) +
+                 (i * a.out_keys.token_stride + h * a.out_keys.head_stride) * es;
+      dst_v[r] = static_cast<uint8_t*>(a.out_values.data) +
+                 (i * a.out_values.token_stride + h * a.out_values.head_stride) * es;
+      if (layer != nullptr && layer->d_window != nullptr &&
+          (p < a.middle.begin || p >= a.middle.end)) {
+        const int64_t w = layer->window_slot(p);
+        if (w >= 0 && layer->window_pos[static_cast<size_t>(w)] == p) {
+          src_k[r] = layer->window_row(w, false, h);
+          src_v[r] = layer->window_row(w, true, h);
+          continue;
+        }
+      }
+      int32_t slot = -1;
+      if (use_cache && p >= a.middle.begin && p < a.middle.end) slot = a.cache->lookup(p);
+      if (slot >= 0 && layer->slot_block[static_cast<size_t>(slot)] == p / layer->block_tokens) {
+        const int64_t offset = p % layer->block_tokens;
+        src_k[r] = layer->slot_row(slot, false, h, offset);
+        src_v[r] = layer->slot_row(slot, true, h, offset);
+        continue;
+      }
+      if (readable) {
+        src_k[r] = const_cast<uint8_t*>(a.store.key_row(p, h));
+        src_v[r] = const_cast<uint8_t*>(a.store.value_row(p, h));
+      } else {
+        task_misses[static_cast<size_t>(t)].push_back({r, p, &a.store, h, a.staged_bytes});
+      }
+    }
+  };
+  ThreadPool* plan_pool = items.front().context.pool;
+  constexpr int64_t kParallelPlanRows = 8192;
+  if (plan_pool != nullptr && plan_pool->size() > 1 && rows >= kParallelPlanRows)
+    plan_pool->parallel_for(static_cast<int64_t>(tasks.size()), plan_task);
+  else
+    for (size_t t = 0; t < tasks.size(); ++t) plan_task(static_cast<int64_t>(t));
+  for (auto& m : task_misses) misses.insert(misses.end(), m.begin(), m.end());
   if (!misses.empty()) {
     // Staged in blocks of rows over the pool; the kernel reads the pinned
     // staging itself (mapped memory), so nothing else is copied.
@@ -200,6 +229,7 @@ bool CudaBackend::gather_by_positions(const std::vector<DeviceFetchArgs>& items,
   char err[512] = {0};
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, s);
   const size_t n = items.size();
   // Pinned layout: the gather table, then per item its counts and its
   // positions [heads][widest count].
@@ -246,21 +276,54 @@ bool CudaBackend::gather_by_positions(const std::vector<DeviceFetchArgs>& items,
 const uint8_t* const* CudaBackend::chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const {
   char err[512] = {0};
   const size_t chunks = store.chunk_count();
-  std::vector<const uint8_t*> table(2 * chunks);
+  std::vector<const uint8_t*>& sent = layer.chunks_sent;  // [K of chunk c, V of chunk c] pairs
+  if (static_cast<int64_t>(chunks) > layer.table_capacity) {
+    // Grown (geometrically, or by pq_sequence_reserve): sent whole.
+    const int64_t capacity = std::max<int64_t>({static_cast<int64_t>(chunks),
+                                                2 * layer.table_capacity, 16});
+    layer.chunk_tables.device(2 * static_cast<size_t>(capacity) * sizeof(const uint8_t*));
+    layer.table_capacity = capacity;
+    sent.clear();
+  }
+  auto* d_table = static_cast<const uint8_t**>(layer.chunk_tables.device(0));
+  const size_t cap = static_cast<size_t>(layer.table_capacity);
+  // The entries that changed: a decode step's new chunk is two pointers,
+  // sent by value; more (a first fetch, a fork, a truncate) go up staged.
+  pq_inline_copies inline_args{};
+  std::vector<size_t> changed;
+  for (size_t c = 0; c < chunks; ++c)
+    if (2 * c + 1 >= sent.size() || sent[2 * c] != store.chunk_keys(c) ||
+        sent[2 * c + 1] != store.chunk_values(c))
+      changed.push_back(c);
+  if (changed.empty()) return d_table;
+  sent.resize(2 * std::max(chunks, sent.size() / 2));
+  for (size_t c : changed) {
+    sent[2 * c] = store.chunk_keys(c);
+    sent[2 * c + 1] = store.chunk_values(c);
+  }
+  if (2 * changed.size() <= PQ_INLINE_PIECES) {
+    for (size_t c : changed)
+      for (int v = 0; v < 2; ++v) {
+        const int32_t i = inline_args.pieces++;
+        const uint16_t at = static_cast<uint16_t>(i * sizeof(const uint8_t*));
+        std::memcpy(inline_args.payload + at, &sent[2 * c + v], sizeof(const uint8_t*));
+        inline_args.piece_dst[i] = d_table + (v ? cap : 0) + c;
+        inline_args.piece_at[i] = at;
+        inline_args.piece_bytes[i] = sizeof(const uint8_t*);
+      }
+    check(k_->inline_copies(&inline_args, s, err, sizeof err), "chunk table update", err);
+    return d_table;
+  }
+  const size_t bytes = 2 * cap * sizeof(const uint8_t*);
+  auto* pinned = reinterpret_cast<const uint8_t**>(layer.chunk_tables.staging.acquire(bytes));
+  std::fill(pinned, pinned + 2 * cap, nullptr);
   for (size_t c = 0; c < chunks; ++c) {
-    table[c] = store.chunk_keys(c);
-    table[chunks + c] = store.chunk_values(c);
+    pinned[c] = sent[2 * c];
+    pinned[cap + c] = sent[2 * c + 1];
   }
-  if (table != layer.chunks_sent) {
-    const size_t bytes = table.size() * sizeof(const uint8_t*);
-    uint8_t* pinned = layer.chunk_tables.staging.acquire(bytes);
-    std::memcpy(pinned, table.data(), bytes);
-    void* d_table = layer.chunk_tables.device(k_, bytes);
-    check(k_->copy_async(d_table, pinned, bytes, s, err, sizeof err), "chunk table upload", err);
-    layer.chunk_tables.staging.release(s);
-    layer.chunks_sent = std::move(table);
-  }
-  return static_cast<const uint8_t* const*>(layer.chunk_tables.device(k_, 0));
+  check(k_->copy_async(d_table, pinned, bytes, s, err, sizeof err), "chunk table upload", err);
+  layer.chunk_tables.staging.release(s);
+  return d_table;
 }
 
 }  // namespace cuda_detail

@@ -20,6 +20,7 @@ bool CudaBackend::pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) cons
   void* s = a.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, s);
   DeviceArena& arena = scratch.arena;
   const int64_t n = a.middle.size();
   const int32_t m = a.subspaces();
@@ -83,6 +84,7 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   void* s = first.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, s);
   const int32_t m = first.subspaces();
   const size_t lut_floats = static_cast<size_t>(first.group_size()) * m * first.centroids();
   const size_t rows = items.size() * static_cast<size_t>(first.kv_heads());
@@ -162,6 +164,7 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   void* s = l.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
+  const Touch touch(*this, s);
   const int64_t n = l.middle.size();
   if (l.k == 0 || l.k >= n) {  // nothing to score: the whole middle, or none of it
     const int64_t sinks = l.k == 0 ? l.middle.begin : l.middle.end;
@@ -174,16 +177,7 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   const PqCodebook& cb = l.codebook;
   const size_t centroid_bytes = cb.data.size() * sizeof(float);
   if (layer.centroids_generation != l.index_generation()) {
-    if (layer.centroids_bytes < centroid_bytes) {
-      k_->device_free(layer.d_centroids, err, sizeof err);
-      layer.d_centroids = nullptr;
-      layer.centroids_bytes = 0;
-      if (k_->device_alloc(&layer.d_centroids, centroid_bytes, err, sizeof err) != 0)
-        fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(centroid_bytes) +
-                                       " device bytes of the layer's centroids could not be "
-                                       "allocated: " + err);
-      layer.centroids_bytes = centroid_bytes;
-    }
+    grow(layer.d_centroids, layer.centroids_bytes, centroid_bytes, "the layer's centroids");
     check(k_->copy_async(layer.d_centroids, cb.data.data(), centroid_bytes, s, err, sizeof err),
           "centroids upload", err);
     layer.centroids_generation = l.index_generation();
@@ -230,33 +224,63 @@ void CudaBackend::upload_codes(const CodeColumn& codes, int64_t first, int64_t e
   });
 }
 
-const uint8_t* CudaBackend::resident_codes(CudaLayer& layer, const PqLayerSelectArgs& a, void* s) const {
+bool CudaBackend::upload_codes_inline(const PqLayerSelectArgs& a, int64_t from, int64_t end,
+                                      uint8_t* d, int64_t stride, void* s) const {
+  const int32_t m = a.subspaces();
+  pq_inline_copies args{};
+  size_t at = 0;
+  bool fits = true;
+  for (int32_t h = 0; h < a.kv_heads() && fits; ++h)
+    a.codes[h].for_each_run(from, end, [&](int64_t run_first, int64_t n, const uint8_t* p) {
+      const size_t bytes = static_cast<size_t>(n) * m;
+      if (!fits || args.pieces == PQ_INLINE_PIECES || at + bytes > PQ_INLINE_BYTES) {
+        fits = false;
+        return;
+      }
+      std::memcpy(args.payload + at, p, bytes);
+      args.piece_dst[args.pieces] = d + (static_cast<size_t>(h) * stride + run_first) * m;
+      args.piece_at[args.pieces] = static_cast<uint16_t>(at);
+      args.piece_bytes[args.pieces] = static_cast<uint16_t>(bytes);
+      ++args.pieces;
+      at += bytes;
+    });
+  if (!fits) return false;
   char err[512] = {0};
+  check(k_->inline_copies(&args, s, err, sizeof err), "codes upload (inline)", err);
+  return true;
+}
+
+void CudaBackend::grow_codes(CudaLayer& layer, int64_t tokens, int32_t kv_heads, int32_t m) const {
+  // A multiple of 16 tokens: every kv head's codes then start 16-byte
+  // aligned (the scan's vector loads, row by row). The old codes are not
+  // kept (the layout changes with the capacity): all go up again.
+  const int64_t grown =
+      (std::max<int64_t>({tokens, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
+  size_t got = 0;
+  void* p = recycler_.acquire(static_cast<size_t>(grown) * kv_heads * m, false,
+                              "the layer's PQ codes", &got);
+  recycler_.release(layer.d_codes, layer.codes_bytes, false);
+  layer.d_codes = p;
+  layer.codes_bytes = got;
+  layer.codes_capacity = grown;
+  layer.codes_uploaded = 0;
+}
+
+const uint8_t* CudaBackend::resident_codes(CudaLayer& layer, const PqLayerSelectArgs& a, void* s) const {
   const int32_t m = a.subspaces();
   if (layer.codes_generation != a.index_generation()) {
     layer.codes_generation = a.index_generation();
     layer.codes_uploaded = 0;
   }
-  if (layer.codes_capacity < a.middle.end) {
-    // A multiple of 16 tokens: every kv head's codes then start 16-byte
-    // aligned (the scan's vector loads, row by row).
-    const int64_t grown = (std::max<int64_t>({a.middle.end, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
-    k_->device_free(layer.d_codes, err, sizeof err);
-    layer.d_codes = nullptr;
-    layer.codes_capacity = layer.codes_uploaded = 0;
-    const size_t bytes = static_cast<size_t>(grown) * a.kv_heads() * m;
-    if (k_->device_alloc(&layer.d_codes, bytes, err, sizeof err) != 0)
-      fail(PQ_ERR_OUT_OF_MEMORY, "the " + std::to_string(bytes) +
-                                     " device bytes of the layer's PQ codes could not be "
-                                     "allocated: " + err);
-    layer.codes_capacity = grown;
-  }
+  if (layer.codes_capacity < a.middle.end) grow_codes(layer, a.middle.end, a.kv_heads(), m);
   if (layer.codes_uploaded < a.middle.end) {
     auto* d = static_cast<uint8_t*>(layer.d_codes);
     const int64_t from = layer.codes_uploaded;
-    for (int32_t h = 0; h < a.kv_heads(); ++h)
-      upload_codes(a.codes[h], from, a.middle.end,
-                   d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m, s);
+    // A decode step's token leaving the window: by value, nothing staged.
+    if (!upload_codes_inline(a, from, a.middle.end, d, layer.codes_capacity, s))
+      for (int32_t h = 0; h < a.kv_heads(); ++h)
+        upload_codes(a.codes[h], from, a.middle.end,
+                     d + (static_cast<size_t>(h) * layer.codes_capacity + from) * m, s);
     layer.codes_uploaded = a.middle.end;
   }
   return static_cast<const uint8_t*>(layer.d_codes);

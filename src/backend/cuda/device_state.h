@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_plugin_abi.h"
+#include "backend/cuda/deferred_release.h"
 #include "base/dtype.h"
 #include "base/error.h"
 
@@ -25,24 +27,26 @@ inline void check(int rc, const char* what, const char* err) {
   if (rc != 0) fail(PQ_ERR_BACKEND, std::string(what) + ": " + err);
 }
 
-// Device buffers reused across calls, grown on demand (never shrunk).
+// Device buffers reused across calls, grown geometrically (never shrunk):
+// a middle that grows by a token a step regrows them about log2(n) times,
+// not at every step, and pq_sequence_reserve grows them ahead. A buffer
+// outgrown goes back to the recycler, fenced: never a cudaFree (a wait for
+// the whole device) on the decode path.
 class DeviceArena {
  public:
-  explicit DeviceArena(const pq_cuda_plugin* k) : k_(k) {}
+  explicit DeviceArena(Recycler* r) : recycler_(r) {}
   ~DeviceArena() {
-    char err[256];
-    for (auto& b : buffers_) k_->device_free(b.ptr, err, sizeof err);
+    for (auto& b : buffers_) recycler_->release(b.ptr, b.bytes, false);
   }
   void* get(size_t slot, size_t bytes) {
     if (buffers_.size() <= slot) buffers_.resize(slot + 1);
     Buffer& b = buffers_[slot];
     if (b.bytes < bytes) {
-      char err[512] = {0};
-      k_->device_free(b.ptr, err, sizeof err);
-      b = Buffer{};
-      if (k_->device_alloc(&b.ptr, bytes, err, sizeof err) != 0)
-        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation failed: ") + err);
-      b.bytes = bytes;
+      const size_t want = std::max(bytes, 2 * b.bytes);
+      size_t got = 0;
+      void* p = recycler_->acquire(want, false, "a working buffer", &got);
+      recycler_->release(b.ptr, b.bytes, false);
+      b = Buffer{p, got};
     }
     return b.ptr;
   }
@@ -52,7 +56,7 @@ class DeviceArena {
     void* ptr = nullptr;
     size_t bytes = 0;
   };
-  const pq_cuda_plugin* k_;
+  Recycler* recycler_;
   std::vector<Buffer> buffers_;
 };
 
@@ -60,10 +64,10 @@ class DeviceArena {
 // copy that reads it: it is rewritten only after that copy has run.
 class PinnedStaging {
  public:
-  explicit PinnedStaging(const pq_cuda_plugin* k) : k_(k) {}
+  PinnedStaging(const pq_cuda_plugin* k, Recycler* r) : k_(k), recycler_(r) {}
   ~PinnedStaging() {
     char err[256];
-    k_->host_free(ptr_, err, sizeof err);
+    recycler_->release(ptr_, bytes_, true);
     k_->event_destroy(event_, err, sizeof err);
   }
   // Waits until the previous copy from the buffer is done, then returns at
@@ -78,16 +82,21 @@ class PinnedStaging {
       if (done == 0) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
     }
     recorded_ = false;
-    if (bytes_ < bytes) {
-      k_->host_free(ptr_, err, sizeof err);
-      ptr_ = nullptr;
-      bytes_ = 0;
-      const size_t grown = std::max(bytes, bytes_ * 2);
-      if (k_->host_alloc(&ptr_, grown, err, sizeof err) != 0)
-        fail(PQ_ERR_OUT_OF_MEMORY, std::string("pinned host allocation failed: ") + err);
-      bytes_ = grown;
+    if (bytes_ < bytes) {  // doubles: a request that grows by a little re-pins rarely
+      const size_t want = std::max(bytes, 2 * bytes_);
+      size_t got = 0;
+      void* p = recycler_->acquire(want, true, "pinned staging", &got);
+      recycler_->release(ptr_, bytes_, true);
+      ptr_ = p;
+      bytes_ = got;
     }
     return static_cast<uint8_t*>(ptr_);
+  }
+  // Whether acquire() would not wait (the last copy from it has run).
+  bool ready() const {
+    if (!recorded_) return true;
+    char err[512] = {0};
+    return k_->event_query(event_, err, sizeof err) == 1;
   }
   // Marks the copies enqueued on `stream` so far as the buffer's readers.
   void release(void* stream) {
@@ -99,40 +108,70 @@ class PinnedStaging {
 
  private:
   const pq_cuda_plugin* k_;
+  Recycler* recycler_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   void* event_ = nullptr;
   bool recorded_ = false;
 };
 
+// Pinned staging for the tables of batched device steps: one step per layer
+// follows another on the stream before the first has run, so one buffer
+// would make each wait for the last. A ring of them grows (to about the
+// layers of a token) until one is always free, then stays.
+class StagingRing {
+ public:
+  StagingRing(const pq_cuda_plugin* k, Recycler* r) : k_(k), recycler_(r) {}
+  // A buffer whose last copy has run (a new one when none has, up to
+  // kMaxSlots; past that the oldest is waited for), with `bytes`.
+  PinnedStaging& acquire(size_t bytes, uint8_t** out) {
+    PinnedStaging* pick = nullptr;
+    for (size_t i = 0; i < slots_.size() && pick == nullptr; ++i) {
+      PinnedStaging& s = *slots_[(next_ + i) % slots_.size()];
+      if (s.ready()) pick = &s;
+    }
+    if (pick == nullptr && slots_.size() < kMaxSlots) {
+      slots_.push_back(std::make_unique<PinnedStaging>(k_, recycler_));
+      pick = slots_.back().get();
+    }
+    if (pick == nullptr) pick = slots_[next_ % slots_.size()].get();
+    next_ = (next_ + 1) % std::max<size_t>(slots_.size(), 1);
+    *out = pick->acquire(bytes);
+    return *pick;
+  }
+
+ private:
+  static constexpr size_t kMaxSlots = 256;
+  const pq_cuda_plugin* k_;
+  Recycler* recycler_;
+  std::vector<std::unique_ptr<PinnedStaging>> slots_;
+  size_t next_ = 0;
+};
+
 // The plan of a row gather issued on the host's behalf (a window store, a
 // cache fill): pinned staging for the pointers (and staged rows), and the
-// device buffer the kernel reads them from, grown on demand.
+// device buffer the kernel reads them from, grown geometrically.
 class RowPlan {
  public:
-  explicit RowPlan(const pq_cuda_plugin* k) : staging(k), k_(k) {}
-  ~RowPlan() {
-    char err[256];
-    k_->device_free(device_, err, sizeof err);
-  }
+  RowPlan(const pq_cuda_plugin* k, Recycler* r) : staging(k, r), recycler_(r) {}
+  ~RowPlan() { recycler_->release(device_, bytes_, false); }
   // At least `bytes` of device memory. Called after staging.acquire(): the
   // previous gather that read the buffer has run by then.
-  void* device(const pq_cuda_plugin* k, size_t bytes) {
+  void* device(size_t bytes) {
     if (bytes_ < bytes) {
-      char err[512] = {0};
-      k->device_free(device_, err, sizeof err);
-      device_ = nullptr;
-      bytes_ = 0;
-      if (k->device_alloc(&device_, bytes, err, sizeof err) != 0)
-        fail(PQ_ERR_OUT_OF_MEMORY, std::string("device allocation of a row plan failed: ") + err);
-      bytes_ = bytes;
+      size_t got = 0;
+      void* p = recycler_->acquire(std::max(bytes, 2 * bytes_), false, "a row plan", &got);
+      recycler_->release(device_, bytes_, false);
+      device_ = p;
+      bytes_ = got;
     }
     return device_;
   }
+  size_t device_bytes() const { return bytes_; }
   PinnedStaging staging;
 
  private:
-  const pq_cuda_plugin* k_;
+  Recycler* recycler_;
   void* device_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -173,24 +212,36 @@ class CudaHostCopy final : public HostCopy {
 // The device state of one (sequence, layer), used under the layer's lock.
 class CudaLayer final : public DeviceLayer {
  public:
-  CudaLayer(const pq_cuda_plugin* k, const pq_config& c)
+  CudaLayer(const pq_cuda_plugin* k, const pq_config& c, Recycler* r)
       : k_(k),
+        recycler(r),
         kv_heads(c.num_kv_heads),
         row_bytes(static_cast<size_t>(c.head_dim) * dtype_size(c.dtype)),
         block_tokens(c.cache_block_tokens),
         slot_count(c.cache_tokens / c.cache_block_tokens),
-        fill_plan(k),
+        fill_plan(k, r),
         sink_tokens(c.sink_tokens),
         local_tokens(c.local_tokens),
-        window_plan(k),
-        chunk_tables(k) {}
+        window_plan(k, r),
+        chunk_tables(k, r) {}
+  // Handed back fenced: a remove or truncate never waits for the device.
   ~CudaLayer() override {
     char err[256];
-    k_->device_free(d_codes, err, sizeof err);
-    k_->device_free(d_slots, err, sizeof err);
-    k_->device_free(d_window, err, sizeof err);
-    k_->device_free(d_centroids, err, sizeof err);
+    recycler->release(d_codes, codes_bytes, false);
+    recycler->release(d_slots, slot_count * slot_bytes(), false);
+    recycler->release(d_window, window_slots() * window_slot_bytes(), false);
+    recycler->release(d_centroids, centroids_bytes, false);
     k_->event_destroy(fill_event, err, sizeof err);
+    k_->event_destroy(landing_event, err, sizeof err);
+  }
+  // Keeps what stays valid when the sequence is cut to `tokens`: the codes
+  // of the tokens kept (with an unchanged index), the window rows of kept
+  // tokens, the buffers. The block cache starts empty.
+  void truncate(int64_t tokens) {
+    codes_uploaded = std::min(codes_uploaded, tokens);
+    for (int64_t& p : window_pos)
+      if (p >= tokens) p = -1;
+    std::fill(slot_block.begin(), slot_block.end(), -1);
   }
   // One slot: K then V, each [kv_head][block_tokens][row_bytes].
   size_t slot_bytes() const { return 2 * static_cast<size_t>(kv_heads) * block_tokens * row_bytes; }
@@ -214,12 +265,14 @@ class CudaLayer final : public DeviceLayer {
   }
 
   const pq_cuda_plugin* k_;
+  Recycler* const recycler;
   const int32_t kv_heads;
   const size_t row_bytes;
   // The PQ codes resident on the device, one buffer for the layer,
   // [kv_head][codes_capacity][subspaces]: tokens [0, codes_uploaded) of
   // index `codes_generation` (a rebuilt index starts over).
   void* d_codes = nullptr;
+  size_t codes_bytes = 0;
   int64_t codes_capacity = 0;
   int64_t codes_uploaded = 0;
   uint64_t codes_generation = 0;
@@ -228,6 +281,8 @@ class CudaLayer final : public DeviceLayer {
   const int64_t slot_count;
   void* d_slots = nullptr;            // allocated at the first admission
   std::vector<int64_t> slot_block;    // block whose data a slot holds, -1 none
+  void* landing_event = nullptr;      // recorded after the last append_from_device
+  bool landing_recorded = false;
   void* fill_event = nullptr;         // recorded after the last slot fill
   bool fill_recorded = false;
   RowPlan fill_plan;
@@ -238,12 +293,15 @@ class CudaLayer final : public DeviceLayer {
   std::vector<int64_t> window_pos;    // position a window slot holds, -1 none
   RowPlan window_plan;
   // For the decode step kept on the device: the index's centroids, and the
-  // store's chunk addresses as device tables (K then V), re-sent when the
-  // chunks change (a new chunk every 256 tokens, a fork, a truncate).
+  // store's chunk addresses as device tables, K at [0, table_capacity), V
+  // at [table_capacity, 2 x table_capacity). Entries that changed are sent
+  // (a new chunk every 256 tokens: two pointers); a grown table is sent
+  // whole.
   void* d_centroids = nullptr;
   size_t centroids_bytes = 0;
   uint64_t centroids_generation = ~uint64_t{0};
-  std::vector<const uint8_t*> chunks_sent;  // K addresses, then V addresses
+  std::vector<const uint8_t*> chunks_sent;  // chunk c's K and V at [2c], [2c + 1]
+  int64_t table_capacity = 0;               // chunks the device table holds
   RowPlan chunk_tables;
 };
 
@@ -252,15 +310,21 @@ class CudaLayer final : public DeviceLayer {
 // read it; the mutex serialises host threads that issue on the same stream
 // (sequences sharing it), never those on different streams.
 struct StreamScratch {
-  explicit StreamScratch(const pq_cuda_plugin* k)
-      : arena(k), fetch_staging(k), positions(k), batch_staging(k), reads(k) {}
-  enum Slot { kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan };
+  StreamScratch(const pq_cuda_plugin* k, Recycler* r)
+      : arena(r), fetch_staging(k, r), positions(k, r), batch_staging(k, r), reads(k, r),
+        device_tables(k, r) {}
+  enum Slot {
+    kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan,
+    kBatchTables, kBatchLut, kBatchScores, kBatchMiddle, kBatchScanWorkspace,
+    kBatchTopkWorkspace, kBatchFetchTables
+  };
   std::mutex mutex;
   DeviceArena arena;
   PinnedStaging fetch_staging;  // a fetch's plan and staged rows
   PinnedStaging positions;      // a selection's positions on their way to the host
   PinnedStaging batch_staging;  // a batched selection's LUTs and row tables
   PinnedStaging reads;          // device reads on their way to the host
+  StagingRing device_tables;    // the row tables of batched device steps
 };
 
 }  // namespace cuda_detail
