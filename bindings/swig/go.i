@@ -49,6 +49,8 @@
  * a Go server with CUDA memory calls the C API through cgo. */
 %ignore pq_decode_select_device;
 %ignore pq_fetch_kv_device;
+%ignore pq_decode_select_device_batch;
+%ignore pq_fetch_kv_device_batch;
 /* The batch calls' items point at the data as well; bindings/go/batch.go
  * builds them in C memory. */
 %ignore pq_select_item;

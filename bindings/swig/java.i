@@ -153,6 +153,8 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
 %ignore pq_sequence_set_stream;
 %ignore pq_decode_select_device;
 %ignore pq_fetch_kv_device;
+%ignore pq_decode_select_device_batch;
+%ignore pq_fetch_kv_device_batch;
 
 /* Structs the library reads a struct_size from come out of Java's `new`
  * ready to use (zeroed, struct_size = sizeof as this binding was built). */

@@ -592,6 +592,80 @@ static pq_status pq_py_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t
   v.data = (void*)(uintptr_t)values;
   return pq_fetch_kv_device(ctx, seq_id, layer, &selection, &k, &v);
 }
+
+/* The batched device step (0.8): one tuple of integers per item, the
+ * per-sequence call's arguments above (pqcache.device builds them), so that
+ * no Python object is touched without the GIL. Returns the item statuses,
+ * as pq_py_decode_select_batch does. */
+static PyObject* pq_py_device_batch(pq_context* ctx, int32_t layer, PyObject* rows, int select) {
+  PyObject* fast = PySequence_Fast(rows, "items: expected a sequence of tuples");
+  if (fast == NULL) return NULL;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  const size_t size = select ? sizeof(pq_select_item) : sizeof(pq_fetch_item);
+  void* items = PyMem_Calloc((size_t)(n > 0 ? n : 1), size);
+  pq_status* statuses = (pq_status*)PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof *statuses);
+  PyObject* result = NULL;
+  if (items == NULL || statuses == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* t = PySequence_Fast_GET_ITEM(fast, i);
+    unsigned long long id, a, b, c;
+    int dtype, heads, dim;
+    long long stride, capacity;
+    if (select) {
+      pq_select_item* it = (pq_select_item*)items + i;
+      if (!PyArg_ParseTuple(t, "KKiiiLKKL", &id, &a, &dtype, &heads, &dim, &stride, &b, &c,
+                            &capacity))
+        goto done;
+      pq_tensor q = {(void*)(uintptr_t)a, dtype, PQ_MEMORY_DEVICE, 1, heads, dim,
+                     (int64_t)heads * stride, stride};
+      it->seq_id = id;
+      it->query = q;
+      it->out.positions = (int32_t*)(uintptr_t)b;
+      it->out.counts = (int32_t*)(uintptr_t)c;
+      it->out.capacity = capacity;
+    } else {
+      pq_fetch_item* it = (pq_fetch_item*)items + i;
+      unsigned long long keys, values;
+      long long tokens, token_stride, head_stride;
+      if (!PyArg_ParseTuple(t, "KKKLKKiLiiLL", &id, &a, &b, &capacity, &keys, &values, &dtype,
+                            &tokens, &heads, &dim, &token_stride, &head_stride))
+        goto done;
+      pq_tensor k = {(void*)(uintptr_t)keys, dtype, PQ_MEMORY_DEVICE, tokens, heads, dim,
+                     token_stride, head_stride};
+      it->seq_id = id;
+      it->selection.positions = (int32_t*)(uintptr_t)a;
+      it->selection.counts = (int32_t*)(uintptr_t)b;
+      it->selection.capacity = capacity;
+      it->out_keys = k;
+      it->out_values = k;
+      it->out_values.data = (void*)(uintptr_t)values;
+    }
+  }
+  {
+    pq_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = select ? pq_decode_select_device_batch(ctx, layer, (pq_select_item*)items, (int64_t)n)
+                    : pq_fetch_kv_device_batch(ctx, layer, (pq_fetch_item*)items, (int64_t)n);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; ++i)
+      statuses[i] = select ? ((pq_select_item*)items)[i].status : ((pq_fetch_item*)items)[i].status;
+    result = pq_py_batch_end(status, statuses, n);
+  }
+done:
+  PyMem_Free(items);
+  PyMem_Free(statuses);
+  Py_DECREF(fast);
+  return result;
+}
+static PyObject* pq_py_decode_select_device_batch(pq_context* ctx, int32_t layer, PyObject* items) {
+  return pq_py_device_batch(ctx, layer, items, 1);
+}
+static PyObject* pq_py_fetch_kv_device_batch(pq_context* ctx, int32_t layer, PyObject* items) {
+  return pq_py_device_batch(ctx, layer, items, 0);
+}
 %}
 
 %init %{
@@ -692,6 +766,14 @@ pq_status pq_py_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
                                 uint64_t keys, uint64_t values, int32_t dtype, int64_t tokens,
                                 int32_t heads, int32_t head_dim, int64_t token_stride,
                                 int64_t head_stride);
+%ignore pq_decode_select_device_batch;
+%ignore pq_fetch_kv_device_batch;
+%exception pq_py_decode_select_device_batch %{ $action %}
+%exception pq_py_fetch_kv_device_batch %{ $action %}
+%rename(pq_decode_select_device_batch) pq_py_decode_select_device_batch;
+%rename(pq_fetch_kv_device_batch) pq_py_fetch_kv_device_batch;
+PyObject* pq_py_decode_select_device_batch(pq_context* ctx, int32_t layer, PyObject* items);
+PyObject* pq_py_fetch_kv_device_batch(pq_context* ctx, int32_t layer, PyObject* items);
 %exception pq_py_decode_select_batch %{ $action %}
 %exception pq_py_fetch_kv_batch %{ $action %}
 %rename(pq_decode_select_batch) pq_py_decode_select_batch;

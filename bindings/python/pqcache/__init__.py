@@ -744,6 +744,20 @@ class Context(_Closing):
         [kv_heads][>= capacity][head_dim] (pqcache.device)."""
         _device.fetch_device(self, seq, layer, selection, keys, values)
 
+    def select_device_batch(self, layer: int, seqs: Sequence[int], queries: Sequence,
+                            outs: Sequence[DeviceSelection]) -> None:
+        """pq_decode_select_device_batch (CUDA backend, 0.8): select_device
+        for every seqs[i], queries[i] into outs[i], in one launch chain when
+        the sequences share a stream, no host wait (pqcache.device)."""
+        _device.select_device_batch(self, layer, seqs, queries, outs)
+
+    def fetch_device_batch(self, layer: int, seqs: Sequence[int],
+                           selections: Sequence[DeviceSelection], keys: Sequence,
+                           values: Sequence) -> None:
+        """pq_fetch_kv_device_batch (CUDA backend, 0.8): fetch_device for
+        every seqs[i] in one gather when the sequences share a stream."""
+        _device.fetch_device_batch(self, layer, seqs, selections, keys, values)
+
     def _fetch_buffers(self, selection: SelectionResult) -> Tuple[np.ndarray, np.ndarray]:
         shape = (self.num_kv_heads, selection.positions.shape[1], self.head_dim)
         dtype = _NUMPY_DTYPES[self._dtype]

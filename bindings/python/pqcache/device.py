@@ -4,6 +4,13 @@
     ctx.select_device(seq, layer, query, sel)          # query: [q_heads][head_dim] on the device
     ctx.fetch_device(seq, layer, sel, keys, values)    # [kv_heads][capacity][head_dim] on the device
 
+A batch of sequences at one layer (0.8): one launch chain for all of them
+when they share a stream (pq_decode_select_device_batch,
+pq_fetch_kv_device_batch):
+
+    ctx.select_device_batch(layer, seqs, queries, sels)
+    ctx.fetch_device_batch(layer, seqs, sels, keys, values)
+
 Both calls are enqueued on the sequence's CUDA stream (Context.set_stream)
 and return without waiting: the results are complete once that stream is
 (torch.cuda.current_stream().synchronize(), or work queued after them on the
@@ -103,26 +110,17 @@ class DeviceSelection:
         self._addresses = (p.address, c.address)
 
 
-def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
-    """pq_decode_select_device: the selection of one decode step written into
-    `out` on the device. query: [q_heads][head_dim] (or [1][q_heads][head_dim])
-    in the context's dtype, device memory."""
+def _query_args(query):
     q = device_array(query, "query", len(getattr(query, "shape", ())) or 2)
     shape, strides = (q.shape[1:], q.strides[1:]) if len(q.shape) == 3 else (q.shape, q.strides)
     if len(shape) != 2:
         raise ValueError(f"query has shape {q.shape}; expected [q_heads][head_dim]")
     if q.dtype is None:
         raise TypeError("query must be float32, float16 or bfloat16")
-    ctx._call("pq_decode_select_device", _c.pq_decode_select_device, seq, layer, q.address,
-              q.dtype, shape[0], shape[1], strides[0], out._addresses[0], out._addresses[1],
-              out.capacity)
-    return out
+    return q.address, q.dtype, shape[0], shape[1], strides[0]
 
 
-def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
-    """pq_fetch_kv_device: the selected rows gathered on the device into
-    keys and values, [kv_heads][>= capacity][head_dim] device arrays in the
-    context's dtype, row i of head h being the token positions[h][i]."""
+def _output_args(keys, values):
     k = device_array(keys, "keys", 3)
     v = device_array(values, "values", 3)
     if k.shape != v.shape or k.strides != v.strides or k.dtype != v.dtype:
@@ -131,7 +129,58 @@ def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, va
     if k.dtype is None:
         raise TypeError("keys and values must be float32, float16 or bfloat16")
     heads, tokens, head_dim = k.shape
+    return k.address, v.address, k.dtype, tokens, heads, head_dim, k.strides[1], k.strides[0]
+
+
+def _same_length(**named):
+    lengths = {name: len(v) for name, v in named.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"one entry per sequence in each argument; got lengths {lengths}")
+
+
+def select_device_batch(ctx, layer: int, seqs, queries, outs) -> None:
+    """pq_decode_select_device_batch: select_device for every seqs[i] with
+    queries[i] into outs[i] (DeviceSelection), one launch chain when the
+    sequences share a stream. Raises BatchError-like PQError with .statuses
+    when items failed (the others' selections are written)."""
+    seqs, queries, outs = list(seqs), list(queries), list(outs)
+    _same_length(seqs=seqs, queries=queries, outs=outs)
+    rows = []
+    for i, (seq, query, out) in enumerate(zip(seqs, queries, outs)):
+        if not isinstance(out, DeviceSelection):
+            raise TypeError(f"outs[{i}] is a {type(out).__name__}; expected DeviceSelection")
+        rows.append((int(seq), *_query_args(query), out._addresses[0], out._addresses[1],
+                     out.capacity))
+    ctx._call("pq_decode_select_device_batch", _c.pq_decode_select_device_batch, layer, rows)
+
+
+def fetch_device_batch(ctx, layer: int, seqs, selections, keys, values) -> None:
+    """pq_fetch_kv_device_batch: fetch_device for every seqs[i], selections[i]
+    into keys[i] and values[i], one gather when the sequences share a stream."""
+    seqs, selections, keys, values = list(seqs), list(selections), list(keys), list(values)
+    _same_length(seqs=seqs, selections=selections, keys=keys, values=values)
+    rows = []
+    for i, (seq, sel, k, v) in enumerate(zip(seqs, selections, keys, values)):
+        if not isinstance(sel, DeviceSelection):
+            raise TypeError(f"selections[{i}] is a {type(sel).__name__}; expected DeviceSelection")
+        rows.append((int(seq), sel._addresses[0], sel._addresses[1], sel.capacity,
+                     *_output_args(k, v)))
+    ctx._call("pq_fetch_kv_device_batch", _c.pq_fetch_kv_device_batch, layer, rows)
+
+
+def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:
+    """pq_decode_select_device: the selection of one decode step written into
+    `out` on the device. query: [q_heads][head_dim] (or [1][q_heads][head_dim])
+    in the context's dtype, device memory."""
+    ctx._call("pq_decode_select_device", _c.pq_decode_select_device, seq, layer,
+              *_query_args(query), out._addresses[0], out._addresses[1], out.capacity)
+    return out
+
+
+def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
+    """pq_fetch_kv_device: the selected rows gathered on the device into
+    keys and values, [kv_heads][>= capacity][head_dim] device arrays in the
+    context's dtype, row i of head h being the token positions[h][i]."""
     ctx._call("pq_fetch_kv_device", _c.pq_fetch_kv_device, seq, layer,
               selection._addresses[0], selection._addresses[1], selection.capacity,
-              k.address, v.address, k.dtype, tokens, heads, head_dim, k.strides[1],
-              k.strides[0])
+              *_output_args(keys, values))

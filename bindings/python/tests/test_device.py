@@ -118,3 +118,120 @@ def test_device_step_refusals(fake):
         with pytest.raises(pqcache.PQError) as e:
             cuda.select_device(1, 0, dq, small)
         assert e.value.status_name == "PQ_ERR_BUFFER_TOO_SMALL"
+
+
+class TorchLikeCudaTensor:
+    """What pqcache.device reads of a CUDA torch tensor (data_ptr, is_cuda,
+    dtype, shape, stride), over the fake's device memory: the torch path of
+    the binding, tested without a GPU. test_torch_batch_on_a_gpu runs the
+    real thing where torch sees a CUDA device."""
+
+    class _Dtype:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return self.name
+
+    def __init__(self, array, torch_dtype):
+        self.array, self.is_cuda = array, True
+        self.dtype = self._Dtype(torch_dtype)
+        self.shape = array.shape
+        self.device = "cuda:0"
+
+    def data_ptr(self):
+        return self.array.ptr
+
+    def stride(self):
+        strides, step = [], 1
+        for extent in reversed(self.shape):
+            strides.insert(0, step)
+            step *= extent
+        return tuple(strides)
+
+
+def test_batched_device_step_equals_the_host_step_per_sequence(fake):
+    rng = np.random.default_rng(7)
+    seqs = [11, 12, 13]
+    with make("cpu") as cpu, make("cuda") as cuda:
+        for s in seqs:
+            n = 300 + 57 * (s - 11)
+            keys = rng.standard_normal((n, 2, 32)).astype(np.float16)
+            values = rng.standard_normal((n, 2, 32)).astype(np.float16)
+            for ctx in (cpu, cuda):
+                ctx.add_sequence(s)
+                ctx.prefill(s, 0, keys, values)
+        for ctx in (cpu, cuda):
+            ctx.wait_builds()
+        queries = [rng.standard_normal((8, 32)).astype(np.float16) for _ in seqs]
+        wants = [cpu.select(s, 0, q) for s, q in zip(seqs, queries)]
+        cap = max(cuda.capacity(s, 0) for s in seqs)
+        t = lambda shape, np_dtype, torch_dtype: TorchLikeCudaTensor(  # noqa: E731
+            FakeDeviceArray(fake, shape, np_dtype), torch_dtype)
+        dqs = [t((8, 32), np.float16, "torch.float16") for _ in seqs]
+        for dq, q in zip(dqs, queries):
+            dq.array.host()[:] = q
+        sels = [pqcache.DeviceSelection(t((2, cap), np.int32, "torch.int32"),
+                                        t((2,), np.int32, "torch.int32")) for _ in seqs]
+        cuda.select_device_batch(0, seqs, dqs, sels)
+        dks = [t((2, cap, 32), np.float16, "torch.float16") for _ in seqs]
+        dvs = [t((2, cap, 32), np.float16, "torch.float16") for _ in seqs]
+        cuda.fetch_device_batch(0, seqs, sels, dks, dvs)
+        fake.pq_fake_cuda_synchronize_all()
+        for s, want, sel, dk, dv in zip(seqs, wants, sels, dks, dvs):
+            k_want, v_want = cpu.fetch(s, 0, want)
+            counts = sel.counts.array.host()
+            assert counts.tolist() == want.counts.tolist(), f"seq {s}"
+            for h in range(2):
+                n = want.counts[h]
+                assert sel.positions.array.host()[h, :n].tolist() == want.positions[h, :n].tolist()
+                assert np.array_equal(dk.array.host()[h, :n], k_want[h, :n])
+                assert np.array_equal(dv.array.host()[h, :n], v_want[h, :n])
+        # An item that fails fails alone: the others are written.
+        with pytest.raises(pqcache.PQError) as e:
+            cuda.select_device_batch(0, [11, 99], dqs[:2], sels[:2])
+        assert e.value.status_name == "PQ_ERR_NOT_FOUND"
+        assert list(e.value.statuses)[0] == 0
+        with pytest.raises(ValueError, match="one entry per sequence"):
+            cuda.select_device_batch(0, seqs, dqs[:2], sels)
+
+
+def test_torch_batch_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device (the fake above covers the binding's torch path)")
+    if not os.environ.get("PQ_CUDA_PLUGIN"):
+        pytest.skip("PQ_CUDA_PLUGIN does not name the real plug-in")
+    rng = np.random.default_rng(1)
+    seqs = [1, 2]
+    opts = dict(sink_tokens=4, local_tokens=16, topk_tokens=24, pq_subspaces=4,
+                kmeans_iterations=5, worker_threads=1)
+    with pqcache.Context(1, 8, 2, 32, "f16", backend="cpu", **opts) as cpu, \
+            pqcache.Context(1, 8, 2, 32, "f16", backend="cuda",
+                            cuda_plugin_path=os.environ["PQ_CUDA_PLUGIN"], **opts) as cuda:
+        for s in seqs:
+            keys = rng.standard_normal((400, 2, 32)).astype(np.float16)
+            values = rng.standard_normal((400, 2, 32)).astype(np.float16)
+            for ctx in (cpu, cuda):
+                ctx.add_sequence(s)
+                ctx.prefill(s, 0, keys, values)
+                ctx.wait_builds()
+        queries = [rng.standard_normal((8, 32)).astype(np.float16) for _ in seqs]
+        cap = max(cuda.capacity(s, 0) for s in seqs)
+        dqs = [torch.from_numpy(q).cuda() for q in queries]
+        sels = [pqcache.DeviceSelection(torch.zeros((2, cap), dtype=torch.int32, device="cuda"),
+                                        torch.zeros(2, dtype=torch.int32, device="cuda"))
+                for _ in seqs]
+        cuda.select_device_batch(0, seqs, dqs, sels)
+        dks = [torch.zeros((2, cap, 32), dtype=torch.float16, device="cuda") for _ in seqs]
+        dvs = [torch.zeros((2, cap, 32), dtype=torch.float16, device="cuda") for _ in seqs]
+        cuda.fetch_device_batch(0, seqs, sels, dks, dvs)
+        torch.cuda.synchronize()
+        for s, q, sel, dk in zip(seqs, queries, sels, dks):
+            want = cpu.select(s, 0, q)
+            k_want, _ = cpu.fetch(s, 0, want)
+            assert sel.counts.cpu().tolist() == want.counts.tolist()
+            for h in range(2):
+                n = want.counts[h]
+                assert sel.positions[h, :n].cpu().tolist() == want.positions[h, :n].tolist()
+                assert np.array_equal(dk[h, :n].cpu().numpy(), k_want[h, :n])

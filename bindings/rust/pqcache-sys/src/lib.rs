@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 7;
+pub const PQ_VERSION_MINOR: c_int = 8;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.7.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.8.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
@@ -575,6 +575,9 @@ pq_functions! {
     fn pq_sequence_set_stream(ctx: *mut pq_context, seq_id: u64, cuda_stream: *mut c_void) -> pq_status;
     /// Added in 0.5.
     fn pq_sequence_truncate(ctx: *mut pq_context, seq_id: u64, tokens: i64) -> pq_status;
+    /// Added in 0.8: room for `tokens` tokens, so that steady decode steps
+    /// on the device allocate nothing.
+    fn pq_sequence_reserve(ctx: *mut pq_context, seq_id: u64, tokens: i64) -> pq_status;
     /// Added in 0.5.
     fn pq_sequence_fork(ctx: *mut pq_context, parent_id: u64, child_id: u64) -> pq_status;
     /// Added in 0.5.
@@ -630,6 +633,13 @@ pq_functions! {
     fn pq_fetch_kv_device(ctx: *mut pq_context, seq_id: u64, layer: i32,
                           selection: *const pq_selection, out_keys: *const pq_tensor,
                           out_values: *const pq_tensor) -> pq_status;
+    /// Added in 0.8 (CUDA backend): `pq_decode_select_device` for a batch
+    /// at one layer, one launch chain when the sequences share a stream.
+    fn pq_decode_select_device_batch(ctx: *mut pq_context, layer: i32,
+                                     items: *mut pq_select_item, count: i64) -> pq_status;
+    /// Added in 0.8: `pq_fetch_kv_device` for a batch, one gather.
+    fn pq_fetch_kv_device_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_fetch_item,
+                                count: i64) -> pq_status;
     fn pq_prefill_queries(ctx: *mut pq_context, seq_id: u64, layer: i32,
                           queries: *const pq_tensor) -> pq_status;
     fn pq_observe_attention(ctx: *mut pq_context, seq_id: u64, layer: i32,
