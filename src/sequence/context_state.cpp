@@ -68,6 +68,24 @@ void Context::sequence_reserve(uint64_t id, int64_t tokens) {
     fail(PQ_ERR_INVALID_ARGUMENT, "tokens is " + std::to_string(tokens) +
                                       "; expected 0..2147483647 (a layer's most tokens)");
   std::shared_ptr<Sequence> seq = find(id);
+  // Pinned memory cut ahead is not counted until tokens are stored, so it
+  // is held to what the memory limit could still admit: a reserve never
+  // pins more than the limit would let the sequence store.
+  const MemoryBudget& budget = shared_.budget;
+  const uint64_t chunk = shared_.cost.chunk;
+  uint64_t room_tokens = UINT64_MAX;
+  if (budget.limit() > 0 && chunk > 0)
+    room_tokens = (budget.limit() > budget.used() ? budget.limit() - budget.used() : 0) /
+                  (chunk * static_cast<uint64_t>(shared_.config.num_layers)) *
+                  KvStore::kChunkTokens;
+  int64_t longest = 0;
+  for (auto& layer : seq->layers) longest = std::max(longest, layer->tokens());
+  if (tokens > longest && static_cast<uint64_t>(tokens - longest) > room_tokens)
+    fail(PQ_ERR_OUT_OF_MEMORY, "reserving " + std::to_string(tokens) + " tokens for seq_id " +
+                                   std::to_string(id) + ": config.host_memory_limit (" +
+                                   std::to_string(budget.limit()) + " bytes, " +
+                                   std::to_string(budget.used()) + " used) admits about " +
+                                   std::to_string(room_tokens) + " more tokens per layer");
   int64_t blocks = 0;
   for (auto& layer : seq->layers) blocks += layer->reserve(tokens, seq->info());
   if (blocks > 0 && !seq->layers.empty() &&

@@ -337,6 +337,30 @@ TEST(FakeCudaDeviceAppend, HostReadersWaitAndANonFiniteValueIsReportedOnceAndDro
   EXPECT_EQ(pq_decode_select_device(cuda, 1, 0, &dq.t, &sel.s), PQ_OK) << "reported once";
 }
 
+TEST(FakeCudaReserve, RefusalsNameWhatIsWrongAndTheCpuBackendHasNothingToReserve) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  pq_config c = hazard_config();
+  c.host_memory_limit = 8 << 20;
+  Ctx cuda = make_fake_cuda_ctx(c);
+  Ctx cpu(hazard_config());
+  ASSERT_TRUE(cuda.ok() && cpu.ok()) << pq_last_error();
+  prefill(cuda, 1, 300, 4);
+  prefill(cpu, 1, 300, 4);
+  if (HasFatalFailure()) return;
+  PQ_EXPECT_ERR(pq_sequence_reserve(cuda, 9, 1000), PQ_ERR_NOT_FOUND, "9");
+  PQ_EXPECT_ERR(pq_sequence_reserve(cuda, 1, -1), PQ_ERR_INVALID_ARGUMENT, "tokens is -1");
+  PQ_EXPECT_ERR(pq_sequence_reserve(cuda, 1, int64_t{1} << 32), PQ_ERR_INVALID_ARGUMENT,
+                "2147483647");
+  // 8 MiB admit a few thousand tokens of this geometry, not a million; and
+  // nothing was pinned for the refusal.
+  const pq_fake_cuda_counters before = Fake::get().counters();
+  PQ_EXPECT_ERR(pq_sequence_reserve(cuda, 1, 1000000), PQ_ERR_OUT_OF_MEMORY, "host_memory_limit");
+  EXPECT_EQ(counters_since(before).host_allocs, 0u);
+  EXPECT_EQ(pq_sequence_reserve(cuda, 1, 1000), PQ_OK) << pq_last_error();
+  EXPECT_EQ(pq_sequence_reserve(cpu, 1, 100000), PQ_OK) << pq_last_error();
+  EXPECT_EQ(pq_sequence_reserve(cuda, 1, 10), PQ_OK) << "less than held: nothing to do";
+}
+
 // Inside a capture window the step may make no call a capture refuses; the
 // captured operations replayed give what the step gave.
 TEST(FakeCudaCapture, TheDeviceStepMakesNoCallACaptureRefusesAndReplaysToTheSameOutputs) {

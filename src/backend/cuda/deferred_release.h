@@ -10,6 +10,7 @@
 // came out of that fetch). Internal to the CUDA backend.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -49,7 +50,7 @@ class ReleaseFences final : public SlabPool::Fence {
     ~Event();
     ReleaseFences* owner;
     void* event;
-    bool done = false;  // queried done once: stays done
+    std::atomic<bool> done{false};  // queried done once: stays done (asked from any thread)
   };
   using Events = std::vector<std::shared_ptr<Event>>;
   std::shared_ptr<Event> take_event();
