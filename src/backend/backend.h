@@ -250,10 +250,18 @@ class Backend {
     int64_t tokens;   // the sequence's length to make room for
     int64_t middle;   // the middle at that length
     int64_t k;        // tokens selected per kv head there
+    int64_t count;    // a selection's entries per kv head there
     int32_t group_size, subspaces, centroids, combine;
     void* stream;
   };
   virtual void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const {}
+
+  // After an append or a truncate: whether the layer keeps the row tables
+  // of a step a CUDA graph may capture, and their update to the new length
+  // (codes of the tokens that left the window, lengths), enqueued by value.
+  virtual bool keeps_device_step(const DeviceLayer* device) const { return false; }
+  virtual void refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& args,
+                                   int64_t tokens, const KvStore& store, void* stream) const {}
 };
 
 // The built-in host backend.

@@ -75,6 +75,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
       build_.schedule(store_, store_.tokens(), seq);
       background_rebuild_ = false;  // a prompt's build is waited for
     }
+    if (!is_prefill) refresh_device_step(seq);
   } catch (...) {
     prefill_tokens_ = prefill_before;
     store_.truncate(first);  // the call fails as a whole: as if it never came
@@ -152,9 +153,18 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
     store_.truncate(first);
     return false;
   }
-  if (device_pending_first_.load() < 0) device_pending_first_.store(first);
+  const int64_t pending_before = device_pending_first_.load();
+  if (pending_before < 0) device_pending_first_.store(first);
   device_pending_stream_ = seq.stream;
   update_mirrors();
+  try {
+    refresh_device_step(seq);
+  } catch (...) {  // the call fails as a whole
+    store_.truncate(first);
+    device_pending_first_.store(pending_before);
+    update_mirrors();
+    throw;
+  }
   return true;
 }
 

@@ -185,6 +185,11 @@ class Layer {
   DeviceSelectionFetchArgs device_fetch_args(const pq_selection& sel, const pq_tensor& out_keys,
                                              const pq_tensor& out_values, const SequenceInfo& seq);
   void count_device_fetch(const pq_selection& sel, const SequenceInfo& seq);
+  // After the layer's length changed (an append, a truncate), under mutex_:
+  // the row tables of a step a CUDA graph may have captured follow the new
+  // length (Backend::refresh_device_step); nothing when the backend keeps
+  // none for this layer.
+  void refresh_device_step(const SequenceInfo& seq);
   size_t store_block_bytes() const { return store_.block_bytes(); }
   // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
   void fork_from(Layer& parent, uint64_t parent_id);

@@ -77,6 +77,7 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
   Backend::ReserveArgs args{tokens,
                             r.mid_end - r.sink_end,
                             r.k,
+                            r.count(),
                             c.num_q_heads / c.num_kv_heads,
                             c.pq_subspaces,
                             int32_t{1} << c.pq_bits,
@@ -85,6 +86,22 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
   shared_.backend->reserve_layer(device_.get(), args);
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
   return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_.chunk_count()));
+}
+
+void Layer::refresh_device_step(const SequenceInfo& seq) {
+  if (!shared_.backend->keeps_device_step(device_.get()) || !shared_.selector->needs_index() ||
+      build_.index() == nullptr || awaiting_kv_)
+    return;
+  const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  code_tokens(r.mid_end);  // what the next select would code, now: a replay selects without it
+  const PqIndex& index = *build_.index();
+  const LayerContext c = context(seq);
+  PqLayerSelectArgs args{c, *index.codebook};
+  args.codes = index.codes.data();
+  args.coded_tokens = index.coded_tokens;
+  args.middle = {r.sink_end, r.mid_end};
+  args.k = r.k;
+  shared_.backend->refresh_device_step(device_.get(), args, r.n, store_, seq.stream);
 }
 
 }  // namespace pq

@@ -99,6 +99,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   if (index_covers_dropped) build_.bump_generation();  // the device's codes are of the old index
   update_mirrors();
   publish_share();
+  refresh_device_step(seq);
 }
 
 // ---------------------------------------------------------------------------

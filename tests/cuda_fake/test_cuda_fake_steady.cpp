@@ -8,7 +8,8 @@
 //     pq_decode_select_device, pq_fetch_kv_device) makes no cudaMalloc,
 //     cudaFree, cudaHostAlloc, cudaFreeHost, pageable copy or wait;
 //   - the device step makes no call a CUDA graph capture refuses, and the
-//     captured step replays to the same outputs.
+//     captured step, replayed after each append, selects and fetches at the
+//     new length what an uncaptured step would.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -362,46 +363,91 @@ TEST(FakeCudaReserve, RefusalsNameWhatIsWrongAndTheCpuBackendHasNothingToReserve
 }
 
 // Inside a capture window the step may make no call a capture refuses; the
-// captured operations replayed give what the step gave.
-TEST(FakeCudaCapture, TheDeviceStepMakesNoCallACaptureRefusesAndReplaysToTheSameOutputs) {
+// captured select and fetch, replayed after each of 100 appends, give what
+// the CPU backend selects and fetches at each new length (the lengths are
+// read on the device from the tables each append writes).
+TEST(FakeCudaCapture, TheCapturedStepReplayedFor100TokensMatchesTheUncapturedOne) {
   ASSERT_NE(Fake::get().table, nullptr);
-  Ctx cuda = make_fake_cuda_ctx(hazard_config());
-  ASSERT_TRUE(cuda.ok()) << pq_last_error();
-  prefill(cuda, 1, 700, 21);
+  const pq_config c = hazard_config();
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, 1, 700, 21);
   if (HasFatalFailure()) return;
   char err[256] = {0};
   void* stream = nullptr;
   ASSERT_EQ(Fake::get().table->stream_create(&stream, err, sizeof err), 0) << err;
   ASSERT_EQ(pq_sequence_set_stream(cuda, 1, stream), PQ_OK);
-  ASSERT_EQ(pq_sequence_reserve(cuda, 1, 1024), PQ_OK) << pq_last_error();
-  const int64_t cap = selection_capacity(cuda, 1, 0);
-  Step d = step_data(0, 1, PQ_DTYPE_F32, 1);
-  DeviceTensor dq(d.q);
+  constexpr int64_t kTokens = 100;
+  ASSERT_EQ(pq_sequence_reserve(cuda, 1, 700 + kTokens + 1), PQ_OK) << pq_last_error();
+  int64_t cap = 0;
+  ASSERT_EQ(pq_selection_capacity_for(cuda, 0, 700 + kTokens, &cap), PQ_OK);
+  Step first = step_data(0, 0, PQ_DTYPE_F32, 1);
+  DeviceTensor dq(first.q);
   DeviceSel sel(cap);
   DeviceTensor dk(rows_tensor(cap)), dv(rows_tensor(cap));
-  // Uncaptured first: it uploads what a first step uploads.
+  // Refused before an uncaptured step filled the tables' caller fields.
+  Fake::get().capture_begin(stream);
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, &dq.t, &sel.s), PQ_ERR_BAD_STATE,
+                "uncaptured");
+  Fake::get().capture_end(stream);
+  // Uncaptured once with the engine's buffers, then captured.
   ASSERT_EQ(pq_decode_select_device(cuda, 1, 0, &dq.t, &sel.s), PQ_OK) << pq_last_error();
   ASSERT_EQ(pq_fetch_kv_device(cuda, 1, 0, &sel.s, &dk.t, &dv.t), PQ_OK) << pq_last_error();
   Fake::get().synchronize_all();
-  const std::vector<uint8_t> k1 = dk.buffer.download(), v1 = dv.buffer.download();
-  const std::vector<uint8_t> p1 = sel.positions.download();
-  std::vector<uint8_t> poison(k1.size(), 0x5A);
-  dk.buffer.upload(poison.data(), poison.size());
-  dv.buffer.upload(poison.data(), poison.size());
+  // (A capture begun anew drops what an earlier one recorded, as a new
+  // graph would.) Other buffers than the tables hold are refused inside a capture.
+  DeviceSel other(cap);
+  Fake::get().capture_begin(stream);
+  PQ_EXPECT_ERR(pq_decode_select_device(cuda, 1, 0, &dq.t, &other.s), PQ_ERR_BAD_STATE, "differ");
+  Fake::get().capture_end(stream);
   const pq_fake_cuda_counters before = Fake::get().counters();
   Fake::get().capture_begin(stream);
   const pq_status s1 = pq_decode_select_device(cuda, 1, 0, &dq.t, &sel.s);
+  const std::string e1 = pq_last_error();
   const pq_status s2 = pq_fetch_kv_device(cuda, 1, 0, &sel.s, &dk.t, &dv.t);
+  const std::string e2 = pq_last_error();
   const int64_t captured = Fake::get().capture_end(stream);
-  EXPECT_EQ(s1, PQ_OK) << pq_last_error();
-  EXPECT_EQ(s2, PQ_OK) << pq_last_error();
+  ASSERT_EQ(s1, PQ_OK) << e1;
+  ASSERT_EQ(s2, PQ_OK) << e2;
   EXPECT_EQ(counters_since(before).capture_refusals, 0u) << "a call refused in a capture";
-  EXPECT_GT(captured, 0);
-  ASSERT_EQ(Fake::get().graph_replay(stream), 0);
-  Fake::get().synchronize_all();
-  EXPECT_TRUE(dk.buffer.download() == k1) << "the replayed step's keys differ";
-  EXPECT_TRUE(dv.buffer.download() == v1) << "the replayed step's values differ";
-  EXPECT_TRUE(sel.positions.download() == p1) << "the replayed step's positions differ";
+  EXPECT_EQ(captured, 5) << "pq_lut, pq_scan_rows, topk_rows, fill_selection_rows, gather";
+  for (int64_t token = 1; token <= kTokens; ++token) {
+    SCOPED_TRACE("token " + std::to_string(token));
+    Step d = step_data(0, token, PQ_DTYPE_F32, 1);
+    for (pq_context* ctx : {cpu.get(), cuda.get()})
+      ASSERT_EQ(pq_decode_append(ctx, 1, 0, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
+    Fake::get().synchronize_all();
+    std::memcpy(dq.buffer.get(), d.q.bytes.data(), d.q.bytes.size());  // the engine's query
+    ASSERT_EQ(Fake::get().graph_replay(stream), 0);
+    ASSERT_EQ(Fake::get().table->stream_synchronize(stream, err, sizeof err), 0)
+        << "the replay faulted: " << err;
+    const int64_t need = selection_capacity(cpu, 1, 0);
+    Sel want(kKvHeads, need);
+    ASSERT_EQ(pq_decode_select(cpu, 1, 0, d.q.get(), want.get()), PQ_OK);
+    HostTensor hk = rows_tensor(cap), hv = rows_tensor(cap);
+    Sel want_cap(kKvHeads, cap);
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      const std::vector<int32_t> row = want.row(h);
+      std::copy(row.begin(), row.end(), want_cap.positions.begin() + h * cap);
+      want_cap.counts[static_cast<size_t>(h)] = static_cast<int32_t>(row.size());
+    }
+    ASSERT_EQ(pq_fetch_kv(cpu, 1, 0, want_cap.get(), hk.get(), hv.get()), PQ_OK);
+    const std::vector<uint8_t> positions = sel.positions.download(), counts = sel.counts.download();
+    const std::vector<uint8_t> got_k = dk.buffer.download(), got_v = dv.buffer.download();
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      const std::vector<int32_t> row = want.row(h);
+      int32_t count = 0;
+      std::memcpy(&count, counts.data() + 4 * h, 4);
+      ASSERT_EQ(count, static_cast<int32_t>(row.size())) << "head " << h;
+      std::vector<int32_t> got(row.size());
+      std::memcpy(got.data(), positions.data() + 4 * h * cap, 4 * got.size());
+      ASSERT_EQ(got, row) << "head " << h << ": the replay selected other tokens";
+      const size_t at = static_cast<size_t>(h) * cap * kDim * 4, bytes = row.size() * kDim * 4;
+      ASSERT_EQ(std::memcmp(got_k.data() + at, hk.bytes.data() + at, bytes), 0) << "keys, head " << h;
+      ASSERT_EQ(std::memcmp(got_v.data() + at, hv.bytes.data() + at, bytes), 0) << "values, head " << h;
+    }
+  }
   ASSERT_EQ(pq_sequence_set_stream(cuda, 1, nullptr), PQ_OK);
   ASSERT_EQ(pq_sequence_remove(cuda, 1), PQ_OK);
   Fake::get().synchronize_all();

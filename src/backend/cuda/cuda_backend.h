@@ -157,6 +157,14 @@ class CudaBackend final : public Backend {
   bool reserve_store(size_t block_bytes, size_t blocks) const override;
   void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const override;
 
+  // The step a CUDA graph may capture (cuda_step_tables.cpp).
+  bool keeps_device_step(const DeviceLayer* device) const override {
+    const auto* layer = static_cast<const CudaLayer*>(device);
+    return layer != nullptr && (layer->step_selected || layer->step_fetched);
+  }
+  void refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& args, int64_t tokens,
+                           const KvStore& store, void* stream) const override;
+
  private:
   // Rows to copy from the host store into device memory: sources, then
   // their destinations.
@@ -212,6 +220,20 @@ class CudaBackend final : public Backend {
   // The rows of `rows` (at most PQ_INLINE_ROWS) in one inline_copies
   // launch: nothing staged, nothing waited for. False when they do not fit.
   bool copy_rows_inline(const RowCopies& rows, size_t row_bytes, void* stream) const;
+
+  // The step tables' select side at this length (layer.step, host shadow),
+  // and the whole table sent where it changed (inline_copies).
+  void step_select_rows(CudaLayer& layer, const PqLayerSelectArgs& l, int64_t tokens) const;
+  void send_step(CudaLayer& layer, void* s) const;
+  // Inside a capture: the step's launches over the tables, after checking
+  // that the caller's buffers are those the tables hold.
+  bool select_captured(CudaLayer& layer, const DeviceSelectArgs& a, StreamScratch& scratch,
+                       void* s) const;
+  bool fetch_captured(CudaLayer& layer, const pq_selected_gather& caller, void* s) const;
+  bool capturing(void* s) const {
+    char err[512] = {0};
+    return k_->stream_capturing(s, err, sizeof err) == 1;
+  }
 
   // A device buffer of a layer grown to at least `bytes` (geometrically),
   // the old one handed back fenced; its contents are not kept.

@@ -177,6 +177,15 @@ void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const
   if (scan_ws > 0) arena.get(StreamScratch::kScanWorkspace, scan_ws);
   const size_t topk_ws = k_->topk_workspace_size(kv, n, a.k);
   if (topk_ws > 0) arena.get(StreamScratch::kTopkWorkspace, topk_ws);
+  // The step a CUDA graph may capture runs at these sizes.
+  layer->step_max_n = std::max(layer->step_max_n, a.middle);
+  layer->step_max_count = std::max(layer->step_max_count, a.count);
+  const size_t step_scan_ws =
+      k_->pq_scan_rows_workspace_size(kv, a.group_size, a.subspaces, layer->step_max_n, a.combine);
+  if (step_scan_ws > 0) arena.get(StreamScratch::kStepScanWorkspace, step_scan_ws);
+  const size_t step_topk_ws = k_->topk_rows_workspace_size(kv, layer->step_max_n);
+  if (step_topk_ws > 0) arena.get(StreamScratch::kStepTopkWorkspace, step_topk_ws);
+  arena.get(StreamScratch::kScores, static_cast<size_t>(kv) * layer->step_max_n * sizeof(float));
 }
 
 uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvStore& store,

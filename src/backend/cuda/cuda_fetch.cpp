@@ -28,11 +28,33 @@ bool CudaBackend::fetch_device_selection(const DeviceSelectionFetchArgs& a) cons
   if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
   use_device();
   char err[512] = {0};
-  const Touch touch(*this, a.context.stream);
+  void* s = a.context.stream;
+  const Touch touch(*this, s);
+  if (capturing(s)) {
+    // The caller's fields only: the chunk tables and the length are the
+    // tables', which appends keep up to date outside the graph.
+    const auto es = static_cast<int64_t>(dtype_size(a.out_keys.dtype));
+    pq_selected_gather caller{};
+    caller.positions = a.selection.positions;
+    caller.counts = a.selection.counts;
+    caller.capacity = a.selection.capacity;
+    caller.out_keys = static_cast<uint8_t*>(a.out_keys.data);
+    caller.out_values = static_cast<uint8_t*>(a.out_values.data);
+    caller.keys_token_stride = a.out_keys.token_stride * es;
+    caller.keys_head_stride = a.out_keys.head_stride * es;
+    caller.values_token_stride = a.out_values.token_stride * es;
+    caller.values_head_stride = a.out_values.head_stride * es;
+    return fetch_captured(*layer, caller, s);
+  }
   const pq_selected_gather g =
       selected_gather(*layer, a.store, a.selection.positions, a.selection.counts,
-                      a.selection.capacity, a.out_keys, a.out_values, a.context.stream);
-  check(k_->gather_selected(&g, a.context.stream, err, sizeof err), "gather_selected", err);
+                      a.selection.capacity, a.out_keys, a.out_values, s);
+  check(k_->gather_selected(&g, s, err, sizeof err), "gather_selected", err);
+  if (layer->step_max_n > 0) {  // after a reserve: the gather a graph may capture
+    layer->step.gather = g;
+    layer->step_fetched = true;
+    send_step(*layer, s);
+  }
   return true;
 }
 

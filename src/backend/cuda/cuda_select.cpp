@@ -166,11 +166,41 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   std::lock_guard<std::mutex> lock(scratch.mutex);
   const Touch touch(*this, s);
   const int64_t n = l.middle.size();
+  auto* step_layer = static_cast<CudaLayer*>(l.device());
+  if (step_layer != nullptr && capturing(s)) return select_captured(*step_layer, a, scratch, s);
+  // After a reserve, the step's row tables follow (a graph may capture it).
+  const bool tables = step_layer != nullptr && step_layer->step_max_n > 0 &&
+                      n <= step_layer->step_max_n;
+  if (tables) {
+    CudaLayer& t = *step_layer;
+    const size_t lut_bytes = static_cast<size_t>(l.kv_heads()) * l.group_size() * l.subspaces() *
+                             l.centroids() * sizeof(float);
+    t.step_lut = static_cast<float*>(scratch.arena.get(StreamScratch::kLut, lut_bytes));
+    t.step_scores = static_cast<float*>(scratch.arena.get(
+        StreamScratch::kScores, static_cast<size_t>(l.kv_heads()) * t.step_max_n * sizeof(float)));
+    t.step_middle = static_cast<int32_t*>(scratch.arena.get(
+        StreamScratch::kPositions,
+        static_cast<size_t>(l.kv_heads()) * std::max<int64_t>(l.k, 1) * sizeof(int32_t)));
+    t.step_query = a.query.data;
+    t.step_query_dtype = a.query.dtype;
+    t.step_query_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
+    t.step.fill.positions = a.out.positions;
+    t.step.fill.counts = a.out.counts;
+    t.step.fill.capacity = a.out.capacity;
+  }
+  // The tables follow once the step's launches are enqueued.
+  auto send_tables = [&] {
+    if (!tables) return;
+    step_select_rows(*step_layer, l, a.tokens);
+    step_layer->step_selected = true;
+    send_step(*step_layer, s);
+  };
   if (l.k == 0 || l.k >= n) {  // nothing to score: the whole middle, or none of it
     const int64_t sinks = l.k == 0 ? l.middle.begin : l.middle.end;
     check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads(), a.out.capacity, sinks,
                              nullptr, 0, l.middle.end, a.tokens, s, err, sizeof err),
           "fill_selection", err);
+    send_tables();
     return true;
   }
   auto& layer = *static_cast<CudaLayer*>(l.device());
@@ -194,8 +224,10 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   const uint8_t* d_codes = resident_codes(layer, l, s);
   const size_t scan_ws = k_->pq_scan_workspace_size(l.kv_heads(), l.group_size(), m, n, l.combine());
   const size_t topk_ws = k_->topk_workspace_size(l.kv_heads(), n, l.k);
-  auto* d_scores = static_cast<float*>(
-      scratch.arena.get(StreamScratch::kScores, static_cast<size_t>(l.kv_heads()) * n * sizeof(float)));
+  // With the step's tables, the scores buffer is already the reserve's.
+  const int64_t score_stride = tables ? layer.step_max_n : n;
+  auto* d_scores = static_cast<float*>(scratch.arena.get(
+      StreamScratch::kScores, static_cast<size_t>(l.kv_heads()) * score_stride * sizeof(float)));
   auto* d_middle = static_cast<int32_t*>(scratch.arena.get(
       StreamScratch::kPositions, static_cast<size_t>(l.kv_heads()) * l.k * sizeof(int32_t)));
   void* d_scan_ws = scan_ws ? scratch.arena.get(StreamScratch::kScanWorkspace, scan_ws) : nullptr;
@@ -210,6 +242,7 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads(), a.out.capacity, l.middle.begin,
                            d_middle, l.k, l.middle.end, a.tokens, s, err, sizeof err),
         "fill_selection", err);
+  send_tables();
   return true;
 }
 

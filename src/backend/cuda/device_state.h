@@ -231,6 +231,7 @@ class CudaLayer final : public DeviceLayer {
     recycler->release(d_slots, slot_count * slot_bytes(), false);
     recycler->release(d_window, window_slots() * window_slot_bytes(), false);
     recycler->release(d_centroids, centroids_bytes, false);
+    recycler->release(d_step, step_bytes, false);
     k_->event_destroy(fill_event, err, sizeof err);
     k_->event_destroy(landing_event, err, sizeof err);
   }
@@ -301,6 +302,33 @@ class CudaLayer final : public DeviceLayer {
   size_t centroids_bytes = 0;
   uint64_t centroids_generation = ~uint64_t{0};
   std::vector<const uint8_t*> chunks_sent;  // chunk c's K and V at [2c], [2c + 1]
+  // The step a CUDA graph may capture (cuda_step_tables.cpp): the row
+  // tables of its scan, top-k, fill and gather in device memory, read by
+  // the kernels when they run, so that a replay follows the lengths each
+  // append writes there. `step` is what the device table should hold,
+  // `step_sent` what was last sent. The caller's fields (query, selection,
+  // outputs) come from the last uncaptured select and fetch; a capture with
+  // other buffers is refused.
+  struct StepTables {
+    std::vector<pq_scan_row> scan;  // one per kv head
+    std::vector<pq_topk_row> topk;
+    pq_fill_row fill{};
+    pq_selected_gather gather{};
+  };
+  StepTables step;
+  std::vector<uint8_t> step_sent;
+  void* d_step = nullptr;
+  size_t step_bytes = 0;
+  bool step_selected = false;  // an uncaptured select filled the select side
+  bool step_fetched = false;   // an uncaptured fetch filled the gather
+  const void* step_query = nullptr;
+  int32_t step_query_dtype = 0;
+  int64_t step_query_stride = 0;
+  float* step_lut = nullptr;
+  float* step_scores = nullptr;   // [kv_head][step_max_n]
+  int32_t* step_middle = nullptr; // [kv_head][k]
+  int64_t step_max_n = 0;      // the middle pq_sequence_reserve made room for (0: none)
+  int64_t step_max_count = 0;  // the selection's entries per kv head there
   int64_t table_capacity = 0;               // chunks the device table holds
   RowPlan chunk_tables;
 };
@@ -316,7 +344,7 @@ struct StreamScratch {
   enum Slot {
     kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan,
     kBatchTables, kBatchLut, kBatchScores, kBatchMiddle, kBatchScanWorkspace,
-    kBatchTopkWorkspace, kBatchFetchTables
+    kBatchTopkWorkspace, kBatchFetchTables, kStepScanWorkspace, kStepTopkWorkspace
   };
   std::mutex mutex;
   DeviceArena arena;
