@@ -2,13 +2,15 @@
 // step kept on the device (pq_decode_select_device + pq_fetch_kv_device)
 // against the host-positions step on the same context, and a batch of
 // sequences in one launch chain (pq_decode_select_batch, pq_fetch_kv_batch)
-// against per-sequence calls. Without a GPU every test reports SKIPPED with
+// against per-sequence calls, and the step captured in a CUDA graph
+// replayed as the sequence grows. Without a GPU every test reports SKIPPED with
 // the reason (the same logic runs on every build through the host fake of
 // the plug-in: tests/cuda_fake).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <pqcache.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -185,6 +187,96 @@ TEST(CudaDeviceStep, BatchedSelectAndFetchEqualPerSequenceCalls) {
     EXPECT_TRUE(outs[4 * i + 1]->get() == outs[4 * i + 3]->get()) << "item " << i << " values";
   }
   pq_destroy(ctx);
+}
+
+// The step of 0.8 an engine captures in a CUDA graph: after a reserve and
+// one uncaptured step with the engine's buffers, select + fetch captured
+// once and replayed after each of 100 appends (host K/V for one, device K/V
+// for the next) select and fetch what the host-positions step selects and
+// fetches at that length (MAX combine: bit-identical on both sides).
+TEST(CudaDeviceStep, CapturedStepReplayedFor100TokensEqualsTheHostStep) {
+  REQUIRE_GPU();
+  pq_context* ctx = make_context(PQ_GQA_MAX);
+  ASSERT_NE(ctx, nullptr);
+  prefill(ctx, 1, 8000);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(pq_sequence_set_stream(ctx, 1, stream), PQ_OK);
+  constexpr int kTokens = 100;
+  ASSERT_EQ(pq_sequence_reserve(ctx, 1, 8000 + kTokens + 1), PQ_OK) << pq_last_error();
+  int64_t cap = 0;
+  ASSERT_EQ(pq_selection_capacity_for(ctx, 0, 8000 + kTokens, &cap), PQ_OK);
+  Dev<uint16_t> dq(static_cast<size_t>(kQHeads) * kDim);
+  Dev<int32_t> dpos(kKvHeads * cap), dcnt(kKvHeads);
+  Dev<uint16_t> dk(kKvHeads * cap * kDim), dv(dk.n), hk(dk.n), hv(dk.n);
+  Dev<uint16_t> tok_k(kKvHeads * kDim), tok_v(tok_k.n);
+  pq_tensor query, keys, values, out;
+  pq_tensor_init(&query, dq.p, PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kDim);
+  query.memory = PQ_MEMORY_DEVICE;
+  pq_tensor_init(&out, dk.p, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR, cap, kKvHeads, kDim);
+  out.memory = PQ_MEMORY_DEVICE;
+  pq_tensor ok = out, ov = out, hok = out, hov = out;
+  ov.data = dv.p, hok.data = hk.p, hov.data = hv.p;
+  pq_selection device{dpos.p, dcnt.p, cap};
+  ASSERT_EQ(pq_decode_select_device(ctx, 1, 0, &query, &device), PQ_OK) << pq_last_error();
+  ASSERT_EQ(pq_fetch_kv_device(ctx, 1, 0, &device, &ok, &ov), PQ_OK) << pq_last_error();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const pq_status s1 = pq_decode_select_device(ctx, 1, 0, &query, &device);
+  const std::string e1 = pq_last_error();
+  const pq_status s2 = pq_fetch_kv_device(ctx, 1, 0, &device, &ok, &ov);
+  const std::string e2 = pq_last_error();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(s1, PQ_OK) << e1;
+  ASSERT_EQ(s2, PQ_OK) << e2;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int token = 1; token <= kTokens; ++token) {
+    SCOPED_TRACE("token " + std::to_string(token));
+    const std::vector<uint16_t> k = random_f16(tok_k.n, 5000 + token);
+    const std::vector<uint16_t> v = random_f16(tok_v.n, 9000 + token);
+    const std::vector<uint16_t> q = random_f16(dq.n, 7000 + token);
+    pq_tensor_init(&keys, const_cast<uint16_t*>(k.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1,
+                   kKvHeads, kDim);
+    pq_tensor_init(&values, const_cast<uint16_t*>(v.data()), PQ_DTYPE_F16,
+                   PQ_LAYOUT_TOKEN_MAJOR, 1, kKvHeads, kDim);
+    if (token % 2 == 0) {  // the engine's own K/V, on the device
+      ASSERT_EQ(cudaMemcpy(tok_k.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(tok_v.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      keys.data = tok_k.p, values.data = tok_v.p;
+      keys.memory = values.memory = PQ_MEMORY_DEVICE;
+    }
+    ASSERT_EQ(pq_decode_append(ctx, 1, 0, &keys, &values), PQ_OK) << pq_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    pq_tensor hq;
+    pq_tensor_init(&hq, const_cast<uint16_t*>(q.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1,
+                   kQHeads, kDim);
+    std::vector<int32_t> pos(kKvHeads * cap, -1), cnt(kKvHeads, -1);
+    pq_selection host{pos.data(), cnt.data(), cap};
+    ASSERT_EQ(pq_decode_select(ctx, 1, 0, &hq, &host), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_fetch_kv(ctx, 1, 0, &host, &hok, &hov), PQ_OK) << pq_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<int32_t> got_cnt = dcnt.get(), got_pos = dpos.get();
+    ASSERT_EQ(got_cnt, cnt);
+    for (int32_t h = 0; h < kKvHeads; ++h)
+      ASSERT_TRUE(std::equal(pos.begin() + h * cap, pos.begin() + h * cap + cnt[h],
+                             got_pos.begin() + h * cap))
+          << "head " << h << ": the replay selected other tokens";
+    const std::vector<uint16_t> gk = dk.get(), wk = hk.get();
+    for (int32_t h = 0; h < kKvHeads; ++h)
+      ASSERT_TRUE(std::equal(wk.begin() + h * cap * kDim, wk.begin() + (h * cap + cnt[h]) * kDim,
+                             gk.begin() + h * cap * kDim))
+          << "head " << h << ": the replay fetched other keys";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  ASSERT_EQ(pq_sequence_set_stream(ctx, 1, nullptr), PQ_OK);
+  pq_destroy(ctx);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
