@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "api_test_util.h"
@@ -124,6 +125,50 @@ TEST(FakeCudaFetch, CallerAllocatedStoreIsStagedAndCounted) {
   const FetchCount f = fetch_both(cpu, cuda);
   EXPECT_EQ(f.staged, static_cast<uint64_t>(f.middle_rows) * 2 * kDim * sizeof(float));
   EXPECT_EQ(f.device.kernel_launches, 1u);
+}
+
+// With the block cache, the fetch builds a plan of pointers per row; at
+// 8,192 rows or more it is built over the worker pool. Several steps (cache
+// hits after the first) give the CPU backend's bytes on that path too.
+TEST(FakeCudaFetch, ALargePlanBuiltOverThePoolGivesTheCpuBytes) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  pq_config c = base_config(PQ_DTYPE_F32);
+  c.topk_tokens = 5000;  // 2 kv heads x 5,020 entries: past the pool's threshold
+  c.cache_tokens = 2048;
+  c.cache_block_tokens = 64;
+  c.worker_threads = 2;
+  Ctx cpu(c);
+  Ctx cuda = make_fake_cuda_ctx(c);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
+  constexpr int64_t kLong = 12000;
+  for (pq_context* ctx : {cpu.get(), cuda.get()}) {
+    ASSERT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+    HostTensor k = make_tensor(random_normal(kLong * kKvHeads * kDim, 61), kLong, kKvHeads, kDim,
+                               PQ_DTYPE_F32);
+    HostTensor v = make_tensor(random_normal(kLong * kKvHeads * kDim, 62), kLong, kKvHeads, kDim,
+                               PQ_DTYPE_F32);
+    ASSERT_EQ(pq_prefill_layer(ctx, 1, 0, k.get(), v.get()), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+  }
+  const int64_t cap = selection_capacity(cpu, 1, 0);
+  ASSERT_GE(cap * kKvHeads, 8192);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    HostTensor q = make_tensor(random_normal(kQHeads * kDim, 700 + step), 1, kQHeads, kDim,
+                               PQ_DTYPE_F32);
+    Sel a(kKvHeads, cap), b(kKvHeads, cap);
+    ASSERT_EQ(pq_decode_select(cpu, 1, 0, q.get(), a.get()), PQ_OK) << pq_last_error();
+    ASSERT_EQ(pq_decode_select(cuda, 1, 0, q.get(), b.get()), PQ_OK) << pq_last_error();
+    HostTensor hk = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    HostTensor hv = make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR);
+    ASSERT_EQ(pq_fetch_kv(cpu, 1, 0, a.get(), hk.get(), hv.get()), PQ_OK) << pq_last_error();
+    DeviceTensor dk(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR));
+    DeviceTensor dv(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F32, PQ_LAYOUT_HEAD_MAJOR));
+    ASSERT_EQ(pq_fetch_kv(cuda, 1, 0, b.get(), &dk.t, &dv.t), PQ_OK) << pq_last_error();
+    EXPECT_TRUE(dk.buffer.download() == hk.bytes) << "keys differ";
+    EXPECT_TRUE(dv.buffer.download() == hv.bytes) << "values differ";
+  }
+  EXPECT_GT(stats(cuda).cache_hits, 0u) << "the cache was in use";
 }
 
 }  // namespace
