@@ -636,7 +636,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (pq_subspaces and pq_bits 0 are chosen at pq_create).
   check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 17)) {
+    switch (in.ConsumeIntegralInRange(0, 18)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -661,6 +661,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 14: save_and_restore(in, s); break;
       case 15: token_classes(in, s); break;
       case 16: watch(in, s); break;
+      case 17:  // 0.8: nothing to reserve on the CPU backend, but the checks run
+        check(pq_sequence_reserve(s.ctx, seq_id(in),
+                                  in.ConsumeIntegralInRange<int64_t>(-2, int64_t{1} << 33)));
+        break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
     check_limit(s);
