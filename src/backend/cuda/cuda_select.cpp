@@ -88,7 +88,7 @@ bool CudaBackend::pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
   const int32_t m = first.subspaces();
   const size_t lut_floats = static_cast<size_t>(first.group_size()) * m * first.centroids();
   const size_t rows = items.size() * static_cast<size_t>(first.kv_heads());
-  if (rows > 65535) return false;  // the kernels' grid limit: the caller splits
+  if (rows > 65535) return false;  // past the kernels' grid: the selector scores on the host
   size_t score_floats = 0, out_ints = 0;
   int64_t max_n = 0;
   for (const PqLayerSelectArgs& a : items) {
