@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "store/code_column.h"
-#include "pq/kmeans.h"
+#include "pq/codebook.h"
 
 namespace pq {
 
