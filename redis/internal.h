@@ -1,5 +1,5 @@
-// The inside of libpqcache_redis shared by its files: the manifest that
-// lists a stored state's blocks (docs/redis.md) and the CRC-32C.
+// The inside of libpqcache_redis shared by its files: the errors, the
+// manifest that lists a stored state's blocks (docs/redis.md) and the CRC-32C.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,13 @@ namespace pqr {
 // so its thread-local message is this library's (pq_redis_last_error).
 using pq::Error;
 using pq::fail;
+
+// A library call failed: its status passes through, its message is kept.
+[[noreturn]] inline void library_failed(pq_status status, const char* call,
+                                        const std::string& key) {
+  const char* msg = pq_last_error();
+  fail(status, call + std::string(" (key \"") + key + "\"): " + (msg ? msg : ""));
+}
 
 // "<key>:manifest": what a reader needs to fetch and check the blocks.
 struct Manifest {
