@@ -6,6 +6,12 @@ includes itself through others (no cycle in the file graph); every folder
 with sources is one the build compiles (PQ_CORE_FOLDERS in CMakeLists.txt);
 and no source file passes the line limit.
 
+The components built beside the core, redis/ (libpqcache_redis) and
+kernels/ (the CUDA plug-in), sit above every ranked folder: they may include
+any header of src/, their own folder's and the public ones of include/;
+every quoted include must name such a file, and the line limit holds for
+them too.
+
     python3 tests/check_layout.py [SRC_DIR]
 
 CTest runs it as `source_layout`. The ranks, bottom first, are the design's
@@ -20,6 +26,9 @@ from pathlib import Path
 RANKS = ["base", "format", "store", "pq", "backend", "selectors", "config", "layer", "sequence",
          "api"]
 LINE_LIMIT = 500
+SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
+# Built beside the core, above every ranked folder (may include any of them).
+COMPONENTS = ["redis", "kernels"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -55,7 +64,7 @@ def main(src: Path) -> int:
     built = built_folders(src.parent / "CMakeLists.txt")
     rank = {name: i for i, name in enumerate(RANKS)}
     for path in sorted(src.rglob("*")):
-        if path.suffix not in (".h", ".cpp", ".cu") or not path.is_file():
+        if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
             continue
         rel = path.relative_to(src)
         folder = rel.parts[0] if len(rel.parts) > 1 else None
@@ -87,14 +96,38 @@ def main(src: Path) -> int:
                                 f"which is above it ({' < '.join(RANKS)})")
     for cycle in cycles(graph):
         problems.append("include cycle: " + " -> ".join(cycle))
+    checked = [name for name in COMPONENTS if (src.parent / name).is_dir()]
+    for name in checked:
+        problems += check_component(src.parent / name, src)
     for p in problems:
         print(f"check_layout: {p}")
     if problems:
         return 1
     print(f"check_layout: {src}: every include goes to its own folder or one below it "
           f"({' < '.join(RANKS)}), {sum(map(len, graph.values()))} includes among {len(graph)} "
-          f"files and no cycle; no file over {LINE_LIMIT} lines")
+          f"files and no cycle; no file over {LINE_LIMIT} lines, in src/ and in "
+          f"{', '.join(name + '/' for name in checked) or 'no component'}")
     return 0
+
+
+def check_component(folder: Path, src: Path) -> list:
+    """A component built beside the core: the line limit, and quoted includes
+    that name a file of its own folder, of src/ or of include/."""
+    problems = []
+    public = src.parent / "include"
+    for path in sorted(folder.rglob("*")):
+        if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
+            continue
+        rel = path.relative_to(src.parent)
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > LINE_LIMIT:
+            problems.append(f"{rel}: {lines} lines; the limit is {LINE_LIMIT}")
+        for name in INCLUDE.findall(text):
+            if not any((base / name).is_file() for base in (path.parent, src, public)):
+                problems.append(f'{rel}: #include "{name}" names no file of {folder.name}/, '
+                                "src/ or include/")
+    return problems
 
 
 if __name__ == "__main__":
