@@ -114,6 +114,10 @@ class IndexBuild {
   void bump_generation() { ++generation_; }
   uint64_t generation() const { return generation_; }
   const Facts& facts() const { return facts_; }
+  // The pending build was queued by rebuild_for_long_output: selects go on
+  // with the installed index until it is done, instead of waiting.
+  bool background() const { return background_; }
+  void set_background(bool background) { background_ = background; }
 
  private:
   static void run(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
@@ -130,6 +134,7 @@ class IndexBuild {
   std::unique_ptr<PqIndex> index_;
   uint64_t generation_ = 0;             // bumped at every installed build
   Facts facts_;
+  bool background_ = false;
 };
 
 }  // namespace pq

@@ -73,7 +73,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
     if (is_prefill && shared_.selector->needs_index()) {
       build_.schedule(store_, store_.tokens(), seq);
-      background_rebuild_ = false;  // a prompt's build is waited for
+      build_.set_background(false);  // a prompt's build is waited for
     }
     if (!is_prefill) refresh_device_step(seq);
   } catch (...) {
@@ -116,7 +116,7 @@ void Layer::wait_ingests() { ingest_.wait(); }
 
 void Layer::settle() {
   ingest_.settle();
-  if (device_pending_first_.load() >= 0) {
+  if (device_appends_.first.load() >= 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     land_device_writes(/*wait=*/true);
   }
@@ -124,7 +124,7 @@ void Layer::settle() {
 
 void Layer::settle_device() {
   ingest_.settle();
-  if (device_pending_first_.load() >= 0) {
+  if (device_appends_.first.load() >= 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     land_device_writes(/*wait=*/false);
   }
@@ -153,15 +153,15 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
     store_.truncate(first);
     return false;
   }
-  const int64_t pending_before = device_pending_first_.load();
-  if (pending_before < 0) device_pending_first_.store(first);
-  device_pending_stream_ = seq.stream;
+  const int64_t pending_before = device_appends_.first.load();
+  if (pending_before < 0) device_appends_.first.store(first);
+  device_appends_.stream = seq.stream;
   update_mirrors();
   try {
     refresh_device_step(seq);
   } catch (...) {  // the call fails as a whole
     store_.truncate(first);
-    device_pending_first_.store(pending_before);
+    device_appends_.first.store(pending_before);
     update_mirrors();
     throw;
   }
@@ -169,13 +169,13 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
 }
 
 void Layer::land_device_writes(bool wait) {
-  const int64_t first = device_pending_first_.load();
+  const int64_t first = device_appends_.first.load();
   if (first < 0) return;
   if (!shared_.backend->device_writes_landed(device_.get())) {
     if (!wait) return;
     shared_.backend->wait_device_writes(device_.get());
   }
-  device_pending_first_.store(-1);
+  device_appends_.first.store(-1);
   const int64_t end = store_.tokens();
   // The rows of [first, end), chunk by chunk, as K and V tensors
   // ([token][head] with the chunk's head stride).
@@ -200,7 +200,7 @@ void Layer::land_device_writes(bool wait) {
         // Dropped whole, as a host append with a NaN stores nothing.
         store_.truncate(first);
         if (selector_state_) selector_state_->truncate(first);
-        shared_.backend->truncate_device(device_.get(), store_, first, device_pending_stream_);
+        shared_.backend->truncate_device(device_.get(), store_, first, device_appends_.stream);
         update_mirrors();
         fail(PQ_ERR_INVALID_ARGUMENT,
              "the K/V appended from device memory (pq_decode_append) to layer " +
@@ -218,7 +218,7 @@ void Layer::land_device_writes(bool wait) {
 // ---------------------------------------------------------------------------
 
 int64_t Layer::capacity() const {
-  return shared_.regions(tokens_mirror_.load(), layer_index_).count();
+  return shared_.regions(mirrors_.tokens(), layer_index_).count();
 }
 
 void Layer::info(pq_layer_info* out) {
@@ -242,7 +242,7 @@ void Layer::info(pq_layer_info* out) {
   info.kmeans_budget = build_.facts().budget;
   info.index_ready = index ? 1 : 0;
   info.build_seconds = build_.facts().seconds;
-  info.last_select_bytes = last_select_bytes_;
+  info.last_select_bytes = mirrors_.last_select_bytes();
   std::memcpy(out, &info, out->struct_size);
 }
 
@@ -271,21 +271,16 @@ void Layer::centroids(int32_t kv_head, float* out, uint64_t seq_id) {
               static_cast<size_t>(floats) * sizeof(float));
 }
 
-void Layer::add_sizes(pq_stats* out) const {
-  out->tokens += tokens_mirror_.load();
-  out->kv_bytes += kv_bytes_mirror_.load();
-  out->index_bytes += index_bytes_mirror_.load();
-  out->host_bytes += charged_bytes_mirror_.load();
-}
+void Layer::add_sizes(pq_stats* out) const { mirrors_.add_to(out); }
 
 void Layer::charge_caller_state(Reservation* room) {
-  const uint64_t held = caller_state_.bytes();
+  const uint64_t held = charges_.caller_state.bytes();
   const uint64_t want = selector_state_ ? selector_state_->caller_bytes() : 0;
   if (want < held) {
-    caller_state_.split(held - want);  // released as the split goes
+    charges_.caller_state.split(held - want);  // released as the split goes
   } else if (want > held) {
     const uint64_t more = want - held;
-    caller_state_.absorb(room != nullptr && room->bytes() >= more
+    charges_.caller_state.absorb(room != nullptr && room->bytes() >= more
                              ? room->split(more)
                              : shared_.budget.reserve(more, "layer " + str(layer_index_) +
                                                                 "'s token classes"));
@@ -293,11 +288,13 @@ void Layer::charge_caller_state(Reservation* room) {
 }
 
 void Layer::update_mirrors() {
-  tokens_mirror_.store(store_.tokens());
-  kv_bytes_mirror_.store(store_.bytes_held());
-  charged_bytes_mirror_.store(store_.bytes_charged() + fork_state_.bytes() +
-                              caller_state_.bytes());
-  index_bytes_mirror_.store(build_.index() ? build_.index()->bytes() : 0);
+  LayerMirrors::Sizes sizes;
+  sizes.tokens = store_.tokens();
+  sizes.kv_bytes = store_.bytes_held();
+  sizes.charged_bytes =
+      store_.bytes_charged() + charges_.fork_state.bytes() + charges_.caller_state.bytes();
+  sizes.index_bytes = build_.index() ? build_.index()->bytes() : 0;
+  mirrors_.publish(sizes);
 }
 
 void Layer::publish_share() {
@@ -305,7 +302,7 @@ void Layer::publish_share() {
   std::shared_ptr<LayerShare> share =
       selector_state_ ? shared_.selector->layer_share(selector_state_.get(), shared_.config)
                       : nullptr;
-  std::atomic_store(&share_mirror_, std::shared_ptr<const LayerShare>(std::move(share)));
+  mirrors_.publish_share(std::move(share));
 }
 
 }  // namespace pq

@@ -32,6 +32,7 @@
 #include "format/sequence_state.h"
 #include "layer/index_build.h"
 #include "layer/ingest.h"
+#include "layer/layer_mirrors.h"
 
 namespace pq {
 
@@ -68,7 +69,7 @@ class Layer {
   void wait_ingests();
 
   // --- reading (layer.cpp) ------------------------------------------------
-  int64_t tokens() const { return tokens_mirror_.load(); }
+  int64_t tokens() const { return mirrors_.tokens(); }
   // Entries per kv head a selection at the current length needs.
   int64_t capacity() const;
   void info(pq_layer_info* out);
@@ -77,7 +78,7 @@ class Layer {
   // What the selector's state of this layer shares with the sequence's other
   // layers, as last published (layer_share.h; lock-free; null until it has
   // something to share).
-  std::shared_ptr<const LayerShare> share() const { return std::atomic_load(&share_mirror_); }
+  std::shared_ptr<const LayerShare> share() const { return mirrors_.share(); }
   // Adds this layer's sizes to statistics (lock-free mirrors).
   void add_sizes(pq_stats* out) const;
 
@@ -212,7 +213,7 @@ class Layer {
   // What this layer's selection and fetch for `seq` run against.
   LayerContext context(const SequenceInfo& seq) const;
   // Under mutex_ from here on.
-  // The statistics of one selection: last_select_bytes_ and the counters.
+  // The statistics of one selection: the mirrors' last select bytes and the counters.
   void count_selection(uint64_t bytes, const SequenceInfo& seq);
   void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                     const SequenceInfo& seq);
@@ -249,7 +250,7 @@ class Layer {
   // appended from the device since the last check, and throws
   // PQ_ERR_INVALID_ARGUMENT saying so (once).
   void land_device_writes(bool wait);
-  // Makes caller_state_ hold what the selector's state says it holds for
+  // Makes charges_.caller_state hold what the selector's state says it holds for
   // the caller (SelectorState::caller_bytes): what it gives back is
   // released, what it adds comes from `room` when given, else the budget.
   void charge_caller_state(Reservation* room);
@@ -270,25 +271,29 @@ class Layer {
   std::unique_ptr<SelectorState> selector_state_;
   std::unique_ptr<BlockCache> cache_;     // null when config.cache_tokens is 0
   std::unique_ptr<DeviceLayer> device_;   // the backend's state (CUDA); may be null
-  // A fork's share of the per-chunk state (codes, selector and cache state)
-  // of the chunks it shares: the chunks' own charge stays with them.
-  Reservation fork_state_;
-  // What the selector's state holds apart from the stored tokens
-  // (SelectorState::caller_bytes: FastGen's token classes).
-  Reservation caller_state_;
+  // What the layer holds of config.host_memory_limit besides its store's
+  // chunks.
+  struct Charges {
+    // A fork's share of the per-chunk state (codes, selector and cache
+    // state) of the chunks it shares: the chunks' own charge stays with them.
+    Reservation fork_state;
+    // What the selector's state holds apart from the stored tokens
+    // (SelectorState::caller_bytes: FastGen's token classes).
+    Reservation caller_state;
+  };
+  Charges charges_;
   // Restored without its K/V yet (pq_sequence_restore_begin): the store's
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;
-  // Tokens [device_pending_first_, end) were appended from device memory
+  // Tokens [first, end) were appended from device memory
   // (append_from_device) and may not have landed: the host reads them only
   // after land_device_writes (-1: none pending). Atomic: settle() looks
   // before taking the lock.
-  std::atomic<int64_t> device_pending_first_{-1};
-  void* device_pending_stream_ = nullptr;
-  // The pending build was queued by rebuild_for_long_output: selects go on
-  // with the installed index until it is done, instead of waiting.
-  bool background_rebuild_ = false;
-  uint64_t last_select_bytes_ = 0;
+  struct DeviceAppends {
+    std::atomic<int64_t> first{-1};
+    void* stream = nullptr;  // the stream they were enqueued on
+  };
+  DeviceAppends device_appends_;
   // The last pq_decode_speculate's middle rows ([kv_heads][k], counts per
   // head) and the length it was made at (-1: none). Held, and charged to
   // the memory limit, from the speculation to the next select or truncate.
@@ -306,12 +311,8 @@ class Layer {
   // ingest takes mutex_ to store).
   Ingest ingest_;
 
-  // Sizes for lock-free statistics.
-  std::atomic<int64_t> tokens_mirror_{0};
-  std::atomic<uint64_t> kv_bytes_mirror_{0};
-  std::atomic<uint64_t> charged_bytes_mirror_{0};
-  std::atomic<uint64_t> index_bytes_mirror_{0};
-  std::shared_ptr<const LayerShare> share_mirror_;  // std::atomic_load/store only
+  // Sizes, the last select's bytes and the share, for lock-free readers.
+  LayerMirrors mirrors_;
 };
 
 }  // namespace pq

@@ -32,7 +32,7 @@ void Layer::install_build() {
 
 void Layer::require_index(uint64_t seq_id) {
   require_prefill(seq_id, "reading the index");
-  if (background_rebuild_ && build_.index() && build_.pending()) {
+  if (build_.background() && build_.index() && build_.pending()) {
     // No pause for a long output's rebuild: the old index serves until the
     // new one is done. A failed rebuild leaves it serving (the failure is
     // in the build facts, the log and the build_done hook).
@@ -43,7 +43,7 @@ void Layer::require_index(uint64_t seq_id) {
   } else {
     install_build();
   }
-  if (!build_.pending()) background_rebuild_ = false;
+  if (!build_.pending()) build_.set_background(false);
   if (!build_.index())
     fail(PQ_ERR_BAD_STATE, "layer " + std::to_string(layer_index_) + " of seq_id " +
                                std::to_string(seq_id) + " has no index: " +
@@ -60,14 +60,14 @@ void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
   if (static_cast<double>(n - index->built_tokens) <= static_cast<double>(share) * n) return;
   land_device_writes(/*wait=*/true);  // the build reads every row
   build_.schedule(store_, n, seq);
-  background_rebuild_ = true;
+  build_.set_background(true);
 }
 
 void Layer::code_tokens(int64_t end) {
   PqIndex& index = *build_.index();
   if (index.coded_tokens >= end) return;
   // Coding reads the keys: those the device is still appending land first.
-  const int64_t pending = device_pending_first_.load();
+  const int64_t pending = device_appends_.first.load();
   if (pending >= 0 && pending < end) land_device_writes(/*wait=*/true);
   const int32_t dtype = shared_.config.dtype;
   const int32_t head_dim = shared_.config.head_dim;

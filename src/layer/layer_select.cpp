@@ -200,7 +200,7 @@ int64_t Layer::select_finish(const PreparedSelect& prepared, pq_selection* out,
 }
 
 void Layer::count_selection(uint64_t bytes, const SequenceInfo& seq) {
-  last_select_bytes_ = bytes;
+  mirrors_.set_last_select_bytes(bytes);
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->select_calls.fetch_add(1);
     c->bytes_scored.fetch_add(bytes);
@@ -236,7 +236,7 @@ uint64_t Layer::token_classes_room(int64_t end) {
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
   if (!selector_state_) return 0;
   const uint64_t after = selector_state_->caller_bytes_after_classes(end);
-  return after > caller_state_.bytes() ? after - caller_state_.bytes() : 0;
+  return after > charges_.caller_state.bytes() ? after - charges_.caller_state.bytes() : 0;
 }
 
 void Layer::token_classes(int64_t first, int64_t count, const uint8_t* classes,

@@ -62,7 +62,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq.id, "pq_sequence_truncate");
   if (tokens >= store_.tokens()) return;
-  if (device_pending_first_.load() >= tokens) device_pending_first_.store(-1);  // all dropped
+  if (device_appends_.first.load() >= tokens) device_appends_.first.store(-1);  // all dropped
   hint_ = Hint{};  // made for tokens that go
   // An index trained on tokens that go is rebuilt over those that stay, as
   // a prefill of them would build it. Queued first: it is the only step
@@ -70,9 +70,9 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   const bool index_covers_dropped =
       tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
-  if (rebuild && device_pending_first_.load() >= 0) land_device_writes(/*wait=*/true);
+  if (rebuild && device_appends_.first.load() >= 0) land_device_writes(/*wait=*/true);
   if (rebuild) build_.schedule(store_, tokens, seq);
-  background_rebuild_ = background_rebuild_ && !rebuild;
+  build_.set_background(build_.background() && !rebuild);
   PqIndex* index = build_.index();
   if (index_covers_dropped) {
     if (!rebuild) build_.forget();
@@ -127,10 +127,10 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   std::unique_ptr<SelectorState> selector_state;
   if (parent.selector_state_) selector_state = parent.selector_state_->clone();
   store_.fork_from(parent.store_);  // the last step that can fail
-  fork_state_ = std::move(state);
+  charges_.fork_state = std::move(state);
   build_.set(std::move(index), parent.build_.facts());
   selector_state_ = std::move(selector_state);
-  caller_state_.absorb(std::move(caller));
+  charges_.caller_state.absorb(std::move(caller));
   charge_caller_state(nullptr);  // a copy holds no more than its parent: gives back only
   prefill_tokens_ = parent.prefill_tokens_;
   reset_cache_and_device(nullptr);
@@ -324,7 +324,7 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   prefill_tokens_ = prefill;
   build_.set(std::move(index), IndexBuild::Facts{"", iterations, budget, seconds});
   selector_state_ = std::move(selector_state);
-  caller_state_ = std::move(caller);
+  charges_.caller_state = std::move(caller);
   awaiting_kv_ = n > 0;
   update_mirrors();
   publish_share();
