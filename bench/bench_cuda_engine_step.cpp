@@ -28,7 +28,8 @@
 //
 //   bench_cuda_engine_step [prompt tokens ...]   (default 8192 131072)
 //
-// Prints the GPU, driver, host CPU and load, then one line per figure.
+// Prints the GPU, driver, host CPU model and ISA level and the load, then
+// one line per figure.
 // Without a CUDA device it prints one line saying so and exits 0.
 #include <cuda_runtime_api.h>
 
@@ -74,6 +75,14 @@ std::string cpu_model() {
   for (std::string line; std::getline(in, line);)
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
+}
+
+// The host's widest vector ISA the library's CPU kernels could use.
+const char* isa_level() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "AVX-512";
+  if (__builtin_cpu_supports("avx2")) return "AVX2";
+  return "SSE2";
 }
 
 std::vector<uint16_t> random_f16(size_t n, uint64_t seed) {
@@ -317,8 +326,9 @@ int main(int argc, char** argv) {
     if (std::fscanf(f, "%lf", &load) != 1) load = -1;
     std::fclose(f);
   }
-  std::printf("gpu: %s (cc %d.%d), CUDA driver API %d; host: %s; load %.2f; libpqcache %s\n",
-              prop.name, prop.major, prop.minor, driver, cpu_model().c_str(), load,
+  std::printf("gpu: %s (cc %d.%d), CUDA driver API %d; host: %s (%s); load %.2f; "
+              "libpqcache %s\n",
+              prop.name, prop.major, prop.minor, driver, cpu_model().c_str(), isa_level(), load,
               pq_version_string());
   std::vector<int64_t> prompts{8192, 131072};
   if (argc > 1) {

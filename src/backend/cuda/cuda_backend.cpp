@@ -45,12 +45,7 @@ CudaBackend::Touch::~Touch() {
 }
 
 void CudaBackend::grow(void*& ptr, size_t& bytes, size_t want, const char* what) const {
-  if (bytes >= want) return;
-  size_t got = 0;
-  void* p = recycler_.acquire(std::max(want, 2 * bytes), false, what, &got);
-  recycler_.release(ptr, bytes, false);
-  ptr = p;
-  bytes = got;
+  recycler_.grow(&ptr, &bytes, want, false, what);
 }
 
 bool CudaBackend::reserve_store(size_t block_bytes, size_t blocks) const {

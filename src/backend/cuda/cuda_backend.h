@@ -217,6 +217,10 @@ class CudaBackend final : public Backend {
   void stream_copy(void* dst, const void* src, size_t bytes, const void* device_side,
                    void* stream);
 
+  // The layer's sink and local window in device memory, allocated at its
+  // first store.
+  void ensure_window(CudaLayer& layer) const;
+
   // The rows of `rows` (at most PQ_INLINE_ROWS) in one inline_copies
   // launch: nothing staged, nothing waited for. False when they do not fit.
   bool copy_rows_inline(const RowCopies& rows, size_t row_bytes, void* stream) const;

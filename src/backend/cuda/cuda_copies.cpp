@@ -27,12 +27,7 @@ uint64_t CudaBackend::store_window(DeviceLayer* device, const KvStore& store, in
   if (positions.empty()) return 0;
   use_device();
   const Touch touch(*this, stream);
-  if (layer->d_window == nullptr) {
-    const size_t bytes = static_cast<size_t>(layer->window_slots()) * layer->window_slot_bytes();
-    size_t got = 0;
-    layer->d_window = recycler_.acquire(bytes, false, "the sink and local window", &got);
-    layer->window_pos.assign(static_cast<size_t>(layer->window_slots()), -1);
-  }
+  ensure_window(*layer);
   RowCopies rows;
   for (const int64_t p : positions) {
     const int64_t w = layer->window_slot(p);
@@ -46,6 +41,14 @@ uint64_t CudaBackend::store_window(DeviceLayer* device, const KvStore& store, in
   // nothing.
   if (device_reads(store) && copy_rows_inline(rows, layer->row_bytes, stream)) return 0;
   return copy_rows_to_device(store, rows, layer->row_bytes, layer->window_plan, stream);
+}
+
+void CudaBackend::ensure_window(CudaLayer& layer) const {
+  if (layer.d_window != nullptr) return;
+  const size_t bytes = static_cast<size_t>(layer.window_slots()) * layer.window_slot_bytes();
+  size_t got = 0;
+  layer.d_window = recycler_.acquire(bytes, false, "the sink and local window", &got);
+  layer.window_pos.assign(static_cast<size_t>(layer.window_slots()), -1);
 }
 
 bool CudaBackend::append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
@@ -72,12 +75,7 @@ bool CudaBackend::append_from_device(DeviceLayer* device, const KvStore& store, 
     }
   // The window's rows of the new tokens, from the caller's tensors too.
   if (layer->window_slots() > 0) {
-    if (layer->d_window == nullptr) {
-      const size_t bytes = static_cast<size_t>(layer->window_slots()) * layer->window_slot_bytes();
-      size_t got = 0;
-      layer->d_window = recycler_.acquire(bytes, false, "the sink and local window", &got);
-      layer->window_pos.assign(static_cast<size_t>(layer->window_slots()), -1);
-    }
+    ensure_window(*layer);
     for (int64_t p = first; p < n; ++p) {
       const bool sink = p < layer->sink_tokens;
       if (!sink && p < n - layer->local_tokens) continue;

@@ -311,7 +311,6 @@ const uint8_t* const* CudaBackend::chunk_tables(CudaLayer& layer, const KvStore&
   const size_t cap = static_cast<size_t>(layer.table_capacity);
   // The entries that changed: a decode step's new chunk is two pointers,
   // sent by value; more (a first fetch, a fork, a truncate) go up staged.
-  pq_inline_copies inline_args{};
   std::vector<size_t> changed;
   for (size_t c = 0; c < chunks; ++c)
     if (2 * c + 1 >= sent.size() || sent[2 * c] != store.chunk_keys(c) ||
@@ -324,6 +323,7 @@ const uint8_t* const* CudaBackend::chunk_tables(CudaLayer& layer, const KvStore&
     sent[2 * c + 1] = store.chunk_values(c);
   }
   if (2 * changed.size() <= PQ_INLINE_PIECES) {
+    pq_inline_copies inline_args{};
     for (size_t c : changed)
       for (int v = 0; v < 2; ++v) {
         const int32_t i = inline_args.pieces++;

@@ -289,12 +289,8 @@ void CudaBackend::grow_codes(CudaLayer& layer, int64_t tokens, int32_t kv_heads,
   // kept (the layout changes with the capacity): all go up again.
   const int64_t grown =
       (std::max<int64_t>({tokens, 2 * layer.codes_capacity, 4096}) + 15) / 16 * 16;
-  size_t got = 0;
-  void* p = recycler_.acquire(static_cast<size_t>(grown) * kv_heads * m, false,
-                              "the layer's PQ codes", &got);
-  recycler_.release(layer.d_codes, layer.codes_bytes, false);
-  layer.d_codes = p;
-  layer.codes_bytes = got;
+  recycler_.grow(&layer.d_codes, &layer.codes_bytes, static_cast<size_t>(grown) * kv_heads * m,
+                 false, "the layer's PQ codes");
   layer.codes_capacity = grown;
   layer.codes_uploaded = 0;
 }

@@ -1,6 +1,7 @@
 // ReleaseFences and Recycler (deferred_release.h).
 #include "backend/cuda/deferred_release.h"
 
+#include <algorithm>
 #include <string>
 
 #include "base/error.h"
@@ -101,6 +102,15 @@ void* Recycler::acquire(size_t bytes, bool pinned, const char* what, size_t* got
                                    what + " could not be allocated: " + err);
   *got = bytes;
   return p;
+}
+
+void Recycler::grow(void** ptr, size_t* bytes, size_t want, bool pinned, const char* what) {
+  if (*bytes >= want) return;
+  size_t got = 0;
+  void* p = acquire(std::max(want, 2 * *bytes), pinned, what, &got);
+  release(*ptr, *bytes, pinned);
+  *ptr = p;
+  *bytes = got;
 }
 
 void Recycler::release(void* ptr, size_t bytes, bool pinned) {

@@ -77,6 +77,10 @@ class Recycler {
   void* acquire(size_t bytes, bool pinned, const char* what, size_t* got);
   // Hands a buffer back (null: nothing), fenced by the work enqueued so far.
   void release(void* ptr, size_t bytes, bool pinned);
+  // Grows *ptr (of *bytes) to at least `want`, to twice its size at least,
+  // the old buffer handed back fenced; contents are not kept. No-op when it
+  // is large enough.
+  void grow(void** ptr, size_t* bytes, size_t want, bool pinned, const char* what);
 
  private:
   struct Held {

@@ -41,13 +41,7 @@ class DeviceArena {
   void* get(size_t slot, size_t bytes) {
     if (buffers_.size() <= slot) buffers_.resize(slot + 1);
     Buffer& b = buffers_[slot];
-    if (b.bytes < bytes) {
-      const size_t want = std::max(bytes, 2 * b.bytes);
-      size_t got = 0;
-      void* p = recycler_->acquire(want, false, "a working buffer", &got);
-      recycler_->release(b.ptr, b.bytes, false);
-      b = Buffer{p, got};
-    }
+    recycler_->grow(&b.ptr, &b.bytes, bytes, false, "a working buffer");
     return b.ptr;
   }
 
@@ -82,14 +76,8 @@ class PinnedStaging {
       if (done == 0) check(k_->event_synchronize(event_, err, sizeof err), "staging wait", err);
     }
     recorded_ = false;
-    if (bytes_ < bytes) {  // doubles: a request that grows by a little re-pins rarely
-      const size_t want = std::max(bytes, 2 * bytes_);
-      size_t got = 0;
-      void* p = recycler_->acquire(want, true, "pinned staging", &got);
-      recycler_->release(ptr_, bytes_, true);
-      ptr_ = p;
-      bytes_ = got;
-    }
+    // Doubles: a request that grows by a little re-pins rarely.
+    recycler_->grow(&ptr_, &bytes_, bytes, true, "pinned staging");
     return static_cast<uint8_t*>(ptr_);
   }
   // Whether acquire() would not wait (the last copy from it has run).
@@ -158,13 +146,7 @@ class RowPlan {
   // At least `bytes` of device memory. Called after staging.acquire(): the
   // previous gather that read the buffer has run by then.
   void* device(size_t bytes) {
-    if (bytes_ < bytes) {
-      size_t got = 0;
-      void* p = recycler_->acquire(std::max(bytes, 2 * bytes_), false, "a row plan", &got);
-      recycler_->release(device_, bytes_, false);
-      device_ = p;
-      bytes_ = got;
-    }
+    recycler_->grow(&device_, &bytes_, bytes, false, "a row plan");
     return device_;
   }
   size_t device_bytes() const { return bytes_; }
