@@ -46,53 +46,6 @@ class LockAll {
   std::vector<std::unique_lock<std::mutex>> locks_;
 };
 
-// The bytes an item writes, for the check that items do not share outputs.
-struct OutputSpan {
-  uintptr_t begin, end;
-  int32_t memory;
-  int64_t item;             // kItemsArray for the caller's items array
-  const pq_tensor* tensor;  // null for a plain array
-  std::string name;
-};
-constexpr int64_t kItemsArray = -1;
-
-// The caller's items array: the call writes every item's status there
-// after the items ran, so no output may lie in it.
-template <typename Item>
-OutputSpan items_span(const Item* items, int64_t count) {
-  const auto begin = reinterpret_cast<uintptr_t>(items);
-  return {begin, begin + sizeof(Item) * static_cast<uint64_t>(count), PQ_MEMORY_HOST, kItemsArray,
-          nullptr, "the items array"};
-}
-
-// Items run concurrently, so no two may write the same bytes. Spans that
-// overlap are allowed only for two tensors whose rows interleave without
-// touching (require_disjoint_outputs).
-void require_disjoint_items(std::vector<OutputSpan>& spans) {
-  std::sort(spans.begin(), spans.end(),
-            [](const OutputSpan& a, const OutputSpan& b) { return a.begin < b.begin; });
-  std::vector<const OutputSpan*> active;
-  for (const OutputSpan& s : spans) {
-    active.erase(std::remove_if(active.begin(), active.end(),
-                                [&](const OutputSpan* a) { return a->end <= s.begin; }),
-                 active.end());
-    for (const OutputSpan* a : active) {
-      if (a->item == s.item || a->memory != s.memory) continue;
-      if (a->item == kItemsArray || s.item == kItemsArray)
-        invalid((a->item == kItemsArray ? s.name : a->name) +
-                " overlaps the items array, where the call writes every item's status");
-      if (a->tensor == nullptr || s.tensor == nullptr)
-        invalid(a->name + " and " + s.name + " overlap; items of a batch run concurrently and "
-                "must not share outputs");
-      require_disjoint_outputs(*a->tensor, a->name.c_str(), *s.tensor, s.name.c_str());
-    }
-    active.push_back(&s);
-  }
-}
-
-std::string item_name(int64_t i, const char* field) {
-  return "items[" + str(i) + "]." + field;
-}
 
 }  // namespace
 
@@ -119,15 +72,7 @@ void Context::decode_select_batch(int32_t layer, pq_select_item* items, int64_t 
       queries[i] = select_args(&local[i].query, &local[i].out, &outs[i]);
     });
     if (outcomes[i].status != PQ_OK) continue;
-    const pq_selection& out = outs[i];
-    const auto positions = reinterpret_cast<uintptr_t>(out.positions);
-    const auto counts = reinterpret_cast<uintptr_t>(out.counts);
-    spans.push_back({positions, positions + sizeof(int32_t) * kv_heads * out.capacity,
-                     PQ_MEMORY_HOST, static_cast<int64_t>(i), nullptr,
-                     item_name(static_cast<int64_t>(i), "out.positions")});
-    spans.push_back({counts, counts + sizeof(int32_t) * kv_heads, PQ_MEMORY_HOST,
-                     static_cast<int64_t>(i), nullptr,
-                     item_name(static_cast<int64_t>(i), "out.counts")});
+    add_selection_spans(spans, outs[i], kv_heads, PQ_MEMORY_HOST, static_cast<int64_t>(i));
   }
   require_disjoint_items(spans);
   if (!select_batch_on_device(layer, local, queries, outs, outcomes))
@@ -273,15 +218,7 @@ void Context::fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
       args[i] = fetch_args(&item.selection, &item.out_keys, &item.out_values);
     });
     if (outcomes[i].status != PQ_OK) continue;
-    for (const pq_tensor* t : {&args[i].keys, &args[i].values}) {
-      int64_t bytes = 0;
-      tensor_span_bytes(*t, &bytes);  // fetch_args checked that it fits
-      const auto begin = reinterpret_cast<uintptr_t>(t->data);
-      spans.push_back({begin, begin + static_cast<uintptr_t>(bytes), t->memory,
-                       static_cast<int64_t>(i), t,
-                       item_name(static_cast<int64_t>(i),
-                                 t == &args[i].keys ? "out_keys" : "out_values")});
-    }
+    add_output_spans(spans, args[i].keys, args[i].values, static_cast<int64_t>(i));  // checked to fit
   }
   require_disjoint_items(spans);
   if (!fetch_batch_on_device(layer, local, args, outcomes))

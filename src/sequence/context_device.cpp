@@ -114,9 +114,10 @@ void Context::device_fetch_checks(const pq_selection* selection, const pq_tensor
 // The batched calls: every item checked as its per-sequence call checks it;
 // then, when the items share a stream (run_batch_locked), every layer
 // prepared under its lock and the backend's one launch chain over them all;
-// else, or where the backend declines, the items one by one. Items of a
-// batch write device arrays the host never reads, so two items sharing
-// outputs are caught only by address (PQ_ERR_INVALID_ARGUMENT).
+// else, or where the backend declines, the items one by one. Items run as
+// one launch chain, so no two may write the same device bytes: outputs of
+// two items that overlap are PQ_ERR_INVALID_ARGUMENT before any item runs,
+// as in pq_decode_select_batch (addresses only: the host never reads them).
 
 void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, int64_t count) {
   check_batch(items, count);
@@ -128,13 +129,18 @@ void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, i
   std::vector<pq_tensor> queries(n);
   std::vector<pq_selection> sels(n);
   std::vector<uint64_t> ids(n);
+  const int32_t kv_heads = shared_.config.num_kv_heads;
+  std::vector<OutputSpan> spans;
   for (size_t i = 0; i < n; ++i) {
     ids[i] = local[i].seq_id;
     run_item(outcomes[i], [&] {
       require_not_saving(local[i].seq_id);
       queries[i] = device_select_checks(&local[i].query, &local[i].out, &sels[i]);
     });
+    if (outcomes[i].status != PQ_OK) continue;
+    add_selection_spans(spans, sels[i], kv_heads, PQ_MEMORY_DEVICE, static_cast<int64_t>(i));
   }
+  require_disjoint_items(spans);
   const bool batched = run_batch_locked(
       layer, ids, outcomes, &Counters::select_ns,
       [&](const std::vector<size_t>& live, const std::vector<Layer*>& layers,
@@ -193,6 +199,7 @@ void Context::fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t
   std::vector<pq_selection> sels(n);
   std::vector<pq_tensor> keys(n), values(n);
   std::vector<uint64_t> ids(n);
+  std::vector<OutputSpan> spans;
   for (size_t i = 0; i < n; ++i) {
     ids[i] = local[i].seq_id;
     run_item(outcomes[i], [&] {
@@ -200,7 +207,10 @@ void Context::fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t
       device_fetch_checks(&local[i].selection, &local[i].out_keys, &local[i].out_values, &sels[i],
                           &keys[i], &values[i]);
     });
+    if (outcomes[i].status != PQ_OK) continue;
+    add_output_spans(spans, keys[i], values[i], static_cast<int64_t>(i));  // checked to fit
   }
+  require_disjoint_items(spans);
   const bool batched = run_batch_locked(
       layer, ids, outcomes, &Counters::fetch_ns,
       [&](const std::vector<size_t>& live, const std::vector<Layer*>& layers,

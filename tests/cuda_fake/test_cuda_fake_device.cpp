@@ -410,4 +410,34 @@ TEST(FakeCudaDeviceBatch, OneLaunchChainForEverySequenceMatchesTheCpu) {
   EXPECT_EQ(items[1].status, PQ_ERR_NOT_FOUND);
 }
 
+// Items of one launch chain must not write the same device bytes: outputs
+// that overlap are refused before any item runs (no status written).
+TEST(FakeCudaDeviceBatch, OverlappingOutputsOfTwoItemsAreRefusedBeforeAnyRuns) {
+  ASSERT_NE(Fake::get().table, nullptr);
+  Ctx cuda = make_fake_cuda_ctx(base_config(PQ_DTYPE_F16));
+  ASSERT_TRUE(cuda.ok()) << pq_last_error();
+  for (uint64_t id : {1, 2}) prefill(cuda, id, 300, PQ_DTYPE_F16);
+  if (HasFatalFailure()) return;
+  const int64_t cap = selection_capacity(cuda, 1, 0);
+  Step d = step_data(0, 0, PQ_DTYPE_F16, 1);
+  DeviceTensor q(d.q);
+  DeviceSel a(cap);
+  pq_selection shifted = a.s;  // the second item's positions inside the first's
+  DeviceBuffer other_counts(kKvHeads * 4);
+  shifted.positions += 1;
+  shifted.capacity = cap - 1;
+  shifted.counts = static_cast<int32_t*>(other_counts.get());
+  pq_select_item items[2] = {{1, q.t, a.s, PQ_ERR_INTERNAL}, {2, q.t, shifted, PQ_ERR_INTERNAL}};
+  PQ_EXPECT_ERR(pq_decode_select_device_batch(cuda, 0, items, 2), PQ_ERR_INVALID_ARGUMENT,
+                "items[1].out.positions");
+  EXPECT_EQ(items[0].status, PQ_ERR_INTERNAL) << "no item ran";
+  DeviceTensor k(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR));
+  DeviceTensor v(make_tensor(nullptr, cap, kKvHeads, kDim, PQ_DTYPE_F16, PQ_LAYOUT_HEAD_MAJOR));
+  DeviceSel b(cap);
+  pq_fetch_item fetch[2] = {{1, a.s, k.t, v.t, PQ_ERR_INTERNAL},
+                            {2, b.s, k.t, v.t, PQ_ERR_INTERNAL}};  // the same outputs
+  PQ_EXPECT_ERR(pq_fetch_kv_device_batch(cuda, 0, fetch, 2), PQ_ERR_INVALID_ARGUMENT, "overlap");
+  EXPECT_EQ(fetch[0].status, PQ_ERR_INTERNAL) << "no item ran";
+}
+
 }  // namespace
