@@ -53,7 +53,7 @@ struct PqLayerSelectArgs {
 
 struct DeviceFetchArgs {
   LayerContext context;          // the layer's device state, the stream, the pool for staging
-  const KvStore& store;
+  const KvTier& store;
   const pq_selection& selection;
   const pq_tensor& out_keys;     // device memory
   const pq_tensor& out_values;   // device memory
@@ -76,7 +76,7 @@ struct DeviceSelectArgs {
 // on the device.
 struct DeviceSelectionFetchArgs {
   LayerContext context;           // the layer's device state and the stream
-  const KvStore& store;
+  const KvTier& store;
   const pq_selection& selection;  // device arrays
   const pq_tensor& out_keys;      // device memory, >= selection.capacity tokens
   const pq_tensor& out_values;
@@ -205,7 +205,7 @@ class Backend {
   // window, stream-ordered. No-op without a device.
   // Returns the bytes the CPU copied to stage rows (0 when the device reads
   // the store itself).
-  virtual uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first,
+  virtual uint64_t store_window(DeviceLayer* device, const KvTier& store, int64_t first,
                                 int64_t count, void* stream) const {
     return 0;
   }
@@ -213,7 +213,7 @@ class Backend {
   // Copies the blocks the block cache just admitted into their device slots
   // (stream-ordered, after the fetch that decided them). No-op without a
   // device. Returns the bytes the CPU copied to stage rows.
-  virtual uint64_t fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+  virtual uint64_t fill_cache_blocks(DeviceLayer* device, const KvTier& store,
                                      const std::vector<BlockCache::Admission>& admissions,
                                      int32_t block_tokens, void* stream) const {
     return 0;
@@ -226,7 +226,7 @@ class Backend {
   // when the backend cannot (the caller stages the K/V through the host).
   // Until device_writes_landed() (never waits) or wait_device_writes(), the
   // host must not read those rows.
-  virtual bool append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+  virtual bool append_from_device(DeviceLayer* device, const KvTier& store, int64_t first,
                                   const pq_tensor& keys, const pq_tensor& values,
                                   void* stream) const {
     return false;
@@ -237,7 +237,7 @@ class Backend {
   // Keeps what stays valid of a layer's device state when its store was cut
   // to `tokens` (pq_sequence_truncate), without waiting for the device.
   // The block cache's bookkeeping starts empty. No-op without a device.
-  virtual void truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+  virtual void truncate_device(DeviceLayer* device, const KvTier& store, int64_t tokens,
                                void* stream) const {}
 
   // pq_sequence_reserve. reserve_store: `blocks` more store blocks of
@@ -261,7 +261,7 @@ class Backend {
   // (codes of the tokens that left the window, lengths), enqueued by value.
   virtual bool keeps_device_step(const DeviceLayer* device) const { return false; }
   virtual void refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& args,
-                                   int64_t tokens, const KvStore& store, void* stream) const {}
+                                   int64_t tokens, const KvTier& store, void* stream) const {}
 };
 
 // The built-in host backend.

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "pqcache.h"
@@ -23,6 +24,19 @@ uint16_t float_to_bf16(float f);  // round to nearest even
 
 // Converts count elements of the given type to float.
 void to_float(const void* src, int32_t dtype, int64_t count, float* out);
+
+// One stored element as float (a call per element of to_float would cost
+// more than the conversion).
+inline float load_element(const uint8_t* p, int32_t dtype) {
+  if (dtype == PQ_DTYPE_F32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return dtype == PQ_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h);
+}
 
 // Copies count elements and returns whether all of them are finite: the
 // ingest's copy and check in one pass over the source.

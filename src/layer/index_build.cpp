@@ -15,7 +15,7 @@
 namespace pq {
 
 void BuildTask::stop(ContextShared& shared) {
-  std::shared_ptr<const KvStore::Snapshot> dropped;  // released after the lock
+  std::shared_ptr<const KeySnapshot> dropped;  // released after the lock
   std::lock_guard<std::mutex> lock(mutex_);
   if (cancel.exchange(true)) return;
   dropped = std::move(snapshot_);
@@ -25,7 +25,7 @@ void BuildTask::stop(ContextShared& shared) {
   }
 }
 
-std::shared_ptr<const KvStore::Snapshot> BuildTask::start() {
+std::shared_ptr<const KeySnapshot> BuildTask::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   running_ = snapshot_ != nullptr;
   return std::move(snapshot_);
@@ -91,12 +91,8 @@ void IndexBuild::set(std::unique_ptr<PqIndex> index, Facts facts) {
   facts_ = std::move(facts);
 }
 
-void IndexBuild::schedule(const KvStore& store, int64_t tokens, const SequenceInfo& seq) {
-  auto snapshot = std::make_shared<KvStore::Snapshot>(store.snapshot());
-  snapshot->tokens = tokens;
-  snapshot->chunks.resize(static_cast<size_t>((tokens + KvStore::kChunkTokens - 1) /
-                                              KvStore::kChunkTokens));
-  auto task = std::make_shared<BuildTask>(std::move(snapshot));
+void IndexBuild::schedule(const KvTier& store, int64_t tokens, const SequenceInfo& seq) {
+  auto task = std::make_shared<BuildTask>(store.snapshot(tokens));
   task->tokens = tokens;
   ContextShared& shared = shared_;
   const int32_t layer_index = layer_index_;
@@ -117,7 +113,7 @@ void IndexBuild::schedule(const KvStore& store, int64_t tokens, const SequenceIn
         struct Release {
           BuildTask& task;
           ContextShared& shared;
-          std::shared_ptr<const KvStore::Snapshot> snapshot;
+          std::shared_ptr<const KeySnapshot> snapshot;
           ~Release() {
             snapshot.reset();
             task.end(shared);
@@ -174,22 +170,19 @@ void IndexBuild::report(const ContextShared& shared, const BuildTask::Outcome& o
                             out.built ? PQ_OK : out.status);
 }
 
-void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
+void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* snapshot,
                       int32_t layer_index, Counters& seq_counters) {
   if (snapshot == nullptr || task.cancel.load()) {
     shared.counters.builds_cancelled.fetch_add(1);
     seq_counters.builds_cancelled.fetch_add(1);
     return;
   }
-  const KvStore::Snapshot& snap = *snapshot;
+  const KeySnapshot& snap = *snapshot;
   const pq_config& config = shared.config;
-  const auto start = std::chrono::steady_clock::now();
-  const int32_t dtype = config.dtype;
   const int32_t head_dim = config.head_dim;
-  KeyGather gather = [&snap, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
-                                              float* out) {
-    for (int64_t i = 0; i < count; ++i)
-      to_float(snap.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  const auto start = std::chrono::steady_clock::now();
+  KeyGather gather = [&snap](int32_t head, const int64_t* rows, int64_t count, float* out) {
+    snap.keys_as_float(head, rows, count, out);
   };
   KMeansParams params;
   params.subspaces = config.pq_subspaces;
@@ -203,12 +196,12 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snap
   params.dim_order = rotary_dim_order(head_dim, config.key_rotary);
   const int64_t centroids = int64_t{1} << config.pq_bits;
   const int64_t training =
-      std::min<int64_t>(snap.tokens, centroids * params.max_points_per_centroid);
-  params.max_iterations = shared.iteration_budget(snap.tokens, training);
+      std::min<int64_t>(snap.tokens(), centroids * params.max_points_per_centroid);
+  params.max_iterations = shared.iteration_budget(snap.tokens(), training);
 
   auto index = std::make_unique<PqIndex>();
   auto codebook = std::make_shared<PqCodebook>();
-  const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens, gather,
+  const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens(), gather,
                                              params, *shared.pool, &task.cancel, codebook.get());
   index->codebook = std::move(codebook);
   if (report.cancelled || task.cancel.load()) {
@@ -219,11 +212,11 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KvStore::Snap
   const int32_t m = config.pq_subspaces;
   index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
   std::vector<uint8_t*> heads(index->codes.size());
-  for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens);
-  index->codebook->encode(head_dim, 0, snap.tokens, gather, shared.pool.get(), heads.data());
-  pq_index_count_tuples(*index, 0, snap.tokens);
-  index->coded_tokens = snap.tokens;
-  index->built_tokens = snap.tokens;
+  for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens());
+  index->codebook->encode(head_dim, 0, snap.tokens(), gather, shared.pool.get(), heads.data());
+  pq_index_count_tuples(*index, 0, snap.tokens());
+  index->coded_tokens = snap.tokens();
+  index->built_tokens = snap.tokens();
   index->iterations = report.iterations;
   index->budget = params.max_iterations;
   index->training_points = report.training_points;

@@ -16,7 +16,7 @@
 #include "base/counters.h"
 #include "layer/context_shared.h"
 #include "pq/pq_index.h"
-#include "store/kv_store.h"
+#include "store/kv_tier.h"
 
 namespace pq {
 
@@ -36,7 +36,7 @@ struct SequenceInfo {
 // it: libstdc++ stores the packaged callable (which owns this object) in the
 // future's shared state, so holding the future here would be a cycle.
 struct BuildTask {
-  explicit BuildTask(std::shared_ptr<const KvStore::Snapshot> snapshot)
+  explicit BuildTask(std::shared_ptr<const KeySnapshot> snapshot)
       : snapshot_(std::move(snapshot)) {}
 
   // Cancels the build. A build still queued lets go of its snapshot of the
@@ -47,7 +47,7 @@ struct BuildTask {
   void stop(ContextShared& shared);
   // The worker's start: the snapshot it then holds, or null when the build
   // was cancelled before it started.
-  std::shared_ptr<const KvStore::Snapshot> start();
+  std::shared_ptr<const KeySnapshot> start();
   // The worker's end, once it let go of the snapshot.
   void end(ContextShared& shared);
 
@@ -68,7 +68,7 @@ struct BuildTask {
 
  private:
   std::mutex mutex_;  // over the three below
-  std::shared_ptr<const KvStore::Snapshot> snapshot_;  // until start() or stop()
+  std::shared_ptr<const KeySnapshot> snapshot_;  // until start() or stop()
   bool running_ = false;
   bool draining_ = false;  // stopped while running: counted in ContextShared
 };
@@ -92,7 +92,7 @@ class IndexBuild {
 
   // Queues a build over the first `tokens` tokens of `store`; the build it
   // supersedes (over fewer tokens) is cancelled once the new one is queued.
-  void schedule(const KvStore& store, int64_t tokens, const SequenceInfo& seq);
+  void schedule(const KvTier& store, int64_t tokens, const SequenceInfo& seq);
   // The build in flight stops at its next iteration (it stays pending);
   // forget() also lets go of it.
   void cancel();
@@ -120,7 +120,7 @@ class IndexBuild {
   void set_background(bool background) { background_ = background; }
 
  private:
-  static void run(ContextShared& shared, BuildTask& task, const KvStore::Snapshot* snapshot,
+  static void run(ContextShared& shared, BuildTask& task, const KeySnapshot* snapshot,
                   int32_t layer_index, Counters& seq_counters);
   // The log line and the build_done hook of a build that ended (not of a
   // cancelled one), once its future is ready.

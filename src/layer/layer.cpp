@@ -18,13 +18,19 @@ namespace {
 HostAllocator store_allocator(const ContextShared& shared) {
   return shared.hooks.allocator.alloc ? shared.hooks.allocator : shared.backend->store_allocator();
 }
+
+// The tier config.kv_tier names (kv_tier.h).
+std::unique_ptr<KvTier> make_kv_tier(ContextShared& shared, const HostAllocator& allocator) {
+  const pq_config& c = shared.config;
+  return std::make_unique<KvStore>(c.num_kv_heads, c.head_dim, c.dtype, &shared.budget,
+                                   shared.cost.chunk, allocator);
+}
 }  // namespace
 
 Layer::Layer(ContextShared& shared, int32_t index)
     : shared_(shared),
       layer_index_(index),
-      store_(shared.config.num_kv_heads, shared.config.head_dim, shared.config.dtype,
-             &shared.budget, shared.cost.chunk, store_allocator(shared)),
+      store_(make_kv_tier(shared, store_allocator(shared))),
       build_(shared, index) {
   const pq_config& c = shared.config;
   if (c.cache_tokens > 0)
@@ -59,12 +65,12 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
                          const SequenceInfo& seq) {
   require_kv(seq.id, is_prefill ? "pq_prefill_layer" : "pq_decode_append");
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
-  const int64_t first = store_.tokens();
+  const int64_t first = store_->tokens();
   const int64_t prefill_before = prefill_tokens_;
-  store_.append(keys, values, shared_.pool.get());  // all or nothing, values checked
+  store_->append(keys, values, shared_.pool.get());  // all or nothing, values checked
   try {
     const uint64_t staged =
-        shared_.backend->store_window(device_.get(), store_, first, keys.tokens, seq.stream);
+        shared_.backend->store_window(device_.get(), *store_, first, keys.tokens, seq.stream);
     for (Counters* c : {&shared_.counters, seq.counters.get()}) c->bytes_staged.fetch_add(staged);
     if (is_prefill) prefill_tokens_ += keys.tokens;
     // The lengths are published before the build is queued: its build_done
@@ -72,13 +78,13 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     update_mirrors();
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
     if (is_prefill && shared_.selector->needs_index()) {
-      build_.schedule(store_, store_.tokens(), seq);
+      build_.schedule(*store_, store_->tokens(), seq);
       build_.set_background(false);  // a prompt's build is waited for
     }
     if (!is_prefill) refresh_device_step(seq);
   } catch (...) {
     prefill_tokens_ = prefill_before;
-    store_.truncate(first);  // the call fails as a whole: as if it never came
+    store_->truncate(first);  // the call fails as a whole: as if it never came
     update_mirrors();
     throw;
   }
@@ -138,19 +144,19 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
   require_kv(seq.id, "pq_decode_append");
   // Opening may copy a partial chunk shared with a fork: its rows must be
   // there to be read.
-  if (store_.open_copies_last_chunk()) land_device_writes(/*wait=*/true);
-  const int64_t first = store_.tokens();
-  store_.open(keys.tokens);
+  if (store_->open_copies_last_chunk()) land_device_writes(/*wait=*/true);
+  const int64_t first = store_->tokens();
+  store_->open(keys.tokens);
   bool written = false;
   try {
-    written = shared_.backend->append_from_device(device_.get(), store_, first, keys, values,
+    written = shared_.backend->append_from_device(device_.get(), *store_, first, keys, values,
                                                   seq.stream);
   } catch (...) {
-    store_.truncate(first);
+    store_->truncate(first);
     throw;
   }
   if (!written) {
-    store_.truncate(first);
+    store_->truncate(first);
     return false;
   }
   const int64_t pending_before = device_appends_.first.load();
@@ -160,7 +166,7 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
   try {
     refresh_device_step(seq);
   } catch (...) {  // the call fails as a whole
-    store_.truncate(first);
+    store_->truncate(first);
     device_appends_.first.store(pending_before);
     update_mirrors();
     throw;
@@ -176,40 +182,21 @@ void Layer::land_device_writes(bool wait) {
     shared_.backend->wait_device_writes(device_.get());
   }
   device_appends_.first.store(-1);
-  const int64_t end = store_.tokens();
-  // The rows of [first, end), chunk by chunk, as K and V tensors
-  // ([token][head] with the chunk's head stride).
-  const int32_t dtype = shared_.config.dtype;
-  const int32_t dim = shared_.config.head_dim;
-  for (int64_t t = first; t < end;) {
-    const int64_t in_chunk = t % KvStore::kChunkTokens;
-    const int64_t n = std::min(end - t, KvStore::kChunkTokens - in_chunk);
-    for (const bool key : {true, false}) {
-      pq_tensor view{};
-      view.data = const_cast<uint8_t*>(key ? store_.key_row(t, 0) : store_.value_row(t, 0));
-      view.dtype = dtype;
-      view.memory = PQ_MEMORY_HOST;
-      view.tokens = n;
-      view.heads = shared_.config.num_kv_heads;
-      view.head_dim = dim;
-      view.token_stride = dim;
-      view.head_stride = KvStore::kChunkTokens * static_cast<int64_t>(dim);
-      try {
-        reject_non_finite(view, key ? "keys" : "values");
-      } catch (const Error& e) {
-        // Dropped whole, as a host append with a NaN stores nothing.
-        store_.truncate(first);
-        if (selector_state_) selector_state_->truncate(first);
-        shared_.backend->truncate_device(device_.get(), store_, first, device_appends_.stream);
-        update_mirrors();
-        fail(PQ_ERR_INVALID_ARGUMENT,
-             "the K/V appended from device memory (pq_decode_append) to layer " +
-                 str(layer_index_) + " as tokens " + str(first) + ".." + str(end - 1) +
-                 " hold a non-finite value (" + e.what() + ", counting from token " + str(t) +
-                 "); those tokens were dropped: the layer holds " + str(first) + " tokens");
-      }
-    }
-    t += n;
+  const int64_t end = store_->tokens();
+  int64_t t = first;  // where the run holding the first non-finite value starts
+  try {
+    host_rows(*store_).reject_non_finite_rows(first, end, &t);
+  } catch (const Error& e) {
+    // Dropped whole, as a host append with a NaN stores nothing.
+    store_->truncate(first);
+    if (selector_state_) selector_state_->truncate(first);
+    shared_.backend->truncate_device(device_.get(), *store_, first, device_appends_.stream);
+    update_mirrors();
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "the K/V appended from device memory (pq_decode_append) to layer " +
+             str(layer_index_) + " as tokens " + str(first) + ".." + str(end - 1) +
+             " hold a non-finite value (" + e.what() + ", counting from token " + str(t) +
+             "); those tokens were dropped: the layer holds " + str(first) + " tokens");
   }
 }
 
@@ -231,7 +218,7 @@ void Layer::info(pq_layer_info* out) {
   }
   pq_layer_info info{};
   info.struct_size = out->struct_size;
-  info.tokens = store_.tokens();
+  info.tokens = store_->tokens();
   info.prefill_tokens = prefill_tokens_;
   const Regions r = shared_.regions(info.tokens, layer_index_);
   info.middle_tokens = r.mid_end - r.sink_end;
@@ -251,7 +238,7 @@ void Layer::codes(int32_t kv_head, int64_t first, int64_t count, uint8_t* out, u
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq_id, "pq_index_codes");
   require_index(seq_id);
-  code_tokens(shared_.regions(store_.tokens(), layer_index_).mid_end);
+  code_tokens(shared_.regions(store_->tokens(), layer_index_).mid_end);
   const int64_t coded = build_.index()->coded_tokens;
   if (first > coded || count > coded - first)  // no first + count: it may overflow
     fail(PQ_ERR_INVALID_ARGUMENT,
@@ -289,10 +276,10 @@ void Layer::charge_caller_state(Reservation* room) {
 
 void Layer::update_mirrors() {
   LayerMirrors::Sizes sizes;
-  sizes.tokens = store_.tokens();
-  sizes.kv_bytes = store_.bytes_held();
+  sizes.tokens = store_->tokens();
+  sizes.kv_bytes = store_->bytes_held();
   sizes.charged_bytes =
-      store_.bytes_charged() + charges_.fork_state.bytes() + charges_.caller_state.bytes();
+      store_->bytes_charged() + charges_.fork_state.bytes() + charges_.caller_state.bytes();
   sizes.index_bytes = build_.index() ? build_.index()->bytes() : 0;
   mirrors_.publish(sizes);
 }

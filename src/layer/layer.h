@@ -191,7 +191,11 @@ class Layer {
   // length (Backend::refresh_device_step); nothing when the backend keeps
   // none for this layer.
   void refresh_device_step(const SequenceInfo& seq);
-  size_t store_block_bytes() const { return store_.block_bytes(); }
+  // The bytes of one chunk's K (or V) block in host memory (0 when the
+  // tier keeps no host store), what pq_sequence_reserve pins.
+  size_t store_block_bytes() const {
+    return store_->host_store() != nullptr ? store_->host_store()->block_bytes() : 0;
+  }
   // pq_sequence_fork: makes this new, empty layer hold what `parent` holds.
   void fork_from(Layer& parent, uint64_t parent_id);
   // pq_sequence_save, in two parts so that every layer's index comes before
@@ -265,7 +269,7 @@ class Layer {
   const int32_t layer_index_;
 
   std::mutex mutex_;
-  KvStore store_;
+  std::unique_ptr<KvTier> store_;  // where the K/V rows live (kv_tier.h)
   int64_t prefill_tokens_ = 0;
   IndexBuild build_;  // the PQ index and its build in flight
   std::unique_ptr<SelectorState> selector_state_;

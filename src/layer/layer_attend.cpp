@@ -32,7 +32,7 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   require_kv(seq_id, "pq_decode_attend");
   const int32_t kv_heads = shared_.config.num_kv_heads, group = shared_.group_size;
   const int32_t d = shared_.config.head_dim;
-  check_positions(sel, kv_heads, store_.tokens(), layer_index_);
+  check_positions(sel, kv_heads, store_->tokens(), layer_index_);
   int64_t rows = 0;
   for (int32_t h = 0; h < kv_heads; ++h) rows += sel->counts[h];
   const bool parallel = shared_.pool != nullptr && rows >= kParallelRows;
@@ -56,10 +56,13 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   std::vector<AttentionPart> parts(n);
   for (size_t i = 0; i < n; ++i)
     parts[i] = {acc.data() + i * group * d, max.data() + i * group, sum.data() + i * group};
-  const KvStore::RowTable table = store_.row_table();
+  std::vector<RowStaging> staging(n);  // rows a tier reads from elsewhere land here
   auto run = [&](int64_t i) {
     const AttendTask& t = tasks[static_cast<size_t>(i)];
-    attend_rows(table, t.head, sel->positions + t.head * sel->capacity + t.begin, t.end - t.begin,
+    const SelectedRows rows =
+        store_->select_rows(t.head, sel->positions + t.head * sel->capacity + t.begin,
+                            t.end - t.begin, staging[static_cast<size_t>(i)]);
+    attend_rows(*rows.table, t.head, rows.positions, t.end - t.begin,
                 queries.data() + static_cast<size_t>(t.head) * group * d, group, scale,
                 parts[static_cast<size_t>(i)]);
   };

@@ -56,10 +56,10 @@ void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
   const float share = shared_.config.pq_rebuild_share;
   const PqIndex* index = build_.index();
   if (!(share > 0.f) || index == nullptr || build_.pending() || awaiting_kv_) return;
-  const int64_t n = store_.tokens();
+  const int64_t n = store_->tokens();
   if (static_cast<double>(n - index->built_tokens) <= static_cast<double>(share) * n) return;
   land_device_writes(/*wait=*/true);  // the build reads every row
-  build_.schedule(store_, n, seq);
+  build_.schedule(*store_, n, seq);
   build_.set_background(true);
 }
 
@@ -69,13 +69,10 @@ void Layer::code_tokens(int64_t end) {
   // Coding reads the keys: those the device is still appending land first.
   const int64_t pending = device_appends_.first.load();
   if (pending >= 0 && pending < end) land_device_writes(/*wait=*/true);
-  const int32_t dtype = shared_.config.dtype;
   const int32_t head_dim = shared_.config.head_dim;
-  const KvStore& store = store_;
-  KeyGather gather = [&store, dtype, head_dim](int32_t head, const int64_t* rows, int64_t count,
-                                               float* out) {
-    for (int64_t i = 0; i < count; ++i)
-      to_float(store.key_row(rows[i], head), dtype, head_dim, out + i * head_dim);
+  const KvTier& store = *store_;
+  KeyGather gather = [&store](int32_t head, const int64_t* rows, int64_t count, float* out) {
+    store.keys_as_float(head, rows, count, out);
   };
   std::vector<uint8_t*> heads(index.codes.size());
   // Capacity in whole chunks, never more: the memory limit counts the codes

@@ -56,12 +56,12 @@ DeviceSelectionFetchArgs Layer::device_fetch_args(const pq_selection& sel,
                                                   const SequenceInfo& seq) {
   require_prefill(seq.id, "pq_fetch_kv_device");
   require_kv(seq.id, "pq_fetch_kv_device");
-  return DeviceSelectionFetchArgs{context(seq), store_, sel, out_keys, out_values};
+  return DeviceSelectionFetchArgs{context(seq), *store_, sel, out_keys, out_values};
 }
 
 void Layer::count_device_fetch(const pq_selection& sel, const SequenceInfo& seq) {
   const uint64_t bytes = static_cast<uint64_t>(sel.capacity) * shared_.config.num_kv_heads *
-                         store_.row_bytes() * 2;
+                         store_->row_bytes() * 2;
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->fetch_calls.fetch_add(1);
     // The counts are on the device: the bytes the outputs can hold.
@@ -85,14 +85,14 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
                             seq.stream};
   shared_.backend->reserve_layer(device_.get(), args);
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
-  return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_.chunk_count()));
+  return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_->chunk_count()));
 }
 
 void Layer::refresh_device_step(const SequenceInfo& seq) {
   if (!shared_.backend->keeps_device_step(device_.get()) || !shared_.selector->needs_index() ||
       build_.index() == nullptr || awaiting_kv_)
     return;
-  const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  const Regions r = shared_.regions(store_->tokens(), layer_index_);
   code_tokens(r.mid_end);  // what the next select would code, now: a replay selects without it
   const PqIndex& index = *build_.index();
   const LayerContext c = context(seq);
@@ -101,7 +101,7 @@ void Layer::refresh_device_step(const SequenceInfo& seq) {
   args.coded_tokens = index.coded_tokens;
   args.middle = {r.sink_end, r.mid_end};
   args.k = r.k;
-  shared_.backend->refresh_device_step(device_.get(), args, r.n, store_, seq.stream);
+  shared_.backend->refresh_device_step(device_.get(), args, r.n, *store_, seq.stream);
 }
 
 }  // namespace pq

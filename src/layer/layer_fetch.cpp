@@ -31,8 +31,8 @@ void Layer::fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_t
   require_prefill(seq.id, "pq_fetch_kv");
   require_kv(seq.id, "pq_fetch_kv");
   const int32_t kv_heads = shared_.config.num_kv_heads;
-  check_positions(sel, kv_heads, store_.tokens(), layer_index_);
-  const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  check_positions(sel, kv_heads, store_->tokens(), layer_index_);
+  const Regions r = shared_.regions(store_->tokens(), layer_index_);
   prepared.regions = r;
   prepared.selection = sel;
   prepared.out_keys = &out_keys;
@@ -47,7 +47,7 @@ void Layer::fetch_prepare(const pq_selection* sel, int64_t max_count, const pq_t
   }
   if (out_keys.memory == PQ_MEMORY_DEVICE && out_values.memory == PQ_MEMORY_DEVICE) {
     DeviceFetchArgs& a = prepared.device_args.emplace(
-        DeviceFetchArgs{context(seq), store_, *sel, out_keys, out_values});
+        DeviceFetchArgs{context(seq), *store_, *sel, out_keys, out_values});
     a.cache = cache_.get();
     a.middle = {r.sink_end, r.mid_end};
     a.staged_bytes = &prepared.staged;
@@ -64,7 +64,7 @@ void Layer::fetch_finish(PreparedFetch& prepared, bool on_device, const Sequence
       cache_ ? update_cache(prepared.regions, prepared.selection, on_device ? seq.stream : nullptr,
                             on_device, prepared.sorted_scratch)
              : CacheCount{};
-  const uint64_t rb = store_.row_bytes();
+  const uint64_t rb = store_->row_bytes();
   for (Counters* c : {&shared_.counters, seq.counters.get()}) {
     c->fetch_calls.fetch_add(1);
     c->bytes_fetched.fetch_add(prepared.rows * rb * 2);
@@ -84,22 +84,14 @@ void Layer::gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
   StagedTensor k = stage_input(backend, out_keys, stream);
   StagedTensor v = stage_input(backend, out_values, stream);
   const size_t es = dtype_size(shared_.config.dtype);
-  const size_t rb = store_.row_bytes();
   // A gather of scattered rows is bound by memory latency, not bandwidth:
   // prefetch a few rows ahead, and split large gathers across the pool.
-  constexpr int32_t kPrefetchAhead = 8;
   auto gather_head = [&](int64_t h64) {
     const int32_t h = static_cast<int32_t>(h64);
     const int32_t* pos = sel->positions + h * sel->capacity;
-    const int32_t count = sel->counts[h];
-    for (int32_t i = 0; i < count; ++i) {
-      if (i + kPrefetchAhead < count) {
-        __builtin_prefetch(store_.key_row(pos[i + kPrefetchAhead], h));
-        __builtin_prefetch(store_.value_row(pos[i + kPrefetchAhead], h));
-      }
-      std::memcpy(tensor_row_mut(k.view, i, h, es), store_.key_row(pos[i], h), rb);
-      std::memcpy(tensor_row_mut(v.view, i, h, es), store_.value_row(pos[i], h), rb);
-    }
+    store_->gather(h, pos, sel->counts[h], tensor_row_mut(k.view, 0, h, es),
+                   static_cast<size_t>(k.view.token_stride) * es, tensor_row_mut(v.view, 0, h, es),
+                   static_cast<size_t>(v.view.token_stride) * es);
   };
   if (kv_heads > 1 && rows >= 4096)
     shared_.pool->parallel_for(kv_heads, gather_head);
@@ -139,7 +131,7 @@ Layer::CacheCount Layer::update_cache(const Regions& r, const pq_selection* sel,
   }
   const std::vector<BlockCache::Admission>& admitted = cache_->commit(r.n);
   if (fill_device)
-    count.staged = shared_.backend->fill_cache_blocks(device_.get(), store_, admitted,
+    count.staged = shared_.backend->fill_cache_blocks(device_.get(), *store_, admitted,
                                                       cache_->block_tokens(), stream);
   return count;
 }

@@ -98,7 +98,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
     require_prefill(seq.id, "pq_decode_select");
     poll_build();
   }
-  const Regions r = shared_.regions(store_.tokens(), layer_index_);
+  const Regions r = shared_.regions(store_->tokens(), layer_index_);
   // Before a restore's K/V arrive, only what the index already holds can be
   // selected: codes of the whole middle, scored without a key.
   if (awaiting_kv_ && selector.needs_index() && shared_.config.pq_rerank > 0.f)
@@ -124,7 +124,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
     code_tokens(r.mid_end);
     rebuild_for_long_output(seq);
   }
-  selector.update_state(selector_state_.get(), store_, r.n, r.sink_end, r.mid_end,
+  selector.update_state(selector_state_.get(), *store_, r.n, r.sink_end, r.mid_end,
                         shared_.config);
 
   // The middle is chosen aside and the rows written only when every head
@@ -136,7 +136,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
     prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
   prepared.head_counts.assign(static_cast<size_t>(kv_heads), static_cast<int32_t>(r.k));
   LayerSelection& s = prepared.request.emplace(
-      LayerSelection{context(seq), store_, *shared_.backend, shared_.scratch});
+      LayerSelection{context(seq), *store_, *shared_.backend, shared_.scratch});
   s.index = build_.index();
   s.state = selector_state_.get();
   s.queries = queries.data();
@@ -212,7 +212,7 @@ void Layer::prefill_queries(const std::vector<float>& queries, int64_t w, uint64
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq_id, "pq_prefill_queries");
   require_kv(seq_id, "pq_prefill_queries");
-  shared_.selector->observe_queries(selector_state_.get(), store_, queries.data(), w,
+  shared_.selector->observe_queries(selector_state_.get(), *store_, queries.data(), w,
                                     shared_.config);
   publish_share();
 }
@@ -222,7 +222,7 @@ void Layer::observe(const pq_selection* sel, const float* probs, uint64_t seq_id
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq_id, "pq_observe_attention");
   const int32_t kv_heads = shared_.config.num_kv_heads;
-  check_positions(sel, kv_heads, store_.tokens(), layer_index_);
+  check_positions(sel, kv_heads, store_->tokens(), layer_index_);
   for (int32_t h = 0; h < kv_heads; ++h)
     shared_.selector->observe_attention(selector_state_.get(), h,
                                         sel->positions + h * sel->capacity,

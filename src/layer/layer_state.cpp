@@ -44,7 +44,7 @@ void Layer::reset_cache_and_device(void* stream) {
     cache = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
                                          c.cache_update_blocks);
   std::unique_ptr<DeviceLayer> device = shared_.backend->make_device_layer(c);
-  shared_.backend->store_window(device.get(), store_, 0, store_.tokens(), stream);
+  shared_.backend->store_window(device.get(), *store_, 0, store_->tokens(), stream);
   cache_ = std::move(cache);
   device_ = std::move(device);
   build_.bump_generation();  // device-resident codes are gone with the old state
@@ -61,7 +61,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   settle_device();
   std::lock_guard<std::mutex> lock(mutex_);
   require_kv(seq.id, "pq_sequence_truncate");
-  if (tokens >= store_.tokens()) return;
+  if (tokens >= store_->tokens()) return;
   if (device_appends_.first.load() >= tokens) device_appends_.first.store(-1);  // all dropped
   hint_ = Hint{};  // made for tokens that go
   // An index trained on tokens that go is rebuilt over those that stay, as
@@ -71,7 +71,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
       tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
   if (rebuild && device_appends_.first.load() >= 0) land_device_writes(/*wait=*/true);
-  if (rebuild) build_.schedule(store_, tokens, seq);
+  if (rebuild) build_.schedule(*store_, tokens, seq);
   build_.set_background(build_.background() && !rebuild);
   PqIndex* index = build_.index();
   if (index_covers_dropped) {
@@ -84,7 +84,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
     pq_index_count_tuples(*index, 0, tokens);
   }
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
-  store_.truncate_under_readers(tokens);
+  store_->truncate_under_readers(tokens);
   if (selector_state_) selector_state_->truncate(tokens);
   charge_caller_state(nullptr);  // gives back only
   // The device state of the tokens kept stays (their codes, their window
@@ -95,7 +95,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
                                           shared_.config.cache_block_tokens,
                                           shared_.config.cache_policy,
                                           shared_.config.cache_update_blocks);
-  shared_.backend->truncate_device(device_.get(), store_, tokens, seq.stream);
+  shared_.backend->truncate_device(device_.get(), *store_, tokens, seq.stream);
   if (index_covers_dropped) build_.bump_generation();  // the device's codes are of the old index
   update_mirrors();
   publish_share();
@@ -112,7 +112,7 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   parent.require_kv(parent_id, "pq_sequence_fork");
   parent.install_build();  // the child gets the finished index, or the error
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t full_chunks = parent.store_.tokens() / KvStore::kChunkTokens;
+  const int64_t full_chunks = parent.store_->tokens() / KvStore::kChunkTokens;
   const MemoryCost& cost = shared_.cost;
   Reservation state = shared_.budget.reserve(
       static_cast<uint64_t>(full_chunks) * (cost.chunk - cost.chunk_kv),
@@ -126,7 +126,7 @@ void Layer::fork_from(Layer& parent, uint64_t parent_id) {
   if (parent.build_.index()) index = std::make_unique<PqIndex>(parent.build_.index()->fork());
   std::unique_ptr<SelectorState> selector_state;
   if (parent.selector_state_) selector_state = parent.selector_state_->clone();
-  store_.fork_from(parent.store_);  // the last step that can fail
+  store_->fork_from(*parent.store_);  // the last step that can fail
   charges_.fork_state = std::move(state);
   build_.set(std::move(index), parent.build_.facts());
   selector_state_ = std::move(selector_state);
@@ -153,7 +153,7 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
       // Saved without an index; a restore rebuilds it.
     }
   }
-  const int64_t n = store_.tokens();
+  const int64_t n = store_->tokens();
   // Every middle token coded, as the next selection would code it: a
   // restore can then select before the K/V arrive.
   if (build_.index()) code_tokens(shared_.regions(n, layer_index_).mid_end);
@@ -198,21 +198,19 @@ int64_t Layer::save_index(StateWriter& out, uint64_t seq_id) {
 void Layer::save_kv(StateWriter& out, int64_t n) {
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (store_.tokens() < n)
+  if (store_->tokens() < n)
     fail(PQ_ERR_BAD_STATE, "layer " + str(layer_index_) + " lost tokens while it was saved (" +
-                               str(n) + " described, " + str(store_.tokens()) +
+                               str(n) + " described, " + str(store_->tokens()) +
                                " left); pq_sequence_save must not race with calls that change "
                                "the sequence");
   const int32_t heads = shared_.config.num_kv_heads;
-  const size_t row = store_.row_bytes();
+  const size_t row = store_->row_bytes();
   out.begin(state::kKeysValues, layer_index_, 2 * static_cast<uint64_t>(n) * heads * row);
   for (bool keys : {true, false})
     for (int32_t h = 0; h < heads; ++h)
-      for (int64_t t = 0; t < n; t += KvStore::kChunkTokens) {  // a chunk's rows are contiguous
-        const int64_t rows = std::min<int64_t>(KvStore::kChunkTokens, n - t);
-        out.payload(keys ? store_.key_row(t, h) : store_.value_row(t, h),
-                    static_cast<size_t>(rows) * row);
-      }
+      store_->for_each_run(keys, h, 0, n, [&](const uint8_t* rows, int64_t count) {
+        out.payload(rows, static_cast<size_t>(count) * row);
+      });
   out.end_section();
 }
 
@@ -320,7 +318,7 @@ void Layer::restore(const LayerImage& image, const SequenceInfo& seq) {
   if (selector_state)
     caller = shared_.budget.reserve(selector_state->caller_bytes(),
                                     "restoring layer " + str(layer_index_) + "'s token classes");
-  store_.expect(n);
+  store_->expect(n);
   prefill_tokens_ = prefill;
   build_.set(std::move(index), IndexBuild::Facts{"", iterations, budget, seconds});
   selector_state_ = std::move(selector_state);
@@ -338,9 +336,9 @@ void Layer::restore_kv(const SectionView& section, const SequenceInfo& seq) {
 
 void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
   const pq_config& c = shared_.config;
-  const int64_t n = store_.tokens();
+  const int64_t n = store_->tokens();
   const int32_t heads = c.num_kv_heads;
-  const uint64_t tensor_bytes = static_cast<uint64_t>(n) * heads * store_.row_bytes();
+  const uint64_t tensor_bytes = static_cast<uint64_t>(n) * heads * store_->row_bytes();
   if (section.size != 2 * tensor_bytes)
     fail(PQ_ERR_CORRUPT, "the keys and values section of layer " + str(layer_index_) + " has " +
                              str(static_cast<int64_t>(section.size)) + " bytes; " +
@@ -353,7 +351,7 @@ void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
       pq_tensor_init(&values, const_cast<uint8_t*>(section.data + tensor_bytes), c.dtype,
                      PQ_LAYOUT_HEAD_MAJOR, n, heads, c.head_dim) != PQ_OK)
     fail(PQ_ERR_INTERNAL, "the K/V views of a restored layer could not be made");
-  if (!store_.copy_in(0, keys, values, shared_.pool.get())) {
+  if (!store_->copy_in(0, keys, values, shared_.pool.get())) {
     try {
       reject_non_finite(keys, "keys");  // names the first bad element
       reject_non_finite(values, "values");
@@ -364,8 +362,8 @@ void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
   }
   awaiting_kv_ = false;
   if (!build_.index() && prefill_tokens_ > 0 && shared_.selector->needs_index())
-    build_.schedule(store_, prefill_tokens_, seq);
-  shared_.backend->store_window(device_.get(), store_, 0, n, seq.stream);
+    build_.schedule(*store_, prefill_tokens_, seq);
+  shared_.backend->store_window(device_.get(), *store_, 0, n, seq.stream);
   update_mirrors();
 }
 

@@ -155,12 +155,12 @@ class CosineAssigner {
 
 // Clusters keys [first, first + count) of kv head h into `clusters` groups;
 // appends the centroids and labels (offset by the clusters already there).
-void cluster_keys(const KvStore& store, int32_t h, const pq_config& c, int64_t first,
+void cluster_keys(const KvTier& store, int32_t h, const pq_config& c, int64_t first,
                   int64_t count, int32_t clusters, HeadClusters& out) {
   const int32_t d = c.head_dim;
   std::vector<float> keys(static_cast<size_t>(count) * d), unit(keys.size());
+  store.keys_as_float(h, first, count, keys.data());
   for (int64_t i = 0; i < count; ++i) {
-    to_float(store.key_row(first + i, h), c.dtype, d, keys.data() + i * d);
     normalise(keys.data() + i * d, d, unit.data() + i * d);
   }
   std::vector<float> centroids(static_cast<size_t>(clusters) * d), unit_c(centroids.size());
@@ -313,7 +313,7 @@ class ClusterKvSelector final : public Selector {
 
   // The clustering runs in select_middle, per kv head (the heads of a large
   // layer in parallel); here only the state's type is checked.
-  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
     (void)state_of<ClusterState>(state, name());
   }

@@ -218,7 +218,7 @@ class FastGenSelector final : public Selector {
     std::copy(classes, classes + count, s.classes.begin() + first);
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     FastGenState& s = state_of<FastGenState>(state, name());
     const int64_t P = store.tokens();
@@ -252,7 +252,7 @@ class FastGenSelector final : public Selector {
     s.prompt_tokens = P;
   }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     FastGenState& s = state_of<FastGenState>(state, name());
     if (!s.ready()) fail_needs_prefill_queries(name(), s.layer);

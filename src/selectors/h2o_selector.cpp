@@ -46,7 +46,7 @@ class H2oSelector final : public Selector {
     return {sizeof(H2oState), per_token_cost(c, AttentionAccumulator::kBytesPerToken)};
   }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     state_of<H2oState>(state, "h2o").attention.grow(n);
   }

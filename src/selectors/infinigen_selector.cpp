@@ -75,14 +75,14 @@ struct InfiniGenState final : CopyableState<InfiniGenState> {
   int64_t tokens(size_t h) const { return static_cast<int64_t>(partial[h].size() / r); }
 
   // The partial keys of tokens [tokens(h), n) of every head.
-  void extend(const KvStore& store, int64_t n, int32_t dtype) {
+  void extend(const KvTier& store, int64_t n, int32_t dtype) {
     std::vector<float> key(static_cast<size_t>(dim));
     for (size_t h = 0; h < partial.size(); ++h) {
       const int64_t from = tokens(h);
       if (from >= n) continue;
       partial[h].resize(static_cast<size_t>(n) * r);
       for (int64_t t = from; t < n; ++t) {
-        to_float(store.key_row(t, static_cast<int32_t>(h)), dtype, dim, key.data());
+        store.keys_as_float(static_cast<int32_t>(h), t, 1, key.data());
         project(h, key.data(), partial[h].data() + static_cast<size_t>(t) * r);
       }
     }
@@ -153,7 +153,7 @@ class InfiniGenSelector final : public Selector {
             per_token_cost(c, r * sizeof(float))};
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     InfiniGenState& s = state_of<InfiniGenState>(state, name());
     check_window(w, store.tokens());
@@ -198,7 +198,7 @@ class InfiniGenSelector final : public Selector {
     s.extend(store, store.tokens(), c.dtype);
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier& store, int64_t n, int64_t, int64_t,
                     const pq_config& c) const override {
     InfiniGenState& s = state_of<InfiniGenState>(state, name());
     if (!s.ready) fail_needs_prefill_queries(name(), s.layer);

@@ -71,7 +71,7 @@ struct SummaryScratch {
 
 // Chooses the representatives of tokens [begin, end) of one head (see the
 // file comment) into reps[0, R), ascending, -1 for the slots past end-begin.
-void summarise(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int64_t begin,
+void summarise(const KvTier& store, int32_t dtype, int32_t d, int32_t head, int64_t begin,
                int64_t end, int32_t R, int32_t* reps, SummaryScratch& s) {
   const int32_t len = static_cast<int32_t>(end - begin);
   std::fill(reps, reps + R, -1);
@@ -81,9 +81,9 @@ void summarise(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int
   }
   s.keys.resize(static_cast<size_t>(len) * d);
   s.mean.assign(static_cast<size_t>(d), 0.f);
+  store.keys_as_float(head, begin, len, s.keys.data());
   for (int32_t i = 0; i < len; ++i) {
-    float* k = s.keys.data() + static_cast<size_t>(i) * d;
-    to_float(store.key_row(begin + i, head), dtype, d, k);
+    const float* k = s.keys.data() + static_cast<size_t>(i) * d;
     for (int32_t x = 0; x < d; ++x) s.mean[static_cast<size_t>(x)] += k[x];
   }
   for (float& v : s.mean) v /= static_cast<float>(len);
@@ -107,7 +107,7 @@ void summarise(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int
 
 // Re-summarises one head's blocks that contain tokens [from, to) of the
 // middle [mid_begin, to); reps grows to the block count.
-void extend_head(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
+void extend_head(const KvTier& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
                  int64_t from, int64_t to, int32_t B, int32_t R, std::vector<int32_t>& reps,
                  SummaryScratch& s) {
   if (to <= from) return;
@@ -134,7 +134,7 @@ class InfllmSelector final : public Selector {
                            static_cast<uint64_t>(c.block_representatives) * sizeof(int32_t))};
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
+  void update_state(SelectorState* state, const KvTier& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {
     InfllmState* s = &state_of<InfllmState>(state, "infllm");
     if (mid_end == mid_begin) return;
@@ -167,7 +167,7 @@ class InfllmSelector final : public Selector {
       for (int32_t i = 0; i < R; ++i) {
         const int32_t p = reps[static_cast<size_t>(j) * R + i];
         if (p < 0) break;
-        to_float(r.store().key_row(p, r.kv_head), r.dtype(), d, key.data());
+        r.store().keys_as_float(r.kv_head, &p, 1, key.data());
         ++read;
         for (int32_t g = 0; g < G; ++g) {
           float& best = raw[static_cast<size_t>(g) * nb + j];

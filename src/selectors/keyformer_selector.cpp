@@ -148,12 +148,12 @@ class KeyformerSelector final : public Selector {
             per_token_cost(c, AttentionAccumulator::kBytesPerToken)};
   }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     state_of<KeyformerState>(state, name()).attention.grow(n);
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     auto& s = state_of<KeyformerState>(state, name());
     const int64_t P = store.tokens();

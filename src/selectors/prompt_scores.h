@@ -71,7 +71,7 @@ inline float window_logit(const float* q, const float* k, int32_t d, float scale
 // Rows come in blocks so the logits stay under 16 MiB for long prompts; each
 // key is converted once per block.
 template <class Row>
-void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
+void for_each_window_row(const KvTier& store, const float* queries, int64_t w,
                          const pq_config& c, int32_t h, Row row) {
   const int64_t P = store.tokens();
   const int32_t q_heads = c.num_q_heads, d = c.head_dim;
@@ -93,8 +93,7 @@ void for_each_window_row(const KvStore& store, const float* queries, int64_t w,
     const int64_t r1 = std::min(rows, r0 + block_rows);
     for (int64_t t0 = 0; t0 < P; t0 += kKeyBlock) {
       const int64_t t1 = std::min(P, t0 + kKeyBlock);
-      for (int64_t t = t0; t < t1; ++t)
-        to_float(store.key_row(t, h), c.dtype, d, keys.data() + (t - t0) * d);
+      store.keys_as_float(h, t0, t1 - t0, keys.data());
       for (int64_t r = r0; r < r1; ++r) {
         const float* q = query(r);
         float* l = logits.data() + (r - r0) * P;
@@ -167,7 +166,7 @@ struct PromptScores {
     }
   }
 
-  void compute(const KvStore& store, const float* queries, int64_t w, const pq_config& c) {
+  void compute(const KvTier& store, const float* queries, int64_t w, const pq_config& c) {
     const int64_t P = store.tokens();
     check_window(w, P);
     std::vector<double> raw(static_cast<size_t>(P));
@@ -251,14 +250,14 @@ class PromptScoreSelector : public Selector {
     return {sizeof(PromptState), per_token_cost(c, PromptScores::kBytesPerToken)};
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     state_of<PromptState>(state, name()).prompt.compute(store, queries, w, c);
   }
 
   // The core calls this before it writes any output, so failing here keeps
   // pq_decode_select's promise that *out is written only on success.
-  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
     const PromptState& s = state_of<PromptState>(state, name());
     if (!s.prompt.ready()) fail_needs_prefill_queries(name(), s.layer);

@@ -118,7 +118,7 @@ class PyramidInferSelector final : public Selector {
             kGrowthRoom * static_cast<uint64_t>(KvStore::kChunkTokens) * sizeof(float)};
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     PyramidInferState& s = state_of<PyramidInferState>(state, name());
     const int64_t P = store.tokens();
@@ -143,7 +143,7 @@ class PyramidInferSelector final : public Selector {
   // Checks the state is this selector's. Layer l's own scores serve the
   // layer above (and layer 0 itself): whether the layers below have theirs
   // is checked at the select.
-  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
     (void)state_of<PyramidInferState>(state, name());
   }

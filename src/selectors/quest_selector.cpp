@@ -50,13 +50,13 @@ struct QuestState final : CopyableState<QuestState>, BlockCoverage {
 
 // Extends one head's summaries with tokens [from, to) of the middle that
 // starts at mid_begin. key is head_dim floats of scratch.
-void extend_head(const KvStore& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
+void extend_head(const KvTier& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
                  int64_t from, int64_t to, int32_t B, std::vector<float>& mm,
                  std::vector<float>& key) {
   const int64_t first_block = mid_begin / B;
   key.resize(static_cast<size_t>(d));
   for (int64_t t = from; t < to; ++t) {
-    to_float(store.key_row(t, head), dtype, d, key.data());
+    store.keys_as_float(head, t, 1, key.data());
     const size_t j = static_cast<size_t>(t / B - first_block);
     const size_t at = j * 2 * static_cast<size_t>(d);
     if (mm.size() <= at) {  // the first token of a new block
@@ -86,7 +86,7 @@ class QuestSelector final : public Selector {
             per_block_cost(c, c.block_tokens, 2 * static_cast<uint64_t>(c.head_dim) * sizeof(float))};
   }
 
-  void update_state(SelectorState* state, const KvStore& store, int64_t, int64_t mid_begin,
+  void update_state(SelectorState* state, const KvTier& store, int64_t, int64_t mid_begin,
                     int64_t mid_end, const pq_config& c) const override {
     QuestState* s = &state_of<QuestState>(state, "quest");
     if (mid_end == mid_begin) return;

@@ -39,7 +39,7 @@ class RandomSelector final : public Selector {
   }
   StateCost state_cost(const pq_config&) const override { return {sizeof(RandomState), 0}; }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t, int64_t, int64_t,
                     const pq_config&) const override {
     ++state_of<RandomState>(state, "random").step;
   }

@@ -168,7 +168,7 @@ class ScissorhandsSelector final : public Selector {
     return {sizeof(ScissorhandsState), per_token_cost(c, 2 * words * sizeof(uint64_t) + 1)};
   }
 
-  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     auto& s = state_of<ScissorhandsState>(state, "scissorhands");
     for (size_t h = 0; h < s.dropped.size(); ++h) s.grow(h, n);

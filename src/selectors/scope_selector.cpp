@@ -64,13 +64,13 @@ class ScopeSelector final : public Selector {
                                                       PromptScores::kBytesPerToken)};
   }
 
-  void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                        int64_t w, const pq_config& c) const override {
     state_of<ScopeState>(state, "scope").prompt.compute(store, queries, w, c);
   }
 
   // Runs before the core writes any output (see PromptScoreSelector).
-  void update_state(SelectorState* state, const KvStore&, int64_t n, int64_t, int64_t,
+  void update_state(SelectorState* state, const KvTier&, int64_t n, int64_t, int64_t,
                     const pq_config&) const override {
     ScopeState& s = state_of<ScopeState>(state, "scope");
     if (!s.prompt.ready()) fail_needs_prefill_queries(name(), s.layer);

@@ -35,13 +35,19 @@ PqLayerSelectArgs LayerSelection::pq_args(const float* luts) const {
 uint64_t SelectionRequest::exact_logits(const int32_t* positions, int64_t first, int64_t count,
                                        float* raw) const {
   const int32_t group = group_size(), dim = head_dim();
-  std::vector<float> key(static_cast<size_t>(dim));
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t token = positions != nullptr ? positions[i] : first + i;
-    to_float(store().key_row(token, kv_head), dtype(), dim, key.data());
-    for (int32_t g = 0; g < group; ++g)
-      raw[static_cast<size_t>(g) * count + i] =
-          dot(queries() + static_cast<size_t>(g) * dim, key.data(), dim);
+  // Keys in blocks: a tier reads a block in one call, the scratch stays small.
+  constexpr int64_t kBlock = 256;
+  std::vector<float> keys(static_cast<size_t>(std::min(count, kBlock)) * dim);
+  for (int64_t b = 0; b < count; b += kBlock) {
+    const int64_t n = std::min(kBlock, count - b);
+    if (positions != nullptr)
+      store().keys_as_float(kv_head, positions + b, n, keys.data());
+    else
+      store().keys_as_float(kv_head, first + b, n, keys.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int32_t g = 0; g < group; ++g)
+        raw[static_cast<size_t>(g) * count + b + i] =
+            dot(queries() + static_cast<size_t>(g) * dim, keys.data() + i * dim, dim);
   }
   return static_cast<uint64_t>(count) * store().row_bytes();
 }

@@ -24,7 +24,7 @@ struct SelectionRequest;
 // s.index = ...; s.queries = ...; s.middle = {begin, end}; s.k = ...;
 struct LayerSelection {
   LayerContext context;
-  const KvStore& store;
+  const KvTier& store;
   const Backend& backend;
   ScratchPool& scratch;              // the heads' working memory, reused across calls
   const PqIndex* index = nullptr;    // non-null when the selector needs_index()
@@ -60,7 +60,7 @@ struct SelectionRequest {
   const float* queries() const {
     return layer.queries + static_cast<size_t>(kv_head) * group_size() * head_dim();
   }
-  const KvStore& store() const { return layer.store; }
+  const KvTier& store() const { return layer.store; }
   const Backend& backend() const { return layer.backend; }
   const PqIndex* index() const { return layer.index; }
   SelectorState* state() const { return layer.state; }

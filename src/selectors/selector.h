@@ -171,10 +171,10 @@ class Selector {
   // [mid_begin, mid_end) (the core's regions), before the selection that
   // uses that middle (e.g. summaries of blocks that filled up). The layer
   // lock is held.
-  virtual void update_state(SelectorState* state, const KvStore& store, int64_t n,
+  virtual void update_state(SelectorState* state, const KvTier& store, int64_t n,
                             int64_t mid_begin, int64_t mid_end, const pq_config& c) const {}
   // pq_prefill_queries: queries[t][q_head][dim] for the last w prompt tokens.
-  virtual void observe_queries(SelectorState* state, const KvStore& store, const float* queries,
+  virtual void observe_queries(SelectorState* state, const KvTier& store, const float* queries,
                                int64_t w, const pq_config& c) const {}
   // pq_observe_attention for one kv head: probs[i] belongs to positions[i].
   virtual void observe_attention(SelectorState* state, int32_t kv_head, const int32_t* positions,

@@ -26,19 +26,6 @@ namespace pq {
 
 namespace {
 
-// One stored element as float (a call per element of to_float would cost
-// more than the conversion).
-inline float load_element(const uint8_t* p, int32_t dtype) {
-  if (dtype == PQ_DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dtype == PQ_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h);
-}
-
 class SparqSelector final : public Selector {
  public:
   const char* name() const override { return "sparq"; }
@@ -74,15 +61,17 @@ class SparqSelector final : public Selector {
 
     const int64_t m = r.middle();
     const size_t es = dtype_size(r.dtype());
-    std::vector<float> ks(static_cast<size_t>(dims));
-    for (int64_t i = 0; i < m; ++i) {
-      const uint8_t* row = r.store().key_row(r.mid_begin() + i, r.kv_head);
-      for (int32_t j = 0; j < dims; ++j)
-        ks[static_cast<size_t>(j)] =
-            load_element(row + static_cast<size_t>(order[static_cast<size_t>(j)]) * es, r.dtype());
-      for (int32_t g = 0; g < G; ++g)
-        raw[static_cast<size_t>(g) * m + i] =
-            dot(qs.data() + static_cast<size_t>(g) * dims, ks.data(), dims);
+    // The r dimensions of the middle's keys, a block of tokens at a time.
+    constexpr int64_t kBlock = 256;
+    std::vector<float> ks(static_cast<size_t>(std::min(m, kBlock)) * dims);
+    for (int64_t b = 0; b < m; b += kBlock) {
+      const int64_t n = std::min(kBlock, m - b);
+      r.store().key_columns_as_float(r.kv_head, r.mid_begin() + b, n, order.data(), dims,
+                                     ks.data());
+      for (int64_t i = 0; i < n; ++i)
+        for (int32_t g = 0; g < G; ++g)
+          raw[static_cast<size_t>(g) * m + b + i] = dot(
+              qs.data() + static_cast<size_t>(g) * dims, ks.data() + i * dims, dims);
     }
     return static_cast<uint64_t>(m) * static_cast<uint64_t>(dims) * es;
   }

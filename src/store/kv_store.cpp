@@ -21,7 +21,12 @@ KvStore::KvStore(int32_t heads, int32_t head_dim, int32_t dtype, MemoryBudget* b
       element_size_(dtype_size(dtype)),
       budget_(budget),
       chunk_charge_(chunk_charge),
-      allocator_(allocator) {}
+      allocator_(allocator) {
+  table_.row_bytes = row_bytes();
+  table_.head_bytes = static_cast<size_t>(kChunkTokens) * row_bytes();
+  table_.head_dim = head_dim_;
+  table_.dtype = dtype_;
+}
 
 const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   const Chunk& c = *chunks_[static_cast<size_t>(token / kChunkTokens)];
@@ -30,19 +35,19 @@ const uint8_t* KvStore::row(bool key, int64_t token, int32_t head) const {
   return base + (static_cast<size_t>(head) * kChunkTokens + in_chunk) * row_bytes();
 }
 
-KvStore::RowTable KvStore::row_table() const {
-  RowTable t;
-  t.keys.reserve(chunks_.size());
-  t.values.reserve(chunks_.size());
-  for (const auto& c : chunks_) {
-    t.keys.push_back(c->keys.get());
-    t.values.push_back(c->values.get());
+void KvStore::reserve_table(size_t chunks) {
+  table_.keys.reserve(chunks);
+  table_.values.reserve(chunks);
+}
+
+void KvStore::sync_table() noexcept {
+  // Never allocates: every caller reserved room for the chunks first.
+  table_.keys.resize(chunks_.size());
+  table_.values.resize(chunks_.size());
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    table_.keys[c] = chunks_[c]->keys.get();
+    table_.values[c] = chunks_[c]->values.get();
   }
-  t.row_bytes = row_bytes();
-  t.head_bytes = static_cast<size_t>(kChunkTokens) * row_bytes();
-  t.head_dim = head_dim_;
-  t.dtype = dtype_;
-  return t;
 }
 
 void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) {
@@ -90,9 +95,12 @@ void KvStore::materialize(int64_t end) {
   const size_t needed = static_cast<size_t>((end + kChunkTokens - 1) / kChunkTokens);
   if (chunks_.size() >= needed) return;
   chunks_.reserve(needed);
+  reserve_table(needed);  // first, so that keeping it in step cannot fail
   while (chunks_.size() < needed) {  // a failure keeps the chunks made so far, and their charge
     auto chunk = std::make_shared<Chunk>(allocator_, tensor_bytes_per_chunk(), Reservation{});
     chunk->charge = expected_charge_.split(chunk_charge_);
+    table_.keys.push_back(chunk->keys.get());
+    table_.values.push_back(chunk->values.get());
     chunks_.push_back(std::move(chunk));
   }
 }
@@ -126,8 +134,10 @@ void KvStore::open(int64_t count) {
   while (fresh.size() < opening)
     fresh.push_back(std::make_shared<Chunk>(allocator_, tensor_bytes_per_chunk(), charge.split(chunk_charge_)));
   chunks_.reserve(needed);
+  reserve_table(needed);
   if (last_copy) chunks_.back() = std::move(last_copy);
   for (auto& c : fresh) chunks_.push_back(std::move(c));
+  if (charged > 0) sync_table();
   tokens_ += count;
 }
 
@@ -177,6 +187,8 @@ bool KvStore::copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& val
 void KvStore::truncate(int64_t tokens) noexcept {
   if (tokens >= tokens_) return;
   chunks_.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
+  table_.keys.resize(chunks_.size());  // shrinking: no allocation
+  table_.values.resize(chunks_.size());
   tokens_ = tokens;
 }
 
@@ -204,10 +216,18 @@ int64_t KvStore::fork_from(const KvStore& parent) {
   std::vector<std::shared_ptr<Chunk>> chunks(parent.chunks_.begin(),
                                              parent.chunks_.begin() + full);
   if (last) chunks.push_back(std::move(last));
+  reserve_table(chunks.size());
   for (size_t i = 0; i < full; ++i) chunks[i]->shared.store(true);
   chunks_ = std::move(chunks);
+  sync_table();
   tokens_ = parent.tokens_;
   return static_cast<int64_t>(full);
+}
+
+int64_t KvStore::fork_from(const KvTier& parent) {
+  const KvStore* host = parent.host_store();
+  if (host == nullptr) fail(PQ_ERR_INTERNAL, "a host store forks only from a host store");
+  return fork_from(*host);
 }
 
 int64_t KvStore::shared_chunks() const {

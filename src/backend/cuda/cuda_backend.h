@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "base/error.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "backend/cuda/device_state.h"
 #include "store/slab_pool.h"
@@ -31,6 +32,7 @@ namespace pq {
 std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin* plugin, int32_t device);
 
 namespace cuda_detail {
+
 
 class CudaBackend final : public Backend {
  public:
@@ -129,17 +131,17 @@ class CudaBackend final : public Backend {
   // sent again only when the chunks changed.
   const uint8_t* const* chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const;
 
-  uint64_t store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,
+  uint64_t store_window(DeviceLayer* device, const KvTier& store, int64_t first, int64_t count,
                         void* stream) const override;
 
-  uint64_t fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+  uint64_t fill_cache_blocks(DeviceLayer* device, const KvTier& store,
                              const std::vector<BlockCache::Admission>& admissions,
                              int32_t block_tokens, void* stream) const override;
 
   // Device K/V appended without the host: one inline_copies launch per 64
   // rows writes the store rows (mapped pinned memory) and the window rows
   // from the caller's tensors; the layer's landing event follows them.
-  bool append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+  bool append_from_device(DeviceLayer* device, const KvTier& store, int64_t first,
                           const pq_tensor& keys, const pq_tensor& values,
                           void* stream) const override;
   bool device_writes_landed(DeviceLayer* device) const override;
@@ -149,7 +151,7 @@ class CudaBackend final : public Backend {
   // rows of kept tokens stay, the window rows of the new last tokens that
   // later ones had overwritten come back from the store (one gather), and
   // nothing waits.
-  void truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+  void truncate_device(DeviceLayer* device, const KvTier& store, int64_t tokens,
                        void* stream) const override;
 
   // pq_sequence_reserve: store blocks, and per layer the device codes, the
@@ -163,7 +165,7 @@ class CudaBackend final : public Backend {
     return layer != nullptr && (layer->step_selected || layer->step_fetched);
   }
   void refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& args, int64_t tokens,
-                           const KvStore& store, void* stream) const override;
+                           const KvTier& store, void* stream) const override;
 
  private:
   // Rows to copy from the host store into device memory: sources, then

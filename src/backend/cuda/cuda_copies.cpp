@@ -14,8 +14,9 @@
 namespace pq {
 namespace cuda_detail {
 
-uint64_t CudaBackend::store_window(DeviceLayer* device, const KvStore& store, int64_t first, int64_t count,
+uint64_t CudaBackend::store_window(DeviceLayer* device, const KvTier& tier, int64_t first, int64_t count,
                       void* stream) const {
+  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr || count <= 0 || layer->window_slots() == 0) return 0;
   const int64_t n = first + count;
@@ -51,9 +52,10 @@ void CudaBackend::ensure_window(CudaLayer& layer) const {
   layer.window_pos.assign(static_cast<size_t>(layer.window_slots()), -1);
 }
 
-bool CudaBackend::append_from_device(DeviceLayer* device, const KvStore& store, int64_t first,
+bool CudaBackend::append_from_device(DeviceLayer* device, const KvTier& tier, int64_t first,
                                      const pq_tensor& keys, const pq_tensor& values,
                                      void* stream) const {
+  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   // The caller's host_alloc memory is not the device's to write; rows past
   // what a kernel parameter carries go through the host.
@@ -131,8 +133,9 @@ bool CudaBackend::copy_rows_inline(const RowCopies& rows, size_t row_bytes, void
   return true;
 }
 
-void CudaBackend::truncate_device(DeviceLayer* device, const KvStore& store, int64_t tokens,
+void CudaBackend::truncate_device(DeviceLayer* device, const KvTier& tier, int64_t tokens,
                                   void* stream) const {
+  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr) return;
   layer->truncate(tokens);
@@ -186,9 +189,10 @@ void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const
   arena.get(StreamScratch::kScores, static_cast<size_t>(kv) * layer->step_max_n * sizeof(float));
 }
 
-uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvStore& store,
+uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvTier& tier,
                            const std::vector<BlockCache::Admission>& admissions,
                            int32_t block_tokens, void* stream) const {
+  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr || admissions.empty()) return 0;
   use_device();

@@ -162,7 +162,7 @@ bool CudaBackend::fetch_batch_device_selection(
     require_device_memory(a->out_values.data, "out_values.data");
     if (a->selection.capacity > 0) require_device_memory(a->selection.positions, "selection->positions");
     require_device_memory(a->selection.counts, "selection->counts");
-    if (!device_reads(a->store))
+    if (!device_reads(host_rows(a->store)))
       fail(PQ_ERR_UNSUPPORTED,
            "the K/V store is in the caller's host_alloc memory, which the device cannot read; "
            "a selection in device memory needs the CUDA backend's own store");
@@ -176,10 +176,10 @@ bool CudaBackend::fetch_batch_device_selection(
   int64_t max_chunks = 0;
   for (const DeviceSelectionFetchArgs* a : items) {
     auto& layer = *static_cast<CudaLayer*>(a->context.device);
-    if (a->selection.capacity == 0 || a->store.tokens() == 0) continue;
-    table.push_back(selected_gather(layer, a->store, a->selection.positions, a->selection.counts,
+    if (a->selection.capacity == 0 || host_rows(a->store).tokens() == 0) continue;
+    table.push_back(selected_gather(layer, host_rows(a->store), a->selection.positions, a->selection.counts,
                                     a->selection.capacity, a->out_keys, a->out_values, s));
-    const int64_t per_row = (static_cast<int64_t>(a->store.row_bytes()) + 15) / 16;
+    const int64_t per_row = (static_cast<int64_t>(host_rows(a->store).row_bytes()) + 15) / 16;
     max_chunks = std::max(max_chunks, int64_t{layer.kv_heads} * a->selection.capacity * 2 * per_row);
   }
   if (table.empty()) return true;

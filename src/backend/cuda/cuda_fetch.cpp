@@ -19,13 +19,13 @@ bool CudaBackend::fetch_device_selection(const DeviceSelectionFetchArgs& a) cons
   require_device_memory(a.out_values.data, "out_values.data");
   if (a.selection.capacity > 0) require_device_memory(a.selection.positions, "selection->positions");
   require_device_memory(a.selection.counts, "selection->counts");
-  if (!device_reads(a.store))
+  if (!device_reads(host_rows(a.store)))
     fail(PQ_ERR_UNSUPPORTED,
          "the K/V store is in the caller's host_alloc memory, which the device cannot read; "
          "a selection in device memory needs the CUDA backend's own store (no host_alloc "
          "hook), or use pq_fetch_kv with host positions");
   auto* layer = static_cast<CudaLayer*>(a.context.device);
-  if (layer == nullptr || a.selection.capacity == 0 || a.store.tokens() == 0) return true;
+  if (layer == nullptr || a.selection.capacity == 0 || host_rows(a.store).tokens() == 0) return true;
   use_device();
   char err[512] = {0};
   void* s = a.context.stream;
@@ -47,7 +47,7 @@ bool CudaBackend::fetch_device_selection(const DeviceSelectionFetchArgs& a) cons
     return fetch_captured(*layer, caller, s);
   }
   const pq_selected_gather g =
-      selected_gather(*layer, a.store, a.selection.positions, a.selection.counts,
+      selected_gather(*layer, host_rows(a.store), a.selection.positions, a.selection.counts,
                       a.selection.capacity, a.out_keys, a.out_values, s);
   check(k_->gather_selected(&g, s, err, sizeof err), "gather_selected", err);
   if (layer->step_max_n > 0) {  // after a reserve: the gather a graph may capture
@@ -94,7 +94,7 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
   if (items.empty()) return true;
   void* s = items.front().context.stream;
   for (const DeviceFetchArgs& a : items)
-    if (a.context.stream != s || a.store.row_bytes() != items.front().store.row_bytes()) return false;
+    if (a.context.stream != s || host_rows(a.store).row_bytes() != host_rows(items.front().store).row_bytes()) return false;
   for (const DeviceFetchArgs& a : items)
     for (const pq_tensor* t : {&a.out_keys, &a.out_values})
       if (!k_->is_device_pointer(t->data))
@@ -106,16 +106,16 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
   bool by_positions = true;  // no block cache, stores the device reads
   for (const DeviceFetchArgs& a : items)
     by_positions = by_positions && a.cache == nullptr && a.context.device != nullptr &&
-                   device_reads(a.store);
+                   device_reads(host_rows(a.store));
   if (by_positions) return gather_by_positions(items, s);
   char err[512] = {0};
-  const size_t rb = items.front().store.row_bytes();
+  const size_t rb = host_rows(items.front().store).row_bytes();
   int64_t rows = 0, unreadable_rows = 0;
   for (const DeviceFetchArgs& a : items) {
     int64_t item_rows = 0;
     for (int32_t h = 0; h < a.out_keys.heads; ++h) item_rows += a.selection.counts[h];
     rows += item_rows;
-    if (!device_reads(a.store)) unreadable_rows += item_rows;
+    if (!device_reads(host_rows(a.store))) unreadable_rows += item_rows;
   }
   if (rows == 0) return true;
 
@@ -170,7 +170,8 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
     const int32_t h = task.head;
     auto* layer = static_cast<CudaLayer*>(a.context.device);
     const size_t es = dtype_size(a.out_keys.dtype);
-    const bool readable = device_reads(a.store);
+    const KvStore& store = host_rows(a.store);
+    const bool readable = device_reads(store);
     const bool use_cache = a.cache != nullptr && layer != nullptr && layer->d_slots != nullptr;
     const int32_t* pos = a.selection.positions + h * a.selection.capacity;
     int64_t r = task.first_row;
@@ -198,10 +199,10 @@ bool CudaBackend::fetch_batch_to_device(const std::vector<DeviceFetchArgs>& item
         continue;
       }
       if (readable) {
-        src_k[r] = const_cast<uint8_t*>(a.store.key_row(p, h));
-        src_v[r] = const_cast<uint8_t*>(a.store.value_row(p, h));
+        src_k[r] = const_cast<uint8_t*>(store.key_row(p, h));
+        src_v[r] = const_cast<uint8_t*>(store.value_row(p, h));
       } else {
-        task_misses[static_cast<size_t>(t)].push_back({r, p, &a.store, h, a.staged_bytes});
+        task_misses[static_cast<size_t>(t)].push_back({r, p, &store, h, a.staged_bytes});
       }
     }
   };
@@ -264,7 +265,7 @@ bool CudaBackend::gather_by_positions(const std::vector<DeviceFetchArgs>& items,
       width[i] = std::max<int64_t>(width[i], a.selection.counts[h]);
     bytes += static_cast<size_t>(a.out_keys.heads) * (1 + width[i]) * sizeof(int32_t);
     max_chunks = std::max<int64_t>(max_chunks, int64_t{a.out_keys.heads} * width[i] * 2 *
-                                                   ((static_cast<int64_t>(a.store.row_bytes()) + 15) / 16));
+                                                   ((static_cast<int64_t>(host_rows(a.store).row_bytes()) + 15) / 16));
   }
   if (max_chunks == 0) return true;
   uint8_t* pinned = scratch.fetch_staging.acquire(bytes);
@@ -283,7 +284,7 @@ bool CudaBackend::gather_by_positions(const std::vector<DeviceFetchArgs>& items,
                   static_cast<size_t>(counts[h]) * sizeof(int32_t));
     }
     const auto* d_counts = reinterpret_cast<const int32_t*>(d_up + at);
-    table[i] = selected_gather(*layer, a.store, d_counts + heads, d_counts, width[i],
+    table[i] = selected_gather(*layer, host_rows(a.store), d_counts + heads, d_counts, width[i],
                                a.out_keys, a.out_values, s);
     at += static_cast<size_t>(heads) * (1 + width[i]) * sizeof(int32_t);
   }

@@ -100,7 +100,8 @@ void CudaBackend::send_step(CudaLayer& layer, void* s) const {
 }
 
 void CudaBackend::refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& l,
-                                      int64_t tokens, const KvStore& store, void* s) const {
+                                      int64_t tokens, const KvTier& tier, void* s) const {
+  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr || !(layer->step_selected || layer->step_fetched)) return;
   use_device();

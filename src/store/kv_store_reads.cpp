@@ -1,0 +1,133 @@
+// The host tier's reads (KvTier): rows straight from the chunks in memory.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/tensor.h"
+#include "store/kv_store.h"
+
+namespace pq {
+
+namespace {
+
+// An index build's view: the chunks it holds stay alive and unchanged.
+class HostKeySnapshot final : public KeySnapshot {
+ public:
+  explicit HostKeySnapshot(KvStore::Snapshot s) : s_(std::move(s)) {}
+  void keys_as_float(int32_t head, const int64_t* rows, int64_t count,
+                     float* out) const override {
+    for (int64_t i = 0; i < count; ++i)
+      to_float(s_.key_row(rows[i], head), dtype_, s_.head_dim, out + i * s_.head_dim);
+  }
+  int64_t tokens() const override { return s_.tokens; }
+  int32_t dtype_ = 0;
+
+ private:
+  KvStore::Snapshot s_;
+};
+
+// Rows ahead of the one being copied that a gather asks the memory system
+// for (the rows are scattered over chunks).
+constexpr int64_t kPrefetchAhead = 8;
+
+}  // namespace
+
+std::shared_ptr<const KeySnapshot> KvStore::snapshot(int64_t tokens) const {
+  Snapshot s = snapshot();
+  s.tokens = tokens;
+  s.chunks.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
+  auto view = std::make_shared<HostKeySnapshot>(std::move(s));
+  view->dtype_ = dtype_;
+  return view;
+}
+
+void KvStore::keys_as_float(int32_t head, int64_t first, int64_t count, float* out) const {
+  const int32_t d = head_dim_;
+  // A chunk's rows of one head are contiguous: one conversion per chunk.
+  for (int64_t t = first; t < first + count;) {
+    const int64_t run = std::min(first + count - t, kChunkTokens - t % kChunkTokens);
+    to_float(key_row(t, head), dtype_, run * d, out + (t - first) * d);
+    t += run;
+  }
+}
+
+void KvStore::keys_as_float(int32_t head, const int32_t* positions, int64_t count,
+                            float* out) const {
+  for (int64_t i = 0; i < count; ++i)
+    to_float(table_.key_row(positions[i], head), dtype_, head_dim_, out + i * head_dim_);
+}
+
+void KvStore::keys_as_float(int32_t head, const int64_t* rows, int64_t count, float* out) const {
+  for (int64_t i = 0; i < count; ++i)
+    to_float(key_row(rows[i], head), dtype_, head_dim_, out + i * head_dim_);
+}
+
+void KvStore::key_columns_as_float(int32_t head, int64_t first, int64_t count,
+                                   const int32_t* cols, int32_t ncols, float* out) const {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t* row = key_row(first + i, head);
+    for (int32_t j = 0; j < ncols; ++j)
+      out[i * ncols + j] = load_element(row + static_cast<size_t>(cols[j]) * element_size_, dtype_);
+  }
+}
+
+void KvStore::gather(int32_t head, const int32_t* positions, int64_t count, uint8_t* keys,
+                     size_t key_stride, uint8_t* values, size_t value_stride) const {
+  const size_t rb = row_bytes();
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchAhead < count) {
+      __builtin_prefetch(table_.key_row(positions[i + kPrefetchAhead], head));
+      __builtin_prefetch(table_.value_row(positions[i + kPrefetchAhead], head));
+    }
+    std::memcpy(keys + i * key_stride, table_.key_row(positions[i], head), rb);
+    std::memcpy(values + i * value_stride, table_.value_row(positions[i], head), rb);
+  }
+}
+
+SelectedRows KvStore::select_rows(int32_t, const int32_t* positions, int64_t,
+                                  RowStaging&) const {
+  return {&table_, positions};
+}
+
+void KvStore::for_each_run(bool keys, int32_t head, int64_t first, int64_t end,
+                           const std::function<void(const uint8_t*, int64_t)>& fn) const {
+  for (int64_t t = first; t < end;) {  // a chunk's rows of one head are contiguous
+    const int64_t run = std::min(end - t, kChunkTokens - t % kChunkTokens);
+    fn(keys ? key_row(t, head) : value_row(t, head), run);
+    t += run;
+  }
+}
+
+void KvStore::reject_non_finite_rows(int64_t first, int64_t end, int64_t* run_first) const {
+  // The rows of [first, end), chunk by chunk, as K and V tensors
+  // ([token][head] with the chunk's head stride).
+  for (int64_t t = first; t < end;) {
+    const int64_t n = std::min(end - t, kChunkTokens - t % kChunkTokens);
+    *run_first = t;
+    for (const bool key : {true, false}) {
+      pq_tensor view{};
+      view.data = const_cast<uint8_t*>(key ? key_row(t, 0) : value_row(t, 0));
+      view.dtype = dtype_;
+      view.memory = PQ_MEMORY_HOST;
+      view.tokens = n;
+      view.heads = heads_;
+      view.head_dim = head_dim_;
+      view.token_stride = head_dim_;
+      view.head_stride = kChunkTokens * static_cast<int64_t>(head_dim_);
+      reject_non_finite(view, key ? "keys" : "values");
+    }
+    t += n;
+  }
+}
+
+const KvStore& host_rows(const KvTier& tier) {
+  const KvStore* store = tier.host_store();
+  if (store == nullptr) fail(PQ_ERR_INTERNAL, "this path reads K/V rows in host memory only");
+  return *store;
+}
+
+KvStore& host_rows(KvTier& tier) { return const_cast<KvStore&>(host_rows(std::as_const(tier))); }
+
+}  // namespace pq
