@@ -125,7 +125,8 @@ typedef enum pq_status {
   /* A valid request this build or backend does not implement. */
   PQ_ERR_UNSUPPORTED = -5,
   /* Something outside the library failed: the CUDA plug-in or device, the
-   * file system (pq_sequence_save_file, _restore_file), a caller's
+   * file system (pq_sequence_save_file, _restore_file, the disk tier's K/V
+   * file: a full disk, a read error), a caller's
    * callback (pq_write_fn, host_alloc), the Redis server (refused,
    * timed out, out of memory). The message says which and why. */
   PQ_ERR_BACKEND = -6,
@@ -638,7 +639,34 @@ typedef struct pq_config {
    * score is within this of its head's best, in (0, 1e6], default 4 (the
    * authors' runtime alpha). (Added in 0.7.) */
   float infinigen_alpha;
+
+  /* --- Storage tier (appended in 0.9; docs/tiers.md) ------------------ */
+  /* pq_kv_tier: where each layer's K/V rows live. Default PQ_KV_TIER_HOST. */
+  int32_t kv_tier;
+  /* PQ_KV_TIER_DISK: the directory of the context's K/V file (an unnamed
+   * file, gone with the process; its size is the disk tier's K/V). The
+   * string is read during pq_create only; pq_create fails with
+   * PQ_ERR_INVALID_ARGUMENT naming it when no file can be made there.
+   * Ignored by the host tier; default NULL. */
+  const char* kv_disk_path;
 } pq_config;
+
+/* Where the K/V rows of every layer live (pq_config.kv_tier). */
+typedef enum pq_kv_tier {
+  /* Host memory (the default): every row in memory; the CUDA backend's
+   * fetches read it in place (page-locked, device-mapped). */
+  PQ_KV_TIER_HOST = 0,
+  /* A file on local disk (pq_config.kv_disk_path): the sink chunk and the
+   * chunks of the local window stay in memory, every other 256-token chunk
+   * goes to the file as it leaves the window, and selected rows are read
+   * back by pq_fetch_kv, pq_decode_attend and the selectors that read keys.
+   * The index, its codes and the selector state stay in memory. The memory
+   * limit counts the chunks in memory and the state of every chunk. A full
+   * disk or a failed read is PQ_ERR_BACKEND naming the file's directory,
+   * and the layer keeps every token it held. CPU backend only
+   * (PQ_ERR_UNSUPPORTED with PQ_BACKEND_CUDA). (Added in 0.9.) */
+  PQ_KV_TIER_DISK = 1
+} pq_kv_tier;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
  * Geometry fields are 0 and must be set. NULL is ignored. Thread-safe. */
@@ -758,6 +786,12 @@ PQ_API void pq_pool_destroy(pq_pool* pool);
 
 /* Hooks a context calls (versioned like pq_config: set struct_size with
  * pq_hooks_default, then the fields wanted; NULL functions are off). */
+/* pq_hooks.disk_read and disk_write (the disk tier's file). */
+typedef int64_t (*pq_disk_read_fn)(void* user, int fd, void* buf, uint64_t bytes,
+                                   uint64_t offset);
+typedef int64_t (*pq_disk_write_fn)(void* user, int fd, const void* buf, uint64_t bytes,
+                                    uint64_t offset);
+
 typedef struct pq_hooks {
   uint32_t struct_size; /* sizeof(pq_hooks) */
   pq_log_fn log;
@@ -777,6 +811,16 @@ typedef struct pq_hooks {
    * context's builds (they are cancelled; a queued one is dropped when a
    * worker reaches it). */
   pq_pool* pool;
+  /* The disk tier's reads and writes of its K/V file (PQ_KV_TIER_DISK), each
+   * NULL for pread / pwrite: `bytes` at `offset` of file descriptor fd,
+   * returning the bytes moved or -errno. A transfer may move fewer bytes
+   * (the library asks again for the rest); 0 or a negative value fails the
+   * call with PQ_ERR_BACKEND. Called on any thread, concurrently. For
+   * accounting, throttling, encryption, or to inject faults in tests.
+   * (Added in 0.9.) */
+  pq_disk_read_fn disk_read;
+  pq_disk_write_fn disk_write;
+  void* disk_user;
 } pq_hooks;
 
 /* Fills *hooks with no hooks, log_level PQ_LOG_WARN and struct_size.

@@ -36,6 +36,8 @@ pq::Hooks checked_hooks(const pq_hooks* h, std::shared_ptr<pq::ThreadPool>* pool
   out.allocator = {h->host_alloc, h->host_free, h->alloc_user};
   out.build_done = h->build_done;
   out.build_done_user = h->build_done_user;
+  if (h->struct_size >= offsetof(pq_hooks, disk_user) + sizeof(void*))
+    out.disk_io = {h->disk_read, h->disk_write, h->disk_user};
   if (h->pool != nullptr) *pool = h->pool->pool;
   return out;
 }
@@ -50,11 +52,7 @@ pq_status create(const char* function, const pq_config* config, const pq_hooks* 
     checked = checked_hooks(hooks, &pool);
     pq_config resolved = pq::resolve_config(config);
     if (pool) resolved.worker_threads = pool->size();
-    const char* plugin_path =
-        config->struct_size >= offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)
-            ? config->cuda_plugin_path
-            : nullptr;
-    *out = new pq_context(resolved, plugin_path, checked, std::move(pool));
+    *out = new pq_context(resolved, pq::caller_paths(config), checked, std::move(pool));
   });
   if (status != PQ_OK) checked.emit(PQ_LOG_ERROR, std::string(pq::last_error()));
   return status;

@@ -11,9 +11,9 @@
 #include "sequence/context.h"
 
 struct pq_context {
-  pq_context(const pq_config& c, const char* plugin_path, const pq::Hooks& hooks,
+  pq_context(const pq_config& c, const pq::CallerPaths& paths, const pq::Hooks& hooks,
              std::shared_ptr<pq::ThreadPool> pool)
-      : impl(c, plugin_path, hooks, std::move(pool)) {}
+      : impl(c, paths, hooks, std::move(pool)) {}
   pq::Context impl;
   pq::api::DestroyWatches destroy_watches;  // pq_watch_destroy
 };

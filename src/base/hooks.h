@@ -41,6 +41,13 @@ class HostBlock {
   size_t bytes_ = 0;
 };
 
+// The disk tier's file transfers (pq_hooks.disk_read, disk_write).
+struct DiskIo {
+  pq_disk_read_fn read = nullptr;    // null: pread
+  pq_disk_write_fn write = nullptr;  // null: pwrite
+  void* user = nullptr;
+};
+
 struct Hooks {
   pq_log_fn log = nullptr;
   void* log_user = nullptr;
@@ -48,6 +55,7 @@ struct Hooks {
   HostAllocator allocator;
   pq_build_done_fn build_done = nullptr;
   void* build_done_user = nullptr;
+  DiskIo disk_io;  // the disk tier's reads and writes
 
   bool logs(int32_t level) const { return log != nullptr && level <= log_level; }
   // Never throws: a log hook cannot make a call fail.

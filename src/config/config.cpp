@@ -33,6 +33,7 @@ const Names kCachePolicyNames = {{PQ_CACHE_LRU, "PQ_CACHE_LRU"}, {PQ_CACHE_LFU, 
 const Names kKeyRotaryNames = {{PQ_ROTARY_NONE, "PQ_ROTARY_NONE"},
                                {PQ_ROTARY_HALF, "PQ_ROTARY_HALF"},
                                {PQ_ROTARY_INTERLEAVED, "PQ_ROTARY_INTERLEAVED"}};
+const Names kKvTierNames = {{PQ_KV_TIER_HOST, "PQ_KV_TIER_HOST"}, {PQ_KV_TIER_DISK, "PQ_KV_TIER_DISK"}};
 const Names kPoolingNames = {{PQ_POOLING_MAX, "PQ_POOLING_MAX"}, {PQ_POOLING_AVG, "PQ_POOLING_AVG"}};
 
 // The selectors' names come from their registry, the one list of them.
@@ -155,8 +156,28 @@ pq_config resolve_config(const pq_config* in) {
     invalid("config.pooling_kernel is " + str(c.pooling_kernel) + "; expected an odd size");
 
   if (c.worker_threads == 0) c.worker_threads = hardware_threads();
-  c.cuda_plugin_path = nullptr;  // read during pq_create only; never kept
+  if (c.kv_tier == PQ_KV_TIER_DISK && c.backend == PQ_BACKEND_CUDA)
+    fail(PQ_ERR_UNSUPPORTED,
+         "config.kv_tier is PQ_KV_TIER_DISK with backend PQ_BACKEND_CUDA; the CUDA backend "
+         "reads K/V from host memory only (use PQ_KV_TIER_HOST, or the CPU backend)");
+  if (c.kv_tier == PQ_KV_TIER_DISK && c.backend == PQ_BACKEND_AUTO) c.backend = PQ_BACKEND_CPU;
+  if (c.kv_tier == PQ_KV_TIER_DISK && (c.kv_disk_path == nullptr || *c.kv_disk_path == '\0'))
+    invalid("config.kv_disk_path is " + std::string(c.kv_disk_path == nullptr ? "NULL" : "empty") +
+            "; PQ_KV_TIER_DISK needs the directory of its K/V file");
+  // Read during pq_create only (caller_paths); never kept.
+  c.cuda_plugin_path = nullptr;
+  c.kv_disk_path = nullptr;
   return c;
+}
+
+CallerPaths caller_paths(const pq_config* config) {
+  CallerPaths p;
+  auto covers = [config](size_t end) { return config->struct_size >= end; };
+  if (covers(offsetof(pq_config, cuda_plugin_path) + sizeof(const char*)))
+    p.cuda_plugin = config->cuda_plugin_path;
+  if (covers(offsetof(pq_config, kv_disk_path) + sizeof(const char*)))
+    p.kv_disk = config->kv_disk_path;
+  return p;
 }
 
 std::string selector_value_name(int32_t selector) {

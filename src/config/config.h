@@ -14,10 +14,19 @@ void fill_config_defaults(pq_config* config);
 
 // Checks a caller's configuration (an older caller's smaller struct gets the
 // defaults of the fields it does not know) and returns it with the defaults
-// resolved (worker_threads 0 = the hardware's threads) and cuda_plugin_path
-// dropped (read during pq_create only). Throws PQ_ERR_INVALID_ARGUMENT or
+// resolved (worker_threads 0 = the hardware's threads) and its paths
+// (cuda_plugin_path, kv_disk_path) dropped: read during pq_create only,
+// through caller_paths(). Throws PQ_ERR_INVALID_ARGUMENT or
 // PQ_ERR_UNSUPPORTED naming the field, its value and what was expected.
 pq_config resolve_config(const pq_config* config);
+
+// The strings of a caller's configuration that pq_create reads and no
+// context keeps (null where the caller's struct_size predates the field).
+struct CallerPaths {
+  const char* cuda_plugin = nullptr;
+  const char* kv_disk = nullptr;
+};
+CallerPaths caller_paths(const pq_config* config);
 // The threads worker_threads = 0 (and pq_pool_create(0)) stand for: the
 // hardware threads, at least 1.
 int32_t hardware_threads();

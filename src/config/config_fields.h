@@ -68,4 +68,6 @@
   REAL(pyramidinfer_decay, 0.9f, 0.0, 1.0, true)                             \
   REAL(fastgen_recovery, 0.9f, 0.0, 1.0, true)                               \
   REAL(infinigen_partial_ratio, 0.2f, 0.0, 1.0, true)                        \
-  REAL(infinigen_alpha, 4.0f, 0.0, 1e6, true)
+  REAL(infinigen_alpha, 4.0f, 0.0, 1e6, true)                              \
+  ENUM(kv_tier, PQ_KV_TIER_HOST, kKvTierNames)                               \
+  FREE(kv_disk_path, nullptr)

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "base/dtype.h"
 #include "base/error.h"
+#include "store/kv_tier.h"
 
 namespace pq {
 
@@ -24,6 +26,15 @@ std::unique_ptr<Backend> make_backend(const pq_config& c, const char* plugin_pat
   }
 }
 
+// One slot per chunk: its K block then its V block.
+std::shared_ptr<ChunkFile> make_chunk_file(const pq_config& c, const char* directory,
+                                           const DiskIo& io) {
+  if (c.kv_tier != PQ_KV_TIER_DISK) return nullptr;
+  const size_t block = static_cast<size_t>(KvTier::kChunkTokens) * c.num_kv_heads * c.head_dim *
+                       dtype_size(c.dtype);
+  return std::make_shared<ChunkFile>(directory, 2 * block, io);
+}
+
 std::unique_ptr<Selector> built_in_selector(int32_t kind) {
   std::unique_ptr<Selector> s = make_selector(kind);
   if (!s)
@@ -33,16 +44,17 @@ std::unique_ptr<Selector> built_in_selector(int32_t kind) {
 }
 }  // namespace
 
-ContextShared::ContextShared(const pq_config& c, const char* plugin_path, const Hooks& h,
+ContextShared::ContextShared(const pq_config& c, const CallerPaths& paths, const Hooks& h,
                              std::shared_ptr<ThreadPool> shared_pool)
     : config(c),
       group_size(c.num_q_heads / c.num_kv_heads),
       scale(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
       budget(c.host_memory_limit),
-      backend(make_backend(c, plugin_path)),
+      backend(make_backend(c, paths.cuda_plugin)),
       selector(built_in_selector(c.selector)),
       cost(memory_cost(c, *selector)),
       hooks(h),
+      chunk_file(make_chunk_file(c, paths.kv_disk, h.disk_io)),
       owns_pool(shared_pool == nullptr),
       pool(shared_pool ? std::move(shared_pool) : std::make_shared<ThreadPool>(c.worker_threads)) {
   const uint64_t fixed = cost.sequence_fixed(c.num_layers);

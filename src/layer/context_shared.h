@@ -25,6 +25,8 @@
 #include "base/scratch.h"
 #include "selectors/selector.h"
 #include "base/thread_pool.h"
+#include "config/config.h"
+#include "store/chunk_file.h"
 
 namespace pq {
 
@@ -39,10 +41,10 @@ struct Regions {
 };
 
 struct ContextShared {
-  // plugin_path: the caller's cuda_plugin_path (resolve_config drops it).
-  // shared_pool: the caller's pool, or null for a pool of the context's own
-  // (config.worker_threads threads).
-  ContextShared(const pq_config& resolved, const char* plugin_path, const Hooks& hooks,
+  // paths: the caller's cuda_plugin_path and kv_disk_path (resolve_config
+  // drops them). shared_pool: the caller's pool, or null for a pool of the
+  // context's own (config.worker_threads threads).
+  ContextShared(const pq_config& resolved, const CallerPaths& paths, const Hooks& hooks,
                 std::shared_ptr<ThreadPool> shared_pool);
 
   // The regions of a layer of n tokens (the selector may vary k by layer).
@@ -74,6 +76,9 @@ struct ContextShared {
   const MemoryCost cost;
   ScratchPool scratch;
   const Hooks hooks;
+  // The disk tier's file (PQ_KV_TIER_DISK), shared by every layer of every
+  // sequence; null for the host tier.
+  const std::shared_ptr<ChunkFile> chunk_file;
 
  private:
   std::once_flag profile_once_;

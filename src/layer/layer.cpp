@@ -8,6 +8,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "store/disk_tier.h"
 
 namespace pq {
 
@@ -22,6 +23,10 @@ HostAllocator store_allocator(const ContextShared& shared) {
 // The tier config.kv_tier names (kv_tier.h).
 std::unique_ptr<KvTier> make_kv_tier(ContextShared& shared, const HostAllocator& allocator) {
   const pq_config& c = shared.config;
+  if (c.kv_tier == PQ_KV_TIER_DISK)
+    return std::make_unique<DiskKvTier>(
+        DiskKvTier::Geometry{c.num_kv_heads, c.head_dim, c.dtype, c.sink_tokens, c.local_tokens},
+        &shared.budget, shared.cost.chunk, shared.cost.chunk_kv, shared.chunk_file, allocator);
   return std::make_unique<KvStore>(c.num_kv_heads, c.head_dim, c.dtype, &shared.budget,
                                    shared.cost.chunk, allocator);
 }

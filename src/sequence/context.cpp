@@ -24,9 +24,9 @@ Sequence::Sequence(uint64_t seq_id, ContextShared& shared, Reservation fixed_sta
     layers.push_back(std::make_unique<Layer>(shared, l));
 }
 
-Context::Context(const pq_config& c, const char* plugin_path, const Hooks& hooks,
+Context::Context(const pq_config& c, const CallerPaths& paths, const Hooks& hooks,
                  std::shared_ptr<ThreadPool> pool)
-    : shared_(c, plugin_path, hooks, std::move(pool)) {
+    : shared_(c, paths, hooks, std::move(pool)) {
   if (shared_.logs(PQ_LOG_INFO))
     shared_.log(PQ_LOG_INFO,
                 std::string("context created: ") + (backend().kind() == PQ_BACKEND_CUDA ? "CUDA" : "CPU") +

@@ -61,9 +61,10 @@ struct Sequence {
 
 class Context {
  public:
-  // plugin_path: the caller's cuda_plugin_path (resolve_config drops it).
-  // pool: the caller's shared pool (pq_pool), or null for one of its own.
-  Context(const pq_config& resolved, const char* plugin_path, const Hooks& hooks = Hooks{},
+  // paths: the caller's cuda_plugin_path and kv_disk_path (resolve_config
+  // drops them). pool: the caller's shared pool (pq_pool), or null for one
+  // of its own.
+  Context(const pq_config& resolved, const CallerPaths& paths, const Hooks& hooks = Hooks{},
           std::shared_ptr<ThreadPool> pool = nullptr);
   ~Context();
 

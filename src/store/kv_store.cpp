@@ -50,26 +50,6 @@ void KvStore::sync_table() noexcept {
   }
 }
 
-void KvStore::append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) {
-  const int64_t count = keys.tokens;
-  if (count <= 0) return;
-  const int64_t first = tokens_;
-  open(count);
-  bool finite;
-  try {
-    finite = copy_in(first, keys, values, pool);
-  } catch (...) {
-    truncate(first);
-    throw;
-  }
-  if (!finite) {
-    truncate(first);  // as if the call never came
-    reject_non_finite(keys, "keys");  // names the first bad element
-    reject_non_finite(values, "values");
-    fail(PQ_ERR_INTERNAL, "a non-finite value was seen while storing but not found again");
-  }
-}
-
 void KvStore::check_room(int64_t count) const {
   if (tokens_ + count > INT32_MAX)
     fail(PQ_ERR_INVALID_ARGUMENT, "a sequence holds at most 2147483647 tokens per layer; " +

@@ -63,8 +63,7 @@ class KvStore final : public KvTier {
   // finite in the same pass; a large append is spread over `pool` (may be
   // null). All or nothing: on an error (a NaN or Inf, the memory limit, an
   // allocation) nothing is appended and nothing is held.
-  void append(const pq_tensor& keys, const pq_tensor& values,
-              ThreadPool* pool = nullptr) override;
+  using KvTier::append;
 
   // append() in two steps: open() holds and allocates `count` more tokens
   // whose rows are not written yet (all or nothing; nothing may read them

@@ -70,9 +70,10 @@ class KvTier {
   virtual size_t chunk_count() const = 0;
 
   // --- Writing (the caller holds the layer; see KvStore for each one) ---
-  // keys.tokens more tokens from host tensors, values checked finite: all
-  // or nothing.
-  virtual void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool) = 0;
+  // keys.tokens more tokens from host tensors (already validated), every
+  // value checked finite: open() then copy_in(), all or nothing (on an error
+  // nothing is appended and nothing is held). kv_tier.cpp.
+  void append(const pq_tensor& keys, const pq_tensor& values, ThreadPool* pool = nullptr);
   virtual void open(int64_t count) = 0;
   virtual bool open_copies_last_chunk() const = 0;
   virtual bool copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& values,
