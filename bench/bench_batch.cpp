@@ -47,15 +47,6 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,7 +60,7 @@ int main(int argc, char** argv) {
   std::printf("libpqcache %s, CPU backend, %d layers, %d q / %d kv heads, head_dim %d, f16, "
               "PQ 2x6, top 1/5, sink 4, local 64, worker_threads 2\n",
               pq_version_string(), kLayers, kQHeads, kKvHeads, kDim);
-  std::printf("load average at start: %.2f\n\n", load_average());
+  std::printf("load average at start: %.2f\n\n", pqbench::load_average());
   std::printf("| tokens | batch | calls/step batched | calls/step per-sequence | batched ms "
               "(median) | per-sequence ms (median) | per-sequence / batched (median of "
               "rounds) | load |\n|---|---|---|---|---|---|---|---|\n");
@@ -166,7 +157,7 @@ int main(int argc, char** argv) {
       std::printf("| %lld | %lld | %d | %lld | %.3f | %.3f | %.2fx | %.2f |\n",
                   static_cast<long long>(tokens), static_cast<long long>(batch), 2 * kLayers,
                   static_cast<long long>(2 * kLayers * batch), median(tb) * 1e3,
-                  median(tp) * 1e3, median(ratio), load_average());
+                  median(tp) * 1e3, median(ratio), pqbench::load_average());
       std::fflush(stdout);
     }
     pq_destroy(ctx);

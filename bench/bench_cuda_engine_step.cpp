@@ -70,21 +70,6 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-// The host's widest vector ISA the library's CPU kernels could use.
-const char* isa_level() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "AVX-512";
-  if (__builtin_cpu_supports("avx2")) return "AVX2";
-  return "SSE2";
-}
-
 std::vector<uint16_t> random_f16(size_t n, uint64_t seed) {
   pqbench::Rng rng{seed};
   std::vector<uint16_t> v(n);
@@ -328,7 +313,7 @@ int main(int argc, char** argv) {
   }
   std::printf("gpu: %s (cc %d.%d), CUDA driver API %d; host: %s (%s); load %.2f; "
               "libpqcache %s\n",
-              prop.name, prop.major, prop.minor, driver, cpu_model().c_str(), isa_level(), load,
+              prop.name, prop.major, prop.minor, driver, pqbench::cpu_model().c_str(), pqbench::isa_level(), load,
               pq_version_string());
   std::vector<int64_t> prompts{8192, 131072};
   if (argc > 1) {

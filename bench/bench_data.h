@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -22,6 +24,30 @@ constexpr int kKvHeads = 8;
 constexpr int kGroup = kQHeads / kKvHeads;
 constexpr int kHeadDim = 128;
 constexpr float kTopkFraction = 0.2f;
+
+// The machine a figure holds on: the CPU's model, the widest vector ISA the
+// library's CPU kernels could use, and the 1-minute load average (-1 when
+// /proc cannot tell).
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+inline const char* isa_level() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "AVX-512";
+  if (__builtin_cpu_supports("avx2")) return "AVX2";
+  return "SSE2";
+}
+inline double load_average() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
 
 // A benchmark cannot go on after a failed call: says which and exits.
 inline void check_status(const char* program, pq_status st, const char* what) {

@@ -69,11 +69,6 @@ struct Bandwidth {
   double load = 0;  // 1-minute load average when measured
 };
 
-double load_average() {
-  double load[1] = {0};
-  return getloadavg(load, 1) == 1 ? load[0] : -1;
-}
-
 // `bytes` of fresh pages from the kernel (unmapped by the deleter): what an
 // ingest into new chunks writes into, page faults included.
 struct FreshPages {
@@ -92,7 +87,7 @@ Bandwidth measure_bandwidth() {
   std::vector<uint64_t> buf(bytes / 8, 1);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<double> reads;
-  b.load = load_average();
+  b.load = pqbench::load_average();
   for (int rep = 0; rep < 9; ++rep) {
     std::vector<uint64_t> sums(threads, 0);
     auto t = Clock::now();
@@ -187,7 +182,7 @@ void report_bandwidth(benchmark::State& state) {
   state.counters["read_median_GBps"] = bandwidth().read_median_gbps;
   state.counters["copy_fresh_GBps"] = bandwidth().copy_fresh_gbps;
   state.counters["load_at_bandwidth"] = bandwidth().load;
-  state.counters["load"] = load_average();
+  state.counters["load"] = pqbench::load_average();
 }
 
 // --- select ------------------------------------------------------------------
