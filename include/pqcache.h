@@ -283,6 +283,10 @@ typedef enum pq_selector {
    * (counts in pq_selection.counts). Needs pq_prefill_queries. */
   PQ_SELECTOR_INFINIGEN = 18
 } pq_selector;
+/* One past the last selector: the number of pq_selector values, 0 to
+ * PQ_SELECTOR_COUNT - 1. Every binding checks its copy of the enum against
+ * it and the values above. */
+#define PQ_SELECTOR_COUNT 19
 
 /* How the query heads of one GQA group combine into one score per kv head. */
 typedef enum pq_gqa_combine {

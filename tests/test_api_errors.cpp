@@ -109,8 +109,9 @@ TEST(ApiErrors, CreateBadSettings) {
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"dtype"}, "dtype 3");
   c = base_config(); c.dtype = -1;
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"dtype"}, "dtype -1");
-  c = base_config(); c.selector = 19;
-  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"selector"}, "selector 19");
+  c = base_config(); c.selector = PQ_SELECTOR_COUNT;  // one past the last
+  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"selector"},
+                      ("selector " + std::to_string(PQ_SELECTOR_COUNT)).c_str());
   c = base_config(); c.selector = -1;
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"selector"}, "selector -1");
   c = base_config(); c.gqa_combine = 3;

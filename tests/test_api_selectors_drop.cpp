@@ -265,7 +265,7 @@ TEST(SelectorsDrop, BookkeepingAndDeterminism) {
 // only once generated tokens outnumber k (AdaKV did: the fuzzer's
 // adakv-generated-over-head-capacity) fails here, and under ASan in CI.
 TEST(SelectorsDrop, LongDecodeKeepsEveryRowValid) {
-  for (int32_t selector = 0; selector <= PQ_SELECTOR_INFINIGEN; ++selector) {  // every one
+  for (int32_t selector = 0; selector < PQ_SELECTOR_COUNT; ++selector) {  // every one
     SCOPED_TRACE("selector " + std::to_string(selector));
     pq_config c = base_config(selector, 1, 4, 2);
     c.topk_tokens = 12;

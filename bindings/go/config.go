@@ -48,6 +48,11 @@ const (
 	SelectorInfiniGen    Selector = 18
 )
 
+// SelectorCount is PQ_SELECTOR_COUNT, one past the last selector: the
+// selectors are 0 to SelectorCount - 1. selector_test.go checks the
+// constants above against the header's enum pq_selector and this count.
+const SelectorCount = 19
+
 // GQACombine is how the query heads of a group combine their scores
 // (pq_gqa_combine).
 type GQACombine int32

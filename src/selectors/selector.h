@@ -3,9 +3,9 @@
 // touches: its file src/selectors/<name>_selector.cpp (the build compiles
 // every file there), its make_<name>_selector() declaration at the end of
 // this header, its line in registry.cpp, its PQ_SELECTOR_ value in
-// pqcache.h, and the bindings' copies of that enum (Python, Go, Java, Rust);
-// docs/design.md, "Adding a selector", lists each place and the test that
-// fails when one is missed.
+// pqcache.h (and PQ_SELECTOR_COUNT), and the bindings' copies of that enum
+// (Python, Go, Java, Rust); docs/design.md, "Adding a selector", lists each
+// place and the test that fails when one is missed.
 #pragma once
 
 #include <algorithm>

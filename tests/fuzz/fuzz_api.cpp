@@ -574,7 +574,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.kmeans_init = in.ConsumeIntegralInRange(0, 1);
   c.kmeans_max_points_per_centroid = in.ConsumeIntegralInRange(1, 64);
   c.worker_threads = in.ConsumeIntegralInRange(1, 2);
-  c.selector = in.ConsumeIntegralInRange(-1, 19);
+  c.selector = in.ConsumeIntegralInRange(-1, PQ_SELECTOR_COUNT);  // both ends invalid
   c.sink_tokens = in.ConsumeIntegralInRange(-1, 8);
   c.local_tokens = in.ConsumeIntegralInRange(0, 40);
   c.topk_tokens = in.ConsumeIntegralInRange(0, 40);

@@ -67,7 +67,7 @@ from .pqcache_swig import PQError
 
 __all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "DTypeError",
            "version",
-           "SELECTORS", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
+           "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
            "STATUS_NAMES"]
 
@@ -90,6 +90,9 @@ SELECTORS = {
     "fastgen": _c.PQ_SELECTOR_FASTGEN,
     "infinigen": _c.PQ_SELECTOR_INFINIGEN,
 }
+# PQ_SELECTOR_COUNT: SELECTORS names every value 0 to SELECTOR_COUNT - 1, each
+# "name" for PQ_SELECTOR_NAME (tests/test_selectors.py checks it on the header).
+SELECTOR_COUNT = _c.PQ_SELECTOR_COUNT
 # pq_token_class flags (Context.token_classes).
 TOKEN_PLAIN, TOKEN_SPECIAL, TOKEN_PUNCTUATION = (_c.PQ_TOKEN_PLAIN, _c.PQ_TOKEN_SPECIAL,
                                                  _c.PQ_TOKEN_PUNCTUATION)

@@ -93,6 +93,9 @@ pub const PQ_SELECTOR_ZIGZAGKV: pq_selector = 15;
 pub const PQ_SELECTOR_PYRAMIDINFER: pq_selector = 16;
 pub const PQ_SELECTOR_FASTGEN: pq_selector = 17;
 pub const PQ_SELECTOR_INFINIGEN: pq_selector = 18;
+/// One past the last selector: the `pq_selector` values are 0 to
+/// `PQ_SELECTOR_COUNT - 1` (a macro in the header, so `c_int`).
+pub const PQ_SELECTOR_COUNT: c_int = 19;
 
 pub type pq_token_class = i32;
 pub const PQ_TOKEN_PLAIN: pq_token_class = 0;

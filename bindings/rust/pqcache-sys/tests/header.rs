@@ -205,6 +205,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_SELECTOR_PYRAMIDINFER,
         PQ_SELECTOR_FASTGEN,
         PQ_SELECTOR_INFINIGEN,
+        PQ_SELECTOR_COUNT,
         PQ_TOKEN_PLAIN,
         PQ_TOKEN_SPECIAL,
         PQ_TOKEN_PUNCTUATION,

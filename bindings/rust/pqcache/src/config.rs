@@ -11,6 +11,12 @@ macro_rules! c_enum {
         #[repr(i32)]
         pub enum $name { $($(#[$vmeta])* $variant = $value,)* }
 
+        impl $name {
+            /// Every variant with its Rust name, in declaration order.
+            pub const ALL: &'static [(&'static str, $name)] =
+                &[$((stringify!($variant), $name::$variant),)*];
+        }
+
         impl TryFrom<i32> for $name {
             type Error = i32;
             /// The variant of a C value, or the value back if unknown.
@@ -72,6 +78,11 @@ c_enum! {
         InfiniGen = sys::PQ_SELECTOR_INFINIGEN,
     }
 }
+
+/// `PQ_SELECTOR_COUNT`, one past the last selector: [`Selector::ALL`] has
+/// this many variants, with the values 0 to `SELECTOR_COUNT - 1`
+/// (tests/selectors.rs checks both against the header's `enum pq_selector`).
+pub const SELECTOR_COUNT: usize = sys::PQ_SELECTOR_COUNT as usize;
 
 c_enum! {
     /// How a GQA group's query heads combine into one score per kv head.

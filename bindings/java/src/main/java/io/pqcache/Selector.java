@@ -22,6 +22,13 @@ public enum Selector {
   FASTGEN(17),
   INFINIGEN(18);
 
+  /**
+   * {@code PQ_SELECTOR_COUNT}, one past the last selector: the codes are 0 to {@code COUNT - 1}.
+   * SelectorTest checks the constants above against the header's {@code enum pq_selector} and
+   * this count.
+   */
+  public static final int COUNT = 19;
+
   private final int code;
 
   Selector(int code) {
