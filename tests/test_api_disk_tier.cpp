@@ -192,7 +192,7 @@ TEST(DiskTier, EverySelectorSelectsFetchesAndAttendsAsTheHostTier) {
   ASSERT_FALSE(dir.path.empty());
   const int64_t P = 1100, steps = 40;  // chunks 1-3 of the prompt go to the file
   int32_t from_file = 0;  // selectors that selected rows in the file
-  for (int32_t selector = 0; selector <= PQ_SELECTOR_INFINIGEN; ++selector) {
+  for (int32_t selector = 0; selector < PQ_SELECTOR_COUNT; ++selector) {
     SCOPED_TRACE("selector " + std::to_string(selector));
     DiskFaults faults;
     const pq_config hc = config_for(selector, PQ_KV_TIER_HOST, dir.path);
@@ -238,7 +238,7 @@ TEST(DiskTier, EverySelectorSelectsFetchesAndAttendsAsTheHostTier) {
     from_file += selected_from_file ? 1 : 0;
   }
   std::printf("selectors that selected rows in the file: %d of %d\n", from_file,
-              PQ_SELECTOR_INFINIGEN + 1);
+              PQ_SELECTOR_COUNT);
   EXPECT_GE(from_file, 12) << "too few selectors read rows back: the test proves little";
   EXPECT_TRUE(dir.entries().empty()) << "the K/V file has a name";
 }
