@@ -8,6 +8,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -285,10 +286,10 @@ void Layer::update_mirrors() {
 }
 
 void Layer::publish_share() {
-  if (!shared_.selector->reads_layer_shares()) return;
+  const CrossLayerShares* shares = shared_.selector->cross_layer_shares();
+  if (shares == nullptr) return;
   std::shared_ptr<LayerShare> share =
-      selector_state_ ? shared_.selector->layer_share(selector_state_.get(), shared_.config)
-                      : nullptr;
+      selector_state_ ? shares->layer_share(selector_state_.get(), shared_.config) : nullptr;
   mirrors_.publish_share(std::move(share));
 }
 

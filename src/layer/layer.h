@@ -28,6 +28,7 @@
 #include "base/counters.h"
 #include "store/kv_store.h"
 #include "pq/pq_index.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/sequence_state.h"
 #include "layer/index_build.h"

@@ -39,13 +39,6 @@ uint64_t Selector::select_layer(const LayerSelection& r, int32_t* out) const {
   return total;
 }
 
-void Selector::select_layers(const std::vector<const LayerSelection*>& requests,
-                             const std::vector<int32_t*>& outs,
-                             std::vector<uint64_t>& bytes) const {
-  bytes.assign(requests.size(), 0);
-  for (size_t i = 0; i < requests.size(); ++i) bytes[i] = select_layer(*requests[i], outs[i]);
-}
-
 uint64_t Selector::select_middle(const SelectionRequest& r, int32_t* out) const {
   const int64_t m = r.middle();
   if (select_without_scoring(r, out)) return 0;

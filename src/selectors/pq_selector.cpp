@@ -9,15 +9,18 @@
 #include "base/topk.h"
 #include "base/vector_math.h"
 #include "pq/pq_tuple_select.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
 namespace {
 
-class PqSelector final : public Selector {
+class PqSelector final : public Selector, public BatchSelection {
  public:
   const char* name() const override { return "pq"; }
+  const BatchSelection* batch_selection() const override { return this; }
   bool needs_index() const override { return true; }
   // The index: centroids (kv heads x 2^b x head_dim floats) and one code
   // byte per subspace, token and kv head; twice, for a rebuild's new index
@@ -67,7 +70,6 @@ class PqSelector final : public Selector {
 
   // A batch of sequences at one layer: every LUT on the host, then one
   // device call for all of them where the backend has one.
-  bool batched_layers() const override { return true; }
   void select_layers(const std::vector<const LayerSelection*>& requests,
                      const std::vector<int32_t*>& outs,
                      std::vector<uint64_t>& bytes) const override {
