@@ -9,6 +9,7 @@
 #include "base/topk.h"
 #include "base/vector_math.h"
 #include "pq/pq_tuple_select.h"
+#include "backend/device_kernels.h"
 #include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "selectors/selector_capabilities.h"
@@ -96,7 +97,8 @@ class PqSelector final : public Selector, public BatchSelection {
       scored.push_back(i);
     }
     if (scored.empty()) return;
-    const bool on_device = requests[scored.front()]->backend.pq_select_batch(args, device_outs);
+    const DeviceKernels* device = requests[scored.front()]->backend.device_kernels();
+    const bool on_device = device != nullptr && device->pq_select_batch(args, device_outs);
     for (size_t i : scored)
       bytes[i] = on_device ? bytes_read(*requests[i])
                            : scan_layer_on_host(*requests[i], luts[i], outs[i]);
@@ -118,7 +120,9 @@ class PqSelector final : public Selector, public BatchSelection {
   // one, else on the host.
   uint64_t pick(const LayerSelection& r, int32_t* out) const {
     std::vector<float> luts = layer_luts(r);
-    if (r.backend.pq_select_layer(r.pq_args(luts.data()), out)) return bytes_read(r);
+    const DeviceKernels* device = r.backend.device_kernels();
+    if (device != nullptr && device->pq_select_layer(r.pq_args(luts.data()), out))
+      return bytes_read(r);
     return scan_layer_on_host(r, luts, out);
   }
 

@@ -18,6 +18,7 @@
 namespace pq {
 
 class SelectorState;
+struct PqLayerSelectArgs;  // backend/device_kernels.h
 struct SelectionRequest;
 
 // LayerSelection s{LayerContext{config}, store, backend, scratch};

@@ -72,7 +72,7 @@ class CrossLayerShares {
 // request's middle into outs[i]; bytes[i] gets what each read. Whether a
 // batch is worth a call of its own is the backend's to say (a device
 // chooses every middle in one launch chain): the context takes this path
-// only on the CUDA backend.
+// only on a backend with DeviceKernels (backend/device_kernels.h).
 class BatchSelection {
  public:
   virtual ~BatchSelection() = default;
