@@ -1,6 +1,6 @@
 // Cutting held state back (a truncate) so that what it keeps stays within
 // what the host memory limit charges: the charge allows a vector up to
-// twice what it uses (kGrowthRoom, selectors/selector.h), and
+// twice what it uses (kGrowthRoom, selectors/selector_state.h), and
 // std::vector::resize never gives memory back.
 #pragma once
 

@@ -7,6 +7,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "store/kv_tier.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -72,9 +73,15 @@ Regions ContextShared::regions(int64_t n, int32_t layer) const {
   r.mid_end = std::max(r.sink_end, n - static_cast<int64_t>(config.local_tokens));
   const int64_t middle = r.mid_end - r.sink_end;
   r.k = configured_k(config, middle);
-  r.k = std::max<int64_t>(0, std::min<int64_t>(middle, selector->budget(r.k, middle, layer, config)));
   r.k_mean = r.k;
-  r.k = std::max(r.k_mean, std::min<int64_t>(middle, selector->head_capacity(r.k_mean, middle, config)));
+  // A selector without LayerBudgets takes the configured k on every head.
+  if (const LayerBudgets* budgets = selector->layer_budgets()) {
+    const int64_t layer_k = budgets->budget(r.k, middle, layer, config);
+    r.k = std::max<int64_t>(0, std::min<int64_t>(middle, layer_k));
+    r.k_mean = r.k;
+    const int64_t head_k = budgets->head_capacity(r.k_mean, middle, config);
+    r.k = std::max(r.k_mean, std::min<int64_t>(middle, head_k));
+  }
   return r;
 }
 

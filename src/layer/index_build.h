@@ -28,7 +28,8 @@ struct SequenceInfo {
   std::shared_ptr<Counters> counters;  // shared: a build may outlive the sequence
   void* stream;                        // the caller's cudaStream_t, or null
   // All the sequence's layers, for a selector that reads across them
-  // (Selector::reads_layer_shares); valid for the call only, never kept.
+  // (CrossLayerShares, selectors/selector_capabilities.h); valid for the
+  // call only, never kept.
   const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
 };
 

@@ -9,15 +9,18 @@
 #include "base/error.h"
 #include "base/tensor.h"
 #include "store/disk_tier.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
 namespace {
 
 // The caller's host_alloc hook, else the memory the backend's device reads
-// (the CUDA backend's pinned pool; operator new on the CPU backend).
+// (the CUDA backend's pinned pool), else operator new (the CPU backend).
 HostAllocator store_allocator(const ContextShared& shared) {
-  return shared.hooks.allocator.alloc ? shared.hooks.allocator : shared.backend->store_allocator();
+  if (shared.hooks.allocator.alloc) return shared.hooks.allocator;
+  const DeviceMemory* device = shared.backend->device_memory();
+  return device ? device->store_allocator() : HostAllocator{};
 }
 
 // The tier config.kv_tier names (kv_tier.h).
@@ -41,7 +44,8 @@ Layer::Layer(ContextShared& shared, int32_t index)
   if (c.cache_tokens > 0)
     cache_ = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
                                           c.cache_update_blocks);
-  device_ = shared.backend->make_device_layer(c);
+  if (const DeviceMemory* device = shared.backend->device_memory())
+    device_ = device->make_device_layer(c);
 }
 
 Layer::~Layer() { cancel_build(); }
@@ -74,9 +78,11 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
   const int64_t prefill_before = prefill_tokens_;
   store_->append(keys, values, shared_.pool.get());  // all or nothing, values checked
   try {
-    const uint64_t staged =
-        shared_.backend->store_window(device_.get(), *store_, first, keys.tokens, seq.stream);
-    for (Counters* c : {&shared_.counters, seq.counters.get()}) c->bytes_staged.fetch_add(staged);
+    if (const DeviceMemory* device = shared_.backend->device_memory()) {
+      const uint64_t staged =
+          device->store_window(device_.get(), *store_, first, keys.tokens, seq.stream);
+      for (Counters* c : {&shared_.counters, seq.counters.get()}) c->bytes_staged.fetch_add(staged);
+    }
     if (is_prefill) prefill_tokens_ += keys.tokens;
     // The lengths are published before the build is queued: its build_done
     // hook may ask for them as soon as it finishes.
@@ -102,11 +108,13 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
 // them and schedules the build, so K-Means starts once the copy has landed.
 bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const SequenceInfo& seq,
                          std::shared_ptr<void> owner) {
+  const DeviceMemory* device = shared_.backend->device_memory();
+  if (device == nullptr) return false;
   const size_t es = dtype_size(keys.dtype);
-  std::shared_ptr<HostCopy> k_copy = shared_.backend->copy_to_host_async(
+  std::shared_ptr<HostCopy> k_copy = device->copy_to_host_async(
       keys.data, static_cast<size_t>(tensor_span_elements(keys)) * es, seq.stream);
   if (!k_copy) return false;
-  std::shared_ptr<HostCopy> v_copy = shared_.backend->copy_to_host_async(
+  std::shared_ptr<HostCopy> v_copy = device->copy_to_host_async(
       values.data, static_cast<size_t>(tensor_span_elements(values)) * es, seq.stream);
   ingest_.chain(
       shared_,
@@ -147,6 +155,8 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
   std::lock_guard<std::mutex> lock(mutex_);
   require_prefill(seq.id, "pq_decode_append");
   require_kv(seq.id, "pq_decode_append");
+  const DeviceMemory* device = shared_.backend->device_memory();
+  if (device == nullptr) return false;  // staged through the host
   // Opening may copy a partial chunk shared with a fork: its rows must be
   // there to be read.
   if (store_->open_copies_last_chunk()) land_device_writes(/*wait=*/true);
@@ -154,8 +164,7 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
   store_->open(keys.tokens);
   bool written = false;
   try {
-    written = shared_.backend->append_from_device(device_.get(), *store_, first, keys, values,
-                                                  seq.stream);
+    written = device->append_from_device(device_.get(), *store_, first, keys, values, seq.stream);
   } catch (...) {
     store_->truncate(first);
     throw;
@@ -182,9 +191,11 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
 void Layer::land_device_writes(bool wait) {
   const int64_t first = device_appends_.first.load();
   if (first < 0) return;
-  if (!shared_.backend->device_writes_landed(device_.get())) {
+  // Pending device writes come from DeviceMemory::append_from_device alone.
+  const DeviceMemory* device = shared_.backend->device_memory();
+  if (!device->device_writes_landed(device_.get())) {
     if (!wait) return;
-    shared_.backend->wait_device_writes(device_.get());
+    device->wait_device_writes(device_.get());
   }
   device_appends_.first.store(-1);
   const int64_t end = store_->tokens();
@@ -195,7 +206,7 @@ void Layer::land_device_writes(bool wait) {
     // Dropped whole, as a host append with a NaN stores nothing.
     store_->truncate(first);
     if (selector_state_) selector_state_->truncate(first);
-    shared_.backend->truncate_device(device_.get(), *store_, first, device_appends_.stream);
+    device->truncate_device(device_.get(), *store_, first, device_appends_.stream);
     update_mirrors();
     fail(PQ_ERR_INVALID_ARGUMENT,
          "the K/V appended from device memory (pq_decode_append) to layer " +
@@ -290,10 +301,10 @@ void Layer::update_mirrors() {
 }
 
 void Layer::publish_share() {
-  if (!shared_.selector->reads_layer_shares()) return;
+  const CrossLayerShares* shares = shared_.selector->cross_layer_shares();
+  if (shares == nullptr) return;
   std::shared_ptr<LayerShare> share =
-      selector_state_ ? shared_.selector->layer_share(selector_state_.get(), shared_.config)
-                      : nullptr;
+      selector_state_ ? shares->layer_share(selector_state_.get(), shared_.config) : nullptr;
   mirrors_.publish_share(std::move(share));
 }
 

@@ -23,11 +23,15 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_kernels.h"
+#include "backend/device_memory.h"
+#include "backend/device_step.h"
 #include "store/block_cache.h"
 #include "layer/context_shared.h"
 #include "base/counters.h"
 #include "store/kv_store.h"
 #include "pq/pq_index.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/sequence_state.h"
 #include "layer/index_build.h"
@@ -188,7 +192,7 @@ class Layer {
   void count_device_fetch(const pq_selection& sel, const SequenceInfo& seq);
   // After the layer's length changed (an append, a truncate), under mutex_:
   // the row tables of a step a CUDA graph may have captured follow the new
-  // length (Backend::refresh_device_step); nothing when the backend keeps
+  // length (DeviceStep::refresh_device_step); nothing when the backend keeps
   // none for this layer.
   void refresh_device_step(const SequenceInfo& seq);
   // The bytes of one chunk's K (or V) block in host memory (0 when the

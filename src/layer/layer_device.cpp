@@ -19,7 +19,8 @@ void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
   device_select_prepare(&descriptor, seq, prepared);
   const DeviceSelectArgs args{prepared.request->pq_args(/*luts=*/nullptr), query,
                               prepared.regions.n, descriptor};
-  if (!shared_.backend->select_to_device(args))
+  const DeviceStep* step = shared_.backend->device_step();
+  if (step == nullptr || !step->select_to_device(args))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device: the ") +
                                  shared_.backend->name() + " backend has no device");
   device_select_finish(prepared, seq);
@@ -44,7 +45,9 @@ void Layer::fetch_device_selection(const pq_selection& sel, const pq_tensor& out
                                    const pq_tensor& out_values, const SequenceInfo& seq) {
   settle_device();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!shared_.backend->fetch_device_selection(device_fetch_args(sel, out_keys, out_values, seq)))
+  const DeviceStep* step = shared_.backend->device_step();
+  if (step == nullptr ||
+      !step->fetch_device_selection(device_fetch_args(sel, out_keys, out_values, seq)))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_fetch_kv_device: the ") + shared_.backend->name() +
                                  " backend has no device");
   count_device_fetch(sel, seq);
@@ -74,23 +77,26 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
   std::lock_guard<std::mutex> lock(mutex_);
   const pq_config& c = shared_.config;
   const Regions r = shared_.regions(tokens, layer_index_);
-  Backend::ReserveArgs args{tokens,
-                            r.mid_end - r.sink_end,
-                            r.k,
-                            r.count(),
-                            c.num_q_heads / c.num_kv_heads,
-                            c.pq_subspaces,
-                            int32_t{1} << c.pq_bits,
-                            c.gqa_combine,
-                            seq.stream};
-  shared_.backend->reserve_layer(device_.get(), args);
+  if (const DeviceMemory* device = shared_.backend->device_memory()) {
+    const DeviceMemory::ReserveArgs args{tokens,
+                                         r.mid_end - r.sink_end,
+                                         r.k,
+                                         r.count(),
+                                         c.num_q_heads / c.num_kv_heads,
+                                         c.pq_subspaces,
+                                         int32_t{1} << c.pq_bits,
+                                         c.gqa_combine,
+                                         seq.stream};
+    device->reserve_layer(device_.get(), args);
+  }
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
   return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_->chunk_count()));
 }
 
 void Layer::refresh_device_step(const SequenceInfo& seq) {
-  if (!shared_.backend->keeps_device_step(device_.get()) || !shared_.selector->needs_index() ||
-      build_.index() == nullptr || awaiting_kv_)
+  const DeviceStep* step = shared_.backend->device_step();
+  if (step == nullptr || !step->keeps_device_step(device_.get()) ||
+      !shared_.selector->needs_index() || build_.index() == nullptr || awaiting_kv_)
     return;
   const Regions r = shared_.regions(store_->tokens(), layer_index_);
   code_tokens(r.mid_end);  // what the next select would code, now: a replay selects without it
@@ -101,7 +107,7 @@ void Layer::refresh_device_step(const SequenceInfo& seq) {
   args.coded_tokens = index.coded_tokens;
   args.middle = {r.sink_end, r.mid_end};
   args.k = r.k;
-  shared_.backend->refresh_device_step(device_.get(), args, r.n, *store_, seq.stream);
+  step->refresh_device_step(device_.get(), args, r.n, *store_, seq.stream);
 }
 
 }  // namespace pq

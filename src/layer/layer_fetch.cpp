@@ -20,8 +20,9 @@ void Layer::fetch(const pq_selection* sel, int64_t max_count, const pq_tensor& o
   std::lock_guard<std::mutex> lock(mutex_);
   PreparedFetch prepared;
   fetch_prepare(sel, max_count, out_keys, out_values, seq, prepared);
-  const bool on_device = prepared.device_args.has_value() &&
-                         shared_.backend->fetch_to_device(*prepared.device_args);
+  const DeviceKernels* device = shared_.backend->device_kernels();
+  const bool on_device =
+      prepared.device_args.has_value() && device && device->fetch_to_device(*prepared.device_args);
   fetch_finish(prepared, on_device, seq);
 }
 
@@ -130,9 +131,10 @@ Layer::CacheCount Layer::update_cache(const Regions& r, const pq_selection* sel,
     }
   }
   const std::vector<BlockCache::Admission>& admitted = cache_->commit(r.n);
-  if (fill_device)
-    count.staged = shared_.backend->fill_cache_blocks(device_.get(), *store_, admitted,
-                                                      cache_->block_tokens(), stream);
+  const DeviceMemory* device = shared_.backend->device_memory();
+  if (fill_device && device)
+    count.staged = device->fill_cache_blocks(device_.get(), *store_, admitted,
+                                             cache_->block_tokens(), stream);
   return count;
 }
 

@@ -9,6 +9,7 @@
 #include "base/call_args.h"
 #include "base/error.h"
 #include "layer/layer.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -145,7 +146,7 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
   s.k_mean = r.k_mean;
   s.head_counts = prepared.head_counts.data();
   s.prefill_tokens = prefill_tokens_;
-  if (selector.reads_layer_shares()) {
+  if (selector.cross_layer_shares() != nullptr) {
     if (seq.layers == nullptr ||
         static_cast<int32_t>(seq.layers->size()) != shared_.config.num_layers)
       fail(PQ_ERR_INTERNAL, std::string("selector ") + selector.name() +
@@ -244,7 +245,8 @@ void Layer::token_classes(int64_t first, int64_t count, const uint8_t* classes,
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!selector_state_) selector_state_ = shared_.selector->make_state(shared_.config, layer_index_);
-  shared_.selector->observe_token_classes(selector_state_.get(), first, count, classes);
+  if (const TokenClassObserver* observer = shared_.selector->token_class_observer())
+    observer->observe_token_classes(selector_state_.get(), first, count, classes);
   charge_caller_state(&room);
   update_mirrors();
 }

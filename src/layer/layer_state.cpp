@@ -43,8 +43,11 @@ void Layer::reset_cache_and_device(void* stream) {
   if (c.cache_tokens > 0)
     cache = std::make_unique<BlockCache>(c.cache_tokens, c.cache_block_tokens, c.cache_policy,
                                          c.cache_update_blocks);
-  std::unique_ptr<DeviceLayer> device = shared_.backend->make_device_layer(c);
-  shared_.backend->store_window(device.get(), *store_, 0, store_->tokens(), stream);
+  std::unique_ptr<DeviceLayer> device;
+  if (const DeviceMemory* memory = shared_.backend->device_memory()) {
+    device = memory->make_device_layer(c);
+    memory->store_window(device.get(), *store_, 0, store_->tokens(), stream);
+  }
   cache_ = std::move(cache);
   device_ = std::move(device);
   build_.bump_generation();  // device-resident codes are gone with the old state
@@ -95,7 +98,8 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
                                           shared_.config.cache_block_tokens,
                                           shared_.config.cache_policy,
                                           shared_.config.cache_update_blocks);
-  shared_.backend->truncate_device(device_.get(), *store_, tokens, seq.stream);
+  if (const DeviceMemory* device = shared_.backend->device_memory())
+    device->truncate_device(device_.get(), *store_, tokens, seq.stream);
   if (index_covers_dropped) build_.bump_generation();  // the device's codes are of the old index
   update_mirrors();
   publish_share();
@@ -363,7 +367,8 @@ void Layer::fill_kv(const SectionView& section, const SequenceInfo& seq) {
   awaiting_kv_ = false;
   if (!build_.index() && prefill_tokens_ > 0 && shared_.selector->needs_index())
     build_.schedule(*store_, prefill_tokens_, seq);
-  shared_.backend->store_window(device_.get(), *store_, 0, n, seq.stream);
+  if (const DeviceMemory* device = shared_.backend->device_memory())
+    device->store_window(device_.get(), *store_, 0, n, seq.stream);
   update_mirrors();
 }
 

@@ -29,14 +29,16 @@
 #include "base/error.h"
 #include "base/topk.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
 namespace {
 
-class AdaKvSelector final : public PromptScoreSelector {
+class AdaKvSelector final : public PromptScoreSelector, public LayerBudgets {
  public:
   const char* name() const override { return "adakv"; }
+  const LayerBudgets* layer_budgets() const override { return this; }
 
   int64_t head_capacity(int64_t k, int64_t middle, const pq_config& c) const override {
     const int64_t heads = c.num_kv_heads;

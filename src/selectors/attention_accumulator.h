@@ -31,7 +31,9 @@
 #include <limits>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "selectors/drop_selection.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/state_io.h"
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -44,11 +44,13 @@
 #include <string>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/vector_math.h"
 #include "format/state_io.h"
 #include "pq/nearest_centroid.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

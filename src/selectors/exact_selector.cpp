@@ -1,6 +1,7 @@
 // The oracle: exact q.k over every middle token's full key. It reads all
 // middle keys, which is what PQ selection exists to avoid; use it as the
 // reference for recall.
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -60,10 +60,12 @@
 #include <string>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "base/error.h"
 #include "format/state_io.h"
 #include "selectors/attention_accumulator.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -191,9 +193,11 @@ struct FastGenState final : CopyableState<FastGenState> {
   }
 };
 
-class FastGenSelector final : public Selector {
+class FastGenSelector final : public Selector, public LayerBudgets, public TokenClassObserver {
  public:
   const char* name() const override { return "fastgen"; }
+  const LayerBudgets* layer_budgets() const override { return this; }
+  const TokenClassObserver* token_class_observer() const override { return this; }
 
   std::unique_ptr<SelectorState> make_state(const pq_config& c, int32_t layer) const override {
     return std::make_unique<FastGenState>(layer, c.num_kv_heads);

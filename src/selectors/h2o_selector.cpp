@@ -19,6 +19,7 @@
 // Bytes: the scores live in the state; a decode step reads no key (0).
 #include "selectors/attention_accumulator.h"
 #include "base/error.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

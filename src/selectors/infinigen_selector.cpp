@@ -37,12 +37,14 @@
 #include <string>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/symmetric_eigen.h"
 #include "base/topk.h"
 #include "format/state_io.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -39,6 +39,7 @@
 #include "base/dtype.h"
 #include "selectors/blocks.h"
 #include "base/error.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "base/topk.h"
 #include "base/vector_math.h"

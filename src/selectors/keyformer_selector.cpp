@@ -48,6 +48,7 @@
 #include "base/rng.h"
 #include "selectors/attention_accumulator.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -9,15 +9,19 @@
 #include "base/topk.h"
 #include "base/vector_math.h"
 #include "pq/pq_tuple_select.h"
+#include "backend/device_kernels.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
 namespace {
 
-class PqSelector final : public Selector {
+class PqSelector final : public Selector, public BatchSelection {
  public:
   const char* name() const override { return "pq"; }
+  const BatchSelection* batch_selection() const override { return this; }
   bool needs_index() const override { return true; }
   // The index: centroids (kv heads x 2^b x head_dim floats) and one code
   // byte per subspace, token and kv head; twice, for a rebuild's new index
@@ -67,7 +71,6 @@ class PqSelector final : public Selector {
 
   // A batch of sequences at one layer: every LUT on the host, then one
   // device call for all of them where the backend has one.
-  bool batched_layers() const override { return true; }
   void select_layers(const std::vector<const LayerSelection*>& requests,
                      const std::vector<int32_t*>& outs,
                      std::vector<uint64_t>& bytes) const override {
@@ -94,7 +97,8 @@ class PqSelector final : public Selector {
       scored.push_back(i);
     }
     if (scored.empty()) return;
-    const bool on_device = requests[scored.front()]->backend.pq_select_batch(args, device_outs);
+    const DeviceKernels* device = requests[scored.front()]->backend.device_kernels();
+    const bool on_device = device != nullptr && device->pq_select_batch(args, device_outs);
     for (size_t i : scored)
       bytes[i] = on_device ? bytes_read(*requests[i])
                            : scan_layer_on_host(*requests[i], luts[i], outs[i]);
@@ -116,7 +120,9 @@ class PqSelector final : public Selector {
   // one, else on the host.
   uint64_t pick(const LayerSelection& r, int32_t* out) const {
     std::vector<float> luts = layer_luts(r);
-    if (r.backend.pq_select_layer(r.pq_args(luts.data()), out)) return bytes_read(r);
+    const DeviceKernels* device = r.backend.device_kernels();
+    if (device != nullptr && device->pq_select_layer(r.pq_args(luts.data()), out))
+      return bytes_read(r);
     return scan_layer_on_host(r, luts, out);
   }
 

@@ -32,8 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/state_io.h"
 #include "base/topk.h"

@@ -47,7 +47,9 @@
 #include "base/error.h"
 #include "base/topk.h"
 #include "format/state_io.h"
+#include "selectors/layer_share.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -94,9 +96,11 @@ double layer_ratio(int32_t j, const pq_config& c) {
   return (1.0 - d) * (std::cos(M_PI * j / c.num_layers) + 1.0) / 2.0 + d;
 }
 
-class PyramidInferSelector final : public Selector {
+class PyramidInferSelector final : public Selector, public LayerBudgets, public CrossLayerShares {
  public:
   const char* name() const override { return "pyramidinfer"; }
+  const LayerBudgets* layer_budgets() const override { return this; }
+  const CrossLayerShares* cross_layer_shares() const override { return this; }
 
   int64_t budget(int64_t k, int64_t middle, int32_t layer, const pq_config& c) const override {
     double f = 1.0, sum = 0.0, mine = 1.0;
@@ -148,7 +152,6 @@ class PyramidInferSelector final : public Selector {
     (void)state_of<PyramidInferState>(state, name());
   }
 
-  bool reads_layer_shares() const override { return true; }
   std::shared_ptr<LayerShare> layer_share(const SelectorState* state,
                                           const pq_config&) const override {
     const auto* s = dynamic_cast<const PyramidInferState*>(state);

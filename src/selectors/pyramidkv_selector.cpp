@@ -20,14 +20,16 @@
 #include <cmath>
 
 #include "selectors/prompt_scores.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
 namespace {
 
-class PyramidKvSelector final : public PromptScoreSelector {
+class PyramidKvSelector final : public PromptScoreSelector, public LayerBudgets {
  public:
   const char* name() const override { return "pyramidkv"; }
+  const LayerBudgets* layer_budgets() const override { return this; }
 
   int64_t budget(int64_t k, int64_t middle, int32_t layer, const pq_config& c) const override {
     if (c.num_layers <= 1 || k <= 0) return std::min(k, middle);

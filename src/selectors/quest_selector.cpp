@@ -27,6 +27,7 @@
 #include "base/dtype.h"
 #include "selectors/blocks.h"
 #include "base/error.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "base/topk.h"
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/state_io.h"
 

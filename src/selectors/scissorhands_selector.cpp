@@ -30,9 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "base/cut_to.h"
 #include "base/error.h"
 #include "format/state_io.h"
 #include "selectors/drop_selection.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -5,6 +5,7 @@
 #include "base/dtype.h"
 #include "base/thread_pool.h"
 #include "base/vector_math.h"
+#include "backend/device_kernels.h"
 
 namespace pq {
 

@@ -18,6 +18,7 @@
 namespace pq {
 
 class SelectorState;
+struct PqLayerSelectArgs;  // backend/device_kernels.h
 struct SelectionRequest;
 
 // LayerSelection s{LayerContext{config}, store, backend, scratch};
@@ -38,7 +39,7 @@ struct LayerSelection {
                                      // different numbers (at most k) writes them here
   int64_t prefill_tokens = 0;        // of the layer's tokens, those pq_prefill_layer gave
   const LayerShares* layer_shares = nullptr;  // every layer's, when the selector
-                                             // reads_layer_shares()
+                                             // has CrossLayerShares
 
   // The request of kv head h, working in `scratch`.
   SelectionRequest head(int32_t h, SelectScratch& scratch) const;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "base/vector_math.h"
 

@@ -1,6 +1,7 @@
 // StreamingLLM: attention sinks plus a recent window. The top-k budget goes
 // to the most recent middle tokens, so the window covers sink + k + local
 // tokens, the same number of tokens the other selectors attend to.
+#include "selectors/selection_request.h"
 #include "selectors/selector.h"
 
 namespace pq {

@@ -35,7 +35,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "selectors/layer_share.h"
 #include "selectors/prompt_scores.h"
+#include "selectors/selector_capabilities.h"
 
 namespace pq {
 
@@ -62,11 +64,12 @@ int64_t minimum_budget(const std::vector<float>& s, int64_t begin, int64_t end, 
   return std::min(n, below + 1);
 }
 
-class ZigZagKvSelector final : public PromptScoreSelector {
+class ZigZagKvSelector final : public PromptScoreSelector, public LayerBudgets,
+                               public CrossLayerShares {
  public:
   const char* name() const override { return "zigzagkv"; }
-
-  bool reads_layer_shares() const override { return true; }
+  const LayerBudgets* layer_budgets() const override { return this; }
+  const CrossLayerShares* cross_layer_shares() const override { return this; }
 
   // The layer's LMBA, over the middle of the prompt its scores cover.
   std::shared_ptr<LayerShare> layer_share(const SelectorState* state,

@@ -140,7 +140,8 @@ int64_t Context::sequence_count() const {
 
 void Context::sequence_set_stream(uint64_t id, void* stream) {
   std::shared_ptr<Sequence> s = find(id);
-  if (stream != nullptr && !shared_.backend->supports_streams())
+  // Streams order device work: only a backend with DeviceMemory has them.
+  if (stream != nullptr && shared_.backend->device_memory() == nullptr)
     fail(PQ_ERR_UNSUPPORTED, std::string("cuda_stream is non-NULL but the context uses the ") +
                                  shared_.backend->name() + " backend, which has no streams");
   s->stream.store(stream);

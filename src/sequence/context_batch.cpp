@@ -13,6 +13,7 @@
 #include "base/call_args.h"
 #include "sequence/batch_items.h"
 #include "sequence/context.h"
+#include "selectors/selector_capabilities.h"
 #include "base/error.h"
 #include "base/tensor.h"
 
@@ -145,8 +146,8 @@ bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_
                                      const std::vector<pq_tensor>& queries,
                                      std::vector<pq_selection>& outs,
                                      std::vector<Outcome>& outcomes) {
-  if (!shared_.selector->batched_layers() || shared_.backend->kind() != PQ_BACKEND_CUDA)
-    return false;
+  const BatchSelection* batch = shared_.selector->batch_selection();
+  if (batch == nullptr || shared_.backend->device_kernels() == nullptr) return false;
   std::vector<uint64_t> ids;
   for (const pq_select_item& item : local) ids.push_back(item.seq_id);
   return run_batch_locked(layer, ids, outcomes, &Counters::select_ns,
@@ -187,7 +188,7 @@ bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_
     }
     std::vector<uint64_t> bytes;
     Outcome chosen;
-    run_item(chosen, [&] { shared_.selector->select_layers(requests, middles, bytes); });
+    run_item(chosen, [&] { batch->select_layers(requests, middles, bytes); });
     for (size_t r = 0; r < ready.size(); ++r) {
       const size_t j = ready[r], i = items[j];
       if (chosen.status != PQ_OK) {  // the one device call failed: every item with it
@@ -242,7 +243,8 @@ void Context::fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
 bool Context::fetch_batch_on_device(int32_t layer, const std::vector<pq_fetch_item>& local,
                                     const std::vector<FetchArgs>& args,
                                     std::vector<Outcome>& outcomes) {
-  if (shared_.backend->kind() != PQ_BACKEND_CUDA) return false;
+  const DeviceKernels* device = shared_.backend->device_kernels();
+  if (device == nullptr) return false;
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < local.size(); ++i) {
     if (outcomes[i].status == PQ_OK &&
@@ -269,7 +271,7 @@ bool Context::fetch_batch_on_device(int32_t layer, const std::vector<pq_fetch_it
     }
     Outcome gathered;
     bool on_device = false;
-    run_item(gathered, [&] { on_device = shared_.backend->fetch_batch_to_device(device_items); });
+    run_item(gathered, [&] { on_device = device->fetch_batch_to_device(device_items); });
     for (size_t j : ready) {
       const size_t i = items[j];
       if (gathered.status != PQ_OK) {  // the one launch failed: every item with it

@@ -40,7 +40,7 @@ pq_selection device_selection(const pq_selection* sel, const char* name, int32_t
 }  // namespace
 
 void Context::require_device_step(const char* call, const pq_tensor& t, const char* name) const {
-  if (shared_.backend->kind() != PQ_BACKEND_CUDA)
+  if (shared_.backend->device_step() == nullptr)
     fail(PQ_ERR_UNSUPPORTED, std::string(call) + " needs the CUDA backend; this context runs on the " +
                                  shared_.backend->name() + " backend (use the host-positions call)");
   if (t.memory != PQ_MEMORY_DEVICE)
@@ -161,7 +161,8 @@ void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, i
         for (size_t j : ready) chain.push_back(&*args[j]);
         BatchOutcome chosen;
         bool one_chain = false;
-        run_item(chosen, [&] { one_chain = shared_.backend->select_batch_to_device(chain); });
+        const DeviceStep* step = shared_.backend->device_step();
+        run_item(chosen, [&] { one_chain = step && step->select_batch_to_device(chain); });
         for (size_t j : ready) {
           const size_t i = live[j];
           if (chosen.status != PQ_OK) {  // the one launch chain failed: every item with it
@@ -169,7 +170,7 @@ void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, i
             continue;
           }
           run_item(outcomes[i], [&] {
-            if (!one_chain && !shared_.backend->select_to_device(*args[j]))
+            if (!one_chain && !(step && step->select_to_device(*args[j])))
               fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device_batch: the ") +
                                            shared_.backend->name() + " backend has no device");
             layers[j]->device_select_finish(prepared[j], infos[j]);
@@ -228,7 +229,8 @@ void Context::fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t
         for (size_t j : ready) chain.push_back(&*args[j]);
         BatchOutcome gathered;
         bool one_launch = false;
-        run_item(gathered, [&] { one_launch = shared_.backend->fetch_batch_device_selection(chain); });
+        const DeviceStep* step = shared_.backend->device_step();
+        run_item(gathered, [&] { one_launch = step && step->fetch_batch_device_selection(chain); });
         for (size_t j : ready) {
           const size_t i = live[j];
           if (gathered.status != PQ_OK) {
@@ -236,7 +238,7 @@ void Context::fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t
             continue;
           }
           run_item(outcomes[i], [&] {
-            if (!one_launch && !shared_.backend->fetch_device_selection(*args[j]))
+            if (!one_launch && !(step && step->fetch_device_selection(*args[j])))
               fail(PQ_ERR_UNSUPPORTED, std::string("pq_fetch_kv_device_batch: the ") +
                                            shared_.backend->name() + " backend has no device");
             layers[j]->count_device_fetch(sels[i], infos[j]);

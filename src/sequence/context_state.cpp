@@ -88,9 +88,11 @@ void Context::sequence_reserve(uint64_t id, int64_t tokens) {
                                    std::to_string(room_tokens) + " more tokens per layer");
   int64_t blocks = 0;
   for (auto& layer : seq->layers) blocks += layer->reserve(tokens, seq->info());
-  if (blocks > 0 && !seq->layers.empty() &&
-      !shared_.backend->reserve_store(seq->layers.front()->store_block_bytes(),
-                                      static_cast<size_t>(blocks)))
+  // A backend without DeviceMemory allocates store blocks as they come.
+  const DeviceMemory* device = shared_.backend->device_memory();
+  if (blocks > 0 && !seq->layers.empty() && device != nullptr &&
+      !device->reserve_store(seq->layers.front()->store_block_bytes(),
+                             static_cast<size_t>(blocks)))
     fail(PQ_ERR_OUT_OF_MEMORY, "reserving " + std::to_string(blocks) + " K/V blocks of " +
                                    std::to_string(seq->layers.front()->store_block_bytes()) +
                                    " bytes for seq_id " + std::to_string(id) + " (" +

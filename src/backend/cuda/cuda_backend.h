@@ -1,10 +1,12 @@
-// The CUDA backend: the core's Backend over the plug-in's C table
-// (cuda_plugin_abi.h). libpqcache.so never links CUDA; every CUDA call goes
-// through the plug-in that plugin_loader.cpp opened. Its methods are spread
-// over the folder by concept: cuda_backend.cpp (copies, streams, the pinned
-// store), cuda_select.cpp (selection on the device), cuda_fetch.cpp (the
-// gathers of a fetch), cuda_copies.cpp (the window and the block cache's
-// slots).
+// The CUDA backend: the core's Backend and its three device capabilities
+// (DeviceMemory, DeviceKernels, DeviceStep; backend.h) over the plug-in's C
+// table (cuda_plugin_abi.h). libpqcache.so never links CUDA; every CUDA
+// call goes through the plug-in that plugin_loader.cpp opened. Its methods
+// are spread over the folder by concept: cuda_backend.cpp (copies, streams,
+// the pinned store), cuda_select.cpp (selection on the device),
+// cuda_fetch.cpp (the gathers of a fetch), cuda_copies.cpp (the window and
+// the block cache's slots), cuda_device_batch.cpp (the device step of a
+// batch), cuda_step_tables.cpp (the step a CUDA graph captures).
 //
 // Device work is stream-ordered on the sequence's stream (pq_sequence_set_
 // stream) or the legacy default stream; the host waits only where a result
@@ -20,9 +22,13 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_kernels.h"
+#include "backend/device_memory.h"
+#include "backend/device_step.h"
 #include "base/error.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "backend/cuda/device_state.h"
+#include "store/kv_store.h"
 #include "store/slab_pool.h"
 
 namespace pq {
@@ -33,19 +39,17 @@ std::unique_ptr<Backend> make_cuda_backend(const pq_cuda_plugin* plugin, int32_t
 
 namespace cuda_detail {
 
-
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend,
+                          public DeviceMemory,
+                          public DeviceKernels,
+                          public DeviceStep {
  public:
   CudaBackend(const pq_cuda_plugin* plugin, int32_t device);
 
-  // The K/V store in page-locked, device-mapped memory: the gather kernel
-  // reads selected rows across PCIe itself, so a fetch copies nothing on
-  // the CPU (a caller's host_alloc hook still wins; its rows are staged).
-  HostAllocator store_allocator() const override { return pinned_store_.allocator(); }
+  // --- Backend -----------------------------------------------------------
 
   pq_backend kind() const override { return PQ_BACKEND_CUDA; }
   const char* name() const override { return "cuda"; }
-  bool supports_streams() const override { return true; }
   bool supports_memory(int32_t memory) const override {
     return memory == PQ_MEMORY_HOST || memory == PQ_MEMORY_DEVICE;
   }
@@ -62,6 +66,16 @@ class CudaBackend final : public Backend {
   // covers them all.
   void read_to_host(const std::vector<HostRead>& reads, void* stream) override;
 
+  const DeviceMemory* device_memory() const override { return this; }
+  const DeviceKernels* device_kernels() const override { return this; }
+  const DeviceStep* device_step() const override { return this; }
+
+  // --- DeviceMemory (cuda_backend.cpp, cuda_copies.cpp) ------------------
+
+  // The K/V store in page-locked, device-mapped memory: the gather kernel
+  // reads selected rows across PCIe itself, so a fetch copies nothing on
+  // the CPU (a caller's host_alloc hook still wins; its rows are staged).
+  HostAllocator store_allocator() const override { return pinned_store_.allocator(); }
 
   // Prefill from device tensors: the copy into pinned memory is enqueued on
   // the sequence's stream (after the kernels that produced K/V) and the
@@ -70,66 +84,6 @@ class CudaBackend final : public Backend {
                                                void* stream) const override;
 
   std::unique_ptr<DeviceLayer> make_device_layer(const pq_config& c) const override;
-
-  // PQ selection of a whole layer on the GPU: the LUTs of every kv head go
-  // up in one copy, the codes stay resident (only tokens coded since the
-  // last call go up), one scan + GQA combine and one radix top-k cover every
-  // head, and the positions come back with the one wait of the selection.
-  bool pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) const override;
-
-  // The selection of one layer for every item of a batch in one launch
-  // chain: every item's LUTs and the two row tables go up in one copy, the
-  // codes stay resident per layer (only new codes go up), one scan and one
-  // top-k cover every kv head of every item, and the positions come back in
-  // one copy with the one wait of the call.
-  bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
-                       const std::vector<int32_t*>& outs) const override;
-
-  // The whole selection of one layer written into device memory with no
-  // host wait: the LUT from the device query (pq_lut), the resident codes,
-  // one scan, one top-k into scratch, then fill_selection writes the sinks,
-  // the middle and the local window into the caller's arrays.
-  bool select_to_device(const DeviceSelectArgs& a) const override;
-
-  // Those two for the sequences of a batch at one layer
-  // (cuda_device_batch.cpp): every selection in four launches, every fetch
-  // in one, whatever the batch size.
-  bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const override;
-  bool fetch_batch_device_selection(
-      const std::vector<const DeviceSelectionFetchArgs*>& items) const override;
-
-  // A selection in device memory gathered in one launch, the store read
-  // through device tables of its chunk addresses (sent again only when the
-  // chunks changed) and the sink and local rows from the device window.
-  bool fetch_device_selection(const DeviceSelectionFetchArgs& a) const override;
-
-  // What gather_selected needs of a layer's store, window and outputs, for
-  // a selection at positions/counts (device addresses) of `capacity` rows.
-  pq_selected_gather selected_gather(CudaLayer& layer, const KvStore& store,
-                                     const int32_t* positions, const int32_t* counts,
-                                     int64_t capacity, const pq_tensor& out_keys,
-                                     const pq_tensor& out_values, void* s) const;
-
-  bool fetch_to_device(const DeviceFetchArgs& a) const override;
-
-  // The rows of the selections of a batch (one item: pq_fetch_kv) into
-  // device tensors in one gather launch, K and V together: sinks and local
-  // tokens from the device window, block-cache hits from their device
-  // slots, the rest straight from the host store, which the kernel reads
-  // across PCIe when the store is in the pinned pool. A store in the
-  // caller's memory (host_alloc hook) is not device-readable: its rows are
-  // first copied into pinned staging, spread over the pool.
-  bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const override;
-
-  // The fetch without a block cache from stores the device reads: the
-  // positions go up (4 bytes a row, instead of a plan's 32) with one
-  // pq_selected_gather per item, and one gather_selected_rows launch finds
-  // each row in the device window or the store's chunks itself.
-  bool gather_by_positions(const std::vector<DeviceFetchArgs>& items, void* s) const;
-
-  // The store's chunk addresses as device tables (K, then V) of the layer,
-  // sent again only when the chunks changed.
-  const uint8_t* const* chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const;
 
   uint64_t store_window(DeviceLayer* device, const KvTier& store, int64_t first, int64_t count,
                         void* stream) const override;
@@ -159,6 +113,54 @@ class CudaBackend final : public Backend {
   bool reserve_store(size_t block_bytes, size_t blocks) const override;
   void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const override;
 
+  // --- DeviceKernels (cuda_select.cpp, cuda_fetch.cpp) -------------------
+
+  // PQ selection of a whole layer on the GPU: the LUTs of every kv head go
+  // up in one copy, the codes stay resident (only tokens coded since the
+  // last call go up), one scan + GQA combine and one radix top-k cover every
+  // head, and the positions come back with the one wait of the selection.
+  bool pq_select_layer(const PqLayerSelectArgs& a, int32_t* out) const override;
+
+  // The selection of one layer for every item of a batch in one launch
+  // chain: every item's LUTs and the two row tables go up in one copy, the
+  // codes stay resident per layer (only new codes go up), one scan and one
+  // top-k cover every kv head of every item, and the positions come back in
+  // one copy with the one wait of the call.
+  bool pq_select_batch(const std::vector<PqLayerSelectArgs>& items,
+                       const std::vector<int32_t*>& outs) const override;
+
+  bool fetch_to_device(const DeviceFetchArgs& a) const override;
+
+  // The rows of the selections of a batch (one item: pq_fetch_kv) into
+  // device tensors in one gather launch, K and V together: sinks and local
+  // tokens from the device window, block-cache hits from their device
+  // slots, the rest straight from the host store, which the kernel reads
+  // across PCIe when the store is in the pinned pool. A store in the
+  // caller's memory (host_alloc hook) is not device-readable: its rows are
+  // first copied into pinned staging, spread over the pool.
+  bool fetch_batch_to_device(const std::vector<DeviceFetchArgs>& items) const override;
+
+  // --- DeviceStep (cuda_select.cpp, cuda_fetch.cpp, cuda_device_batch.cpp,
+  // cuda_step_tables.cpp) -------------------------------------------------
+
+  // The whole selection of one layer written into device memory with no
+  // host wait: the LUT from the device query (pq_lut), the resident codes,
+  // one scan, one top-k into scratch, then fill_selection writes the sinks,
+  // the middle and the local window into the caller's arrays.
+  bool select_to_device(const DeviceSelectArgs& a) const override;
+
+  // A selection in device memory gathered in one launch, the store read
+  // through device tables of its chunk addresses (sent again only when the
+  // chunks changed) and the sink and local rows from the device window.
+  bool fetch_device_selection(const DeviceSelectionFetchArgs& a) const override;
+
+  // Those two for the sequences of a batch at one layer
+  // (cuda_device_batch.cpp): every selection in four launches, every fetch
+  // in one, whatever the batch size.
+  bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const override;
+  bool fetch_batch_device_selection(
+      const std::vector<const DeviceSelectionFetchArgs*>& items) const override;
+
   // The step a CUDA graph may capture (cuda_step_tables.cpp).
   bool keeps_device_step(const DeviceLayer* device) const override {
     const auto* layer = static_cast<const CudaLayer*>(device);
@@ -166,6 +168,25 @@ class CudaBackend final : public Backend {
   }
   void refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& args, int64_t tokens,
                            const KvTier& store, void* stream) const override;
+
+  // --- Shared by the capabilities ------------------------------------------
+
+  // What gather_selected needs of a layer's store, window and outputs, for
+  // a selection at positions/counts (device addresses) of `capacity` rows.
+  pq_selected_gather selected_gather(CudaLayer& layer, const KvStore& store,
+                                     const int32_t* positions, const int32_t* counts,
+                                     int64_t capacity, const pq_tensor& out_keys,
+                                     const pq_tensor& out_values, void* s) const;
+
+  // The fetch without a block cache from stores the device reads: the
+  // positions go up (4 bytes a row, instead of a plan's 32) with one
+  // pq_selected_gather per item, and one gather_selected_rows launch finds
+  // each row in the device window or the store's chunks itself.
+  bool gather_by_positions(const std::vector<DeviceFetchArgs>& items, void* s) const;
+
+  // The store's chunk addresses as device tables (K, then V) of the layer,
+  // sent again only when the chunks changed.
+  const uint8_t* const* chunk_tables(CudaLayer& layer, const KvStore& store, void* s) const;
 
  private:
   // Rows to copy from the host store into device memory: sources, then

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device_memory.h"
 #include "backend/cuda/cuda_plugin_abi.h"
 #include "backend/cuda/deferred_release.h"
 #include "base/dtype.h"
