@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fuzz_state.h"
@@ -556,6 +557,16 @@ void save_and_restore(FuzzedDataProvider& in, State& s) {
 
 }  // namespace
 
+// One directory for every run's disk-tier files (each unnamed, gone with
+// its context), made on first use and left empty.
+static const char* disk_tier_directory() {
+  static const std::string dir = [] {
+    std::string pattern = "/tmp/pqcache-fuzz-XXXXXX";
+    return mkdtemp(pattern.data()) != nullptr ? pattern : std::string("/tmp");
+  }();
+  return dir.c_str();
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   State s;
@@ -627,6 +638,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const float alphas[] = {4.f, 0.f, 1e-3f, 1e6f, -1.f, 2e6f, NAN};
     c.infinigen_partial_ratio = ratios[in.ConsumeIntegralInRange(0, 6)];
     c.infinigen_alpha = alphas[in.ConsumeIntegralInRange(0, 6)];
+  }
+  if (in.ConsumeBool()) {  // the disk tier (0.9), and tiers that are none
+    c.kv_tier = in.ConsumeIntegralInRange(-1, 2);
+    c.kv_disk_path = in.ConsumeBool() ? disk_tier_directory() : nullptr;
   }
 
   pq_status st = pq_create(&c, &s.ctx);
