@@ -82,6 +82,8 @@
   X(pq_config, fastgen_recovery) \
   X(pq_config, infinigen_partial_ratio) \
   X(pq_config, infinigen_alpha) \
+  X(pq_config, kv_tier) \
+  X(pq_config, kv_disk_path) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \
@@ -135,6 +137,9 @@
   X(pq_hooks, alloc_user) \
   X(pq_hooks, build_done) \
   X(pq_hooks, build_done_user) \
-  X(pq_hooks, pool)
+  X(pq_hooks, pool) \
+  X(pq_hooks, disk_read) \
+  X(pq_hooks, disk_write) \
+  X(pq_hooks, disk_user)
 
 #endif

@@ -106,6 +106,14 @@ const (
 	PoolingAvg Pooling = 1 // the official SnapKV code's
 )
 
+// KVTier is where each layer's K/V rows live (pq_kv_tier).
+type KVTier int32
+
+const (
+	KVTierHost KVTier = 0 // host memory (the default)
+	KVTierDisk KVTier = 1 // a file in KVDiskPath's directory; CPU backend only
+)
+
 // Config mirrors pq_config; include/pqcache.h documents every field. Start
 // from DefaultConfig and set the geometry (NumLayers, NumQHeads,
 // NumKVHeads, HeadDim), which has no default.
@@ -187,6 +195,12 @@ type Config struct {
 	InfiniGenPartialRatio float32
 	// InfiniGenAlpha: how far below a head's best score a token still counts for InfiniGen.
 	InfiniGenAlpha float32
+
+	// KVTier: where the K/V rows live; KVTierDisk needs KVDiskPath.
+	KVTier KVTier
+	// KVDiskPath: the directory of the disk tier's K/V file (an unnamed
+	// file, gone with the process); read by NewContext only.
+	KVDiskPath string
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -266,6 +280,9 @@ func configFromC(cc pqswig.Pq_config) Config {
 		FastGenRecovery:       cc.GetFastgen_recovery(),
 		InfiniGenPartialRatio: cc.GetInfinigen_partial_ratio(),
 		InfiniGenAlpha:        cc.GetInfinigen_alpha(),
+
+		KVTier:     KVTier(cc.GetKv_tier()),
+		KVDiskPath: cc.GetKv_disk_path(),
 	}
 }
 
@@ -274,7 +291,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 // int that does not fit the C field's int32 is an error here, named as the
 // library names a field ("config.num_layers is ..."): the C cast would
 // silently wrap it into a different, maybe valid, value.
-// cuda_plugin_path is left NULL: NewContext sets it.
+// cuda_plugin_path and kv_disk_path are left NULL: NewContext sets them.
 func (c *Config) toC() (pqswig.Pq_config, error) {
 	var bad error
 	i32 := func(field string, v int) int {
@@ -350,6 +367,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetFastgen_recovery(c.FastGenRecovery)
 	cc.SetInfinigen_partial_ratio(c.InfiniGenPartialRatio)
 	cc.SetInfinigen_alpha(c.InfiniGenAlpha)
+	cc.SetKv_tier(int(c.KVTier))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

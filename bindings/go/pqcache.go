@@ -7,6 +7,7 @@ import "C"
 import (
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,11 +47,24 @@ func NewContext(cfg Config) (*Context, error) {
 		return nil, err
 	}
 	defer pqswig.DeletePq_config(cc)
-	if cfg.CUDAPluginPath != "" {
-		// pq_create reads the path and does not keep it.
-		path := C.CString(cfg.CUDAPluginPath)
+	// pq_create reads the paths and does not keep them.
+	for _, p := range []struct {
+		field, path string
+		dst         **C.char
+	}{
+		{"cuda_plugin_path", cfg.CUDAPluginPath, &cConfig(cc).cuda_plugin_path},
+		{"kv_disk_path", cfg.KVDiskPath, &cConfig(cc).kv_disk_path},
+	} {
+		if p.path == "" {
+			continue
+		}
+		if strings.IndexByte(p.path, 0) >= 0 { // C would see a shorter path
+			return nil, invalid("pq_create", "config.%s is %q; expected a path without NUL bytes",
+				p.field, p.path)
+		}
+		path := C.CString(p.path)
 		defer C.free(unsafe.Pointer(path))
-		cConfig(cc).cuda_plugin_path = path
+		*p.dst = path
 	}
 
 	out := pqswig.New_contextOut()
@@ -92,7 +106,7 @@ func (c *Context) Close() error {
 }
 
 // Config returns the effective configuration: defaults resolved (for
-// example WorkerThreads), CUDAPluginPath not kept.
+// example WorkerThreads), CUDAPluginPath and KVDiskPath not kept.
 func (c *Context) Config() Config { return c.config }
 
 // do runs one library call on the open context.

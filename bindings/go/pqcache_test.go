@@ -90,6 +90,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"RotaryInterleaved", int(RotaryInterleaved), int(pqswig.PQ_ROTARY_INTERLEAVED)},
 		{"PoolingMax", int(PoolingMax), int(pqswig.PQ_POOLING_MAX)},
 		{"PoolingAvg", int(PoolingAvg), int(pqswig.PQ_POOLING_AVG)},
+		{"KVTierHost", int(KVTierHost), int(pqswig.PQ_KV_TIER_HOST)},
+		{"KVTierDisk", int(KVTierDisk), int(pqswig.PQ_KV_TIER_DISK)},
 	}
 	for _, p := range pairs {
 		if p.got != p.want {
@@ -111,6 +113,7 @@ func TestDefaultConfig(t *testing.T) {
 	// The documented defaults, read through the generated layer.
 	if c.DType != DTypeF16 || c.PQSubspaces != 0 || c.PQBits != 0 ||
 		c.KeyRotary != RotaryNone || c.PQRerank != 0 || c.Pooling != PoolingMax || c.SinkTokens != 4 ||
+		c.KVTier != KVTierHost || c.KVDiskPath != "" ||
 		c.LocalTokens != 128 || c.TopKFraction != 0.2 || c.Selector != SelectorPQ ||
 		c.Seed != 0x5eed || c.NumLayers != 0 {
 		t.Errorf("DefaultConfig() = %+v", c)

@@ -24,6 +24,8 @@
            pq_alloc_fn: "void* (*)(void*, size_t, size_t)",                                 \
            pq_free_fn: "void (*)(void*, void*, size_t)",                                    \
            pq_build_done_fn: "void (*)(void*, uint64_t, int32_t, pq_status)",              \
+           pq_disk_read_fn: "int64_t (*)(void*, int, void*, uint64_t, uint64_t)",           \
+           pq_disk_write_fn: "int64_t (*)(void*, int, const void*, uint64_t, uint64_t)",    \
            pq_pool*: "pq_pool*", default: "unknown")
 #define FIELD(s, f) printf("field %s %s %s\n", #s, #f, C_TYPE(((s*)0)->f));
 #define CONST(c) printf("const %s %lld\n", #c, (long long)(c))
@@ -61,6 +63,7 @@ int main(void) {
   CONST(PQ_CACHE_LRU); CONST(PQ_CACHE_LFU);
   CONST(PQ_ROTARY_NONE); CONST(PQ_ROTARY_HALF); CONST(PQ_ROTARY_INTERLEAVED);
   CONST(PQ_POOLING_MAX); CONST(PQ_POOLING_AVG);
+  CONST(PQ_KV_TIER_HOST); CONST(PQ_KV_TIER_DISK);
   CONST(PQ_LAYOUT_TOKEN_MAJOR); CONST(PQ_LAYOUT_HEAD_MAJOR);
   CONST(PQ_LOG_ERROR); CONST(PQ_LOG_WARN); CONST(PQ_LOG_INFO); CONST(PQ_LOG_DEBUG);
 
@@ -70,5 +73,7 @@ int main(void) {
   CALLBACK(pq_free_fn, void (*)(void*, void*, size_t));
   CALLBACK(pq_build_done_fn, void (*)(void*, uint64_t, int32_t, pq_status));
   CALLBACK(pq_destroy_fn, void (*)(void*));
+  CALLBACK(pq_disk_read_fn, int64_t (*)(void*, int, void*, uint64_t, uint64_t));
+  CALLBACK(pq_disk_write_fn, int64_t (*)(void*, int, const void*, uint64_t, uint64_t));
   return 0;
 }

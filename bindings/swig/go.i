@@ -22,9 +22,10 @@
 %pointer_functions(pq_context*, contextOut);
 
 /* A setter for a const char* member would store a pointer to memory that
- * SWIG's Go string conversion frees after the call; the Go layer sets this
- * field itself with C.CString, for the duration of pq_create. */
+ * SWIG's Go string conversion frees after the call; the Go layer sets these
+ * fields itself with C.CString, for the duration of pq_create. */
 %immutable pq_config::cuda_plugin_path;
+%immutable pq_config::kv_disk_path;
 
 /* Calls that take the caller's buffers are written in cgo in the idiomatic
  * layer (bindings/go/tensor.go): SWIG would pass the data pointers as

@@ -148,6 +148,18 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
  * leak; the Java binding leaves it to $PQCACHE_CUDA_PLUGIN and the default
  * search order. */
 %ignore pq_config::cuda_plugin_path;
+/* The disk tier's directory cannot be left out like it (the disk tier needs
+ * it): the struct owns a copy, freed with the struct or when set again, as
+ * in python.i; the library reads it during pq_create only. */
+%typemap(memberin) const char* kv_disk_path {
+  free((char*)$1);
+  $1 = NULL;
+  if ($input != NULL) {
+    size_t size = strlen($input) + 1;
+    char* copy = (char*)malloc(size);
+    if (copy != NULL) $1 = (const char*)memcpy(copy, $input, size);
+  }
+}
 /* pq_sequence_set_stream's cudaStream_t has no Java counterpart, nor do
  * the device arrays of the decode step kept on the device (0.7). */
 %ignore pq_sequence_set_stream;
@@ -177,6 +189,10 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
     pq_config* config = (pq_config*)calloc(1, sizeof *config);
     if (config != NULL) pq_config_default(config);
     return config;
+  }
+  ~pq_config() {
+    free((char*)$self->kv_disk_path);
+    free($self);
   }
 }
 

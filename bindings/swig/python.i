@@ -983,8 +983,9 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   $result = SWIG_Python_AppendOutput($result,
                                      SWIG_NewPointerObj(copy, $1_descriptor, SWIG_POINTER_OWN));
 }
-/* The effective configuration's plug-in path is the pointer the caller gave
- * pq_create, maybe freed since: the copy does not carry it. */
+/* The effective configuration's paths are the pointers the caller gave
+ * pq_create, maybe freed since: the copy does not carry them (the library
+ * reports kv_disk_path NULL anyway). */
 %typemap(argout) pq_config* out {
   pq_config* copy = (pq_config*)malloc(sizeof *copy);
   if (copy == NULL) {
@@ -993,15 +994,16 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   }
   *copy = *$1;
   copy->cuda_plugin_path = NULL;
+  copy->kv_disk_path = NULL;
   $result = SWIG_Python_AppendOutput($result,
                                      SWIG_NewPointerObj(copy, $1_descriptor, SWIG_POINTER_OWN));
 }
 
 /* --- pq_config ------------------------------------------------------------- */
 /* A new pq_config starts from the library's defaults (so pq_config_default,
- * which would also drop the struct's plug-in path copy, is not wrapped).
- * cuda_plugin_path is a copy owned by the struct; the library reads it
- * during pq_create only. */
+ * which would also drop the struct's path copies, is not wrapped).
+ * cuda_plugin_path and kv_disk_path are copies owned by the struct; the
+ * library reads them during pq_create only. */
 %ignore pq_config_default;
 %extend pq_config {
   pq_config() {
@@ -1011,10 +1013,26 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   }
   ~pq_config() {
     free((char*)$self->cuda_plugin_path);
+    free((char*)$self->kv_disk_path);
     free($self);
   }
 }
-%typemap(memberin) const char* cuda_plugin_path {
+/* Set from str, bytes or os.PathLike (os.fsencode's bytes), or None for
+ * NULL; a NUL byte raises ValueError, as os functions do, instead of
+ * reaching the library as a shorter path. */
+%typemap(in) const char* cuda_plugin_path (PyObject* encoded = NULL),
+             const char* kv_disk_path (PyObject* encoded = NULL) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    if (!PyUnicode_FSConverter($input, &encoded)) SWIG_fail;
+    $1 = PyBytes_AS_STRING(encoded);
+  }
+}
+%typemap(freearg) const char* cuda_plugin_path, const char* kv_disk_path {
+  Py_XDECREF(encoded$argnum);
+}
+%typemap(memberin) const char* cuda_plugin_path, const char* kv_disk_path {
   free((char*)$1);
   $1 = NULL;
   if ($input != NULL) {

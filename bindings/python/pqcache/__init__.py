@@ -69,7 +69,7 @@ __all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchErr
            "version",
            "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
-           "STATUS_NAMES"]
+           "KV_TIERS", "STATUS_NAMES"]
 
 # --- enumerations, by the names the tools and the config kwargs use ----------
 
@@ -104,6 +104,8 @@ CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
 KEY_ROTARY = {"none": _c.PQ_ROTARY_NONE, "half": _c.PQ_ROTARY_HALF,
               "interleaved": _c.PQ_ROTARY_INTERLEAVED}
 POOLING = {"max": _c.PQ_POOLING_MAX, "avg": _c.PQ_POOLING_AVG}
+# pq_kv_tier: "disk" keeps the K/V rows in a file in kv_disk_path's directory.
+KV_TIERS = {"host": _c.PQ_KV_TIER_HOST, "disk": _c.PQ_KV_TIER_DISK}
 # Every pq_status of the header: PQ_OK and the PQ_ERR_* constants.
 STATUS_NAMES = dict(sorted((getattr(_c, name), name) for name in dir(_c)
                           if name == "PQ_OK" or name.startswith("PQ_ERR_")))
@@ -114,7 +116,7 @@ PathLike = Union[str, bytes, os.PathLike]
 # pq_config fields that also take a name ("selector": "pq").
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
                  "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
-                 "key_rotary": KEY_ROTARY, "pooling": POOLING}
+                 "key_rotary": KEY_ROTARY, "pooling": POOLING, "kv_tier": KV_TIERS}
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 _NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)"}
 
@@ -228,8 +230,10 @@ class _Closing:
 
 class Context(_Closing):
     """A libpqcache context. Keyword arguments set pq_config fields by name
-    (see include/pqcache.h); selector, gqa_combine, backend, kmeans_init and
-    cache_policy also take names ("pq", "max", "cpu", "kmeans++", "lru")."""
+    (see include/pqcache.h); selector, gqa_combine, backend, kmeans_init,
+    cache_policy, key_rotary, pooling and kv_tier also take names ("pq",
+    "max", "cpu", "kmeans++", "lru", "half", "avg", "disk"). The paths
+    (cuda_plugin_path, kv_disk_path) take str, bytes or os.PathLike."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: str = "f16", **options):

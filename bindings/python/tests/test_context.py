@@ -48,6 +48,36 @@ def test_cuda_plugin_path_is_copied_into_the_config():
     assert e.value.status_name == "PQ_ERR_NOT_FOUND"
 
 
+def test_disk_tier_rows_come_back_as_prefilled(tmp_path):
+    # 600 tokens: past the sink (4), the local window (16) and one 256-token
+    # chunk, so a chunk goes to the file; k = every token, every row compared.
+    rng = np.random.default_rng(5)
+    tokens, kv, q_heads, dim = 600, 2, 4, 16
+    keys = rng.standard_normal((tokens, kv, dim)).astype(np.float32)
+    values = rng.standard_normal((tokens, kv, dim)).astype(np.float32)
+    with pqcache.Context(1, q_heads, kv, dim, "f32", selector="exact", sink_tokens=4,
+                         local_tokens=16, topk_tokens=tokens, worker_threads=1,
+                         kv_tier="disk", kv_disk_path=tmp_path) as ctx:
+        config = ctx.config()
+        assert config["kv_tier"] == pqcache.KV_TIERS["disk"] and config["kv_disk_path"] is None
+        ctx.add_sequence(1)
+        ctx.prefill(1, 0, keys, values)
+        selection = ctx.select(1, 0, rng.standard_normal((q_heads, dim)).astype(np.float32))
+        k_out, v_out = ctx.fetch(1, 0, selection)
+        for h, positions in enumerate(selection.heads()):
+            assert list(positions) == list(range(tokens))
+            np.testing.assert_array_equal(k_out[h, :tokens], keys[:, h])
+            np.testing.assert_array_equal(v_out[h, :tokens], values[:, h])
+
+
+def test_disk_tier_needs_a_directory():
+    with pytest.raises(pqcache.PQError) as e:
+        pqcache.Context(1, 2, 2, 16, kv_tier="disk")
+    assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "kv_disk_path" in e.value.message
+    with pytest.raises(ValueError):  # as os functions refuse it
+        pqcache.Context(1, 2, 2, 16, kv_tier="disk", kv_disk_path="dir\0ectory")
+
+
 def test_prefill_select_fetch_round_trip_against_numpy():
     rng = np.random.default_rng(1)
     tokens, kv, q_heads, dim = 600, 2, 4, 32

@@ -131,6 +131,12 @@ pub type pq_pooling = i32;
 pub const PQ_POOLING_MAX: pq_pooling = 0;
 pub const PQ_POOLING_AVG: pq_pooling = 1;
 
+/// `pq_kv_tier` (added in 0.9): where each layer's K/V rows live.
+pub type pq_kv_tier = i32;
+pub const PQ_KV_TIER_HOST: pq_kv_tier = 0;
+/// A file in `pq_config.kv_disk_path` (CPU backend only).
+pub const PQ_KV_TIER_DISK: pq_kv_tier = 1;
+
 pub type pq_layout = i32;
 pub const PQ_LAYOUT_TOKEN_MAJOR: pq_layout = 0;
 pub const PQ_LAYOUT_HEAD_MAJOR: pq_layout = 1;
@@ -173,6 +179,10 @@ c_type_names! {
     Option<unsafe extern "C" fn(*mut c_void, u64, i32, i32)>
         => "void (*)(void*, uint64_t, int32_t, pq_status)",
     Option<unsafe extern "C" fn(*mut c_void)> => "void (*)(void*)",
+    Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, u64, u64) -> i64>
+        => "int64_t (*)(void*, int, void*, uint64_t, uint64_t)",
+    Option<unsafe extern "C" fn(*mut c_void, c_int, *const c_void, u64, u64) -> i64>
+        => "int64_t (*)(void*, int, const void*, uint64_t, uint64_t)",
     *mut pq_pool => "pq_pool*",
 }
 
@@ -272,6 +282,10 @@ c_struct! {
         pub fastgen_recovery: f32,
         pub infinigen_partial_ratio: f32,
         pub infinigen_alpha: f32,
+        /// pq_kv_tier (added in 0.9)
+        pub kv_tier: i32,
+        /// The disk tier's directory; read during pq_create only (added in 0.9).
+        pub kv_disk_path: *const c_char,
     }
 }
 
@@ -374,6 +388,29 @@ pub type pq_free_fn =
 /// `pq_build_done_fn` (added in 0.6): an index build of (seq_id, layer) ended.
 pub type pq_build_done_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, seq_id: u64, layer: i32, status: pq_status)>;
+/// `pq_disk_read_fn` (added in 0.9): reads `bytes` at `offset` of the disk
+/// tier's file `fd` into `buf`; returns the bytes read or -errno. Called on
+/// any thread, concurrently; must not unwind into C.
+pub type pq_disk_read_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        fd: c_int,
+        buf: *mut c_void,
+        bytes: u64,
+        offset: u64,
+    ) -> i64,
+>;
+/// `pq_disk_write_fn` (added in 0.9): writes `bytes` of `buf` at `offset` of
+/// the disk tier's file `fd`; returns the bytes written or -errno.
+pub type pq_disk_write_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        fd: c_int,
+        buf: *const c_void,
+        bytes: u64,
+        offset: u64,
+    ) -> i64,
+>;
 
 c_struct! {
     /// Hooks of `pq_create_with_hooks` (added in 0.6); start from
@@ -390,6 +427,11 @@ c_struct! {
         pub build_done: pq_build_done_fn,
         pub build_done_user: *mut c_void,
         pub pool: *mut pq_pool,
+        /// The disk tier's file reads and writes, `None` for pread / pwrite
+        /// (added in 0.9).
+        pub disk_read: pq_disk_read_fn,
+        pub disk_write: pq_disk_write_fn,
+        pub disk_user: *mut c_void,
     }
 }
 
@@ -488,6 +530,8 @@ pub const CALLBACKS: &[(&str, &str)] = &[
     ("pq_free_fn", <pq_free_fn as CTypeName>::C_TYPE),
     ("pq_build_done_fn", <pq_build_done_fn as CTypeName>::C_TYPE),
     ("pq_destroy_fn", <pq_destroy_fn as CTypeName>::C_TYPE),
+    ("pq_disk_read_fn", <pq_disk_read_fn as CTypeName>::C_TYPE),
+    ("pq_disk_write_fn", <pq_disk_write_fn as CTypeName>::C_TYPE),
 ];
 
 // ---------------------------------------------------------------------------

@@ -224,6 +224,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_ROTARY_INTERLEAVED,
         PQ_POOLING_MAX,
         PQ_POOLING_AVG,
+        PQ_KV_TIER_HOST,
+        PQ_KV_TIER_DISK,
         PQ_LAYOUT_TOKEN_MAJOR,
         PQ_LAYOUT_HEAD_MAJOR,
         PQ_LOG_ERROR,

@@ -141,6 +141,18 @@ c_enum! {
     }
 }
 
+c_enum! {
+    /// Where each layer's K/V rows live (`pq_kv_tier`).
+    pub enum KvTier {
+        /// Host memory (the default).
+        Host = sys::PQ_KV_TIER_HOST,
+        /// A file in [`Config::kv_disk_path`]'s directory: the sink and
+        /// local-window chunks stay in memory, the rest is read back by
+        /// selection. CPU backend only.
+        Disk = sys::PQ_KV_TIER_DISK,
+    }
+}
+
 /// A context configuration: the library's defaults (`pq_config_default`)
 /// plus what the builder methods set. The model geometry (`num_layers`,
 /// `num_q_heads`, `num_kv_heads`, `head_dim`) has no default and must be set.
@@ -151,14 +163,17 @@ c_enum! {
 /// any field directly.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Always holds a NULL cuda_plugin_path: the path lives in `plugin_path`
-    /// and is lent to the library during pq_create only.
+    /// Always holds a NULL cuda_plugin_path and kv_disk_path: the paths live
+    /// in `plugin_path` and `disk_path` and are lent to the library during
+    /// pq_create only.
     raw: sys::pq_config,
     plugin_path: Option<PathBuf>,
+    disk_path: Option<PathBuf>,
 }
 
-// SAFETY: the only pointer in the raw struct, cuda_plugin_path, is kept NULL
-// (see the field's comment); everything else is plain data.
+// SAFETY: the only pointers in the raw struct, cuda_plugin_path and
+// kv_disk_path, are kept NULL (see the field's comment); everything else is
+// plain data.
 unsafe impl Send for Config {}
 unsafe impl Sync for Config {}
 
@@ -185,25 +200,33 @@ impl Config {
 
     pub(crate) fn from_raw(mut raw: sys::pq_config) -> Config {
         raw.cuda_plugin_path = std::ptr::null();
+        raw.kv_disk_path = std::ptr::null();
         Config {
             raw,
             plugin_path: None,
+            disk_path: None,
         }
     }
 
-    /// The C struct (cuda_plugin_path is NULL here; see [`Config::cuda_plugin_path`]).
+    /// The C struct (cuda_plugin_path and kv_disk_path are NULL here; see
+    /// [`Config::cuda_plugin_path`] and [`Config::kv_disk_path`]).
     pub fn as_raw(&self) -> &sys::pq_config {
         &self.raw
     }
 
     /// Any field, for settings without a builder method. A pointer written
-    /// into `cuda_plugin_path` here is ignored: use [`Config::cuda_plugin_path`].
+    /// into `cuda_plugin_path` or `kv_disk_path` here is ignored: use
+    /// [`Config::cuda_plugin_path`] and [`Config::kv_disk_path`].
     pub fn as_raw_mut(&mut self) -> &mut sys::pq_config {
         &mut self.raw
     }
 
     pub(crate) fn cuda_plugin_path_ref(&self) -> Option<&Path> {
         self.plugin_path.as_deref()
+    }
+
+    pub(crate) fn kv_disk_path_ref(&self) -> Option<&Path> {
+        self.disk_path.as_deref()
     }
 
     /// The four geometry fields at once: layers, query heads, kv heads, head_dim.
@@ -223,6 +246,14 @@ impl Config {
     /// The CUDA plug-in file (default: the library's search order).
     pub fn cuda_plugin_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.plugin_path = Some(path.into());
+        self
+    }
+
+    /// The directory of the disk tier's K/V file ([`KvTier::Disk`]; an
+    /// unnamed file, gone with the process). Read during create only;
+    /// ignored by the host tier.
+    pub fn kv_disk_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.disk_path = Some(path.into());
         self
     }
 
@@ -306,6 +337,8 @@ impl Config {
         infinigen_partial_ratio: f32;
         /// InfiniGen: how far below a head's best score a token still counts (default 4).
         infinigen_alpha: f32;
+        /// Where the K/V rows live (default Host); Disk needs [`Config::kv_disk_path`].
+        kv_tier: KvTier => |t: KvTier| t as i32;
     }
 }
 

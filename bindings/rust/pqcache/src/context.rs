@@ -60,7 +60,8 @@ type SelectFn = unsafe extern "C" fn(
 pub struct Context {
     ctx: NonNull<sys::pq_context>,
     library: Library,
-    /// The effective configuration (pq_get_config), cuda_plugin_path NULL.
+    /// The effective configuration (pq_get_config), cuda_plugin_path and
+    /// kv_disk_path NULL.
     config: sys::pq_config,
     /// Per layer, the largest selection capacity the library asked for so
     /// far: [`Context::select_batch`] sizes new selections with it.
@@ -124,7 +125,9 @@ impl Context {
             context.ctx.as_ptr(),
             &mut config,
         ))?;
-        config.cuda_plugin_path = std::ptr::null(); // pointed at the caller's string during create
+        // Pointed at the caller's strings during create.
+        config.cuda_plugin_path = std::ptr::null();
+        config.kv_disk_path = std::ptr::null();
         context.config = config;
         context.capacity_hints = (0..config.num_layers)
             .map(|_| AtomicUsize::new(0))

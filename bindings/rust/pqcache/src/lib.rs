@@ -49,8 +49,8 @@ mod tensor;
 
 pub use batch::{FetchItem, SelectItem};
 pub use config::{
-    Backend, CachePolicy, Config, DType, GqaCombine, KeyRotary, KmeansInit, Pooling, Selector,
-    SELECTOR_COUNT,
+    Backend, CachePolicy, Config, DType, GqaCombine, KeyRotary, KmeansInit, KvTier, Pooling,
+    Selector, SELECTOR_COUNT,
 };
 pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};

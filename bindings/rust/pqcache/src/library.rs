@@ -90,21 +90,13 @@ impl Library {
     /// Creates a context (`pq_create`).
     pub fn create(&self, config: &Config) -> Result<Context> {
         let mut raw = *config.as_raw();
-        let plugin_path = match config.cuda_plugin_path_ref() {
-            Some(path) => Some(CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-                Error::invalid(
-                    "pq_create",
-                    format_args!(
-                        "config.cuda_plugin_path is {path:?}; expected a path without NUL bytes"
-                    ),
-                )
-            })?),
-            None => None,
-        };
-        // The library reads the path during pq_create only.
+        let plugin_path = lend_path("cuda_plugin_path", config.cuda_plugin_path_ref())?;
+        let disk_path = lend_path("kv_disk_path", config.kv_disk_path_ref())?;
+        // The library reads the paths during pq_create only.
         raw.cuda_plugin_path = plugin_path
             .as_ref()
             .map_or(std::ptr::null(), |p| p.as_ptr());
+        raw.kv_disk_path = disk_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
         let mut ctx = std::ptr::null_mut();
         // SAFETY: raw is a complete pq_config whose struct_size came from
         // pq_config_default; ctx is written only on success.
@@ -136,6 +128,21 @@ impl Library {
             }
         }
     }
+}
+
+/// A path setting of the config as the C string pq_create borrows; a NUL
+/// byte (which C would read as a shorter path) is an `InvalidArgument` error
+/// naming the field.
+fn lend_path(field: &str, path: Option<&std::path::Path>) -> Result<Option<CString>> {
+    path.map(|path| {
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+            Error::invalid(
+                "pq_create",
+                format_args!("config.{field} is {path:?}; expected a path without NUL bytes"),
+            )
+        })
+    })
+    .transpose()
 }
 
 impl fmt::Debug for Library {

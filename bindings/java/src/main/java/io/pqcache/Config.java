@@ -1,6 +1,7 @@
 package io.pqcache;
 
 import io.pqcache.swig.pq_config;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
@@ -336,6 +337,23 @@ public final class Config {
     /** InfiniGen: how far below a head's best score a token still counts, in (0, 1e6]; default 4. */
     public Builder infinigenAlpha(float alpha) {
       return set(c -> c.setInfinigen_alpha(alpha));
+    }
+
+    // --- Storage tier (0.9) ---
+
+    /** Where the K/V rows live; default HOST. DISK needs {@link #kvDiskPath}. */
+    public Builder kvTier(KvTier tier) {
+      Objects.requireNonNull(tier, "tier");
+      return set(c -> c.setKv_tier(tier.code()));
+    }
+
+    /**
+     * The directory of the disk tier's K/V file (an unnamed file, gone with the process); read
+     * when the context is created only, ignored by the host tier.
+     */
+    public Builder kvDiskPath(Path directory) {
+      String path = Objects.requireNonNull(directory, "directory").toString();
+      return set(c -> c.setKv_disk_path(path));
     }
 
     /** The configuration; the builder can be reused. */

@@ -326,7 +326,10 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_HALF, KeyRotary.HALF.code());
     assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_INTERLEAVED, KeyRotary.INTERLEAVED.code());
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
+    assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_HOST, KvTier.HOST.code());
+    assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_DISK, KvTier.DISK.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
+    assertEquals(KvTier.values().length, 2);
   }
 }
