@@ -90,6 +90,7 @@ void Layer::gather_on_host(const pq_selection* sel, const pq_tensor& out_keys,
   auto gather_head = [&](int64_t h64) {
     const int32_t h = static_cast<int32_t>(h64);
     const int32_t* pos = sel->positions + h * sel->capacity;
+    if (sel->counts[h] == 0) return;  // an empty output may have no buffer to point into
     store_->gather(h, pos, sel->counts[h], tensor_row_mut(k.view, 0, h, es),
                    static_cast<size_t>(k.view.token_stride) * es, tensor_row_mut(v.view, 0, h, es),
                    static_cast<size_t>(v.view.token_stride) * es);
