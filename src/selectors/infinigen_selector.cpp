@@ -77,15 +77,20 @@ struct InfiniGenState final : CopyableState<InfiniGenState> {
   int64_t tokens(size_t h) const { return static_cast<int64_t>(partial[h].size() / r); }
 
   // The partial keys of tokens [tokens(h), n) of every head.
-  void extend(const KvTier& store, int64_t n, int32_t dtype) {
-    std::vector<float> key(static_cast<size_t>(dim));
+  void extend(const KvTier& store, int64_t n) {
+    // A run of keys per read (one read per run from a tier that reads files).
+    constexpr int64_t kRun = 256;
+    std::vector<float> keys;
     for (size_t h = 0; h < partial.size(); ++h) {
       const int64_t from = tokens(h);
       if (from >= n) continue;
       partial[h].resize(static_cast<size_t>(n) * r);
-      for (int64_t t = from; t < n; ++t) {
-        store.keys_as_float(static_cast<int32_t>(h), t, 1, key.data());
-        project(h, key.data(), partial[h].data() + static_cast<size_t>(t) * r);
+      keys.resize(static_cast<size_t>(std::min(kRun, n - from)) * dim);
+      for (int64_t run = from; run < n; run += kRun) {
+        const int64_t count = std::min(kRun, n - run);
+        store.keys_as_float(static_cast<int32_t>(h), run, count, keys.data());
+        for (int64_t t = run; t < run + count; ++t)
+          project(h, keys.data() + (t - run) * dim, partial[h].data() + static_cast<size_t>(t) * r);
       }
     }
   }
@@ -197,14 +202,14 @@ class InfiniGenSelector final : public Selector {
       s.partial[h].clear();  // every stored key again, with the new skew
     }
     s.ready = true;
-    s.extend(store, store.tokens(), c.dtype);
+    s.extend(store, store.tokens());
   }
 
   void update_state(SelectorState* state, const KvTier& store, int64_t n, int64_t, int64_t,
                     const pq_config& c) const override {
     InfiniGenState& s = state_of<InfiniGenState>(state, name());
     if (!s.ready) fail_needs_prefill_queries(name(), s.layer);
-    s.extend(store, n, c.dtype);
+    s.extend(store, n);
   }
 
   uint64_t select_layer(const LayerSelection& r, int32_t* out) const override {

@@ -50,27 +50,32 @@ struct QuestState final : CopyableState<QuestState>, BlockCoverage {
 };
 
 // Extends one head's summaries with tokens [from, to) of the middle that
-// starts at mid_begin. key is head_dim floats of scratch.
-void extend_head(const KvTier& store, int32_t dtype, int32_t d, int32_t head, int64_t mid_begin,
-                 int64_t from, int64_t to, int32_t B, std::vector<float>& mm,
-                 std::vector<float>& key) {
+// starts at mid_begin. keys is scratch: the keys are read a run of
+// kKeyRun tokens at a time (one read per run from a tier that reads files).
+constexpr int64_t kKeyRun = 256;
+void extend_head(const KvTier& store, int32_t d, int32_t head, int64_t mid_begin, int64_t from,
+                 int64_t to, int32_t B, std::vector<float>& mm, std::vector<float>& keys) {
   const int64_t first_block = mid_begin / B;
-  key.resize(static_cast<size_t>(d));
-  for (int64_t t = from; t < to; ++t) {
-    store.keys_as_float(head, t, 1, key.data());
-    const size_t j = static_cast<size_t>(t / B - first_block);
-    const size_t at = j * 2 * static_cast<size_t>(d);
-    if (mm.size() <= at) {  // the first token of a new block
-      mm.resize(at + 2 * static_cast<size_t>(d));
-      std::copy(key.begin(), key.end(), mm.begin() + static_cast<std::ptrdiff_t>(at));
-      std::copy(key.begin(), key.end(), mm.begin() + static_cast<std::ptrdiff_t>(at + d));
-      continue;
-    }
-    float* mn = mm.data() + at;
-    float* mx = mn + d;
-    for (int32_t i = 0; i < d; ++i) {
-      mn[i] = std::min(mn[i], key[static_cast<size_t>(i)]);
-      mx[i] = std::max(mx[i], key[static_cast<size_t>(i)]);
+  keys.resize(static_cast<size_t>(std::min(kKeyRun, std::max<int64_t>(to - from, 0))) * d);
+  for (int64_t run = from; run < to; run += kKeyRun) {
+    const int64_t n = std::min(kKeyRun, to - run);
+    store.keys_as_float(head, run, n, keys.data());
+    for (int64_t t = run; t < run + n; ++t) {
+      const float* key = keys.data() + (t - run) * d;
+      const size_t j = static_cast<size_t>(t / B - first_block);
+      const size_t at = j * 2 * static_cast<size_t>(d);
+      if (mm.size() <= at) {  // the first token of a new block
+        mm.resize(at + 2 * static_cast<size_t>(d));
+        std::copy(key, key + d, mm.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(key, key + d, mm.begin() + static_cast<std::ptrdiff_t>(at + d));
+        continue;
+      }
+      float* mn = mm.data() + at;
+      float* mx = mn + d;
+      for (int32_t i = 0; i < d; ++i) {
+        mn[i] = std::min(mn[i], key[i]);
+        mx[i] = std::max(mx[i], key[i]);
+      }
     }
   }
 }
@@ -95,7 +100,7 @@ class QuestSelector final : public Selector {
       s->minmax.assign(static_cast<size_t>(c.num_kv_heads), {});
     std::vector<float> key;
     for (int32_t h = 0; h < c.num_kv_heads; ++h)
-      extend_head(store, c.dtype, c.head_dim, h, mid_begin, s->covered_end, mid_end,
+      extend_head(store, c.head_dim, h, mid_begin, s->covered_end, mid_end,
                   c.block_tokens, s->minmax[static_cast<size_t>(h)], key);
     s->covered_end = mid_end;
   }
