@@ -53,12 +53,17 @@ DiskKvTier::DiskKvTier(const Geometry& g, MemoryBudget* budget, uint64_t chunk_c
     fail(PQ_ERR_INTERNAL, "the disk tier's file does not fit its chunks");
 }
 
-uint64_t DiskKvTier::bytes_held() const { return chunks_in_memory() * 2 * block_bytes(); }
+uint64_t DiskKvTier::bytes_held() const { return in_memory_ * 2 * block_bytes(); }
 
+// Every chunk holds state_part() (open, expect, copy_chunk); a kept one
+// chunk_kv_ more.
 uint64_t DiskKvTier::bytes_charged() const {
-  uint64_t bytes = 0;
-  for (const auto& c : chunks_) bytes += c->state_charge.bytes() + c->rows_charge.bytes();
-  return bytes;
+  return chunks_.size() * state_part() + static_cast<uint64_t>(kept_) * chunk_kv_;
+}
+
+void DiskKvTier::recount() {
+  in_memory_ = kept_ = 0;
+  for (const auto& c : chunks_) tally(*c, 1);
 }
 
 int64_t DiskKvTier::shared_chunks() const {
@@ -67,21 +72,9 @@ int64_t DiskKvTier::shared_chunks() const {
   return n;
 }
 
-int64_t DiskKvTier::chunks_in_memory() const {
-  int64_t n = 0;
-  for (const auto& c : chunks_) n += c->rows != nullptr ? 1 : 0;
-  return n;
-}
-
-int64_t DiskKvTier::chunks_on_disk() const {
-  int64_t n = 0;
-  for (const auto& c : chunks_) n += c->rows == nullptr && c->slot != nullptr ? 1 : 0;
-  return n;
-}
-
 bool DiskKvTier::stays(int64_t c, int64_t tokens) const {
   const int64_t begin = c * kChunkTokens, end = begin + kChunkTokens;
-  return begin < g_.sink_tokens || end > tokens - g_.local_tokens || end > tokens;
+  return begin < g_.sink_tokens || end > tokens - g_.local_tokens;  // local_tokens >= 0
 }
 
 void DiskKvTier::check_room(int64_t count) const {
@@ -155,8 +148,15 @@ void DiskKvTier::open(int64_t count) {
     fresh.push_back(std::move(chunk));
   }
   chunks_.reserve(needed);
-  if (last_copy) chunks_.back() = std::move(last_copy);
-  for (auto& c : fresh) chunks_.push_back(std::move(c));
+  if (last_copy) {
+    tally(*chunks_.back(), -1);
+    tally(*last_copy, 1);
+    chunks_.back() = std::move(last_copy);
+  }
+  for (auto& c : fresh) {
+    tally(*c, 1);
+    chunks_.push_back(std::move(c));
+  }
   tokens_ = end;
 }
 
@@ -179,6 +179,7 @@ void DiskKvTier::expect(int64_t count) {
     if (stays(c, count)) chunks[c]->rows_charge = charge.split(chunk_kv_);
   }
   chunks_ = std::move(chunks);
+  recount();
   tokens_ = count;
 }
 
@@ -194,7 +195,10 @@ bool DiskKvTier::copy_in(int64_t first, const pq_tensor& keys, const pq_tensor& 
     const int64_t in_chunk = pos % kChunkTokens;
     const int64_t run = std::min(count - t, kChunkTokens - in_chunk);
     Chunk& chunk = *chunks_[c];
-    if (chunk.rows == nullptr) chunk.rows = std::make_shared<Rows>(allocator_, block_bytes());
+    if (chunk.rows == nullptr) {
+      chunk.rows = std::make_shared<Rows>(allocator_, block_bytes());
+      ++in_memory_;
+    }
     for (int64_t i = 0; i < run; ++i)
       for (int32_t h = 0; h < g_.heads; ++h) {
         const size_t offset = h * head_bytes + static_cast<size_t>(in_chunk + i) * row_bytes_;
@@ -219,9 +223,11 @@ void DiskKvTier::write_out(size_t c) {
   auto slot = std::make_shared<const DiskSlot>(file_, file_->acquire());
   file_->write(slot->index(), 0, chunk.rows->keys.get(), block_bytes());
   file_->write(slot->index(), block_bytes(), chunk.rows->values.get(), block_bytes());
+  tally(chunk, -1);
   chunk.slot = std::move(slot);
   chunk.rows.reset();
   chunk.rows_charge = Reservation{};
+  tally(chunk, 1);
 }
 
 void DiskKvTier::write_out_leavers() {
@@ -236,7 +242,9 @@ void DiskKvTier::write_out_leavers() {
 
 void DiskKvTier::truncate(int64_t tokens) noexcept {
   if (tokens >= tokens_) return;
-  chunks_.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
+  const size_t keep = static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens);
+  for (size_t c = keep; c < chunks_.size(); ++c) tally(*chunks_[c], -1);
+  chunks_.resize(keep);
   tokens_ = tokens;
   leavers_from_ = std::min(leavers_from_, chunks_.size());
 }
@@ -262,6 +270,7 @@ int64_t DiskKvTier::fork_from(const KvTier& parent_tier) {
   if (last) chunks.push_back(std::move(last));
   for (size_t i = 0; i < full; ++i) chunks[i]->shared.store(true);
   chunks_ = std::move(chunks);
+  recount();
   tokens_ = parent->tokens_;
   leavers_from_ = full;  // the shared chunks stay where they are
   return static_cast<int64_t>(full);

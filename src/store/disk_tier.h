@@ -52,9 +52,8 @@ class DiskKvTier final : public KvTier {
   uint64_t bytes_charged() const override;
   int64_t shared_chunks() const override;
   size_t chunk_count() const override { return chunks_.size(); }
-  // Chunks whose rows are in memory, and those in the file.
-  int64_t chunks_in_memory() const;
-  int64_t chunks_on_disk() const;
+  // Chunks whose rows are in memory.
+  int64_t chunks_in_memory() const { return in_memory_; }
 
   void open(int64_t count) override;
   bool open_copies_last_chunk() const override;
@@ -114,6 +113,14 @@ class DiskKvTier final : public KvTier {
   // Writes out every full chunk that no longer stays (not shared).
   void write_out_leavers();
   Source source(size_t c) const { return {chunks_[c]->rows, chunks_[c]->slot}; }
+  // Adds (sign 1) or takes away (-1) what chunk c counts in in_memory_ and
+  // kept_; every change of the chunk list or of a chunk's rows or charge
+  // goes through it, so that the sizes an append publishes cost no walk.
+  void tally(const Chunk& c, int64_t sign) {
+    in_memory_ += sign * (c.rows != nullptr ? 1 : 0);
+    kept_ += sign * (c.rows_charge.bytes() > 0 ? 1 : 0);
+  }
+  void recount();
   // c -> (rows in memory, slot in the file) of chunk c, for the reads.
   auto chunk_at() const;
   // fn(rows, index of the first, count) for each run of rows [first, end)
@@ -130,6 +137,8 @@ class DiskKvTier final : public KvTier {
   int64_t tokens_ = 0;
   std::vector<std::shared_ptr<Chunk>> chunks_;
   size_t leavers_from_ = 0;  // chunks below it were written out or stay
+  int64_t in_memory_ = 0;    // chunks whose rows are in memory
+  int64_t kept_ = 0;         // chunks charged for their rows (kept in memory)
 };
 
 }  // namespace pq

@@ -15,17 +15,17 @@ namespace {
 // An index build's view: the chunks it holds stay alive and unchanged.
 class HostKeySnapshot final : public KeySnapshot {
  public:
-  explicit HostKeySnapshot(KvStore::Snapshot s) : s_(std::move(s)) {}
+  HostKeySnapshot(KvStore::Snapshot s, int32_t dtype) : s_(std::move(s)), dtype_(dtype) {}
   void keys_as_float(int32_t head, const int64_t* rows, int64_t count,
                      float* out) const override {
     for (int64_t i = 0; i < count; ++i)
       to_float(s_.key_row(rows[i], head), dtype_, s_.head_dim, out + i * s_.head_dim);
   }
   int64_t tokens() const override { return s_.tokens; }
-  int32_t dtype_ = 0;
 
  private:
   KvStore::Snapshot s_;
+  int32_t dtype_;
 };
 
 // Rows ahead of the one being copied that a gather asks the memory system
@@ -38,9 +38,7 @@ std::shared_ptr<const KeySnapshot> KvStore::snapshot(int64_t tokens) const {
   Snapshot s = snapshot();
   s.tokens = tokens;
   s.chunks.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
-  auto view = std::make_shared<HostKeySnapshot>(std::move(s));
-  view->dtype_ = dtype_;
-  return view;
+  return std::make_shared<HostKeySnapshot>(std::move(s), dtype_);
 }
 
 void KvStore::keys_as_float(int32_t head, int64_t first, int64_t count, float* out) const {
@@ -53,15 +51,25 @@ void KvStore::keys_as_float(int32_t head, int64_t first, int64_t count, float* o
   }
 }
 
+namespace {
+
+// Keys of listed tokens (int32 positions or int64 rows), through the table.
+template <typename Pos>
+void keys_at(const RowTable& table, int32_t head, const Pos* pos, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i)
+    to_float(table.key_row(static_cast<int32_t>(pos[i]), head), table.dtype, table.head_dim,
+             out + i * table.head_dim);
+}
+
+}  // namespace
+
 void KvStore::keys_as_float(int32_t head, const int32_t* positions, int64_t count,
                             float* out) const {
-  for (int64_t i = 0; i < count; ++i)
-    to_float(table_.key_row(positions[i], head), dtype_, head_dim_, out + i * head_dim_);
+  keys_at(table_, head, positions, count, out);
 }
 
 void KvStore::keys_as_float(int32_t head, const int64_t* rows, int64_t count, float* out) const {
-  for (int64_t i = 0; i < count; ++i)
-    to_float(key_row(rows[i], head), dtype_, head_dim_, out + i * head_dim_);
+  keys_at(table_, head, rows, count, out);
 }
 
 void KvStore::key_columns_as_float(int32_t head, int64_t first, int64_t count,
