@@ -653,6 +653,17 @@ typedef struct pq_config {
    * PQ_ERR_INVALID_ARGUMENT naming it when no file can be made there.
    * Ignored by the host tier; default NULL. */
   const char* kv_disk_path;
+
+  /* --- Tensor parallel (appended in 0.10; docs/engines.md) ------------- */
+  /* The model's index of this context's kv head 0, for a context that holds
+   * a slice of a layer's kv heads (one context per tensor-parallel rank,
+   * num_kv_heads the rank's count). Every seed the library derives per kv
+   * head (K-Means, the random selector, Keyformer's noise) takes the
+   * model's index, so the ranks together select exactly what one context
+   * with all kv heads selects (selectors that share a budget across a
+   * layer's kv heads, AdaKV, cannot: their heads see each other). In [0,
+   * 65536]; default 0. */
+  int32_t kv_head_offset;
 } pq_config;
 
 /* Where the K/V rows of every layer live (pq_config.kv_tier). */
@@ -669,7 +680,35 @@ typedef enum pq_kv_tier {
    * disk or a failed read is PQ_ERR_BACKEND naming the file's directory,
    * and the layer keeps every token it held. CPU backend only
    * (PQ_ERR_UNSUPPORTED with PQ_BACKEND_CUDA). (Added in 0.9.) */
-  PQ_KV_TIER_DISK = 1
+  PQ_KV_TIER_DISK = 1,
+  /* The caller's pool (index only; added in 0.10; docs/engines.md): a
+   * serving engine keeps K/V in its own (paged) pool and the library keeps
+   * the index only: each layer's centroids and every token's codes, plus
+   * the keys of tokens not coded yet (see below). Keys come with
+   * pq_prefill_layer and pq_decode_append (values may be NULL and are not
+   * read) or, from a paged pool, with pq_prefill_layer_paged and
+   * pq_decode_append_paged; a select returns positions that the caller
+   * reads from its pool. pq_fetch_kv, pq_decode_attend, pq_sequence_save
+   * and the device fetch are PQ_ERR_UNSUPPORTED (the library holds no
+   * value); pq_rerank reads exact keys from the pool the select is given
+   * (pq_decode_select_multi's keys).
+   * Keys held, and why: until a layer's first select, every key (the index
+   * is built over the prompt); the index is built at the first
+   * pq_prefill_layer and rebuilt at a later prefill call only once the
+   * layer's tokens have at least doubled since the last build started, so
+   * a prompt prefilled in chunks is clustered at most log2(prompt / first
+   * chunk) + 1 times, never once per chunk, and the last build covers at
+   * least half of it. From the first select on, a key goes once its token
+   * is coded (whole 256-token chunks): the index holds the codes, and only
+   * the local window's keys and the partial last chunk stay; later prefill
+   * calls and appends are coded with the index as it is (no rebuild). The
+   * memory limit counts the codes and the selector's state of every chunk
+   * and the keys while held.
+   * Selectors: PQ, WINDOW and RANDOM (the others read keys or values the
+   * library does not keep: PQ_ERR_INVALID_ARGUMENT at pq_create); the CPU
+   * backend (PQ_ERR_UNSUPPORTED with PQ_BACKEND_CUDA; AUTO picks CPU);
+   * pq_rebuild_share and cache_tokens must be 0. */
+  PQ_KV_TIER_CALLER = 2
 } pq_kv_tier;
 
 /* Fills *config with the defaults above and struct_size = sizeof(pq_config).
@@ -1104,6 +1143,50 @@ PQ_API pq_status pq_decode_append(pq_context* ctx, uint64_t seq_id,
                                   int32_t layer, const pq_tensor* keys,
                                   const pq_tensor* values);
 
+/* --- Keys in the caller's paged pool (added in 0.10) ----------------------
+ * Serving engines keep K/V in a pool of slots and a table per request that
+ * maps its token positions to slots (vLLM's block table, SGLang's
+ * req_to_token row). pq_paged_keys describes where a sequence's keys are:
+ * the key of position p of the sequence is row slot(p) of `pool`, where
+ *   slot(p) = slots[p]                                     (slots != NULL)
+ *   slot(p) = block_table[p / block_size] * block_size + p % block_size
+ *                                                    (block_table != NULL)
+ *   slot(p) = p                                      (both NULL: dense)
+ * for p < map_length (slots, or block_table entries * block_size). pool is
+ * an ordinary pq_tensor whose tokens are the pool's slots, in host memory,
+ * in the config dtype: vLLM's key cache [blocks * block_size][kv_heads]
+ * [head_dim] is token-major with tokens = blocks * block_size. Every slot
+ * is checked against pool.tokens and every block id against
+ * pool.tokens / block_size. The library reads the pool during the call
+ * only. */
+typedef struct pq_paged_keys {
+  pq_tensor pool;             /* the engine's key pool, host memory */
+  const int64_t* slots;       /* slot of each position, or NULL */
+  const int32_t* block_table; /* block of each block_size positions, or NULL */
+  int32_t block_size;         /* tokens per block (block_table only), >= 1 */
+  int64_t map_length;         /* entries of slots or block_table */
+  int64_t tokens;             /* tokens this call appends (append calls) */
+} pq_paged_keys;
+
+/* pq_prefill_layer and pq_decode_append for an index-only context
+ * (PQ_KV_TIER_CALLER) whose keys are in a paged pool: the keys of
+ * positions [L, L + keys->tokens) are read from the pool through the map,
+ * L the layer's length before the call (0 for a first prefill). Values
+ * stay in the caller's pool. Otherwise as the dense calls (checks, all or
+ * nothing, the build policy of PQ_KV_TIER_CALLER).
+ * Errors: PQ_ERR_INVALID_ARGUMENT (keys NULL, map entries or slots out of
+ * range, both slots and block_table set, NaN/Inf keys), PQ_ERR_UNSUPPORTED
+ * (a context that stores K/V: it needs the values, pass them with
+ * pq_prefill_layer; a pool in device memory), PQ_ERR_NOT_FOUND,
+ * PQ_ERR_OUT_OF_MEMORY, PQ_ERR_BAD_STATE (an append before any prefill).
+ * Threading: as pq_prefill_layer. */
+PQ_API pq_status pq_prefill_layer_paged(pq_context* ctx, uint64_t seq_id,
+                                        int32_t layer,
+                                        const pq_paged_keys* keys);
+PQ_API pq_status pq_decode_append_paged(pq_context* ctx, uint64_t seq_id,
+                                        int32_t layer,
+                                        const pq_paged_keys* keys);
+
 /* ------------------------------------------------------------------------ */
 /* Selection and fetch                                                      */
 /* ------------------------------------------------------------------------ */
@@ -1204,6 +1287,60 @@ PQ_API pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t laye
                                   const pq_tensor* query,
                                   const pq_selection* selection, float scale,
                                   float* out, float* out_lse);
+
+/* --- Several query tokens in one select (added in 0.10) ------------------
+ * Speculative verification and chunked prefill over a cached context query
+ * the cache with several tokens of one sequence at once. */
+
+/* The rows a multi-token select writes. Each row is ascending and unique,
+ * holds counts[row] positions and is padded with -1 up to the capacity
+ * (the padded index list SGLang's sparse attention takes, with the counts
+ * as its valid lengths). */
+typedef enum pq_select_rows {
+  /* Token t's selection for kv head h in row t * num_kv_heads + h: what
+   * pq_decode_select would return for that token's query alone. */
+  PQ_ROWS_PER_TOKEN = 0,
+  /* Row h: the union over the query tokens of kv head h's selections. */
+  PQ_ROWS_PER_HEAD = 1,
+  /* One row for the request: the union over query tokens and kv heads. */
+  PQ_ROWS_PER_REQUEST = 2
+} pq_select_rows;
+
+/* The rows and the capacity per row that pq_decode_select_multi needs at
+ * (seq_id, layer)'s current length for query_tokens tokens (>= 1) and the
+ * row form `rows`: rows = query_tokens * num_kv_heads, num_kv_heads or 1;
+ * capacity = sinks + local window + min(middle, u * k), u the selections a
+ * row unites (1, query_tokens, or query_tokens * num_kv_heads) and k the
+ * most middle tokens one kv head may take. Either output may be NULL.
+ * Errors: PQ_ERR_INVALID_ARGUMENT, PQ_ERR_NOT_FOUND. Thread-safe. */
+PQ_API pq_status pq_selection_capacity_multi(const pq_context* ctx,
+                                             uint64_t seq_id, int32_t layer,
+                                             int64_t query_tokens,
+                                             int32_t rows /* pq_select_rows */,
+                                             int64_t* out_rows,
+                                             int64_t* out_capacity);
+
+/* pq_decode_select for the query tokens of one sequence (queries: tokens x
+ * num_q_heads x head_dim, config dtype, host memory), in one call: every
+ * token is scored against the layer's tokens as they are now (the caller's
+ * attention masks what a token may not see; the local window holds the
+ * newest tokens), one after another in token order, each as a
+ * pq_decode_select of its query would (selectors that keep state update it
+ * per token), and the rows are written as `rows` says. out->positions
+ * holds rows * out->capacity entries, out->counts one per row (see
+ * pq_selection_capacity_multi). keys (may be NULL): where exact keys are,
+ * for config.pq_rerank > 0 in an index-only context (PQ_KV_TIER_CALLER),
+ * which needs it; its map covers the layer's positions and its tokens
+ * field is not read. In other contexts keys is not read.
+ * Errors: as pq_decode_select (PQ_ERR_BUFFER_TOO_SMALL writes the needed
+ * capacity to every out->counts entry), plus PQ_ERR_INVALID_ARGUMENT for a
+ * bad `rows`, and PQ_ERR_BAD_STATE for re-ranking in an index-only
+ * context without keys. Threading: as pq_decode_select. */
+PQ_API pq_status pq_decode_select_multi(pq_context* ctx, uint64_t seq_id,
+                                        int32_t layer, const pq_tensor* queries,
+                                        int32_t rows /* pq_select_rows */,
+                                        const pq_paged_keys* keys,
+                                        pq_selection* out);
 
 /* --- One layer for a batch of sequences (added in 0.4) -------------------
  * A serving engine runs a layer for every request of its batch at once:

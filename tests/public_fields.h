@@ -13,6 +13,7 @@
   S(pq_selection) \
   S(pq_select_item) \
   S(pq_fetch_item) \
+  S(pq_paged_keys) \
   S(pq_layer_info) \
   S(pq_stats) \
   S(pq_hooks)
@@ -84,6 +85,13 @@
   X(pq_config, infinigen_alpha) \
   X(pq_config, kv_tier) \
   X(pq_config, kv_disk_path) \
+  X(pq_config, kv_head_offset) \
+  X(pq_paged_keys, pool) \
+  X(pq_paged_keys, slots) \
+  X(pq_paged_keys, block_table) \
+  X(pq_paged_keys, block_size) \
+  X(pq_paged_keys, map_length) \
+  X(pq_paged_keys, tokens) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

@@ -404,7 +404,7 @@ TEST(DiskTier, TheConfigurationIsChecked) {
   c.kv_disk_path = missing.c_str();
   EXPECT_EQ(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(pqt::contains_ci(pq_last_error(), missing)) << pq_last_error();
-  c = config_for(PQ_SELECTOR_PQ, 2, dir.path);
+  c = config_for(PQ_SELECTOR_PQ, 3, dir.path);
   EXPECT_EQ(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(pqt::contains_ci(pq_last_error(), "kv_tier")) << pq_last_error();
   c = config_for(PQ_SELECTOR_PQ, PQ_KV_TIER_DISK, dir.path);

@@ -33,7 +33,9 @@ const Names kCachePolicyNames = {{PQ_CACHE_LRU, "PQ_CACHE_LRU"}, {PQ_CACHE_LFU, 
 const Names kKeyRotaryNames = {{PQ_ROTARY_NONE, "PQ_ROTARY_NONE"},
                                {PQ_ROTARY_HALF, "PQ_ROTARY_HALF"},
                                {PQ_ROTARY_INTERLEAVED, "PQ_ROTARY_INTERLEAVED"}};
-const Names kKvTierNames = {{PQ_KV_TIER_HOST, "PQ_KV_TIER_HOST"}, {PQ_KV_TIER_DISK, "PQ_KV_TIER_DISK"}};
+const Names kKvTierNames = {{PQ_KV_TIER_HOST, "PQ_KV_TIER_HOST"},
+                            {PQ_KV_TIER_DISK, "PQ_KV_TIER_DISK"},
+                            {PQ_KV_TIER_CALLER, "PQ_KV_TIER_CALLER"}};
 const Names kPoolingNames = {{PQ_POOLING_MAX, "PQ_POOLING_MAX"}, {PQ_POOLING_AVG, "PQ_POOLING_AVG"}};
 
 // The selectors' names come from their registry, the one list of them.
@@ -101,6 +103,30 @@ int32_t hardware_threads() {
   return std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
 }
 
+// What an index-only context (PQ_KV_TIER_CALLER) can serve: it keeps no
+// values and, once coded, no keys.
+static void check_index_only(pq_config& c) {
+  const char* tier = "config.kv_tier is PQ_KV_TIER_CALLER (index only: the caller keeps K/V)";
+  if (c.selector != PQ_SELECTOR_PQ && c.selector != PQ_SELECTOR_WINDOW &&
+      c.selector != PQ_SELECTOR_RANDOM)
+    invalid(std::string(tier) + " and config.selector is " + selector_value_name(c.selector) +
+            ", which reads the keys or values the library does not keep; index-only contexts "
+            "serve PQ_SELECTOR_PQ, PQ_SELECTOR_WINDOW and PQ_SELECTOR_RANDOM");
+  if (c.backend == PQ_BACKEND_CUDA)
+    fail(PQ_ERR_UNSUPPORTED, std::string(tier) +
+                                 " with backend PQ_BACKEND_CUDA; index-only contexts run on the "
+                                 "CPU backend in this version");
+  if (c.backend == PQ_BACKEND_AUTO) c.backend = PQ_BACKEND_CPU;
+  if (c.pq_rebuild_share > 0.f)
+    invalid(std::string(tier) + " and config.pq_rebuild_share is " +
+            number_text(c.pq_rebuild_share) +
+            "; a rebuild re-clusters every key, which an index-only context drops once coded "
+            "(use 0)");
+  if (c.cache_tokens > 0)
+    invalid(std::string(tier) + " and config.cache_tokens is " + str(c.cache_tokens) +
+            "; the block cache keeps fetched K/V, and an index-only context fetches none (use 0)");
+}
+
 pq_config resolve_config(const pq_config* in) {
   if (in == nullptr) invalid("config is NULL");
   const uint32_t min_size = offsetof(pq_config, pq_subspaces);
@@ -164,6 +190,10 @@ pq_config resolve_config(const pq_config* in) {
   if (c.kv_tier == PQ_KV_TIER_DISK && (c.kv_disk_path == nullptr || *c.kv_disk_path == '\0'))
     invalid("config.kv_disk_path is " + std::string(c.kv_disk_path == nullptr ? "NULL" : "empty") +
             "; PQ_KV_TIER_DISK needs the directory of its K/V file");
+  if (c.kv_tier == PQ_KV_TIER_CALLER) check_index_only(c);
+  if (c.kv_head_offset > (1 << 16) - c.num_kv_heads)
+    invalid("config.kv_head_offset " + str(c.kv_head_offset) + " + num_kv_heads " +
+            str(c.num_kv_heads) + " passes 65536, the most kv heads a model may have");
   // Read during pq_create only (caller_paths); never kept.
   c.cuda_plugin_path = nullptr;
   c.kv_disk_path = nullptr;

@@ -192,6 +192,7 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   params.max_points_per_centroid = config.kmeans_max_points_per_centroid;
   params.seed = config.seed;
   params.layer = layer_index;
+  params.head_offset = config.kv_head_offset;
   params.first_token = config.sink_tokens;
   params.dim_order = rotary_dim_order(head_dim, config.key_rotary);
   const int64_t centroids = int64_t{1} << config.pq_bits;

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/tensor.h"
 #include "store/disk_tier.h"
+#include "store/index_only_tier.h"
 #include "selectors/selector_capabilities.h"
 
 namespace pq {
@@ -26,6 +27,10 @@ HostAllocator store_allocator(const ContextShared& shared) {
 // The tier config.kv_tier names (kv_tier.h).
 std::unique_ptr<KvTier> make_kv_tier(ContextShared& shared, const HostAllocator& allocator) {
   const pq_config& c = shared.config;
+  if (c.kv_tier == PQ_KV_TIER_CALLER)
+    return std::make_unique<IndexOnlyTier>(
+        IndexOnlyTier::Geometry{c.num_kv_heads, c.head_dim, c.dtype}, &shared.budget,
+        shared.cost.chunk, shared.cost.chunk_kv);
   if (c.kv_tier == PQ_KV_TIER_DISK)
     return std::make_unique<DiskKvTier>(
         DiskKvTier::Geometry{c.num_kv_heads, c.head_dim, c.dtype, c.sink_tokens, c.local_tokens},
@@ -88,7 +93,7 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     // hook may ask for them as soon as it finishes.
     update_mirrors();
     // Selectors that read no index (EXACT, WINDOW) spend no CPU on one.
-    if (is_prefill && shared_.selector->needs_index()) {
+    if (is_prefill && shared_.selector->needs_index() && prefill_builds()) {
       build_.schedule(*store_, store_->tokens(), seq);
       build_.set_background(false);  // a prompt's build is waited for
     }
@@ -99,6 +104,20 @@ void Layer::store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is
     update_mirrors();
     throw;
   }
+}
+
+// Every prefill call builds over all the layer's tokens, except in an
+// index-only layer (PQ_KV_TIER_CALLER in pqcache.h): there a chunked prompt
+// builds at its first call and again only once its tokens have doubled
+// since the last build started, and never once keys were let go (from the
+// first select on, where later chunks are coded with the index as it is).
+bool Layer::prefill_builds() const {
+  if (store_->keeps_values()) return true;
+  if (store_->dropped_keys()) return false;
+  const int64_t last = build_.pending() ? build_.pending_tokens()
+                       : build_.index() ? build_.index()->built_tokens
+                                        : 0;
+  return last == 0 || store_->tokens() >= 2 * last;
 }
 
 // Prefill from device memory on a backend that copies asynchronously (paper

@@ -119,10 +119,22 @@ class Layer {
   };
   std::mutex& mutex() { return mutex_; }
   // host_out false: out's arrays are device memory, never written here.
+  // exact_keys: where the selector reads exact keys (an index-only layer's
+  // re-rank reads the caller's pool), else the layer's tier.
   void select_prepare(const std::vector<float>& queries, pq_selection* out,
-                      const SequenceInfo& seq, PreparedSelect& prepared, bool host_out = true);
+                      const SequenceInfo& seq, PreparedSelect& prepared, bool host_out = true,
+                      const KvTier* exact_keys = nullptr);
   int64_t select_finish(const PreparedSelect& prepared, pq_selection* out,
                         const SequenceInfo& seq, bool counted = true);
+
+  // pq_decode_select_multi (layer_select_multi.cpp): queries [q][q_heads]
+  // [head_dim], one select per token under one lock, rows merged as `rows`
+  // (pq_select_rows) says into out (capacity checked by the caller);
+  // `pool`: the caller's keys for an index-only layer's re-rank, or null.
+  void select_multi(const std::vector<float>& queries, int64_t q, int32_t rows,
+                    const class PoolKeys* pool, pq_selection* out, const SequenceInfo& seq);
+  // Rows and entries per row pq_decode_select_multi needs now.
+  void multi_capacity(int64_t q, int32_t rows, int64_t* out_rows, int64_t* out_capacity) const;
 
   // --- the decode step kept on the device (layer_device.cpp) ---------------
   // pq_decode_select_device: the selection written into out's device arrays
@@ -225,6 +237,8 @@ class Layer {
   void count_selection(uint64_t bytes, const SequenceInfo& seq);
   void store_tokens(const pq_tensor& keys, const pq_tensor& values, bool is_prefill,
                     const SequenceInfo& seq);
+  // Whether a prefill of the layer as it now is (its tokens stored) builds.
+  bool prefill_builds() const;
   void require_prefill(uint64_t seq_id, const char* call) const;
   // BAD_STATE while a restore waits for this layer's K/V.
   void require_kv(uint64_t seq_id, const char* call) const;

@@ -91,7 +91,8 @@ void Layer::count_hint(const PreparedSelect& prepared, const SequenceInfo& seq) 
 }
 
 void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
-                           const SequenceInfo& seq, PreparedSelect& prepared, bool host_out) {
+                           const SequenceInfo& seq, PreparedSelect& prepared, bool host_out,
+                           const KvTier* exact_keys) {
   const Selector& selector = *shared_.selector;
   if (selector.needs_index()) {
     require_index(seq.id);
@@ -121,9 +122,17 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
                                       (host_out ? "written to out->counts; " : "") +
                                       "see pq_selection_capacity_for)");
   }
+  if (!store_->keeps_values() && selector.needs_index() && shared_.config.pq_rerank > 0.f &&
+      exact_keys == nullptr)
+    fail(PQ_ERR_BAD_STATE,
+         "config.pq_rerank reads exact keys, which an index-only context (PQ_KV_TIER_CALLER) "
+         "does not keep; pass them from your pool: pq_decode_select_multi's keys");
   if (selector.needs_index()) {
     code_tokens(r.mid_end);
     rebuild_for_long_output(seq);
+    // An index-only layer selects from codes from now on: the keys they
+    // stand for go (PQ_KV_TIER_CALLER in pqcache.h).
+    if (!store_->keeps_values()) store_->drop_coded_keys(build_.index()->coded_tokens);
   }
   selector.update_state(selector_state_.get(), *store_, r.n, r.sink_end, r.mid_end,
                         shared_.config);
@@ -137,7 +146,8 @@ void Layer::select_prepare(const std::vector<float>& queries, pq_selection* out,
     prepared.middle.assign(static_cast<size_t>(kv_heads) * static_cast<size_t>(r.k), 0);
   prepared.head_counts.assign(static_cast<size_t>(kv_heads), static_cast<int32_t>(r.k));
   LayerSelection& s = prepared.request.emplace(
-      LayerSelection{context(seq), *store_, *shared_.backend, shared_.scratch});
+      LayerSelection{context(seq), exact_keys != nullptr ? *exact_keys : *store_,
+                     *shared_.backend, shared_.scratch});
   s.index = build_.index();
   s.state = selector_state_.get();
   s.queries = queries.data();

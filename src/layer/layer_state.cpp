@@ -70,8 +70,10 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   // An index trained on tokens that go is rebuilt over those that stay, as
   // a prefill of them would build it. Queued first: it is the only step
   // that can fail, and until it is queued nothing has changed.
+  // An index-only layer that let keys go cannot rebuild: its index stays,
+  // with the codes of the tokens that stay.
   const bool index_covers_dropped =
-      tokens < prefill_tokens_ || build_.pending_tokens() > tokens;
+      !store_->dropped_keys() && (tokens < prefill_tokens_ || build_.pending_tokens() > tokens);
   const bool rebuild = index_covers_dropped && tokens > 0 && shared_.selector->needs_index();
   if (rebuild && device_appends_.first.load() >= 0) land_device_writes(/*wait=*/true);
   if (rebuild) build_.schedule(*store_, tokens, seq);

@@ -292,7 +292,7 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
     } else {
       uint64_t seed = mix_seed(params.seed, kSampleDomain);
       seed = mix_seed(seed, static_cast<uint64_t>(static_cast<int64_t>(params.layer)));
-      seed = mix_seed(seed, static_cast<uint64_t>(h));
+      seed = mix_seed(seed, static_cast<uint64_t>(h + params.head_offset));
       seed = mix_seed(seed, static_cast<uint64_t>(tokens));
       head_rows[h] = sample_rows(span, n, seed);
       for (int64_t& row : head_rows[h]) row += first;
@@ -307,7 +307,7 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
     group.centroids = codebook->data.data() + static_cast<size_t>(g) * k * dim;
     uint64_t seed = mix_seed(params.seed, kGroupDomain);
     seed = mix_seed(seed, static_cast<uint64_t>(static_cast<int64_t>(params.layer)));
-    group.seed = mix_seed(seed, static_cast<uint64_t>(g));
+    group.seed = mix_seed(seed, static_cast<uint64_t>(g + params.head_offset * m));
   }
 
   // Fetch the training sub-vectors, kGatherRows rows of one head per task.

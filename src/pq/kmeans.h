@@ -21,6 +21,9 @@ struct KMeansParams {
   int32_t max_points_per_centroid = 256;
   uint64_t seed = 0x5eed;
   int32_t layer = 0;                  // mixed into the per-group seeds
+  // The model's index of head 0 (config.kv_head_offset): seeds take the
+  // model's head, so a tensor-parallel rank trains what one context would.
+  int32_t head_offset = 0;
   // Train on tokens [first_token, tokens) only: the sinks, always selected,
   // are left out so that no centroid is spent on them (the official
   // PQCache code clusters the tokens after the sinks). All tokens when

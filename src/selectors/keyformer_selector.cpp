@@ -80,19 +80,22 @@ struct KeyformerState final : CopyableState<KeyformerState> {
   KeyformerState(const pq_config& c, int32_t layer)
       : layer(layer),
         seed(c.seed),
+        head_offset(c.kv_head_offset),
         tau0(c.keyformer_tau),
         tau_step(c.keyformer_tau_step),
         attention(c.num_kv_heads),
         steps(static_cast<size_t>(c.num_kv_heads), 0) {}
   int32_t layer;
   uint64_t seed;          // config.seed
+  int32_t head_offset;    // config.kv_head_offset: the noise is the model head's
   double tau0, tau_step;  // config.keyformer_tau, keyformer_tau_step
   AttentionAccumulator attention;  // score = accumulated y; drop marks
   std::vector<int64_t> steps;      // [kv_head] steps so far (the prompt's included)
 
   double tau(size_t h) const { return tau0 + static_cast<double>(steps[h]) * tau_step; }
   GumbelNoise noise(int32_t kv_head, int64_t row) const {
-    return GumbelNoise(seed, layer, kv_head, steps[static_cast<size_t>(kv_head)], row);
+    return GumbelNoise(seed, layer, kv_head + head_offset, steps[static_cast<size_t>(kv_head)],
+                       row);
   }
 
   // Adds softmax((x + g) / tau) to acc[token(i)] over the entries of one

@@ -50,7 +50,7 @@ class RandomSelector final : public Selector {
     const int64_t m = r.middle();
     const uint64_t step = state_of<const RandomState>(r.state(), "random").step;
     uint64_t seed = mix_seed(r.config().seed ^ kSalt, static_cast<uint64_t>(r.layer_index()));
-    seed = mix_seed(seed, static_cast<uint64_t>(r.kv_head));
+    seed = mix_seed(seed, static_cast<uint64_t>(r.kv_head + r.config().kv_head_offset));
     seed = mix_seed(seed, step);
     Rng rng(seed);
     // Floyd: for j = m-k .. m-1 draw t in [0, j]; take t, or j if t is taken.

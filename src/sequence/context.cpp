@@ -167,7 +167,10 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
   check_layer(layer_index);
   // The descriptors are read once: what was checked is what is used.
   const pq_tensor key_copy = copy_descriptor(keys_arg, "keys");
-  const pq_tensor value_copy = copy_descriptor(values_arg, "values");
+  // An index-only context reads no value: values may be NULL there.
+  const pq_tensor value_copy = values_arg == nullptr && c.kv_tier == PQ_KV_TIER_CALLER
+                                   ? key_copy
+                                   : copy_descriptor(values_arg, "values");
   const pq_tensor* keys = &key_copy;
   const pq_tensor* values = &value_copy;
   validate_tensor(keys, {"keys", c.num_kv_heads, c.head_dim, c.dtype, 1, -1});
@@ -272,6 +275,7 @@ Context::FetchArgs Context::fetch_args(const pq_selection* sel, const pq_tensor*
 
 void Context::fetch(uint64_t id, int32_t layer, const pq_selection* sel,
                     const pq_tensor* out_keys, const pq_tensor* out_values) {
+  require_kv_kept();
   check_layer(layer);
   const FetchArgs a = fetch_args(sel, out_keys, out_values);
   std::shared_ptr<Sequence> seq = find(id);
@@ -282,6 +286,7 @@ void Context::fetch(uint64_t id, int32_t layer, const pq_selection* sel,
 
 void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_arg,
                             const pq_selection* sel, float scale, float* out, float* out_lse) {
+  require_kv_kept();
   const pq_config& c = shared_.config;
   check_layer(layer);
   const pq_tensor query = copy_descriptor(query_arg, "query");

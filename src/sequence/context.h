@@ -103,6 +103,17 @@ class Context {
   void decode_attend(uint64_t id, int32_t layer, const pq_tensor* query, const pq_selection* sel,
                      float scale, float* out, float* out_lse);
 
+  // What a serving engine calls beyond the dense API (context_engine.cpp):
+  // keys from its paged pool, several query tokens in one select.
+  void append_paged(uint64_t id, int32_t layer, const pq_paged_keys* keys, bool is_prefill);
+  void selection_capacity_multi(uint64_t id, int32_t layer, int64_t query_tokens, int32_t rows,
+                                int64_t* out_rows, int64_t* out_capacity) const;
+  void decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* queries, int32_t rows,
+                           const pq_paged_keys* keys, pq_selection* out);
+  // PQ_ERR_UNSUPPORTED for a call that reads K/V an index-only context
+  // (PQ_KV_TIER_CALLER) does not keep.
+  void require_kv_kept() const;
+
   // The batched calls (context_batch.cpp): every item's status is written;
   // the first failing item's error is thrown, naming it, after all ran.
   void decode_select_batch(int32_t layer, pq_select_item* items, int64_t count);

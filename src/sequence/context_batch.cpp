@@ -202,6 +202,7 @@ bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_
 }
 
 void Context::fetch_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
+  require_kv_kept();
   check_batch(items, count);
   check_layer(layer);
   const size_t n = static_cast<size_t>(count);

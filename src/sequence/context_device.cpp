@@ -85,6 +85,7 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
 
 void Context::fetch_kv_device(uint64_t id, int32_t layer, const pq_selection* selection,
                               const pq_tensor* out_keys, const pq_tensor* out_values) {
+  require_kv_kept();
   check_layer(layer);
   pq_selection sel;
   pq_tensor keys, values;
@@ -191,6 +192,7 @@ void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, i
 }
 
 void Context::fetch_kv_device_batch(int32_t layer, pq_fetch_item* items, int64_t count) {
+  require_kv_kept();
   check_batch(items, count);
   check_layer(layer);
   const size_t n = static_cast<size_t>(count);

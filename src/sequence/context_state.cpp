@@ -112,6 +112,7 @@ void Context::sequence_fork(uint64_t parent_id, uint64_t child_id) {
 }
 
 uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
+  require_kv_kept();
   std::shared_ptr<Sequence> seq = find(id);
   const SaveScope saving(this, id);
   StateWriter out(write, user);
@@ -126,6 +127,7 @@ uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
 }
 
 void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) {
+  require_kv_kept();
   if (data == nullptr && size > 0) fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL");
   require_absent(id);
   const std::vector<LayerImage> images = parse_state(data, size, shared_.config);
@@ -136,6 +138,7 @@ void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) 
 }
 
 uint64_t Context::sequence_restore_begin(uint64_t id, const uint8_t* data, uint64_t size) {
+  require_kv_kept();
   if (data == nullptr && size > 0) fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL");
   require_absent(id);
   auto progress = std::make_unique<RestoreProgress>();

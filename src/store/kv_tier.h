@@ -112,6 +112,16 @@ class KvTier {
   virtual void for_each_run(bool keys, int32_t head, int64_t first, int64_t end,
                             const std::function<void(const uint8_t*, int64_t)>& fn) const = 0;
 
+  // --- Index only (PQ_KV_TIER_CALLER) ---
+  // Whether the tier keeps values (an index-only tier keeps keys only, and
+  // those only until they are coded).
+  virtual bool keeps_values() const { return true; }
+  // Lets go of the keys of whole chunks below `coded` (their codes stand
+  // for them from now on); tiers that keep every row ignore it.
+  virtual void drop_coded_keys(int64_t /*coded*/) {}
+  // Whether some key was let go: nothing can be rebuilt over every key.
+  virtual bool dropped_keys() const { return false; }
+
   // The host store when this tier's rows are all in host memory (the
   // backends' device code reads and writes rows through it), else null.
   virtual const KvStore* host_store() const { return nullptr; }

@@ -1,0 +1,111 @@
+// What a serving engine calls beyond the dense API: keys from its paged
+// pool (pq_prefill_layer_paged, pq_decode_append_paged), several query
+// tokens in one select (pq_decode_select_multi), and the refusal of the
+// calls that read K/V an index-only context does not keep.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/staging.h"
+#include "base/call_args.h"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/tensor.h"
+#include "sequence/context.h"
+#include "store/pool_keys.h"
+
+namespace pq {
+
+void Context::require_kv_kept() const {
+  if (shared_.config.kv_tier == PQ_KV_TIER_CALLER)
+    fail(PQ_ERR_UNSUPPORTED,
+         "the context is index-only (config.kv_tier PQ_KV_TIER_CALLER): the library keeps the "
+         "index, not the K/V; read the selected positions from your own pool");
+}
+
+void Context::append_paged(uint64_t id, int32_t layer_index, const pq_paged_keys* keys_arg,
+                           bool is_prefill) {
+  const pq_config& c = shared_.config;
+  check_layer(layer_index);
+  if (keys_arg == nullptr) invalid("keys is NULL");
+  const pq_paged_keys keys = *keys_arg;  // read once
+  if (c.kv_tier != PQ_KV_TIER_CALLER)
+    fail(PQ_ERR_UNSUPPORTED,
+         "paged keys carry no values, and this context stores K/V (config.kv_tier is not "
+         "PQ_KV_TIER_CALLER); pass keys and values with pq_prefill_layer / pq_decode_append");
+  if (keys.tokens < 1) invalid("keys->tokens is " + str(keys.tokens) + "; expected >= 1");
+  const PoolKeys pool(keys, c, "keys");
+  std::shared_ptr<Sequence> seq = find(id);
+  Layer& layer = *seq->layers[static_cast<size_t>(layer_index)];
+  layer.settle();  // an earlier prefill in flight sets the length the keys follow
+  std::vector<uint8_t> buffer;
+  const pq_tensor dense = pool.gather(layer.tokens(), keys.tokens, buffer);
+  layer.append(dense, dense, is_prefill, seq->info());
+}
+
+void Context::selection_capacity_multi(uint64_t id, int32_t layer, int64_t query_tokens,
+                                       int32_t rows, int64_t* out_rows,
+                                       int64_t* out_capacity) const {
+  check_layer(layer);
+  if (query_tokens < 1) invalid("query_tokens is " + str(query_tokens) + "; expected >= 1");
+  if (rows < PQ_ROWS_PER_TOKEN || rows > PQ_ROWS_PER_REQUEST)
+    invalid("rows is " + str(rows) +
+            "; expected PQ_ROWS_PER_TOKEN (0), PQ_ROWS_PER_HEAD (1) or PQ_ROWS_PER_REQUEST (2)");
+  const std::shared_ptr<Sequence> seq = find(id);
+  Layer& l = *seq->layers[static_cast<size_t>(layer)];
+  l.settle();
+  l.multi_capacity(query_tokens, rows, out_rows, out_capacity);
+}
+
+void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* queries_arg,
+                                  int32_t rows, const pq_paged_keys* keys_arg,
+                                  pq_selection* out) {
+  const pq_config& c = shared_.config;
+  check_layer(layer);
+  const pq_tensor queries = copy_descriptor(queries_arg, "queries");
+  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim, c.dtype, 1, -1});
+  if (queries.memory != PQ_MEMORY_HOST)
+    fail(PQ_ERR_UNSUPPORTED, "queries.memory is PQ_MEMORY_DEVICE; pq_decode_select_multi reads "
+                             "queries in host memory");
+  if (rows < PQ_ROWS_PER_TOKEN || rows > PQ_ROWS_PER_REQUEST)
+    invalid("rows is " + str(rows) +
+            "; expected PQ_ROWS_PER_TOKEN (0), PQ_ROWS_PER_HEAD (1) or PQ_ROWS_PER_REQUEST (2)");
+  if (out == nullptr) invalid("out is NULL");
+  pq_selection copy = *out;  // read once: the positions written may cover it
+  const int64_t q = queries.tokens;
+  const int64_t out_rows = rows == PQ_ROWS_PER_TOKEN   ? q * c.num_kv_heads
+                           : rows == PQ_ROWS_PER_HEAD ? c.num_kv_heads
+                                                      : 1;
+  if (copy.capacity < 0) invalid("out->capacity is " + str(copy.capacity) + "; expected >= 0");
+  if (copy.positions == nullptr && copy.capacity > 0) invalid("out->positions is NULL");
+  if (copy.counts == nullptr) invalid("out->counts is NULL");
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(copy.capacity),
+                             static_cast<uint64_t>(out_rows) * sizeof(int32_t), &bytes) ||
+      reinterpret_cast<uintptr_t>(copy.positions) > UINTPTR_MAX - bytes)
+    invalid("out->capacity is " + str(copy.capacity) + "; " + str(out_rows) +
+            " rows x capacity positions from out->positions overflow the address space");
+  require_apart(copy.positions, bytes, "out->positions", copy.counts,
+                static_cast<uint64_t>(out_rows) * sizeof(int32_t), "out->counts");
+  std::optional<PoolKeys> pool;
+  if (keys_arg != nullptr && c.kv_tier == PQ_KV_TIER_CALLER) pool.emplace(*keys_arg, c, "keys");
+
+  // Every token's query as floats, [q][q_heads][head_dim], checked finite.
+  const size_t per_token = static_cast<size_t>(c.num_q_heads) * c.head_dim;
+  std::vector<float> floats(static_cast<size_t>(q) * per_token);
+  for (int64_t t = 0; t < q; ++t) {
+    pq_tensor one = queries;
+    one.data = static_cast<uint8_t*>(queries.data) +
+               t * queries.token_stride * static_cast<int64_t>(dtype_size(c.dtype));
+    one.tokens = 1;
+    const std::vector<float> f = query_floats(one, c.num_q_heads, c.head_dim, c.dtype);
+    std::copy(f.begin(), f.end(), floats.begin() + static_cast<std::ptrdiff_t>(t * per_token));
+  }
+  std::shared_ptr<Sequence> seq = find(id);
+  ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
+  seq->layers[static_cast<size_t>(layer)]->select_multi(floats, q, rows,
+                                                        pool ? &*pool : nullptr, &copy,
+                                                        seq->info());
+}
+
+}  // namespace pq
