@@ -173,6 +173,37 @@ TEST(IndexOnly, KeysGoOnceCodedAndOnlyTheIndexIsCounted) {
   EXPECT_LT(after * 4, full) << "index-only " << after << " bytes, host tier " << full;
 }
 
+TEST(IndexOnly, TheMemoryLimitCountsTheIndexAndTheKeysHeld) {
+  // Measured without a limit: what each tier holds for the prompt.
+  const int64_t n = 4000;
+  const std::vector<float> keys = keys_for(n + 4000, kKv, 21);
+  uint64_t index_prompt = 0, host_prompt = 0;
+  {
+    Ctx index = make(config(PQ_KV_TIER_CALLER));
+    Ctx host = make(config(PQ_KV_TIER_HOST));
+    PQ_ASSERT_OK(prefill(index, keys, 0, n, false));
+    PQ_ASSERT_OK(prefill(host, keys, 0, n, true));
+    index_prompt = pqt::stats(index).host_bytes;
+    host_prompt = pqt::stats(host).host_bytes;
+  }
+  ASSERT_LT(index_prompt * 3, host_prompt * 2) << "keys only: about half the K/V";
+  // A limit between the two: the host tier is refused, the index-only tier
+  // takes the prompt, and once it selects (keys let go) 4000 more tokens fit
+  // under the same limit.
+  pq_config c = config(PQ_KV_TIER_HOST);
+  c.host_memory_limit = (index_prompt + host_prompt) / 2;
+  Ctx host = make(c);
+  PQ_EXPECT_ERR(prefill(host, keys, 0, n, true), PQ_ERR_OUT_OF_MEMORY, "limit");
+  c.kv_tier = PQ_KV_TIER_CALLER;
+  Ctx index = make(c);
+  PQ_ASSERT_OK(prefill(index, keys, 0, n, false));
+  select(index, query_for(1, kQ, 4));
+  PQ_ASSERT_OK(prefill(index, keys, n, 4000, false, false));
+  select(index, query_for(1, kQ, 5));
+  EXPECT_LE(pqt::stats(index).host_bytes, c.host_memory_limit);
+  EXPECT_GT(pqt::stats(index).host_bytes, 0u);
+}
+
 TEST(IndexOnly, AChunkedPromptBuildsWhenItsTokensDouble) {
   // Chunks of 300, 300, 600 and 200 tokens: builds over 300, 600 and 1200
   // tokens (each at least twice the last), none at 1400. What it selects
