@@ -202,6 +202,60 @@ void prefill_or_append(FuzzedDataProvider& in, State& s, bool append) {
   if (st == PQ_OK && k.overflows) finding("an overflowing span was accepted");
 }
 
+// 0.10: keys through a paged map (block table, slot map or dense) with
+// entries in and out of the pool; values NULL half the time.
+void paged(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  const int64_t slots = in.ConsumeIntegralInRange<int64_t>(0, 400);
+  Tensor pool = make_tensor(in, c.dtype, slots, c.num_kv_heads, c.head_dim, in.ConsumeBool());
+  pq_paged_keys k{};
+  k.pool = pool.t;
+  k.tokens = in.ConsumeIntegralInRange<int64_t>(-1, 300);
+  k.map_length = in.ConsumeIntegralInRange<int64_t>(-1, 600);
+  std::vector<int64_t> slot_map(static_cast<size_t>(std::max<int64_t>(k.map_length, 0)));
+  std::vector<int32_t> table(slot_map.size());
+  for (auto& x : slot_map) x = in.ConsumeIntegralInRange<int64_t>(-2, slots + 1);
+  for (auto& x : table) x = in.ConsumeIntegralInRange<int32_t>(-2, 50);
+  switch (in.ConsumeIntegralInRange(0, 3)) {
+    case 0: k.slots = slot_map.data(); break;
+    case 1: k.block_table = table.data(); break;
+    case 2: k.slots = slot_map.data(), k.block_table = table.data(); break;
+    default: break;  // dense
+  }
+  k.block_size = in.ConsumeIntegralInRange(-1, 32);
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, c);
+  check(in.ConsumeBool() ? pq_prefill_layer_paged(s.ctx, seq, layer, &k)
+                         : pq_decode_append_paged(s.ctx, seq, layer, &k));
+  if (in.ConsumeBool()) {  // dense keys with no values
+    Tensor keys = make_tensor(in, c.dtype, in.ConsumeIntegralInRange<int64_t>(0, 40),
+                              c.num_kv_heads, c.head_dim, false);
+    check(pq_decode_append(s.ctx, seq, layer, &keys.t, nullptr));
+  }
+}
+
+// 0.10: several query tokens, every row form and a capacity near the need.
+void select_multi(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  const uint64_t seq = seq_id(in);
+  const int32_t layer = layer_of(in, c);
+  const int64_t q_tokens = in.ConsumeIntegralInRange<int64_t>(0, 5);
+  const int32_t rows = in.ConsumeIntegralInRange(-1, 3);
+  int64_t out_rows = 0, needed = 0;
+  check(pq_selection_capacity_multi(s.ctx, seq, layer, q_tokens, rows, &out_rows, &needed));
+  const int64_t capacity =
+      std::max<int64_t>(0, std::min<int64_t>(needed + in.ConsumeIntegralInRange(-2, 2), 4096));
+  const int64_t n_rows = std::max<int64_t>(1, std::min<int64_t>(out_rows, 64));
+  std::vector<int32_t> positions(static_cast<size_t>(std::max<int64_t>(1, n_rows * capacity)));
+  std::vector<int32_t> counts(static_cast<size_t>(n_rows));
+  // Fewer rows than needed must not be written past: only give the arrays
+  // when they hold every row.
+  if (n_rows < out_rows) return;
+  Tensor q = make_tensor(in, c.dtype, q_tokens, c.num_q_heads, c.head_dim, in.ConsumeBool());
+  pq_selection sel{positions.data(), counts.data(), capacity};
+  check(pq_decode_select_multi(s.ctx, seq, layer, &q.t, rows, nullptr, &sel));
+}
+
 void select(FuzzedDataProvider& in, State& s) {
   const pq_config& c = s.config;
   const uint64_t seq = seq_id(in);
@@ -640,7 +694,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.infinigen_alpha = alphas[in.ConsumeIntegralInRange(0, 6)];
   }
   if (in.ConsumeBool()) {  // the disk tier (0.9), and tiers that are none
-    c.kv_tier = in.ConsumeIntegralInRange(-1, 2);
+    c.kv_tier = in.ConsumeIntegralInRange(-1, 3);
+    c.kv_head_offset = in.ConsumeIntegralInRange(-1, 70000);
     c.kv_disk_path = in.ConsumeBool() ? disk_tier_directory() : nullptr;
   }
 
@@ -651,7 +706,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (pq_subspaces and pq_bits 0 are chosen at pq_create).
   check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 18)) {
+    switch (in.ConsumeIntegralInRange(0, 20)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -680,6 +735,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         check(pq_sequence_reserve(s.ctx, seq_id(in),
                                   in.ConsumeIntegralInRange<int64_t>(-2, int64_t{1} << 33)));
         break;
+      case 18: paged(in, s); break;
+      case 19: select_multi(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
     check_limit(s);
