@@ -571,15 +571,17 @@ typedef struct pq_config {
    * that each PQ subspace holds whole pairs. Default PQ_ROTARY_NONE (the
    * library cannot tell the layout from the numbers); set it from the model:
    * PQ_ROTARY_HALF for Hugging Face Llama-family models.
-   * pq_decode_select_device supports PQ_ROTARY_NONE and
-   * PQ_ROTARY_INTERLEAVED only (its lookup table is built on the device from
-   * the caller's query, dimension by dimension). */
+   * pq_decode_select_device serves every layout: its lookup table, built on
+   * the device from the caller's query, reads the query in the same order
+   * as the host's (bit-identical tables). */
   int32_t key_rotary;
   /* PQ: exact re-ranking. >= 0; 0 (default) turns it off. With r > 0 the
    * codes pick ceil((1 + r) * k) candidates per kv head, their exact scores
    * are computed from the full keys in host memory (the same GQA combine,
    * normalised over the candidates), and the best k of them are selected.
-   * It reads (1 + r) * k key rows per kv head and step. */
+   * It reads (1 + r) * k key rows per kv head and step; with
+   * pq_decode_select_device the device reads them from the host store
+   * across PCIe (one more launch, no host wait; the same selection). */
   float pq_rerank;
   /* pq_pooling of SnapKV, PyramidKV and SCOPE's window scores. Default
    * PQ_POOLING_MAX (the library's behaviour before 0.7); the official SnapKV
@@ -1402,15 +1404,19 @@ PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
  * host's), the middle is scored and its top k chosen there, and the sinks,
  * the middle and the local window are written into out's device arrays,
  * all on the sequence's stream; the call returns without waiting. It
- * selects what pq_decode_select would. A NaN in the query is not detected
- * (that needs the host to read it). PQ selector only.
+ * selects what pq_decode_select would, with every config.key_rotary (the
+ * table reads the query in the codebook's order) and with config.pq_rerank
+ * (since 0.9: the candidates' keys are read by the device from the host
+ * store and re-ranked there, in the host's arithmetic). A NaN in the query
+ * is not detected (that needs the host to read it). PQ selector only.
  * Errors: PQ_ERR_INVALID_ARGUMENT (query shape or dtype, out or its arrays
  * NULL), PQ_ERR_BUFFER_TOO_SMALL (out->capacity below
  * pq_selection_capacity; the message says what is needed; nothing is
  * written), PQ_ERR_UNSUPPORTED (the CPU backend, another selector, a query
- * or arrays the device does not know as its memory, config.key_rotary
- * PQ_ROTARY_HALF, config.pq_rerank > 0), PQ_ERR_NOT_FOUND,
- * PQ_ERR_BAD_STATE (layer never prefilled).
+ * or arrays the device does not know as its memory, config.pq_rerank > 0
+ * with a K/V store in the caller's host_alloc memory, which the device
+ * cannot read), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never
+ * prefilled).
  * Threading: as pq_decode_select. */
 PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,
                                          int32_t layer, const pq_tensor* query,
@@ -1441,8 +1447,8 @@ PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
  * errors. When the items' sequences share one stream, the whole batch is
  * one launch chain on it (the LUTs, one scan, one top-k and the fill of
  * every selection: four launches and one table upload, whatever the
- * count), enqueued without a host wait; otherwise the items run one by
- * one. Each item selects what its pq_decode_select_device would.
+ * count; a fifth, the re-ranking of every item, with config.pq_rerank),
+ * enqueued without a host wait; otherwise the items run one by one. Each item selects what its pq_decode_select_device would.
  * Threading: as pq_decode_select_batch. */
 PQ_API pq_status pq_decode_select_device_batch(pq_context* ctx, int32_t layer,
                                                pq_select_item* items,

@@ -164,6 +164,11 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::stream_capturing,
     pqcuda::pq_lut_rows,
     pqcuda::fill_selection_rows,
+    pqcuda::pq_lut_ordered,
+    pqcuda::pq_lut_rows_ordered,
+    pqcuda::pq_rerank_workspace_size,
+    pqcuda::pq_rerank,
+    pqcuda::pq_rerank_rows,
 };
 
 }  // namespace

@@ -3,11 +3,9 @@
 // written whole into device memory (fill_selection) and the fetch that reads
 // it there (gather_selected). With them, select and fetch are enqueued on
 // the sequence's stream with no host round trip.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
+#include "cpu_float.cuh"
 #include "kernels.h"
 #include "pqcache.h"
 
@@ -19,58 +17,50 @@ constexpr int kThreads = 256;
 constexpr int64_t kChunkBytes = 16;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the grid-stride loops take the rest
 
-__device__ __forceinline__ float load_element(const uint8_t* p, int32_t dtype) {
-  if (dtype == PQ_DTYPE_F16) return __half2float(*reinterpret_cast<const __half*>(p));
-  if (dtype == PQ_DTYPE_BF16) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
-  return *reinterpret_cast<const float*>(p);
-}
-
 // One LUT entry per thread: (kv head, query head of its group, subspace,
-// centroid). The dot product is the CPU's dot() (src/base/vector_math.h)
-// operation for operation: lane l sums the products of dimensions l, l + 8,
-// ..., the lanes are added in order to 0, then the tail; __fmul_rn /
-// __fadd_rn keep nvcc from contracting into FMAs, which the CPU build never
-// uses.
+// centroid). The dot product is the CPU's dot() (cpu_float.cuh) over the
+// query in the codebook's dimension order: position p reads dimension
+// p / 2 + (p % 2) * half under PQ_ROTARY_HALF (half = head_dim / 2; the
+// host's rotary_dim_order), p otherwise.
 __device__ void lut_entries(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
-                            const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
-                            int64_t entries) {
+                            const float* centroids, int32_t m, int32_t C, int32_t sd,
+                            int32_t key_rotary, float* lut, int64_t entries) {
   const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
+  const bool half_pairs = key_rotary == PQ_ROTARY_HALF;
+  const int32_t half = m * sd / 2;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < entries;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = e % C;
     const int64_t j = (e / C) % m;
     const int64_t g = (e / (static_cast<int64_t>(C) * m)) % group;
     const int64_t h = e / (static_cast<int64_t>(C) * m * group);
-    const uint8_t* q = query + (h * group + g) * head_stride + j * sd * es;
+    const uint8_t* q = query + (h * group + g) * head_stride;
     const float* y = centroids + ((h * m + j) * C + c) * sd;
-    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    int32_t d = 0;
-    for (; d + 8 <= sd; d += 8)
-#pragma unroll
-      for (int l = 0; l < 8; ++l)
-        lanes[l] = __fadd_rn(lanes[l], __fmul_rn(load_element(q + (d + l) * es, dtype), y[d + l]));
-    float s = 0.f;
-#pragma unroll
-    for (int l = 0; l < 8; ++l) s = __fadd_rn(s, lanes[l]);
-    for (; d < sd; ++d) s = __fadd_rn(s, __fmul_rn(load_element(q + d * es, dtype), y[d]));
-    lut[e] = s;
+    const int32_t first = static_cast<int32_t>(j) * sd;  // the subspace's first position
+    lut[e] = cpu_dot(
+        [&](int32_t d) {
+          const int32_t p = first + d;
+          const int32_t dim = half_pairs ? p / 2 + (p % 2) * half : p;
+          return load_element(q + dim * es, dtype);
+        },
+        [&](int32_t d) { return y[d]; }, sd);
   }
 }
 
 __global__ void __launch_bounds__(kThreads)
     lut_kernel(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t group,
-               const float* centroids, int32_t m, int32_t C, int32_t sd, float* lut,
-               int64_t entries) {
-  lut_entries(query, dtype, head_stride, group, centroids, m, C, sd, lut, entries);
+               const float* centroids, int32_t m, int32_t C, int32_t sd, int32_t key_rotary,
+               float* lut, int64_t entries) {
+  lut_entries(query, dtype, head_stride, group, centroids, m, C, sd, key_rotary, lut, entries);
 }
 
 // One item's tables per grid row (blockIdx.y).
 __global__ void __launch_bounds__(kThreads)
     lut_rows_kernel(const pq_lut_row* rows, int32_t dtype, int64_t head_stride, int32_t group,
-                    int32_t m, int32_t C, int32_t sd, int64_t entries) {
+                    int32_t m, int32_t C, int32_t sd, int32_t key_rotary, int64_t entries) {
   const pq_lut_row r = rows[blockIdx.y];
   lut_entries(static_cast<const uint8_t*>(r.query), dtype, head_stride, group, r.centroids, m, C,
-              sd, r.lut, entries);
+              sd, key_rotary, r.lut, entries);
 }
 
 __device__ void fill_positions(int32_t* positions, int32_t* counts, int32_t heads,
@@ -196,6 +186,14 @@ unsigned blocks_for(int64_t work) {
 int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
            int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
            int32_t sub_dim, float* d_lut, void* stream, char* err, size_t err_len) {
+  return pq_lut_ordered(d_query, dtype, head_stride, kv_heads, group_size, d_centroids, subspaces,
+                        centroids, sub_dim, PQ_ROTARY_NONE, d_lut, stream, err, err_len);
+}
+
+int pq_lut_ordered(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+                   int32_t group_size, const float* d_centroids, int32_t subspaces,
+                   int32_t centroids, int32_t sub_dim, int32_t key_rotary, float* d_lut,
+                   void* stream, char* err, size_t err_len) {
   if (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16)
     return set_error(err, err_len, "pq_lut: dtype is %d; expected f32, f16 or bf16", dtype);
   if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || centroids > 256 ||
@@ -205,13 +203,16 @@ int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_h
                      "%d; expected each >= 1 and centroids <= 256",
                      kv_heads, group_size, subspaces, centroids, sub_dim);
   if (head_stride < 0) return set_error(err, err_len, "pq_lut: head_stride is negative");
+  if (key_rotary == PQ_ROTARY_HALF && (subspaces * sub_dim) % 2 != 0)
+    return set_error(err, err_len, "pq_lut: key_rotary is PQ_ROTARY_HALF and head_dim %d is odd",
+                     subspaces * sub_dim);
   if (d_query == nullptr || d_centroids == nullptr || d_lut == nullptr)
     return set_error(err, err_len, "pq_lut: d_query, d_centroids and d_lut must not be NULL");
   const int64_t entries =
       static_cast<int64_t>(kv_heads) * group_size * subspaces * static_cast<int64_t>(centroids);
   lut_kernel<<<blocks_for(entries), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint8_t*>(d_query), dtype, head_stride, group_size, d_centroids,
-      subspaces, centroids, sub_dim, d_lut, entries);
+      subspaces, centroids, sub_dim, key_rotary, d_lut, entries);
   cudaError_t s = cudaGetLastError();
   return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "pq_lut: launch", s);
 }
@@ -278,6 +279,14 @@ int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64
 int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
                 int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
                 int32_t sub_dim, void* stream, char* err, size_t err_len) {
+  return pq_lut_rows_ordered(d_rows, rows, dtype, head_stride, kv_heads, group_size, subspaces,
+                             centroids, sub_dim, PQ_ROTARY_NONE, stream, err, err_len);
+}
+
+int pq_lut_rows_ordered(const pq_lut_row* d_rows, int32_t rows, int32_t dtype,
+                        int64_t head_stride, int32_t kv_heads, int32_t group_size,
+                        int32_t subspaces, int32_t centroids, int32_t sub_dim, int32_t key_rotary,
+                        void* stream, char* err, size_t err_len) {
   if (rows < 0 || rows > 65535)
     return set_error(err, err_len, "pq_lut_rows: rows is %d; expected 0..65535", rows);
   if (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16)
@@ -287,13 +296,17 @@ int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t h
     return set_error(err, err_len, "pq_lut_rows: kv_heads %d, group_size %d, subspaces %d, "
                      "centroids %d, sub_dim %d: expected each >= 1, centroids <= 256",
                      kv_heads, group_size, subspaces, centroids, sub_dim);
+  if (key_rotary == PQ_ROTARY_HALF && (subspaces * sub_dim) % 2 != 0)
+    return set_error(err, err_len,
+                     "pq_lut_rows: key_rotary is PQ_ROTARY_HALF and head_dim %d is odd",
+                     subspaces * sub_dim);
   if (rows == 0) return 0;
   if (d_rows == nullptr) return set_error(err, err_len, "pq_lut_rows: d_rows is NULL");
   const int64_t entries =
       static_cast<int64_t>(kv_heads) * group_size * subspaces * static_cast<int64_t>(centroids);
   const dim3 grid(blocks_for(entries), static_cast<unsigned>(rows));
   lut_rows_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      d_rows, dtype, head_stride, group_size, subspaces, centroids, sub_dim, entries);
+      d_rows, dtype, head_stride, group_size, subspaces, centroids, sub_dim, key_rotary, entries);
   cudaError_t s = cudaGetLastError();
   return s == cudaSuccess ? 0 : cuda_fail(err, err_len, "pq_lut_rows: launch", s);
 }

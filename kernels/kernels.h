@@ -73,6 +73,22 @@ int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t h
                 int32_t sub_dim, void* stream, char* err, size_t err_len);
 int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, int64_t max_count,
                         void* stream, char* err, size_t err_len);
+int pq_lut_ordered(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+                   int32_t group_size, const float* d_centroids, int32_t subspaces,
+                   int32_t centroids, int32_t sub_dim, int32_t key_rotary, float* d_lut,
+                   void* stream, char* err, size_t err_len);
+int pq_lut_rows_ordered(const pq_lut_row* d_rows, int32_t rows, int32_t dtype,
+                        int64_t head_stride, int32_t kv_heads, int32_t group_size,
+                        int32_t subspaces, int32_t centroids, int32_t sub_dim, int32_t key_rotary,
+                        void* stream, char* err, size_t err_len);
+
+// rerank.cu: exact re-ranking of the codes' candidates (config.pq_rerank).
+size_t pq_rerank_workspace_size(int32_t rows, int64_t max_count, int32_t group_size);
+int pq_rerank(const pq_rerank_row* row, int32_t rows, const pq_rerank_shape* shape,
+              void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+int pq_rerank_rows(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_shape* shape,
+                   void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                   size_t err_len);
 int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
                          void* stream, char* err, size_t err_len);
 

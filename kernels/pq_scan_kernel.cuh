@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_plugin_abi.h"
+#include "cpu_float.cuh"
 #include "kernels.h"
 #include "pqcache.h"
 
@@ -31,28 +32,6 @@ constexpr int kMaxGroup = 1024;
 
 enum Stage : int { kStageFinal = 0, kStageMax = 1, kStageSum = 2 };
 enum Mode : int { kModeMax = 0, kModeMean = 1, kModeSoftmax = 2 };
-
-// The CPU's exp_nonpositive (src/base/topk.cpp), operation for operation, so that
-// the softmax numerators are the same floats on both sides.
-__device__ __forceinline__ float exp_nonpositive(float x) {
-  int32_t magnitude = __float_as_int(x) & 0x7fffffff;
-  magnitude = magnitude < 0x42ae0000 ? magnitude : 0x42ae0000;  // |x| <= 87
-  x = __int_as_float(magnitude | static_cast<int32_t>(0x80000000u));
-  const float log2e = 1.44269504088896341f;
-  const float shifter = 12582912.0f;
-  float n = __fsub_rn(__fadd_rn(__fmul_rn(x, log2e), shifter), shifter);
-  float r = __fsub_rn(x, __fmul_rn(n, 0.693359375f));
-  r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
-  float p = 1.9875691500e-4f;
-  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
-  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
-  p = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(p, r), r), r), 1.0f);
-  float scale = __int_as_float((static_cast<int32_t>(n) + 127) << 23);
-  return __fmul_rn(p, scale);
-}
 
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }

@@ -104,6 +104,7 @@ class DeviceMemory {
     int64_t count;    // a selection's entries per kv head there
     int32_t group_size, subspaces, centroids, combine;
     void* stream;
+    int64_t candidates = 0;  // a re-ranking's per kv head there (rerank_candidates; k: none)
   };
   virtual void reserve_layer(DeviceLayer* device, const ReserveArgs& args) const = 0;
 };

@@ -19,13 +19,16 @@ class DeviceLayer;
 class KvTier;
 
 // pq_decode_select_device of one layer: the whole selection written into
-// device memory on the stream, the LUT built there from the device query.
+// device memory on the stream, the LUT built there from the device query
+// (in the codebook's dimension order, config.key_rotary), and with
+// config.pq_rerank the codes' candidates re-ranked there by their keys.
 struct DeviceSelectArgs {
   PqLayerSelectArgs pq;        // lut unused; k may be 0 or the whole middle;
                                // the codebook's centroids go up once per index
   const pq_tensor& query;      // device memory, 1 token x q heads
   int64_t tokens;              // sinks [0, layer.begin), local [layer.end, tokens)
   const pq_selection& out;     // device arrays
+  const KvTier& store;         // the keys a re-ranking reads (the device reads them in place)
 };
 
 // pq_fetch_kv_device of one layer: a selection in device memory gathered
@@ -45,7 +48,7 @@ class DeviceStep {
   // The decode step kept on the device: enqueued on the stream, no host
   // wait. False when the backend takes no such path; throws
   // PQ_ERR_UNSUPPORTED for memory the device does not know, or a store it
-  // cannot read.
+  // cannot read (a fetch, or a select that re-ranks).
   virtual bool select_to_device(const DeviceSelectArgs& args) const = 0;
   virtual bool fetch_device_selection(const DeviceSelectionFetchArgs& args) const = 0;
   // The same for the sequences of a batch at one layer, each kind in one

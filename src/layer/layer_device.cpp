@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "layer/layer.h"
+#include "pq/rerank.h"
 
 namespace pq {
 
@@ -18,7 +19,7 @@ void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
   pq_selection descriptor = out;
   device_select_prepare(&descriptor, seq, prepared);
   const DeviceSelectArgs args{prepared.request->pq_args(/*luts=*/nullptr), query,
-                              prepared.regions.n, descriptor};
+                              prepared.regions.n, descriptor, prepared.request->store};
   const DeviceStep* step = shared_.backend->device_step();
   if (step == nullptr || !step->select_to_device(args))
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device: the ") +
@@ -35,8 +36,14 @@ void Layer::device_select_prepare(pq_selection* out, const SequenceInfo& seq,
 void Layer::device_select_finish(PreparedSelect& prepared, const SequenceInfo& seq) {
   const LayerSelection& r = *prepared.request;
   const bool scored = r.k > 0 && r.k < r.middle.size();
+  // As the host path counts: the codes of the middle, and the key rows a
+  // re-ranking reads.
+  const int64_t wide = rerank_candidates(shared_.config.pq_rerank, r.k, r.middle.size());
   prepared.bytes = scored ? static_cast<uint64_t>(r.middle.size()) *
-                                r.index->codebook->subspaces * r.context.kv_heads()
+                                    r.index->codebook->subspaces * r.context.kv_heads() +
+                                (wide > r.k ? static_cast<uint64_t>(wide) * r.context.kv_heads() *
+                                                  store_->row_bytes()
+                                            : 0)
                           : 0;
   select_finish(prepared, nullptr, seq);
 }
@@ -86,7 +93,8 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
                                          c.pq_subspaces,
                                          int32_t{1} << c.pq_bits,
                                          c.gqa_combine,
-                                         seq.stream};
+                                         seq.stream,
+                                         rerank_candidates(c.pq_rerank, r.k, r.mid_end - r.sink_end)};
     device->reserve_layer(device_.get(), args);
   }
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;

@@ -2,13 +2,13 @@
 // table of query sub-vector x centroid dot products, summed over the codes.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <vector>
 
 #include "base/dtype.h"
 #include "base/topk.h"
 #include "base/vector_math.h"
 #include "pq/pq_tuple_select.h"
+#include "pq/rerank.h"
 #include "backend/device_kernels.h"
 #include "selectors/selection_request.h"
 #include "selectors/selector.h"
@@ -107,13 +107,9 @@ class PqSelector final : public Selector, public BatchSelection {
  private:
   static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle.size(); }
 
-  // The candidates per kv head the codes pick: ceil((1 + pq_rerank) * k),
-  // at most the middle; k without re-ranking.
+  // The candidates per kv head the codes pick (pq/rerank.h).
   static int64_t candidates(const LayerSelection& r) {
-    const float extra = r.context.config.pq_rerank;
-    if (!(extra > 0.f) || r.k == 0) return r.k;
-    const double wide = std::ceil((1.0 + static_cast<double>(extra)) * static_cast<double>(r.k));
-    return std::min<int64_t>(r.middle.size(), static_cast<int64_t>(wide));
+    return rerank_candidates(r.context.config.pq_rerank, r.k, r.middle.size());
   }
 
   // The codes' top k of every kv head: on the device where the backend has

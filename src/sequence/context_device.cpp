@@ -70,16 +70,6 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device chooses on the device with the "
                                          "PQ selector only; this context's selector is ") +
                                  shared_.selector->name());
-  // The device builds the lookup table dimension by dimension from the
-  // caller's query: it knows neither the rotate-half pairing nor the keys
-  // an exact re-ranking reads on the host.
-  if (c.key_rotary == PQ_ROTARY_HALF)
-    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: config.key_rotary is PQ_ROTARY_HALF, which "
-                             "the device lookup table does not reorder; use pq_decode_select");
-  if (c.pq_rerank > 0.f)
-    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: config.pq_rerank is " +
-                                 number_text(c.pq_rerank) +
-                                 "; exact re-ranking reads the host keys: use pq_decode_select");
   return query;
 }
 
@@ -154,7 +144,8 @@ void Context::decode_select_device_batch(int32_t layer, pq_select_item* items, i
           run_item(outcomes[i], [&] {
             layers[j]->device_select_prepare(&sels[i], infos[j], prepared[j]);
             args[j].emplace(DeviceSelectArgs{prepared[j].request->pq_args(nullptr), queries[i],
-                                             prepared[j].regions.n, sels[i]});
+                                             prepared[j].regions.n, sels[i],
+                                             prepared[j].request->store});
           });
           if (outcomes[i].status == PQ_OK) ready.push_back(j);
         }

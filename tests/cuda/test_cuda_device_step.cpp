@@ -52,11 +52,13 @@ struct Dev {
   }
 };
 
-pq_context* make_context(int32_t combine) {
+pq_context* make_context(int32_t combine, int32_t key_rotary = PQ_ROTARY_NONE,
+                         float rerank = 0.f) {
   pq_config c;
   pq_config_default(&c);
   c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
   c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = combine;
+  c.key_rotary = key_rotary, c.pq_rerank = rerank;
   c.backend = PQ_BACKEND_CUDA;
   pq_context* ctx = nullptr;
   EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
@@ -277,6 +279,111 @@ TEST(CudaDeviceStep, CapturedStepReplayedFor100TokensEqualsTheHostStep) {
   ASSERT_EQ(pq_sequence_set_stream(ctx, 1, nullptr), PQ_OK);
   pq_destroy(ctx);
   cudaStreamDestroy(stream);
+}
+
+// Issue 42: with the rotate-half pairing and exact re-ranking, the device
+// step (single, batched, and captured then replayed as the sequence grows)
+// selects what the host-positions step of the same context selects: the
+// LUT is the host's bit for bit, the scan and the top-k of the candidates
+// are the same kernels on both paths, and the device re-ranking is the
+// host's arithmetic (its SUM_SOFTMAX sums in the CPU's eight lanes), so the
+// positions are equal for every combine, not within a tolerance.
+TEST(CudaDeviceStep, RotateHalfAndReRankingOnTheDeviceEqualTheHostStep) {
+  REQUIRE_GPU();
+  auto host_select = [](pq_context* ctx, uint64_t id, const std::vector<uint16_t>& q, int64_t cap,
+                        std::vector<int32_t>* pos, std::vector<int32_t>* cnt) {
+    pq_tensor hq;
+    pq_tensor_init(&hq, const_cast<uint16_t*>(q.data()), PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1,
+                   kQHeads, kDim);
+    pos->assign(kKvHeads * cap, -1), cnt->assign(kKvHeads, -1);
+    pq_selection host{pos->data(), cnt->data(), cap};
+    EXPECT_EQ(pq_decode_select(ctx, id, 0, &hq, &host), PQ_OK) << pq_last_error();
+  };
+  auto expect_rows = [](const std::vector<int32_t>& want_pos, const std::vector<int32_t>& want_cnt,
+                        const std::vector<int32_t>& got_pos, const std::vector<int32_t>& got_cnt,
+                        int64_t cap, const std::string& what) {
+    ASSERT_EQ(got_cnt, want_cnt) << what;
+    for (int32_t h = 0; h < kKvHeads; ++h)
+      ASSERT_TRUE(std::equal(want_pos.begin() + h * cap, want_pos.begin() + h * cap + want_cnt[h],
+                             got_pos.begin() + h * cap))
+          << what << ", head " << h;
+  };
+  for (int32_t combine : {PQ_GQA_SUM_SOFTMAX, PQ_GQA_MAX, PQ_GQA_MEAN})
+    for (float rerank : {0.f, 1.f}) {
+      SCOPED_TRACE("combine " + std::to_string(combine) + " rerank " + std::to_string(rerank));
+      pq_context* ctx = make_context(combine, PQ_ROTARY_HALF, rerank);
+      ASSERT_NE(ctx, nullptr);
+      prefill(ctx, 1, 20000);
+      prefill(ctx, 2, 9000);
+      int64_t cap = 0;
+      ASSERT_EQ(pq_selection_capacity(ctx, 1, 0, &cap), PQ_OK);
+      const std::vector<uint16_t> q = random_f16(static_cast<size_t>(kQHeads) * kDim, 31);
+      Dev<uint16_t> dq(q.size(), q.data());
+      pq_tensor query;
+      pq_tensor_init(&query, dq.p, PQ_DTYPE_F16, PQ_LAYOUT_TOKEN_MAJOR, 1, kQHeads, kDim);
+      query.memory = PQ_MEMORY_DEVICE;
+      // Single and batched, against each sequence's host step.
+      std::vector<int32_t> pos[2], cnt[2];
+      for (int i = 0; i < 2; ++i) host_select(ctx, 1 + i, q, cap, &pos[i], &cnt[i]);
+      Dev<int32_t> dpos(kKvHeads * cap), dcnt(kKvHeads), bpos0(dpos.n), bcnt0(kKvHeads),
+          bpos1(dpos.n), bcnt1(kKvHeads);
+      pq_selection device{dpos.p, dcnt.p, cap};
+      ASSERT_EQ(pq_decode_select_device(ctx, 1, 0, &query, &device), PQ_OK) << pq_last_error();
+      pq_select_item items[2] = {{1, query, {bpos0.p, bcnt0.p, cap}, PQ_ERR_INTERNAL},
+                                 {2, query, {bpos1.p, bcnt1.p, cap}, PQ_ERR_INTERNAL}};
+      ASSERT_EQ(pq_decode_select_device_batch(ctx, 0, items, 2), PQ_OK) << pq_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      expect_rows(pos[0], cnt[0], dpos.get(), dcnt.get(), cap, "single");
+      expect_rows(pos[0], cnt[0], bpos0.get(), bcnt0.get(), cap, "batch item 0");
+      expect_rows(pos[1], cnt[1], bpos1.get(), bcnt1.get(), cap, "batch item 1");
+      if (HasFatalFailure()) return;
+      // Captured after a reserve, replayed after each of 20 appends.
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(pq_sequence_set_stream(ctx, 1, stream), PQ_OK);
+      constexpr int kTokens = 20;
+      ASSERT_EQ(pq_sequence_reserve(ctx, 1, 20000 + kTokens + 1), PQ_OK) << pq_last_error();
+      int64_t step_cap = 0;
+      ASSERT_EQ(pq_selection_capacity_for(ctx, 0, 20000 + kTokens, &step_cap), PQ_OK);
+      Dev<int32_t> spos(kKvHeads * step_cap), scnt(kKvHeads);
+      pq_selection step{spos.p, scnt.p, step_cap};
+      ASSERT_EQ(pq_decode_select_device(ctx, 1, 0, &query, &step), PQ_OK) << pq_last_error();
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      const pq_status captured = pq_decode_select_device(ctx, 1, 0, &query, &step);
+      const std::string error = pq_last_error();
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(captured, PQ_OK) << error;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int token = 1; token <= kTokens; ++token) {
+        SCOPED_TRACE("token " + std::to_string(token));
+        const std::vector<uint16_t> k = random_f16(kKvHeads * kDim, 5000 + token);
+        const std::vector<uint16_t> v = random_f16(kKvHeads * kDim, 9000 + token);
+        const std::vector<uint16_t> tq = random_f16(q.size(), 7000 + token);
+        pq_tensor keys, values;
+        pq_tensor_init(&keys, const_cast<uint16_t*>(k.data()), PQ_DTYPE_F16,
+                       PQ_LAYOUT_TOKEN_MAJOR, 1, kKvHeads, kDim);
+        pq_tensor_init(&values, const_cast<uint16_t*>(v.data()), PQ_DTYPE_F16,
+                       PQ_LAYOUT_TOKEN_MAJOR, 1, kKvHeads, kDim);
+        ASSERT_EQ(pq_decode_append(ctx, 1, 0, &keys, &values), PQ_OK) << pq_last_error();
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dq.p, tq.data(), tq.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        std::vector<int32_t> want_pos, want_cnt;
+        host_select(ctx, 1, tq, step_cap, &want_pos, &want_cnt);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        expect_rows(want_pos, want_cnt, spos.get(), scnt.get(), step_cap, "replay");
+        if (HasFatalFailure()) return;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      ASSERT_EQ(pq_sequence_set_stream(ctx, 1, nullptr), PQ_OK);
+      pq_destroy(ctx);
+      cudaStreamDestroy(stream);
+    }
 }
 
 }  // namespace

@@ -608,13 +608,38 @@ int copy_rows(const void* const* srcs, void* const* dsts, int64_t rows, size_t r
 
 // --- selections in device memory -------------------------------------------
 
-int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
-           int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
-           int32_t sub_dim, float* d_lut, void* stream, char* err, size_t len) {
+// The LUTs of one query (pq_lut's layouts) as the kernel computes them:
+// each query head as float, read in the codebook's dimension order (under
+// PQ_ROTARY_HALF position p holds dimension p / 2 + (p % 2) * head_dim / 2,
+// the host's rotary_dim_order), dot() per (subspace, centroid).
+void query_luts(const uint8_t* query, int32_t dtype, int64_t head_stride, int32_t q_heads,
+                int32_t group_size, const float* centroids, int32_t subspaces, int32_t C,
+                int32_t sub_dim, int32_t key_rotary, float* lut) {
+  const int32_t head_dim = subspaces * sub_dim;
+  std::vector<float> q(static_cast<size_t>(head_dim)), ordered(q.size());
+  for (int32_t qh = 0; qh < q_heads; ++qh) {
+    pq::to_float(query + qh * head_stride, dtype, head_dim, q.data());
+    for (int32_t p = 0; p < head_dim; ++p)
+      ordered[static_cast<size_t>(p)] = q[static_cast<size_t>(
+          key_rotary == PQ_ROTARY_HALF ? p / 2 + (p % 2) * (head_dim / 2) : p)];
+    const int32_t h = qh / group_size;
+    for (int32_t j = 0; j < subspaces; ++j)
+      for (int32_t c = 0; c < C; ++c)
+        lut[(static_cast<size_t>(qh) * subspaces + j) * C + c] = pq::dot(
+            ordered.data() + j * sub_dim,
+            centroids + ((static_cast<size_t>(h) * subspaces + j) * C + c) * sub_dim, sub_dim);
+  }
+}
+
+int pq_lut_ordered(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+                   int32_t group_size, const float* d_centroids, int32_t subspaces,
+                   int32_t centroids, int32_t sub_dim, int32_t key_rotary, float* d_lut,
+                   void* stream, char* err, size_t len) {
   Lock lock(g_mutex);
   if (kv_heads < 1 || group_size < 1 || subspaces < 1 || centroids < 1 || sub_dim < 1 ||
       head_stride < 0 ||
-      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16))
+      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16) ||
+      (key_rotary == PQ_ROTARY_HALF && (subspaces * sub_dim) % 2 != 0))
     return error(err, len, "pq_lut: bad shape");
   const int32_t head_dim = subspaces * sub_dim;
   const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
@@ -628,20 +653,17 @@ int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_h
   if (!valid_stream(stream)) return error(err, len, "pq_lut: unknown stream");
   ++g_counters.kernel_launches;
   enqueue(stream, [=] {
-    std::vector<float> q(static_cast<size_t>(head_dim));
-    for (int32_t qh = 0; qh < q_heads; ++qh) {
-      pq::to_float(static_cast<const uint8_t*>(d_query) + qh * head_stride, dtype, head_dim,
-                   q.data());
-      const int32_t h = qh / group_size;
-      for (int32_t j = 0; j < subspaces; ++j)
-        for (int32_t c = 0; c < centroids; ++c)
-          d_lut[(static_cast<size_t>(qh) * subspaces + j) * centroids + c] = pq::dot(
-              q.data() + j * sub_dim,
-              d_centroids + ((static_cast<size_t>(h) * subspaces + j) * centroids + c) * sub_dim,
-              sub_dim);
-    }
+    query_luts(static_cast<const uint8_t*>(d_query), dtype, head_stride, q_heads, group_size,
+               d_centroids, subspaces, centroids, sub_dim, key_rotary, d_lut);
   });
   return 0;
+}
+
+int pq_lut(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+           int32_t group_size, const float* d_centroids, int32_t subspaces, int32_t centroids,
+           int32_t sub_dim, float* d_lut, void* stream, char* err, size_t len) {
+  return pq_lut_ordered(d_query, dtype, head_stride, kv_heads, group_size, d_centroids, subspaces,
+                        centroids, sub_dim, PQ_ROTARY_NONE, d_lut, stream, err, len);
 }
 
 int fill_selection(int32_t* d_positions, int32_t* d_counts, int32_t heads, int64_t capacity,
@@ -797,13 +819,15 @@ int stream_capturing(void* stream, char* err, size_t len) {
 }
 
 // The tables are read when the "kernel" runs, as on the device.
-int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
-                int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
-                int32_t sub_dim, void* stream, char* err, size_t len) {
+int pq_lut_rows_ordered(const pq_lut_row* d_rows, int32_t rows, int32_t dtype,
+                        int64_t head_stride, int32_t kv_heads, int32_t group_size,
+                        int32_t subspaces, int32_t centroids, int32_t sub_dim, int32_t key_rotary,
+                        void* stream, char* err, size_t len) {
   Lock lock(g_mutex);
   if (rows < 0 || rows > 65535 || kv_heads < 1 || group_size < 1 || subspaces < 1 ||
       centroids < 1 || centroids > 256 || sub_dim < 1 || head_stride < 0 ||
-      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16))
+      (dtype != PQ_DTYPE_F32 && dtype != PQ_DTYPE_F16 && dtype != PQ_DTYPE_BF16) ||
+      (key_rotary == PQ_ROTARY_HALF && (subspaces * sub_dim) % 2 != 0))
     return error(err, len, "pq_lut_rows: bad shape");
   if (rows == 0) return 0;
   if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_lut_row)))
@@ -814,7 +838,6 @@ int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t h
     const int32_t head_dim = subspaces * sub_dim;
     const size_t es = dtype == PQ_DTYPE_F32 ? 4 : 2;
     const int32_t q_heads = kv_heads * group_size;
-    std::vector<float> q(static_cast<size_t>(head_dim));
     for (int32_t r = 0; r < rows; ++r) {
       const pq_lut_row row = d_rows[r];
       if (!is_device(row.query, static_cast<size_t>(q_heads - 1) * head_stride + head_dim * es) ||
@@ -822,20 +845,18 @@ int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t h
                                         sub_dim * sizeof(float)) ||
           !is_device(row.lut, static_cast<size_t>(q_heads) * subspaces * centroids * sizeof(float)))
         return fault("pq_lut_rows: a row's query, centroids or LUT are not device memory");
-      for (int32_t qh = 0; qh < q_heads; ++qh) {
-        pq::to_float(static_cast<const uint8_t*>(row.query) + qh * head_stride, dtype, head_dim,
-                     q.data());
-        const int32_t h = qh / group_size;
-        for (int32_t j = 0; j < subspaces; ++j)
-          for (int32_t c = 0; c < centroids; ++c)
-            row.lut[(static_cast<size_t>(qh) * subspaces + j) * centroids + c] = pq::dot(
-                q.data() + j * sub_dim,
-                row.centroids + ((static_cast<size_t>(h) * subspaces + j) * centroids + c) * sub_dim,
-                sub_dim);
-      }
+      query_luts(static_cast<const uint8_t*>(row.query), dtype, head_stride, q_heads, group_size,
+                 row.centroids, subspaces, centroids, sub_dim, key_rotary, row.lut);
     }
   });
   return 0;
+}
+
+int pq_lut_rows(const pq_lut_row* d_rows, int32_t rows, int32_t dtype, int64_t head_stride,
+                int32_t kv_heads, int32_t group_size, int32_t subspaces, int32_t centroids,
+                int32_t sub_dim, void* stream, char* err, size_t len) {
+  return pq_lut_rows_ordered(d_rows, rows, dtype, head_stride, kv_heads, group_size, subspaces,
+                             centroids, sub_dim, PQ_ROTARY_NONE, stream, err, len);
 }
 
 int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, int64_t max_count,
@@ -869,6 +890,116 @@ int fill_selection_rows(const pq_fill_row* d_rows, int32_t rows, int32_t heads, 
         f.counts[h] = static_cast<int32_t>(count);
       }
     }
+  });
+  return 0;
+}
+
+// --- version 7: exact re-ranking ----------------------------------------------
+
+size_t pq_rerank_workspace_size(int32_t rows, int64_t max_count, int32_t group_size) {
+  if (rows <= 0 || max_count <= 0 || group_size < 1) return 0;
+  // The kernel's: raw scores, exp terms, scores and indices, the top-k's.
+  return static_cast<size_t>(rows) * max_count * (group_size + 3) * sizeof(float) +
+         static_cast<size_t>(rows) * sizeof(pq_topk_row) +
+         topk_rows_workspace_size(rows, max_count);
+}
+
+// One row as the kernels compute it, which is the host's PqSelector::rerank:
+// exact raw scores by dot(), the host's combine over the candidates, the
+// best k (ties to the larger index, i.e. position), ascending positions.
+void rerank_row(const pq_rerank_row& x, const pq_rerank_shape& s) {
+  if (x.k < 1 || x.k > x.count || x.count > s.max_count) return;  // nothing written, as there
+  const int64_t n = x.count;
+  if (!is_device(x.candidates, static_cast<size_t>(n) * sizeof(int32_t)) ||
+      !is_device(x.out, static_cast<size_t>(x.k) * sizeof(int32_t)) || !is_device(x.key_chunks))
+    return fault("pq_rerank: a row's candidates, output or chunk table are not device memory");
+  const int32_t G = s.group_size, D = s.head_dim;
+  const size_t row_bytes = static_cast<size_t>(D) * pq::dtype_size(s.key_dtype);
+  std::vector<float> q(static_cast<size_t>(G) * D), key(static_cast<size_t>(D));
+  for (int32_t g = 0; g < G; ++g) {
+    const uint8_t* at = static_cast<const uint8_t*>(x.query) + g * s.query_head_stride;
+    if (!is_device(at, static_cast<size_t>(D) * pq::dtype_size(s.query_dtype)))
+      return fault("pq_rerank: a row's query is not device memory");
+    pq::to_float(at, s.query_dtype, D, q.data() + static_cast<size_t>(g) * D);
+  }
+  std::vector<float> raw(static_cast<size_t>(G) * n), scores(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = x.candidates[i];
+    const uint8_t* chunk = x.key_chunks[p / s.chunk_tokens];
+    const uint8_t* src = chunk + (x.head * s.chunk_tokens + p % s.chunk_tokens) * row_bytes;
+    if (!(is_device(src, row_bytes) || is_pinned(src, row_bytes)))
+      return fault("pq_rerank: a key row is not device or pinned memory");
+    pq::to_float(src, s.key_dtype, D, key.data());
+    for (int32_t g = 0; g < G; ++g)
+      raw[static_cast<size_t>(g) * n + i] = pq::dot(q.data() + static_cast<size_t>(g) * D, key.data(), D);
+  }
+  pq::SelectScratch scratch;
+  pq::combine_group_scores(raw.data(), G, n, s.combine, s.scale, scores.data(), scratch);
+  std::vector<int32_t> best(static_cast<size_t>(x.k));
+  pq::select_top_k(scores.data(), n, x.k, 0, best.data(), scratch);
+  for (int64_t i = 0; i < x.k; ++i) x.out[i] = x.candidates[best[static_cast<size_t>(i)]];
+}
+
+int rerank_checks(int32_t rows, const pq_rerank_shape* shape, void* d_workspace,
+                  size_t workspace_bytes, void* stream, const char* name, char* err, size_t len) {
+  if (shape == nullptr) return error(err, len, "%s: shape is NULL", name);
+  const pq_rerank_shape& s = *shape;
+  auto dtype_ok = [](int32_t d) {
+    return d == PQ_DTYPE_F32 || d == PQ_DTYPE_F16 || d == PQ_DTYPE_BF16;
+  };
+  if (rows < 0 || rows > 65535 || s.group_size < 1 || s.head_dim < 1 ||
+      !dtype_ok(s.query_dtype) || !dtype_ok(s.key_dtype) || s.combine < PQ_GQA_SUM_SOFTMAX ||
+      s.combine > PQ_GQA_MEAN || s.query_head_stride < 0 || s.chunk_tokens < 1 ||
+      s.max_count < 0 || s.max_count > INT32_MAX)
+    return error(err, len, "%s: bad shape", name);
+  const size_t need = pq_rerank_workspace_size(rows, s.max_count, s.group_size);
+  if (need > 0 && (workspace_bytes < need || !is_device(d_workspace, need)))
+    return error(err, len, "%s: the workspace is not %zu bytes of device memory", name, need);
+  if (!valid_stream(stream)) return error(err, len, "%s: unknown stream", name);
+  return 0;
+}
+
+// *row is read at the call (kernel parameters); what it points to when the
+// "kernels" run.
+int pq_rerank(const pq_rerank_row* row, int32_t rows, const pq_rerank_shape* shape,
+              void* d_workspace, size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (row == nullptr) return error(err, len, "pq_rerank: row is NULL");
+  if (rerank_checks(rows, shape, d_workspace, workspace_bytes, stream, "pq_rerank", err, len))
+    return 1;
+  if (rows == 0 || shape->max_count == 0) return 0;
+  ++g_counters.kernel_launches;
+  const pq_rerank_row first = *row;
+  const pq_rerank_shape s = *shape;
+  enqueue(stream, [=] {
+    for (int32_t r = 0; r < rows; ++r) {
+      pq_rerank_row x = first;
+      x.query = static_cast<const uint8_t*>(x.query) +
+                static_cast<int64_t>(r) * s.group_size * s.query_head_stride;
+      x.candidates += static_cast<int64_t>(r) * x.count;
+      x.out += static_cast<int64_t>(r) * x.k;
+      x.head += r;
+      rerank_row(x, s);
+    }
+  });
+  return 0;
+}
+
+// The table is read when the "kernels" run, as on the device.
+int pq_rerank_rows(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_shape* shape,
+                   void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                   size_t len) {
+  Lock lock(g_mutex);
+  if (rerank_checks(rows, shape, d_workspace, workspace_bytes, stream, "pq_rerank_rows", err,
+                    len))
+    return 1;
+  if (rows == 0 || shape->max_count == 0) return 0;
+  if (!is_device(d_rows, static_cast<size_t>(rows) * sizeof(pq_rerank_row)))
+    return error(err, len, "pq_rerank_rows: d_rows is not %d rows of device memory", rows);
+  ++g_counters.kernel_launches;
+  const pq_rerank_shape s = *shape;
+  enqueue(stream, [=] {
+    for (int32_t r = 0; r < rows; ++r) rerank_row(d_rows[r], s);
   });
   return 0;
 }
@@ -914,6 +1045,11 @@ const pq_cuda_plugin kTable = {
     stream_capturing,
     pq_lut_rows,
     fill_selection_rows,
+    pq_lut_ordered,
+    pq_lut_rows_ordered,
+    pq_rerank_workspace_size,
+    pq_rerank,
+    pq_rerank_rows,
 };
 
 }  // namespace
@@ -921,8 +1057,8 @@ const pq_cuda_plugin kTable = {
 extern "C" {
 
 // PQ_FAKE_CUDA_ABI=<n> makes it a plug-in of ABI n (the table otherwise
-// unchanged), for the loader's refusal of another version; n = 5 also
-// gives ABI 5's table size, so that libpqcache 0.7 runs over it.
+// unchanged), for the loader's refusal of another version; n = 5 and 6 also
+// give those ABIs' table sizes, so that libpqcache 0.7 and 0.8 run over it.
 __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entry(
     uint32_t abi_version) {
   static const pq_cuda_plugin table = [] {
@@ -933,6 +1069,7 @@ __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entr
       // library of 0.7 then runs over this fake (the hazard tests of 0.8
       // against the code they fixed).
       if (t.abi_version == 5) t.struct_size = offsetof(pq_cuda_plugin, inline_copies);
+      if (t.abi_version == 6) t.struct_size = offsetof(pq_cuda_plugin, pq_lut_ordered);
     }
     return t;
   }();

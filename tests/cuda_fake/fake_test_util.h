@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "api_test_util.h"
@@ -158,6 +159,70 @@ Step step_data(int32_t layer, int64_t step, int32_t dtype, uint64_t seq) {
   return Step{make_tensor(random_normal(kKvHeads * kDim, seed), 1, kKvHeads, kDim, dtype),
               make_tensor(random_normal(kKvHeads * kDim, seed + 1), 1, kKvHeads, kDim, dtype),
               make_tensor(random_normal(kQHeads * kDim, seed + 2), 1, kQHeads, kDim, dtype)};
+}
+
+// A selection whose arrays are fake device memory.
+struct DeviceSel {
+  DeviceBuffer positions, counts;
+  pq_selection s{};
+  int64_t capacity;
+  explicit DeviceSel(int64_t cap)
+      : positions(std::max<size_t>(static_cast<size_t>(kKvHeads * cap) * 4, 4)),
+        counts(kKvHeads * 4),
+        capacity(cap) {
+    s.positions = static_cast<int32_t*>(positions.get());
+    s.counts = static_cast<int32_t*>(counts.get());
+    s.capacity = cap;
+  }
+  // Row h as the host sees it once the stream ran (a download: a wait).
+  std::vector<int32_t> row(int32_t h) const {
+    const std::vector<uint8_t> p = positions.download(), c = counts.download();
+    int32_t count = 0;
+    std::memcpy(&count, c.data() + 4 * h, 4);
+    std::vector<int32_t> out(static_cast<size_t>(std::max(count, 0)));
+    std::memcpy(out.data(), p.data() + 4 * h * capacity, 4 * out.size());
+    return out;
+  }
+};
+
+// A sequence added and prefilled on every layer with random K/V (layer l:
+// seeds seed + 3l and seed + 3l + 1), its index built.
+void add_prefilled(pq_context* ctx, uint64_t id, int64_t tokens, int32_t dtype, uint64_t seed) {
+  ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    HostTensor k = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l), tokens,
+                               kKvHeads, kDim, dtype);
+    HostTensor v = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l + 1), tokens,
+                               kKvHeads, kDim, dtype);
+    ASSERT_EQ(pq_prefill_layer(ctx, id, l, k.get(), v.get()), PQ_OK) << pq_last_error();
+  }
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+}
+
+// The items of a batch: sequences 5..8 of 700, 333, 40 and 512 tokens (40:
+// a middle shorter than k), prefilled alike on every context given.
+const std::vector<uint64_t> kBatchIds{5, 6, 7, 8};
+void add_batch_sequences(const std::vector<pq_context*>& ctxs, int32_t dtype) {
+  const int64_t lengths[] = {700, 333, 40, 512};
+  for (size_t i = 0; i < kBatchIds.size(); ++i)
+    for (pq_context* ctx : ctxs) add_prefilled(ctx, kBatchIds[i], lengths[i], dtype, 3 * kBatchIds[i]);
+}
+
+// A captured step's replay for `token` of sequence 1, layer 0: the token's
+// K/V appended on both contexts, the engine's query written where the graph
+// reads it, the graph replayed on `stream` and waited for. Returns the
+// token's data (the CPU selects with its query).
+Step replay_token(pq_context* cpu, pq_context* cuda, void* stream, int64_t token, DeviceTensor& dq) {
+  Step d = step_data(0, token, PQ_DTYPE_F32, 1);
+  for (pq_context* ctx : {cpu, cuda})
+    EXPECT_EQ(pq_decode_append(ctx, 1, 0, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
+  Fake::get().synchronize_all();
+  std::memcpy(dq.buffer.get(), d.q.bytes.data(), d.q.bytes.size());  // the engine's query
+  EXPECT_EQ(Fake::get().graph_replay(stream), 0);
+  char err[256] = {0};
+  EXPECT_EQ(Fake::get().table->stream_synchronize(stream, err, sizeof err), 0)
+      << "the replay faulted: " << err;
+  return d;
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ TEST_P(FakeCudaBackend, DecodeStepsMatchTheCpuBackend) {
 // backend. The lookup table is the host's (it reorders the query), the
 // device picks (1 + r) * k candidates, the host re-ranks them from its
 // keys: the same selections as the CPU backend, step after step. (The
-// device step refuses both: test_cuda_fake_device.cpp.)
+// device step does both on the device: test_cuda_fake_rotary_rerank.cpp.)
 TEST_P(FakeCudaBackend, RotaryIndexAndReRankingMatchTheCpuBackend) {
   pq_config c = base_config(dtype_);
   c.key_rotary = PQ_ROTARY_HALF;

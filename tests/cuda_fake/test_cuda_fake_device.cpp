@@ -21,30 +21,6 @@
 
 namespace {
 
-// A selection whose arrays are fake device memory.
-struct DeviceSel {
-  DeviceBuffer positions, counts;
-  pq_selection s{};
-  int64_t capacity;
-  DeviceSel(int64_t cap)
-      : positions(std::max<size_t>(static_cast<size_t>(kKvHeads * cap) * 4, 4)),
-        counts(kKvHeads * 4),
-        capacity(cap) {
-    s.positions = static_cast<int32_t*>(positions.get());
-    s.counts = static_cast<int32_t*>(counts.get());
-    s.capacity = cap;
-  }
-  // Row h as the host sees it after the stream ran.
-  std::vector<int32_t> row(int32_t h) const {
-    const std::vector<uint8_t> p = positions.download(), c = counts.download();
-    int32_t count = 0;
-    std::memcpy(&count, c.data() + 4 * h, 4);
-    std::vector<int32_t> out(static_cast<size_t>(std::max(count, 0)));
-    std::memcpy(out.data(), p.data() + 4 * h * capacity, 4 * out.size());
-    return out;
-  }
-};
-
 void sync_all() {
   char err[256] = {0};
   ASSERT_EQ(Fake::get().table->stream_synchronize(nullptr, err, sizeof err), 0) << err;
@@ -204,40 +180,6 @@ TEST(FakeCudaDeviceStepErrors, OtherSelectorsAndCallerStoresAreRefused) {
   sync_all();
 }
 
-// Issue 26: the device step builds its lookup table from the caller's query
-// dimension by dimension and has no host keys, so it refuses the rotate-half
-// pairing and exact re-ranking, naming the field; interleaved pairs need no
-// reordering and are served.
-TEST(FakeCudaDeviceStepErrors, RotateHalfAndReRankingAreRefused) {
-  ASSERT_NE(Fake::get().table, nullptr);
-  Step d = step_data(0, 0, PQ_DTYPE_F32, 1);
-  DeviceTensor dq(d.q);
-  struct Case {
-    int32_t rotary;
-    float rerank;
-    const char* refusal;  // nullptr: served
-  } cases[] = {{PQ_ROTARY_HALF, 0.f, "key_rotary is PQ_ROTARY_HALF"},
-               {PQ_ROTARY_INTERLEAVED, 1.f, "pq_rerank is 1"},
-               {PQ_ROTARY_INTERLEAVED, 0.f, nullptr}};
-  for (const Case& cs : cases) {
-    SCOPED_TRACE("rotary " + std::to_string(cs.rotary));
-    pq_config c = base_config(PQ_DTYPE_F32);
-    c.key_rotary = cs.rotary;
-    c.pq_rerank = cs.rerank;
-    Ctx ctx = make_fake_cuda_ctx(c);
-    ASSERT_TRUE(ctx.ok()) << pq_last_error();
-    prefill(ctx, 1, 300, PQ_DTYPE_F32);
-    if (HasFatalFailure()) return;
-    DeviceSel sel(selection_capacity(ctx, 1, 0));
-    if (cs.refusal != nullptr)
-      PQ_EXPECT_ERR(pq_decode_select_device(ctx, 1, 0, &dq.t, &sel.s), PQ_ERR_UNSUPPORTED,
-                    cs.refusal);
-    else
-      EXPECT_EQ(pq_decode_select_device(ctx, 1, 0, &dq.t, &sel.s), PQ_OK) << pq_last_error();
-    sync_all();
-  }
-}
-
 // A device query written by work on the sequence's stream (the caller's
 // kernels) is read after that work: the library's copies of device inputs
 // are ordered on the sequence's stream, not on the legacy stream that a
@@ -332,10 +274,8 @@ TEST(FakeCudaDeviceBatch, OneLaunchChainForEverySequenceMatchesTheCpu) {
   Ctx cpu(c);
   Ctx cuda = make_fake_cuda_ctx(c);
   ASSERT_TRUE(cpu.ok() && cuda.ok()) << pq_last_error();
-  const std::vector<uint64_t> ids{5, 6, 7, 8};
-  const std::vector<int64_t> lengths{700, 333, 40, 512};  // 40: the middle is shorter than k
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (pq_context* ctx : {cpu.get(), cuda.get()}) prefill(ctx, ids[i], lengths[i], PQ_DTYPE_F16);
+  const std::vector<uint64_t>& ids = kBatchIds;
+  add_batch_sequences({cpu.get(), cuda.get()}, PQ_DTYPE_F16);
   if (HasFatalFailure()) return;
   for (int64_t step = 0; step < 3; ++step) {
     const int32_t l = static_cast<int32_t>(step % kLayers);

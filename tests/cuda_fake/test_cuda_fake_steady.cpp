@@ -25,28 +25,8 @@
 
 namespace {
 
-struct DeviceSel {
-  DeviceBuffer positions, counts;
-  pq_selection s{};
-  explicit DeviceSel(int64_t cap)
-      : positions(std::max<size_t>(static_cast<size_t>(kKvHeads * cap) * 4, 4)),
-        counts(kKvHeads * 4) {
-    s.positions = static_cast<int32_t*>(positions.get());
-    s.counts = static_cast<int32_t*>(counts.get());
-    s.capacity = cap;
-  }
-};
-
 void prefill(pq_context* ctx, uint64_t id, int64_t tokens, uint64_t seed) {
-  ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
-  for (int32_t l = 0; l < kLayers; ++l) {
-    HostTensor k = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l), tokens,
-                               kKvHeads, kDim, PQ_DTYPE_F32);
-    HostTensor v = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l + 1), tokens,
-                               kKvHeads, kDim, PQ_DTYPE_F32);
-    ASSERT_EQ(pq_prefill_layer(ctx, id, l, k.get(), v.get()), PQ_OK) << pq_last_error();
-  }
-  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+  add_prefilled(ctx, id, tokens, PQ_DTYPE_F32, seed);
 }
 
 // Positions [first, first + count) of every kv head as a selection: host
@@ -414,14 +394,8 @@ TEST(FakeCudaCapture, TheCapturedStepReplayedFor100TokensMatchesTheUncapturedOne
   EXPECT_EQ(captured, 5) << "pq_lut, pq_scan_rows, topk_rows, fill_selection_rows, gather";
   for (int64_t token = 1; token <= kTokens; ++token) {
     SCOPED_TRACE("token " + std::to_string(token));
-    Step d = step_data(0, token, PQ_DTYPE_F32, 1);
-    for (pq_context* ctx : {cpu.get(), cuda.get()})
-      ASSERT_EQ(pq_decode_append(ctx, 1, 0, d.k.get(), d.v.get()), PQ_OK) << pq_last_error();
-    Fake::get().synchronize_all();
-    std::memcpy(dq.buffer.get(), d.q.bytes.data(), d.q.bytes.size());  // the engine's query
-    ASSERT_EQ(Fake::get().graph_replay(stream), 0);
-    ASSERT_EQ(Fake::get().table->stream_synchronize(stream, err, sizeof err), 0)
-        << "the replay faulted: " << err;
+    Step d = replay_token(cpu, cuda, stream, token, dq);
+    if (HasFailure()) return;
     const int64_t need = selection_capacity(cpu, 1, 0);
     Sel want(kKvHeads, need);
     ASSERT_EQ(pq_decode_select(cpu, 1, 0, d.q.get(), want.get()), PQ_OK);

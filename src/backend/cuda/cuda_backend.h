@@ -144,9 +144,12 @@ class CudaBackend final : public Backend,
   // cuda_step_tables.cpp) -------------------------------------------------
 
   // The whole selection of one layer written into device memory with no
-  // host wait: the LUT from the device query (pq_lut), the resident codes,
-  // one scan, one top-k into scratch, then fill_selection writes the sinks,
-  // the middle and the local window into the caller's arrays.
+  // host wait: the LUT from the device query (pq_lut_ordered, in the
+  // codebook's dimension order), the resident codes, one scan, one top-k
+  // into scratch (of the candidates, with pq_rerank, which pq_rerank then
+  // re-ranks by their keys read from the store in place), then
+  // fill_selection writes the sinks, the middle and the local window into
+  // the caller's arrays.
   bool select_to_device(const DeviceSelectArgs& a) const override;
 
   // A selection in device memory gathered in one launch, the store read
@@ -155,8 +158,8 @@ class CudaBackend final : public Backend,
   bool fetch_device_selection(const DeviceSelectionFetchArgs& a) const override;
 
   // Those two for the sequences of a batch at one layer
-  // (cuda_device_batch.cpp): every selection in four launches, every fetch
-  // in one, whatever the batch size.
+  // (cuda_device_batch.cpp): every selection in four launches (five with
+  // pq_rerank), every fetch in one, whatever the batch size.
   bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const override;
   bool fetch_batch_device_selection(
       const std::vector<const DeviceSelectionFetchArgs*>& items) const override;
@@ -209,6 +212,15 @@ class CudaBackend final : public Backend,
                                RowPlan& plan, void* stream) const;
 
   void require_device_memory(const void* p, const char* name) const;
+
+  // A re-ranking on the device (config.pq_rerank): the store whose keys it
+  // reads, which must be one the device reads (else PQ_ERR_UNSUPPORTED);
+  // the shape its rows share; and the re-ranking of one layer's `wide`
+  // candidates per kv head into d_middle ([kv_head][k]), enqueued.
+  const KvStore& rerank_store(const KvTier& tier) const;
+  pq_rerank_shape rerank_shape(const DeviceSelectArgs& a, int64_t max_count) const;
+  void rerank_on_device(CudaLayer& layer, const DeviceSelectArgs& a, const int32_t* d_candidates,
+                        int64_t wide, int32_t* d_middle, StreamScratch& scratch, void* s) const;
 
   // Whether the device reads the store's rows itself: its chunks are in the
   // pinned pool (not the caller's host_alloc memory).

@@ -176,7 +176,7 @@ void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const
             static_cast<size_t>(kv) * std::max<int64_t>(a.k, 1) * sizeof(int32_t));
   const size_t scan_ws = k_->pq_scan_workspace_size(kv, a.group_size, a.subspaces, n, a.combine);
   if (scan_ws > 0) arena.get(StreamScratch::kScanWorkspace, scan_ws);
-  const size_t topk_ws = k_->topk_workspace_size(kv, n, a.k);
+  const size_t topk_ws = k_->topk_workspace_size(kv, n, std::max(a.k, a.candidates));
   if (topk_ws > 0) arena.get(StreamScratch::kTopkWorkspace, topk_ws);
   // The step a CUDA graph may capture runs at these sizes.
   layer->step_max_n = std::max(layer->step_max_n, a.middle);
@@ -187,6 +187,16 @@ void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const
   const size_t step_topk_ws = k_->topk_rows_workspace_size(kv, layer->step_max_n);
   if (step_topk_ws > 0) arena.get(StreamScratch::kStepTopkWorkspace, step_topk_ws);
   arena.get(StreamScratch::kScores, static_cast<size_t>(kv) * layer->step_max_n * sizeof(float));
+  // A re-ranking's candidates and workspaces (pq_rerank), at the step's sizes.
+  if (a.candidates > a.k) {
+    layer->step_max_candidates = std::max(layer->step_max_candidates, a.candidates);
+    arena.get(StreamScratch::kCandidates,
+              static_cast<size_t>(kv) * layer->step_max_candidates * sizeof(int32_t));
+    const size_t rerank_ws =
+        k_->pq_rerank_workspace_size(kv, layer->step_max_candidates, a.group_size);
+    for (size_t slot : {StreamScratch::kRerankWorkspace, StreamScratch::kStepRerankWorkspace})
+      if (rerank_ws > 0) arena.get(slot, rerank_ws);
+  }
 }
 
 uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvTier& tier,

@@ -18,8 +18,10 @@ extern "C" {
  * layered v1/v2/v3 tables of 0.3; version 5 added the row-table scan and
  * top-k (a batch of sequences in one launch each); version 6 the copies
  * passed by value (inline_copies) and stream_capturing, so that a steady
- * decode step stages nothing and can be captured in a CUDA graph. */
-#define PQ_CUDA_PLUGIN_ABI_VERSION 6u
+ * decode step stages nothing and can be captured in a CUDA graph; version 7
+ * the lookup tables of a rotary layout and the exact re-ranking, so that the
+ * device step serves every setting the host path does. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION 7u
 #define PQ_CUDA_PLUGIN_ENTRY "pq_cuda_plugin_entry"
 
 enum { PQ_COPY_DEVICE_TO_HOST = 0, PQ_COPY_HOST_TO_DEVICE = 1 };
@@ -116,6 +118,33 @@ typedef struct pq_fill_row {
   int64_t mid_end;
   int64_t n;
 } pq_fill_row;
+
+/* One row of pq_rerank_rows: the exact re-ranking of one kv head of one
+ * sequence. Device pointers; the key chunks are the store's (mapped pinned
+ * memory), chunk c's keys [head][chunk_tokens][head_dim] elements. */
+typedef struct pq_rerank_row {
+  const void* query;                /* query head g of the group at query + g * query_head_stride */
+  const int32_t* candidates;        /* count positions, ascending */
+  int32_t* out;                     /* the best k of them, written ascending */
+  const uint8_t* const* key_chunks; /* device table of chunk addresses */
+  int32_t head;                     /* the kv head whose key rows are read */
+  int32_t reserved;
+  int64_t count;                    /* 1 <= k <= count <= max_count, else nothing is written */
+  int64_t k;
+} pq_rerank_row;
+
+/* What every row of a re-ranking shares; read at the call. */
+typedef struct pq_rerank_shape {
+  int32_t group_size;
+  int32_t head_dim;
+  int32_t query_dtype;        /* pq_dtype: f32, f16 or bf16 */
+  int32_t key_dtype;
+  int32_t combine;            /* pq_gqa_combine */
+  float scale;                /* logits raw * scale */
+  int64_t query_head_stride;  /* bytes */
+  int64_t chunk_tokens;
+  int64_t max_count;          /* >= every row's count */
+} pq_rerank_shape;
 
 /* Every function returns 0 on success, else non-zero and a message in err
  * (err_len bytes, NUL-terminated), except where noted.
@@ -299,6 +328,42 @@ typedef struct pq_cuda_plugin {
    * mid_end. A row that does not make a selection writes nothing. */
   int (*fill_selection_rows)(const pq_fill_row* d_rows, int32_t rows, int32_t heads,
                              int64_t max_count, void* stream, char* err, size_t err_len);
+
+  /* --- every setting of the host path (version 7) -------------------------- */
+  /* pq_lut and pq_lut_rows under a rotary layout (pq_key_rotary): the
+   * codebook reads query dimension order(p) at its position p, where
+   * order(p) = p / 2 + (p % 2) * head_dim / 2 under PQ_ROTARY_HALF (each
+   * subspace holds whole rotate-half pairs, the host's rotary_dim_order)
+   * and p otherwise. Same sums, so the table is the host's bit for bit.
+   * pq_lut and pq_lut_rows are these with PQ_ROTARY_NONE. */
+  int (*pq_lut_ordered)(const void* d_query, int32_t dtype, int64_t head_stride, int32_t kv_heads,
+                        int32_t group_size, const float* d_centroids, int32_t subspaces,
+                        int32_t centroids, int32_t sub_dim, int32_t key_rotary, float* d_lut,
+                        void* stream, char* err, size_t err_len);
+  int (*pq_lut_rows_ordered)(const pq_lut_row* d_rows, int32_t rows, int32_t dtype,
+                             int64_t head_stride, int32_t kv_heads, int32_t group_size,
+                             int32_t subspaces, int32_t centroids, int32_t sub_dim,
+                             int32_t key_rotary, void* stream, char* err, size_t err_len);
+  /* Exact re-ranking (config.pq_rerank), the host's PqSelector::rerank:
+   * for each row, raw[g][i] = q_g . key(candidates[i]) summed as the CPU's
+   * dot() (eight lanes, then the tail; keys and queries converted to float
+   * exactly), the group combined by `combine` over the row's candidates as
+   * combine_group_scores does it (its SUM_SOFTMAX sums in its eight lanes
+   * too: the scores are the host's bit for bit), then the best k of them
+   * (ties to the larger position) written ascending into out. A few
+   * launches, no host wait. pq_rerank_rows reads `rows` rows from d_rows (a
+   * DEVICE array) when it runs; pq_rerank takes *row (read at the call) as
+   * kv head 0 of `rows` uniform rows: row h reads query + h * group_size *
+   * query_head_stride, candidates + h * count, head row.head + h and
+   * writes out + h * k. Both need pq_rerank_workspace_size(rows,
+   * max_count, group_size) bytes of device workspace. rows <= 65535. */
+  size_t (*pq_rerank_workspace_size)(int32_t rows, int64_t max_count, int32_t group_size);
+  int (*pq_rerank)(const pq_rerank_row* row, int32_t rows, const pq_rerank_shape* shape,
+                   void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                   size_t err_len);
+  int (*pq_rerank_rows)(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_shape* shape,
+                        void* d_workspace, size_t workspace_bytes, void* stream, char* err,
+                        size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

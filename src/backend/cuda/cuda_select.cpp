@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "pq/rerank.h"
 
 namespace pq {
 namespace cuda_detail {
@@ -159,18 +160,23 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
   require_device_memory(a.query.data, "query.data");
   if (a.out.capacity > 0) require_device_memory(a.out.positions, "out->positions");
   require_device_memory(a.out.counts, "out->counts");
+  const int64_t n = l.middle.size();
+  const bool scored = l.k > 0 && l.k < n;
+  // With pq_rerank the codes pick `wide` candidates, re-ranked by their keys.
+  const int64_t wide = scored ? rerank_candidates(l.context.config.pq_rerank, l.k, n) : l.k;
+  if (l.context.config.pq_rerank > 0.f) rerank_store(a.store);  // refused at every length
   use_device();
   char err[512] = {0};
   void* s = l.stream();
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
   const Touch touch(*this, s);
-  const int64_t n = l.middle.size();
   auto* step_layer = static_cast<CudaLayer*>(l.device());
   if (step_layer != nullptr && capturing(s)) return select_captured(*step_layer, a, scratch, s);
   // After a reserve, the step's row tables follow (a graph may capture it).
   const bool tables = step_layer != nullptr && step_layer->step_max_n > 0 &&
-                      n <= step_layer->step_max_n;
+                      n <= step_layer->step_max_n &&
+                      (wide <= l.k || wide <= step_layer->step_max_candidates);
   if (tables) {
     CudaLayer& t = *step_layer;
     const size_t lut_bytes = static_cast<size_t>(l.kv_heads()) * l.group_size() * l.subspaces() *
@@ -184,6 +190,12 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
     t.step_query = a.query.data;
     t.step_query_dtype = a.query.dtype;
     t.step_query_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
+    if (t.step_max_candidates > 0) {
+      t.step_candidates = static_cast<int32_t*>(scratch.arena.get(
+          StreamScratch::kCandidates,
+          static_cast<size_t>(l.kv_heads()) * t.step_max_candidates * sizeof(int32_t)));
+      t.step_key_chunks = chunk_tables(t, host_rows(a.store), s);
+    }
     t.step.fill.positions = a.out.positions;
     t.step.fill.counts = a.out.counts;
     t.step.fill.capacity = a.out.capacity;
@@ -217,13 +229,13 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
       static_cast<size_t>(l.kv_heads()) * l.group_size() * m * l.centroids() * sizeof(float);
   auto* d_lut = static_cast<float*>(scratch.arena.get(StreamScratch::kLut, lut_bytes));
   const int64_t head_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
-  check(k_->pq_lut(a.query.data, a.query.dtype, head_stride, l.kv_heads(), l.group_size(),
-                   static_cast<const float*>(layer.d_centroids), m, l.centroids(), cb.sub_dim,
-                   d_lut, s, err, sizeof err),
+  check(k_->pq_lut_ordered(a.query.data, a.query.dtype, head_stride, l.kv_heads(), l.group_size(),
+                           static_cast<const float*>(layer.d_centroids), m, l.centroids(),
+                           cb.sub_dim, l.context.config.key_rotary, d_lut, s, err, sizeof err),
         "pq_lut", err);
   const uint8_t* d_codes = resident_codes(layer, l, s);
   const size_t scan_ws = k_->pq_scan_workspace_size(l.kv_heads(), l.group_size(), m, n, l.combine());
-  const size_t topk_ws = k_->topk_workspace_size(l.kv_heads(), n, l.k);
+  const size_t topk_ws = k_->topk_workspace_size(l.kv_heads(), n, wide);
   // With the step's tables, the scores buffer is already the reserve's.
   const int64_t score_stride = tables ? layer.step_max_n : n;
   auto* d_scores = static_cast<float*>(scratch.arena.get(
@@ -236,14 +248,67 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
                     layer.codes_capacity, l.middle.begin, l.middle.end, l.combine(), l.scale(), d_scores,
                     d_scan_ws, scan_ws, s, err, sizeof err),
         "pq_scan", err);
-  check(k_->topk(d_scores, l.kv_heads(), n, l.k, l.middle.begin, d_middle, d_topk_ws, topk_ws, s, err,
-                 sizeof err),
+  // Re-ranking: the codes' top `wide` are the candidates, and their keys
+  // choose the k (in the step's buffers with the tables, for a capture).
+  int32_t* d_picked = d_middle;
+  if (wide > l.k)
+    d_picked = tables ? layer.step_candidates
+                      : static_cast<int32_t*>(scratch.arena.get(
+                            StreamScratch::kCandidates,
+                            static_cast<size_t>(l.kv_heads()) * wide * sizeof(int32_t)));
+  check(k_->topk(d_scores, l.kv_heads(), n, wide, l.middle.begin, d_picked, d_topk_ws, topk_ws, s,
+                 err, sizeof err),
         "topk", err);
+  if (wide > l.k) rerank_on_device(layer, a, d_picked, wide, d_middle, scratch, s);
   check(k_->fill_selection(a.out.positions, a.out.counts, l.kv_heads(), a.out.capacity, l.middle.begin,
                            d_middle, l.k, l.middle.end, a.tokens, s, err, sizeof err),
         "fill_selection", err);
   send_tables();
   return true;
+}
+
+const KvStore& CudaBackend::rerank_store(const KvTier& tier) const {
+  const KvStore& store = host_rows(tier);
+  if (!device_reads(store))
+    fail(PQ_ERR_UNSUPPORTED,
+         "pq_decode_select_device: config.pq_rerank re-ranks by the keys on the device, and the "
+         "K/V store is in the caller's host_alloc memory, which the device cannot read; use the "
+         "CUDA backend's own store (no host_alloc hook) or pq_decode_select");
+  return store;
+}
+
+pq_rerank_shape CudaBackend::rerank_shape(const DeviceSelectArgs& a, int64_t max_count) const {
+  const PqLayerSelectArgs& l = a.pq;
+  pq_rerank_shape shape{};
+  shape.group_size = l.group_size();
+  shape.head_dim = l.context.head_dim();
+  shape.query_dtype = a.query.dtype;
+  shape.key_dtype = l.context.dtype();
+  shape.combine = l.combine();
+  shape.scale = l.scale();
+  shape.query_head_stride = a.query.head_stride * static_cast<int64_t>(dtype_size(a.query.dtype));
+  shape.chunk_tokens = KvStore::kChunkTokens;
+  shape.max_count = max_count;
+  return shape;
+}
+
+void CudaBackend::rerank_on_device(CudaLayer& layer, const DeviceSelectArgs& a,
+                                   const int32_t* d_candidates, int64_t wide, int32_t* d_middle,
+                                   StreamScratch& scratch, void* s) const {
+  const PqLayerSelectArgs& l = a.pq;
+  char err[512] = {0};
+  const pq_rerank_shape shape = rerank_shape(a, wide);
+  pq_rerank_row head0{};
+  head0.query = a.query.data;
+  head0.candidates = d_candidates;
+  head0.out = d_middle;
+  head0.key_chunks = chunk_tables(layer, host_rows(a.store), s);
+  head0.count = wide;
+  head0.k = l.k;
+  const size_t ws = k_->pq_rerank_workspace_size(l.kv_heads(), wide, l.group_size());
+  void* d_ws = ws ? scratch.arena.get(StreamScratch::kRerankWorkspace, ws) : nullptr;
+  check(k_->pq_rerank(&head0, l.kv_heads(), &shape, d_ws, ws, s, err, sizeof err), "pq_rerank",
+        err);
 }
 
 void CudaBackend::upload_codes(const CodeColumn& codes, int64_t first, int64_t end, uint8_t* d,

@@ -1,13 +1,14 @@
 // The decode step a CUDA graph may capture (cuda_backend.h, CudaLayer::step):
 // after pq_sequence_reserve, the backend keeps each layer's scan, top-k,
-// fill and gather arguments as row tables in device memory. An uncaptured
+// fill, gather and (pq_rerank) re-ranking arguments as row tables in device
+// memory. An uncaptured
 // select or fetch writes the caller's fields (query, selection, outputs);
 // every append writes the lengths and uploads the codes of the token that
 // left the window. Inside a capture, select and fetch only launch the row
 // kernels over those tables (pq_lut, pq_scan_rows, topk_rows,
-// fill_selection_rows, gather_selected_rows), at sizes fixed by the
-// reserve, so a replay after the next append selects and fetches at the
-// new length. Nothing here waits, allocates or copies from pageable memory.
+// pq_rerank_rows, fill_selection_rows, gather_selected_rows), at sizes
+// fixed by the reserve, so a replay after the next append selects and
+// fetches at the new length. Nothing here waits, allocates or copies from pageable memory.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -17,20 +18,23 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "pq/rerank.h"
 
 namespace pq {
 namespace cuda_detail {
 
 namespace {
 
-// Byte offsets of the device table: [scan rows][top-k rows][fill][gather].
+// Byte offsets of the device table: [scan rows][top-k rows][fill][gather]
+// [re-rank rows].
 struct StepLayout {
-  size_t scan = 0, topk, fill, gather, bytes;
+  size_t scan = 0, topk, fill, gather, rerank, bytes;
   explicit StepLayout(int32_t kv_heads) {
     topk = scan + kv_heads * sizeof(pq_scan_row);
     fill = topk + kv_heads * sizeof(pq_topk_row);
     gather = fill + sizeof(pq_fill_row);
-    bytes = gather + sizeof(pq_selected_gather);
+    rerank = gather + sizeof(pq_selected_gather);
+    bytes = rerank + kv_heads * sizeof(pq_rerank_row);
   }
 };
 
@@ -42,18 +46,38 @@ void CudaBackend::step_select_rows(CudaLayer& layer, const PqLayerSelectArgs& l,
   CudaLayer::StepTables& t = layer.step;
   t.scan.resize(static_cast<size_t>(kv));
   t.topk.resize(static_cast<size_t>(kv));
+  t.rerank.assign(static_cast<size_t>(kv), pq_rerank_row{});  // count 0: no re-ranking
   const int64_t n = l.middle.size();
   const bool scored = l.k > 0 && l.k < n;
+  // With pq_rerank the top-k picks `wide` candidates, which the re-ranking
+  // rows turn into the k (the caller checked wide against the reserve).
+  const int64_t wide = scored ? rerank_candidates(l.context.config.pq_rerank, l.k, n) : 0;
+  const bool rerank = wide > l.k;
   for (int32_t h = 0; h < kv; ++h) {
     // Scores of head h at h x the reserved middle: the layout stays put as
     // the middle grows, so that replays find it.
     float* scores = layer.step_scores + static_cast<size_t>(h) * layer.step_max_n;
+    int32_t* middle = layer.step_middle + static_cast<size_t>(h) * l.k;
     t.scan[static_cast<size_t>(h)] = {
         layer.step_lut + static_cast<size_t>(h) * g * m * C,
         static_cast<const uint8_t*>(layer.d_codes) + static_cast<size_t>(h) * layer.codes_capacity * m,
         scores, l.middle.begin, scored ? l.middle.end : l.middle.begin};
-    t.topk[static_cast<size_t>(h)] = {scores, layer.step_middle + static_cast<size_t>(h) * l.k,
-                                      scored ? n : 0, scored ? l.k : 0, l.middle.begin};
+    if (!rerank) {
+      t.topk[static_cast<size_t>(h)] = {scores, middle, scored ? n : 0, scored ? l.k : 0,
+                                        l.middle.begin};
+      continue;
+    }
+    int32_t* candidates = layer.step_candidates + static_cast<size_t>(h) * wide;
+    t.topk[static_cast<size_t>(h)] = {scores, candidates, n, wide, l.middle.begin};
+    pq_rerank_row& r = t.rerank[static_cast<size_t>(h)];
+    r.query = static_cast<const uint8_t*>(layer.step_query) +
+              static_cast<int64_t>(h) * g * layer.step_query_stride;
+    r.candidates = candidates;
+    r.out = middle;
+    r.key_chunks = layer.step_key_chunks;
+    r.head = h;
+    r.count = wide;
+    r.k = l.k;
   }
   const int64_t sinks = scored || l.k == 0 ? l.middle.begin : l.middle.end;
   t.fill.middle = scored ? layer.step_middle : nullptr;
@@ -79,6 +103,8 @@ void CudaBackend::send_step(CudaLayer& layer, void* s) const {
   }
   std::memcpy(bytes.data() + at.fill, &t.fill, sizeof t.fill);
   std::memcpy(bytes.data() + at.gather, &t.gather, sizeof t.gather);
+  if (!t.rerank.empty())
+    std::memcpy(bytes.data() + at.rerank, t.rerank.data(), t.rerank.size() * sizeof(pq_rerank_row));
   // Only the bytes that changed (a step: the lengths), by value.
   size_t first = 0, end = bytes.size();
   if (layer.step_sent.size() == bytes.size()) {
@@ -109,12 +135,17 @@ void CudaBackend::refresh_device_step(DeviceLayer* device, const PqLayerSelectAr
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
   const Touch touch(*this, s);
-  if (l.middle.size() > layer->step_max_n) {
+  const int64_t wide = rerank_candidates(l.context.config.pq_rerank, l.k, l.middle.size());
+  if (l.middle.size() > layer->step_max_n ||
+      (wide > l.k && l.k < l.middle.size() && wide > layer->step_max_candidates)) {
     // Past the reserve: the tables can no longer follow (a replay would run
     // at the reserved sizes). An uncaptured step starts them again.
     layer->step_selected = layer->step_fetched = false;
     return;
   }
+  // A re-ranking reads the keys through the chunk tables: new chunks go up.
+  if (layer->step_selected && layer->step_max_candidates > 0)
+    layer->step_key_chunks = chunk_tables(*layer, store, s);
   if (layer->step_selected) {
     if (layer->centroids_generation != l.index_generation()) {
       const size_t bytes = l.codebook.data.size() * sizeof(float);
@@ -162,9 +193,9 @@ bool CudaBackend::select_captured(CudaLayer& layer, const DeviceSelectArgs& a,
   const int32_t kv = layer.kv_heads, g = l.group_size(), m = l.subspaces(), C = l.centroids();
   const StepLayout at(kv);
   const auto* d_step = static_cast<const uint8_t*>(layer.d_step);
-  check(k_->pq_lut(a.query.data, a.query.dtype, head_stride, kv, g,
-                   static_cast<const float*>(layer.d_centroids), m, C, l.codebook.sub_dim,
-                   layer.step_lut, s, err, sizeof err),
+  check(k_->pq_lut_ordered(a.query.data, a.query.dtype, head_stride, kv, g,
+                           static_cast<const float*>(layer.d_centroids), m, C, l.codebook.sub_dim,
+                           l.context.config.key_rotary, layer.step_lut, s, err, sizeof err),
         "pq_lut", err);
   const size_t scan_ws = k_->pq_scan_rows_workspace_size(kv, g, m, layer.step_max_n, l.combine());
   const size_t topk_ws = k_->topk_rows_workspace_size(kv, layer.step_max_n);
@@ -177,6 +208,14 @@ bool CudaBackend::select_captured(CudaLayer& layer, const DeviceSelectArgs& a,
   check(k_->topk_rows(reinterpret_cast<const pq_topk_row*>(d_step + at.topk), kv,
                       layer.step_max_n, d_topk_ws, topk_ws, s, err, sizeof err),
         "topk_rows", err);
+  if (layer.step_max_candidates > 0) {  // pq_rerank: rows of count 0 write nothing
+    const pq_rerank_shape shape = rerank_shape(a, layer.step_max_candidates);
+    const size_t ws = k_->pq_rerank_workspace_size(kv, layer.step_max_candidates, g);
+    void* d_ws = ws ? scratch.arena.get(StreamScratch::kStepRerankWorkspace, ws) : nullptr;
+    check(k_->pq_rerank_rows(reinterpret_cast<const pq_rerank_row*>(d_step + at.rerank), kv,
+                             &shape, d_ws, ws, s, err, sizeof err),
+          "pq_rerank_rows", err);
+  }
   check(k_->fill_selection_rows(reinterpret_cast<const pq_fill_row*>(d_step + at.fill), 1, kv,
                                 layer.step_max_count, s, err, sizeof err),
         "fill_selection_rows", err);

@@ -296,6 +296,7 @@ class CudaLayer final : public DeviceLayer {
     std::vector<pq_topk_row> topk;
     pq_fill_row fill{};
     pq_selected_gather gather{};
+    std::vector<pq_rerank_row> rerank;  // one per kv head; count 0 when not re-ranking
   };
   StepTables step;
   std::vector<uint8_t> step_sent;
@@ -309,8 +310,11 @@ class CudaLayer final : public DeviceLayer {
   float* step_lut = nullptr;
   float* step_scores = nullptr;   // [kv_head][step_max_n]
   int32_t* step_middle = nullptr; // [kv_head][k]
+  int32_t* step_candidates = nullptr;  // [kv_head][candidates] of a re-ranking
+  const uint8_t* const* step_key_chunks = nullptr;  // the chunk tables a re-ranking reads
   int64_t step_max_n = 0;      // the middle pq_sequence_reserve made room for (0: none)
   int64_t step_max_count = 0;  // the selection's entries per kv head there
+  int64_t step_max_candidates = 0;  // a re-ranking's candidates per kv head there (0: none)
   int64_t table_capacity = 0;               // chunks the device table holds
   RowPlan chunk_tables;
 };
@@ -326,7 +330,8 @@ struct StreamScratch {
   enum Slot {
     kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan,
     kBatchTables, kBatchLut, kBatchScores, kBatchMiddle, kBatchScanWorkspace,
-    kBatchTopkWorkspace, kBatchFetchTables, kStepScanWorkspace, kStepTopkWorkspace
+    kBatchTopkWorkspace, kBatchFetchTables, kStepScanWorkspace, kStepTopkWorkspace,
+    kCandidates, kRerankWorkspace, kStepRerankWorkspace, kBatchCandidates, kBatchRerankWorkspace
   };
   std::mutex mutex;
   DeviceArena arena;
