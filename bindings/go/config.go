@@ -112,6 +112,11 @@ type KVTier int32
 const (
 	KVTierHost KVTier = 0 // host memory (the default)
 	KVTierDisk KVTier = 1 // a file in KVDiskPath's directory; CPU backend only
+	// KVTierCaller (0.10): index only. The caller keeps K/V in its own
+	// (paged) pool; the library keeps the PQ index and the keys not coded
+	// yet. Values may be the zero Tensor; FetchKV, DecodeAttend and saving
+	// are ErrUnsupported. Selectors PQ, Window and Random; CPU backend.
+	KVTierCaller KVTier = 2
 )
 
 // Config mirrors pq_config; include/pqcache.h documents every field. Start
@@ -201,6 +206,11 @@ type Config struct {
 	// KVDiskPath: the directory of the disk tier's K/V file (an unnamed
 	// file, gone with the process); read by NewContext only.
 	KVDiskPath string
+
+	// KVHeadOffset: the model's index of this context's kv head 0, for one
+	// context per tensor-parallel rank holding a slice of the kv heads; the
+	// ranks then select what one context with every kv head selects.
+	KVHeadOffset int
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -283,6 +293,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 		KVTier:     KVTier(cc.GetKv_tier()),
 		KVDiskPath: cc.GetKv_disk_path(),
+
+		KVHeadOffset: cc.GetKv_head_offset(),
 	}
 }
 
@@ -368,6 +380,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetInfinigen_partial_ratio(c.InfiniGenPartialRatio)
 	cc.SetInfinigen_alpha(c.InfiniGenAlpha)
 	cc.SetKv_tier(int(c.KVTier))
+	cc.SetKv_head_offset(i32("kv_head_offset", c.KVHeadOffset))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

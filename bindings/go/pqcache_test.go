@@ -92,6 +92,10 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"PoolingAvg", int(PoolingAvg), int(pqswig.PQ_POOLING_AVG)},
 		{"KVTierHost", int(KVTierHost), int(pqswig.PQ_KV_TIER_HOST)},
 		{"KVTierDisk", int(KVTierDisk), int(pqswig.PQ_KV_TIER_DISK)},
+		{"KVTierCaller", int(KVTierCaller), int(pqswig.PQ_KV_TIER_CALLER)},
+		{"RowsPerToken", int(RowsPerToken), int(pqswig.PQ_ROWS_PER_TOKEN)},
+		{"RowsPerHead", int(RowsPerHead), int(pqswig.PQ_ROWS_PER_HEAD)},
+		{"RowsPerRequest", int(RowsPerRequest), int(pqswig.PQ_ROWS_PER_REQUEST)},
 	}
 	for _, p := range pairs {
 		if p.got != p.want {

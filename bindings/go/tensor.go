@@ -31,13 +31,57 @@ static pq_status go_pq_kv(pq_tensor* tk, void* k, go_pq_shape ks, pq_tensor* tv,
   return st == PQ_OK ? go_pq_tensor(tv, v, vs) : st;
 }
 
+// values 0: no values (NULL), for an index-only context.
 static pq_status go_pq_store(pq_context* ctx, uint64_t seq, int32_t layer, int append,
-                             void* k, go_pq_shape ks, void* v, go_pq_shape vs) {
+                             void* k, go_pq_shape ks, int values, void* v, go_pq_shape vs) {
   pq_tensor tk, tv;
-  pq_status st = go_pq_kv(&tk, k, ks, &tv, v, vs);
+  pq_status st = values ? go_pq_kv(&tk, k, ks, &tv, v, vs) : go_pq_tensor(&tk, k, ks);
   if (st != PQ_OK) return st;
-  return append ? pq_decode_append(ctx, seq, layer, &tk, &tv)
-                : pq_prefill_layer(ctx, seq, layer, &tk, &tv);
+  const pq_tensor* pv = values ? &tv : NULL;
+  return append ? pq_decode_append(ctx, seq, layer, &tk, pv)
+                : pq_prefill_layer(ctx, seq, layer, &tk, pv);
+}
+
+// The scalar fields of a pq_paged_keys; its pool and maps travel as
+// arguments (cgo's pointer rule above).
+typedef struct go_pq_map {
+  int32_t block_size;
+  int64_t map_length, tokens;
+} go_pq_map;
+
+static pq_status go_pq_paged(pq_paged_keys* out, void* pool, go_pq_shape ps, int64_t* slots,
+                             int32_t* block_table, go_pq_map m) {
+  out->slots = slots;
+  out->block_table = block_table;
+  out->block_size = m.block_size;
+  out->map_length = m.map_length;
+  out->tokens = m.tokens;
+  return go_pq_tensor(&out->pool, pool, ps);
+}
+
+static pq_status go_pq_store_paged(pq_context* ctx, uint64_t seq, int32_t layer, int append,
+                                   void* pool, go_pq_shape ps, int64_t* slots,
+                                   int32_t* block_table, go_pq_map m) {
+  pq_paged_keys keys;
+  pq_status st = go_pq_paged(&keys, pool, ps, slots, block_table, m);
+  if (st != PQ_OK) return st;
+  return append ? pq_decode_append_paged(ctx, seq, layer, &keys)
+                : pq_prefill_layer_paged(ctx, seq, layer, &keys);
+}
+
+// keyed 0: no keys (NULL).
+static pq_status go_pq_select_multi(pq_context* ctx, uint64_t seq, int32_t layer, void* q,
+                                    go_pq_shape qs, int32_t rows, int keyed, void* pool,
+                                    go_pq_shape ps, int64_t* slots, int32_t* block_table,
+                                    go_pq_map m, int32_t* positions, int32_t* counts,
+                                    int64_t capacity) {
+  pq_tensor tq;
+  pq_paged_keys keys;
+  pq_selection sel = {positions, counts, capacity};
+  pq_status st = go_pq_tensor(&tq, q, qs);
+  if (st == PQ_OK && keyed) st = go_pq_paged(&keys, pool, ps, slots, block_table, m);
+  if (st != PQ_OK) return st;
+  return pq_decode_select_multi(ctx, seq, layer, &tq, rows, keyed ? &keys : NULL, &sel);
 }
 
 static pq_status go_pq_select(pq_context* ctx, uint64_t seq, int32_t layer, void* q,
@@ -133,7 +177,7 @@ func (t Tensor) HeadDim() int { return t.headDim }
 
 // slicePointer is &s[0], or nil for an empty slice (where &s[0] would
 // panic; the library accepts NULL for 0 tokens, and rejects it otherwise).
-func slicePointer[E float32 | uint16 | int32](s []E) unsafe.Pointer {
+func slicePointer[E float32 | uint16 | int32 | int64](s []E) unsafe.Pointer {
 	if len(s) == 0 {
 		return nil
 	}
@@ -141,6 +185,8 @@ func slicePointer[E float32 | uint16 | int32](s []E) unsafe.Pointer {
 }
 
 func int32Pointer(s []int32) *C.int32_t { return (*C.int32_t)(slicePointer(s)) }
+
+func int64Pointer(s []int64) *C.int64_t { return (*C.int64_t)(slicePointer(s)) }
 
 func floatPointer(s []float32) *C.float { return (*C.float)(slicePointer(s)) }
 
@@ -207,14 +253,15 @@ func product(a, b, c int) (n int, ok bool) {
 // PrefillLayer appends the prompt's keys and values for one layer
 // (tokens x NumKVHeads x HeadDim each, the config's dtype) and schedules
 // the layer's index build (pq_prefill_layer). The slices may be reused when
-// it returns.
+// it returns. An index-only context (KVTierCaller) keeps no values: pass
+// the zero Tensor (Tensor{}) for them, which the library gets as NULL.
 func (c *Context) PrefillLayer(seq uint64, layer int, keys, values Tensor) error {
 	return c.store("pq_prefill_layer", seq, layer, false, keys, values)
 }
 
 // DecodeAppend appends decode tokens' keys and values to a prefilled layer
 // without a rebuild (pq_decode_append); before any prefill it is
-// ErrBadState.
+// ErrBadState. values may be the zero Tensor as for PrefillLayer.
 func (c *Context) DecodeAppend(seq uint64, layer int, keys, values Tensor) error {
 	return c.store("pq_decode_append", seq, layer, true, keys, values)
 }
@@ -223,27 +270,112 @@ func (c *Context) store(op string, seq uint64, layer int, appendTokens bool, key
 	if err := c.checkLayer(op, layer); err != nil {
 		return err
 	}
-	ks, vs, err := kvShapes(op, keys, values)
+	hasValues := values != (Tensor{})
+	var ks, vs C.go_pq_shape
+	var err error
+	if hasValues {
+		ks, vs, err = kvShapes(op, keys, values)
+	} else {
+		ks, err = keys.shape(op, "keys")
+	}
 	if err != nil {
 		return err
 	}
-	mode := C.int(0)
-	if appendTokens {
-		mode = 1
+	return c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
+		return Status(C.go_pq_store(cContext(h), C.uint64_t(seq), C.int32_t(layer), cBool(appendTokens),
+			keys.data, ks, cBool(hasValues), values.data, vs))
+	})
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// cMap checks and converts the map of paged keys; name is the argument
+// ("keys").
+func (k *PagedKeys) cMap(op, name string) (C.go_pq_map, error) {
+	if k.BlockSize < math.MinInt32 || k.BlockSize > math.MaxInt32 {
+		return C.go_pq_map{}, invalid(op, "%s.block_size is %d; expected %d..%d (int32_t)",
+			name, k.BlockSize, math.MinInt32, math.MaxInt32)
+	}
+	// The library refuses both maps at once, by name.
+	length := len(k.BlockTable)
+	if k.Slots != nil {
+		length = len(k.Slots)
+	}
+	return C.go_pq_map{block_size: C.int32_t(k.BlockSize), map_length: C.int64_t(length),
+		tokens: C.int64_t(k.Tokens)}, nil
+}
+
+// storePaged is PrefillLayerPaged's and DecodeAppendPaged's call.
+func (c *Context) storePaged(op string, seq uint64, layer int, appendTokens bool, keys *PagedKeys) error {
+	if err := c.checkLayer(op, layer); err != nil {
+		return err
+	}
+	ps, err := keys.Pool.shape(op, "keys.pool")
+	if err != nil {
+		return err
+	}
+	m, err := keys.cMap(op, "keys")
+	if err != nil {
+		return err
 	}
 	return c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
-		return Status(C.go_pq_store(cContext(h), C.uint64_t(seq), C.int32_t(layer), mode,
-			keys.data, ks, values.data, vs))
+		return Status(C.go_pq_store_paged(cContext(h), C.uint64_t(seq), C.int32_t(layer),
+			cBool(appendTokens), keys.Pool.data, ps, int64Pointer(keys.Slots),
+			int32Pointer(keys.BlockTable), m))
+	})
+}
+
+// selectMultiInto runs pq_decode_select_multi into sel (sized by the
+// caller); keys may be nil. The shapes are checked here.
+func (c *Context) selectMultiInto(h pqswig.Struct_SS_pq_context, seq uint64, layer int,
+	queries Tensor, rows SelectRows, keys *PagedKeys, sel *Selection) error {
+	const op = "pq_decode_select_multi"
+	qs, err := queries.shape(op, "queries")
+	if err != nil {
+		return err
+	}
+	var ps C.go_pq_shape
+	var m C.go_pq_map
+	var pool unsafe.Pointer
+	var slots []int64
+	var table []int32
+	if keys != nil {
+		if ps, err = keys.Pool.shape(op, "keys.pool"); err != nil {
+			return err
+		}
+		if m, err = keys.cMap(op, "keys"); err != nil {
+			return err
+		}
+		pool, slots, table = keys.Pool.data, keys.Slots, keys.BlockTable
+	}
+	return call(op, func() Status {
+		return Status(C.go_pq_select_multi(cContext(h), C.uint64_t(seq), C.int32_t(layer),
+			queries.data, qs, C.int32_t(rows), cBool(keys != nil), pool, ps, int64Pointer(slots),
+			int32Pointer(table), m, int32Pointer(sel.Positions), int32Pointer(sel.Counts),
+			C.int64_t(sel.Capacity)))
 	})
 }
 
 // Selection is the result of DecodeSelect: per kv head, ascending unique
 // token positions. Row h is Positions[h*Capacity : h*Capacity+Counts[h]].
+// DecodeSelectMulti's has one row per token and kv head, per kv head or
+// per request (SelectRows); its rows are padded with -1 up to Capacity.
 type Selection struct {
-	Capacity  int     // entries per kv head
-	Counts    []int32 // valid entries per kv head
-	Positions []int32 // NumKVHeads x Capacity
+	Capacity  int     // entries per kv head (row)
+	Counts    []int32 // valid entries per kv head (row)
+	Positions []int32 // NumKVHeads (rows) x Capacity
 }
+
+// Rows is the number of rows: Heads for DecodeSelect's selection.
+func (s *Selection) Rows() int { return len(s.Counts) }
+
+// Row returns the positions of row r (a subslice of Positions, not a copy).
+func (s *Selection) Row(r int) []int32 { return s.Head(r) }
 
 // Heads is the number of kv heads in the selection.
 func (s *Selection) Heads() int { return len(s.Counts) }
@@ -307,12 +439,7 @@ func (c *Context) selectInto(h pqswig.Struct_SS_pq_context, seq uint64, layer in
 	if err != nil {
 		return nil, err
 	}
-	heads := c.config.NumKVHeads
-	sel := &Selection{
-		Capacity:  capacity,
-		Counts:    make([]int32, heads),
-		Positions: make([]int32, heads*capacity),
-	}
+	sel := newSelection(c.config.NumKVHeads, capacity)
 	err = call(op, func() Status {
 		return Status(C.go_pq_select(cContext(h), C.uint64_t(seq), C.int32_t(layer), query.data, qs,
 			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(capacity)))

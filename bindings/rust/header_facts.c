@@ -19,6 +19,7 @@
   _Generic((x), int32_t: "int32_t", uint32_t: "uint32_t", int64_t: "int64_t",              \
            uint64_t: "uint64_t", float: "float", double: "double", void*: "void*",          \
            const char*: "const char*", int32_t*: "int32_t*", pq_tensor: "pq_tensor",       \
+           const int64_t*: "const int64_t*", const int32_t*: "const int32_t*",             \
            pq_selection: "pq_selection",                            \
            pq_log_fn: "void (*)(void*, int32_t, const char*)",                             \
            pq_alloc_fn: "void* (*)(void*, size_t, size_t)",                                 \
@@ -63,7 +64,8 @@ int main(void) {
   CONST(PQ_CACHE_LRU); CONST(PQ_CACHE_LFU);
   CONST(PQ_ROTARY_NONE); CONST(PQ_ROTARY_HALF); CONST(PQ_ROTARY_INTERLEAVED);
   CONST(PQ_POOLING_MAX); CONST(PQ_POOLING_AVG);
-  CONST(PQ_KV_TIER_HOST); CONST(PQ_KV_TIER_DISK);
+  CONST(PQ_KV_TIER_HOST); CONST(PQ_KV_TIER_DISK); CONST(PQ_KV_TIER_CALLER);
+  CONST(PQ_ROWS_PER_TOKEN); CONST(PQ_ROWS_PER_HEAD); CONST(PQ_ROWS_PER_REQUEST);
   CONST(PQ_LAYOUT_TOKEN_MAJOR); CONST(PQ_LAYOUT_HEAD_MAJOR);
   CONST(PQ_LOG_ERROR); CONST(PQ_LOG_WARN); CONST(PQ_LOG_INFO); CONST(PQ_LOG_DEBUG);
 

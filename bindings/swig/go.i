@@ -13,7 +13,8 @@
 /* Integer out-parameters become one-element Go slices: Pq_sequence_length(ctx,
  * seq, layer, out) with out := make([]int64, 1). */
 %include <typemaps.i>
-%apply long long *OUTPUT { int64_t* out_tokens, int64_t* out_count, int64_t* out_capacity };
+%apply long long *OUTPUT { int64_t* out_tokens, int64_t* out_count, int64_t* out_capacity,
+                           int64_t* out_rows };
 %apply int *OUTPUT { int32_t* out_backend };
 
 /* pq_create's pq_context** out: New_contextOut() allocates the slot,
@@ -58,6 +59,13 @@
 %ignore pq_fetch_item;
 %ignore pq_decode_select_batch;
 %ignore pq_fetch_kv_batch;
+/* The paged keys (0.10) point at the caller's pool and maps, and the
+ * multi-token select writes the caller's rows: bindings/go/paged.go builds
+ * the descriptors on the C stack, as tensor.go does. */
+%ignore pq_paged_keys;
+%ignore pq_prefill_layer_paged;
+%ignore pq_decode_append_paged;
+%ignore pq_decode_select_multi;
 /* Sequence state (0.5): the calls that take the caller's bytes or a path
  * are written in cgo (bindings/go/state.go), for the reason above (and a
  * path's NUL check), with pq_sequence_state_size that sizes the bytes.

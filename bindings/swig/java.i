@@ -31,7 +31,8 @@
 
 /* ---- scalar outputs as one-element arrays --------------------------------- */
 %include <typemaps.i>
-%apply long long* OUTPUT { int64_t* out_capacity, int64_t* out_tokens, int64_t* out_count };
+%apply long long* OUTPUT { int64_t* out_capacity, int64_t* out_tokens, int64_t* out_count,
+                           int64_t* out_rows };
 %apply int* OUTPUT { int32_t* out_backend };
 
 /* ---- uint64_t as long ---------------------------------------------------- */
@@ -120,6 +121,24 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
     $self->positions = (int32_t*)positions;
     $self->counts = (int32_t*)counts;
     $self->capacity = capacity;
+  }
+}
+
+/* Paged keys (0.10): the pool is a pq_tensor made with pq_tensor_init and
+ * copied in; the slot map and block table are direct buffers attached by
+ * address, as a selection's arrays (a NULL buffer is no map). */
+%ignore pq_paged_keys::slots;
+%ignore pq_paged_keys::block_table;
+%apply void* DIRECT_BUFFER { void* slots, void* block_table };
+%extend pq_paged_keys {
+  void attach(const pq_tensor* pool, void* slots, void* block_table, int32_t block_size,
+              int64_t map_length, int64_t tokens) {
+    if (pool != NULL) $self->pool = *pool;
+    $self->slots = (const int64_t*)slots;
+    $self->block_table = (const int32_t*)block_table;
+    $self->block_size = block_size;
+    $self->map_length = map_length;
+    $self->tokens = tokens;
   }
 }
 

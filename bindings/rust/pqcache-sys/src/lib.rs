@@ -136,6 +136,18 @@ pub type pq_kv_tier = i32;
 pub const PQ_KV_TIER_HOST: pq_kv_tier = 0;
 /// A file in `pq_config.kv_disk_path` (CPU backend only).
 pub const PQ_KV_TIER_DISK: pq_kv_tier = 1;
+/// The caller's pool (added in 0.10): the library keeps the index only;
+/// values may be NULL, and what needs them is `PQ_ERR_UNSUPPORTED`.
+pub const PQ_KV_TIER_CALLER: pq_kv_tier = 2;
+
+/// `pq_select_rows` (added in 0.10): the rows `pq_decode_select_multi` writes.
+pub type pq_select_rows = i32;
+/// Row `t * num_kv_heads + h`: token t's selection for kv head h.
+pub const PQ_ROWS_PER_TOKEN: pq_select_rows = 0;
+/// Row h: the union over the query tokens of kv head h's selections.
+pub const PQ_ROWS_PER_HEAD: pq_select_rows = 1;
+/// One row: the union over the query tokens and kv heads.
+pub const PQ_ROWS_PER_REQUEST: pq_select_rows = 2;
 
 pub type pq_layout = i32;
 pub const PQ_LAYOUT_TOKEN_MAJOR: pq_layout = 0;
@@ -164,6 +176,7 @@ c_type_names! {
     i32 => "int32_t", u32 => "uint32_t", i64 => "int64_t", u64 => "uint64_t",
     f32 => "float", f64 => "double",
     *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
+    *const i64 => "const int64_t*", *const i32 => "const int32_t*",
     pq_tensor => "pq_tensor", pq_selection => "pq_selection",
     // The callback types, spelled out rather than by their aliases: when an
     // alias below changes, this impl no longer applies to it and
@@ -286,6 +299,9 @@ c_struct! {
         pub kv_tier: i32,
         /// The disk tier's directory; read during pq_create only (added in 0.9).
         pub kv_disk_path: *const c_char,
+        /// The model's index of this context's kv head 0 (tensor parallel;
+        /// added in 0.10).
+        pub kv_head_offset: i32,
     }
 }
 
@@ -296,6 +312,23 @@ c_struct! {
         pub positions: *mut i32,
         pub counts: *mut i32,
         pub capacity: i64,
+    }
+}
+
+c_struct! {
+    /// Where a sequence's keys are in the caller's paged pool (added in
+    /// 0.10): position p's key is row `slots[p]`, or
+    /// `block_table[p / block_size] * block_size + p % block_size`, or p
+    /// (both NULL) of `pool`.
+    pub struct pq_paged_keys {
+        pub pool: pq_tensor,
+        pub slots: *const i64,
+        pub block_table: *const i32,
+        pub block_size: i32,
+        /// Entries of `slots` or `block_table`.
+        pub map_length: i64,
+        /// Tokens an append or prefill call adds (not read by a select).
+        pub tokens: i64,
     }
 }
 
@@ -468,6 +501,7 @@ pub const STRUCTS: &[(&str, usize, &[FieldInfo])] = struct_table![
     pq_selection,
     pq_select_item,
     pq_fetch_item,
+    pq_paged_keys,
     pq_layer_info,
     pq_stats,
     pq_hooks
@@ -657,6 +691,12 @@ pq_functions! {
                         values: *const pq_tensor) -> pq_status;
     fn pq_decode_append(ctx: *mut pq_context, seq_id: u64, layer: i32, keys: *const pq_tensor,
                         values: *const pq_tensor) -> pq_status;
+    /// Added in 0.10: keys from the caller's paged pool (index-only contexts).
+    fn pq_prefill_layer_paged(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                              keys: *const pq_paged_keys) -> pq_status;
+    /// Added in 0.10.
+    fn pq_decode_append_paged(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                              keys: *const pq_paged_keys) -> pq_status;
     fn pq_selection_capacity(ctx: *const pq_context, seq_id: u64, layer: i32,
                              out_capacity: *mut i64) -> pq_status;
     fn pq_selection_capacity_for(ctx: *const pq_context, layer: i32, tokens: i64,
@@ -668,6 +708,14 @@ pq_functions! {
     fn pq_decode_attend(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
                         selection: *const pq_selection, scale: f32, out: *mut f32,
                         out_lse: *mut f32) -> pq_status;
+    /// Added in 0.10: the rows and capacity per row of a multi-token select.
+    fn pq_selection_capacity_multi(ctx: *const pq_context, seq_id: u64, layer: i32,
+                                   query_tokens: i64, rows: i32, out_rows: *mut i64,
+                                   out_capacity: *mut i64) -> pq_status;
+    /// Added in 0.10: several query tokens in one select; rows padded with -1.
+    fn pq_decode_select_multi(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                              queries: *const pq_tensor, rows: i32,
+                              keys: *const pq_paged_keys, out: *mut pq_selection) -> pq_status;
     fn pq_decode_select_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_select_item,
                               count: i64) -> pq_status;
     fn pq_fetch_kv_batch(ctx: *mut pq_context, layer: i32, items: *mut pq_fetch_item,

@@ -150,6 +150,25 @@ c_enum! {
         /// local-window chunks stay in memory, the rest is read back by
         /// selection. CPU backend only.
         Disk = sys::PQ_KV_TIER_DISK,
+        /// The caller's own (paged) pool (added in 0.10): the library keeps
+        /// the index only. Values may be `None` in [`crate::Context::prefill`]
+        /// and [`crate::Context::append`], keys may come from a paged pool
+        /// ([`crate::Context::prefill_paged`]); fetch, attend and save are
+        /// `Unsupported`. Selectors Pq, Window and Random; CPU backend.
+        Caller = sys::PQ_KV_TIER_CALLER,
+    }
+}
+
+c_enum! {
+    /// The rows [`crate::Context::select_multi`] writes (`pq_select_rows`),
+    /// each ascending and padded with -1 up to the capacity.
+    pub enum SelectRows {
+        /// Row `t * num_kv_heads + h`: token t's selection for kv head h.
+        PerToken = sys::PQ_ROWS_PER_TOKEN,
+        /// Row h: the union over the query tokens of kv head h's selections.
+        PerHead = sys::PQ_ROWS_PER_HEAD,
+        /// One row: the union over the query tokens and kv heads.
+        PerRequest = sys::PQ_ROWS_PER_REQUEST,
     }
 }
 
@@ -339,6 +358,11 @@ impl Config {
         infinigen_alpha: f32;
         /// Where the K/V rows live (default Host); Disk needs [`Config::kv_disk_path`].
         kv_tier: KvTier => |t: KvTier| t as i32;
+        /// The model's index of this context's kv head 0, for one context
+        /// per tensor-parallel rank holding a slice of the kv heads: the
+        /// ranks then select what one context with every kv head selects
+        /// (default 0).
+        kv_head_offset: i32;
     }
 }
 

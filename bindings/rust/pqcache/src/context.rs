@@ -7,6 +7,15 @@ use pqcache_sys as sys;
 
 use crate::{Backend, Config, DType, Error, Library, Result, Selection, Status, Tensor, TensorMut};
 
+/// The signature `pq_prefill_layer` and `pq_decode_append` share.
+type StoreFn = unsafe extern "C" fn(
+    *mut sys::pq_context,
+    u64,
+    i32,
+    *const sys::pq_tensor,
+    *const sys::pq_tensor,
+) -> sys::pq_status;
+
 /// The signature `pq_decode_select` and `pq_decode_speculate` share.
 type SelectFn = unsafe extern "C" fn(
     *mut sys::pq_context,
@@ -95,7 +104,7 @@ pub(crate) fn to_i32(op: &str, name: &str, value: usize) -> Result<i32> {
 }
 
 /// A count the library returned (never negative on success).
-fn to_usize(value: i64) -> usize {
+pub(crate) fn to_usize(value: i64) -> usize {
     usize::try_from(value).expect("the library returned a negative count")
 }
 
@@ -238,37 +247,50 @@ impl Context {
 
     /// Appends a prompt chunk's keys and values (tokens x kv heads x
     /// head_dim) to one layer and schedules its index build. The data is
-    /// copied before this returns.
-    pub fn prefill(
+    /// copied before this returns. `values` is `&tensor`, or `None` in an
+    /// index-only context ([`crate::KvTier::Caller`]), which keeps no values.
+    pub fn prefill<'v, 'd: 'v>(
         &self,
         seq_id: u64,
         layer: usize,
         keys: &Tensor<'_>,
-        values: &Tensor<'_>,
+        values: impl Into<Option<&'v Tensor<'d>>>,
     ) -> Result<()> {
-        const OP: &str = "pq_prefill_layer";
-        let layer = self.layer_arg(OP, layer)?;
-        let (keys, values) = (keys.c_tensor(OP, "keys")?, values.c_tensor(OP, "values")?);
-        self.library.check(unsafe {
-            (self.api().pq_prefill_layer)(self.ptr(), seq_id, layer, &keys, &values)
-        })
+        let call = self.api().pq_prefill_layer;
+        self.store("pq_prefill_layer", call, seq_id, layer, keys, values.into())
     }
 
     /// Appends decode tokens' keys and values (usually one token) to a
-    /// prefilled layer, without a rebuild.
-    pub fn append(
+    /// prefilled layer, without a rebuild; `values` as for
+    /// [`Context::prefill`].
+    pub fn append<'v, 'd: 'v>(
         &self,
         seq_id: u64,
         layer: usize,
         keys: &Tensor<'_>,
-        values: &Tensor<'_>,
+        values: impl Into<Option<&'v Tensor<'d>>>,
     ) -> Result<()> {
-        const OP: &str = "pq_decode_append";
-        let layer = self.layer_arg(OP, layer)?;
-        let (keys, values) = (keys.c_tensor(OP, "keys")?, values.c_tensor(OP, "values")?);
-        self.library.check(unsafe {
-            (self.api().pq_decode_append)(self.ptr(), seq_id, layer, &keys, &values)
-        })
+        let call = self.api().pq_decode_append;
+        self.store("pq_decode_append", call, seq_id, layer, keys, values.into())
+    }
+
+    /// prefill's and append's body: `call` (the C function `op`), values
+    /// NULL when `None`.
+    fn store(
+        &self,
+        op: &str,
+        call: StoreFn,
+        seq_id: u64,
+        layer: usize,
+        keys: &Tensor<'_>,
+        values: Option<&Tensor<'_>>,
+    ) -> Result<()> {
+        let layer = self.layer_arg(op, layer)?;
+        let keys = keys.c_tensor(op, "keys")?;
+        let values = values.map(|v| v.c_tensor(op, "values")).transpose()?;
+        let values = values.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
+        self.library
+            .check(unsafe { call(self.ptr(), seq_id, layer, &keys, values) })
     }
 
     /// Positions per kv head a selection needs at the layer's current length.

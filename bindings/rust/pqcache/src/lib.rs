@@ -36,6 +36,10 @@
 //!   and restored in this or another context ([`Context::restore`],
 //!   [`Context::restore_file`]), also in pieces, selecting before the K/V
 //!   arrive ([`Context::restore_begin`], [`Context::restore_kv`]).
+//! - An index-only context ([`KvTier::Caller`]) keeps the PQ index and not
+//!   the K/V, which stay in the caller's (paged) pool ([`PagedKeys`],
+//!   [`Context::prefill_paged`]); [`Context::select_multi`] selects for
+//!   several query tokens at once.
 //! - The library is linked (feature `link`, the default) or loaded at run
 //!   time with [`Library::load`]; the API is the same on both.
 
@@ -44,17 +48,19 @@ mod config;
 mod context;
 mod error;
 mod library;
+mod paged;
 mod state;
 mod tensor;
 
 pub use batch::{FetchItem, SelectItem};
 pub use config::{
     Backend, CachePolicy, Config, DType, GqaCombine, KeyRotary, KmeansInit, KvTier, Pooling,
-    Selector, SELECTOR_COUNT,
+    SelectRows, Selector, SELECTOR_COUNT,
 };
 pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};
 pub use library::{Library, Version};
+pub use paged::{PageMap, PagedKeys};
 pub use state::RestoreStep;
 pub use tensor::{Selection, Shape, Tensor, TensorMut};
 

@@ -283,6 +283,9 @@ impl<'a> TensorMut<'a> {
 
 /// The positions a [`crate::Context::select`] chose: per kv head, ascending
 /// token positions. Reusable across steps (the buffers are kept).
+/// [`crate::Context::select_multi`]'s has a row per token and kv head, per
+/// kv head or per request ([`crate::SelectRows`]) where this type says kv
+/// head, each padded with -1 up to the capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
     positions: Vec<i32>,
@@ -316,6 +319,28 @@ impl Selection {
             .unwrap_or(0)
             .min(self.capacity);
         &self.positions[h * self.capacity..h * self.capacity + count]
+    }
+
+    /// Rows: [`Selection::kv_heads`], or a multi-token selection's rows.
+    pub fn rows(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// The positions of row `r` ([`Selection::head`]).
+    pub fn row(&self, r: usize) -> &[i32] {
+        self.head(r)
+    }
+
+    /// Every row's `capacity` entries as the library wrote them, row after
+    /// row: a multi-token selection pads each row with -1 past its count
+    /// (the index list SGLang's sparse attention takes).
+    pub fn padded_positions(&self) -> &[i32] {
+        &self.positions
+    }
+
+    /// The valid entries of every row.
+    pub fn counts(&self) -> &[i32] {
+        &self.counts
     }
 
     /// Every kv head's positions, in head order.

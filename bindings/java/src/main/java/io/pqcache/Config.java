@@ -356,6 +356,17 @@ public final class Config {
       return set(c -> c.setKv_disk_path(path));
     }
 
+    // --- Tensor parallel (0.10) ---
+
+    /**
+     * The model's index of this context's kv head 0, for one context per tensor-parallel rank
+     * that holds a slice of the kv heads: the ranks then select what one context with every kv
+     * head selects. In [0, 65536]; default 0.
+     */
+    public Builder kvHeadOffset(int offset) {
+      return set(c -> c.setKv_head_offset(offset));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -3,6 +3,7 @@ package io.pqcache;
 import io.pqcache.swig.pq_config;
 import io.pqcache.swig.pq_layer_info;
 import io.pqcache.swig.pq_layout;
+import io.pqcache.swig.pq_paged_keys;
 import io.pqcache.swig.pq_selection;
 import io.pqcache.swig.pq_stats;
 import io.pqcache.swig.SWIGTYPE_p_pq_fetch_item;
@@ -95,6 +96,8 @@ public final class PqContext implements AutoCloseable {
   private final int headDim;
   private final DType dtype;
   private final Backend backend;
+  private final KvTier kvTier;
+  private final int kvHeadOffset;
   // Per layer, the largest selection capacity the library asked for so far:
   // decodeSelect sizes its buffers with it and grows them when told to.
   private final AtomicIntegerArray capacityHints;
@@ -129,6 +132,8 @@ public final class PqContext implements AutoCloseable {
       headDim = effective.getHead_dim();
       dtype = DType.fromCode(effective.getDtype());
       backend = Backend.fromCode(usedBackend[0]);
+      kvTier = KvTier.fromCode(effective.getKv_tier());
+      kvHeadOffset = effective.getKv_head_offset();
       capacityHints = new AtomicIntegerArray(layers);
     } catch (RuntimeException e) {
       cleanable.clean();
@@ -199,6 +204,16 @@ public final class PqContext implements AutoCloseable {
   /** The backend in use (AUTO resolved to CPU or CUDA). */
   public Backend backend() {
     return backend;
+  }
+
+  /** Where the K/V rows live. */
+  public KvTier kvTier() {
+    return kvTier;
+  }
+
+  /** The model's index of this context's kv head 0 ({@link Config.Builder#kvHeadOffset}). */
+  public int kvHeadOffset() {
+    return kvHeadOffset;
   }
 
   // --- sequences ---
@@ -439,7 +454,9 @@ public final class PqContext implements AutoCloseable {
 
   /**
    * Appends a prompt's keys and values for one layer ({@code tokens x kvHeads
-   * x headDim} each) and schedules the layer's index build.
+   * x headDim} each) and schedules the layer's index build. An index-only
+   * context ({@link KvTier#CALLER}) keeps no values: {@code values} may be
+   * null there (and only there).
    */
   public void prefillLayer(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
     store("pq_prefill_layer", pqcache::pq_prefill_layer, seqId, layer, tokens, keys, values);
@@ -448,10 +465,13 @@ public final class PqContext implements AutoCloseable {
   /** {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
   public void prefillLayer(long seqId, int layer, int tokens, float[] keys, float[] values) {
     prefillLayer(seqId, layer, tokens, copyIn(keys, "pq_prefill_layer", "keys", tokens, kvHeads),
-        copyIn(values, "pq_prefill_layer", "values", tokens, kvHeads));
+        copyInOptional(values, "pq_prefill_layer", "values", tokens, kvHeads));
   }
 
-  /** Appends decode tokens' keys and values (usually 1 token) to a prefilled layer. */
+  /**
+   * Appends decode tokens' keys and values (usually 1 token) to a prefilled layer;
+   * {@code values} may be null as for {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)}.
+   */
   public void decodeAppend(long seqId, int layer, int tokens, ByteBuffer keys, ByteBuffer values) {
     store("pq_decode_append", pqcache::pq_decode_append, seqId, layer, tokens, keys, values);
   }
@@ -459,7 +479,31 @@ public final class PqContext implements AutoCloseable {
   /** {@link #decodeAppend(long, int, int, ByteBuffer, ByteBuffer)} from arrays (F32; copies). */
   public void decodeAppend(long seqId, int layer, int tokens, float[] keys, float[] values) {
     decodeAppend(seqId, layer, tokens, copyIn(keys, "pq_decode_append", "keys", tokens, kvHeads),
-        copyIn(values, "pq_decode_append", "values", tokens, kvHeads));
+        copyInOptional(values, "pq_decode_append", "values", tokens, kvHeads));
+  }
+
+  /**
+   * {@link #prefillLayer(long, int, int, ByteBuffer, ByteBuffer)} for an index-only context
+   * ({@link KvTier#CALLER}) whose keys are in a paged pool (pq_prefill_layer_paged): the keys of
+   * positions {@code [L, L + tokens)} are read through the map, L the layer's length before the
+   * call (0 for a first prefill). The values stay in the caller's pool.
+   *
+   * @throws PqException INVALID_ARGUMENT (map entries or slots out of range, positions not
+   *     mapped, NaN/Inf keys), UNSUPPORTED (a context that stores K/V: it needs the values),
+   *     NOT_FOUND, OUT_OF_MEMORY
+   */
+  public void prefillLayerPaged(long seqId, int layer, int tokens, PagedKeys keys) {
+    storePaged("pq_prefill_layer_paged", pqcache::pq_prefill_layer_paged, seqId, layer, tokens,
+        keys);
+  }
+
+  /**
+   * {@link #decodeAppend(long, int, int, ByteBuffer, ByteBuffer)} from a paged pool
+   * (pq_decode_append_paged), as {@link #prefillLayerPaged}; before any prefill BAD_STATE.
+   */
+  public void decodeAppendPaged(long seqId, int layer, int tokens, PagedKeys keys) {
+    storePaged("pq_decode_append_paged", pqcache::pq_decode_append_paged, seqId, layer, tokens,
+        keys);
   }
 
   /**
@@ -492,6 +536,67 @@ public final class PqContext implements AutoCloseable {
     run("pq_selection_capacity_for",
         h -> pqcache.pq_selection_capacity_for(h, layer, tokens, capacity));
     return Math.toIntExact(capacity[0]);
+  }
+
+  /**
+   * The rows and the positions per row that {@link #decodeSelectMulti} needs for
+   * {@code queryTokens} tokens at the layer's current length (pq_selection_capacity_multi).
+   */
+  public SelectionShape selectionCapacityMulti(long seqId, int layer, int queryTokens,
+      SelectRows rows) {
+    nonNull(rows, "pq_selection_capacity_multi", "rows", "a SelectRows");
+    return call("pq_selection_capacity_multi",
+        h -> capacityMulti(h, seqId, layer, queryTokens, rows));
+  }
+
+  /**
+   * Selects for several query tokens of one sequence in one call (pq_decode_select_multi):
+   * {@code queries} is {@code tokens x queryHeads x headDim}, each token scored as
+   * {@link #decodeSelect} would score it alone, and the rows are written as {@code rows} says,
+   * each ascending and padded with -1 ({@link Selection#paddedPositions()}). {@code keys} (may be
+   * null) is where the exact keys are, for pqRerank &gt; 0 in an index-only context, which needs
+   * it (BAD_STATE without); its map covers the layer's positions. The selection is sized with
+   * {@link #selectionCapacityMulti} and grown once if the layer grew in between.
+   *
+   * @throws PqException as decodeSelect, and INVALID_ARGUMENT for a bad map
+   */
+  public Selection decodeSelectMulti(long seqId, int layer, int tokens, ByteBuffer queries,
+      SelectRows rows, PagedKeys keys) {
+    final String function = "pq_decode_select_multi";
+    nonNull(rows, function, "rows", "a SelectRows");
+    ByteBuffer q = input(queries, function, "queries", tokens, queryHeads);
+    ByteBuffer pool = keys == null ? null
+        : input(keys.pool, function, "keys.pool", keys.poolTokens, kvHeads);
+    return call(function, h -> {
+      try (NativeTensor tq = tensor(q, TOKEN_MAJOR, tokens, queryHeads);
+          NativePaged k = keys == null ? null : paged(keys, pool, 0)) {
+        pq_paged_keys rawKeys = k == null ? null : k.keys;
+        SelectionShape shape = capacityMulti(h, seqId, layer, tokens, rows);
+        int capacity = shape.capacity();
+        ByteBuffer[] arrays = Selection.allocateNative(function, shape.rows(), capacity);
+        try {
+          selectMultiInto(h, seqId, layer, tq.tensor, rows, rawKeys, arrays, capacity);
+        } catch (PqException e) {
+          if (e.status() != Status.BUFFER_TOO_SMALL) {
+            throw e;
+          }
+          capacity = arrays[1].getInt(0);
+          arrays = Selection.allocateNative(function, shape.rows(), capacity);
+          selectMultiInto(h, seqId, layer, tq.tensor, rows, rawKeys, arrays, capacity);
+        }
+        return Selection.fromNative(shape.rows(), capacity, arrays[0], arrays[1]);
+      }
+    });
+  }
+
+  /**
+   * {@link #decodeSelectMulti(long, int, int, ByteBuffer, SelectRows, PagedKeys)} from an array
+   * (F32; copies).
+   */
+  public Selection decodeSelectMulti(long seqId, int layer, int tokens, float[] queries,
+      SelectRows rows, PagedKeys keys) {
+    return decodeSelectMulti(seqId, layer, tokens,
+        copyIn(queries, "pq_decode_select_multi", "queries", tokens, queryHeads), rows, keys);
   }
 
   /**
@@ -966,16 +1071,56 @@ public final class PqContext implements AutoCloseable {
     void apply(long context, long seqId, int layer, pq_tensor keys, pq_tensor values);
   }
 
+  /** values null: NULL, for an index-only context (the library refuses it elsewhere). */
   private void store(String function, StoreCall call, long seqId, int layer, int tokens,
       ByteBuffer keys, ByteBuffer values) {
     ByteBuffer k = input(keys, function, "keys", tokens, kvHeads);
-    ByteBuffer v = input(values, function, "values", tokens, kvHeads);
+    ByteBuffer v = values == null ? null : input(values, function, "values", tokens, kvHeads);
     run(function, h -> {
       try (NativeTensor tk = tensor(k, TOKEN_MAJOR, tokens, kvHeads);
-          NativeTensor tv = tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
-        call.apply(h, seqId, layer, tk.tensor, tv.tensor);
+          NativeTensor tv = v == null ? null : tensor(v, TOKEN_MAJOR, tokens, kvHeads)) {
+        call.apply(h, seqId, layer, tk.tensor, tv == null ? null : tv.tensor);
       }
     });
+  }
+
+  /** pq_prefill_layer_paged or pq_decode_append_paged: the same arguments. */
+  @FunctionalInterface
+  private interface PagedCall {
+    void apply(long context, long seqId, int layer, pq_paged_keys keys);
+  }
+
+  private void storePaged(String function, PagedCall call, long seqId, int layer, int tokens,
+      PagedKeys keys) {
+    nonNull(keys, function, "keys", "PagedKeys");
+    ByteBuffer pool = input(keys.pool, function, "keys.pool", keys.poolTokens, kvHeads);
+    run(function, h -> {
+      try (NativePaged k = paged(keys, pool, tokens)) {
+        call.apply(h, seqId, layer, k.keys);
+      }
+    });
+  }
+
+  private static SelectionShape capacityMulti(long h, long seqId, int layer, int queryTokens,
+      SelectRows rows) {
+    long[] count = new long[1];
+    long[] capacity = new long[1];
+    pqcache.pq_selection_capacity_multi(h, seqId, layer, queryTokens, rows.code(), count,
+        capacity);
+    return new SelectionShape(Math.toIntExact(count[0]), Math.toIntExact(capacity[0]));
+  }
+
+  /** One pq_decode_select_multi into arrays (positions, counts) of the given capacity. */
+  private static void selectMultiInto(long h, long seqId, int layer, pq_tensor queries,
+      SelectRows rows, pq_paged_keys keys, ByteBuffer[] arrays, int capacity) {
+    pq_selection selection = new pq_selection();
+    try {
+      selection.attach(arrays[0], arrays[1], capacity);
+      pqcache.pq_decode_select_multi(h, seqId, layer, queries, rows.code(), keys, selection);
+    } finally {
+      selection.delete();
+      Reference.reachabilityFence(arrays);
+    }
   }
 
   private static int capacity(long h, long seqId, int layer) {
@@ -1135,6 +1280,33 @@ public final class PqContext implements AutoCloseable {
     }
   }
 
+  /** A pq_paged_keys over a pool and the maps of a PagedKeys; closing frees it. */
+  private static final class NativePaged implements AutoCloseable {
+    final pq_paged_keys keys = new pq_paged_keys();
+    private final NativeTensor pool;
+    private final PagedKeys source;
+
+    NativePaged(NativeTensor pool, PagedKeys source) {
+      this.pool = pool;
+      this.source = source;
+    }
+
+    @Override
+    public void close() {
+      keys.delete();
+      pool.close();
+      Reference.reachabilityFence(source); // its maps are attached by address
+    }
+  }
+
+  /** tokens: the tokens an append or prefill adds (not read by a select). */
+  private NativePaged paged(PagedKeys keys, ByteBuffer pool, long tokens) {
+    NativePaged k = new NativePaged(tensor(pool, TOKEN_MAJOR, keys.poolTokens, kvHeads), keys);
+    k.keys.attach(k.pool.tensor, keys.slots, keys.blockTable, keys.blockSize, keys.mapLength,
+        tokens);
+    return k;
+  }
+
   private NativeTensor tensor(ByteBuffer data, int layout, int tokens, int heads) {
     NativeTensor t = new NativeTensor(data);
     try {
@@ -1201,6 +1373,12 @@ public final class PqContext implements AutoCloseable {
           + dtypeName(dtype) + " elements: the context stores " + dtypeName(dtype)
           + ", and float[] passes f32");
     }
+  }
+
+  /** {@link #copyIn}, or null for a null array (values an index-only context does not keep). */
+  private ByteBuffer copyInOptional(float[] array, String function, String name, int tokens,
+      int heads) {
+    return array == null ? null : copyIn(array, function, name, tokens, heads);
   }
 
   private ByteBuffer copyIn(float[] array, String function, String name, int tokens,

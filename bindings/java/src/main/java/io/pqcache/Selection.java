@@ -9,6 +9,9 @@ import java.util.Arrays;
  * The tokens {@link PqContext#decodeSelect} chose: per kv head, ascending
  * unique positions (sinks, top-k middle tokens, local window). Immutable;
  * pass it to {@link PqContext#fetchKV} to gather those tokens' K and V.
+ * {@link PqContext#decodeSelectMulti}'s has a row per token and kv head,
+ * per kv head or per request ({@link SelectRows}) where this class says kv
+ * head, each padded with -1 up to the capacity ({@link #paddedPositions}).
  */
 public final class Selection {
   private final int capacity;
@@ -75,6 +78,28 @@ public final class Selection {
   /** The selected positions of one kv head, ascending (a copy). */
   public int[] positions(int kvHead) {
     return positions[kvHead].clone();
+  }
+
+  /** Number of rows: {@link #kvHeads()}, or a multi-token selection's rows. */
+  public int rows() {
+    return positions.length;
+  }
+
+  /** The selected positions of one row, ascending (a copy): {@link #positions(int)}. */
+  public int[] row(int row) {
+    return positions(row);
+  }
+
+  /**
+   * Every row's {@link #capacity()} entries as the library wrote them, row after row (a copy):
+   * a multi-token selection pads each row with -1 past its count, the index list SGLang's sparse
+   * attention takes.
+   */
+  public int[] paddedPositions() {
+    int[] all = new int[positions.length * capacity];
+    // The kept view is read-only, which resets a ByteBuffer's order to big-endian.
+    nativePositions.duplicate().order(ByteOrder.nativeOrder()).asIntBuffer().get(0, all);
+    return all;
   }
 
   /** The largest count over the kv heads. */

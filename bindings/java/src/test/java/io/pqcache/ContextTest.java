@@ -328,8 +328,14 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
     assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_HOST, KvTier.HOST.code());
     assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_DISK, KvTier.DISK.code());
+    assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_CALLER, KvTier.CALLER.code());
+    assertEquals(io.pqcache.swig.pq_select_rows.PQ_ROWS_PER_TOKEN, SelectRows.PER_TOKEN.code());
+    assertEquals(io.pqcache.swig.pq_select_rows.PQ_ROWS_PER_HEAD, SelectRows.PER_HEAD.code());
+    assertEquals(io.pqcache.swig.pq_select_rows.PQ_ROWS_PER_REQUEST,
+        SelectRows.PER_REQUEST.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
-    assertEquals(KvTier.values().length, 2);
+    assertEquals(KvTier.values().length, 3);
+    assertEquals(SelectRows.values().length, 3);
   }
 }
