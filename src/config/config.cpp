@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "config/config_fields.h"
+#include "config/kv_scales.h"
 #include "base/error.h"
 #include "selectors/selector.h"
 
@@ -21,8 +23,11 @@ struct Name {
 };
 using Names = std::vector<Name>;
 
-const Names kDtypeNames = {
-    {PQ_DTYPE_F32, "PQ_DTYPE_F32"}, {PQ_DTYPE_F16, "PQ_DTYPE_F16"}, {PQ_DTYPE_BF16, "PQ_DTYPE_BF16"}};
+const Names kDtypeNames = {{PQ_DTYPE_F32, "PQ_DTYPE_F32"},
+                            {PQ_DTYPE_F16, "PQ_DTYPE_F16"},
+                            {PQ_DTYPE_BF16, "PQ_DTYPE_BF16"},
+                            {PQ_DTYPE_FP8_E4M3, "PQ_DTYPE_FP8_E4M3"},
+                            {PQ_DTYPE_FP8_E5M2, "PQ_DTYPE_FP8_E5M2"}};
 const Names kKmeansInitNames = {{PQ_KMEANS_INIT_RANDOM, "PQ_KMEANS_INIT_RANDOM"},
                                 {PQ_KMEANS_INIT_KMEANSPP, "PQ_KMEANS_INIT_KMEANSPP"}};
 const Names kGqaCombineNames = {
@@ -101,7 +106,7 @@ int32_t hardware_threads() {
   return std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
 }
 
-pq_config resolve_config(const pq_config* in) {
+pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
   if (in == nullptr) invalid("config is NULL");
   const uint32_t min_size = offsetof(pq_config, pq_subspaces);
   if (in->struct_size < min_size || in->struct_size > sizeof(pq_config))
@@ -164,9 +169,13 @@ pq_config resolve_config(const pq_config* in) {
   if (c.kv_tier == PQ_KV_TIER_DISK && (c.kv_disk_path == nullptr || *c.kv_disk_path == '\0'))
     invalid("config.kv_disk_path is " + std::string(c.kv_disk_path == nullptr ? "NULL" : "empty") +
             "; PQ_KV_TIER_DISK needs the directory of its K/V file");
-  // Read during pq_create only (caller_paths); never kept.
+  std::vector<float> scales = read_kv_scales(c);
+  if (kv_scales != nullptr) *kv_scales = std::move(scales);
+  // Read during pq_create only (caller_paths, and the scales' copy, which
+  // the context points kv_scales at); never kept.
   c.cuda_plugin_path = nullptr;
   c.kv_disk_path = nullptr;
+  c.kv_scales = nullptr;
   return c;
 }
 

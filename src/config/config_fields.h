@@ -70,4 +70,6 @@
   REAL(infinigen_partial_ratio, 0.2f, 0.0, 1.0, true)                        \
   REAL(infinigen_alpha, 4.0f, 0.0, 1e6, true)                              \
   ENUM(kv_tier, PQ_KV_TIER_HOST, kKvTierNames)                               \
-  FREE(kv_disk_path, nullptr)
+  FREE(kv_disk_path, nullptr)                                                \
+  FREE(kv_scale_count, 0)                                                    \
+  FREE(kv_scales, nullptr)
