@@ -84,6 +84,8 @@
   X(pq_config, infinigen_alpha) \
   X(pq_config, kv_tier) \
   X(pq_config, kv_disk_path) \
+  X(pq_config, kv_scale_count) \
+  X(pq_config, kv_scales) \
   X(pq_selection, positions) \
   X(pq_selection, counts) \
   X(pq_selection, capacity) \

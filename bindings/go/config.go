@@ -13,6 +13,10 @@ const (
 	DTypeF32  DType = 0 // float32, passed as []float32
 	DTypeF16  DType = 1 // IEEE binary16, raw bits in []uint16
 	DTypeBF16 DType = 2 // bfloat16, raw bits in []uint16
+	// fp8 K/V (0.10), codes in []uint8 (TensorFP8); queries of an fp8
+	// context are DTypeF32, DTypeF16 or DTypeBF16. Scales: Config.KVScales.
+	DTypeFP8E4M3 DType = 3 // e4m3fn: bias 7, no Inf, 0x7F/0xFF NaN, max 448
+	DTypeFP8E5M2 DType = 4 // e5m2: bias 15, Inf and NaN
 )
 
 // Layout is the memory layout of a dense tensor (pq_layout).
@@ -201,6 +205,13 @@ type Config struct {
 	// KVDiskPath: the directory of the disk tier's K/V file (an unnamed
 	// file, gone with the process); read by NewContext only.
 	KVDiskPath string
+
+	// KVScaleCount: fp8 scales per layer for K and for V: 0 (every scale
+	// 1), 1 or NumKVHeads (one per kv head). KVScales: [NumLayers][2]
+	// [KVScaleCount] (K then V), real = stored * scale; read by NewContext
+	// only. Context.Config returns the context's copy. (0.10)
+	KVScaleCount int
+	KVScales     []float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -283,6 +294,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 		KVTier:     KVTier(cc.GetKv_tier()),
 		KVDiskPath: cc.GetKv_disk_path(),
+
+		KVScaleCount: cc.GetKv_scale_count(),
 	}
 }
 
@@ -368,6 +381,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetInfinigen_partial_ratio(c.InfiniGenPartialRatio)
 	cc.SetInfinigen_alpha(c.InfiniGenAlpha)
 	cc.SetKv_tier(int(c.KVTier))
+	cc.SetKv_scale_count(i32("kv_scale_count", c.KVScaleCount))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

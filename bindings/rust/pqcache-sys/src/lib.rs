@@ -68,6 +68,10 @@ pub type pq_dtype = i32;
 pub const PQ_DTYPE_F32: pq_dtype = 0;
 pub const PQ_DTYPE_F16: pq_dtype = 1;
 pub const PQ_DTYPE_BF16: pq_dtype = 2;
+/// fp8 e4m3fn (bias 7, no Inf, 0x7F/0xFF NaN, max 448); added in 0.10.
+pub const PQ_DTYPE_FP8_E4M3: pq_dtype = 3;
+/// fp8 e5m2 (bias 15, Inf and NaN); added in 0.10.
+pub const PQ_DTYPE_FP8_E5M2: pq_dtype = 4;
 
 pub type pq_memory = i32;
 pub const PQ_MEMORY_HOST: pq_memory = 0;
@@ -164,6 +168,7 @@ c_type_names! {
     i32 => "int32_t", u32 => "uint32_t", i64 => "int64_t", u64 => "uint64_t",
     f32 => "float", f64 => "double",
     *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
+    *const f32 => "const float*",
     pq_tensor => "pq_tensor", pq_selection => "pq_selection",
     // The callback types, spelled out rather than by their aliases: when an
     // alias below changes, this impl no longer applies to it and
@@ -286,6 +291,11 @@ c_struct! {
         pub kv_tier: i32,
         /// The disk tier's directory; read during pq_create only (added in 0.9).
         pub kv_disk_path: *const c_char,
+        /// fp8 scales per layer: 0, 1 or num_kv_heads (added in 0.10).
+        pub kv_scale_count: i32,
+        /// [num_layers][2][kv_scale_count] floats, K then V; read during
+        /// pq_create only (added in 0.10).
+        pub kv_scales: *const f32,
     }
 }
 
