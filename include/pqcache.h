@@ -172,7 +172,11 @@ PQ_API const char* pq_last_error(void);
  * it does for its own pool). Queries of an fp8 context come in their own
  * dtype, F32, F16 or BF16 (an fp8 query is PQ_ERR_INVALID_ARGUMENT).
  * Codes that are not finite (NaN; for e5m2 also Inf) are rejected at
- * ingest like NaN and Inf of the other dtypes. */
+ * ingest like NaN and Inf of the other dtypes. Every backend, tier and
+ * call takes fp8 K/V, the CUDA device step included (its lookup table is
+ * built from the query, whose dtype is a float one; rows move as bytes).
+ * The saved state of an fp8 context holds its scales
+ * (docs/state-format.md). */
 typedef enum pq_dtype {
   PQ_DTYPE_F32 = 0,
   PQ_DTYPE_F16 = 1, /* IEEE 754 binary16 */
