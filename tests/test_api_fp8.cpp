@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "api_test_util.h"
@@ -363,6 +364,45 @@ TEST_P(Fp8, AttendMatchesDoubleReferenceWithPerHeadScales) {
   // The kernel's float accumulation and exp: the bound of the other dtypes.
   EXPECT_LT(max_rel, 1e-5);
   RecordProperty("max_relative_error", std::to_string(max_rel));
+}
+
+// The disk tier reads fp8 rows back from its file: selections and the
+// attention equal the host tier's exactly (the same bytes, the same kernels).
+TEST_P(Fp8, DiskTierSelectsAndAttendsAsTheHostTier) {
+  constexpr int32_t kQ = 8, kKv = 2, kDim = 32;
+  constexpr int64_t kTokens = 1500;  // chunks past the window go to the file
+  const float scales[2 * kKv] = {0.75f, 1.25f, 0.5f, 2.f};
+  pq_config c = fp8_config(dtype(), kQ, kKv, kDim);
+  c.kv_scale_count = kKv;
+  c.kv_scales = scales;
+  Ctx host(c);
+  const std::string dir = ::testing::TempDir();
+  c.kv_tier = PQ_KV_TIER_DISK;
+  c.kv_disk_path = dir.c_str();
+  Ctx disk(c);
+  ASSERT_TRUE(host.ok() && disk.ok()) << pq_last_error();
+  std::vector<uint8_t> k = random_codes(dtype(), kTokens * kKv * kDim, 80);
+  std::vector<uint8_t> v = random_codes(dtype(), kTokens * kKv * kDim, 81);
+  pq_tensor kt = tensor_of(k.data(), dtype(), kTokens, kKv, kDim);
+  pq_tensor vt = tensor_of(v.data(), dtype(), kTokens, kKv, kDim);
+  const std::vector<float> qf = random_normal(kQ * kDim, 82, 0.5f);
+  pq_tensor q = tensor_of(const_cast<float*>(qf.data()), PQ_DTYPE_F32, 1, kQ, kDim);
+  const int64_t cap = [&] {
+    for (pq_context* ctx : {host.get(), disk.get()}) {
+      EXPECT_EQ(pq_sequence_add(ctx, 1), PQ_OK);
+      EXPECT_EQ(pq_prefill_layer(ctx, 1, 0, &kt, &vt), PQ_OK) << pq_last_error();
+    }
+    return selection_capacity(host, 1, 0);
+  }();
+  Sel a(kKv, cap), b(kKv, cap);
+  PQ_ASSERT_OK(pq_decode_select(host, 1, 0, &q, a.get()));
+  PQ_ASSERT_OK(pq_decode_select(disk, 1, 0, &q, b.get()));
+  for (int32_t h = 0; h < kKv; ++h) EXPECT_EQ(a.row(h), b.row(h)) << "kv head " << h;
+  std::vector<float> oa(kQ * kDim), ob(kQ * kDim), la(kQ), lb(kQ);
+  PQ_ASSERT_OK(pq_decode_attend(host, 1, 0, &q, a.get(), 0.f, oa.data(), la.data()));
+  PQ_ASSERT_OK(pq_decode_attend(disk, 1, 0, &q, a.get(), 0.f, ob.data(), lb.data()));
+  EXPECT_EQ(oa, ob);
+  EXPECT_EQ(la, lb);
 }
 
 // --- Checks ----------------------------------------------------------------
