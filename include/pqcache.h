@@ -162,11 +162,33 @@ PQ_API const char* pq_last_error(void);
 /* ------------------------------------------------------------------------ */
 
 /* Element type of the caller's K/V/Q buffers. K/V are stored in this type:
- * an f16 cache takes f16 memory on the host. */
+ * an f16 cache takes f16 memory on the host.
+ *
+ * fp8 (appended in 0.10): K/V stored as one byte per element, as serving
+ * engines keep their fp8 KV cache; every key and value the library reads
+ * as a number is the stored value times its scale (pq_config.kv_scales:
+ * K-Means, the codes, every selector that reads keys, pq_decode_attend).
+ * pq_fetch_kv copies the stored bytes (the caller applies its scales, as
+ * it does for its own pool). Queries of an fp8 context come in their own
+ * dtype, F32, F16 or BF16 (an fp8 query is PQ_ERR_INVALID_ARGUMENT).
+ * Codes that are not finite (NaN; for e5m2 also Inf) are rejected at
+ * ingest like NaN and Inf of the other dtypes. Every backend, tier and
+ * call takes fp8 K/V, the CUDA device step included (its lookup table is
+ * built from the query, whose dtype is a float one; rows move as bytes).
+ * The saved state of an fp8 context holds its scales
+ * (docs/state-format.md). */
 typedef enum pq_dtype {
   PQ_DTYPE_F32 = 0,
   PQ_DTYPE_F16 = 1, /* IEEE 754 binary16 */
-  PQ_DTYPE_BF16 = 2 /* bfloat16: the top 16 bits of a binary32 */
+  PQ_DTYPE_BF16 = 2, /* bfloat16: the top 16 bits of a binary32 */
+  /* OCP / NVIDIA e4m3fn (torch.float8_e4m3fn): sign, 4 exponent bits (bias
+   * 7), 3 mantissa bits; no Inf, 0x7F and 0xFF are NaN, the largest value
+   * is 448. (0.10) */
+  PQ_DTYPE_FP8_E4M3 = 3,
+  /* e5m2 (torch.float8_e5m2): sign, 5 exponent bits (bias 15), 2 mantissa
+   * bits, IEEE-like: exponent 31 is Inf (mantissa 0) or NaN; the top byte
+   * of a binary16. (0.10) */
+  PQ_DTYPE_FP8_E5M2 = 4
 } pq_dtype;
 
 /* Where a tensor's data lives. */
@@ -666,6 +688,22 @@ typedef struct pq_config {
    * layer's kv heads, AdaKV, cannot: their heads see each other). In [0,
    * 65536]; default 0. */
   int32_t kv_head_offset;
+
+  /* --- fp8 scales (appended in 0.10) ---------------------------------- */
+  /* How the stored fp8 K/V map to real values, as engines keep them (vLLM:
+   * real = stored * k_scale): 0 (default) every scale is 1; 1: one scale
+   * per layer for K and one for V; num_kv_heads: one per kv head. Other
+   * values, and a count other than 0 with an f32, f16 or bf16 dtype, are
+   * PQ_ERR_INVALID_ARGUMENT ("kv_scales apply to fp8 dtypes only"). */
+  int32_t kv_scale_count;
+  /* [num_layers][2][kv_scale_count] floats, K then V, each finite and > 0
+   * (PQ_ERR_INVALID_ARGUMENT naming the index, layer, K or V and kv head of
+   * a bad one); NULL with kv_scale_count 0. Read during pq_create only (the
+   * context keeps its own copy). pq_get_config returns a pointer to that
+   * copy (valid until pq_destroy; NULL with kv_scale_count 0). A saved
+   * fp8 state holds the scales, and a restore into a context whose scales
+   * differ is PQ_ERR_INCOMPATIBLE naming the first that differs. */
+  const float* kv_scales;
 } pq_config;
 
 /* Where the K/V rows of every layer live (pq_config.kv_tier). */
@@ -1221,7 +1259,8 @@ PQ_API pq_status pq_selection_capacity_for(const pq_context* ctx, int32_t layer,
                                            int64_t* out_capacity);
 
 /* Selects, per kv head, the sink tokens, the top-k middle tokens for the
- * query (1 token x num_q_heads x head_dim, config dtype) and the local
+ * query (1 token x num_q_heads x head_dim, config dtype; an fp8 context
+ * takes F32, F16 or BF16 queries, see pq_dtype) and the local
  * tokens, writing them ascending into *out. With the PQ selector it waits
  * for this layer's build if it is still running (other layers do not wait),
  * and codes any tokens that left the local window since the last call.
@@ -1247,7 +1286,9 @@ PQ_API pq_status pq_decode_select(pq_context* ctx, uint64_t seq_id,
  * the config dtype; the selected token i of kv head h goes to row (i, h).
  * With PQ_LAYOUT_HEAD_MAJOR and tokens = capacity, each kv head's rows are
  * contiguous: [kv_head][capacity][head_dim], ready for attention. Bytes are
- * copied exactly as stored. Positions are checked against the length.
+ * copied exactly as stored: for an fp8 dtype one byte per element, without
+ * the scales (apply config.kv_scales as for the engine's own pool).
+ * Positions are checked against the length.
  * The selection is read once, before any row is written: the outputs may
  * lie over it (it is overwritten after it was read, and the rows are those
  * of the positions as they were when the call began).
@@ -1275,7 +1316,9 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
  * in float (f32 accumulation, whatever the stored dtype); the log-sum-exp
  * lets a caller merge attentions over disjoint token sets (for example this
  * one and one over tokens it keeps itself). query: 1 token x num_q_heads x
- * head_dim in the config dtype (host or device memory); scale 0 means
+ * head_dim in the config dtype (an fp8 context: F32, F16 or BF16; K and V
+ * are the stored values times their kv_scales) (host or device memory);
+ * scale 0 means
  * 1 / sqrt(head_dim); out: num_q_heads * head_dim floats of host memory;
  * out_lse: num_q_heads floats, or NULL, not overlapping out. A kv head
  * with no selected token gives zeros and -inf. A repeated position counts
@@ -1466,7 +1509,8 @@ PQ_API pq_status pq_fetch_kv_device_batch(pq_context* ctx, int32_t layer,
 /* ------------------------------------------------------------------------ */
 
 /* The last prompt queries of one layer (tokens x num_q_heads x head_dim,
- * after RoPE, config dtype), for selectors that score the prompt from an
+ * after RoPE, config dtype; F32, F16 or BF16 for fp8), for selectors that
+ * score the prompt from an
  * observation window (SnapKV, PyramidKV, SCOPE, AdaKV, ZigZagKV,
  * PyramidInfer; FastGen profiles its heads from them, InfiniGen takes its
  * skew from them; Keyformer takes the window rows as its first step). Call

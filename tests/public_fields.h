@@ -86,6 +86,8 @@
   X(pq_config, kv_tier) \
   X(pq_config, kv_disk_path) \
   X(pq_config, kv_head_offset) \
+  X(pq_config, kv_scale_count) \
+  X(pq_config, kv_scales) \
   X(pq_paged_keys, pool) \
   X(pq_paged_keys, slots) \
   X(pq_paged_keys, block_table) \

@@ -105,8 +105,8 @@ TEST(ApiErrors, CreateBadSettings) {
     expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"topk_fraction"},
                         ("fraction " + std::to_string(f)).c_str());
   }
-  c = base_config(); c.dtype = 3;
-  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"dtype"}, "dtype 3");
+  c = base_config(); c.dtype = 5;  // 3 and 4 are fp8 (0.10)
+  expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"dtype"}, "dtype 5");
   c = base_config(); c.dtype = -1;
   expect_create_fails(c, PQ_ERR_INVALID_ARGUMENT, {"dtype"}, "dtype -1");
   c = base_config(); c.selector = PQ_SELECTOR_COUNT;  // one past the last
@@ -435,7 +435,8 @@ TEST_F(ApiErrorsCtx, TensorShapeMismatch) {
                 "dtype");
   EXPECT_STREQ(pq_last_error(),
                "pq_prefill_layer: keys.dtype is 9 (not a pq_dtype; PQ_DTYPE_F32 (0) is f32, "
-               "PQ_DTYPE_F16 (1) f16, PQ_DTYPE_BF16 (2) bf16); the context stores f32");
+               "PQ_DTYPE_F16 (1) f16, PQ_DTYPE_BF16 (2) bf16, PQ_DTYPE_FP8_E4M3 (3) fp8_e4m3, "
+               "PQ_DTYPE_FP8_E5M2 (4) fp8_e5m2); the context stores f32");
   // Token count of K and V differ.
   HostTensor short_v = make_tensor(values_, kTokens - 1, kKvHeads, kDim, PQ_DTYPE_F32);
   PQ_EXPECT_ERR(pq_prefill_layer(ctx_, kSeq, 1, K_.get(), short_v.get()), PQ_ERR_INVALID_ARGUMENT,

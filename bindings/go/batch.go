@@ -71,8 +71,11 @@ func (b *cBuffer) free() { C.free(b.base) }
 func padded(size uintptr) uintptr { return (size + 7) &^ 7 }
 
 func elementSize(d DType) uintptr {
-	if d == DTypeF32 {
+	switch d {
+	case DTypeF32:
 		return 4
+	case DTypeFP8E4M3, DTypeFP8E5M2:
+		return 1
 	}
 	return 2
 }

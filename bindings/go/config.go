@@ -13,6 +13,10 @@ const (
 	DTypeF32  DType = 0 // float32, passed as []float32
 	DTypeF16  DType = 1 // IEEE binary16, raw bits in []uint16
 	DTypeBF16 DType = 2 // bfloat16, raw bits in []uint16
+	// fp8 K/V (0.10), codes in []uint8 (TensorFP8); queries of an fp8
+	// context are DTypeF32, DTypeF16 or DTypeBF16. Scales: Config.KVScales.
+	DTypeFP8E4M3 DType = 3 // e4m3fn: bias 7, no Inf, 0x7F/0xFF NaN, max 448
+	DTypeFP8E5M2 DType = 4 // e5m2: bias 15, Inf and NaN
 )
 
 // Layout is the memory layout of a dense tensor (pq_layout).
@@ -211,6 +215,12 @@ type Config struct {
 	// context per tensor-parallel rank holding a slice of the kv heads; the
 	// ranks then select what one context with every kv head selects.
 	KVHeadOffset int
+	// KVScaleCount: fp8 scales per layer for K and for V: 0 (every scale
+	// 1), 1 or NumKVHeads (one per kv head). KVScales: [NumLayers][2]
+	// [KVScaleCount] (K then V), real = stored * scale; read by NewContext
+	// only. Context.Config returns the context's copy. (0.10)
+	KVScaleCount int
+	KVScales     []float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -295,6 +305,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 		KVDiskPath: cc.GetKv_disk_path(),
 
 		KVHeadOffset: cc.GetKv_head_offset(),
+		KVScaleCount: cc.GetKv_scale_count(),
 	}
 }
 
@@ -381,6 +392,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetInfinigen_alpha(c.InfiniGenAlpha)
 	cc.SetKv_tier(int(c.KVTier))
 	cc.SetKv_head_offset(i32("kv_head_offset", c.KVHeadOffset))
+	cc.SetKv_scale_count(i32("kv_scale_count", c.KVScaleCount))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -67,6 +67,15 @@ func NewContext(cfg Config) (*Context, error) {
 		*p.dst = path
 	}
 
+	// The scales too are read by pq_create only; C memory, as cgo wants
+	// for a pointer stored in C memory.
+	if len(cfg.KVScales) > 0 {
+		scales := C.malloc(C.size_t(len(cfg.KVScales)) * 4)
+		defer C.free(scales)
+		copy(unsafe.Slice((*float32)(scales), len(cfg.KVScales)), cfg.KVScales)
+		cConfig(cc).kv_scales = (*C.float)(scales)
+	}
+
 	out := pqswig.New_contextOut()
 	defer pqswig.Delete_contextOut(out)
 	if err := call("pq_create", func() Status { return Status(pqswig.Pq_create(cc, out)) }); err != nil {
@@ -84,6 +93,10 @@ func NewContext(cfg Config) (*Context, error) {
 		return nil, err
 	}
 	c.config = configFromC(effective)
+	if p := cConfig(effective).kv_scales; p != nil { // the context's own copy
+		n := c.config.NumLayers * 2 * c.config.KVScaleCount
+		c.config.KVScales = append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(p)), n)...)
+	}
 	c.capacityHints = make([]atomic.Int64, c.config.NumLayers)
 
 	// A safety net only: the collector may run it late or never.

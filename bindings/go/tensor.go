@@ -161,6 +161,14 @@ func TensorBF16(data []uint16, tokens, heads, headDim int) Tensor {
 	return t
 }
 
+// TensorFP8 views data, fp8 codes of dtype DTypeFP8E4M3 or DTypeFP8E5M2
+// (0.10), as a token-major [tokens][heads][headDim] tensor: K/V to store,
+// or FetchKV's outputs (the codes as stored).
+func TensorFP8(data []uint8, dtype DType, tokens, heads, headDim int) Tensor {
+	return Tensor{data: slicePointer(data), length: len(data), dtype: dtype,
+		layout: TokenMajor, tokens: tokens, heads: heads, headDim: headDim}
+}
+
 // HeadMajor returns the same view laid out [heads][tokens][headDim]. With
 // tokens = the selection's capacity it is the layout FetchKV fills for
 // attention: each kv head's rows contiguous.
@@ -177,7 +185,7 @@ func (t Tensor) HeadDim() int { return t.headDim }
 
 // slicePointer is &s[0], or nil for an empty slice (where &s[0] would
 // panic; the library accepts NULL for 0 tokens, and rejects it otherwise).
-func slicePointer[E float32 | uint16 | int32 | int64](s []E) unsafe.Pointer {
+func slicePointer[E float32 | uint16 | uint8 | int32 | int64](s []E) unsafe.Pointer {
 	if len(s) == 0 {
 		return nil
 	}

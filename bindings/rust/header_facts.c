@@ -18,7 +18,8 @@
 #define C_TYPE(x)                                                                         \
   _Generic((x), int32_t: "int32_t", uint32_t: "uint32_t", int64_t: "int64_t",              \
            uint64_t: "uint64_t", float: "float", double: "double", void*: "void*",          \
-           const char*: "const char*", int32_t*: "int32_t*", pq_tensor: "pq_tensor",       \
+           const char*: "const char*", const float*: "const float*", int32_t*: "int32_t*", \
+           pq_tensor: "pq_tensor",                                                          \
            const int64_t*: "const int64_t*", const int32_t*: "const int32_t*",             \
            pq_selection: "pq_selection",                            \
            pq_log_fn: "void (*)(void*, int32_t, const char*)",                             \
@@ -45,6 +46,7 @@ int main(void) {
   CONST(PQ_ERR_NOT_FOUND); CONST(PQ_ERR_UNSUPPORTED); CONST(PQ_ERR_BACKEND); CONST(PQ_ERR_INTERNAL);
   CONST(PQ_ERR_BUFFER_TOO_SMALL); CONST(PQ_ERR_CORRUPT); CONST(PQ_ERR_INCOMPATIBLE);
   CONST(PQ_DTYPE_F32); CONST(PQ_DTYPE_F16); CONST(PQ_DTYPE_BF16);
+  CONST(PQ_DTYPE_FP8_E4M3); CONST(PQ_DTYPE_FP8_E5M2);
   CONST(PQ_MEMORY_HOST); CONST(PQ_MEMORY_DEVICE);
   CONST(PQ_SELECTOR_PQ); CONST(PQ_SELECTOR_EXACT); CONST(PQ_SELECTOR_WINDOW); CONST(PQ_SELECTOR_SPARQ);
   CONST(PQ_SELECTOR_INFLLM); CONST(PQ_SELECTOR_QUEST); CONST(PQ_SELECTOR_RANDOM); CONST(PQ_SELECTOR_H2O);

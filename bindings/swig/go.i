@@ -27,6 +27,8 @@
  * fields itself with C.CString, for the duration of pq_create. */
 %immutable pq_config::cuda_plugin_path;
 %immutable pq_config::kv_disk_path;
+/* The fp8 scales likewise: NewContext points them at C memory it frees. */
+%immutable pq_config::kv_scales;
 
 /* Calls that take the caller's buffers are written in cgo in the idiomatic
  * layer (bindings/go/tensor.go): SWIG would pass the data pointers as

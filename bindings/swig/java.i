@@ -179,6 +179,11 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
     if (copy != NULL) $1 = (const char*)memcpy(copy, $input, size);
   }
 }
+/* The fp8 scales (0.10) likewise: the struct owns a copy (set_kv_scales,
+ * from a direct buffer), freed with it; a struct pq_get_config filled
+ * points at the context's copy, which forget_kv_scales lets go of. */
+%ignore pq_config::kv_scales;
+%apply void* DIRECT_BUFFER { const float* kv_scale_values };
 /* pq_sequence_set_stream's cudaStream_t has no Java counterpart, nor do
  * the device arrays of the decode step kept on the device (0.7). */
 %ignore pq_sequence_set_stream;
@@ -211,8 +216,19 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
   }
   ~pq_config() {
     free((char*)$self->kv_disk_path);
+    free((float*)$self->kv_scales);
     free($self);
   }
+  void set_kv_scales(const float* kv_scale_values, int32_t count) {
+    float* copy = NULL;
+    if (kv_scale_values != NULL && count > 0) {
+      copy = (float*)malloc((size_t)count * sizeof(float));
+      if (copy != NULL) memcpy(copy, kv_scale_values, (size_t)count * sizeof(float));
+    }
+    free((float*)$self->kv_scales);
+    $self->kv_scales = copy;
+  }
+  void forget_kv_scales() { $self->kv_scales = NULL; }
 }
 
 /* ---- one layer for a batch of sequences ---------------------------------- */

@@ -115,14 +115,18 @@ static int pq_py_tensor(PyObject* input, const char* name, int writable, Py_buff
     case 'f': dtype = PQ_DTYPE_F32; break;
     case 'e': dtype = PQ_DTYPE_F16; break;
     case 'H': dtype = PQ_DTYPE_BF16; break; /* bfloat16 as its raw uint16 bits */
+    /* fp8 codes (0.10): pqcache/__init__.py hands e4m3 codes as uint8 and
+     * e5m2 codes as an int8 view of them (the two are told apart so). */
+    case 'B': dtype = PQ_DTYPE_FP8_E4M3; break;
+    case 'b': dtype = PQ_DTYPE_FP8_E5M2; break;
     default:
       PyErr_Format(PyExc_TypeError,
-                   "%s: unsupported element format '%s'; expected float32 (f32), float16 (f16) "
-                   "or uint16 holding bfloat16 bits (bf16), in native byte order",
+                   "%s: unsupported element format '%s'; expected float32 (f32), float16 (f16), "
+                   "uint16 holding bfloat16 bits (bf16) or uint8 fp8 codes, in native byte order",
                    name, view->format ? view->format : "B");
       return -1;
   }
-  if (item != (dtype == PQ_DTYPE_F32 ? 4 : 2)) {
+  if (item != (dtype == PQ_DTYPE_F32 ? 4 : dtype == PQ_DTYPE_FP8_E4M3 || dtype == PQ_DTYPE_FP8_E5M2 ? 1 : 2)) {
     PyErr_Format(PyExc_TypeError, "%s: element size %zd does not match its format '%s'", name,
                  item, view->format);
     return -1;
@@ -995,6 +999,7 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   *copy = *$1;
   copy->cuda_plugin_path = NULL;
   copy->kv_disk_path = NULL;
+  copy->kv_scales = NULL; /* the context's own copy: not this struct's to free */
   $result = SWIG_Python_AppendOutput($result,
                                      SWIG_NewPointerObj(copy, $1_descriptor, SWIG_POINTER_OWN));
 }
@@ -1005,6 +1010,17 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
  * cuda_plugin_path and kv_disk_path are copies owned by the struct; the
  * library reads them during pq_create only. */
 %ignore pq_config_default;
+/* The fp8 scales (0.10) likewise: a copy owned by the struct, set from the
+ * bytes of float32 values (Context takes a sequence of floats). */
+%ignore pq_config::kv_scales;
+%typemap(in) (const char* scale_bytes, size_t scale_size) (Py_buffer view = {0}) {
+  if (PyObject_GetBuffer($input, &view, PyBUF_SIMPLE) != 0) SWIG_fail;
+  $1 = (const char*)view.buf;
+  $2 = (size_t)view.len;
+}
+%typemap(freearg) (const char* scale_bytes, size_t scale_size) {
+  if (view$argnum.obj != NULL) PyBuffer_Release(&view$argnum);
+}
 %extend pq_config {
   pq_config() {
     pq_config* config = (pq_config*)calloc(1, sizeof *config);
@@ -1014,7 +1030,17 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   ~pq_config() {
     free((char*)$self->cuda_plugin_path);
     free((char*)$self->kv_disk_path);
+    free((float*)$self->kv_scales);
     free($self);
+  }
+  void set_kv_scales(const char* scale_bytes, size_t scale_size) {
+    float* copy = NULL;
+    if (scale_size > 0) {
+      copy = (float*)malloc(scale_size);
+      if (copy != NULL) memcpy(copy, scale_bytes, scale_size);
+    }
+    free((float*)$self->kv_scales);
+    $self->kv_scales = copy;
   }
 }
 /* Set from str, bytes or os.PathLike (os.fsencode's bytes), or None for

@@ -50,9 +50,12 @@ pq_status create(const char* function, const pq_config* config, const pq_hooks* 
     require_out(out, "out");
     std::shared_ptr<pq::ThreadPool> pool;
     checked = checked_hooks(hooks, &pool);
-    pq_config resolved = pq::resolve_config(config);
+    std::vector<float> kv_scales;
+    pq_config resolved = pq::resolve_config(config, &kv_scales);
+    pq::CallerPaths paths = pq::caller_paths(config);
+    paths.kv_scales = std::move(kv_scales);
     if (pool) resolved.worker_threads = pool->size();
-    *out = new pq_context(resolved, pq::caller_paths(config), checked, std::move(pool));
+    *out = new pq_context(resolved, paths, checked, std::move(pool));
   });
   if (status != PQ_OK) checked.emit(PQ_LOG_ERROR, std::string(pq::last_error()));
   return status;

@@ -35,10 +35,32 @@ constexpr int64_t kB = kAttentionBlockRows;
 // ascending ones took the same either way.
 constexpr int64_t kPrefetchRows = 64;
 
-// Eight elements of a row as floats.
+// Bytes per element of a row.
+template <int Dtype>
+constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4
+                      : (Dtype == PQ_DTYPE_FP8_E4M3 || Dtype == PQ_DTYPE_FP8_E5M2) ? 1
+                                                                                    : 2;
+
+// What an fp8 row's floats from load8 must be multiplied by: e4m3 comes
+// out of the binary16 route 2^8 too small (see load8), e5m2 exact.
+template <int Dtype>
+constexpr float kLoadScale = Dtype == PQ_DTYPE_FP8_E4M3 ? 256.f : 1.f;
+
+// Eight elements of a row as floats (times 1 / kLoadScale). fp8 rows are
+// half the bytes of f16 and take two integer instructions more: an e5m2
+// code is the top byte of a binary16, and an e4m3 code b is the binary16
+// ((b & 0x80) << 8) | ((b & 0x7F) << 7) times 2^8, normals and subnormals
+// alike (the exponent biases differ by 8). A table gather
+// (_mm256_i32gather_ps over the 256 values) measured slower (bench_fp8).
 template <int Dtype>
 PQ_KERNEL __m256 load8(const uint8_t* p) {
-  if constexpr (Dtype == PQ_DTYPE_F16) {
+  if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
+    __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
+                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)  // sign to bit 15, the rest from bit 7
+      w = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
+    return _mm256_cvtph_ps(w);
+  } else if constexpr (Dtype == PQ_DTYPE_F16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   } else if constexpr (Dtype == PQ_DTYPE_BF16) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -75,10 +97,9 @@ PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d
   __m256 acc[R][G];
   PQ_UNROLL for (int r = 0; r < R; ++r) PQ_UNROLL for (int g = 0; g < G; ++g) acc[r][g] =
       _mm256_setzero_ps();
-  constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4 : 2;
   for (int32_t k = 0; k < d; k += 8) {
     __m256 key[R];
-    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load8<Dtype>(keys[i + r] + k * kElem);
+    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load8<Dtype>(keys[i + r] + k * kElem<Dtype>);
     PQ_UNROLL for (int g = 0; g < G; ++g) {
       const __m256 qg = _mm256_loadu_ps(q + static_cast<size_t>(g) * d + k);
       PQ_UNROLL for (int r = 0; r < R; ++r) acc[r][g] = _mm256_fmadd_ps(qg, key[r], acc[r][g]);
@@ -93,13 +114,13 @@ PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d
 template <int Dtype, int G, int W>
 PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t rows, int32_t d,
                           int32_t k, float* acc) {
-  constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4 : 2;
   __m256 o[G][W];
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] =
       _mm256_loadu_ps(acc + static_cast<size_t>(g) * d + k + 8 * s);
   for (int64_t i = 0; i < rows; ++i) {
     __m256 v[W];
-    PQ_UNROLL for (int s = 0; s < W; ++s) v[s] = load8<Dtype>(values[i] + (k + 8 * s) * kElem);
+    PQ_UNROLL for (int s = 0; s < W; ++s)
+        v[s] = load8<Dtype>(values[i] + (k + 8 * s) * kElem<Dtype>);
     PQ_UNROLL for (int g = 0; g < G; ++g) {
       const __m256 wg = _mm256_broadcast_ss(w + g * kB + i);
       PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm256_fmadd_ps(wg, v[s], o[g][s]);
@@ -118,6 +139,8 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
   constexpr int kRows = G <= 4 ? 2 : 1;
   constexpr int kStrips = G <= 4 ? 2 : 1;
   const int32_t d = t.head_dim;
+  // Exact: a power of two. The values' factor is applied to acc at the end.
+  scale *= kLoadScale<Dtype>;
   alignas(32) float logits[G * kB];
   const uint8_t* keys[kB];
   const uint8_t* values[kB];
@@ -148,6 +171,8 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
       add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);
     for (; k < d; k += 8) add_values<Dtype, G, 1>(values, logits, rows, d, k, part.acc);
   }
+  if constexpr (kLoadScale<Dtype> != 1.f)
+    for (int64_t j = 0; j < int64_t{G} * d; ++j) part.acc[j] *= kLoadScale<Dtype>;
 }
 
 template <int Dtype>
@@ -176,6 +201,10 @@ bool attend_rows_avx2(const KvStore::RowTable& t, int32_t kv_head, const int32_t
     case PQ_DTYPE_F16: return attend_dtype<PQ_DTYPE_F16>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_BF16: return attend_dtype<PQ_DTYPE_BF16>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_F32: return attend_dtype<PQ_DTYPE_F32>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E4M3:
+      return attend_dtype<PQ_DTYPE_FP8_E4M3>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E5M2:
+      return attend_dtype<PQ_DTYPE_FP8_E5M2>(t, kv_head, pos, count, queries, group, scale, part);
     default: return false;
   }
 }

@@ -13,6 +13,16 @@ namespace {
 std::string field(const TensorExpect& e, const char* f) { return std::string(e.name) + "." + f; }
 }  // namespace
 
+int32_t query_dtype(int32_t stored, const pq_tensor& query, const char* name) {
+  if (!dtype_is_fp8(stored)) return stored;
+  const int32_t d = query.dtype;
+  if (d == PQ_DTYPE_F32 || d == PQ_DTYPE_F16 || d == PQ_DTYPE_BF16) return d;
+  fail(PQ_ERR_INVALID_ARGUMENT,
+       std::string(name) + ".dtype is " + dtype_text(d) + "; the context stores " +
+           dtype_name(stored) + " K/V, whose queries are PQ_DTYPE_F32, PQ_DTYPE_F16 or "
+           "PQ_DTYPE_BF16");
+}
+
 void validate_tensor(const pq_tensor* t, const TensorExpect& e) {
   if (t == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, std::string(e.name) + " is NULL");
   if (t->memory != PQ_MEMORY_HOST && t->memory != PQ_MEMORY_DEVICE)

@@ -16,6 +16,11 @@ struct TensorExpect {
   int64_t exact_tokens;  // if >= 0, exactly this many tokens
 };
 
+// The dtype a query tensor must have in a context that stores `stored`:
+// that dtype, except with fp8 K/V, whose queries keep their own F32, F16
+// or BF16 (an fp8 query throws PQ_ERR_INVALID_ARGUMENT naming `name`).
+int32_t query_dtype(int32_t stored, const pq_tensor& query, const char* name);
+
 // Throws pq::Error(PQ_ERR_INVALID_ARGUMENT) naming the field that is wrong,
 // including a span (strides x sizes) that overflows int64 bytes or the
 // address space: after it, every row address of the tensor is computable.

@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "config/config_fields.h"
+#include "config/kv_scales.h"
 #include "base/error.h"
 #include "selectors/selector.h"
 
@@ -21,8 +23,11 @@ struct Name {
 };
 using Names = std::vector<Name>;
 
-const Names kDtypeNames = {
-    {PQ_DTYPE_F32, "PQ_DTYPE_F32"}, {PQ_DTYPE_F16, "PQ_DTYPE_F16"}, {PQ_DTYPE_BF16, "PQ_DTYPE_BF16"}};
+const Names kDtypeNames = {{PQ_DTYPE_F32, "PQ_DTYPE_F32"},
+                            {PQ_DTYPE_F16, "PQ_DTYPE_F16"},
+                            {PQ_DTYPE_BF16, "PQ_DTYPE_BF16"},
+                            {PQ_DTYPE_FP8_E4M3, "PQ_DTYPE_FP8_E4M3"},
+                            {PQ_DTYPE_FP8_E5M2, "PQ_DTYPE_FP8_E5M2"}};
 const Names kKmeansInitNames = {{PQ_KMEANS_INIT_RANDOM, "PQ_KMEANS_INIT_RANDOM"},
                                 {PQ_KMEANS_INIT_KMEANSPP, "PQ_KMEANS_INIT_KMEANSPP"}};
 const Names kGqaCombineNames = {
@@ -127,7 +132,7 @@ static void check_index_only(pq_config& c) {
             "; the block cache keeps fetched K/V, and an index-only context fetches none (use 0)");
 }
 
-pq_config resolve_config(const pq_config* in) {
+pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
   if (in == nullptr) invalid("config is NULL");
   const uint32_t min_size = offsetof(pq_config, pq_subspaces);
   if (in->struct_size < min_size || in->struct_size > sizeof(pq_config))
@@ -194,9 +199,13 @@ pq_config resolve_config(const pq_config* in) {
   if (c.kv_head_offset > (1 << 16) - c.num_kv_heads)
     invalid("config.kv_head_offset " + str(c.kv_head_offset) + " + num_kv_heads " +
             str(c.num_kv_heads) + " passes 65536, the most kv heads a model may have");
-  // Read during pq_create only (caller_paths); never kept.
+  std::vector<float> scales = read_kv_scales(c);
+  if (kv_scales != nullptr) *kv_scales = std::move(scales);
+  // Read during pq_create only (caller_paths, and the scales' copy, which
+  // the context points kv_scales at); never kept.
   c.cuda_plugin_path = nullptr;
   c.kv_disk_path = nullptr;
+  c.kv_scales = nullptr;
   return c;
 }
 

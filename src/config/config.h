@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pqcache.h"
 
@@ -18,13 +19,19 @@ void fill_config_defaults(pq_config* config);
 // (cuda_plugin_path, kv_disk_path) dropped: read during pq_create only,
 // through caller_paths(). Throws PQ_ERR_INVALID_ARGUMENT or
 // PQ_ERR_UNSUPPORTED naming the field, its value and what was expected.
-pq_config resolve_config(const pq_config* config);
+// kv_scales, when not null, receives the checked copy of config->kv_scales
+// (config/kv_scales.h).
+pq_config resolve_config(const pq_config* config, std::vector<float>* kv_scales = nullptr);
 
-// The strings of a caller's configuration that pq_create reads and no
-// context keeps (null where the caller's struct_size predates the field).
+// What a caller's configuration points to that pq_create reads and the
+// resolved configuration does not hold (null where the caller's struct_size
+// predates the field): its strings, and its fp8 scales, copied once by
+// resolve_config (checked; [num_layers][2][kv_scale_count]) for the
+// context to own.
 struct CallerPaths {
   const char* cuda_plugin = nullptr;
   const char* kv_disk = nullptr;
+  std::vector<float> kv_scales;
 };
 CallerPaths caller_paths(const pq_config* config);
 // The threads worker_threads = 0 (and pq_pool_create(0)) stand for: the

@@ -71,4 +71,6 @@
   REAL(infinigen_alpha, 4.0f, 0.0, 1e6, true)                              \
   ENUM(kv_tier, PQ_KV_TIER_HOST, kKvTierNames)                               \
   FREE(kv_disk_path, nullptr)                                                \
-  INT(kv_head_offset, 0, 0, 1 << 16)
+  INT(kv_head_offset, 0, 0, 1 << 16)                                         \
+  FREE(kv_scale_count, 0)                                                    \
+  FREE(kv_scales, nullptr)

@@ -16,6 +16,7 @@ const char* section_name(uint32_t type) {
     case kKeysValues: return "keys and values";
     case kIndex: return "index";
     case kSelector: return "selector state";
+    case kKvScales: return "fp8 scales";
     case kEnd: return "end";
   }
   return "unknown";
@@ -45,7 +46,38 @@ static_assert(kGeometryOffset + sizeof kGeometry / sizeof kGeometry[0] * 4 + 8 =
   fail(PQ_ERR_CORRUPT, "the saved state is not intact: " + why + "; nothing was restored");
 }
 
+// An fp8 state's first section holds the scales its K/V bytes were stored
+// with: they must be the context's, or its keys and values would read as
+// other numbers (PQ_ERR_INCOMPATIBLE, as the header's geometry).
+void check_scales(const Frame& f, bool first, const pq_config& c, const std::vector<float>& mine) {
+  const bool fp8 = dtype_is_fp8(c.dtype);
+  if (f.type != state::kKvScales) {
+    if (first && fp8)
+      corrupt(f.name + " comes first; a state of dtype " + std::string(dtype_name(c.dtype)) +
+              " starts with its fp8 scales section");
+    return;
+  }
+  if (!fp8) corrupt(f.name + " is in a state of dtype " + dtype_name(c.dtype) + ", which has no scales");
+  if (f.payload.size != mine.size() * sizeof(float))
+    corrupt(f.name + " holds " + str(static_cast<int64_t>(f.payload.size)) + " bytes; " +
+            str(static_cast<int64_t>(mine.size() * sizeof(float))) +
+            " expected (num_layers x 2 x num_kv_heads floats)");
+  const int64_t heads = c.num_kv_heads;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    float saved;
+    std::memcpy(&saved, f.payload.data + i * sizeof(float), sizeof saved);
+    if (saved == mine[i]) continue;
+    const int64_t at = static_cast<int64_t>(i);
+    fail(PQ_ERR_INCOMPATIBLE,
+         "the saved state has kv scale " + number_text(saved) + " for layer " +
+             str(at / (2 * heads)) + ", " + (at / heads % 2 == 0 ? "K" : "V") + ", kv head " +
+             str(at % heads) + "; this context has " + number_text(mine[i]) +
+             " (config.kv_scales); nothing was restored");
+  }
+}
+
 }  // namespace
+
 
 // ---------------------------------------------------------------------------
 // Writing
@@ -216,6 +248,11 @@ void SectionOrder::accept(const Frame& f, std::vector<LayerImage>& images) {
         corrupt(name + " (layer " + str(f.layer) + ") is out of place");
       images[static_cast<size_t>(f.layer)].selector = f.payload;
       break;
+    case state::kKvScales:
+      if (sections_ != 0 || f.layer != -1)
+        corrupt(name + " (layer " + str(f.layer) + ") is out of place; it comes first, for "
+                "layer -1");
+      break;
     case state::kKeysValues:
       if (current_ != layers - 1 || f.layer != kv_next_)
         corrupt(name + " is for layer " + str(f.layer) + " where " +
@@ -254,7 +291,8 @@ void SectionOrder::require_described(int32_t layers, uint64_t offset) const {
             str(layers) + " is missing)");
 }
 
-std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c) {
+std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c,
+                                    const std::vector<float>& kv_scales) {
   check_header(data, size, c);
   std::vector<LayerImage> layers(static_cast<size_t>(c.num_layers));
   SectionOrder order;
@@ -267,6 +305,7 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
               str(static_cast<int64_t>(pos)) + " needs " + str(static_cast<int64_t>(needed)) +
               " bytes, " + str(static_cast<int64_t>(size - pos)) + " are left");
     order.accept(f, layers);
+    check_scales(f, pos == state::kHeaderBytes, c, kv_scales);
     pos += f.bytes;
   }
   if (pos != size) corrupt(str(static_cast<int64_t>(size - pos)) + " bytes follow the end section");
@@ -274,6 +313,7 @@ std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq
 }
 
 uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& c,
+                           const std::vector<float>& kv_scales,
                            SectionOrder& order, std::vector<LayerImage>& layers) {
   // No bytes yet (data may then be NULL: no memcmp of it), a beginning of
   // the magic, or a magic without the rest of the header.
@@ -295,6 +335,7 @@ uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& 
     }
     if (!read_frame(data + pos, size - pos, pos, &f, &needed)) throw NeedMore{pos + needed};
     order.accept(f, layers);
+    check_scales(f, pos == state::kHeaderBytes, c, kv_scales);
     if (order.done()) corrupt(f.name + " comes before any keys and values");
     pos += f.bytes;
   }

@@ -26,6 +26,7 @@ enum Section : uint32_t {
   kKeysValues = 2, // keys then values, [kv head][token][head_dim] each
   kIndex = 3,      // centroids and codes
   kSelector = 4,   // the selector's own state
+  kKvScales = 5,   // fp8 states only, first: the scales per (layer, K or V, kv head)
   kEnd = 0xFFFFFFFFu,
 };
 const char* section_name(uint32_t type);
@@ -77,6 +78,7 @@ struct LayerImage {
 // PQ_ERR_INCOMPATIBLE naming the check.
 void check_header(const uint8_t* data, uint64_t size, const pq_config& c);
 
+
 // One framed section.
 struct Frame {
   uint32_t type = 0;
@@ -113,7 +115,11 @@ class SectionOrder {
 
 // Checks a whole saved state (every checksum, every section's place and
 // size) and returns one image per layer.
-std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c);
+// kv_scales: the context's fp8 scales per (layer, K or V, kv head), empty
+// unless its dtype is fp8; an fp8 state's scales section must hold them
+// (PQ_ERR_INCOMPATIBLE naming the first that differs).
+std::vector<LayerImage> parse_state(const uint8_t* data, uint64_t size, const pq_config& c,
+                                    const std::vector<float>& kv_scales);
 
 // Thrown by parse_description when the bytes end before it could finish:
 // `needed` bytes from the start of the state are needed.
@@ -126,6 +132,7 @@ struct NeedMore {
 // offset of the first keys-and-values section. Throws NeedMore when `size`
 // is short of it.
 uint64_t parse_description(const uint8_t* data, uint64_t size, const pq_config& c,
+                           const std::vector<float>& kv_scales,
                            SectionOrder& order, std::vector<LayerImage>& layers);
 
 }  // namespace pq

@@ -6,6 +6,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "config/kv_scales.h"
 #include "store/kv_tier.h"
 #include "selectors/selector_capabilities.h"
 
@@ -36,6 +37,12 @@ std::shared_ptr<ChunkFile> make_chunk_file(const pq_config& c, const char* direc
   return std::make_shared<ChunkFile>(directory, 2 * block, io);
 }
 
+// The resolved configuration with kv_scales at the context's own copy.
+pq_config with_scales(pq_config c, const std::vector<float>& copy) {
+  c.kv_scales = copy.empty() ? nullptr : copy.data();
+  return c;
+}
+
 std::unique_ptr<Selector> built_in_selector(int32_t kind) {
   std::unique_ptr<Selector> s = make_selector(kind);
   if (!s)
@@ -47,7 +54,9 @@ std::unique_ptr<Selector> built_in_selector(int32_t kind) {
 
 ContextShared::ContextShared(const pq_config& c, const CallerPaths& paths, const Hooks& h,
                              std::shared_ptr<ThreadPool> shared_pool)
-    : config(c),
+    : kv_scale_copy(paths.kv_scales),
+      kv_head_scales(head_scales(c, kv_scale_copy)),
+      config(with_scales(c, kv_scale_copy)),
       group_size(c.num_q_heads / c.num_kv_heads),
       scale(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
       budget(c.host_memory_limit),

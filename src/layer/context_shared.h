@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "pq/adaptive_budget.h"
 #include "backend/backend.h"
@@ -65,6 +66,19 @@ struct ContextShared {
   void wait_draining_builds();
   void log(int32_t level, const std::string& message) const noexcept { hooks.emit(level, message); }
   bool logs(int32_t level) const { return hooks.logs(level); }
+
+  // fp8 scales: the caller's copy ([num_layers][2][kv_scale_count], which
+  // config.kv_scales points at) and per kv head ([num_layers][2][kv_heads],
+  // empty unless the dtype is fp8). Before config, which points into them.
+  const std::vector<float> kv_scale_copy;
+  const std::vector<float> kv_head_scales;
+  // Layer l's scales per kv head, K then V ([2][num_kv_heads]); null when
+  // the dtype is not fp8 (every scale 1).
+  const float* layer_scales(int32_t layer) const {
+    return kv_head_scales.empty()
+               ? nullptr
+               : kv_head_scales.data() + static_cast<size_t>(layer) * 2 * config.num_kv_heads;
+  }
 
   const pq_config config;
   const int32_t group_size;  // query heads per kv head

@@ -25,25 +25,30 @@ HostAllocator store_allocator(const ContextShared& shared) {
 }
 
 // The tier config.kv_tier names (kv_tier.h).
-std::unique_ptr<KvTier> make_kv_tier(ContextShared& shared, const HostAllocator& allocator) {
+std::unique_ptr<KvTier> make_kv_tier(ContextShared& shared, const HostAllocator& allocator,
+                                     int32_t layer) {
   const pq_config& c = shared.config;
+  std::unique_ptr<KvTier> tier;
   if (c.kv_tier == PQ_KV_TIER_CALLER)
-    return std::make_unique<IndexOnlyTier>(
+    tier = std::make_unique<IndexOnlyTier>(
         IndexOnlyTier::Geometry{c.num_kv_heads, c.head_dim, c.dtype}, &shared.budget,
         shared.cost.chunk, shared.cost.chunk_kv);
-  if (c.kv_tier == PQ_KV_TIER_DISK)
-    return std::make_unique<DiskKvTier>(
+  else if (c.kv_tier == PQ_KV_TIER_DISK)
+    tier = std::make_unique<DiskKvTier>(
         DiskKvTier::Geometry{c.num_kv_heads, c.head_dim, c.dtype, c.sink_tokens, c.local_tokens},
         &shared.budget, shared.cost.chunk, shared.cost.chunk_kv, shared.chunk_file, allocator);
-  return std::make_unique<KvStore>(c.num_kv_heads, c.head_dim, c.dtype, &shared.budget,
-                                   shared.cost.chunk, allocator);
+  else
+    tier = std::make_unique<KvStore>(c.num_kv_heads, c.head_dim, c.dtype, &shared.budget,
+                                     shared.cost.chunk, allocator);
+  tier->set_scales(shared.layer_scales(layer), c.num_kv_heads);
+  return tier;
 }
 }  // namespace
 
 Layer::Layer(ContextShared& shared, int32_t index)
     : shared_(shared),
       layer_index_(index),
-      store_(make_kv_tier(shared, store_allocator(shared))),
+      store_(make_kv_tier(shared, store_allocator(shared), index)),
       build_(shared, index) {
   const pq_config& c = shared.config;
   if (c.cache_tokens > 0)

@@ -57,13 +57,24 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   for (size_t i = 0; i < n; ++i)
     parts[i] = {acc.data() + i * group * d, max.data() + i * group, sum.data() + i * group};
   std::vector<RowStaging> staging(n);  // rows a tier reads from elsewhere land here
+  // fp8 scales leave the rows as stored: q . (s_k K) is (s_k q) . K, and
+  // the values' scale multiplies the output once (scaled_out below).
+  std::vector<float> scaled_queries;
+  const float* q = queries.data();
+  if (store_->key_scales() != nullptr) {
+    scaled_queries = queries;
+    for (int32_t h = 0; h < kv_heads; ++h)
+      for (size_t i = 0; i < static_cast<size_t>(group) * d; ++i)
+        scaled_queries[static_cast<size_t>(h) * group * d + i] *= store_->key_scale(h);
+    q = scaled_queries.data();
+  }
   auto run = [&](int64_t i) {
     const AttendTask& t = tasks[static_cast<size_t>(i)];
     const SelectedRows rows =
         store_->select_rows(t.head, sel->positions + t.head * sel->capacity + t.begin,
                             t.end - t.begin, staging[static_cast<size_t>(i)]);
     attend_rows(*rows.table, t.head, rows.positions, t.end - t.begin,
-                queries.data() + static_cast<size_t>(t.head) * group * d, group, scale,
+                q + static_cast<size_t>(t.head) * group * d, group, scale,
                 parts[static_cast<size_t>(i)]);
   };
   if (parallel && n > 1)
@@ -71,10 +82,14 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   else
     for (size_t i = 0; i < n; ++i) run(static_cast<int64_t>(i));
   // out and out_lse are written only now, on success.
-  for (int32_t h = 0; h < kv_heads; ++h)
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    float* scaled_out = out + static_cast<size_t>(h) * group * d;
     merge_attention(parts.data() + first_task[h], first_task[h + 1] - first_task[h], group, d,
-                    out + static_cast<size_t>(h) * group * d,
+                    scaled_out,
                     out_lse != nullptr ? out_lse + static_cast<size_t>(h) * group : nullptr);
+    if (const float v = store_->value_scale(h); v != 1.f)
+      for (size_t i = 0; i < static_cast<size_t>(group) * d; ++i) scaled_out[i] *= v;
+  }
 }
 
 }  // namespace pq

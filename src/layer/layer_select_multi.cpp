@@ -48,7 +48,7 @@ void Layer::select_multi(const std::vector<float>& queries, int64_t q, int32_t r
   }
   std::unique_ptr<KvTier> pool_reader;
   if (pool != nullptr && !store_->keeps_values())
-    pool_reader = pool_key_reader(*pool, store_->tokens());
+    pool_reader = pool_key_reader(*pool, store_->tokens(), *store_);
 
   // Every token's selection aside first: outputs are written only on success.
   const int64_t per_token = capacity();

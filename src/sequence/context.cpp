@@ -220,7 +220,8 @@ pq_tensor Context::select_args(const pq_tensor* query_arg, const pq_selection* o
                                pq_selection* copy) const {
   const pq_config& c = shared_.config;
   const pq_tensor query = copy_descriptor(query_arg, "query");
-  validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  validate_tensor(&query,
+                  {"query", c.num_q_heads, c.head_dim, query_dtype(c.dtype, query, "query"), 1, 1});
   if (out == nullptr) invalid("out is NULL");
   // The descriptor is read once: the positions written may cover it.
   *copy = *out;
@@ -242,7 +243,7 @@ pq_tensor Context::select_args(const pq_tensor* query_arg, const pq_selection* o
 
 std::vector<float> Context::read_query(const pq_tensor& query, const Sequence& seq) const {
   const pq_config& c = shared_.config;
-  return query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, c.dtype,
+  return query_floats(*shared_.backend, query, c.num_q_heads, c.head_dim, query.dtype,
                       seq.info().stream);
 }
 
@@ -290,7 +291,8 @@ void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_a
   const pq_config& c = shared_.config;
   check_layer(layer);
   const pq_tensor query = copy_descriptor(query_arg, "query");
-  validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  validate_tensor(&query,
+                  {"query", c.num_q_heads, c.head_dim, query_dtype(c.dtype, query, "query"), 1, 1});
   const SelectionCopy selection = copy_selection(sel, c.num_kv_heads);
   if (!std::isfinite(scale) || scale < 0.f)
     invalid("scale is " + number_text(scale) + "; expected a finite value >= 0 (0: "
@@ -318,7 +320,8 @@ void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queri
   check_layer(layer);
   const pq_tensor query_copy = copy_descriptor(queries_arg, "queries");
   const pq_tensor* queries = &query_copy;
-  validate_tensor(queries, {"queries", c.num_q_heads, c.head_dim, c.dtype, 1, -1});
+  validate_tensor(queries, {"queries", c.num_q_heads, c.head_dim,
+                            query_dtype(c.dtype, *queries, "queries"), 1, -1});
   require_memory_access(*shared_.backend, *queries, "queries", "read");
   std::shared_ptr<Sequence> seq = find(id);
   StagedTensor q = stage_input(*shared_.backend, *queries, seq->info().stream);
@@ -330,7 +333,7 @@ void Context::prefill_queries(uint64_t id, int32_t layer, const pq_tensor* queri
   std::vector<float> f(static_cast<size_t>(w) * heads * hd);
   for (int64_t t = 0; t < w; ++t)
     for (int32_t h = 0; h < heads; ++h)
-      to_float(tensor_row(q.view, first + t, h, dtype_size(c.dtype)), c.dtype, hd,
+      to_float(tensor_row(q.view, first + t, h, dtype_size(queries->dtype)), queries->dtype, hd,
                f.data() + (static_cast<size_t>(t) * heads + h) * hd);
   seq->layers[static_cast<size_t>(layer)]->prefill_queries(f, w, id);
 }

@@ -175,7 +175,7 @@ bool Context::select_batch_on_device(int32_t layer, const std::vector<pq_select_
         continue;
       }
       run_item(outcomes[i], [&] {
-        floats[j] = query_floats(staged[j].view, c.num_q_heads, c.head_dim, c.dtype);
+        floats[j] = query_floats(staged[j].view, c.num_q_heads, c.head_dim, queries[i].dtype);
         layers[j]->select_prepare(floats[j], &outs[i], infos[j], prepared[j]);
       });
       if (outcomes[i].status == PQ_OK) ready.push_back(j);

@@ -63,7 +63,8 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
                                         pq_selection* sel) const {
   const pq_config& c = shared_.config;
   const pq_tensor query = copy_descriptor(query_arg, "query");
-  validate_tensor(&query, {"query", c.num_q_heads, c.head_dim, c.dtype, 1, 1});
+  validate_tensor(&query,
+                  {"query", c.num_q_heads, c.head_dim, query_dtype(c.dtype, query, "query"), 1, 1});
   *sel = device_selection(out, "out", c.num_kv_heads);
   require_device_step("pq_decode_select_device", query, "query");
   if (!shared_.selector->needs_index())

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sequence/context.h"
+#include "base/dtype.h"
 #include "base/error.h"
 
 namespace pq {
@@ -117,6 +118,12 @@ uint64_t Context::sequence_save(uint64_t id, pq_write_fn write, void* user) {
   const SaveScope saving(this, id);
   StateWriter out(write, user);
   out.header(shared_.config);
+  if (dtype_is_fp8(shared_.config.dtype)) {  // what the K/V bytes mean (docs/state-format.md)
+    const std::vector<float>& scales = shared_.kv_head_scales;
+    out.begin(state::kKvScales, -1, scales.size() * sizeof(float));
+    out.payload(scales.data(), scales.size() * sizeof(float));
+    out.end_section();
+  }
   std::vector<int64_t> tokens;
   for (auto& layer : seq->layers) tokens.push_back(layer->save_index(out, id));
   for (size_t l = 0; l < seq->layers.size(); ++l) seq->layers[l]->save_kv(out, tokens[l]);
@@ -130,7 +137,7 @@ void Context::sequence_restore(uint64_t id, const uint8_t* data, uint64_t size) 
   require_kv_kept();
   if (data == nullptr && size > 0) fail(PQ_ERR_INVALID_ARGUMENT, "data is NULL");
   require_absent(id);
-  const std::vector<LayerImage> images = parse_state(data, size, shared_.config);
+  const std::vector<LayerImage> images = parse_state(data, size, shared_.config, shared_.kv_head_scales);
   std::shared_ptr<Sequence> seq = new_sequence(id, "pq_sequence_restore");
   for (size_t l = 0; l < images.size(); ++l) seq->layers[l]->restore(images[l], seq->info());
   insert(std::move(seq));
@@ -143,7 +150,8 @@ uint64_t Context::sequence_restore_begin(uint64_t id, const uint8_t* data, uint6
   require_absent(id);
   auto progress = std::make_unique<RestoreProgress>();
   std::vector<LayerImage> images;
-  const uint64_t described = parse_description(data, size, shared_.config, progress->order, images);
+  const uint64_t described = parse_description(data, size, shared_.config, shared_.kv_head_scales,
+                                               progress->order, images);
   std::shared_ptr<Sequence> seq = new_sequence(id, "pq_sequence_restore_begin");
   for (size_t l = 0; l < images.size(); ++l) seq->layers[l]->restore(images[l], seq->info());
   progress->offset = described;

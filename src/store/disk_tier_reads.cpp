@@ -46,27 +46,27 @@ void for_each_position_run(const Pos* pos, int64_t count, Fn&& fn) {
 // Keys of positions pos[0..count) as float, from chunk sources `at(c)`.
 template <typename Pos, typename At>
 void keys_at(const RunReader& reader, At&& at, int32_t dtype, int32_t head_dim, int32_t head,
-             const Pos* pos, int64_t count, float* out) {
+             float scale, const Pos* pos, int64_t count, float* out) {
   std::vector<uint8_t> buffer;
   for_each_position_run(pos, count, [&](int64_t i, int64_t n) {
     const auto c = static_cast<size_t>(pos[i] / kChunkTokens);
     const auto [rows, slot] = at(c);
     const uint8_t* p = reader.run(rows, slot, true, head, pos[i] % kChunkTokens, n, buffer);
-    to_float(p, dtype, n * head_dim, out + i * head_dim);
+    to_float(p, dtype, n * head_dim, out + i * head_dim, scale);
   });
 }
 
 class DiskKeySnapshot final : public KeySnapshot {
  public:
   DiskKeySnapshot(std::vector<DiskKvTier::Source> sources, int64_t tokens, RunReader reader,
-                  int32_t dtype, int32_t head_dim)
+                  int32_t dtype, int32_t head_dim, const float* key_scales)
       : sources_(std::move(sources)), tokens_(tokens), reader_(reader), dtype_(dtype),
-        head_dim_(head_dim) {}
+        head_dim_(head_dim), key_scales_(key_scales) {}
   void keys_as_float(int32_t head, const int64_t* rows, int64_t count,
                      float* out) const override {
     keys_at(reader_, [this](size_t c) {
       return std::make_pair(sources_[c].rows.get(), sources_[c].slot.get());
-    }, dtype_, head_dim_, head, rows, count, out);
+    }, dtype_, head_dim_, head, key_scales_ ? key_scales_[head] : 1.f, rows, count, out);
   }
   int64_t tokens() const override { return tokens_; }
 
@@ -75,6 +75,7 @@ class DiskKeySnapshot final : public KeySnapshot {
   int64_t tokens_;
   RunReader reader_;
   int32_t dtype_, head_dim_;
+  const float* key_scales_;  // the context's, which outlives its builds
 };
 
 }  // namespace
@@ -90,7 +91,7 @@ std::shared_ptr<const KeySnapshot> DiskKvTier::snapshot(int64_t tokens) const {
   for (size_t c = 0; c < sources.size(); ++c) sources[c] = source(c);
   return std::make_shared<DiskKeySnapshot>(std::move(sources), tokens,
                                            RunReader{row_bytes_, block_bytes()}, g_.dtype,
-                                           g_.head_dim);
+                                           g_.head_dim, key_scales());
 }
 
 void DiskKvTier::for_each_range_run(
@@ -110,31 +111,33 @@ void DiskKvTier::for_each_range_run(
 void DiskKvTier::keys_as_float(int32_t head, int64_t first, int64_t count, float* out) const {
   for_each_range_run(true, head, first, first + count,
                      [&](const uint8_t* p, int64_t i, int64_t n) {
-                       to_float(p, g_.dtype, n * g_.head_dim, out + i * g_.head_dim);
+                       to_float(p, g_.dtype, n * g_.head_dim, out + i * g_.head_dim,
+                                key_scale(head));
                      });
 }
 
 void DiskKvTier::keys_as_float(int32_t head, const int32_t* positions, int64_t count,
                                float* out) const {
   keys_at(RunReader{row_bytes_, block_bytes()}, chunk_at(), g_.dtype, g_.head_dim, head,
-          positions, count, out);
+          key_scale(head), positions, count, out);
 }
 
 void DiskKvTier::keys_as_float(int32_t head, const int64_t* rows, int64_t count,
                                float* out) const {
-  keys_at(RunReader{row_bytes_, block_bytes()}, chunk_at(), g_.dtype, g_.head_dim, head, rows,
-          count, out);
+  keys_at(RunReader{row_bytes_, block_bytes()}, chunk_at(), g_.dtype, g_.head_dim, head,
+          key_scale(head), rows, count, out);
 }
 
 void DiskKvTier::key_columns_as_float(int32_t head, int64_t first, int64_t count,
                                       const int32_t* cols, int32_t ncols, float* out) const {
+  const float scale = key_scale(head);
   for_each_range_run(true, head, first, first + count,
                      [&](const uint8_t* p, int64_t at, int64_t n) {
                        for (int64_t i = 0; i < n; ++i)
                          for (int32_t j = 0; j < ncols; ++j)
                            out[(at + i) * ncols + j] = load_element(
                                p + i * row_bytes_ + static_cast<size_t>(cols[j]) * element_size_,
-                               g_.dtype);
+                               g_.dtype) * scale;
                      });
 }
 

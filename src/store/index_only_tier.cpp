@@ -19,20 +19,22 @@ using Keys = IndexOnlyTier::Keys;
 class IndexOnlySnapshot final : public KeySnapshot {
  public:
   IndexOnlySnapshot(std::vector<std::shared_ptr<const Keys>> chunks, int64_t tokens,
-                    int32_t head_dim, int32_t dtype, size_t row_bytes)
+                    int32_t head_dim, int32_t dtype, size_t row_bytes, const float* key_scales)
       : chunks_(std::move(chunks)),
         tokens_(tokens),
         head_dim_(head_dim),
         dtype_(dtype),
-        row_bytes_(row_bytes) {}
+        row_bytes_(row_bytes),
+        key_scales_(key_scales) {}
   void keys_as_float(int32_t head, const int64_t* rows, int64_t count, float* out) const override {
+    const float scale = key_scales_ != nullptr ? key_scales_[head] : 1.f;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = rows[i];
       const Keys& keys = *chunks_[static_cast<size_t>(row >> KvTier::kChunkShift)];
       const size_t offset =
           (static_cast<size_t>(head) * KvTier::kChunkTokens + (row & (KvTier::kChunkTokens - 1))) *
           row_bytes_;
-      to_float(keys.block.get() + offset, dtype_, head_dim_, out + i * head_dim_);
+      to_float(keys.block.get() + offset, dtype_, head_dim_, out + i * head_dim_, scale);
     }
   }
   int64_t tokens() const override { return tokens_; }
@@ -42,6 +44,7 @@ class IndexOnlySnapshot final : public KeySnapshot {
   int64_t tokens_;
   int32_t head_dim_, dtype_;
   size_t row_bytes_;
+  const float* key_scales_;  // the context's, which outlives its builds
 };
 
 [[noreturn]] void no_values(const char* what) {
@@ -215,24 +218,24 @@ std::shared_ptr<const KeySnapshot> IndexOnlyTier::snapshot(int64_t tokens) const
                                 " tokens needs keys an index-only layer let go once coded");
   }
   return std::make_shared<IndexOnlySnapshot>(std::move(chunks), tokens, g_.head_dim, g_.dtype,
-                                             row_bytes_);
+                                             row_bytes_, key_scales());
 }
 
 void IndexOnlyTier::keys_as_float(int32_t head, int64_t first, int64_t count, float* out) const {
   for (int64_t i = 0; i < count; ++i)
-    to_float(key_row(head, first + i), g_.dtype, g_.head_dim, out + i * g_.head_dim);
+    to_float(key_row(head, first + i), g_.dtype, g_.head_dim, out + i * g_.head_dim, key_scale(head));
 }
 
 void IndexOnlyTier::keys_as_float(int32_t head, const int32_t* positions, int64_t count,
                                   float* out) const {
   for (int64_t i = 0; i < count; ++i)
-    to_float(key_row(head, positions[i]), g_.dtype, g_.head_dim, out + i * g_.head_dim);
+    to_float(key_row(head, positions[i]), g_.dtype, g_.head_dim, out + i * g_.head_dim, key_scale(head));
 }
 
 void IndexOnlyTier::keys_as_float(int32_t head, const int64_t* rows, int64_t count,
                                   float* out) const {
   for (int64_t i = 0; i < count; ++i)
-    to_float(key_row(head, rows[i]), g_.dtype, g_.head_dim, out + i * g_.head_dim);
+    to_float(key_row(head, rows[i]), g_.dtype, g_.head_dim, out + i * g_.head_dim, key_scale(head));
 }
 
 void IndexOnlyTier::key_columns_as_float(int32_t, int64_t, int64_t, const int32_t*, int32_t,

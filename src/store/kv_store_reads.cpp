@@ -15,17 +15,20 @@ namespace {
 // An index build's view: the chunks it holds stay alive and unchanged.
 class HostKeySnapshot final : public KeySnapshot {
  public:
-  HostKeySnapshot(KvStore::Snapshot s, int32_t dtype) : s_(std::move(s)), dtype_(dtype) {}
+  HostKeySnapshot(KvStore::Snapshot s, int32_t dtype, const float* key_scales)
+      : s_(std::move(s)), dtype_(dtype), key_scales_(key_scales) {}
   void keys_as_float(int32_t head, const int64_t* rows, int64_t count,
                      float* out) const override {
+    const float scale = key_scales_ ? key_scales_[head] : 1.f;
     for (int64_t i = 0; i < count; ++i)
-      to_float(s_.key_row(rows[i], head), dtype_, s_.head_dim, out + i * s_.head_dim);
+      to_float(s_.key_row(rows[i], head), dtype_, s_.head_dim, out + i * s_.head_dim, scale);
   }
   int64_t tokens() const override { return s_.tokens; }
 
  private:
   KvStore::Snapshot s_;
   int32_t dtype_;
+  const float* key_scales_;  // the context's, which outlives its builds
 };
 
 // Rows ahead of the one being copied that a gather asks the memory system
@@ -38,7 +41,7 @@ std::shared_ptr<const KeySnapshot> KvStore::snapshot(int64_t tokens) const {
   Snapshot s = snapshot();
   s.tokens = tokens;
   s.chunks.resize(static_cast<size_t>((tokens + kChunkTokens - 1) / kChunkTokens));
-  return std::make_shared<HostKeySnapshot>(std::move(s), dtype_);
+  return std::make_shared<HostKeySnapshot>(std::move(s), dtype_, key_scales());
 }
 
 void KvStore::keys_as_float(int32_t head, int64_t first, int64_t count, float* out) const {
@@ -46,7 +49,7 @@ void KvStore::keys_as_float(int32_t head, int64_t first, int64_t count, float* o
   // A chunk's rows of one head are contiguous: one conversion per chunk.
   for (int64_t t = first; t < first + count;) {
     const int64_t run = std::min(first + count - t, kChunkTokens - t % kChunkTokens);
-    to_float(key_row(t, head), dtype_, run * d, out + (t - first) * d);
+    to_float(key_row(t, head), dtype_, run * d, out + (t - first) * d, key_scale(head));
     t += run;
   }
 }
@@ -55,29 +58,32 @@ namespace {
 
 // Keys of listed tokens (int32 positions or int64 rows), through the table.
 template <typename Pos>
-void keys_at(const RowTable& table, int32_t head, const Pos* pos, int64_t count, float* out) {
+void keys_at(const RowTable& table, int32_t head, float scale, const Pos* pos, int64_t count,
+             float* out) {
   for (int64_t i = 0; i < count; ++i)
     to_float(table.key_row(static_cast<int32_t>(pos[i]), head), table.dtype, table.head_dim,
-             out + i * table.head_dim);
+             out + i * table.head_dim, scale);
 }
 
 }  // namespace
 
 void KvStore::keys_as_float(int32_t head, const int32_t* positions, int64_t count,
                             float* out) const {
-  keys_at(table_, head, positions, count, out);
+  keys_at(table_, head, key_scale(head), positions, count, out);
 }
 
 void KvStore::keys_as_float(int32_t head, const int64_t* rows, int64_t count, float* out) const {
-  keys_at(table_, head, rows, count, out);
+  keys_at(table_, head, key_scale(head), rows, count, out);
 }
 
 void KvStore::key_columns_as_float(int32_t head, int64_t first, int64_t count,
                                    const int32_t* cols, int32_t ncols, float* out) const {
+  const float scale = key_scale(head);
   for (int64_t i = 0; i < count; ++i) {
     const uint8_t* row = key_row(first + i, head);
     for (int32_t j = 0; j < ncols; ++j)
-      out[i * ncols + j] = load_element(row + static_cast<size_t>(cols[j]) * element_size_, dtype_);
+      out[i * ncols + j] =
+          load_element(row + static_cast<size_t>(cols[j]) * element_size_, dtype_) * scale;
   }
 }
 

@@ -122,12 +122,27 @@ class KvTier {
   // Whether some key was let go: nothing can be rebuilt over every key.
   virtual bool dropped_keys() const { return false; }
 
+  // fp8 scales of this layer, [2][heads] (K then V, owned by the context),
+  // or null: every scale 1. The reads as float above apply the key scales;
+  // gather() and select_rows() hand out the stored bytes.
+  void set_scales(const float* scales, int32_t heads) {
+    key_scales_ = scales;
+    value_scales_ = scales != nullptr ? scales + heads : nullptr;
+  }
+  float key_scale(int32_t head) const { return key_scales_ ? key_scales_[head] : 1.f; }
+  float value_scale(int32_t head) const { return value_scales_ ? value_scales_[head] : 1.f; }
+  const float* key_scales() const { return key_scales_; }
+
   // The host store when this tier's rows are all in host memory (the
   // backends' device code reads and writes rows through it), else null.
   virtual const KvStore* host_store() const { return nullptr; }
   KvStore* host_store() {
     return const_cast<KvStore*>(static_cast<const KvTier*>(this)->host_store());
   }
+
+ private:
+  const float* key_scales_ = nullptr;
+  const float* value_scales_ = nullptr;
 };
 
 }  // namespace pq

@@ -144,7 +144,7 @@ class PoolKeyReader final : public KvTier {
     if (p < 0 || p >= tokens_)
       fail(PQ_ERR_INTERNAL, "exact key of position " + str(p) + " asked of a layer of " +
                                 str(tokens_) + " tokens");
-    to_float(pool_.row(p, head), dtype_, head_dim_, out);
+    to_float(pool_.row(p, head), dtype_, head_dim_, out, key_scale(head));
   }
   const PoolKeys& pool_;
   int64_t tokens_;
@@ -153,8 +153,11 @@ class PoolKeyReader final : public KvTier {
 
 }  // namespace
 
-std::unique_ptr<KvTier> pool_key_reader(const PoolKeys& pool, int64_t tokens) {
-  return std::make_unique<PoolKeyReader>(pool, tokens);
+std::unique_ptr<KvTier> pool_key_reader(const PoolKeys& pool, int64_t tokens,
+                                        const KvTier& layer) {
+  auto reader = std::make_unique<PoolKeyReader>(pool, tokens);
+  reader->set_scales(layer.key_scales(), pool.keys().pool.heads);
+  return reader;
 }
 
 }  // namespace pq

@@ -39,7 +39,9 @@ class PoolKeys {
 };
 
 // A tier that reads the keys of `tokens` positions from the pool, for the
-// length of one call; it holds nothing and writes nothing.
-std::unique_ptr<KvTier> pool_key_reader(const PoolKeys& pool, int64_t tokens);
+// length of one call; it holds nothing and writes nothing. `layer` lends it
+// its fp8 scales.
+std::unique_ptr<KvTier> pool_key_reader(const PoolKeys& pool, int64_t tokens,
+                                        const KvTier& layer);
 
 }  // namespace pq

@@ -76,7 +76,11 @@ __all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchErr
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = _c.PQ_DTYPE_F32, _c.PQ_DTYPE_F16, _c.PQ_DTYPE_BF16
 MEMORY_HOST, MEMORY_DEVICE = _c.PQ_MEMORY_HOST, _c.PQ_MEMORY_DEVICE
 LAYOUT_TOKEN_MAJOR, LAYOUT_HEAD_MAJOR = _c.PQ_LAYOUT_TOKEN_MAJOR, _c.PQ_LAYOUT_HEAD_MAJOR
-DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16}
+DTYPE_FP8_E4M3, DTYPE_FP8_E5M2 = _c.PQ_DTYPE_FP8_E4M3, _c.PQ_DTYPE_FP8_E5M2
+# fp8 (0.10): K/V as uint8 codes (or torch float8 tensors); queries of an
+# fp8 context are f32, f16 or bf16 arrays.
+DTYPES = {"f32": DTYPE_F32, "f16": DTYPE_F16, "bf16": DTYPE_BF16,
+          "fp8_e4m3": DTYPE_FP8_E4M3, "fp8_e5m2": DTYPE_FP8_E5M2}
 SELECTORS = {
     "pq": _c.PQ_SELECTOR_PQ, "exact": _c.PQ_SELECTOR_EXACT, "window": _c.PQ_SELECTOR_WINDOW,
     "sparq": _c.PQ_SELECTOR_SPARQ, "infllm": _c.PQ_SELECTOR_INFLLM,
@@ -117,8 +121,13 @@ PathLike = Union[str, bytes, os.PathLike]
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
                  "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
                  "key_rotary": KEY_ROTARY, "pooling": POOLING, "kv_tier": KV_TIERS}
-_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
-_NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)"}
+_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16,
+                 "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8}
+_NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)",
+                      "fp8_e4m3": "uint8 (fp8 e4m3 codes)", "fp8_e5m2": "uint8 (fp8 e5m2 codes)"}
+_FP8 = ("fp8_e4m3", "fp8_e5m2")
+# torch's float8 dtypes by name (torch is optional): their codes as uint8.
+_TORCH_FP8 = {"torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
 
 
 def _error(status: int, message: str, error_class=None) -> "PQError":
@@ -245,6 +254,7 @@ class Context(_Closing):
         self._callers: Dict[int, int] = {}
         self._closing, self._closer = True, None
         self._ctx = None
+        scales = options.pop("kv_scales", None)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         config = _c.pq_config()  # starts from pq_config_default()
@@ -260,6 +270,8 @@ class Context(_Closing):
                     raise ValueError(f"unknown {key} {value!r}; expected one of {sorted(names)}")
                 value = names[value]
             setattr(config, key, value)
+        if scales is not None:  # [num_layers][2][kv_scale_count] floats, K then V
+            config.set_kv_scales(np.ascontiguousarray(scales, np.float32).tobytes())
         self._dtype = dtype
         # Per layer, the largest selection capacity the library asked for so
         # far: select sizes its buffers with it and grows them when told to.
@@ -373,6 +385,37 @@ class Context(_Closing):
         if self._closing:  # close() waits: let it look at _callers again
             with self._lock:
                 self._idle.notify_all()
+
+    def _codes(self, name: str, array):
+        """K/V of this context as the native module takes them: for fp8, a
+        torch float8 tensor becomes its uint8 codes (a view), and e5m2 codes
+        an int8 view (the module tells the formats apart by it)."""
+        if self._dtype not in _FP8:
+            self._check_dtype(name, array)
+            return array
+        torch_fp8 = _TORCH_FP8.get(str(getattr(array, "dtype", "")))
+        if torch_fp8 is not None:
+            if torch_fp8 != self._dtype:
+                raise _error(_c.PQ_ERR_INVALID_ARGUMENT,
+                             f"{name}: a {array.dtype} tensor for the context's dtype "
+                             f"{self._dtype}", DTypeError)
+            import torch  # present: the tensor is one
+            array = array.view(torch.uint8).numpy()
+        self._check_dtype(name, array)
+        array = np.asarray(array)
+        return array.view(np.int8) if self._dtype == "fp8_e5m2" else array
+
+    def _check_query_dtype(self, name: str, array) -> None:
+        """_check_dtype for a query: an fp8 context's are f32, f16 or bf16."""
+        if self._dtype not in _FP8:
+            return self._check_dtype(name, array)
+        given = getattr(array, "dtype", None)
+        if given is None or np.dtype(given) in (np.dtype(np.float32), np.dtype(np.float16),
+                                                np.dtype(np.uint16)):
+            return None
+        raise _error(_c.PQ_ERR_INVALID_ARGUMENT,
+                     f"{name}: expected float32, float16 or uint16 (bfloat16 bits) elements "
+                     f"(the queries of an {self._dtype} context), got {given}", DTypeError)
 
     def _check_dtype(self, name: str, array) -> None:
         """Raises DTypeError, naming `name`, when array's element type is not
@@ -530,22 +573,20 @@ class Context(_Closing):
         keys, values: [tokens][kv_heads][head_dim] ("token_major") or
         [kv_heads][tokens][head_dim] ("head_major"), in the context's dtype.
         The library copies the data; the arrays may be reused on return."""
-        self._check_dtype("keys", keys)
-        self._check_dtype("values", values)
+        keys, values = self._codes("keys", keys), self._codes("values", values)
         self._call("pq_prefill_layer", _c.pq_prefill_layer, seq, layer,
                    _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def append(self, seq: int, layer: int, keys, values, layout: str = "token_major") -> None:
         """Appends decode tokens' K/V (usually one token) to a prefilled layer."""
-        self._check_dtype("keys", keys)
-        self._check_dtype("values", values)
+        keys, values = self._codes("keys", keys), self._codes("values", values)
         self._call("pq_decode_append", _c.pq_decode_append, seq, layer,
                    _tensor_view(keys, layout), _tensor_view(values, layout))
 
     def prefill_queries(self, seq: int, layer: int, queries, layout: str = "token_major") -> None:
         """The prompt's last queries [tokens][q_heads][head_dim], for SnapKV,
         PyramidKV and SCOPE (other selectors ignore them)."""
-        self._check_dtype("queries", queries)
+        self._check_query_dtype("queries", queries)
         self._call("pq_prefill_queries", _c.pq_prefill_queries, seq, layer,
                    _tensor_view(queries, layout))
 
@@ -626,7 +667,7 @@ class Context(_Closing):
         """select's and speculate's body: `call` fills `out` if given, else
         a new result sized from the layer's capacity hint and grown once."""
         query = self._query(query)
-        self._check_dtype("query", query)
+        self._check_query_dtype("query", query)
         if out is not None:
             self._call(call.__name__, call, seq, layer, query, out.arrays)
             return out
@@ -655,7 +696,7 @@ class Context(_Closing):
         op = "pq_decode_select_batch"
         seqs, queries = list(seqs), [self._query(q) for q in queries]
         for i, query in enumerate(queries):
-            self._check_dtype(f"queries[{i}]", query)
+            self._check_query_dtype(f"queries[{i}]", query)
         hint = self._capacity_hint(layer)
         results = [SelectionResult(self.num_kv_heads, hint) for _ in seqs]
         try:
@@ -712,10 +753,9 @@ class Context(_Closing):
         arrays in place: [kv_heads][>= max(counts)][head_dim], writable, the
         context's dtype, contiguous last axis."""
         keys, values = out if out is not None else self._fetch_buffers(selection)
-        self._check_dtype("out[0] (keys)", keys)
-        self._check_dtype("out[1] (values)", values)
         self._call("pq_fetch_kv", _c.pq_fetch_kv, seq, layer, selection.arrays,
-                   _tensor_view(keys, "head_major"), _tensor_view(values, "head_major"))
+                   _tensor_view(self._codes("out[0] (keys)", keys), "head_major"),
+                   _tensor_view(self._codes("out[1] (values)", values), "head_major"))
         return keys, values
 
     def attend(self, seq: int, layer: int, query, selection: SelectionResult,
@@ -734,7 +774,7 @@ class Context(_Closing):
         out = np.empty((self.num_q_heads, self.head_dim), np.float32)
         lse = np.empty(self.num_q_heads, np.float32)
         query = self._query(query)
-        self._check_dtype("query", query)
+        self._check_query_dtype("query", query)
         self._call("pq_decode_attend", _c.pq_decode_attend, seq, layer, query,
                    selection.arrays, 0.0 if scale is None else scale, out, lse)
         return out, lse
@@ -800,8 +840,9 @@ class Context(_Closing):
         try:
             self._call("pq_fetch_kv_batch", _c.pq_fetch_kv_batch, layer, seqs,
                        [s.arrays for s in selections],
-                       [_tensor_view(k, "head_major") for k, _ in outs],
-                       [_tensor_view(v, "head_major") for _, v in outs])
+                       [_tensor_view(self._codes("out_keys", k), "head_major") for k, _ in outs],
+                       [_tensor_view(self._codes("out_values", v), "head_major")
+                        for _, v in outs])
         except PQError as e:
             statuses = getattr(e, "statuses", None)
             if statuses is None:

@@ -68,6 +68,10 @@ pub type pq_dtype = i32;
 pub const PQ_DTYPE_F32: pq_dtype = 0;
 pub const PQ_DTYPE_F16: pq_dtype = 1;
 pub const PQ_DTYPE_BF16: pq_dtype = 2;
+/// fp8 e4m3fn (bias 7, no Inf, 0x7F/0xFF NaN, max 448); added in 0.10.
+pub const PQ_DTYPE_FP8_E4M3: pq_dtype = 3;
+/// fp8 e5m2 (bias 15, Inf and NaN); added in 0.10.
+pub const PQ_DTYPE_FP8_E5M2: pq_dtype = 4;
 
 pub type pq_memory = i32;
 pub const PQ_MEMORY_HOST: pq_memory = 0;
@@ -177,6 +181,7 @@ c_type_names! {
     f32 => "float", f64 => "double",
     *mut c_void => "void*", *const c_char => "const char*", *mut i32 => "int32_t*",
     *const i64 => "const int64_t*", *const i32 => "const int32_t*",
+    *const f32 => "const float*",
     pq_tensor => "pq_tensor", pq_selection => "pq_selection",
     // The callback types, spelled out rather than by their aliases: when an
     // alias below changes, this impl no longer applies to it and
@@ -302,6 +307,11 @@ c_struct! {
         /// The model's index of this context's kv head 0 (tensor parallel;
         /// added in 0.10).
         pub kv_head_offset: i32,
+        /// fp8 scales per layer: 0, 1 or num_kv_heads (added in 0.10).
+        pub kv_scale_count: i32,
+        /// [num_layers][2][kv_scale_count] floats, K then V; read during
+        /// pq_create only (added in 0.10).
+        pub kv_scales: *const f32,
     }
 }
 

@@ -184,6 +184,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_DTYPE_F32,
         PQ_DTYPE_F16,
         PQ_DTYPE_BF16,
+        PQ_DTYPE_FP8_E4M3,
+        PQ_DTYPE_FP8_E5M2,
         PQ_MEMORY_HOST,
         PQ_MEMORY_DEVICE,
         PQ_SELECTOR_PQ,

@@ -38,6 +38,11 @@ c_enum! {
         F16 = sys::PQ_DTYPE_F16,
         /// bfloat16 (the top 16 bits of an f32), passed as `u16` bits.
         Bf16 = sys::PQ_DTYPE_BF16,
+        /// fp8 e4m3fn (0.10), passed as `u8` codes; K/V only (queries of an
+        /// fp8 context are F32, F16 or Bf16). Scales: [`Config::kv_scales`].
+        Fp8E4m3 = sys::PQ_DTYPE_FP8_E4M3,
+        /// fp8 e5m2 (0.10), passed as `u8` codes; K/V only.
+        Fp8E5m2 = sys::PQ_DTYPE_FP8_E5M2,
     }
 }
 
@@ -47,6 +52,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::Bf16 => 2,
+            DType::Fp8E4m3 | DType::Fp8E5m2 => 1,
         }
     }
 }
@@ -182,16 +188,17 @@ c_enum! {
 /// any field directly.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Always holds a NULL cuda_plugin_path and kv_disk_path: the paths live
-    /// in `plugin_path` and `disk_path` and are lent to the library during
-    /// pq_create only.
+    /// Always holds a NULL cuda_plugin_path, kv_disk_path and kv_scales:
+    /// the paths live in `plugin_path` and `disk_path`, the scales in
+    /// `scales`, and are lent to the library during pq_create only.
     raw: sys::pq_config,
     plugin_path: Option<PathBuf>,
     disk_path: Option<PathBuf>,
+    scales: Vec<f32>,
 }
 
-// SAFETY: the only pointers in the raw struct, cuda_plugin_path and
-// kv_disk_path, are kept NULL (see the field's comment); everything else is
+// SAFETY: the only pointers in the raw struct, cuda_plugin_path,
+// kv_disk_path and kv_scales, are kept NULL (see the field's comment); everything else is
 // plain data.
 unsafe impl Send for Config {}
 unsafe impl Sync for Config {}
@@ -220,10 +227,12 @@ impl Config {
     pub(crate) fn from_raw(mut raw: sys::pq_config) -> Config {
         raw.cuda_plugin_path = std::ptr::null();
         raw.kv_disk_path = std::ptr::null();
+        raw.kv_scales = std::ptr::null();
         Config {
             raw,
             plugin_path: None,
             disk_path: None,
+            scales: Vec::new(),
         }
     }
 
@@ -246,6 +255,20 @@ impl Config {
 
     pub(crate) fn kv_disk_path_ref(&self) -> Option<&Path> {
         self.disk_path.as_deref()
+    }
+
+    pub(crate) fn kv_scales_ref(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// fp8 scales (0.10; real = stored * scale): `count` 0 (every scale 1),
+    /// 1 (per layer) or num_kv_heads (per kv head), and `scales` laid out
+    /// [num_layers][2][count], K then V. Copied here; the library checks
+    /// them at create (an error names the bad index) and keeps its own copy.
+    pub fn kv_scales(mut self, count: i32, scales: &[f32]) -> Self {
+        self.raw.kv_scale_count = count;
+        self.scales = scales.to_vec();
+        self
     }
 
     /// The four geometry fields at once: layers, query heads, kv heads, head_dim.

@@ -69,8 +69,8 @@ type SelectFn = unsafe extern "C" fn(
 pub struct Context {
     ctx: NonNull<sys::pq_context>,
     library: Library,
-    /// The effective configuration (pq_get_config), cuda_plugin_path and
-    /// kv_disk_path NULL.
+    /// The effective configuration (pq_get_config), cuda_plugin_path,
+    /// kv_disk_path and kv_scales NULL.
     config: sys::pq_config,
     /// Per layer, the largest selection capacity the library asked for so
     /// far: [`Context::select_batch`] sizes new selections with it.
@@ -137,6 +137,8 @@ impl Context {
         // Pointed at the caller's strings during create.
         config.cuda_plugin_path = std::ptr::null();
         config.kv_disk_path = std::ptr::null();
+        // The context's own copy; kept out of this plain-data struct.
+        config.kv_scales = std::ptr::null();
         context.config = config;
         context.capacity_hints = (0..config.num_layers)
             .map(|_| AtomicUsize::new(0))

@@ -97,6 +97,13 @@ impl Library {
             .as_ref()
             .map_or(std::ptr::null(), |p| p.as_ptr());
         raw.kv_disk_path = disk_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        // Read (copied) during pq_create only; NULL when none were given.
+        let scales = config.kv_scales_ref();
+        raw.kv_scales = if scales.is_empty() {
+            std::ptr::null()
+        } else {
+            scales.as_ptr()
+        };
         let mut ctx = std::ptr::null_mut();
         // SAFETY: raw is a complete pq_config whose struct_size came from
         // pq_config_default; ctx is written only on success.

@@ -208,6 +208,12 @@ impl<'a> Tensor<'a> {
         Ok(Self::of(data, DType::Bf16, shape))
     }
 
+    /// fp8 codes (0.10): `dtype` is [`DType::Fp8E4m3`] or [`DType::Fp8E5m2`]
+    /// (another dtype is the library's error at the call that takes it).
+    pub fn fp8(data: &'a [u8], dtype: DType, shape: Shape) -> Result<Tensor<'a>> {
+        Ok(Self::of(data, dtype, shape))
+    }
+
     fn of<T>(data: &'a [T], dtype: DType, shape: Shape) -> Tensor<'a> {
         // The library takes inputs as const pq_tensor* and never writes them.
         let view = View {
@@ -249,6 +255,11 @@ impl<'a> TensorMut<'a> {
 
     pub fn bf16(data: &'a mut [u16], shape: Shape) -> Result<TensorMut<'a>> {
         Ok(Self::of(data, DType::Bf16, shape))
+    }
+
+    /// fp8 codes (0.10), as [`Tensor::fp8`]: a fetch copies them as stored.
+    pub fn fp8(data: &'a mut [u8], dtype: DType, shape: Shape) -> Result<TensorMut<'a>> {
+        Ok(Self::of(data, dtype, shape))
     }
 
     fn of<T>(data: &'a mut [T], dtype: DType, shape: Shape) -> TensorMut<'a> {

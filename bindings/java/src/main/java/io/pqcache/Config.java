@@ -1,6 +1,8 @@
 package io.pqcache;
 
 import io.pqcache.swig.pq_config;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -365,6 +367,25 @@ public final class Config {
      */
     public Builder kvHeadOffset(int offset) {
       return set(c -> c.setKv_head_offset(offset));
+    }
+
+    // --- fp8 scales (0.10) ---
+
+    /**
+     * The scales of fp8 K/V (real = stored * scale): {@code count} 0 (every scale 1), 1 (one per
+     * layer for K and for V) or the kv heads (one per kv head), and {@code scales} laid out
+     * [layers][2][count], K then V. Copied; the library checks them when the context is created
+     * (an error names the bad index).
+     */
+    public Builder kvScales(int count, float[] scales) {
+      float[] copy = Objects.requireNonNull(scales, "scales").clone();
+      return set(c -> {
+        c.setKv_scale_count(count);
+        ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(1, copy.length) * Float.BYTES)
+            .order(ByteOrder.nativeOrder());
+        buffer.asFloatBuffer().put(copy);
+        c.set_kv_scales(copy.length == 0 ? null : buffer, copy.length);
+      });
     }
 
     /** The configuration; the builder can be reused. */

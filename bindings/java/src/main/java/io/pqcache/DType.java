@@ -10,7 +10,14 @@ public enum DType {
   /** IEEE 754 binary16. */
   F16(1, 2),
   /** bfloat16: the top 16 bits of a binary32. */
-  BF16(2, 2);
+  BF16(2, 2),
+  /**
+   * fp8 e4m3fn (0.10): K/V only, one byte per code; queries of an fp8 context are F32 here.
+   * Scales: {@link Config.Builder#kvScales}.
+   */
+  FP8_E4M3(3, 1),
+  /** fp8 e5m2 (0.10): K/V only, as {@link #FP8_E4M3}. */
+  FP8_E5M2(4, 1);
 
   private final int code;
   private final int bytes;
@@ -23,6 +30,11 @@ public enum DType {
   /** The value the C API uses. */
   public int code() {
     return code;
+  }
+
+  /** Whether K/V of this type are fp8 codes (stored value times its scale). */
+  public boolean isFp8() {
+    return this == FP8_E4M3 || this == FP8_E5M2;
   }
 
   /** Bytes per element. */

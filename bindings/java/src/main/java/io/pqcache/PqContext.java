@@ -95,6 +95,9 @@ public final class PqContext implements AutoCloseable {
   private final int kvHeads;
   private final int headDim;
   private final DType dtype;
+  // The dtype of query buffers: the context's, or F32 for fp8 K/V (whose
+  // queries the library takes in F32, F16 or BF16; this binding passes F32).
+  private final DType queryDtype;
   private final Backend backend;
   private final KvTier kvTier;
   private final int kvHeadOffset;
@@ -131,6 +134,7 @@ public final class PqContext implements AutoCloseable {
       kvHeads = effective.getNum_kv_heads();
       headDim = effective.getHead_dim();
       dtype = DType.fromCode(effective.getDtype());
+      queryDtype = dtype.isFp8() ? DType.F32 : dtype;
       backend = Backend.fromCode(usedBackend[0]);
       kvTier = KvTier.fromCode(effective.getKv_tier());
       kvHeadOffset = effective.getKv_head_offset();
@@ -139,6 +143,7 @@ public final class PqContext implements AutoCloseable {
       cleanable.clean();
       throw e;
     } finally {
+      effective.forget_kv_scales(); // the context's own copy, not the struct's
       effective.delete();
     }
   }
@@ -511,9 +516,9 @@ public final class PqContext implements AutoCloseable {
    * for SnapKV, PyramidKV and SCOPE; other selectors ignore them.
    */
   public void prefillQueries(long seqId, int layer, int tokens, ByteBuffer queries) {
-    ByteBuffer q = input(queries, "pq_prefill_queries", "queries", tokens, queryHeads);
+    ByteBuffer q = queryInput(queries, "pq_prefill_queries", "queries", tokens);
     run("pq_prefill_queries", h -> {
-      try (NativeTensor tq = tensor(q, TOKEN_MAJOR, tokens, queryHeads)) {
+      try (NativeTensor tq = queryTensor(q, tokens)) {
         pqcache.pq_prefill_queries(h, seqId, layer, tq.tensor);
       }
     });
@@ -621,14 +626,14 @@ public final class PqContext implements AutoCloseable {
    */
   public Selection decodeSpeculate(long seqId, int layer, float[] queryEstimate) {
     return select(seqId, layer,
-        copyIn(queryEstimate, "pq_decode_speculate", "query_estimate", 1, queryHeads), true);
+        queryCopyIn(queryEstimate, "pq_decode_speculate", "query_estimate"), true);
   }
 
   private Selection select(long seqId, int layer, ByteBuffer query, boolean speculate) {
     String function = speculate ? "pq_decode_speculate" : "pq_decode_select";
-    ByteBuffer q = input(query, function, speculate ? "query_estimate" : "query", 1, queryHeads);
+    ByteBuffer q = queryInput(query, function, speculate ? "query_estimate" : "query", 1);
     return call(function, h -> {
-      try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
+      try (NativeTensor tq = queryTensor(q, 1)) {
         int capacity = capacityHint(layer);
         ByteBuffer[] arrays = Selection.allocateNative(function, kvHeads, capacity);
         try {
@@ -646,7 +651,7 @@ public final class PqContext implements AutoCloseable {
 
   /** {@link #decodeSelect(long, int, ByteBuffer)} from an array (F32; copies). */
   public Selection decodeSelect(long seqId, int layer, float[] query) {
-    return decodeSelect(seqId, layer, copyIn(query, "pq_decode_select", "query", 1, queryHeads));
+    return decodeSelect(seqId, layer, queryCopyIn(query, "pq_decode_select", "query"));
   }
 
   /**
@@ -667,7 +672,7 @@ public final class PqContext implements AutoCloseable {
     int n = batchSize(seqIds, queries, function, "queries");
     ByteBuffer[] q = new ByteBuffer[n];
     for (int i = 0; i < n; i++) {
-      q[i] = input(queries[i], function, "items[" + i + "].query", 1, queryHeads);
+      q[i] = queryInput(queries[i], function, "items[" + i + "].query", 1);
     }
     return call(function, h -> {
       int capacity = capacityHint(layer);
@@ -717,7 +722,7 @@ public final class PqContext implements AutoCloseable {
     int n = batchSize(seqIds, queries, "pq_decode_select_batch", "queries");
     ByteBuffer[] q = new ByteBuffer[n];
     for (int i = 0; i < n; i++) {
-      q[i] = copyIn(queries[i], "pq_decode_select_batch", "items[" + i + "].query", 1, queryHeads);
+      q[i] = queryCopyIn(queries[i], "pq_decode_select_batch", "items[" + i + "].query");
     }
     return decodeSelectBatch(layer, seqIds, q);
   }
@@ -825,8 +830,8 @@ public final class PqContext implements AutoCloseable {
       float[] outValues) {
     nonNull(selection, "pq_fetch_kv", "selection", "a Selection");
     int rows = selection.capacity();
-    ByteBuffer k = scratch(outKeys, "pq_fetch_kv", "out_keys", rows, kvHeads);
-    ByteBuffer v = scratch(outValues, "pq_fetch_kv", "out_values", rows, kvHeads);
+    ByteBuffer k = scratch(outKeys, dtype, "pq_fetch_kv", "out_keys", rows, kvHeads);
+    ByteBuffer v = scratch(outValues, dtype, "pq_fetch_kv", "out_values", rows, kvHeads);
     // Start from the arrays' contents: rows past a head's count stay as they were.
     k.asFloatBuffer().put(outKeys, 0, k.capacity() / Float.BYTES);
     v.asFloatBuffer().put(outValues, 0, v.capacity() / Float.BYTES);
@@ -852,7 +857,7 @@ public final class PqContext implements AutoCloseable {
    */
   public Attention decodeAttend(long seqId, int layer, ByteBuffer query, Selection selection,
       float scale) {
-    ByteBuffer q = input(query, "pq_decode_attend", "query", 1, queryHeads);
+    ByteBuffer q = queryInput(query, "pq_decode_attend", "query", 1);
     checkSelection(selection, "pq_decode_attend", "selection");
     ByteBuffer out = ByteBuffer.allocateDirect(queryHeads * headDim * Float.BYTES)
         .order(ByteOrder.nativeOrder());
@@ -860,7 +865,7 @@ public final class PqContext implements AutoCloseable {
         .order(ByteOrder.nativeOrder());
     run("pq_decode_attend", h -> {
       pq_selection chosen = attached(selection);
-      try (NativeTensor tq = tensor(q, TOKEN_MAJOR, 1, queryHeads)) {
+      try (NativeTensor tq = queryTensor(q, 1)) {
         pqcache.pq_decode_attend(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
       } finally {
         chosen.delete();
@@ -884,7 +889,7 @@ public final class PqContext implements AutoCloseable {
   /** {@link #decodeAttend(long, int, ByteBuffer, Selection, float)} from an array (F32; copies). */
   public Attention decodeAttend(long seqId, int layer, float[] query, Selection selection,
       float scale) {
-    return decodeAttend(seqId, layer, copyIn(query, "pq_decode_attend", "query", 1, queryHeads),
+    return decodeAttend(seqId, layer, queryCopyIn(query, "pq_decode_attend", "query"),
         selection, scale);
   }
 
@@ -1308,9 +1313,18 @@ public final class PqContext implements AutoCloseable {
   }
 
   private NativeTensor tensor(ByteBuffer data, int layout, int tokens, int heads) {
+    return tensor(data, dtype, layout, tokens, heads);
+  }
+
+  /** A query tensor (token-major, queryHeads heads, in {@link #queryDtype}). */
+  private NativeTensor queryTensor(ByteBuffer data, int tokens) {
+    return tensor(data, queryDtype, TOKEN_MAJOR, tokens, queryHeads);
+  }
+
+  private NativeTensor tensor(ByteBuffer data, DType type, int layout, int tokens, int heads) {
     NativeTensor t = new NativeTensor(data);
     try {
-      pqcache.pq_tensor_init(t.tensor, data, dtype.code(), layout, tokens, heads, headDim);
+      pqcache.pq_tensor_init(t.tensor, data, type.code(), layout, tokens, heads, headDim);
     } catch (RuntimeException e) {
       t.close();
       throw e;
@@ -1318,18 +1332,22 @@ public final class PqContext implements AutoCloseable {
     return t;
   }
 
-  private long bytes(int tokens, int heads) {
-    return Math.max(0L, tokens) * heads * headDim * dtype.bytes();
+  private long bytes(DType type, int tokens, int heads) {
+    return Math.max(0L, tokens) * heads * headDim * type.bytes();
   }
 
   private ByteBuffer input(ByteBuffer buffer, String function, String name, int tokens,
       int heads) {
-    return checked(buffer, function, name, tokens, heads, false);
+    return checked(buffer, dtype, function, name, tokens, heads, false);
+  }
+
+  private ByteBuffer queryInput(ByteBuffer buffer, String function, String name, int tokens) {
+    return checked(buffer, queryDtype, function, name, tokens, queryHeads, false);
   }
 
   private ByteBuffer output(ByteBuffer buffer, String function, String name, int tokens,
       int heads) {
-    return checked(buffer, function, name, tokens, heads, true);
+    return checked(buffer, dtype, function, name, tokens, heads, true);
   }
 
   /** The shape in words, for messages: "tokens 8 x heads 2 x head_dim 16". */
@@ -1341,8 +1359,8 @@ public final class PqContext implements AutoCloseable {
    * The buffer's bytes from its position, as a view the native code addresses from 0; a
    * failure names the C function and the argument as the library would.
    */
-  private ByteBuffer checked(ByteBuffer buffer, String function, String name, int tokens,
-      int heads, boolean written) {
+  private ByteBuffer checked(ByteBuffer buffer, DType type, String function, String name,
+      int tokens, int heads, boolean written) {
     nonNull(buffer, function, name, "a direct ByteBuffer");
     if (!buffer.isDirect()) {
       throw invalid(function, name + " is a heap ByteBuffer; expected a direct one"
@@ -1358,19 +1376,19 @@ public final class PqContext implements AutoCloseable {
       throw invalid(function, name + " is read-only; expected a writable buffer, which"
           + " receives the fetched rows");
     }
-    long needed = bytes(tokens, heads);
+    long needed = bytes(type, tokens, heads);
     if (buffer.remaining() < needed) {
       throw invalid(function, name + " has " + buffer.remaining() + " bytes from its position;"
           + " expected at least " + needed + " (" + shape(tokens, heads) + " x "
-          + dtype.bytes() + " bytes of " + dtypeName(dtype) + ")");
+          + type.bytes() + " bytes of " + dtypeName(type) + ")");
     }
     return buffer.slice();
   }
 
-  private void requireF32(String function, String name) {
-    if (dtype != DType.F32) {
+  private void requireF32(DType type, String function, String name) {
+    if (type != DType.F32) {
       throw invalid(function, name + " is a float[]; expected a direct ByteBuffer of "
-          + dtypeName(dtype) + " elements: the context stores " + dtypeName(dtype)
+          + dtypeName(type) + " elements: the context stores " + dtypeName(dtype)
           + ", and float[] passes f32");
     }
   }
@@ -1383,17 +1401,27 @@ public final class PqContext implements AutoCloseable {
 
   private ByteBuffer copyIn(float[] array, String function, String name, int tokens,
       int heads) {
-    ByteBuffer buffer = scratch(array, function, name, tokens, heads);
+    return copyIn(array, dtype, function, name, tokens, heads);
+  }
+
+  /** One token's query heads from an array (F32; an fp8 context's queries are F32 too). */
+  private ByteBuffer queryCopyIn(float[] array, String function, String name) {
+    return copyIn(array, queryDtype, function, name, 1, queryHeads);
+  }
+
+  private ByteBuffer copyIn(float[] array, DType type, String function, String name, int tokens,
+      int heads) {
+    ByteBuffer buffer = scratch(array, type, function, name, tokens, heads);
     buffer.asFloatBuffer().put(array, 0, buffer.capacity() / Float.BYTES);
     return buffer;
   }
 
   /** A direct buffer of the tensor's size after checking the array against it. */
-  private ByteBuffer scratch(float[] array, String function, String name, int tokens,
-      int heads) {
+  private ByteBuffer scratch(float[] array, DType type, String function, String name,
+      int tokens, int heads) {
     nonNull(array, function, name, "a float[]");
-    requireF32(function, name);
-    long needed = bytes(tokens, heads);
+    requireF32(type, function, name);
+    long needed = bytes(type, tokens, heads);
     if (array.length * (long) Float.BYTES < needed) {
       throw invalid(function, name + " has " + array.length + " floats; expected at least "
           + needed / Float.BYTES + " (" + shape(tokens, heads) + ")");
