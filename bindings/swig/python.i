@@ -670,6 +670,157 @@ static PyObject* pq_py_decode_select_device_batch(pq_context* ctx, int32_t layer
 static PyObject* pq_py_fetch_kv_device_batch(pq_context* ctx, int32_t layer, PyObject* items) {
   return pq_py_device_batch(ctx, layer, items, 0);
 }
+
+/* --- the index-only tier (0.10): keys in the caller's pool, several query
+ * tokens in one select ------------------------------------------------------ */
+/* A 1-D C-contiguous buffer of `bytes`-byte signed integers (int32: 'i', or
+ * 'l' where long has 4 bytes; int64: 'q', or 'l' where long has 8). */
+static int pq_py_index_array(PyObject* input, const char* name, int bytes, Py_buffer* view) {
+  if (pq_py_get_buffer(input, name, 0, view) != 0) return -1;
+  char code = pq_py_format_code(view->format);
+  int ok = view->itemsize == bytes &&
+           (code == (bytes == 4 ? 'i' : 'q') || (code == 'l' && sizeof(long) == (size_t)bytes));
+  if (!ok) {
+    PyErr_Format(PyExc_TypeError, "%s: expected int%d elements in native byte order, got format "
+                 "'%s'", name, bytes * 8, view->format ? view->format : "B");
+    return -1;
+  }
+  if (view->ndim != 1 || !PyBuffer_IsContiguous(view, 'C')) {
+    PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous 1-D array, got %d dimensions",
+                 name, view->ndim);
+    return -1;
+  }
+  return 0;
+}
+
+/* A pq_paged_keys over the caller's pool and map, without a copy: pool
+ * [slots][kv_heads][head_dim], slots int64 (or None), block_table int32 (or
+ * None); both None is the dense map (slot p is row p). The buffers stay
+ * exported until pq_py_paged_release. */
+typedef struct pq_py_paged {
+  pq_paged_keys keys;
+  Py_buffer pool, slots, table;
+} pq_py_paged;
+
+static int pq_py_paged_from(PyObject* pool, PyObject* slots, PyObject* block_table,
+                            int32_t block_size, int64_t tokens, pq_py_paged* out) {
+  memset(out, 0, sizeof *out);
+  if (pq_py_tensor(pool, "pool", 0, &out->pool, &out->keys.pool) != 0) return -1;
+  if (slots != Py_None) {
+    if (pq_py_index_array(slots, "slots", 8, &out->slots) != 0) return -1;
+    out->keys.slots = (const int64_t*)out->slots.buf;
+    out->keys.map_length = (int64_t)out->slots.shape[0];
+  }
+  if (block_table != Py_None) {
+    if (pq_py_index_array(block_table, "block_table", 4, &out->table) != 0) return -1;
+    out->keys.block_table = (const int32_t*)out->table.buf;
+    out->keys.map_length = (int64_t)out->table.shape[0];
+  }
+  out->keys.block_size = block_size;
+  out->keys.tokens = tokens;
+  return 0;
+}
+
+static void pq_py_paged_release(pq_py_paged* p) {
+  PyBuffer_Release(&p->pool);
+  PyBuffer_Release(&p->slots);
+  PyBuffer_Release(&p->table);
+}
+
+/* pq_prefill_layer_paged / pq_decode_append_paged(ctx, seq_id, layer, pool,
+ * slots, block_table, block_size, tokens). */
+static PyObject* pq_py_paged_call(int append, pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                  PyObject* pool, PyObject* slots, PyObject* block_table,
+                                  int32_t block_size, int64_t tokens) {
+  pq_py_paged paged;
+  pq_status status;
+  if (pq_py_paged_from(pool, slots, block_table, block_size, tokens, &paged) != 0) {
+    pq_py_paged_release(&paged);
+    return NULL;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  status = append ? pq_decode_append_paged(ctx, seq_id, layer, &paged.keys)
+                  : pq_prefill_layer_paged(ctx, seq_id, layer, &paged.keys);
+  Py_END_ALLOW_THREADS
+  pq_py_paged_release(&paged);
+  if (status != PQ_OK) {
+    pq_py_raise(status);
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+static PyObject* pq_py_prefill_layer_paged(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                           PyObject* pool, PyObject* slots,
+                                           PyObject* block_table, int32_t block_size,
+                                           int64_t tokens) {
+  return pq_py_paged_call(0, ctx, seq_id, layer, pool, slots, block_table, block_size, tokens);
+}
+static PyObject* pq_py_decode_append_paged(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                           PyObject* pool, PyObject* slots,
+                                           PyObject* block_table, int32_t block_size,
+                                           int64_t tokens) {
+  return pq_py_paged_call(1, ctx, seq_id, layer, pool, slots, block_table, block_size, tokens);
+}
+
+/* pq_decode_select_multi(ctx, seq_id, layer, queries, rows, out, pool,
+ * slots, block_table, block_size): out is (positions, counts), int32
+ * [rows][capacity] and [rows], with exactly the rows the form writes
+ * (checked here: the library writes them all); pool None passes no keys. */
+static PyObject* pq_py_decode_select_multi(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                           PyObject* queries, int32_t rows, PyObject* out,
+                                           PyObject* pool, PyObject* slots,
+                                           PyObject* block_table, int32_t block_size) {
+  Py_buffer query_view = {0};
+  pq_tensor query;
+  pq_py_selection selection = {{0}, {0}, {0}};
+  pq_py_paged paged;
+  int have_keys = pool != Py_None;
+  PyObject* result = NULL;
+  memset(&paged, 0, sizeof paged);
+  if (pq_py_tensor(queries, "queries", 0, &query_view, &query) != 0 ||
+      pq_py_selection_from(out, "out", 1, &selection) != 0 ||
+      (have_keys && pq_py_paged_from(pool, slots, block_table, block_size, 0, &paged) != 0))
+    goto done;
+  if (ctx != NULL && rows >= PQ_ROWS_PER_TOKEN && rows <= PQ_ROWS_PER_REQUEST) {
+    pq_config config;
+    pq_status status;
+    Py_ssize_t want;
+    pq_config_default(&config);
+    status = pq_get_config(ctx, &config);
+    if (status != PQ_OK) {
+      pq_py_raise(status);
+      goto done;
+    }
+    want = rows == PQ_ROWS_PER_TOKEN ? (Py_ssize_t)query.tokens * config.num_kv_heads
+         : rows == PQ_ROWS_PER_HEAD  ? (Py_ssize_t)config.num_kv_heads : 1;
+    if (selection.positions.shape[0] != want) {
+      PyErr_Format(PyExc_ValueError,
+                   "out: positions and counts have %zd rows; this form writes %zd for %lld "
+                   "query tokens and %d kv heads (pq_selection_capacity_multi)",
+                   selection.positions.shape[0], want, (long long)query.tokens,
+                   (int)config.num_kv_heads);
+      goto done;
+    }
+  }
+  {
+    pq_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pq_decode_select_multi(ctx, seq_id, layer, &query, rows,
+                                    have_keys ? &paged.keys : NULL, &selection.selection);
+    Py_END_ALLOW_THREADS
+    if (status != PQ_OK) {
+      pq_py_raise(status);
+      goto done;
+    }
+  }
+  Py_INCREF(Py_None);
+  result = Py_None;
+done:
+  PyBuffer_Release(&query_view);
+  pq_py_selection_release(&selection);
+  pq_py_paged_release(&paged);
+  return result;
+}
 %}
 
 %init %{
@@ -705,12 +856,20 @@ PQError = _pqcache_swig.PQError
 
 /* --- tensors ------------------------------------------------------------- */
 %typemap(in) const pq_tensor* keys (Py_buffer view = {0}, pq_tensor tensor),
-             const pq_tensor* values (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* query (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* query_estimate (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* queries (Py_buffer view = {0}, pq_tensor tensor) {
   if (pq_py_tensor($input, "$1_name", 0, &view, &tensor) != 0) SWIG_fail;
   $1 = &tensor;
+}
+/* values: None passes NULL, for an index-only context (PQ_KV_TIER_CALLER),
+ * which reads no values; other contexts answer PQ_ERR_INVALID_ARGUMENT. */
+%typemap(in) const pq_tensor* values (Py_buffer view = {0}, pq_tensor tensor) {
+  $1 = NULL;
+  if ($input != Py_None) {
+    if (pq_py_tensor($input, "$1_name", 0, &view, &tensor) != 0) SWIG_fail;
+    $1 = &tensor;
+  }
 }
 %typemap(in) const pq_tensor* out_keys (Py_buffer view = {0}, pq_tensor tensor),
              const pq_tensor* out_values (Py_buffer view = {0}, pq_tensor tensor) {
@@ -786,6 +945,30 @@ PyObject* pq_py_decode_select_batch(pq_context* ctx, int32_t layer, PyObject* se
                                     PyObject* queries, PyObject* outs);
 PyObject* pq_py_fetch_kv_batch(pq_context* ctx, int32_t layer, PyObject* seq_ids,
                                PyObject* selections, PyObject* out_keys, PyObject* out_values);
+
+/* The index-only tier (0.10): the paged calls and the multi-token select take
+ * the pool and its map as arrays (see pq_py_paged_from above) and run
+ * without the GIL; pq_paged_keys itself is not wrapped. */
+%ignore pq_paged_keys;
+%ignore pq_prefill_layer_paged;
+%ignore pq_decode_append_paged;
+%ignore pq_decode_select_multi;
+%exception pq_py_prefill_layer_paged %{ $action %}
+%exception pq_py_decode_append_paged %{ $action %}
+%exception pq_py_decode_select_multi %{ $action %}
+%rename(pq_prefill_layer_paged) pq_py_prefill_layer_paged;
+%rename(pq_decode_append_paged) pq_py_decode_append_paged;
+%rename(pq_decode_select_multi) pq_py_decode_select_multi;
+PyObject* pq_py_prefill_layer_paged(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                    PyObject* pool, PyObject* slots, PyObject* block_table,
+                                    int32_t block_size, int64_t tokens);
+PyObject* pq_py_decode_append_paged(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                    PyObject* pool, PyObject* slots, PyObject* block_table,
+                                    int32_t block_size, int64_t tokens);
+PyObject* pq_py_decode_select_multi(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                    PyObject* queries, int32_t rows, PyObject* out,
+                                    PyObject* pool, PyObject* slots, PyObject* block_table,
+                                    int32_t block_size);
 
 /* pq_observe_attention: one float32 per selection entry, [kv_heads][capacity]. */
 %typemap(in) const float* probs (Py_buffer view = {0}) {
@@ -944,11 +1127,13 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
 
 /* --- out-parameters become return values ---------------------------------- */
 %typemap(in, numinputs=0) int64_t* out_tokens (int64_t value = 0),
+                          int64_t* out_rows (int64_t value = 0),
                           int64_t* out_capacity (int64_t value = 0),
                           int64_t* out_count (int64_t value = 0) {
   $1 = &value;
 }
-%typemap(argout) int64_t* out_tokens, int64_t* out_capacity, int64_t* out_count {
+%typemap(argout) int64_t* out_tokens, int64_t* out_rows, int64_t* out_capacity,
+                  int64_t* out_count {
   $result = SWIG_Python_AppendOutput($result, PyLong_FromLongLong((long long)*$1));
 }
 %typemap(in, numinputs=0) int32_t* out_backend (int32_t value = 0) {

@@ -63,7 +63,8 @@ void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* q
   const pq_config& c = shared_.config;
   check_layer(layer);
   const pq_tensor queries = copy_descriptor(queries_arg, "queries");
-  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim, c.dtype, 1, -1});
+  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim,
+                             query_dtype(c.dtype, queries, "queries"), 1, -1});
   if (queries.memory != PQ_MEMORY_HOST)
     fail(PQ_ERR_UNSUPPORTED, "queries.memory is PQ_MEMORY_DEVICE; pq_decode_select_multi reads "
                              "queries in host memory");
@@ -96,9 +97,9 @@ void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* q
   for (int64_t t = 0; t < q; ++t) {
     pq_tensor one = queries;
     one.data = static_cast<uint8_t*>(queries.data) +
-               t * queries.token_stride * static_cast<int64_t>(dtype_size(c.dtype));
+               t * queries.token_stride * static_cast<int64_t>(dtype_size(queries.dtype));
     one.tokens = 1;
-    const std::vector<float> f = query_floats(one, c.num_q_heads, c.head_dim, c.dtype);
+    const std::vector<float> f = query_floats(one, c.num_q_heads, c.head_dim, queries.dtype);
     std::copy(f.begin(), f.end(), floats.begin() + static_cast<std::ptrdiff_t>(t * per_token));
   }
   std::shared_ptr<Sequence> seq = find(id);

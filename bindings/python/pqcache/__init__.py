@@ -46,6 +46,13 @@ geometry "PQ_ERR_INCOMPATIBLE". restore_begin and restore_kv restore a state
 that arrives in pieces: the sequence selects before its K/V have arrived; too
 few bytes raise PQError "PQ_ERR_BUFFER_TOO_SMALL" with .needed.
 
+Serving engines (0.10, docs/engines.md): kv_tier="caller" keeps the index
+only, the engine's pool the K/V (values may be None); prefill_layer_paged and
+decode_append_paged read keys from the pool through a block table or a slot
+map; select_multi selects for several query tokens at once, per token, per kv
+head or per request, padded with -1 (pqcache.sglang uses it); kv_head_offset
+places a tensor-parallel rank's kv heads in the model's.
+
 On the CUDA backend, select_device and fetch_device keep a decode step on
 the device: a device query, a DeviceSelection in device memory, device K/V
 outputs, all on the sequence's stream with no host wait (pqcache.device).
@@ -65,11 +72,11 @@ from . import pqcache_swig as _c
 from .device import DeviceSelection
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "SelectionResult", "DeviceSelection", "PQError", "BatchError", "DTypeError",
-           "version",
+__all__ = ["Context", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
+           "DTypeError", "version",
            "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
-           "KV_TIERS", "STATUS_NAMES"]
+           "KV_TIERS", "SELECT_ROWS", "STATUS_NAMES"]
 
 # --- enumerations, by the names the tools and the config kwargs use ----------
 
@@ -108,8 +115,13 @@ CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
 KEY_ROTARY = {"none": _c.PQ_ROTARY_NONE, "half": _c.PQ_ROTARY_HALF,
               "interleaved": _c.PQ_ROTARY_INTERLEAVED}
 POOLING = {"max": _c.PQ_POOLING_MAX, "avg": _c.PQ_POOLING_AVG}
-# pq_kv_tier: "disk" keeps the K/V rows in a file in kv_disk_path's directory.
-KV_TIERS = {"host": _c.PQ_KV_TIER_HOST, "disk": _c.PQ_KV_TIER_DISK}
+# pq_kv_tier: "disk" keeps the K/V rows in a file in kv_disk_path's directory;
+# "caller" (0.10) keeps the index only, the caller's pool the K/V.
+KV_TIERS = {"host": _c.PQ_KV_TIER_HOST, "disk": _c.PQ_KV_TIER_DISK,
+            "caller": _c.PQ_KV_TIER_CALLER}
+# pq_select_rows: the rows select_multi writes (0.10).
+SELECT_ROWS = {"per_token": _c.PQ_ROWS_PER_TOKEN, "per_head": _c.PQ_ROWS_PER_HEAD,
+               "per_request": _c.PQ_ROWS_PER_REQUEST}
 # Every pq_status of the header: PQ_OK and the PQ_ERR_* constants.
 STATUS_NAMES = dict(sorted((getattr(_c, name), name) for name in dir(_c)
                           if name == "PQ_OK" or name.startswith("PQ_ERR_")))
@@ -174,6 +186,16 @@ class BatchError(PQError):
         self.message, self.statuses, self.results = message, statuses, results
 
 
+def _select_rows(rows) -> int:
+    """A pq_select_rows value from its name ("per_token", "per_head",
+    "per_request") or the value itself."""
+    if isinstance(rows, str):
+        if rows not in SELECT_ROWS:
+            raise ValueError(f"unknown rows {rows!r}; expected one of {sorted(SELECT_ROWS)}")
+        return SELECT_ROWS[rows]
+    return int(rows)
+
+
 def _item_message(op: str, index: int, seq: int, detail: str) -> str:
     return f"{op}: items[{index}] (seq_id {seq}): {detail}"
 
@@ -195,6 +217,74 @@ def _tensor_view(array, layout: str):
                              f"{array.shape}")
         return array.transpose(1, 0, 2)
     raise ValueError(f"unknown layout {layout!r}; expected 'token_major' or 'head_major'")
+
+
+def _host_array(obj, name: str):
+    """obj as an object with the buffer protocol: numpy arrays and other
+    buffers as they are, a torch CPU tensor as its numpy view (bfloat16 as
+    its uint16 bits, the binding's convention), without a copy. A tensor on
+    a device raises TypeError: the library reads the caller's pool and map
+    on the host (copy the rows it needs, e.g. pool[slots].cpu())."""
+    if obj is None or isinstance(obj, np.ndarray) or not hasattr(obj, "numpy"):
+        return obj
+    device = getattr(obj, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise TypeError(f"{name}: a tensor on {device}; the library reads it in host memory")
+    obj = obj.detach()
+    if str(getattr(obj, "dtype", "")) == "torch.bfloat16":
+        import torch  # only a torch tensor gets here
+        return obj.view(torch.int16).numpy().view(np.uint16)
+    return obj.numpy()
+
+
+def _index_array(values, name: str, dtype) -> np.ndarray:
+    """A C-contiguous 1-D array of dtype (int64 slots, int32 block ids): the
+    caller's own when it already is one, else a converted copy. Integers
+    only: a float map raises TypeError."""
+    array = np.asarray(_host_array(values, name))
+    if array.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+class PagedKeys:
+    """Where a sequence's keys are in a serving engine's pool (pq_paged_keys,
+    0.10): the key of position p is row slot(p) of pool, where slot(p) is
+    slots[p] (SGLang's req_to_token row), or block_table[p // block_size] *
+    block_size + p % block_size (vLLM's block table), or p when neither is
+    given (the pool holds the sequence's keys in order).
+
+    pool: [slots][kv_heads][head_dim] in the context's dtype, host memory (a
+    numpy array or a torch CPU tensor; vLLM's [blocks][block_size][kv][dim]
+    reshaped to [blocks * block_size][kv][dim] is a view). slots: integers,
+    converted to int64; block_table: integers, converted to int32 (a copy
+    only when they are not already so). The library reads them during a
+    call only."""
+
+    def __init__(self, pool, *, slots=None, block_table=None, block_size: Optional[int] = None):
+        if slots is not None and block_table is not None:
+            raise ValueError("give slots or block_table, not both")
+        if (block_table is None) != (block_size is None):
+            raise ValueError("block_table and block_size go together")
+        self.pool = _host_array(pool, "pool")
+        self.slots = None if slots is None else _index_array(slots, "slots", np.int64)
+        self.block_table = (None if block_table is None
+                            else _index_array(block_table, "block_table", np.int32))
+        self.block_size = 0 if block_size is None else int(block_size)
+
+    def mapped(self) -> Optional[int]:
+        """Positions the map covers: len(slots), the pool's rows for the
+        dense map, None for a block table (its last block may be partial)."""
+        if self.slots is not None:
+            return len(self.slots)
+        if self.block_table is not None:
+            return None
+        return int(np.asarray(self.pool).shape[0])
+
+    def _args(self) -> tuple:
+        return self.pool, self.slots, self.block_table, self.block_size
 
 
 class SelectionResult:
@@ -241,8 +331,11 @@ class Context(_Closing):
     """A libpqcache context. Keyword arguments set pq_config fields by name
     (see include/pqcache.h); selector, gqa_combine, backend, kmeans_init,
     cache_policy, key_rotary, pooling and kv_tier also take names ("pq",
-    "max", "cpu", "kmeans++", "lru", "half", "avg", "disk"). The paths
-    (cuda_plugin_path, kv_disk_path) take str, bytes or os.PathLike."""
+    "max", "cpu", "kmeans++", "lru", "half", "avg", "disk", "caller"). The
+    paths (cuda_plugin_path, kv_disk_path) take str, bytes or os.PathLike.
+    kv_tier="caller" makes an index-only context (the caller's pool keeps
+    the K/V; docs/engines.md); kv_head_offset is a tensor-parallel rank's
+    first kv head in the model."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: str = "f16", **options):
@@ -385,6 +478,15 @@ class Context(_Closing):
         if self._closing:  # close() waits: let it look at _callers again
             with self._lock:
                 self._idle.notify_all()
+
+    def _kv_array(self, name: str, array):
+        """K/V (or a key pool) as the native module takes them: fp8 codes
+        through _codes, other dtypes as a host array of the context's dtype."""
+        if self._dtype in _FP8:
+            return self._codes(name, array)
+        array = _host_array(array, name)
+        self._check_dtype(name, array)
+        return array
 
     def _codes(self, name: str, array):
         """K/V of this context as the native module takes them: for fp8, a
@@ -568,20 +670,66 @@ class Context(_Closing):
 
     # --- prefill and decode ----------------------------------------------
 
-    def prefill(self, seq: int, layer: int, keys, values, layout: str = "token_major") -> None:
+    def prefill(self, seq: int, layer: int, keys, values=None,
+                layout: str = "token_major") -> None:
         """Appends a prompt's K/V for one layer and schedules its index build.
         keys, values: [tokens][kv_heads][head_dim] ("token_major") or
         [kv_heads][tokens][head_dim] ("head_major"), in the context's dtype.
-        The library copies the data; the arrays may be reused on return."""
-        keys, values = self._codes("keys", keys), self._codes("values", values)
-        self._call("pq_prefill_layer", _c.pq_prefill_layer, seq, layer,
-                   _tensor_view(keys, layout), _tensor_view(values, layout))
+        The library copies the data; the arrays may be reused on return.
+        values may be None in an index-only context (kv_tier="caller"),
+        which reads no values; other contexts raise PQError
+        PQ_ERR_INVALID_ARGUMENT for it."""
+        self._kv_call("pq_prefill_layer", _c.pq_prefill_layer, seq, layer, keys, values, layout)
 
-    def append(self, seq: int, layer: int, keys, values, layout: str = "token_major") -> None:
-        """Appends decode tokens' K/V (usually one token) to a prefilled layer."""
-        keys, values = self._codes("keys", keys), self._codes("values", values)
-        self._call("pq_decode_append", _c.pq_decode_append, seq, layer,
-                   _tensor_view(keys, layout), _tensor_view(values, layout))
+    def append(self, seq: int, layer: int, keys, values=None,
+               layout: str = "token_major") -> None:
+        """Appends decode tokens' K/V (usually one token) to a prefilled layer
+        (values None: as for prefill)."""
+        self._kv_call("pq_decode_append", _c.pq_decode_append, seq, layer, keys, values, layout)
+
+    def _kv_call(self, op: str, call, seq: int, layer: int, keys, values, layout: str) -> None:
+        keys = self._kv_array("keys", keys)
+        if values is not None:
+            values = _tensor_view(self._kv_array("values", values), layout)
+        self._call(op, call, seq, layer, _tensor_view(keys, layout), values)
+
+    # --- keys in the caller's pool (0.10, kv_tier="caller") ---------------
+
+    def prefill_layer_paged(self, seq: int, layer: int, pool, *, block_table=None,
+                            block_size: Optional[int] = None, slots=None,
+                            tokens: Optional[int] = None) -> None:
+        """prefill for an index-only context whose keys are in the caller's
+        pool (pq_prefill_layer_paged): the keys of positions [L, L + tokens)
+        are read from pool through the map (PagedKeys: slots, or
+        block_table and block_size, or neither for the dense map), L the
+        layer's length before the call (0 for a first prefill, more for a
+        chunk of a chunked prompt). tokens None: every position the map
+        covers past L (len(slots) - L, or the pool's rows - L); a block table
+        needs it. Values stay in the caller's pool. A context that stores
+        K/V raises PQError PQ_ERR_UNSUPPORTED (it needs the values)."""
+        self._paged_call("pq_prefill_layer_paged", _c.pq_prefill_layer_paged, seq, layer,
+                         PagedKeys(pool, slots=slots, block_table=block_table,
+                                   block_size=block_size), tokens)
+
+    def decode_append_paged(self, seq: int, layer: int, pool, *, block_table=None,
+                            block_size: Optional[int] = None, slots=None,
+                            tokens: Optional[int] = None) -> None:
+        """append from the caller's pool (pq_decode_append_paged): positions
+        [L, L + tokens), as prefill_layer_paged reads them."""
+        self._paged_call("pq_decode_append_paged", _c.pq_decode_append_paged, seq, layer,
+                         PagedKeys(pool, slots=slots, block_table=block_table,
+                                   block_size=block_size), tokens)
+
+    def _paged_call(self, op: str, call, seq: int, layer: int, keys: PagedKeys,
+                    tokens: Optional[int]) -> None:
+        keys.pool = self._kv_array("pool", keys.pool)
+        if tokens is None:
+            mapped = keys.mapped()
+            if mapped is None:
+                raise ValueError(f"{op}: tokens is needed with a block table (how many "
+                                 "positions past the layer's length to read)")
+            tokens = mapped - self.length(seq, layer)
+        self._call(op, call, seq, layer, *keys._args(), int(tokens))
 
     def prefill_queries(self, seq: int, layer: int, queries, layout: str = "token_major") -> None:
         """The prompt's last queries [tokens][q_heads][head_dim], for SnapKV,
@@ -730,6 +878,51 @@ class Context(_Closing):
         if first is None:
             return results
         raise BatchError(first[0], first[1], statuses, results)
+
+    # --- several query tokens in one select (0.10) ------------------------
+
+    def selection_capacity_multi(self, seq: int, layer: int, query_tokens: int,
+                                 rows: str = "per_token") -> Tuple[int, int]:
+        """(rows, capacity per row) that select_multi needs at (seq, layer)'s
+        current length for query_tokens tokens (pq_selection_capacity_multi):
+        rows is query_tokens * kv_heads ("per_token"), kv_heads
+        ("per_head") or 1 ("per_request")."""
+        result = self._call("pq_selection_capacity_multi", _c.pq_selection_capacity_multi, seq,
+                            layer, query_tokens, _select_rows(rows))
+        return int(result[0]), int(result[1])
+
+    def select_multi(self, seq: int, layer: int, queries, rows: str = "per_token",
+                     keys: Optional[PagedKeys] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """Selects for several query tokens of one sequence in one call
+        (pq_decode_select_multi): queries [tokens][q_heads][head_dim] (or
+        [q_heads][head_dim] for one token), each scored against the layer's
+        tokens as they are now, in token order. Returns (positions, counts):
+        int32 [rows][capacity], each row ascending and padded with -1, and
+        int32 [rows], the valid entries of each row (SGLang's selected
+        indices and valid lengths). rows: "per_token" (row t * kv_heads + h:
+        what select returns for token t's query, kv head h), "per_head"
+        (row h: the union over the tokens) or "per_request" (one row: the
+        union over the tokens and kv heads). keys: a PagedKeys of the
+        layer's positions, for pq_rerank > 0 in an index-only context (which
+        then needs it); other contexts do not read it."""
+        form = _select_rows(rows)
+        queries = self._query(_host_array(queries, "queries"))
+        self._check_dtype("queries", queries)
+        paged = (None, None, None, 0) if keys is None else keys._args()
+        if keys is not None:
+            self._check_dtype("keys.pool", keys.pool)
+        count, capacity = self.selection_capacity_multi(seq, layer, len(queries), rows)
+        for _ in range(2):  # grown once if the layer grew meanwhile (another thread)
+            out = (np.full((count, max(capacity, 1)), -1, np.int32), np.zeros(count, np.int32))
+            try:
+                self._call("pq_decode_select_multi", _c.pq_decode_select_multi, seq, layer,
+                           queries, form, out, *paged)
+                return out
+            except PQError as e:
+                if e.status != _BUFFER_TOO_SMALL or not count:
+                    raise
+                capacity = int(out[1][0])
+        raise AssertionError("unreachable: the second select had the capacity asked for")
 
     def observe_attention(self, seq: int, layer: int, selection: SelectionResult,
                           probs) -> None:

@@ -143,7 +143,7 @@ cuda_plugin=0
 [[ -n ${PQ_WHEEL:-} ]] && has -x pqcache/libpqcache_cuda.so "$tmp/files.txt" && cuda_plugin=1
 expected=(pqcache/__init__.py pqcache/device.py pqcache/selector_inputs.py pqcache/transformers.py pqcache/pqcache_swig.py
           pqcache/_session_rows.py pqcache/_session_cache.py pqcache/_forward_hook.py pqcache/_speculation.py
-          pqcache/_selector_feed.py pqcache/_host_arrays.py
+          pqcache/_selector_feed.py pqcache/_host_arrays.py pqcache/sglang.py
           "pqcache/_pqcache_swig$ext_suffix" "pqcache/libpqcache.so.$PQ_ABI_MAJOR")
 ((cuda_plugin)) && expected+=(pqcache/libpqcache_cuda.so)
 dist_info="pqcache-$PQ_VERSION.dist-info"
