@@ -234,6 +234,9 @@ def _host_array(obj, name: str):
     if str(getattr(obj, "dtype", "")) == "torch.bfloat16":
         import torch  # only a torch tensor gets here
         return obj.view(torch.int16).numpy().view(np.uint16)
+    if str(getattr(obj, "dtype", "")).startswith("torch.float8"):
+        import torch  # numpy has no fp8: the codes, as bytes
+        return obj.view(torch.uint8).numpy()
     return obj.numpy()
 
 
