@@ -707,9 +707,16 @@ typedef enum pq_kv_tier {
    * memory limit counts the codes and the selector's state of every chunk
    * and the keys while held.
    * Selectors: PQ, WINDOW and RANDOM (the others read keys or values the
-   * library does not keep: PQ_ERR_INVALID_ARGUMENT at pq_create); the CPU
-   * backend (PQ_ERR_UNSUPPORTED with PQ_BACKEND_CUDA; AUTO picks CPU);
-   * pq_rebuild_share and cache_tokens must be 0. */
+   * library does not keep: PQ_ERR_INVALID_ARGUMENT at pq_create);
+   * pq_rebuild_share and cache_tokens must be 0. Both backends (the CUDA
+   * backend since 0.10; AUTO picks as for the host tier): on CUDA,
+   * pq_decode_select_device(_batch) and pq_decode_select_multi_device select
+   * on the device from the codes there, and nothing else goes to the
+   * device (no window, no pinned store; keys appended from device memory
+   * are copied to the host, where they are coded). There, config.pq_rerank
+   * is PQ_ERR_UNSUPPORTED for the device selects (the exact keys are in the
+   * caller's pool, which they are not given): pq_decode_select_multi with
+   * keys re-ranks on the host. */
   PQ_KV_TIER_CALLER = 2
 } pq_kv_tier;
 

@@ -97,6 +97,9 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
                                          rerank_candidates(c.pq_rerank, r.k, r.mid_end - r.sink_end)};
     device->reserve_layer(device_.get(), args);
   }
+  // Store blocks for the chunks to come; an index-only tier's keys are not
+  // in the backend's pool (and go once coded): none.
+  if (store_->host_store() == nullptr) return 0;
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
   return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_->chunk_count()));
 }

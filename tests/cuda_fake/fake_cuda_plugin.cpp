@@ -579,6 +579,7 @@ int gather_rows(const void* const* d_srcs, void* const* d_dsts, int64_t rows, si
     return error(err, len, "gather_rows: the pointer arrays are not device memory");
   if (!valid_stream(stream)) return error(err, len, "gather_rows: unknown stream");
   ++g_counters.kernel_launches;
+  g_counters.rows_copied += static_cast<uint64_t>(rows);
   // The pointers are read when the kernel runs, as on the device.
   enqueue(stream, [=] {
     for (int64_t i = 0; i < rows; ++i) {
@@ -790,6 +791,7 @@ int inline_copies(const pq_inline_copies* args, void* stream, char* err, size_t 
       return error(err, len, "inline_copies: piece %d is outside the payload", p);
   if (!valid_stream(stream)) return error(err, len, "inline_copies: unknown stream");
   ++g_counters.inline_copies;
+  g_counters.rows_copied += static_cast<uint64_t>(args->rows);
   for (int32_t p = 0; p < args->pieces; ++p) g_counters.bytes_to_device += args->piece_bytes[p];
   auto a = std::make_shared<pq_inline_copies>(*args);
   enqueue(stream, [a] {
