@@ -177,6 +177,8 @@ TEST(FakeCudaIndexOnly, ReRankingOnTheDeviceIsRefusedNamingTheHostCall) {
   PQ_EXPECT_ERR(pq_decode_select_device_batch(index, 0, &item, 1), PQ_ERR_UNSUPPORTED,
                 "pq_decode_select_multi");
   EXPECT_EQ(item.status, PQ_ERR_UNSUPPORTED);
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(index, 1, 0, &dq.t, PQ_ROWS_PER_TOKEN, &sel.s),
+                PQ_ERR_UNSUPPORTED, "pq_paged_keys");
   // The way out: the host call with the pool (here dense) as keys.
   pq_paged_keys pool{};
   pool.pool = *k.get();
