@@ -196,21 +196,21 @@ TEST(FakeCudaSelectMulti, RefusalsNameTheArgument) {
   EXPECT_NE(std::string(pq_last_error()).find(std::to_string(cap)), std::string::npos);
   Fake::get().synchronize_all();
   EXPECT_EQ(small.all_counts(), std::vector<int32_t>(static_cast<size_t>(rows), 9));
-  DeviceRows got(rows, cap);
+  DeviceRows got(rows, cap);  // the rows of PQ_ROWS_PER_REQUEST: every call below asks for them
   PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, &dq.t, 3, &got.s),
                 PQ_ERR_INVALID_ARGUMENT, "rows");
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, queries.get(), PQ_ROWS_PER_HEAD,
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, queries.get(), PQ_ROWS_PER_REQUEST,
                                               &got.s),
                 PQ_ERR_UNSUPPORTED, "queries.memory");
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(cpu, 1, 0, &dq.t, PQ_ROWS_PER_HEAD, &got.s),
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(cpu, 1, 0, &dq.t, PQ_ROWS_PER_REQUEST, &got.s),
                 PQ_ERR_UNSUPPORTED, "CUDA backend");
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, &dq.t, PQ_ROWS_PER_HEAD, nullptr),
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, &dq.t, PQ_ROWS_PER_REQUEST, nullptr),
                 PQ_ERR_INVALID_ARGUMENT, "out");
   pq_selection overlap = got.s;
   overlap.counts = overlap.positions;
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, &dq.t, PQ_ROWS_PER_HEAD, &overlap),
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 1, 0, &dq.t, PQ_ROWS_PER_REQUEST, &overlap),
                 PQ_ERR_INVALID_ARGUMENT, "out->counts");
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 9, 0, &dq.t, PQ_ROWS_PER_HEAD, &got.s),
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(cuda, 9, 0, &dq.t, PQ_ROWS_PER_REQUEST, &got.s),
                 PQ_ERR_NOT_FOUND, "seq_id");
   // Host arrays are not the device's.
   Sel host_rows(static_cast<int32_t>(rows), cap);
@@ -223,7 +223,7 @@ TEST(FakeCudaSelectMulti, RefusalsNameTheArgument) {
   Ctx window = make_fake_cuda_ctx(w);
   ASSERT_TRUE(window.ok()) << pq_last_error();
   add_prefilled(window, 1, 400, PQ_DTYPE_F32, 2);
-  PQ_EXPECT_ERR(pq_decode_select_multi_device(window, 1, 0, &dq.t, PQ_ROWS_PER_HEAD, &got.s),
+  PQ_EXPECT_ERR(pq_decode_select_multi_device(window, 1, 0, &dq.t, PQ_ROWS_PER_REQUEST, &got.s),
                 PQ_ERR_UNSUPPORTED, "PQ selector");
 }
 
