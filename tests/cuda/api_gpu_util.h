@@ -1,7 +1,7 @@
 // What the tests of the CUDA backend through the public API on a real GPU
 // share (test_cuda_device_step.cpp, test_cuda_engine_step.cpp): the shape
-// they run at, the reason a test skips without a device, device memory
-// through cudart, and random f16 data.
+// they run at and their context, the reason a test skips without a device,
+// device memory through cudart, and random f16 data.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,6 +49,22 @@ struct Dev {
     return h;
   }
 };
+
+// A one-layer f16 context on the CUDA backend of the shape above, with
+// `combine`, `key_rotary`, `rerank` and `kv_tier`; NULL (and a failure)
+// when pq_create fails.
+pq_context* make_context(int32_t combine, int32_t key_rotary = PQ_ROTARY_NONE,
+                         float rerank = 0.f, int32_t kv_tier = PQ_KV_TIER_HOST) {
+  pq_config c;
+  pq_config_default(&c);
+  c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
+  c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = combine;
+  c.key_rotary = key_rotary, c.pq_rerank = rerank, c.kv_tier = kv_tier;
+  c.backend = PQ_BACKEND_CUDA;
+  pq_context* ctx = nullptr;
+  EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+  return ctx;
+}
 
 std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

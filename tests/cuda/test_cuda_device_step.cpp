@@ -20,19 +20,6 @@
 
 namespace {
 
-pq_context* make_context(int32_t combine, int32_t key_rotary = PQ_ROTARY_NONE,
-                         float rerank = 0.f) {
-  pq_config c;
-  pq_config_default(&c);
-  c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
-  c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = combine;
-  c.key_rotary = key_rotary, c.pq_rerank = rerank;
-  c.backend = PQ_BACKEND_CUDA;
-  pq_context* ctx = nullptr;
-  EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
-  return ctx;
-}
-
 void prefill(pq_context* ctx, uint64_t id, int64_t tokens) {
   ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
   const std::vector<uint16_t> k = random_f16(static_cast<size_t>(tokens) * kKvHeads * kDim, id);

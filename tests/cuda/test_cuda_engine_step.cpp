@@ -23,16 +23,9 @@
 
 namespace {
 
-pq_context* make_context(int32_t tier) {
-  pq_config c;
-  pq_config_default(&c);
-  c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
-  c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = PQ_GQA_MAX;
-  c.key_rotary = PQ_ROTARY_HALF, c.kv_tier = tier;
-  c.backend = PQ_BACKEND_CUDA;
-  pq_context* ctx = nullptr;
-  EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
-  return ctx;
+// MAX combine and rotate-half, on the tier given.
+pq_context* tier_context(int32_t tier) {
+  return make_context(PQ_GQA_MAX, PQ_ROTARY_HALF, 0.f, tier);
 }
 
 pq_tensor tensor(const void* data, int64_t tokens, int32_t heads, int32_t memory) {
@@ -67,8 +60,8 @@ void add_tokens(pq_context* ctx, bool index_only, uint64_t id, int64_t first, in
 
 TEST(CudaIndexOnly, TheDeviceSelectsWhatTheHostTierSelects) {
   REQUIRE_GPU();
-  pq_context* host = make_context(PQ_KV_TIER_HOST);
-  pq_context* index = make_context(PQ_KV_TIER_CALLER);
+  pq_context* host = tier_context(PQ_KV_TIER_HOST);
+  pq_context* index = tier_context(PQ_KV_TIER_CALLER);
   ASSERT_TRUE(host != nullptr && index != nullptr);
   const int n = 4;
   for (int i = 0; i < n; ++i)
@@ -119,7 +112,7 @@ TEST(CudaIndexOnly, TheDeviceSelectsWhatTheHostTierSelects) {
 TEST(CudaSelectMulti, EveryRowFormIsTheHostCallsRows) {
   REQUIRE_GPU();
   for (int32_t tier : {PQ_KV_TIER_HOST, PQ_KV_TIER_CALLER}) {
-    pq_context* ctx = make_context(tier);
+    pq_context* ctx = tier_context(tier);
     ASSERT_NE(ctx, nullptr);
     add_tokens(ctx, tier == PQ_KV_TIER_CALLER, 1, 0, 12000);
     for (int64_t q : {1, 4, 16}) {
