@@ -1423,8 +1423,8 @@ PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
  * written), PQ_ERR_UNSUPPORTED (the CPU backend, another selector, a query
  * or arrays the device does not know as its memory, config.pq_rerank > 0
  * with a K/V store in the caller's host_alloc memory, which the device
- * cannot read), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never
- * prefilled).
+ * cannot read, or in an index-only context, whose keys are in the caller's
+ * pool), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
  * Threading: as pq_decode_select. */
 PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,
                                          int32_t layer, const pq_tensor* query,
@@ -1469,8 +1469,9 @@ PQ_API pq_status pq_decode_select_multi_device(pq_context* ctx, uint64_t seq_id,
  * Errors: PQ_ERR_INVALID_ARGUMENT (output shapes, dtype, overlap, NULL
  * arrays), PQ_ERR_UNSUPPORTED (the CPU backend, host outputs, arrays the
  * device does not know as its memory, a K/V store in the caller's
- * host_alloc memory, which the device cannot read), PQ_ERR_NOT_FOUND,
- * PQ_ERR_BAD_STATE (layer never prefilled). Threading: as pq_fetch_kv. */
+ * host_alloc memory, which the device cannot read, an index-only context,
+ * which holds no K/V), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never
+ * prefilled). Threading: as pq_fetch_kv. */
 PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
                                     int32_t layer, const pq_selection* selection,
                                     const pq_tensor* out_keys,
