@@ -745,9 +745,16 @@ typedef enum pq_kv_tier {
    * memory limit counts the codes and the selector's state of every chunk
    * and the keys while held.
    * Selectors: PQ, WINDOW and RANDOM (the others read keys or values the
-   * library does not keep: PQ_ERR_INVALID_ARGUMENT at pq_create); the CPU
-   * backend (PQ_ERR_UNSUPPORTED with PQ_BACKEND_CUDA; AUTO picks CPU);
-   * pq_rebuild_share and cache_tokens must be 0. */
+   * library does not keep: PQ_ERR_INVALID_ARGUMENT at pq_create);
+   * pq_rebuild_share and cache_tokens must be 0. Both backends (the CUDA
+   * backend since 0.10; AUTO picks as for the host tier): on CUDA,
+   * pq_decode_select_device(_batch) and pq_decode_select_multi_device select
+   * on the device from the codes there, and nothing else goes to the
+   * device (no window, no pinned store; keys appended from device memory
+   * are copied to the host, where they are coded). There, config.pq_rerank
+   * is PQ_ERR_UNSUPPORTED for the device selects (the exact keys are in the
+   * caller's pool, which they are not given): pq_decode_select_multi with
+   * keys re-ranks on the host. */
   PQ_KV_TIER_CALLER = 2
 } pq_kv_tier;
 
@@ -1380,7 +1387,8 @@ PQ_API pq_status pq_selection_capacity_multi(const pq_context* ctx,
  * Errors: as pq_decode_select (PQ_ERR_BUFFER_TOO_SMALL writes the needed
  * capacity to every out->counts entry), plus PQ_ERR_INVALID_ARGUMENT for a
  * bad `rows`, and PQ_ERR_BAD_STATE for re-ranking in an index-only
- * context without keys. Threading: as pq_decode_select. */
+ * context without keys. Threading: as pq_decode_select. Queries and rows in
+ * device memory: pq_decode_select_multi_device (the CUDA backend). */
 PQ_API pq_status pq_decode_select_multi(pq_context* ctx, uint64_t seq_id,
                                         int32_t layer, const pq_tensor* queries,
                                         int32_t rows /* pq_select_rows */,
@@ -1458,12 +1466,39 @@ PQ_API pq_status pq_fetch_kv_batch(pq_context* ctx, int32_t layer,
  * written), PQ_ERR_UNSUPPORTED (the CPU backend, another selector, a query
  * or arrays the device does not know as its memory, config.pq_rerank > 0
  * with a K/V store in the caller's host_alloc memory, which the device
- * cannot read), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never
- * prefilled).
+ * cannot read, or in an index-only context, whose keys are in the caller's
+ * pool), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never prefilled).
  * Threading: as pq_decode_select. */
 PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,
                                          int32_t layer, const pq_tensor* query,
                                          pq_selection* out);
+
+/* pq_decode_select_multi with queries and rows in device memory (added in
+ * 0.10): queries tokens x num_q_heads x head_dim (config dtype) in device
+ * memory; out->positions (rows x out->capacity int32) and out->counts (rows
+ * int32) device arrays, rows and capacity from pq_selection_capacity_multi.
+ * Each query token is selected on the device as pq_decode_select_device
+ * would select it (the tokens of one call in one launch chain), into the
+ * stream's scratch; then the rows are written there as `rows` says: a
+ * token's row as it is, or the sorted unique union per kv head or per
+ * request, every row padded with -1 up to the capacity. All of it is
+ * enqueued on the sequence's stream and the call returns without a host
+ * wait; the rows are complete once the stream is. It selects what
+ * pq_decode_select_multi would (keys: with config.pq_rerank the device
+ * re-ranks from the host store, as pq_decode_select_device does; in an
+ * index-only context that is PQ_ERR_UNSUPPORTED, see PQ_KV_TIER_CALLER).
+ * A NaN in the queries is not detected. PQ selector only.
+ * Errors: PQ_ERR_INVALID_ARGUMENT (queries shape or dtype, a bad `rows`,
+ * out or its arrays NULL or overlapping), PQ_ERR_BUFFER_TOO_SMALL
+ * (out->capacity below pq_selection_capacity_multi; the message says what
+ * is needed; nothing is written, the counts included), PQ_ERR_UNSUPPORTED
+ * (as pq_decode_select_device), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer
+ * never prefilled). Threading: as pq_decode_select. */
+PQ_API pq_status pq_decode_select_multi_device(pq_context* ctx, uint64_t seq_id,
+                                               int32_t layer,
+                                               const pq_tensor* queries,
+                                               int32_t rows /* pq_select_rows */,
+                                               pq_selection* out);
 
 /* pq_fetch_kv of a selection in device memory, as pq_decode_select_device
  * writes it, into device tensors of at least selection->capacity tokens:
@@ -1477,8 +1512,9 @@ PQ_API pq_status pq_decode_select_device(pq_context* ctx, uint64_t seq_id,
  * Errors: PQ_ERR_INVALID_ARGUMENT (output shapes, dtype, overlap, NULL
  * arrays), PQ_ERR_UNSUPPORTED (the CPU backend, host outputs, arrays the
  * device does not know as its memory, a K/V store in the caller's
- * host_alloc memory, which the device cannot read), PQ_ERR_NOT_FOUND,
- * PQ_ERR_BAD_STATE (layer never prefilled). Threading: as pq_fetch_kv. */
+ * host_alloc memory, which the device cannot read, an index-only context,
+ * which holds no K/V), PQ_ERR_NOT_FOUND, PQ_ERR_BAD_STATE (layer never
+ * prefilled). Threading: as pq_fetch_kv. */
 PQ_API pq_status pq_fetch_kv_device(pq_context* ctx, uint64_t seq_id,
                                     int32_t layer, const pq_selection* selection,
                                     const pq_tensor* out_keys,

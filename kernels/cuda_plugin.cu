@@ -4,7 +4,7 @@
 // streams, events and copies (memory.cu), the PQ scoring (pq_scan.cu) and
 // top-k (topk.cu) kernels, PQ encoding (encode.cu), the row gather of
 // pq_fetch_kv (gather.cu) and the kernels of a decode step that stays on the
-// device (device_selection.cu).
+// device (device_selection.cu, rerank.cu, multi_rows.cu).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -169,6 +169,8 @@ const pq_cuda_plugin kPlugin = {
     pqcuda::pq_rerank_workspace_size,
     pqcuda::pq_rerank,
     pqcuda::pq_rerank_rows,
+    pqcuda::multi_rows_workspace_size,
+    pqcuda::multi_rows,
 };
 
 }  // namespace

@@ -92,6 +92,13 @@ int pq_rerank_rows(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_sh
 int gather_selected_rows(const pq_selected_gather* d_items, int32_t items, int64_t max_chunks,
                          void* stream, char* err, size_t err_len);
 
+// multi_rows.cu: the rows of a multi-token select (per token, or unions).
+size_t multi_rows_workspace_size(int32_t form, int32_t kv_heads, int64_t n);
+int multi_rows(const int32_t* d_in, const int32_t* d_in_counts, int64_t in_capacity,
+               int32_t tokens, int32_t kv_heads, int32_t form, int64_t n, int32_t* d_out,
+               int32_t* d_out_counts, int64_t out_capacity, void* d_workspace,
+               size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
 // inline_copies.cu: the small copies of a decode step, passed by value.
 int inline_copies(const pq_inline_copies* args, void* stream, char* err, size_t err_len);
 int stream_capturing(void* stream, char* err, size_t err_len);

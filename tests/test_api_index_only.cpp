@@ -297,9 +297,6 @@ TEST(IndexOnly, WhatNeedsKvIsRefusedByName) {
   c = config(PQ_KV_TIER_CALLER);
   c.cache_tokens = 256;
   PQ_EXPECT_ERR(pq_create(&c, &none), PQ_ERR_INVALID_ARGUMENT, "cache_tokens");
-  c = config(PQ_KV_TIER_CALLER);
-  c.backend = PQ_BACKEND_CUDA;
-  PQ_EXPECT_ERR(pq_create(&c, &none), PQ_ERR_UNSUPPORTED, "PQ_BACKEND_CUDA");
   EXPECT_EQ(none, nullptr);
 
   // Paged keys in a context that stores K/V, and bad maps.

@@ -1,5 +1,6 @@
 // The C API a serving engine calls beyond the dense one: keys from its paged
-// pool and several query tokens in one select (added in 0.10).
+// pool and several query tokens in one select, on the host or the device
+// (added in 0.10).
 #include "api/handles.h"
 
 using namespace pq::api;
@@ -32,6 +33,14 @@ pq_status pq_decode_select_multi(pq_context* ctx, uint64_t seq_id, int32_t layer
                                  const pq_paged_keys* keys, pq_selection* out) {
   return guarded_on(ctx, __func__, [&] {
     ctx_of(ctx).decode_select_multi(seq_id, layer, queries, rows, keys, out);
+  });
+}
+
+pq_status pq_decode_select_multi_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                        const pq_tensor* queries, int32_t rows,
+                                        pq_selection* out) {
+  return guarded_on(ctx, __func__, [&] {
+    ctx_of(ctx).decode_select_multi_device(seq_id, layer, queries, rows, out);
   });
 }
 

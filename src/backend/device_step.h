@@ -41,6 +41,18 @@ struct DeviceSelectionFetchArgs {
   const pq_tensor& out_values;
 };
 
+// pq_decode_select_multi_device of one layer: each query token's selection
+// made on the device as select_to_device would make it (tokens[t]: its
+// query, one token; its `out` is not read, the backend selects into its
+// own scratch of per_token entries per kv head), then the rows written
+// into out's device arrays as `rows` (pq_select_rows) says, padded with -1.
+struct DeviceMultiSelectArgs {
+  const std::vector<DeviceSelectArgs>& tokens;  // one layer, one stream
+  int32_t rows;
+  int64_t per_token;
+  const pq_selection& out;  // rows x out.capacity, capacity checked by the caller
+};
+
 class DeviceStep {
  public:
   virtual ~DeviceStep() = default;
@@ -58,6 +70,9 @@ class DeviceStep {
   virtual bool select_batch_to_device(const std::vector<const DeviceSelectArgs*>& items) const = 0;
   virtual bool fetch_batch_device_selection(
       const std::vector<const DeviceSelectionFetchArgs*>& items) const = 0;
+  // Several query tokens of one sequence at one layer, enqueued, no host
+  // wait; false when the backend takes no such path.
+  virtual bool select_multi_to_device(const DeviceMultiSelectArgs& args) const = 0;
 
   // After an append or a truncate: whether the layer keeps the row tables
   // of a step a CUDA graph may capture, and their update to the new length

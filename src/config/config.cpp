@@ -117,11 +117,6 @@ static void check_index_only(pq_config& c) {
     invalid(std::string(tier) + " and config.selector is " + selector_value_name(c.selector) +
             ", which reads the keys or values the library does not keep; index-only contexts "
             "serve PQ_SELECTOR_PQ, PQ_SELECTOR_WINDOW and PQ_SELECTOR_RANDOM");
-  if (c.backend == PQ_BACKEND_CUDA)
-    fail(PQ_ERR_UNSUPPORTED, std::string(tier) +
-                                 " with backend PQ_BACKEND_CUDA; index-only contexts run on the "
-                                 "CPU backend in this version");
-  if (c.backend == PQ_BACKEND_AUTO) c.backend = PQ_BACKEND_CPU;
   if (c.pq_rebuild_share > 0.f)
     invalid(std::string(tier) + " and config.pq_rebuild_share is " +
             number_text(c.pq_rebuild_share) +

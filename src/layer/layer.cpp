@@ -138,11 +138,17 @@ bool Layer::append_async(const pq_tensor& keys, const pq_tensor& values, const S
   std::shared_ptr<HostCopy> k_copy = device->copy_to_host_async(
       keys.data, static_cast<size_t>(tensor_span_elements(keys)) * es, seq.stream);
   if (!k_copy) return false;
-  std::shared_ptr<HostCopy> v_copy = device->copy_to_host_async(
-      values.data, static_cast<size_t>(tensor_span_elements(values)) * es, seq.stream);
+  // An index-only tier reads no value: the keys stand in for them.
+  std::shared_ptr<HostCopy> v_copy =
+      !store_->keeps_values() ? k_copy
+                               : std::shared_ptr<HostCopy>(device->copy_to_host_async(
+                                     values.data,
+                                     static_cast<size_t>(tensor_span_elements(values)) * es,
+                                     seq.stream));
   ingest_.chain(
       shared_,
-      [this, owner, seq, k_copy, v_copy, k_view = keys, v_view = values]() mutable {
+      [this, owner, seq, k_copy, v_copy, k_view = keys,
+       v_view = store_->keeps_values() ? values : keys]() mutable {
         k_copy->wait();
         v_copy->wait();
         k_view.data = const_cast<void*>(k_copy->data());
@@ -180,7 +186,9 @@ bool Layer::append_from_device(const pq_tensor& keys, const pq_tensor& values,
   require_prefill(seq.id, "pq_decode_append");
   require_kv(seq.id, "pq_decode_append");
   const DeviceMemory* device = shared_.backend->device_memory();
-  if (device == nullptr) return false;  // staged through the host
+  // Staged through the host: without a device, and for an index-only tier,
+  // whose keys are host memory (it keeps no rows the device writes).
+  if (device == nullptr || !store_->keeps_values()) return false;
   // Opening may copy a partial chunk shared with a fork: its rows must be
   // there to be read.
   if (store_->open_copies_last_chunk()) land_device_writes(/*wait=*/true);

@@ -141,6 +141,11 @@ class Layer {
   // on the sequence's stream. pq_fetch_kv_device: a device selection
   // gathered on the device. UNSUPPORTED where the backend has no such path.
   void select_to_device(const pq_tensor& query, const pq_selection& out, const SequenceInfo& seq);
+  // pq_decode_select_multi_device: queries [q][q_heads][head_dim] in device
+  // memory, each token selected as select_to_device would, the rows written
+  // as `rows` says into out's device arrays (capacity checked here).
+  void select_multi_to_device(const pq_tensor& queries, int32_t rows, const pq_selection& out,
+                              const SequenceInfo& seq);
   void fetch_device_selection(const pq_selection& sel, const pq_tensor& out_keys,
                               const pq_tensor& out_values, const SequenceInfo& seq);
   // pq_prefill_queries: the last w queries [w][q_heads][head_dim].

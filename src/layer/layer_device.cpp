@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/error.h"
 #include "layer/layer.h"
 #include "pq/rerank.h"
@@ -25,6 +26,44 @@ void Layer::select_to_device(const pq_tensor& query, const pq_selection& out,
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device: the ") +
                                  shared_.backend->name() + " backend has no device");
   device_select_finish(prepared, seq);
+}
+
+void Layer::select_multi_to_device(const pq_tensor& queries, int32_t rows,
+                                   const pq_selection& out, const SequenceInfo& seq) {
+  settle_device();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t q = queries.tokens;
+  int64_t needed = 0;
+  multi_capacity(q, rows, nullptr, &needed);
+  // The counts are device memory: the needed capacity is in the message only.
+  if (out.capacity < needed)
+    fail(PQ_ERR_BUFFER_TOO_SMALL, "out->capacity is " + str(out.capacity) +
+                                      "; these rows need " + str(needed) +
+                                      " entries each (see pq_selection_capacity_multi); nothing "
+                                      "was written");
+  // One token's select after another, as pq_decode_select_multi makes them:
+  // prepared all first (the same length and index for every token).
+  const int64_t per_token = capacity();
+  const size_t n = static_cast<size_t>(q);
+  std::vector<PreparedSelect> prepared(n);
+  std::vector<pq_tensor> token_queries(n, queries);
+  std::vector<pq_selection> unread(n, pq_selection{nullptr, nullptr, per_token});
+  std::vector<DeviceSelectArgs> tokens;
+  tokens.reserve(n);
+  const int64_t token_bytes = queries.token_stride * static_cast<int64_t>(dtype_size(queries.dtype));
+  for (size_t t = 0; t < n; ++t) {
+    token_queries[t].data = static_cast<uint8_t*>(queries.data) + static_cast<int64_t>(t) * token_bytes;
+    token_queries[t].tokens = 1;
+    device_select_prepare(&unread[t], seq, prepared[t]);
+    tokens.push_back(DeviceSelectArgs{prepared[t].request->pq_args(/*luts=*/nullptr),
+                                      token_queries[t], prepared[t].regions.n, unread[t],
+                                      prepared[t].request->store});
+  }
+  const DeviceStep* step = shared_.backend->device_step();
+  if (step == nullptr || !step->select_multi_to_device(DeviceMultiSelectArgs{tokens, rows, per_token, out}))
+    fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_multi_device: the ") +
+                                 shared_.backend->name() + " backend has no device");
+  for (size_t t = 0; t < n; ++t) device_select_finish(prepared[t], seq);
 }
 
 void Layer::device_select_prepare(pq_selection* out, const SequenceInfo& seq,
@@ -97,6 +136,9 @@ int64_t Layer::reserve(int64_t tokens, const SequenceInfo& seq) {
                                          rerank_candidates(c.pq_rerank, r.k, r.mid_end - r.sink_end)};
     device->reserve_layer(device_.get(), args);
   }
+  // Store blocks for the chunks to come; an index-only tier's keys are not
+  // in the backend's pool (and go once coded): none.
+  if (store_->host_store() == nullptr) return 0;
   const int64_t chunks = (tokens + KvStore::kChunkTokens - 1) / KvStore::kChunkTokens;
   return 2 * std::max<int64_t>(0, chunks - static_cast<int64_t>(store_->chunk_count()));
 }

@@ -193,6 +193,10 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
       layer.append_from_device(*keys, *values, seq->info()))
     return;
   StagedTensor k = stage_input(backend, *keys, seq->info().stream);
+  if (c.kv_tier == PQ_KV_TIER_CALLER) {  // values are not read: the keys stand in for them
+    layer.append(k.view, k.view, is_prefill, seq->info());
+    return;
+  }
   StagedTensor v = stage_input(backend, *values, seq->info().stream);
   layer.append(k.view, v.view, is_prefill, seq->info());
 }

@@ -110,6 +110,8 @@ class Context {
                                 int64_t* out_rows, int64_t* out_capacity) const;
   void decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* queries, int32_t rows,
                            const pq_paged_keys* keys, pq_selection* out);
+  void decode_select_multi_device(uint64_t id, int32_t layer, const pq_tensor* queries,
+                                  int32_t rows, pq_selection* out);
   // PQ_ERR_UNSUPPORTED for a call that reads K/V an index-only context
   // (PQ_KV_TIER_CALLER) does not keep.
   void require_kv_kept() const;

@@ -10,6 +10,7 @@
 #include "sequence/context.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "pq/rerank.h"
 #include "sequence/batch_items.h"
 
 namespace pq {
@@ -71,6 +72,8 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
     fail(PQ_ERR_UNSUPPORTED, std::string("pq_decode_select_device chooses on the device with the "
                                          "PQ selector only; this context's selector is ") +
                                  shared_.selector->name());
+  if (c.kv_tier == PQ_KV_TIER_CALLER && c.pq_rerank > 0.f)
+    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: " + index_only_rerank_refusal());
   return query;
 }
 

@@ -1,7 +1,8 @@
 // What a serving engine calls beyond the dense API: keys from its paged
 // pool (pq_prefill_layer_paged, pq_decode_append_paged), several query
-// tokens in one select (pq_decode_select_multi), and the refusal of the
-// calls that read K/V an index-only context does not keep.
+// tokens in one select (pq_decode_select_multi, and _device with queries
+// and rows in device memory), and the refusal of the calls that read K/V an
+// index-only context does not keep.
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/tensor.h"
+#include "pq/rerank.h"
 #include "sequence/context.h"
 #include "store/pool_keys.h"
 
@@ -57,25 +59,22 @@ void Context::selection_capacity_multi(uint64_t id, int32_t layer, int64_t query
   l.multi_capacity(query_tokens, rows, out_rows, out_capacity);
 }
 
-void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* queries_arg,
-                                  int32_t rows, const pq_paged_keys* keys_arg,
-                                  pq_selection* out) {
-  const pq_config& c = shared_.config;
-  check_layer(layer);
-  const pq_tensor queries = copy_descriptor(queries_arg, "queries");
-  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim,
-                             query_dtype(c.dtype, queries, "queries"), 1, -1});
-  if (queries.memory != PQ_MEMORY_HOST)
-    fail(PQ_ERR_UNSUPPORTED, "queries.memory is PQ_MEMORY_DEVICE; pq_decode_select_multi reads "
-                             "queries in host memory");
+namespace {
+
+void check_rows(int32_t rows) {
   if (rows < PQ_ROWS_PER_TOKEN || rows > PQ_ROWS_PER_REQUEST)
     invalid("rows is " + str(rows) +
             "; expected PQ_ROWS_PER_TOKEN (0), PQ_ROWS_PER_HEAD (1) or PQ_ROWS_PER_REQUEST (2)");
+}
+
+// The rows' descriptor, read once (the positions written may cover it):
+// capacity >= 0, arrays given, positions and counts apart. Addresses only:
+// the device call's arrays are never read here.
+pq_selection multi_rows_out(const pq_selection* out, int64_t q, int32_t rows, int32_t kv_heads) {
   if (out == nullptr) invalid("out is NULL");
-  pq_selection copy = *out;  // read once: the positions written may cover it
-  const int64_t q = queries.tokens;
-  const int64_t out_rows = rows == PQ_ROWS_PER_TOKEN   ? q * c.num_kv_heads
-                           : rows == PQ_ROWS_PER_HEAD ? c.num_kv_heads
+  const pq_selection copy = *out;
+  const int64_t out_rows = rows == PQ_ROWS_PER_TOKEN ? q * kv_heads
+                           : rows == PQ_ROWS_PER_HEAD ? kv_heads
                                                       : 1;
   if (copy.capacity < 0) invalid("out->capacity is " + str(copy.capacity) + "; expected >= 0");
   if (copy.positions == nullptr && copy.capacity > 0) invalid("out->positions is NULL");
@@ -88,6 +87,26 @@ void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* q
             " rows x capacity positions from out->positions overflow the address space");
   require_apart(copy.positions, bytes, "out->positions", copy.counts,
                 static_cast<uint64_t>(out_rows) * sizeof(int32_t), "out->counts");
+  return copy;
+}
+
+}  // namespace
+
+void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* queries_arg,
+                                  int32_t rows, const pq_paged_keys* keys_arg,
+                                  pq_selection* out) {
+  const pq_config& c = shared_.config;
+  check_layer(layer);
+  const pq_tensor queries = copy_descriptor(queries_arg, "queries");
+  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim,
+                             query_dtype(c.dtype, queries, "queries"), 1, -1});
+  if (queries.memory != PQ_MEMORY_HOST)
+    fail(PQ_ERR_UNSUPPORTED, "queries.memory is PQ_MEMORY_DEVICE; pq_decode_select_multi reads "
+                             "queries in host memory (pq_decode_select_multi_device takes them "
+                             "in device memory)");
+  check_rows(rows);
+  pq_selection copy = multi_rows_out(out, queries.tokens, rows, c.num_kv_heads);
+  const int64_t q = queries.tokens;
   std::optional<PoolKeys> pool;
   if (keys_arg != nullptr && c.kv_tier == PQ_KV_TIER_CALLER) pool.emplace(*keys_arg, c, "keys");
 
@@ -107,6 +126,33 @@ void Context::decode_select_multi(uint64_t id, int32_t layer, const pq_tensor* q
   seq->layers[static_cast<size_t>(layer)]->select_multi(floats, q, rows,
                                                         pool ? &*pool : nullptr, &copy,
                                                         seq->info());
+}
+
+void Context::decode_select_multi_device(uint64_t id, int32_t layer, const pq_tensor* queries_arg,
+                                         int32_t rows, pq_selection* out) {
+  const pq_config& c = shared_.config;
+  const char* call = "pq_decode_select_multi_device";
+  check_layer(layer);
+  const pq_tensor queries = copy_descriptor(queries_arg, "queries");
+  validate_tensor(&queries, {"queries", c.num_q_heads, c.head_dim,
+                             query_dtype(c.dtype, queries, "queries"), 1, -1});
+  require_device_step(call, queries, "queries");
+  if (!shared_.selector->needs_index())
+    fail(PQ_ERR_UNSUPPORTED, std::string(call) + " chooses on the device with the PQ selector "
+                                                 "only; this context's selector is " +
+                                 shared_.selector->name() + " (use pq_decode_select_multi)");
+  if (c.kv_tier == PQ_KV_TIER_CALLER && c.pq_rerank > 0.f)
+    fail(PQ_ERR_UNSUPPORTED, std::string(call) + ": " + index_only_rerank_refusal());
+  check_rows(rows);
+  // Every token's kv heads are rows of int32 counts on the device.
+  if (queries.tokens > INT32_MAX / c.num_kv_heads)
+    invalid("queries.tokens is " + str(queries.tokens) + "; at most " +
+            str(INT32_MAX / c.num_kv_heads) + " (INT32_MAX / num_kv_heads) in one call");
+  const pq_selection copy = multi_rows_out(out, queries.tokens, rows, c.num_kv_heads);
+  std::shared_ptr<Sequence> seq = find(id);
+  ScopedTimer timer(&shared_.counters.select_ns, &seq->counters->select_ns);
+  seq->layers[static_cast<size_t>(layer)]->select_multi_to_device(queries, rows, copy,
+                                                                  seq->info());
 }
 
 }  // namespace pq

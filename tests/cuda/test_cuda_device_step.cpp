@@ -16,62 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "api_gpu_util.h"
+
 namespace {
-
-constexpr int32_t kQHeads = 32, kKvHeads = 8, kDim = 128;
-
-std::string no_device() {
-  int n = 0;
-  cudaError_t s = cudaGetDeviceCount(&n);
-  if (s != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorName(s);
-  return n == 0 ? "no CUDA device: cudaGetDeviceCount reports 0" : "";
-}
-#define REQUIRE_GPU()                                 \
-  do {                                                \
-    const std::string why_ = no_device();             \
-    if (!why_.empty()) GTEST_SKIP() << why_;          \
-  } while (0)
-
-// Device memory freed at scope exit.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count, const T* host = nullptr) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, count * sizeof(T)), cudaSuccess);
-    if (host != nullptr)
-      EXPECT_EQ(cudaMemcpy(p, host, count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    else
-      EXPECT_EQ(cudaMemset(p, 0, count * sizeof(T)), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
-
-pq_context* make_context(int32_t combine, int32_t key_rotary = PQ_ROTARY_NONE,
-                         float rerank = 0.f) {
-  pq_config c;
-  pq_config_default(&c);
-  c.num_layers = 1, c.num_q_heads = kQHeads, c.num_kv_heads = kKvHeads, c.head_dim = kDim;
-  c.dtype = PQ_DTYPE_F16, c.kmeans_iterations = 4, c.gqa_combine = combine;
-  c.key_rotary = key_rotary, c.pq_rerank = rerank;
-  c.backend = PQ_BACKEND_CUDA;
-  pq_context* ctx = nullptr;
-  EXPECT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
-  return ctx;
-}
-
-std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> mant(0, 1023), sign(0, 1), ex(12, 16);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = static_cast<uint16_t>((sign(rng) << 15) | (ex(rng) << 10) | mant(rng));
-  return v;
-}
 
 void prefill(pq_context* ctx, uint64_t id, int64_t tokens) {
   ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);

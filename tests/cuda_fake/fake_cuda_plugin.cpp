@@ -579,6 +579,7 @@ int gather_rows(const void* const* d_srcs, void* const* d_dsts, int64_t rows, si
     return error(err, len, "gather_rows: the pointer arrays are not device memory");
   if (!valid_stream(stream)) return error(err, len, "gather_rows: unknown stream");
   ++g_counters.kernel_launches;
+  g_counters.rows_copied += static_cast<uint64_t>(rows);
   // The pointers are read when the kernel runs, as on the device.
   enqueue(stream, [=] {
     for (int64_t i = 0; i < rows; ++i) {
@@ -790,6 +791,7 @@ int inline_copies(const pq_inline_copies* args, void* stream, char* err, size_t 
       return error(err, len, "inline_copies: piece %d is outside the payload", p);
   if (!valid_stream(stream)) return error(err, len, "inline_copies: unknown stream");
   ++g_counters.inline_copies;
+  g_counters.rows_copied += static_cast<uint64_t>(args->rows);
   for (int32_t p = 0; p < args->pieces; ++p) g_counters.bytes_to_device += args->piece_bytes[p];
   auto a = std::make_shared<pq_inline_copies>(*args);
   enqueue(stream, [a] {
@@ -1004,6 +1006,76 @@ int pq_rerank_rows(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_sh
   return 0;
 }
 
+// --- version 8: the rows of a multi-token select ----------------------------
+
+size_t multi_rows_workspace_size(int32_t form, int32_t kv_heads, int64_t n) {
+  if (form == PQ_ROWS_PER_TOKEN || kv_heads < 1 || n <= 0) return 0;
+  const int64_t rows = form == PQ_ROWS_PER_HEAD ? kv_heads : 1;
+  return static_cast<size_t>(rows) * static_cast<size_t>((n + 31) / 32) * sizeof(uint32_t);
+}
+
+// What the kernels compute (kernels/multi_rows.cu): a row copied, or the
+// sorted unique union of the rows of positions in [0, n); at most
+// out_capacity written, then -1.
+int multi_rows(const int32_t* d_in, const int32_t* d_in_counts, int64_t in_capacity,
+               int32_t tokens, int32_t kv_heads, int32_t form, int64_t n, int32_t* d_out,
+               int32_t* d_out_counts, int64_t out_capacity, void* d_workspace,
+               size_t workspace_bytes, void* stream, char* err, size_t len) {
+  Lock lock(g_mutex);
+  if (tokens < 1 || kv_heads < 1 || in_capacity < 0 || out_capacity < 0 || n < 0 ||
+      n > INT32_MAX ||
+      (form != PQ_ROWS_PER_TOKEN && form != PQ_ROWS_PER_HEAD && form != PQ_ROWS_PER_REQUEST) ||
+      static_cast<int64_t>(tokens) * kv_heads > INT32_MAX)
+    return error(err, len, "multi_rows: bad shape");
+  const int64_t in_rows = static_cast<int64_t>(tokens) * kv_heads;
+  const int64_t out_rows = form == PQ_ROWS_PER_TOKEN ? in_rows
+                           : form == PQ_ROWS_PER_HEAD ? kv_heads
+                                                      : 1;
+  if (!is_device(d_in_counts, static_cast<size_t>(in_rows) * sizeof(int32_t)) ||
+      (in_capacity > 0 &&
+       !is_device(d_in, static_cast<size_t>(in_rows * in_capacity) * sizeof(int32_t))))
+    return error(err, len, "multi_rows: the input rows are not device memory");
+  if (!is_device(d_out_counts, static_cast<size_t>(out_rows) * sizeof(int32_t)) ||
+      (out_capacity > 0 &&
+       !is_device(d_out, static_cast<size_t>(out_rows * out_capacity) * sizeof(int32_t))))
+    return error(err, len, "multi_rows: the output rows are not device memory");
+  const size_t need = multi_rows_workspace_size(form, kv_heads, n);
+  if (need > 0 && (workspace_bytes < need || !is_device(d_workspace, need)))
+    return error(err, len, "multi_rows: the workspace is not %zu bytes of device memory", need);
+  if (!valid_stream(stream)) return error(err, len, "multi_rows: unknown stream");
+  ++g_counters.kernel_launches;
+  enqueue(stream, [=] {
+    auto count_of = [&](int64_t r) {
+      return std::clamp<int64_t>(d_in_counts[r], 0, in_capacity);
+    };
+    auto write = [&](int64_t o, const int32_t* from, int64_t count) {
+      count = std::min(count, out_capacity);
+      int32_t* row = d_out + o * out_capacity;
+      std::copy(from, from + count, row);
+      std::fill(row + count, row + out_capacity, -1);
+      d_out_counts[o] = static_cast<int32_t>(count);
+    };
+    if (form == PQ_ROWS_PER_TOKEN) {
+      for (int64_t r = 0; r < in_rows; ++r) write(r, d_in + r * in_capacity, count_of(r));
+      return;
+    }
+    for (int64_t o = 0; o < out_rows; ++o) {
+      std::vector<int32_t> merged;
+      for (int64_t r = 0; r < in_rows; ++r) {
+        if (form == PQ_ROWS_PER_HEAD && r % kv_heads != o) continue;
+        for (int64_t i = 0; i < count_of(r); ++i) {
+          const int32_t p = d_in[r * in_capacity + i];
+          if (p >= 0 && p < n) merged.push_back(p);
+        }
+      }
+      std::sort(merged.begin(), merged.end());
+      merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
+      write(o, merged.data(), static_cast<int64_t>(merged.size()));
+    }
+  });
+  return 0;
+}
+
 const pq_cuda_plugin kTable = {
     PQ_CUDA_PLUGIN_ABI_VERSION,
     sizeof(pq_cuda_plugin),
@@ -1050,6 +1122,8 @@ const pq_cuda_plugin kTable = {
     pq_rerank_workspace_size,
     pq_rerank,
     pq_rerank_rows,
+    multi_rows_workspace_size,
+    multi_rows,
 };
 
 }  // namespace
@@ -1057,8 +1131,9 @@ const pq_cuda_plugin kTable = {
 extern "C" {
 
 // PQ_FAKE_CUDA_ABI=<n> makes it a plug-in of ABI n (the table otherwise
-// unchanged), for the loader's refusal of another version; n = 5 and 6 also
-// give those ABIs' table sizes, so that libpqcache 0.7 and 0.8 run over it.
+// unchanged), for the loader's refusal of another version; n = 5, 6 and 7
+// also give those ABIs' table sizes, so that libpqcache 0.7, 0.8 and 0.9
+// run over it.
 __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entry(
     uint32_t abi_version) {
   static const pq_cuda_plugin table = [] {
@@ -1070,6 +1145,7 @@ __attribute__((visibility("default"))) const pq_cuda_plugin* pq_cuda_plugin_entr
       // against the code they fixed).
       if (t.abi_version == 5) t.struct_size = offsetof(pq_cuda_plugin, inline_copies);
       if (t.abi_version == 6) t.struct_size = offsetof(pq_cuda_plugin, pq_lut_ordered);
+      if (t.abi_version == 7) t.struct_size = offsetof(pq_cuda_plugin, multi_rows_workspace_size);
     }
     return t;
   }();

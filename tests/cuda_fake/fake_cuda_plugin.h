@@ -27,6 +27,10 @@ typedef struct pq_fake_cuda_counters {
   uint64_t event_records;
   uint64_t inline_copies;    /* inline_copies launches (not in kernel_launches; their
                               * payload counts in bytes_to_device) */
+  /* Added with ABI 8: K/V rows copied on the device (gather_rows' rows and
+   * inline_copies' rows: the window, the store, the cache's slots), which a
+   * context that keeps no values must never ask for. */
+  uint64_t rows_copied;
 } pq_fake_cuda_counters;
 
 /* A snapshot of the counters since the plug-in was loaded. */

@@ -76,6 +76,7 @@ pq_fake_cuda_counters counters_since(const pq_fake_cuda_counters& before) {
   d.capture_refusals = after.capture_refusals - before.capture_refusals;
   d.event_records = after.event_records - before.event_records;
   d.inline_copies = after.inline_copies - before.inline_copies;
+  d.rows_copied = after.rows_copied - before.rows_copied;
   return d;
 }
 
@@ -185,16 +186,24 @@ struct DeviceSel {
   }
 };
 
-// A sequence added and prefilled on every layer with random K/V (layer l:
-// seeds seed + 3l and seed + 3l + 1), its index built.
+// A prompt's random K/V for layer l (seeds seed + 3l and seed + 3l + 1).
+struct PromptKv {
+  HostTensor k, v;
+};
+PromptKv prompt_kv(int32_t l, int64_t tokens, int32_t dtype, uint64_t seed) {
+  return PromptKv{make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l), tokens,
+                              kKvHeads, kDim, dtype),
+                  make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l + 1), tokens,
+                              kKvHeads, kDim, dtype)};
+}
+
+// A sequence added and prefilled on every layer with prompt_kv, its index
+// built.
 void add_prefilled(pq_context* ctx, uint64_t id, int64_t tokens, int32_t dtype, uint64_t seed) {
   ASSERT_EQ(pq_sequence_add(ctx, id), PQ_OK);
   for (int32_t l = 0; l < kLayers; ++l) {
-    HostTensor k = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l), tokens,
-                               kKvHeads, kDim, dtype);
-    HostTensor v = make_tensor(random_normal(tokens * kKvHeads * kDim, seed + 3 * l + 1), tokens,
-                               kKvHeads, kDim, dtype);
-    ASSERT_EQ(pq_prefill_layer(ctx, id, l, k.get(), v.get()), PQ_OK) << pq_last_error();
+    PromptKv kv = prompt_kv(l, tokens, dtype, seed);
+    ASSERT_EQ(pq_prefill_layer(ctx, id, l, kv.k.get(), kv.v.get()), PQ_OK) << pq_last_error();
   }
   ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
 }

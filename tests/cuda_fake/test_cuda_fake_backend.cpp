@@ -307,38 +307,49 @@ TEST(FakeCudaSelect, OneWaitPerLayerAndOnlyNewCodesGoUp) {
   }
 }
 
-// The loader takes exactly its own plug-in ABI and names the one it found.
+// The loader takes exactly its own plug-in ABI and names the one it found
+// (ABI 7: the fake's table as 0.9 had it, without version 8's entries).
 TEST(FakeCudaLoader, RefusesAnotherAbiVersionNamingIt) {
-  // A copy of the fake is a second instance, which reads the variable anew.
-  char path[] = "/tmp/pq_fake_cuda_abi_XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  {
-    std::ifstream src(PQ_FAKE_CUDA_PLUGIN_FILE, std::ios::binary);
-    std::ofstream dst(path, std::ios::binary);
-    dst << src.rdbuf();
+  for (const int abi : {3, 7}) {
+    SCOPED_TRACE("ABI " + std::to_string(abi));
+    // A copy of the fake is a second instance, which reads the variable anew.
+    char path[] = "/tmp/pq_fake_cuda_abi_XXXXXX";
+    const int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    {
+      std::ifstream src(PQ_FAKE_CUDA_PLUGIN_FILE, std::ios::binary);
+      std::ofstream dst(path, std::ios::binary);
+      dst << src.rdbuf();
+    }
+    setenv("PQ_FAKE_CUDA_ABI", std::to_string(abi).c_str(), 1);
+    pq_config c = base_config(PQ_DTYPE_F32);
+    c.backend = PQ_BACKEND_CUDA;
+    c.cuda_plugin_path = path;
+    pq_context* ctx = nullptr;
+    const std::string speaks = "speaks plug-in ABI " + std::to_string(abi);
+    PQ_EXPECT_ERR(pq_create(&c, &ctx), PQ_ERR_NOT_FOUND, speaks.c_str());
+    EXPECT_NE(std::string(pq_last_error()).find("needs ABI " +
+                                                 std::to_string(PQ_CUDA_PLUGIN_ABI_VERSION)),
+              std::string::npos)
+        << pq_last_error();
+    if (abi == 7)
+      EXPECT_NE(std::string(pq_last_error()).find(
+                    "table of " +
+                    std::to_string(offsetof(pq_cuda_plugin, multi_rows_workspace_size)) + " bytes"),
+                std::string::npos)
+          << pq_last_error();
+    EXPECT_EQ(ctx, nullptr);
+    // AUTO falls back to the CPU backend for the same reason.
+    c.backend = PQ_BACKEND_AUTO;
+    ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
+    int32_t backend = -1;
+    ASSERT_EQ(pq_get_backend(ctx, &backend), PQ_OK);
+    EXPECT_EQ(backend, PQ_BACKEND_CPU);
+    pq_destroy(ctx);
+    unsetenv("PQ_FAKE_CUDA_ABI");
+    std::remove(path);
   }
-  setenv("PQ_FAKE_CUDA_ABI", "3", 1);
-  pq_config c = base_config(PQ_DTYPE_F32);
-  c.backend = PQ_BACKEND_CUDA;
-  c.cuda_plugin_path = path;
-  pq_context* ctx = nullptr;
-  PQ_EXPECT_ERR(pq_create(&c, &ctx), PQ_ERR_NOT_FOUND, "speaks plug-in ABI 3");
-  EXPECT_NE(std::string(pq_last_error()).find("needs ABI " +
-                                               std::to_string(PQ_CUDA_PLUGIN_ABI_VERSION)),
-            std::string::npos)
-      << pq_last_error();
-  EXPECT_EQ(ctx, nullptr);
-  // AUTO falls back to the CPU backend for the same reason.
-  c.backend = PQ_BACKEND_AUTO;
-  ASSERT_EQ(pq_create(&c, &ctx), PQ_OK) << pq_last_error();
-  int32_t backend = -1;
-  ASSERT_EQ(pq_get_backend(ctx, &backend), PQ_OK);
-  EXPECT_EQ(backend, PQ_BACKEND_CPU);
-  pq_destroy(ctx);
-  unsetenv("PQ_FAKE_CUDA_ABI");
-  std::remove(path);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 // the pinned store), cuda_select.cpp (selection on the device),
 // cuda_fetch.cpp (the gathers of a fetch), cuda_copies.cpp (the window and
 // the block cache's slots), cuda_device_batch.cpp (the device step of a
-// batch), cuda_step_tables.cpp (the step a CUDA graph captures).
+// batch), cuda_select_multi.cpp (several query tokens in one select),
+// cuda_step_tables.cpp (the step a CUDA graph captures).
 //
 // Device work is stream-ordered on the sequence's stream (pq_sequence_set_
 // stream) or the legacy default stream; the host waits only where a result
@@ -164,6 +165,12 @@ class CudaBackend final : public Backend,
   bool fetch_batch_device_selection(
       const std::vector<const DeviceSelectionFetchArgs*>& items) const override;
 
+  // Several query tokens of one sequence (cuda_select_multi.cpp): every
+  // token's selection made by the batched launch chain into the stream's
+  // scratch, then multi_rows writes the caller's rows (per token, or the
+  // unions per kv head or per request), padded with -1; no host wait.
+  bool select_multi_to_device(const DeviceMultiSelectArgs& args) const override;
+
   // The step a CUDA graph may capture (cuda_step_tables.cpp).
   bool keeps_device_step(const DeviceLayer* device) const override {
     const auto* layer = static_cast<const CudaLayer*>(device);
@@ -173,6 +180,12 @@ class CudaBackend final : public Backend,
                            const KvTier& store, void* stream) const override;
 
   // --- Shared by the capabilities ------------------------------------------
+
+  // The batched selection's launch chain (LUTs, scan, top-k, re-ranking,
+  // fill) over items that share `s`, under the stream scratch's lock; at
+  // most 65535 kv heads in all (the kernels' grid).
+  void select_batch_chain(const std::vector<const DeviceSelectArgs*>& items,
+                          StreamScratch& scratch, void* s) const;
 
   // What gather_selected needs of a layer's store, window and outputs, for
   // a selection at positions/counts (device addresses) of `capacity` rows.

@@ -16,9 +16,11 @@ namespace cuda_detail {
 
 uint64_t CudaBackend::store_window(DeviceLayer* device, const KvTier& tier, int64_t first, int64_t count,
                       void* stream) const {
-  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
-  if (layer == nullptr || count <= 0 || layer->window_slots() == 0) return 0;
+  // An index-only tier keeps no values: no window (nothing fetches it).
+  if (layer == nullptr || count <= 0 || layer->window_slots() == 0 || !tier.keeps_values())
+    return 0;
+  const KvStore& store = host_rows(tier);
   const int64_t n = first + count;
   // The new tokens that are sinks, and those among the last local ones.
   std::vector<int64_t> positions;
@@ -55,11 +57,14 @@ void CudaBackend::ensure_window(CudaLayer& layer) const {
 bool CudaBackend::append_from_device(DeviceLayer* device, const KvTier& tier, int64_t first,
                                      const pq_tensor& keys, const pq_tensor& values,
                                      void* stream) const {
-  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
+  // An index-only tier has no store rows to write: its keys go through the
+  // host (Layer::append_from_device does not ask).
+  if (layer == nullptr || !tier.keeps_values()) return false;
+  const KvStore& store = host_rows(tier);
   // The caller's host_alloc memory is not the device's to write; rows past
   // what a kernel parameter carries go through the host.
-  if (layer == nullptr || !device_reads(store) || layer->row_bytes > 4096) return false;
+  if (!device_reads(store) || layer->row_bytes > 4096) return false;
   require_device_memory(keys.data, "keys.data");
   require_device_memory(values.data, "values.data");
   use_device();
@@ -135,11 +140,12 @@ bool CudaBackend::copy_rows_inline(const RowCopies& rows, size_t row_bytes, void
 
 void CudaBackend::truncate_device(DeviceLayer* device, const KvTier& tier, int64_t tokens,
                                   void* stream) const {
-  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr) return;
   layer->truncate(tokens);
-  if (layer->d_window == nullptr || layer->local_tokens == 0) return;
+  // No window without a store (an index-only tier's layer never has one).
+  if (layer->d_window == nullptr || layer->local_tokens == 0 || !tier.keeps_values()) return;
+  const KvStore& store = host_rows(tier);
   // The last local tokens kept whose ring slots later tokens overwrote come
   // back from the store.
   const int64_t first = std::max<int64_t>(layer->sink_tokens, tokens - layer->local_tokens);
@@ -202,9 +208,9 @@ void CudaBackend::reserve_layer(DeviceLayer* device, const ReserveArgs& a) const
 uint64_t CudaBackend::fill_cache_blocks(DeviceLayer* device, const KvTier& tier,
                            const std::vector<BlockCache::Admission>& admissions,
                            int32_t block_tokens, void* stream) const {
-  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
-  if (layer == nullptr || admissions.empty()) return 0;
+  if (layer == nullptr || admissions.empty() || !tier.keeps_values()) return 0;
+  const KvStore& store = host_rows(tier);
   use_device();
   char err[512] = {0};
   const Touch touch(*this, stream);

@@ -41,10 +41,18 @@ bool CudaBackend::select_batch_to_device(const std::vector<const DeviceSelectArg
     if (a->pq.context.config.pq_rerank > 0.f) rerank_store(a->store);
   }
   use_device();
-  char err[512] = {0};
   StreamScratch& scratch = scratch_for(s);
   std::lock_guard<std::mutex> lock(scratch.mutex);
   const Touch touch(*this, s);
+  select_batch_chain(items, scratch, s);
+  return true;
+}
+
+void CudaBackend::select_batch_chain(const std::vector<const DeviceSelectArgs*>& items,
+                                     StreamScratch& scratch, void* s) const {
+  const PqLayerSelectArgs& first = items.front()->pq;
+  const size_t n_items = items.size();
+  char err[512] = {0};
   const int32_t kv = first.kv_heads(), g = first.group_size(), m = first.subspaces(),
                 C = first.centroids();
   // Which items are scored (k in 1..n-1), and the sizes of their work; with
@@ -193,7 +201,6 @@ bool CudaBackend::select_batch_to_device(const std::vector<const DeviceSelectArg
   check(k_->fill_selection_rows(reinterpret_cast<const pq_fill_row*>(d_tables + fill_at),
                                 static_cast<int32_t>(n_items), kv, max_count, s, err, sizeof err),
         "fill_selection_rows", err);
-  return true;
 }
 
 bool CudaBackend::fetch_batch_device_selection(

@@ -20,8 +20,9 @@ extern "C" {
  * passed by value (inline_copies) and stream_capturing, so that a steady
  * decode step stages nothing and can be captured in a CUDA graph; version 7
  * the lookup tables of a rotary layout and the exact re-ranking, so that the
- * device step serves every setting the host path does. */
-#define PQ_CUDA_PLUGIN_ABI_VERSION 7u
+ * device step serves every setting the host path does; version 8 the rows
+ * of a multi-token select (multi_rows), so that it stays on the device. */
+#define PQ_CUDA_PLUGIN_ABI_VERSION 8u
 #define PQ_CUDA_PLUGIN_ENTRY "pq_cuda_plugin_entry"
 
 enum { PQ_COPY_DEVICE_TO_HOST = 0, PQ_COPY_HOST_TO_DEVICE = 1 };
@@ -364,6 +365,27 @@ typedef struct pq_cuda_plugin {
   int (*pq_rerank_rows)(const pq_rerank_row* d_rows, int32_t rows, const pq_rerank_shape* shape,
                         void* d_workspace, size_t workspace_bytes, void* stream, char* err,
                         size_t err_len);
+
+  /* --- several query tokens in one select (version 8) --------------------- */
+  /* The rows of a multi-token select (pq_decode_select_multi_device) from
+   * the per-token selections in device memory: input row r = t * kv_heads +
+   * h (query token t, kv head h) holds d_in_counts[r] positions (taken in
+   * 0..in_capacity), ascending and unique, at d_in + r * in_capacity. By
+   * `form` (pq_select_rows): PQ_ROWS_PER_TOKEN writes input row r as output
+   * row r (tokens * kv_heads rows); PQ_ROWS_PER_HEAD output row h the union
+   * of kv head h's rows over the tokens (kv_heads rows); PQ_ROWS_PER_REQUEST
+   * output row 0 the union of every row. A union is ascending and unique
+   * and holds the positions of [0, n) only. Output row o (d_out + o *
+   * out_capacity) gets its positions, at most out_capacity of them, then -1
+   * up to out_capacity; d_out_counts[o] their number. A few launches, no
+   * host wait. The unions need multi_rows_workspace_size(form, kv_heads, n)
+   * bytes of device workspace (a bitmap of n bits per output row);
+   * PQ_ROWS_PER_TOKEN none. tokens * kv_heads <= INT32_MAX, n <= INT32_MAX. */
+  size_t (*multi_rows_workspace_size)(int32_t form, int32_t kv_heads, int64_t n);
+  int (*multi_rows)(const int32_t* d_in, const int32_t* d_in_counts, int64_t in_capacity,
+                    int32_t tokens, int32_t kv_heads, int32_t form, int64_t n, int32_t* d_out,
+                    int32_t* d_out_counts, int64_t out_capacity, void* d_workspace,
+                    size_t workspace_bytes, void* stream, char* err, size_t err_len);
 } pq_cuda_plugin;
 
 /* The entry point: the table when asked for PQ_CUDA_PLUGIN_ABI_VERSION, or

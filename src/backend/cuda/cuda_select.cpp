@@ -268,6 +268,7 @@ bool CudaBackend::select_to_device(const DeviceSelectArgs& a) const {
 }
 
 const KvStore& CudaBackend::rerank_store(const KvTier& tier) const {
+  if (tier.host_store() == nullptr) fail(PQ_ERR_UNSUPPORTED, index_only_rerank_refusal());
   const KvStore& store = host_rows(tier);
   if (!device_reads(store))
     fail(PQ_ERR_UNSUPPORTED,

@@ -127,7 +127,6 @@ void CudaBackend::send_step(CudaLayer& layer, void* s) const {
 
 void CudaBackend::refresh_device_step(DeviceLayer* device, const PqLayerSelectArgs& l,
                                       int64_t tokens, const KvTier& tier, void* s) const {
-  const KvStore& store = host_rows(tier);
   auto* layer = static_cast<CudaLayer*>(device);
   if (layer == nullptr || !(layer->step_selected || layer->step_fetched)) return;
   use_device();
@@ -144,8 +143,10 @@ void CudaBackend::refresh_device_step(DeviceLayer* device, const PqLayerSelectAr
     return;
   }
   // A re-ranking reads the keys through the chunk tables: new chunks go up.
+  // (An index-only tier has no store: it neither re-ranks nor fetches on
+  // the device, so its tables never read one.)
   if (layer->step_selected && layer->step_max_candidates > 0)
-    layer->step_key_chunks = chunk_tables(*layer, store, s);
+    layer->step_key_chunks = chunk_tables(*layer, host_rows(tier), s);
   if (layer->step_selected) {
     if (layer->centroids_generation != l.index_generation()) {
       const size_t bytes = l.codebook.data.size() * sizeof(float);
@@ -158,6 +159,7 @@ void CudaBackend::refresh_device_step(DeviceLayer* device, const PqLayerSelectAr
     step_select_rows(*layer, l, tokens);
   }
   if (layer->step_fetched) {
+    const KvStore& store = host_rows(tier);
     const uint8_t* const* tables = chunk_tables(*layer, store, s);
     layer->step.gather.key_chunks = tables;
     layer->step.gather.value_chunks = tables + layer->table_capacity;

@@ -331,7 +331,8 @@ struct StreamScratch {
     kLut, kCodes, kScores, kPositions, kScanWorkspace, kTopkWorkspace, kFetchPlan,
     kBatchTables, kBatchLut, kBatchScores, kBatchMiddle, kBatchScanWorkspace,
     kBatchTopkWorkspace, kBatchFetchTables, kStepScanWorkspace, kStepTopkWorkspace,
-    kCandidates, kRerankWorkspace, kStepRerankWorkspace, kBatchCandidates, kBatchRerankWorkspace
+    kCandidates, kRerankWorkspace, kStepRerankWorkspace, kBatchCandidates, kBatchRerankWorkspace,
+    kMultiPositions, kMultiCounts, kMultiWorkspace
   };
   std::mutex mutex;
   DeviceArena arena;
