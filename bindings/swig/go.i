@@ -68,6 +68,7 @@
 %ignore pq_prefill_layer_paged;
 %ignore pq_decode_append_paged;
 %ignore pq_decode_select_multi;
+%ignore pq_decode_select_multi_device;
 /* Sequence state (0.5): the calls that take the caller's bytes or a path
  * are written in cgo (bindings/go/state.go), for the reason above (and a
  * path's NUL check), with pq_sequence_state_size that sizes the bytes.

@@ -190,6 +190,7 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
 %ignore pq_decode_select_device;
 %ignore pq_fetch_kv_device;
 %ignore pq_decode_select_device_batch;
+%ignore pq_decode_select_multi_device;
 %ignore pq_fetch_kv_device_batch;
 
 /* Structs the library reads a struct_size from come out of Java's `new`

@@ -583,6 +583,20 @@ static pq_status pq_py_decode_select_device(pq_context* ctx, uint64_t seq_id, in
   pq_selection out = {(int32_t*)(uintptr_t)positions, (int32_t*)(uintptr_t)counts, capacity};
   return pq_decode_select_device(ctx, seq_id, layer, &query, &out);
 }
+/* pq_decode_select_multi_device (0.10): queries [tokens][q_heads][head_dim]
+ * and the rows' arrays, device addresses as above. */
+static pq_status pq_py_decode_select_multi_device(pq_context* ctx, uint64_t seq_id,
+                                                  int32_t layer, uint64_t query_data,
+                                                  int32_t query_dtype, int64_t tokens,
+                                                  int32_t q_heads, int32_t head_dim,
+                                                  int64_t token_stride, int64_t head_stride,
+                                                  int32_t rows, uint64_t positions,
+                                                  uint64_t counts, int64_t capacity) {
+  pq_tensor queries = {(void*)(uintptr_t)query_data, query_dtype, PQ_MEMORY_DEVICE, tokens,
+                       q_heads, head_dim, token_stride, head_stride};
+  pq_selection out = {(int32_t*)(uintptr_t)positions, (int32_t*)(uintptr_t)counts, capacity};
+  return pq_decode_select_multi_device(ctx, seq_id, layer, &queries, rows, &out);
+}
 static pq_status pq_py_fetch_kv_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
                                        uint64_t positions, uint64_t counts, int64_t capacity,
                                        uint64_t keys, uint64_t values, int32_t dtype,
@@ -920,6 +934,14 @@ PQError = _pqcache_swig.PQError
 %ignore pq_fetch_kv_device;
 %rename(pq_decode_select_device) pq_py_decode_select_device;
 %rename(pq_fetch_kv_device) pq_py_fetch_kv_device;
+%ignore pq_decode_select_multi_device;
+%rename(pq_decode_select_multi_device) pq_py_decode_select_multi_device;
+pq_status pq_py_decode_select_multi_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                           uint64_t query_data, int32_t query_dtype,
+                                           int64_t tokens, int32_t q_heads, int32_t head_dim,
+                                           int64_t token_stride, int64_t head_stride,
+                                           int32_t rows, uint64_t positions, uint64_t counts,
+                                           int64_t capacity);
 pq_status pq_py_decode_select_device(pq_context* ctx, uint64_t seq_id, int32_t layer,
                                      uint64_t query_data, int32_t query_dtype, int32_t q_heads,
                                      int32_t head_dim, int64_t query_head_stride,

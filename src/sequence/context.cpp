@@ -168,9 +168,8 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
   // The descriptors are read once: what was checked is what is used.
   const pq_tensor key_copy = copy_descriptor(keys_arg, "keys");
   // An index-only context reads no value: values may be NULL there.
-  const pq_tensor value_copy = values_arg == nullptr && c.kv_tier == PQ_KV_TIER_CALLER
-                                   ? key_copy
-                                   : copy_descriptor(values_arg, "values");
+  const pq_tensor value_copy =
+      values_arg == nullptr && c.kv_tier == PQ_KV_TIER_CALLER ? key_copy : copy_descriptor(values_arg, "values");
   const pq_tensor* keys = &key_copy;
   const pq_tensor* values = &value_copy;
   validate_tensor(keys, {"keys", c.num_kv_heads, c.head_dim, c.dtype, 1, -1});
@@ -193,11 +192,9 @@ void Context::append(uint64_t id, int32_t layer_index, const pq_tensor* keys_arg
       layer.append_from_device(*keys, *values, seq->info()))
     return;
   StagedTensor k = stage_input(backend, *keys, seq->info().stream);
-  if (c.kv_tier == PQ_KV_TIER_CALLER) {  // values are not read: the keys stand in for them
-    layer.append(k.view, k.view, is_prefill, seq->info());
-    return;
-  }
-  StagedTensor v = stage_input(backend, *values, seq->info().stream);
+  // Index-only: values are not read (not even staged); the keys stand in.
+  const bool index_only = c.kv_tier == PQ_KV_TIER_CALLER;
+  StagedTensor v = index_only ? StagedTensor{k.view, {}} : stage_input(backend, *values, seq->info().stream);
   layer.append(k.view, v.view, is_prefill, seq->info());
 }
 

@@ -981,6 +981,15 @@ class Context(_Closing):
         a device array [q_heads][head_dim] (pqcache.device)."""
         return _device.select_device(self, seq, layer, query, out)
 
+    def select_multi_device(self, seq: int, layer: int, queries, out: DeviceSelection,
+                            rows: str = "per_token") -> DeviceSelection:
+        """pq_decode_select_multi_device (CUDA backend, 0.10): select_multi
+        with queries [tokens][q_heads][head_dim] and out's rows in device
+        memory, on the sequence's stream, no host wait (pqcache.device)."""
+        if rows not in SELECT_ROWS:
+            raise ValueError(f"rows is {rows!r}; expected one of {sorted(SELECT_ROWS)}")
+        return _device.select_multi_device(self, seq, layer, queries, SELECT_ROWS[rows], out)
+
     def fetch_device(self, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
         """pq_fetch_kv_device (CUDA backend): a device selection's rows
         gathered on the device into keys and values, device arrays

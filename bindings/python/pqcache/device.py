@@ -177,6 +177,22 @@ def select_device(ctx, seq: int, layer: int, query, out: DeviceSelection) -> Dev
     return out
 
 
+def select_multi_device(ctx, seq: int, layer: int, queries, rows: int,
+                        out: DeviceSelection) -> DeviceSelection:
+    """pq_decode_select_multi_device (0.10): the rows of several query tokens'
+    selection written into `out` (positions [rows][capacity], counts [rows],
+    sized by Context.selection_capacity_multi) on the device. queries:
+    [tokens][q_heads][head_dim] in device memory; rows: the pq_select_rows
+    value."""
+    q = device_array(queries, "queries", 3)
+    if q.dtype is None:
+        raise TypeError("queries must be float32, float16 or bfloat16")
+    ctx._call("pq_decode_select_multi_device", _c.pq_decode_select_multi_device, seq, layer,
+              q.address, q.dtype, q.shape[0], q.shape[1], q.shape[2], q.strides[0],
+              q.strides[1], rows, out._addresses[0], out._addresses[1], out.capacity)
+    return out
+
+
 def fetch_device(ctx, seq: int, layer: int, selection: DeviceSelection, keys, values) -> None:
     """pq_fetch_kv_device: the selected rows gathered on the device into
     keys and values, [kv_heads][>= capacity][head_dim] device arrays in the

@@ -94,6 +94,34 @@ def test_device_step_equals_the_host_step(fake):
             assert np.array_equal(dv.host()[h, :n], v_want[h, :n])
 
 
+def test_multi_token_select_on_the_device_equals_the_host(fake):
+    rng = np.random.default_rng(5)
+    keys = rng.standard_normal((700, 2, 32)).astype(np.float16)
+    queries = rng.standard_normal((3, 8, 32)).astype(np.float16)
+    with make("cpu") as cpu, make("cuda") as cuda:
+        for ctx in (cpu, cuda):
+            ctx.add_sequence(1)
+            ctx.prefill(1, 0, keys, keys)
+            ctx.wait_builds()
+        dq = FakeDeviceArray(fake, (3, 8, 32), np.float16)
+        dq.host()[:] = queries
+        for rows in ("per_token", "per_head", "per_request"):
+            want_positions, want_counts = cpu.select_multi(1, 0, queries, rows=rows)
+            n_rows, cap = cuda.selection_capacity_multi(1, 0, 3, rows)
+            positions = FakeDeviceArray(fake, (n_rows, cap), np.int32)
+            counts = FakeDeviceArray(fake, (n_rows,), np.int32)
+            sel = pqcache.DeviceSelection(positions, counts)
+            assert cuda.select_multi_device(1, 0, dq, sel, rows=rows) is sel
+            fake.pq_fake_cuda_synchronize_all()
+            assert counts.host().tolist() == want_counts.tolist(), rows
+            assert positions.host().tolist() == want_positions.tolist(), rows
+        with pytest.raises(pqcache.PQError) as e:
+            cpu.select_multi_device(1, 0, dq, sel, rows="per_request")
+        assert e.value.status_name == "PQ_ERR_UNSUPPORTED"
+        with pytest.raises(ValueError, match="rows"):
+            cuda.select_multi_device(1, 0, dq, sel, rows="per_layer")
+
+
 def test_device_step_refusals(fake):
     with make("cpu") as cpu, make("cuda") as cuda:
         for ctx in (cpu, cuda):

@@ -738,6 +738,11 @@ pq_functions! {
     fn pq_fetch_kv_device(ctx: *mut pq_context, seq_id: u64, layer: i32,
                           selection: *const pq_selection, out_keys: *const pq_tensor,
                           out_values: *const pq_tensor) -> pq_status;
+    /// Added in 0.10 (CUDA backend): `pq_decode_select_multi` with queries
+    /// and the rows in device memory, on the sequence's stream.
+    fn pq_decode_select_multi_device(ctx: *mut pq_context, seq_id: u64, layer: i32,
+                                     queries: *const pq_tensor, rows: i32,
+                                     out: *mut pq_selection) -> pq_status;
     /// Added in 0.8 (CUDA backend): `pq_decode_select_device` for a batch
     /// at one layer, one launch chain when the sequences share a stream.
     fn pq_decode_select_device_batch(ctx: *mut pq_context, layer: i32,
