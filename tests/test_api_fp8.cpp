@@ -567,6 +567,43 @@ TEST_P(Fp8, StateKeepsItsScalesAndRefusesOthers) {
                 "kv scale");
 }
 
+// --- An index-only context (PQ_KV_TIER_CALLER) over fp8 keys -------------
+
+// Its codes, and its re-rank from the caller's pool, read the keys scaled
+// as the host tier does: it selects what a host-tier fp8 context selects.
+TEST_P(Fp8, IndexOnlySelectsWhatTheHostTierSelects) {
+  constexpr int32_t kKv = 2, kQ = 4, kDim = 16;
+  constexpr int64_t kTokens = 1200;
+  const float scales[2 * kKv] = {0.5f, 1.75f, 1.f, 1.f};
+  pq_config c = fp8_config(dtype(), kQ, kKv, kDim, PQ_SELECTOR_PQ);
+  c.kv_scale_count = kKv;
+  c.kv_scales = scales;
+  c.pq_rerank = 1.f;
+  c.topk_tokens = 60;
+  Ctx host(c);
+  c.kv_tier = PQ_KV_TIER_CALLER;
+  Ctx index(c);
+  ASSERT_TRUE(host.ok() && index.ok()) << pq_last_error();
+  PQ_ASSERT_OK(pq_sequence_add(host, 1));
+  PQ_ASSERT_OK(pq_sequence_add(index, 1));
+  std::vector<uint8_t> k = random_codes(dtype(), kTokens * kKv * kDim, 21);
+  pq_tensor kt = tensor_of(k.data(), dtype(), kTokens, kKv, kDim);
+  PQ_ASSERT_OK(pq_prefill_layer(host, 1, 0, &kt, &kt));
+  PQ_ASSERT_OK(pq_prefill_layer(index, 1, 0, &kt, nullptr));
+  pq_paged_keys pool{};
+  pool.pool = kt;  // dense: position p is row p
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<float> q = random_normal(kQ * kDim, 30 + step);
+    pq_tensor query = tensor_of(const_cast<float*>(q.data()), PQ_DTYPE_F32, 1, kQ, kDim);
+    const int64_t cap = selection_capacity(host, 1, 0);
+    Sel want(kKv, cap), got(kKv, cap);
+    PQ_ASSERT_OK(pq_decode_select(host, 1, 0, &query, want.get()));
+    PQ_ASSERT_OK(
+        pq_decode_select_multi(index, 1, 0, &query, PQ_ROWS_PER_TOKEN, &pool, got.get()));
+    for (int32_t h = 0; h < kKv; ++h) EXPECT_EQ(got.row(h), want.row(h)) << "step " << step;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8, ::testing::Values(PQ_DTYPE_FP8_E4M3, PQ_DTYPE_FP8_E5M2),
                          [](const ::testing::TestParamInfo<int32_t>& i) {
                            return i.param == PQ_DTYPE_FP8_E4M3 ? std::string("e4m3")
