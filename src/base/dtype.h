@@ -45,7 +45,6 @@ constexpr std::array<float, 256> table(int exponent_bits) {
   const int top = (1 << exponent_bits) - 1;
   for (int b = 0; b < 256; ++b) {
     const int e = (b >> mantissa_bits) & top, m = b & ((1 << mantissa_bits) - 1);
-    const float sign = (b & 0x80) ? -1.f : 1.f;
     float v = 0.f;
     if (exponent_bits == 5 && e == top)
       v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
@@ -55,7 +54,9 @@ constexpr std::array<float, 256> table(int exponent_bits) {
       v = static_cast<float>(m) * pow2(1 - bias - mantissa_bits);
     else
       v = static_cast<float>((1 << mantissa_bits) + m) * pow2(e - bias - mantissa_bits);
-    t[static_cast<size_t>(b)] = sign * v;
+    // Negation, not a product with -1: clang refuses arithmetic on a NaN in
+    // a constant expression (sign * NaN), and a negation is no arithmetic.
+    t[static_cast<size_t>(b)] = (b & 0x80) ? -v : v;
   }
   return t;
 }
