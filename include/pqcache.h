@@ -103,6 +103,14 @@ extern "C" {
 PQ_API int pq_version_number(void);
 /* The same as a static string, "MAJOR.MINOR.PATCH". Thread-safe. */
 PQ_API const char* pq_version_string(void);
+/* The CPU kernels this process uses, as a static string: "avx512" (AVX-512
+ * F/BW/DQ/VL with AVX2, FMA and F16C; "avx512+bf16" where the CPU also has
+ * AVX512_BF16), "avx2" (AVX2, FMA, F16C) or "portable". The highest level
+ * the CPU has, lowered by the environment variable PQ_CPU_LEVEL
+ * ("portable", "avx2", "avx512"), which is read once, at the first call of
+ * a kernel or of this function. Benchmarks print it with their figures.
+ * Thread-safe. (Added in 0.11.) */
+PQ_API const char* pq_cpu_level(void);
 
 /* ------------------------------------------------------------------------ */
 /* Status codes and errors                                                  */

@@ -6,6 +6,7 @@
 
 #include "api/handles.h"
 #include "base/dtype.h"
+#include "base/cpu_dispatch.h"
 #include "base/error.h"
 #include "base/tensor.h"
 #include "config/config.h"
@@ -66,6 +67,11 @@ extern "C" {
 
 int pq_version_number(void) { return PQ_VERSION_NUMBER; }
 const char* pq_version_string(void) { return PQ_VERSION_STRING; }
+
+const char* pq_cpu_level(void) {
+  if (pq::cpu_has_avx512_bf16()) return "avx512+bf16";
+  return pq::cpu_level_name(pq::cpu_level());
+}
 
 const char* pq_status_string(int32_t status) {
   switch (status) {

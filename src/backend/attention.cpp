@@ -61,13 +61,7 @@ void attend_rows_portable(const KvStore::RowTable& t, int32_t kv_head, const int
   attend_rows_body(t, kv_head, pos, count, queries, group, scale, part);
 }
 
-bool cpu_has_avx2_fma_f16c() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return cpu_has_avx2() && cpu_has_f16c() && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
+bool cpu_has_avx2_fma_f16c() { return cpu_has_avx2(); }  // the AVX2 level has FMA and F16C
 
 }  // namespace
 

@@ -1,29 +1,85 @@
 #include "base/cpu_dispatch.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#include <cstdlib>
+#include <cstring>
+
+#if PQ_X86_KERNELS
 #include <cpuid.h>
 #endif
 
 namespace pq {
 
-bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-#else
-  return false;
-#endif
+namespace {
+
+#if PQ_X86_KERNELS
+// CPUID leaf `leaf`, subleaf `sub`; false when the CPU has no such leaf.
+bool cpuid(unsigned leaf, unsigned sub, unsigned regs[4]) {
+  if (__get_cpuid_max(0, nullptr) < leaf) return false;
+  __cpuid_count(leaf, sub, regs[0], regs[1], regs[2], regs[3]);
+  return true;
 }
 
 // F16C from CPUID leaf 1 (clang's __builtin_cpu_supports has no "f16c").
-bool cpu_has_f16c() {
-#if defined(__x86_64__) && defined(__GNUC__)
+bool has_f16c() {
+  unsigned r[4];
+  return cpuid(1, 0, r) && (r[2] & bit_F16C) != 0;
+}
+
+CpuLevel detect() {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  if (!avx2) return CpuLevel::kPortable;
+  // __builtin_cpu_supports reports AVX-512 only where the OS saves its state.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return avx512 ? CpuLevel::kAvx512 : CpuLevel::kAvx2;
+}
+#else
+CpuLevel detect() { return CpuLevel::kPortable; }
+#endif
+
+CpuLevel requested(CpuLevel available) {
+  const char* env = std::getenv("PQ_CPU_LEVEL");
+  if (env == nullptr) return available;
+  CpuLevel asked = available;
+  if (std::strcmp(env, "portable") == 0) asked = CpuLevel::kPortable;
+  if (std::strcmp(env, "avx2") == 0) asked = CpuLevel::kAvx2;
+  if (std::strcmp(env, "avx512") == 0) asked = CpuLevel::kAvx512;
+  return static_cast<int>(asked) < static_cast<int>(available) ? asked : available;
+}
+
+}  // namespace
+
+// Pure functions of the CPU and the environment at first use: evaluated
+// once, never written afterwards.
+CpuLevel cpu_level_available() {
+  static const CpuLevel level = detect();
+  return level;
+}
+
+CpuLevel cpu_level() {
+  static const CpuLevel level = requested(cpu_level_available());
+  return level;
+}
+
+const char* cpu_level_name(CpuLevel level) {
+  switch (level) {
+    case CpuLevel::kAvx512: return "avx512";
+    case CpuLevel::kAvx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+bool cpu_has_avx2() { return cpu_level() >= CpuLevel::kAvx2; }
+bool cpu_has_f16c() { return cpu_level() >= CpuLevel::kAvx2; }
+
+bool cpu_has_avx512_bf16() {
+#if PQ_X86_KERNELS
   static const bool has = [] {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 &&
-           __builtin_cpu_supports("avx");
+    unsigned r[4];
+    return cpuid(7, 1, r) && (r[0] & (1u << 5)) != 0;  // leaf 7.1 EAX bit 5
   }();
-  return has;
+  return cpu_level() >= CpuLevel::kAvx512 && has;
 #else
   return false;
 #endif

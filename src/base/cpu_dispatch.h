@@ -1,9 +1,9 @@
-// Choosing between an AVX2 and a portable build of one function at run
-// time, without GCC's target_clones: its ifunc resolvers run while the
-// dynamic loader relocates the library, before sanitizer runtimes are set
-// up, and GCC 12's ThreadSanitizer crashes there. Instead each function has
-// one body (an always-inline function), compiled twice by two thin
-// wrappers, and a pointer to one of them chosen on first use:
+// Choosing between kernel builds of one function at run time, without GCC's
+// target_clones: its ifunc resolvers run while the dynamic loader relocates
+// the library, before sanitizer runtimes are set up, and GCC 12's
+// ThreadSanitizer crashes there. Instead each function has one body (an
+// always-inline function), compiled once per level by thin wrappers, and a
+// pointer to one of them chosen on first use:
 //
 //   PQ_ALWAYS_INLINE float f_body(...) { ... }
 //   PQ_TARGET_AVX2 float f_avx2(...) { return f_body(...); }
@@ -14,20 +14,47 @@
 //   }
 //
 // The body inlined into the AVX2 wrapper is vectorised with AVX2 there.
+// Hand-written kernels (intrinsics) exist per level where they measure
+// faster: cpu_level() says which level a process uses.
+//
+// The level is the highest the CPU (and the OS, for the AVX-512 state) has,
+// lowered by the environment variable PQ_CPU_LEVEL ("portable", "avx2" or
+// "avx512"; read once, at the first kernel call): that is how the tests run
+// every kernel level against the portable reference on one machine, and how
+// a benchmark compares levels. A level above what the CPU has gives what
+// the CPU has; another value is ignored.
 #pragma once
 
 #define PQ_ALWAYS_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PQ_TARGET_AVX2 __attribute__((target("avx2")))
+#define PQ_X86_KERNELS 1
 #else
 #define PQ_TARGET_AVX2
+#define PQ_X86_KERNELS 0
 #endif
 
 namespace pq {
 
-// Whether the CPU has AVX2 (asked once). False off x86-64.
+enum class CpuLevel : int {
+  kPortable = 0,  // plain C++ (what the compiler's baseline target gives)
+  kAvx2 = 1,      // AVX2 + FMA + F16C
+  kAvx512 = 2,    // the AVX2 level + AVX-512 F, BW, DQ and VL
+};
+
+// The level in use (asked once; PQ_CPU_LEVEL may lower it).
+CpuLevel cpu_level();
+// "portable", "avx2" or "avx512".
+const char* cpu_level_name(CpuLevel level);
+// The highest level the CPU has, whatever PQ_CPU_LEVEL says.
+CpuLevel cpu_level_available();
+
+// Whether the level in use includes AVX2 + FMA + F16C. False off x86-64.
 bool cpu_has_avx2();
-// Whether the CPU has F16C (and AVX), from CPUID (asked once).
+// Whether the level in use includes F16C.
 bool cpu_has_f16c();
+// Whether the AVX-512 level is in use and the CPU has AVX512_BF16
+// (VDPBF16PS: bf16 pairs multiplied and summed into float32).
+bool cpu_has_avx512_bf16();
 
 }  // namespace pq

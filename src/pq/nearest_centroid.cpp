@@ -234,11 +234,7 @@ __attribute__((target("avx2,fma"))) void score_block_avx2(const float* points, i
     score_tile_avx2<1>(points + p * stride, stride, pc, scores + p * pc.padded);
 }
 
-bool cpu_has_avx2_fma() {
-  // Pure function of the CPU: evaluated once, never written afterwards.
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-}
+bool cpu_has_avx2_fma() { return cpu_has_avx2(); }  // the AVX2 level includes FMA
 #endif
 
 void score_block(const float* points, int64_t count, int64_t stride, const PreparedCentroids& pc,

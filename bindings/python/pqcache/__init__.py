@@ -73,7 +73,7 @@ from .device import DeviceSelection
 from .pqcache_swig import PQError
 
 __all__ = ["Context", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
-           "DTypeError", "version",
+           "DTypeError", "version", "cpu_level",
            "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
            "KV_TIERS", "SELECT_ROWS", "STATUS_NAMES"]
@@ -203,6 +203,13 @@ def _item_message(op: str, index: int, seq: int, detail: str) -> str:
 def version() -> str:
     """The version of the loaded library, "MAJOR.MINOR.PATCH"."""
     return _c.pq_version_string()
+
+
+def cpu_level() -> str:
+    """The CPU kernels the loaded library uses: "avx512+bf16", "avx512",
+    "avx2" or "portable" (the environment variable PQ_CPU_LEVEL lowers it;
+    read once per process)."""
+    return _c.pq_cpu_level()
 
 
 def _tensor_view(array, layout: str):

@@ -633,6 +633,8 @@ macro_rules! pq_functions {
 pq_functions! {
     fn pq_version_number() -> c_int;
     fn pq_version_string() -> *const c_char;
+    /// Added in 0.11.
+    fn pq_cpu_level() -> *const c_char;
     fn pq_status_string(status: i32) -> *const c_char;
     fn pq_last_error() -> *const c_char;
     fn pq_tensor_init(tensor: *mut pq_tensor, data: *mut c_void, dtype: i32, layout: i32,
