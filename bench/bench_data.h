@@ -18,7 +18,8 @@
 namespace pqbench {
 
 // One layer of a Llama-3-8B-like model: 32 query heads, 8 kv heads (GQA 4),
-// head_dim 128, f16; PQ with m = 2, b = 6; top-k 1/5 of the middle tokens.
+// head_dim 128, f16; the default PQ setting (4 x 8 bits at head_dim 128);
+// top-k 1/5 of the middle tokens.
 constexpr int kQHeads = 32;
 constexpr int kKvHeads = 8;
 constexpr int kGroup = kQHeads / kKvHeads;
@@ -34,12 +35,9 @@ inline std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
 }
-inline const char* isa_level() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "AVX-512";
-  if (__builtin_cpu_supports("avx2")) return "AVX2";
-  return "SSE2";
-}
+// The kernels the library uses here (pq_cpu_level: "avx512+bf16",
+// "avx512", "avx2", "portable"; PQ_CPU_LEVEL lowers it).
+inline const char* isa_level() { return pq_cpu_level(); }
 inline double load_average() {
   double l = -1;
   if (FILE* f = std::fopen("/proc/loadavg", "r")) {
@@ -82,8 +80,6 @@ inline pq_config layer_config(int32_t kmeans_iterations) {
   cfg.num_kv_heads = kKvHeads;
   cfg.head_dim = kHeadDim;
   cfg.dtype = PQ_DTYPE_F16;
-  cfg.pq_subspaces = 2;
-  cfg.pq_bits = 6;
   cfg.topk_fraction = kTopkFraction;
   cfg.kmeans_iterations = kmeans_iterations;
   return cfg;
