@@ -1,8 +1,9 @@
 // bench_pqcache.cpp - Google Benchmark programs for libpqcache (CPU backend).
 //
 // Geometry (one layer of a Llama-3-8B-like model): 32 query heads, 8 kv
-// heads (GQA 4), head_dim 128, f16 K/V/Q; the default PQ setting (m = 4 subspaces, b = 8)
-// at head_dim 128); top-k = 1/5 of the middle tokens; contexts of 8K, 32K and 128K
+// heads (GQA 4), head_dim 128, f16 K/V/Q; the default PQ setting (m = 4
+// subspaces, b = 8 at head_dim 128); top-k = 1/5 of the middle tokens;
+// contexts of 8K, 32K and 128K
 // tokens. Keys are seeded and clustered (64 Gaussian clusters per kv head
 // plus noise); each decode query points at one cluster.
 //
