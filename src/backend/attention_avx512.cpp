@@ -17,9 +17,9 @@
 #endif
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
+#include "backend/attention_simd.h"
 #include "base/cpu_dispatch.h"
 #include "base/fast_exp.h"
 #include "pqcache.h"
@@ -29,11 +29,6 @@
 #define PQ_TARGET_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")))
 #define PQ_KERNEL PQ_ALWAYS_INLINE PQ_TARGET_AVX512
-#if defined(__clang__)
-#define PQ_UNROLL _Pragma("unroll")
-#else
-#define PQ_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 namespace pq {
 
@@ -42,28 +37,8 @@ namespace {
 constexpr int64_t kB = kAttentionBlockRows;
 constexpr float kNoRows = -__builtin_huge_valf();
 // Rows prefetched ahead of the one being computed (its K and V lines
-// interleaved). Tuned on the 2-core EPYC of the brief (bench/
-// cpu_step_vs_torch.py, 128K tokens, bf16): see the commit that set it.
-static const int64_t kPrefetchRows = [] {  // TUNING (temporary)
-  const char* e = std::getenv("PQ_ATTEND_PF");
-  return e ? std::atoll(e) : 24;
-}();
-static const int kHint = [] {
-  const char* e = std::getenv("PQ_ATTEND_HINT");
-  return e ? std::atoi(e) : 0;
-}();
-bool attend_bf16_dot_enabled() {
-  const char* e = std::getenv("PQ_ATTEND_DP");
-  return e ? std::atoi(e) != 0 : true;
-}
-
-template <int Dtype>
-constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4
-                      : (Dtype == PQ_DTYPE_FP8_E4M3 || Dtype == PQ_DTYPE_FP8_E5M2) ? 1
-                                                                                    : 2;
-// As in attention_avx2.cpp: e4m3 through binary16 comes out 2^8 too small.
-template <int Dtype>
-constexpr float kLoadScale = Dtype == PQ_DTYPE_FP8_E4M3 ? 256.f : 1.f;
+// interleaved, a row at a time between the logits).
+constexpr int64_t kPrefetchRows = 64;
 
 // Sixteen elements of a row as floats (times 1 / kLoadScale), lanes
 // outside `m` zero.
@@ -88,18 +63,13 @@ PQ_KERNEL __mmask16 lanes(int32_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// The lines of row i's K and V, interleaved, into L1.
+// The lines of a row's K and V, interleaved, into L2 (see kPrefetchRows).
 PQ_KERNEL void prefetch_row(const KvStore::RowTable& t, int32_t kv_head, int32_t pos) {
   const char* k = reinterpret_cast<const char*>(t.key_row(pos, kv_head));
   const char* v = reinterpret_cast<const char*>(t.value_row(pos, kv_head));
   for (size_t b = 0; b < t.row_bytes; b += 64) {
-    if (kHint == 0) {
-      _mm_prefetch(k + b, _MM_HINT_T0);
-      _mm_prefetch(v + b, _MM_HINT_T0);
-    } else {
-      _mm_prefetch(k + b, _MM_HINT_T1);
-      _mm_prefetch(v + b, _MM_HINT_T1);
-    }
+    _mm_prefetch(k + b, _MM_HINT_T1);
+    _mm_prefetch(v + b, _MM_HINT_T1);
   }
 }
 
@@ -151,7 +121,11 @@ PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d
 
 // The same with VDPBF16PS: bf16 keys against the queries as bf16 pairs
 // (qb, exact: the caller checked each query float is a bf16), 32 elements
-// an instruction and no conversion of the keys.
+// an instruction and no conversion of the keys. Kept because it measured
+// faster where the rows are in cache: 4K tokens bf16 (925 rows a kv head,
+// L3-resident), 0.26-0.27 ms against 0.30 ms with the FMA logits (median
+// of 41-61 interleaved rounds); at 128K tokens, memory-bound, the two
+// measured alike (20.0 and 20.4 ms).
 template <int G, int R>
 PQ_ALWAYS_INLINE PQ_TARGET_AVX512_BF16 void logits_rows_dp(const uint8_t* const* keys,
                                                            const uint16_t* qb, int32_t d,
@@ -218,6 +192,8 @@ PQ_TARGET_AVX512 void softmax_block16(float* logits, int64_t rows, int32_t group
   }
 }
 
+// Compiled with avx512bf16 allowed for every dtype (one attribute for a
+// template); only logits_rows_dp, chosen where the CPU has it, uses it.
 template <int Dtype, int G, bool Dp>
 PQ_TARGET_AVX512_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
                                              const int32_t* pos, int64_t count,
@@ -276,17 +252,9 @@ PQ_TARGET_AVX512_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
 template <int Dtype, bool Dp>
 bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
                   const float* q, int32_t group, float scale, AttentionPart part) {
-  switch (group) {
-    case 1: attend_block_rows<Dtype, 1, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 2: attend_block_rows<Dtype, 2, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 3: attend_block_rows<Dtype, 3, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 4: attend_block_rows<Dtype, 4, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 5: attend_block_rows<Dtype, 5, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 6: attend_block_rows<Dtype, 6, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 7: attend_block_rows<Dtype, 7, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    case 8: attend_block_rows<Dtype, 8, Dp>(t, kv_head, pos, count, q, scale, part); return true;
-    default: return false;
-  }
+  return with_group(group, [&](auto g) {
+    attend_block_rows<Dtype, decltype(g)::value, Dp>(t, kv_head, pos, count, q, scale, part);
+  });
 }
 
 // Whether every query float is a bf16 (its low 16 bits zero): then the
@@ -309,7 +277,7 @@ bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32
     case PQ_DTYPE_F16:
       return attend_dtype<PQ_DTYPE_F16, false>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_BF16: {
-      static const bool dp = cpu_has_avx512_bf16() && attend_bf16_dot_enabled();
+      static const bool dp = cpu_has_avx512_bf16();
       if (dp && t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
         return attend_dtype<PQ_DTYPE_BF16, true>(t, kv_head, pos, count, queries, group, scale, part);
       return attend_dtype<PQ_DTYPE_BF16, false>(t, kv_head, pos, count, queries, group, scale, part);
