@@ -205,7 +205,8 @@ PQ_TARGET_AVX512_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
   constexpr int kStrips = G <= 2 ? 4 : G <= 4 ? 2 : 1;
   const int32_t d = t.head_dim;
   scale *= kLoadScale<Dtype>;  // exact: a power of two
-  alignas(64) float logits[G * kB];
+  // Zeroed: softmax_block16 takes the exps of all kB lanes, rows or not.
+  alignas(64) float logits[G * kB] = {};
   const uint8_t* keys[kB];
   const uint8_t* values[kB];
   uint16_t qb[Dp ? G * 256 : 1];  // the queries as bf16 (head_dim <= 256 here)
