@@ -18,7 +18,13 @@ round (medians and same-round ratios; only ratios travel between machines):
   torch_gather   select + torch.index_select of the rows from a [kv][n][d]
                  tensor + grouped SDPA (the gather a PyTorch engine writes);
   sdpa_gathered  grouped SDPA alone over rows gathered beforehand;
-  dense          grouped SDPA over every token (no selection at all).
+  dense          grouped SDPA over every token (no selection at all);
+  seq_read       a sequential read of 256 MiB (torch.sum of float32 on the
+                 same threads): the memory bandwidth this process gets, for
+                 attend's share of it. Each row also reports attend_GBps =
+                 the K and V bytes of the selected rows / attend's median,
+                 seq_read_GBps, and attend_share_of_seq_read = their ratio
+                 (issue 43's target: >= 0.6).
 
 Geometry: one layer of Llama-3-8B (32 q / 8 kv heads, head_dim 128, f16 or
 --dtype bf16), PQ
@@ -74,7 +80,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     print(f"cpu_step_vs_torch: torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"libpqcache {pqcache.version()}, {os.cpu_count()} cpus, "
-          f"load {os.getloadavg()[0]:.2f}", flush=True)
+          f"load {os.getloadavg()[0]:.2f}, kernel level {pqcache.cpu_level()}", flush=True)
+    seq_buf = torch.ones(256 << 18, dtype=torch.float32)  # 256 MiB
     rows = []
     for dtype, n in [(d, n) for d in args.dtype for n in args.tokens]:
         rng = np.random.default_rng(n)
@@ -149,13 +156,16 @@ def main() -> int:
         def dense():
             F.scaled_dot_product_attention(tq, tk.unsqueeze(0), tv.unsqueeze(0))
 
+        def seq_read():
+            seq_buf.sum()
+
         # The outputs agree (the library and SDPA over the same rows).
         out, _ = ctx.attend(0, 0, query, sel)
         ref = sdpa_rows(*gathered, f32=True).reshape(Q, DIM).numpy()
         err = float(np.abs(out - ref).max())
         candidates = {"lib": lib, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
                       "fetch_sdpa_f32": fetch_sdpa_f32, "fetch_sdpa_gqa": fetch_sdpa_gqa, "torch_gather": torch_gather,
-                      "sdpa_gathered": sdpa_gathered, "dense": dense}
+                      "sdpa_gathered": sdpa_gathered, "dense": dense, "seq_read": seq_read}
         for fn in candidates.values():
             fn()
         times = {name: [] for name in candidates}
@@ -172,8 +182,13 @@ def main() -> int:
             for key in ratios:
                 a, b = key.split("/")
                 ratios[key].append(this[a] / this[b])
+        attend_bytes = count * KV * 2 * DIM * 2  # K and V rows of 2-byte elements
+        attend_gbps = attend_bytes / statistics.median(times["attend"]) / 1e9
+        seq_gbps = seq_buf.numel() * 4 / statistics.median(times["seq_read"]) / 1e9
         row = {"dtype": dtype, "tokens": n, "rows_per_kv_head": count, "load": round(os.getloadavg()[0], 2),
-               "max_abs_diff_vs_sdpa": err,
+               "max_abs_diff_vs_sdpa": err, "attend_GBps": round(attend_gbps, 2),
+               "seq_read_GBps": round(seq_gbps, 2),
+               "attend_share_of_seq_read": round(attend_gbps / seq_gbps, 3),
                "ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()},
                "median_ratio": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
         rows.append(row)

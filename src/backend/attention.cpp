@@ -92,6 +92,8 @@ void attend_rows(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* 
                  AttentionPart part) {
   clear(part, group, rows.head_dim);
   if (count == 0) return;
+  static const bool avx512 = cpu_level() >= CpuLevel::kAvx512;
+  if (avx512 && attend_rows_avx512(rows, kv_head, pos, count, queries, group, scale, part)) return;
   static const bool avx2 = cpu_has_avx2_fma_f16c();
   if (avx2 && attend_rows_avx2(rows, kv_head, pos, count, queries, group, scale, part)) return;
   static const auto portable = cpu_has_avx2() ? attend_rows_autovec : attend_rows_portable;

@@ -46,7 +46,13 @@ bool attend_rows_avx2(const KvStore::RowTable& rows, int32_t kv_head, const int3
                       int64_t count, const float* queries, int32_t group, float scale,
                       AttentionPart part);
 
-// The rows of one block, in both kernels: 32 rows of K and V (16 KiB at
+// The AVX-512 kernel (attention_avx512.cpp), for a group of at most 8 and
+// any head_dim; false when it does not apply.
+bool attend_rows_avx512(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* pos,
+                        int64_t count, const float* queries, int32_t group, float scale,
+                        AttentionPart part);
+
+// The rows of one block, in every kernel: 32 rows of K and V (16 KiB at
 // head_dim 128 in f16) stay in L1 between the logits and the values; 16
 // and 64 measured no better (64 was 15% slower).
 constexpr int64_t kAttentionBlockRows = 32;

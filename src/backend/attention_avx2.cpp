@@ -11,16 +11,12 @@
 
 #include <algorithm>
 
+#include "backend/attention_simd.h"
 #include "base/cpu_dispatch.h"
 #include "pqcache.h"
 
 #define PQ_TARGET_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
 #define PQ_KERNEL PQ_ALWAYS_INLINE PQ_TARGET_AVX2_FMA
-#if defined(__clang__)
-#define PQ_UNROLL _Pragma("unroll")
-#else
-#define PQ_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 namespace pq {
 
@@ -34,17 +30,6 @@ constexpr int64_t kB = kAttentionBlockRows;
 // 128K tokens took 69 ms without it and 43-58 ms with 64 rows ahead, while
 // ascending ones took the same either way.
 constexpr int64_t kPrefetchRows = 64;
-
-// Bytes per element of a row.
-template <int Dtype>
-constexpr int kElem = Dtype == PQ_DTYPE_F32 ? 4
-                      : (Dtype == PQ_DTYPE_FP8_E4M3 || Dtype == PQ_DTYPE_FP8_E5M2) ? 1
-                                                                                    : 2;
-
-// What an fp8 row's floats from load8 must be multiplied by: e4m3 comes
-// out of the binary16 route 2^8 too small (see load8), e5m2 exact.
-template <int Dtype>
-constexpr float kLoadScale = Dtype == PQ_DTYPE_FP8_E4M3 ? 256.f : 1.f;
 
 // Eight elements of a row as floats (times 1 / kLoadScale). fp8 rows are
 // half the bytes of f16 and take two integer instructions more: an e5m2
@@ -178,17 +163,9 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
 template <int Dtype>
 bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
                   const float* q, int32_t group, float scale, AttentionPart part) {
-  switch (group) {
-    case 1: attend_block_rows<Dtype, 1>(t, kv_head, pos, count, q, scale, part); return true;
-    case 2: attend_block_rows<Dtype, 2>(t, kv_head, pos, count, q, scale, part); return true;
-    case 3: attend_block_rows<Dtype, 3>(t, kv_head, pos, count, q, scale, part); return true;
-    case 4: attend_block_rows<Dtype, 4>(t, kv_head, pos, count, q, scale, part); return true;
-    case 5: attend_block_rows<Dtype, 5>(t, kv_head, pos, count, q, scale, part); return true;
-    case 6: attend_block_rows<Dtype, 6>(t, kv_head, pos, count, q, scale, part); return true;
-    case 7: attend_block_rows<Dtype, 7>(t, kv_head, pos, count, q, scale, part); return true;
-    case 8: attend_block_rows<Dtype, 8>(t, kv_head, pos, count, q, scale, part); return true;
-    default: return false;
-  }
+  return with_group(group, [&](auto g) {
+    attend_block_rows<Dtype, decltype(g)::value>(t, kv_head, pos, count, q, scale, part);
+  });
 }
 
 }  // namespace

@@ -1,0 +1,307 @@
+// The AVX-512 kernel of attend_rows (attention.h), chosen at the avx512
+// level (cpu_dispatch.h): the AVX2 kernel's blocks with 16 floats a
+// register and 32 registers, so more rows and query heads are in flight;
+// masked loads take any head_dim (no scalar tail); the block's softmax is
+// vectorised too. Rows ahead are prefetched K and V interleaved, a row at
+// a time between the logits (see kPrefetchRows).
+#include "backend/attention.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#include <immintrin.h>
+
+// GCC 12 warns of the _mm512_undefined_* operands inside its own unpack
+// and conversion intrinsics (a false positive, fixed in GCC 13).
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/attention_simd.h"
+#include "base/cpu_dispatch.h"
+#include "base/fast_exp.h"
+#include "pqcache.h"
+
+#define PQ_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#define PQ_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")))
+#define PQ_KERNEL PQ_ALWAYS_INLINE PQ_TARGET_AVX512
+
+namespace pq {
+
+namespace {
+
+constexpr int64_t kB = kAttentionBlockRows;
+constexpr float kNoRows = -__builtin_huge_valf();
+// Rows prefetched ahead of the one being computed (its K and V lines
+// interleaved, a row at a time between the logits).
+constexpr int64_t kPrefetchRows = 64;
+
+// Sixteen elements of a row as floats (times 1 / kLoadScale), lanes
+// outside `m` zero.
+template <int Dtype>
+PQ_KERNEL __m512 load16(const uint8_t* p, __mmask16 m) {
+  if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
+    __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8);
+    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)  // sign to bit 15, the rest from bit 7
+      w = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    return _mm512_cvtph_ps(w);
+  } else if constexpr (Dtype == PQ_DTYPE_F16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  } else if constexpr (Dtype == PQ_DTYPE_BF16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  } else {
+    return _mm512_maskz_loadu_ps(m, p);
+  }
+}
+
+PQ_KERNEL __mmask16 lanes(int32_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// The lines of a row's K and V, interleaved, into L2 (see kPrefetchRows).
+PQ_KERNEL void prefetch_row(const KvStore::RowTable& t, int32_t kv_head, int32_t pos) {
+  const char* k = reinterpret_cast<const char*>(t.key_row(pos, kv_head));
+  const char* v = reinterpret_cast<const char*>(t.value_row(pos, kv_head));
+  for (size_t b = 0; b < t.row_bytes; b += 64) {
+    _mm_prefetch(k + b, _MM_HINT_T1);
+    _mm_prefetch(v + b, _MM_HINT_T1);
+  }
+}
+
+// hsum of each of four registers, in lanes 0..3 of the result.
+PQ_KERNEL __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Pairwise: halves added, then interleaved so each step halves the work.
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  // ab lanes: a0+a2 b0+b2 a1+a3 b1+b3 per 128-bit lane (pairs of a and b)
+  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // abcd: per 128-bit lane, [a b c d] partial sums; add the four lanes.
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Stores scale * hsum(acc[n]) to out[n * stride] for N registers.
+template <int N>
+PQ_KERNEL void store_sums(const __m512* acc, float scale, float* out, int64_t stride) {
+  int n = 0;
+  for (; n + 4 <= N; n += 4) {
+    alignas(16) float s[4];
+    _mm_store_ps(s, _mm_mul_ps(hsum4(acc[n], acc[n + 1], acc[n + 2], acc[n + 3]), _mm_set1_ps(scale)));
+    for (int j = 0; j < 4; ++j) out[(n + j) * stride] = s[j];
+  }
+  for (; n < N; ++n) out[n * stride] = _mm512_reduce_add_ps(acc[n]) * scale;
+}
+
+// logits[g * kB + i + r] for R rows from i: each 16 key elements loaded once
+// for the group, R x G accumulators.
+template <int Dtype, int G, int R>
+PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d, float scale,
+                           float* logits, int64_t i) {
+  __m512 acc[G][R];
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] =
+      _mm512_setzero_ps();
+  for (int32_t k = 0; k < d; k += 16) {
+    const __mmask16 m = lanes(d - k);
+    __m512 key[R];
+    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load16<Dtype>(keys[i + r] + k * kElem<Dtype>, m);
+    PQ_UNROLL for (int g = 0; g < G; ++g) {
+      const __m512 qg = _mm512_maskz_loadu_ps(m, q + static_cast<size_t>(g) * d + k);
+      PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] = _mm512_fmadd_ps(qg, key[r], acc[g][r]);
+    }
+  }
+  PQ_UNROLL for (int g = 0; g < G; ++g) store_sums<R>(acc[g], scale, logits + g * kB + i, 1);
+}
+
+// The same with VDPBF16PS: bf16 keys against the queries as bf16 pairs
+// (qb, exact: the caller checked each query float is a bf16), 32 elements
+// an instruction and no conversion of the keys. Kept because it measured
+// faster where the rows are in cache: 4K tokens bf16 (925 rows a kv head,
+// L3-resident), 0.26-0.27 ms against 0.30 ms with the FMA logits (median
+// of 41-61 interleaved rounds); at 128K tokens, memory-bound, the two
+// measured alike (20.0 and 20.4 ms).
+template <int G, int R>
+PQ_ALWAYS_INLINE PQ_TARGET_AVX512_BF16 void logits_rows_dp(const uint8_t* const* keys,
+                                                           const uint16_t* qb, int32_t d,
+                                                           float scale, float* logits, int64_t i) {
+  __m512 acc[G][R];
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] =
+      _mm512_setzero_ps();
+  for (int32_t k = 0; k < d; k += 32) {
+    const __mmask32 m = d - k >= 32 ? __mmask32(0xFFFFFFFFu) : static_cast<__mmask32>((1u << (d - k)) - 1);
+    __m512bh key[R];
+    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] =
+        (__m512bh)_mm512_maskz_loadu_epi16(m, keys[i + r] + 2 * k);
+    PQ_UNROLL for (int g = 0; g < G; ++g) {
+      const __m512bh qg = (__m512bh)_mm512_maskz_loadu_epi16(m, qb + static_cast<size_t>(g) * d + k);
+      PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], qg, key[r]);
+    }
+  }
+  PQ_UNROLL for (int g = 0; g < G; ++g) store_sums<R>(acc[g], scale, logits + g * kB + i, 1);
+}
+
+// acc[g][k..k + 16W) += sum_i w[g][i] * V_i[k..k + 16W) over the block, the
+// strip of every query head in registers.
+template <int Dtype, int G, int W>
+PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t rows, int32_t d,
+                          int32_t k, float* acc) {
+  __m512 o[G][W];
+  __mmask16 m[W];
+  PQ_UNROLL for (int s = 0; s < W; ++s) m[s] = lanes(d - k - 16 * s);
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] =
+      _mm512_maskz_loadu_ps(m[s], acc + static_cast<size_t>(g) * d + k + 16 * s);
+  for (int64_t i = 0; i < rows; ++i) {
+    __m512 v[W];
+    PQ_UNROLL for (int s = 0; s < W; ++s)
+        v[s] = load16<Dtype>(values[i] + (k + 16 * s) * kElem<Dtype>, m[s]);
+    PQ_UNROLL for (int g = 0; g < G; ++g) {
+      const __m512 wg = _mm512_set1_ps(w[g * kB + i]);
+      PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_fmadd_ps(wg, v[s], o[g][s]);
+    }
+  }
+  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s)
+      _mm512_mask_storeu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s, m[s], o[g][s]);
+}
+
+// softmax_block (attention.cpp) with the exps 16 at a time.
+PQ_TARGET_AVX512 void softmax_block16(float* logits, int64_t rows, int32_t group, int32_t d,
+                                      AttentionPart part) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* l = logits + static_cast<size_t>(g) * kB;
+    float block_max = l[0];
+    for (int64_t i = 1; i < rows; ++i) block_max = l[i] > block_max ? l[i] : block_max;
+    if (block_max > part.max[g]) {
+      const float rescale = part.max[g] == kNoRows ? 0.f : exp_nonpositive(part.max[g] - block_max);
+      float* acc = part.acc + static_cast<size_t>(g) * d;
+      for (int32_t k = 0; k < d; ++k) acc[k] *= rescale;
+      part.sum[g] *= rescale;
+      part.max[g] = block_max;
+    }
+    const float max = part.max[g];
+    float e[kB];
+    for (int64_t i = 0; i < kB; ++i) e[i] = exp_nonpositive(l[i] - max);  // vectorised
+    float block_sum = 0.f;
+    for (int64_t i = 0; i < rows; ++i) block_sum += (l[i] = e[i]);
+    part.sum[g] += block_sum;
+  }
+}
+
+// Compiled with avx512bf16 allowed for every dtype (one attribute for a
+// template); only logits_rows_dp, chosen where the CPU has it, uses it.
+template <int Dtype, int G, bool Dp>
+PQ_TARGET_AVX512_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
+                                             const int32_t* pos, int64_t count,
+                                             const float* queries, float scale,
+                                             AttentionPart part) {
+  // Registers: logits hold R x G accumulators, R keys and a query (at most
+  // 21 of 32); values W strips of G and W rows.
+  constexpr int kRows = G <= 4 ? 4 : 2;
+  constexpr int kStrips = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+  const int32_t d = t.head_dim;
+  scale *= kLoadScale<Dtype>;  // exact: a power of two
+  // Zeroed: softmax_block16 takes the exps of all kB lanes, rows or not.
+  alignas(64) float logits[G * kB] = {};
+  const uint8_t* keys[kB];
+  const uint8_t* values[kB];
+  uint16_t qb[Dp ? G * 256 : 1];  // the queries as bf16 (head_dim <= 256 here)
+  if constexpr (Dp)
+    for (int32_t j = 0; j < G * d; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, queries + j, sizeof bits);
+      qb[j] = static_cast<uint16_t>(bits >> 16);
+    }
+  for (int64_t i = 0; i < std::min(count, kPrefetchRows); ++i) prefetch_row(t, kv_head, pos[i]);
+  for (int64_t b = 0; b < count; b += kB) {
+    const int64_t rows = std::min(kB, count - b);
+    for (int64_t i = 0; i < rows; ++i) {
+      keys[i] = t.key_row(pos[b + i], kv_head);
+      values[i] = t.value_row(pos[b + i], kv_head);
+    }
+    const int64_t ahead = b + kPrefetchRows;
+    int64_t i = 0;
+    for (; i + kRows <= rows; i += kRows) {
+      for (int r = 0; r < kRows; ++r)
+        if (ahead + i + r < count) prefetch_row(t, kv_head, pos[ahead + i + r]);
+      if constexpr (Dp)
+        logits_rows_dp<G, kRows>(keys, qb, d, scale, logits, i);
+      else
+        logits_rows<Dtype, G, kRows>(keys, queries, d, scale, logits, i);
+    }
+    for (; i < rows; ++i) {
+      if (ahead + i < count) prefetch_row(t, kv_head, pos[ahead + i]);
+      if constexpr (Dp)
+        logits_rows_dp<G, 1>(keys, qb, d, scale, logits, i);
+      else
+        logits_rows<Dtype, G, 1>(keys, queries, d, scale, logits, i);
+    }
+    softmax_block16(logits, rows, G, d, part);
+    int32_t k = 0;
+    for (; k + 16 * kStrips <= d; k += 16 * kStrips)
+      add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);
+    for (; k < d; k += 16) add_values<Dtype, G, 1>(values, logits, rows, d, k, part.acc);
+  }
+  if constexpr (kLoadScale<Dtype> != 1.f)
+    for (int64_t j = 0; j < int64_t{G} * d; ++j) part.acc[j] *= kLoadScale<Dtype>;
+}
+
+template <int Dtype, bool Dp>
+bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
+                  const float* q, int32_t group, float scale, AttentionPart part) {
+  return with_group(group, [&](auto g) {
+    attend_block_rows<Dtype, decltype(g)::value, Dp>(t, kv_head, pos, count, q, scale, part);
+  });
+}
+
+// Whether every query float is a bf16 (its low 16 bits zero): then the
+// VDPBF16PS logits are exact products, as the FMA path's.
+bool queries_are_bf16(const float* q, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, q + j, sizeof bits);
+    if ((bits & 0xFFFFu) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
+                        int64_t count, const float* queries, int32_t group, float scale,
+                        AttentionPart part) {
+  switch (t.dtype) {
+    case PQ_DTYPE_F16:
+      return attend_dtype<PQ_DTYPE_F16, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_BF16: {
+      static const bool dp = cpu_has_avx512_bf16();
+      if (dp && t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
+        return attend_dtype<PQ_DTYPE_BF16, true>(t, kv_head, pos, count, queries, group, scale, part);
+      return attend_dtype<PQ_DTYPE_BF16, false>(t, kv_head, pos, count, queries, group, scale, part);
+    }
+    case PQ_DTYPE_F32:
+      return attend_dtype<PQ_DTYPE_F32, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E4M3:
+      return attend_dtype<PQ_DTYPE_FP8_E4M3, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E5M2:
+      return attend_dtype<PQ_DTYPE_FP8_E5M2, false>(t, kv_head, pos, count, queries, group, scale, part);
+    default: return false;
+  }
+}
+
+}  // namespace pq
+
+#else  // not x86-64 with GCC or Clang: the AVX2 and portable kernels alone
+
+namespace pq {
+bool attend_rows_avx512(const KvStore::RowTable&, int32_t, const int32_t*, int64_t, const float*,
+                        int32_t, float, AttentionPart) {
+  return false;
+}
+}  // namespace pq
+
+#endif
