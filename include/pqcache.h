@@ -543,7 +543,13 @@ typedef struct pq_config {
    * moment another thread could observe. pq_create refuses (INVALID_ARGUMENT)
    * a limit smaller than one sequence's fixed state. Not counted: working
    * memory of one call or build (selection scores, the K-Means sample),
-   * which is freed when it returns. */
+   * which is freed when it returns.
+   * With the CPU backend's host tier (no host_alloc hook), K/V chunk blocks
+   * of 128 KiB or more are carved from 2 MiB slabs on transparent huge
+   * pages (environment PQ_HOST_HUGE_PAGES=0 at pq_create: operator new
+   * instead); the limit then counts the slabs whole, the free part of a
+   * partly used slab included, and a prefill needs room for one slab more
+   * while it cuts one. Empty slabs are given back at once. */
   uint64_t host_memory_limit;
   int32_t backend;   /* pq_backend; default PQ_BACKEND_CPU */
   int32_t device_id; /* CUDA device ordinal; default 0 */

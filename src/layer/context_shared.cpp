@@ -7,6 +7,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "config/kv_scales.h"
+#include "store/host_slabs.h"
 #include "store/kv_tier.h"
 #include "selectors/selector_capabilities.h"
 
@@ -65,6 +66,11 @@ ContextShared::ContextShared(const pq_config& c, const CallerPaths& paths, const
       cost(memory_cost(c, *selector)),
       hooks(h),
       chunk_file(make_chunk_file(c, paths.kv_disk, h.disk_io)),
+      host_slabs(c.kv_tier != PQ_KV_TIER_CALLER && c.kv_tier != PQ_KV_TIER_DISK &&
+                         h.allocator.alloc == nullptr && backend->device_memory() == nullptr &&
+                         host_slabs_enabled() && cost.chunk_kv / 2 >= kHostSlabMinBlock
+                     ? make_host_slabs(&budget)
+                     : nullptr),
       owns_pool(shared_pool == nullptr),
       pool(shared_pool ? std::move(shared_pool) : std::make_shared<ThreadPool>(c.worker_threads)) {
   const uint64_t fixed = cost.sequence_fixed(c.num_layers);

@@ -28,6 +28,7 @@
 #include "base/thread_pool.h"
 #include "config/config.h"
 #include "store/chunk_file.h"
+#include "store/slab_pool.h"
 
 namespace pq {
 
@@ -93,6 +94,9 @@ struct ContextShared {
   // The disk tier's file (PQ_KV_TIER_DISK), shared by every layer of every
   // sequence; null for the host tier.
   const std::shared_ptr<ChunkFile> chunk_file;
+  // The host tier's K/V blocks on 2 MiB slabs (store/host_slabs.h): the CPU
+  // backend without a host_alloc hook; null otherwise.
+  const std::unique_ptr<SlabPool> host_slabs;
 
  private:
   std::once_flag profile_once_;

@@ -16,10 +16,12 @@ namespace pq {
 
 namespace {
 
-// The caller's host_alloc hook, else the memory the backend's device reads
-// (the CUDA backend's pinned pool), else operator new (the CPU backend).
+// The caller's host_alloc hook, else the host tier's 2 MiB slabs (the CPU
+// backend, store/host_slabs.h), else the memory the backend's device reads
+// (the CUDA backend's pinned pool), else operator new.
 HostAllocator store_allocator(const ContextShared& shared) {
   if (shared.hooks.allocator.alloc) return shared.hooks.allocator;
+  if (shared.host_slabs) return shared.host_slabs->allocator();  // the host tier, CPU backend
   const DeviceMemory* device = shared.backend->device_memory();
   return device ? device->store_allocator() : HostAllocator{};
 }

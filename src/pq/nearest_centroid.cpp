@@ -6,6 +6,7 @@
 
 #include "base/cpu_dispatch.h"
 #include "pq/kmeans.h"
+#include "pq/nearest_centroid_avx512.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -237,15 +238,20 @@ __attribute__((target("avx2,fma"))) void score_block_avx2(const float* points, i
 bool cpu_has_avx2_fma() { return cpu_has_avx2(); }  // the AVX2 level includes FMA
 #endif
 
+using ScoreBlock = void (*)(const float*, int64_t, int64_t, const PreparedCentroids&, float*);
+
+ScoreBlock choose_score_block() {
+#if PQ_KMEANS_HAVE_AVX2
+  if (cpu_level() == CpuLevel::kAvx512) return score_block_avx512;
+  if (cpu_has_avx2_fma()) return score_block_avx2;
+#endif
+  return score_block_generic;
+}
+
 void score_block(const float* points, int64_t count, int64_t stride, const PreparedCentroids& pc,
                  float* scores) {
-#if PQ_KMEANS_HAVE_AVX2
-  if (cpu_has_avx2_fma()) {
-    score_block_avx2(points, count, stride, pc, scores);
-    return;
-  }
-#endif
-  score_block_generic(points, count, stride, pc, scores);
+  static const ScoreBlock impl = choose_score_block();
+  impl(points, count, stride, pc, scores);
 }
 
 }  // namespace
@@ -297,8 +303,7 @@ PQ_ALWAYS_INLINE double assign_points_body(const PreparedCentroids& pc, const fl
         candidate[c] = is;
         hits += is;
       }
-      int32_t chosen = -1;
-      float chosen_distance = 0.0f;
+      NearestChoice choice;
       for (int32_t word_start = 0, seen = 0; word_start < k && seen < hits; word_start += 8) {
         uint64_t word;
         std::memcpy(&word, candidate + word_start, sizeof word);
@@ -306,21 +311,12 @@ PQ_ALWAYS_INLINE double assign_points_body(const PreparedCentroids& pc, const fl
           const int32_t c = word_start + __builtin_ctzll(word) / 8;
           ++seen;
           if (c >= k) break;
-          const float distance =
-              squared_distance_body(x, pc.rows + static_cast<size_t>(c) * dim, dim);
-          if (chosen < 0 || distance < chosen_distance) {
-            chosen = c;
-            chosen_distance = distance;
-          }
+          choice.offer(c, squared_distance_body(x, pc.rows + static_cast<size_t>(c) * dim, dim));
         }
       }
-      if (chosen < 0) {  // only with NaN or infinite inputs
-        chosen = 0;
-        chosen_distance = squared_distance_body(x, pc.rows, dim);
-      }
-      codes[(start + p) * code_stride] = static_cast<uint8_t>(chosen);
-      if (distances) distances[start + p] = chosen_distance;
-      total += chosen_distance;
+      total += choice.store([&] { return squared_distance_body(x, pc.rows, dim); },
+                            codes + (start + p) * code_stride,
+                            distances ? distances + start + p : nullptr);
     }
   }
   return total;
@@ -344,7 +340,14 @@ double assign_points_portable(const PreparedCentroids& pc, const float* points, 
 double assign_points(const PreparedCentroids& pc, const float* points, int64_t count,
                      int64_t stride, const float* point_norms, uint8_t* codes,
                      int64_t code_stride, float* distances, float* scores) {
-  static const auto impl = cpu_has_avx2() ? assign_points_avx2 : assign_points_portable;
+  using Assign = double (*)(const PreparedCentroids&, const float*, int64_t, int64_t,
+                            const float*, uint8_t*, int64_t, float*, float*);
+  static const Assign impl = [] {
+#if PQ_KMEANS_HAVE_AVX2
+    if (cpu_level() == CpuLevel::kAvx512) return static_cast<Assign>(assign_points_avx512);
+#endif
+    return static_cast<Assign>(cpu_has_avx2() ? assign_points_avx2 : assign_points_portable);
+  }();
   return impl(pc, points, count, stride, point_norms, codes, code_stride, distances, scores);
 }
 

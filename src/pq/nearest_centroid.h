@@ -39,8 +39,8 @@ void prepare_centroids(const float* centroids, int32_t count, int32_t dim,
                        PreparedCentroids* out);
 
 // scores[p * pc.padded + c] = pc.norms[c] - 2 x_p . c for `count` points of
-// row stride `stride` (the GEMM form the assignment ranks; AVX2 + FMA where
-// the CPU has them). Padding columns score about FLT_MAX. With norms set to
+// row stride `stride` (the GEMM form the assignment ranks; AVX-512 or
+// AVX2 + FMA by cpu_level()). Padding columns score about FLT_MAX. With norms set to
 // 0 the scores rank inner products (ClusterKV's cosine assignment).
 void score_against_centroids(const PreparedCentroids& pc, const float* points, int64_t count,
                              int64_t stride, float* scores);
@@ -51,6 +51,29 @@ void score_against_centroids(const PreparedCentroids& pc, const float* points, i
 double assign_points(const PreparedCentroids& pc, const float* points, int64_t count,
                      int64_t stride, const float* point_norms, uint8_t* codes,
                      int64_t code_stride, float* distances, float* scores);
+
+// The running choice of assign_points' exact re-check (every level): the
+// smallest distance, the lowest index on ties (candidates come in
+// ascending order). No candidate (only with NaN or infinite inputs): centroid
+// 0, whose distance `first` gives.
+struct NearestChoice {
+  int32_t index = -1;
+  float distance = 0.0f;
+  void offer(int32_t c, float d) {
+    if (index < 0 || d < distance) {
+      index = c;
+      distance = d;
+    }
+  }
+  // Writes the choice for one point; returns its distance.
+  template <typename First>
+  float store(First first, uint8_t* code, float* distance_out) {
+    if (index < 0) offer(0, first());
+    *code = static_cast<uint8_t>(index);
+    if (distance_out) *distance_out = distance;
+    return distance;
+  }
+};
 
 // Nearest centroid of one sub-vector (squared L2; ties: the lowest index).
 int32_t nearest_centroid(const float* centroids, int32_t count, int32_t sub_dim,

@@ -54,6 +54,12 @@ class MemoryBudget {
     const auto message = describe();
     return reserve(bytes, message.first, message.second);
   }
+  // Holds `bytes` more whatever the limit: for bytes already held that move
+  // from one charge to another (a released block back to its slab's slack).
+  Reservation hold(uint64_t bytes) {
+    used_.fetch_add(bytes);
+    return Reservation(this, bytes);
+  }
   uint64_t used() const { return used_.load(); }
   uint64_t limit() const { return limit_; }  // 0 = unlimited
 

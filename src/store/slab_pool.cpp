@@ -2,6 +2,8 @@
 #include "store/slab_pool.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 namespace pq {
 
@@ -16,9 +18,17 @@ bool SlabPool::cut_slab(size_t block) {
   std::vector<void*>& free_blocks = blocks_[block];
   // A block too large to share a slab gets a slab of its own.
   const size_t per_slab = std::max<size_t>(slab_bytes_ / block, 1);
-  const size_t bytes_of_slab = per_slab * block;
+  const size_t bytes_of_slab = (per_slab * block + slab_align_ - 1) / slab_align_ * slab_align_;
+  Reservation charge;
+  if (budget_ != nullptr) {
+    charge = budget_->reserve_or_describe(bytes_of_slab, [] {
+      return std::make_pair(std::string("a slab of the host K/V store"), std::string());
+    });
+  }
   void* base = alloc_(bytes_of_slab);
   if (base == nullptr) return false;
+  slack_.absorb(std::move(charge));
+  slack_bytes_ += bytes_of_slab;
   slabs_[reinterpret_cast<uintptr_t>(base)] = Slab{bytes_of_slab, block, 0};
   free_blocks.reserve(free_blocks.size() + per_slab);
   // Handed out from the front of the slab first (popped from the back).
@@ -35,7 +45,10 @@ void* SlabPool::allocate(size_t bytes) noexcept {
     if (free_blocks.empty() && !cut_slab(block)) return nullptr;
     void* p = free_blocks.back();
     free_blocks.pop_back();
-    ++slab_of(p)->in_use;
+    Slab* slab = slab_of(p);
+    ++slab->in_use;
+    slack_bytes_ -= slab->block;
+    if (budget_ != nullptr) slack_.split(slab->block);  // now its owner's charge
     auto r = reserved_.find(block);
     if (r != reserved_.end() && r->second > 0) --r->second;
     return p;
@@ -102,7 +115,14 @@ void SlabPool::give_back(void* ptr) {
   if (it == slabs_.end()) return;  // not ours: never handed out
   Slab& slab = it->second;
   blocks_[slab.block].push_back(ptr);  // capacity reserved when the slab was cut
+  slack_bytes_ += slab.block;
+  // Its owner's charge is (being) released: the slack holds the bytes again.
+  if (budget_ != nullptr) slack_.absorb(budget_->hold(slab.block));
   if (--slab.in_use > 0) return;
+  if (budget_ != nullptr && fence_ == nullptr && reserved_[slab.block] == 0) {
+    drop_slab(it->first);  // charged: no spare, the budget goes back to baseline
+    return;
+  }
   // Under a fence (the CUDA backend) empty slabs are kept: freeing pinned
   // memory waits for the whole device. Reserved blocks are kept too.
   if (fence_ != nullptr || reserved_[slab.block] > 0) return;
@@ -138,6 +158,8 @@ void SlabPool::drop_slab(uintptr_t base) {
                                    }),
                     free_blocks.end());
   slabs_.erase(it);
+  slack_bytes_ -= slab.bytes;
+  if (budget_ != nullptr) slack_.split(slab.bytes);  // released
   free_(reinterpret_cast<void*>(base), slab.bytes);
 }
 
@@ -151,6 +173,17 @@ size_t SlabPool::bytes_held() const {
   size_t total = 0;
   for (const auto& [base, slab] : slabs_) total += slab.bytes;
   return total;
+}
+
+void SlabPool::charge_slack(MemoryBudget* budget, size_t slab_align) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  budget_ = budget;
+  slab_align_ = std::max<size_t>(slab_align, 1);
+}
+
+size_t SlabPool::slack_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slack_bytes_;
 }
 
 HostAllocator SlabPool::allocator() {

@@ -9,6 +9,13 @@
 // sequences does not pin and unpin at every turn; under a fence (the CUDA
 // backend, whose device work reads the blocks) every slab is kept until
 // the pool goes, since giving pinned memory back waits for the whole device.
+//
+// The CPU backend's host K/V store uses one too, of 2 MiB slabs on
+// transparent huge pages (host_slabs.h): there the pool charges a memory
+// budget for the slabs' slack (bytes held but not handed out, partly used
+// slabs included; the blocks handed out are their chunks' charge) and gives
+// every empty slab back at once, so that the budget returns to what it was
+// once the sequences are removed.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "base/hooks.h"
+#include "store/memory_budget.h"
 
 namespace pq {
 
@@ -61,6 +69,15 @@ class SlabPool {
   // chunk then pins nothing. Reserved blocks are counted down as blocks of
   // that size are handed out. False when a slab could not be allocated.
   bool reserve(size_t bytes, size_t count) noexcept;
+  // Charges `budget` for the slack from now on (before any block is handed
+  // out): a slab is cut only if the budget takes its bytes, each block handed
+  // out moves its bytes from the slack to its owner's charge (and back when
+  // released), and no empty slab is kept as a spare. Slabs are sized up to
+  // a multiple of `slab_align` (what alloc reserves). The budget must
+  // outlive the pool.
+  void charge_slack(MemoryBudget* budget, size_t slab_align);
+  // Bytes of the slabs not handed out (charged when charge_slack is set).
+  size_t slack_bytes() const;
 
   // The pool as a K/V store allocator (hooks.h): the store's HostBlocks
   // allocate and free through it.
@@ -99,6 +116,10 @@ class SlabPool {
   };
   Fence* fence_ = nullptr;
   std::vector<Quarantined> quarantine_;           // released, maybe still read
+  MemoryBudget* budget_ = nullptr;                // charge_slack's
+  size_t slab_align_ = 1;
+  Reservation slack_;                             // held against budget_
+  size_t slack_bytes_ = 0;                        // with or without a budget
 };
 
 }  // namespace pq
