@@ -11,7 +11,15 @@
 #include "pqcache.h"
 
 #if PQ_X86_KERNELS
+// GCC 12's AVX-512 headers start some results from _mm512_undefined_*()
+// and then warn that it is uninitialised (GCC bug 105593): not ours.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace pq {
@@ -193,17 +201,7 @@ void accumulate_softmax_weighted_portable(const float* __restrict raw,
   accumulate_softmax_weighted_body(raw, counts, n, scale, tmp, out);
 }
 
-// Maps a float to a uint32 whose unsigned order is the float's order.
-inline uint32_t ordered_key(float f) {
-  f += 0.0f;  // -0 becomes +0: equal scores must share a bucket
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 }  // namespace
-
-uint32_t ordered_score_key(float f) { return ordered_key(f); }
 
 void combine_softmax_weighted(const float* raw, const uint32_t* counts, int32_t group_size,
                               int64_t n, float scale, float* out, SelectScratch& scratch) {

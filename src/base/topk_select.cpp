@@ -1,6 +1,6 @@
-// select_top_k (topk.h): an MSD radix select over order-preserving keys. At
-// the AVX-512 level a first pass keeps only the scores at or above a
-// threshold estimated from a sample (compressed 16 at a time), and the radix
+// select_top_k (topk.h): an MSD radix select over order-preserving keys. A
+// first pass keeps only the scores at or above a threshold estimated from a
+// sample (at the AVX-512 level compressed 16 at a time), and the radix
 // select runs on those survivors; the result is the same set: the k highest
 // (score, position) pairs, ties to the larger position.
 #include <algorithm>
@@ -13,7 +13,15 @@
 #include "base/topk.h"
 
 #if PQ_X86_KERNELS
+// GCC 12's AVX-512 headers start some results from _mm512_undefined_*()
+// and then warn that it is uninitialised (GCC bug 105593): not ours.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace pq {
@@ -109,8 +117,6 @@ void select_top_k_all(const float* scores, int64_t n, int64_t k, int64_t first, 
               out, scratch.next);
 }
 
-#if PQ_X86_KERNELS
-
 // A key T such that, very likely, at least k keys are >= T but not many
 // more: the order statistic of an even sample a few standard deviations
 // above k's rank. If fewer than k survive, the caller selects among all.
@@ -128,8 +134,25 @@ uint32_t sampled_threshold(const float* scores, int64_t n, int64_t k, std::vecto
   return sample[static_cast<size_t>(rank)];
 }
 
+// The keys >= threshold and their indices, in index order; returns how
+// many. Branch-free: every entry is written, and the count moves on only
+// for those kept.
+int64_t keep_at_or_above_portable(const float* scores, int64_t n, uint32_t threshold,
+                                  uint32_t* keys, int32_t* positions) {
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = ordered_score_key(scores[i]);
+    keys[kept] = key;
+    positions[kept] = static_cast<int32_t>(i);
+    kept += key >= threshold;
+  }
+  return kept;
+}
+
+#if PQ_X86_KERNELS
+
 // The keys >= threshold and their indices, in index order; returns how many.
-PQ_TARGET_AVX512 int64_t keep_at_or_above(const float* scores, int64_t n, uint32_t threshold,
+PQ_TARGET_AVX512 int64_t keep_at_or_above_avx512(const float* scores, int64_t n, uint32_t threshold,
                                           uint32_t* keys, int32_t* positions) {
   const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(threshold));
   const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
@@ -157,15 +180,22 @@ PQ_TARGET_AVX512 int64_t keep_at_or_above(const float* scores, int64_t n, uint32
   return kept;
 }
 
-void select_top_k_avx512(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
-                         SelectScratch& scratch) {
+#endif  // PQ_X86_KERNELS
+
+using KeepFn = int64_t (*)(const float*, int64_t, uint32_t, uint32_t*, int32_t*);
+
+// The radix select among the scores at or above a sampled threshold (all
+// of them if fewer than k are). Below 16K scores the sample costs more
+// than it saves.
+void select_top_k_sampled(KeepFn keep, const float* scores, int64_t n, int64_t k, int64_t first,
+                          int32_t* out, SelectScratch& scratch) {
   if (n < (int64_t{1} << 14)) return select_top_k_all(scores, n, k, first, out, scratch);
   const uint32_t threshold = sampled_threshold(scores, n, k, scratch.keys);
   std::vector<uint32_t>& keys = scratch.survivor_keys;
   std::vector<int32_t>& positions = scratch.survivors;
   keys.resize(static_cast<size_t>(n) + 16);  // a full vector may be stored at the end
   positions.resize(static_cast<size_t>(n) + 16);
-  const int64_t kept = keep_at_or_above(scores, n, threshold, keys.data(), positions.data());
+  const int64_t kept = keep(scores, n, threshold, keys.data(), positions.data());
   if (kept < k) return select_top_k_all(scores, n, k, first, out, scratch);
   if (kept == k) {
     for (int64_t i = 0; i < k; ++i) out[i] = static_cast<int32_t>(first + positions[static_cast<size_t>(i)]);
@@ -177,8 +207,6 @@ void select_top_k_avx512(const float* scores, int64_t n, int64_t k, int64_t firs
               out, scratch.next);
 }
 
-#endif  // PQ_X86_KERNELS
-
 }  // namespace
 
 void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
@@ -189,11 +217,12 @@ void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int3
     return;
   }
 #if PQ_X86_KERNELS
-  static const auto impl = cpu_level() >= CpuLevel::kAvx512 ? select_top_k_avx512 : select_top_k_all;
+  static const KeepFn keep =
+      cpu_level() >= CpuLevel::kAvx512 ? keep_at_or_above_avx512 : keep_at_or_above_portable;
 #else
-  static const auto impl = select_top_k_all;
+  static const KeepFn keep = keep_at_or_above_portable;
 #endif
-  impl(scores, n, k, first, out, scratch);
+  select_top_k_sampled(keep, scores, n, k, first, out, scratch);
 }
 
 }  // namespace pq
