@@ -9,17 +9,7 @@
 #include "base/cpu_dispatch.h"
 #include "pq/codebook.h"
 
-#if PQ_X86_KERNELS
-// GCC 12's AVX-512 headers start some results from _mm512_undefined_*()
-// and then warn that it is uninitialised (GCC bug 105593): not ours.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
+#include "base/x86_intrinsics.h"
 
 namespace pq {
 
