@@ -162,7 +162,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--levels", nargs="+", default=None,
                     help="PQ_CPU_LEVEL of each worker (default: the CPU's own level), "
-                         "optionally :NAME=VALUE for more of its environment")
+                         "optionally :NAME=VALUE[,NAME=VALUE] for more of its environment "
+                         "(PYTHONPATH=<other build>/python:tools times another build)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -173,7 +174,8 @@ def main() -> int:
     levels = args.levels or [pqcache.cpu_level()]
     procs = {}
     for level in levels:
-        name, *extra = level.split(":")
+        name, _, rest = level.partition(":")
+        extra = rest.split(",") if rest else []
         env = dict(os.environ, PQ_CPU_LEVEL=name.split("+")[0])
         env.update(kv.split("=", 1) for kv in extra)
         cmd = [sys.executable, __file__, "--worker", "--threads", str(args.threads), "--tokens",
