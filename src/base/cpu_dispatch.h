@@ -29,9 +29,27 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PQ_TARGET_AVX2 __attribute__((target("avx2")))
 #define PQ_X86_KERNELS 1
+// The AVX-512 level's kernels. avx512f brings FMA with it, and GCC would
+// then fuse a * b + c into one rounding, so a kernel would no longer give the
+// portable build's bits: fp-contract is off in them (GCC: the optimize
+// attribute here; clang: PQ_FP_CONTRACT_OFF in the body, as clang ignores
+// that attribute and fuses only within one expression).
+#if defined(__clang__)
+#define PQ_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
+#else
+#define PQ_TARGET_AVX512                                                         \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl"), \
+                 optimize("fp-contract=off")))
+#endif
 #else
 #define PQ_TARGET_AVX2
+#define PQ_TARGET_AVX512
 #define PQ_X86_KERNELS 0
+#endif
+#if defined(__clang__)
+#define PQ_FP_CONTRACT_OFF _Pragma("clang fp contract(off)")
+#else
+#define PQ_FP_CONTRACT_OFF
 #endif
 
 namespace pq {

@@ -15,6 +15,9 @@ namespace pq {
 // with a plain ternary: a float compare, or std::min's references, keep GCC
 // 12 from vectorising inside the AVX2 build (checked in objdump).
 inline float exp_nonpositive(float x) {
+#if defined(__clang__)
+#pragma clang fp contract(off)  // the same bits in an FMA target (cpu_dispatch.h)
+#endif
   int32_t magnitude;
   std::memcpy(&magnitude, &x, sizeof magnitude);
   magnitude &= 0x7fffffff;

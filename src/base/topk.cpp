@@ -10,6 +10,8 @@
 #include "base/fast_exp.h"
 #include "pqcache.h"
 
+#include "base/x86_intrinsics.h"
+
 namespace pq {
 
 namespace {
@@ -34,6 +36,7 @@ PQ_ALWAYS_INLINE float max_of(const float* __restrict raw, int64_t n) {
 // out[i] += exp(logit[i] * scale - max) / sum, for one query head.
 PQ_ALWAYS_INLINE void accumulate_softmax_body(const float* __restrict raw, int64_t n, float scale,
                                              float* __restrict tmp, float* __restrict out) {
+  PQ_FP_CONTRACT_OFF
   const int64_t whole = n - n % kLanes;
   const float max_raw = max_of(raw, n);
   const float max_logit = max_raw * scale;  // scale > 0 keeps the argmax
@@ -63,8 +66,79 @@ void accumulate_softmax_portable(const float* __restrict raw, int64_t n, float s
   accumulate_softmax_body(raw, n, scale, tmp, out);
 }
 
+#if PQ_X86_KERNELS
+// exp_nonpositive on sixteen lanes: the same operations in the same order
+// (no fused multiply-adds: PQ_TARGET_AVX512), so the same bits.
+PQ_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
+  __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  magnitude = _mm512_min_epi32(magnitude, _mm512_set1_epi32(0x42ae0000));
+  x = _mm512_castsi512_ps(
+      _mm512_or_si512(magnitude, _mm512_set1_epi32(static_cast<int32_t>(0x80000000u))));
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shifter), shifter);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// The AVX-512 level: the body above by hand at sixteen lanes. The max is
+// exact in any order (max_ps(raw, lane) keeps the lane on a NaN, as
+// std::max(lane, raw) does); the numerators go to the same eight lane sums
+// in the same order (a vector's low half is block i, its high half block
+// i + 8), so the result has the portable build's bits.
+PQ_TARGET_AVX512 void accumulate_softmax_avx512(const float* __restrict raw, int64_t n,
+                                                float scale, float* __restrict tmp,
+                                                float* __restrict out) {
+  const int64_t whole16 = n - n % 16;
+  const int64_t whole8 = n - n % kLanes;
+  __m512 lane_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < whole16; i += 16) lane_max = _mm512_max_ps(_mm512_loadu_ps(raw + i), lane_max);
+  float max_raw = _mm512_reduce_max_ps(lane_max);
+  for (int64_t i = whole16; i < n; ++i) max_raw = std::max(max_raw, raw[i]);
+  const float max_logit = max_raw * scale;
+  const __m512 vscale = _mm512_set1_ps(scale), vmax = _mm512_set1_ps(max_logit);
+  __m256 lane_sum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole8; i += 16) {
+    const __mmask16 valid = i + 16 <= whole8 ? static_cast<__mmask16>(0xffff) : 0xff;
+    const __m512 e = exp_nonpositive16(
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(valid, raw + i), vscale), vmax));
+    _mm512_mask_storeu_ps(tmp + i, valid, e);
+    lane_sum = _mm256_add_ps(lane_sum, _mm512_castps512_ps256(e));
+    if (valid == 0xffff) lane_sum = _mm256_add_ps(lane_sum, _mm512_extractf32x8_ps(e, 1));
+  }
+  for (int64_t i = whole8; i < n; ++i) tmp[i] = exp_nonpositive(raw[i] * scale - max_logit);
+  float lanes[kLanes];
+  _mm256_storeu_ps(lanes, lane_sum);
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+  for (int64_t i = whole8; i < n; ++i) sum += tmp[i];
+  const float inv = 1.0f / sum;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (int64_t i = 0; i < whole16; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i),
+                                            _mm512_mul_ps(_mm512_loadu_ps(tmp + i), vinv)));
+  for (int64_t i = whole16; i < n; ++i) out[i] += tmp[i] * inv;
+}
+#endif
+
 void accumulate_softmax(const float* raw, int64_t n, float scale, float* tmp, float* out) {
-  static const auto impl = cpu_has_avx2() ? accumulate_softmax_avx2 : accumulate_softmax_portable;
+#if PQ_X86_KERNELS
+  static const auto impl = cpu_level() >= CpuLevel::kAvx512 ? accumulate_softmax_avx512
+                           : cpu_has_avx2()                  ? accumulate_softmax_avx2
+                                                             : accumulate_softmax_portable;
+#else
+  static const auto impl = accumulate_softmax_portable;
+#endif
   impl(raw, n, scale, tmp, out);
 }
 
@@ -76,6 +150,7 @@ PQ_ALWAYS_INLINE void accumulate_softmax_weighted_body(const float* __restrict r
                                                       const uint32_t* __restrict counts, int64_t n,
                                                       float scale, float* __restrict tmp,
                                                       float* __restrict out) {
+  PQ_FP_CONTRACT_OFF
   const int64_t whole = n - n % kLanes;
   const float max_raw = max_of(raw, n);
   const float max_logit = max_raw * scale;
@@ -102,6 +177,13 @@ PQ_TARGET_AVX2 void accumulate_softmax_weighted_avx2(const float* __restrict raw
                                                      float* __restrict out) {
   accumulate_softmax_weighted_body(raw, counts, n, scale, tmp, out);
 }
+PQ_TARGET_AVX512 void accumulate_softmax_weighted_avx512(const float* __restrict raw,
+                                                         const uint32_t* __restrict counts,
+                                                         int64_t n, float scale,
+                                                         float* __restrict tmp,
+                                                         float* __restrict out) {
+  accumulate_softmax_weighted_body(raw, counts, n, scale, tmp, out);
+}
 void accumulate_softmax_weighted_portable(const float* __restrict raw,
                                           const uint32_t* __restrict counts, int64_t n,
                                           float scale, float* __restrict tmp,
@@ -109,25 +191,16 @@ void accumulate_softmax_weighted_portable(const float* __restrict raw,
   accumulate_softmax_weighted_body(raw, counts, n, scale, tmp, out);
 }
 
-// Maps a float to a uint32 whose unsigned order is the float's order.
-inline uint32_t ordered_key(float f) {
-  f += 0.0f;  // -0 becomes +0: equal scores must share a bucket
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 }  // namespace
-
-uint32_t ordered_score_key(float f) { return ordered_key(f); }
 
 void combine_softmax_weighted(const float* raw, const uint32_t* counts, int32_t group_size,
                               int64_t n, float scale, float* out, SelectScratch& scratch) {
   std::fill(out, out + n, 0.f);
   std::vector<float>& tmp = scratch.exp_tmp;
   tmp.resize(static_cast<size_t>(n));
-  static const auto impl =
-      cpu_has_avx2() ? accumulate_softmax_weighted_avx2 : accumulate_softmax_weighted_portable;
+  static const auto impl = cpu_level() >= CpuLevel::kAvx512 ? accumulate_softmax_weighted_avx512
+                           : cpu_has_avx2() ? accumulate_softmax_weighted_avx2
+                                            : accumulate_softmax_weighted_portable;
   for (int32_t g = 0; g < group_size; ++g)
     impl(raw + static_cast<size_t>(g) * n, counts, n, scale, tmp.data(), out);
 }
@@ -157,92 +230,6 @@ void combine_group_scores(const float* raw, int32_t group_size, int64_t n, int32
   }
   float s = scale / static_cast<float>(group_size);
   for (int64_t i = 0; i < n; ++i) out[i] *= s;
-}
-
-void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
-                  SelectScratch& scratch) {
-  if (k <= 0) return;
-  if (k >= n) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(first + i);
-    return;
-  }
-  // MSD radix select over an order-preserving 32-bit key, a byte per pass.
-  // Each pass histograms the remaining candidates' digit, marks every
-  // candidate above the bucket that holds the k-th largest, and keeps only
-  // that bucket. Candidates left after the last digit have equal scores; the
-  // larger positions win, the same strict order (score, then position) the
-  // whole library uses. A final scan of the marks gives ascending output.
-  std::vector<uint32_t>& keys = scratch.keys;
-  keys.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) keys[static_cast<size_t>(i)] = ordered_key(scores[i]);
-  std::vector<uint8_t>& chosen = scratch.chosen;
-  chosen.assign(static_cast<size_t>(n), 0);
-  std::vector<int32_t>& candidates = scratch.tied;
-  std::vector<int32_t>& next = scratch.next;
-  std::vector<uint32_t>& histogram = scratch.histogram;
-
-  // Byte digits: the per-pass fixed cost (clearing and merging histograms)
-  // stays small next to n at decode sizes (8K tokens and up).
-  constexpr int kPasses = 4;
-  constexpr int kShift[kPasses] = {24, 16, 8, 0};
-  constexpr uint32_t kBins[kPasses] = {256, 256, 256, 256};
-  constexpr int kCopies = 4;  // interleaved histograms: equal digits in a row
-                              // would otherwise wait on each other's stores
-  int64_t need = k;
-  bool all = true;  // the candidates are every index (not materialised)
-  for (int pass = 0; pass < kPasses && need > 0; ++pass) {
-    const int shift = kShift[pass];
-    const uint32_t bins = kBins[pass];
-    auto digit = [&](int64_t i) { return (keys[static_cast<size_t>(i)] >> shift) & (bins - 1); };
-    histogram.assign(static_cast<size_t>(kCopies) * bins, 0);
-    if (all) {
-      for (int64_t i = 0; i < n; ++i) ++histogram[(i & (kCopies - 1)) * bins + digit(i)];
-    } else {
-      for (size_t j = 0; j < candidates.size(); ++j)
-        ++histogram[(j & (kCopies - 1)) * bins + digit(candidates[j])];
-    }
-    for (int c = 1; c < kCopies; ++c)
-      for (uint32_t b = 0; b < bins; ++b) histogram[b] += histogram[c * bins + b];
-    int64_t above = 0;
-    uint32_t bucket = bins - 1;
-    while (above + histogram[bucket] < need) above += histogram[bucket--];
-    // Branch-free: which side a score falls on is data, not control flow.
-    next.resize(all ? static_cast<size_t>(n) : candidates.size());
-    size_t kept = 0;
-    auto visit = [&](int64_t i) {
-      uint32_t d = digit(i);
-      chosen[static_cast<size_t>(i)] |= static_cast<uint8_t>(d > bucket);
-      next[kept] = static_cast<int32_t>(i);
-      kept += d == bucket;
-    };
-    if (all) {
-      for (int64_t i = 0; i < n; ++i) visit(i);
-    } else {
-      for (int32_t i : candidates) visit(i);
-    }
-    next.resize(kept);
-    need -= above;
-    candidates.swap(next);
-    all = false;
-    if (need == static_cast<int64_t>(candidates.size())) {
-      for (int32_t i : candidates) chosen[static_cast<size_t>(i)] = 1;
-      need = 0;
-    }
-  }
-  // Equal keys: candidates are in ascending position order; the last win.
-  for (size_t j = candidates.size() - static_cast<size_t>(need); need > 0 && j < candidates.size(); ++j)
-    chosen[static_cast<size_t>(candidates[j])] = 1;
-
-  // Branch-free compaction into scratch (it may write one slot past k), then
-  // exactly k entries to the caller.
-  std::vector<int32_t>& picked = next;
-  picked.resize(static_cast<size_t>(n) + 1);
-  size_t w = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    picked[w] = static_cast<int32_t>(first + i);
-    w += chosen[static_cast<size_t>(i)];
-  }
-  std::memcpy(out, picked.data(), static_cast<size_t>(k) * sizeof(int32_t));
 }
 
 }  // namespace pq

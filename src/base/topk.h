@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "base/scratch.h"
 
@@ -23,7 +24,13 @@ void combine_softmax_weighted(const float* raw, const uint32_t* counts, int32_t 
 
 // Maps a float to a uint32 whose unsigned order is the float's order, with
 // -0 and +0 equal (select_top_k's order).
-uint32_t ordered_score_key(float f);
+// Inline: the top-k's passes compute it for every score.
+inline uint32_t ordered_score_key(float f) {
+  f += 0.0f;  // -0 becomes +0: equal scores must share a bucket
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 // Writes the positions (first + i) of the k highest scores[i] into out,
 // ascending. Ties go to the larger position. O(n): a radix select.

@@ -76,27 +76,6 @@ void PqCodebook::lut(int32_t head, const float* queries, int32_t group, int32_t 
     }
 }
 
-void PqCodebook::pq_scores(const float* lut, int32_t queries, int32_t subspaces,
-                           int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
-                           int64_t out_stride) {
-  for (int32_t q = 0; q < queries; ++q) {
-    const float* lq = lut + static_cast<size_t>(q) * subspaces * centroids;
-    float* oq = out + static_cast<size_t>(q) * out_stride;
-    if (subspaces == 2) {  // the paper's default; keep the loop tight
-      const float* l0 = lq;
-      const float* l1 = lq + centroids;
-      for (int64_t t = 0; t < tokens; ++t) oq[t] = l0[codes[2 * t]] + l1[codes[2 * t + 1]];
-      continue;
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      const uint8_t* c = codes + t * subspaces;
-      float s = 0.f;
-      for (int32_t j = 0; j < subspaces; ++j) s += lq[j * centroids + c[j]];
-      oq[t] = s;
-    }
-  }
-}
-
 void PqCodebook::encode(int32_t head_dim, int64_t first, int64_t count, const KeyGather& gather,
                         ThreadPool* pool, uint8_t* const* codes) const {
   const PqCodebook& codebook = *this;
