@@ -28,7 +28,11 @@ constexpr int64_t kB = kAttentionBlockRows;
 // positions in any other order (the API accepts them) need the software
 // prefetch: on the 2-core machine of docs/perf.md, shuffled positions over
 // 128K tokens took 69 ms without it and 43-58 ms with 64 rows ahead, while
-// ascending ones took the same either way.
+// ascending ones took the same either way. The prefetches go to L2 (T1):
+// into L1 (T0) they evict the block being computed; on an AMD EPYC with
+// 2 cores (PQ_CPU_LEVEL=avx2) a 128K attend took 14.5-16.4 ms with T0 and
+// 9.0-11.6 ms with T1 (f16 and bf16, interleaved runs, 2026-11-29), as the
+// AVX-512 kernel measured.
 constexpr int64_t kPrefetchRows = 64;
 
 // Eight elements of a row as floats (times 1 / kLoadScale). fp8 rows are
@@ -68,8 +72,8 @@ PQ_KERNEL void prefetch_rows(const KvStore::RowTable& t, int32_t kv_head, const 
     const uint8_t* k = t.key_row(pos[i], kv_head);
     const uint8_t* v = t.value_row(pos[i], kv_head);
     for (size_t b = 0; b < t.row_bytes; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(k + b), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(k + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(v + b), _MM_HINT_T1);
     }
   }
 }
