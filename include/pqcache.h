@@ -92,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 10
+#define PQ_VERSION_MINOR 11
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.10.0"
+#define PQ_VERSION_STRING "0.11.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */

@@ -17,6 +17,18 @@ def test_version_and_enumerations():
     assert pqcache.SELECTORS["pq"] == 0 and pqcache.SELECTORS["pyramidkv"] == 10
 
 
+def test_cpu_level_names_the_kernels_and_follows_the_environment():
+    import os
+    import subprocess
+    import sys
+    assert pqcache.cpu_level() in {"avx512+bf16", "avx512", "avx2", "portable"}
+    # PQ_CPU_LEVEL is read once per process: ask a fresh one.
+    env = dict(os.environ, PQ_CPU_LEVEL="portable")
+    out = subprocess.run([sys.executable, "-c", "import pqcache; print(pqcache.cpu_level())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "portable"
+
+
 def test_config_defaults_and_named_options():
     with pqcache.Context(2, 4, 2, 16, "f16", selector="quest", gqa_combine="max",
                          kmeans_init="random", cache_policy="lfu", worker_threads=0,

@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 10;
+pub const PQ_VERSION_MINOR: c_int = 11;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.10.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.11.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
