@@ -24,11 +24,14 @@
 #include "base/fast_exp.h"
 #include "pqcache.h"
 
-#define PQ_TARGET_AVX512 \
+// Not cpu_dispatch.h's PQ_TARGET_AVX512: the attend's logits and sums may
+// fuse and reorder (they are checked against a double reference, not for
+// bits), so fp-contract stays on here.
+#define PQ_ATTEND_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
-#define PQ_TARGET_AVX512_BF16 \
+#define PQ_ATTEND_TARGET_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")))
-#define PQ_KERNEL PQ_ALWAYS_INLINE PQ_TARGET_AVX512
+#define PQ_KERNEL PQ_ALWAYS_INLINE PQ_ATTEND_TARGET
 
 namespace pq {
 
@@ -127,7 +130,7 @@ PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d
 // of 41-61 interleaved rounds); at 128K tokens, memory-bound, the two
 // measured alike (20.0 and 20.4 ms).
 template <int G, int R>
-PQ_ALWAYS_INLINE PQ_TARGET_AVX512_BF16 void logits_rows_dp(const uint8_t* const* keys,
+PQ_ALWAYS_INLINE PQ_ATTEND_TARGET_BF16 void logits_rows_dp(const uint8_t* const* keys,
                                                            const uint16_t* qb, int32_t d,
                                                            float scale, float* logits, int64_t i) {
   __m512 acc[G][R];
@@ -170,7 +173,7 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
 }
 
 // softmax_block (attention.cpp) with the exps 16 at a time.
-PQ_TARGET_AVX512 void softmax_block16(float* logits, int64_t rows, int32_t group, int32_t d,
+PQ_ATTEND_TARGET void softmax_block16(float* logits, int64_t rows, int32_t group, int32_t d,
                                       AttentionPart part) {
   for (int32_t g = 0; g < group; ++g) {
     float* l = logits + static_cast<size_t>(g) * kB;
@@ -195,7 +198,7 @@ PQ_TARGET_AVX512 void softmax_block16(float* logits, int64_t rows, int32_t group
 // Compiled with avx512bf16 allowed for every dtype (one attribute for a
 // template); only logits_rows_dp, chosen where the CPU has it, uses it.
 template <int Dtype, int G, bool Dp>
-PQ_TARGET_AVX512_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
+PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
                                              const int32_t* pos, int64_t count,
                                              const float* queries, float scale,
                                              AttentionPart part) {
