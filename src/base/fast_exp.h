@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/x86_intrinsics.h"
+
 namespace pq {
 
 // exp(x) for x <= 0, relative error below 2e-7 (Cephes' expf polynomial),
@@ -42,5 +44,31 @@ inline float exp_nonpositive(float x) {
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+
+#if PQ_X86_KERNELS
+// exp_nonpositive on sixteen lanes: the same operations in the same order
+// (no fused multiply-adds: PQ_TARGET_AVX512), so the same bits.
+PQ_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
+  __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  magnitude = _mm512_min_epi32(magnitude, _mm512_set1_epi32(0x42ae0000));
+  x = _mm512_castsi512_ps(
+      _mm512_or_si512(magnitude, _mm512_set1_epi32(static_cast<int32_t>(0x80000000u))));
+  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shifter), shifter);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+#endif  // PQ_X86_KERNELS
 
 }  // namespace pq

@@ -73,6 +73,13 @@ struct PqCodebook {
   }
   static void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
                         const uint8_t* codes, int64_t tokens, float* out, int64_t out_stride);
+  // The same walk with products: out[q * out_stride + t] = 1 x
+  // table[q][0][codes[t * subspaces]] x ... x table[q][m-1][..], left to
+  // right. With table = exp(scale x lut - a shift per subspace) that is the
+  // token's softmax numerator without an exp per token (pq_softmax_scan.h).
+  static void pq_products(const float* table, int32_t queries, int32_t subspaces,
+                          int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
+                          int64_t out_stride);
 
   // Encodes tokens [first, first + count) of every head: codes[head] points
   // to that head's code array at token `first` (count * subspaces bytes,

@@ -7,6 +7,7 @@
 #include "base/dtype.h"
 #include "base/topk.h"
 #include "base/vector_math.h"
+#include "pq/pq_softmax_scan.h"
 #include "pq/pq_tuple_select.h"
 #include "pq/rerank.h"
 #include "backend/device_kernels.h"
@@ -197,6 +198,16 @@ class PqSelector final : public Selector, public BatchSelection {
       pq_tuple_select(lut, r.group_size(), cb.subspaces, cb.centroids, codes, m, r.mid_begin(),
                       r.combine(), r.scale(), r.k(), out, r.scratch, table);
       return bytes;
+    }
+    // The default combine: scan and softmax fused (pq/pq_softmax_scan.h).
+    if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1) {
+      std::vector<float>& combined = r.scratch.combined;
+      combined.resize(static_cast<size_t>(m));
+      if (pq_scan_sum_softmax(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(),
+                              r.scale(), combined.data(), r.scratch)) {
+        select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
+        return bytes;
+      }
     }
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(r.group_size()) * m);
