@@ -17,11 +17,16 @@ PQ_CPU_LEVEL is read once per process, so each --levels entry is a worker
 process holding the same contexts; the parent runs the rounds interleaved
 (level A, level B, level A, ...) and prints medians:
 
-  select_ms    one pq_decode_select (all 8 kv heads);
+  select_ms    one pq_decode_select (all 8 kv heads), run right after
+               the cold one below (codes warm in cache);
   floor_ms     a sequential read of as many bytes as the layer's codes
                (numpy sum over them as uint64, best of 7, same process; the
                array is as warm in cache as the codes of a repeated select);
   x_floor      select / floor, per round, median;
+  cold_*       the same after reading 256 MiB (what the other layers'
+               attends do to the codes between two selects of a layer in a
+               decode step): select_cold_ms, cold_floor_ms (best of 3) and
+               cold_x_floor, the figure the 5x target of issue 43 is about;
   rand/clust   random / clustered of the same round, median;
   <level>/<last level>  same-round speedup of the last level over the others.
 
@@ -100,10 +105,24 @@ def make_keys(kind: str, n: int, dim: int, rng, sources):
     return keys, queries
 
 
-def floor_seconds(nbytes: int, buf) -> float:
+EVICT = None
+
+
+def evict():
+    """Reads 256 MiB: what the attend of the other layers does to the codes
+    between two selects of one layer in a decode step."""
+    global EVICT
+    if EVICT is None:
+        EVICT = np.ones(256 << 17, np.uint64)
+    EVICT.sum()
+
+
+def floor_seconds(nbytes: int, buf, cold: bool) -> float:
     view = buf[:nbytes // 8]
     best = float("inf")
-    for _ in range(7):
+    for _ in range(3 if cold else 7):
+        if cold:
+            evict()
         start = time.perf_counter()
         view.sum()
         best = min(best, time.perf_counter() - start)
@@ -143,10 +162,15 @@ def worker(args) -> int:
             m = CONFIGS[cmd["config"]][1]
             out = {}
             for kind, (ctx, query, sel) in contexts.items():
+                evict()
+                start = time.perf_counter()
+                ctx.select(0, 0, query, out=sel)
+                out[kind + "_cold"] = time.perf_counter() - start
                 start = time.perf_counter()
                 ctx.select(0, 0, query, out=sel)
                 out[kind] = time.perf_counter() - start
-            out["floor"] = floor_seconds(n * KV * m, buf)
+            out["floor"] = floor_seconds(n * KV * m, buf, cold=False)
+            out["floor_cold"] = floor_seconds(n * KV * m, buf, cold=True)
             print(json.dumps(out), flush=True)
         else:
             break
@@ -207,10 +231,14 @@ def main() -> int:
                 med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
                 row = {"config": config, "tokens": n, "level": used,
                        "load": round(os.getloadavg()[0], 2),
-                       "floor_ms": round(med(lambda r: r["floor"]) * 1e3, 3)}
+                       "floor_ms": round(med(lambda r: r["floor"]) * 1e3, 3),
+                       "cold_floor_ms": round(med(lambda r: r["floor_cold"]) * 1e3, 3)}
                 for kind in KINDS:
                     row[f"{kind}_ms"] = round(med(lambda r: r[kind]) * 1e3, 3)
                     row[f"{kind}_x_floor"] = round(med(lambda r: r[kind] / r["floor"]), 1)
+                    row[f"{kind}_cold_ms"] = round(med(lambda r: r[kind + "_cold"]) * 1e3, 3)
+                    row[f"{kind}_cold_x_floor"] = round(
+                        med(lambda r: r[kind + "_cold"] / r["floor_cold"]), 1)
                 row["rand/clust"] = round(med(lambda r: r["random"] / r["clustered"]), 2)
                 if level != last:
                     for kind in KINDS:

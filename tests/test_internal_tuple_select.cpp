@@ -83,10 +83,11 @@ void make_data(const Case& c, uint32_t seed, std::vector<float>* lut, std::vecto
 }
 
 TEST(TupleSelect, AppliesOnlyToFewTuplesAndLongMiddles) {
-  EXPECT_TRUE(pq::pq_tuple_select_applies(2, 64, 4096));
-  EXPECT_FALSE(pq::pq_tuple_select_applies(2, 64, 4095));
-  EXPECT_TRUE(pq::pq_tuple_select_applies(2, 256, 65536));
-  EXPECT_TRUE(pq::pq_tuple_select_applies(4, 16, 65536));
+  EXPECT_TRUE(pq::pq_tuple_select_applies(2, 64, 32768));
+  EXPECT_FALSE(pq::pq_tuple_select_applies(2, 64, 32767));
+  EXPECT_FALSE(pq::pq_tuple_select_applies(2, 256, 65536));
+  EXPECT_TRUE(pq::pq_tuple_select_applies(2, 256, 524288));
+  EXPECT_TRUE(pq::pq_tuple_select_applies(4, 16, 524288));
   EXPECT_FALSE(pq::pq_tuple_select_applies(4, 64, 1 << 30));  // 2^24 tuples
   EXPECT_FALSE(pq::pq_tuple_select_applies(3, 256, 1 << 30));
 }

@@ -37,11 +37,21 @@ void radix_mark(const uint32_t* keys, int64_t n, int64_t k, std::vector<uint8_t>
   constexpr uint32_t kBins = 256;
   constexpr int kCopies = 4;  // interleaved histograms: equal digits in a row
                               // would otherwise wait on each other's stores
+  // A digit every key shares puts them all in one bucket: its pass would
+  // only copy the candidates. Survivors of a sampled threshold share their
+  // top byte or two (sign and exponent), so those passes are skipped.
+  uint32_t all_or = 0, all_and = ~0u;
+  for (int64_t i = 0; i < n; ++i) {
+    all_or |= keys[i];
+    all_and &= keys[i];
+  }
+  const uint32_t varying = all_or ^ all_and;
   int64_t need = k;
   bool all = true;  // the candidates are every index (not materialised)
   candidates.clear();
   for (int pass = 0; pass < kPasses && need > 0; ++pass) {
     const int shift = kShift[pass];
+    if (((varying >> shift) & (kBins - 1)) == 0) continue;
     auto digit = [&](int64_t i) { return (keys[i] >> shift) & (kBins - 1); };
     histogram.assign(static_cast<size_t>(kCopies) * kBins, 0);
     if (all) {
@@ -78,7 +88,12 @@ void radix_mark(const uint32_t* keys, int64_t n, int64_t k, std::vector<uint8_t>
       need = 0;
     }
   }
-  // Equal keys: candidates are in ascending order; the last win.
+  // Equal keys: candidates are in ascending order; the last win. (All keys
+  // equal: every pass was skipped, and the candidates are every index.)
+  if (all) {
+    for (int64_t i = n - need; i < n; ++i) chosen[static_cast<size_t>(i)] = 1;
+    return;
+  }
   for (size_t j = candidates.size() - static_cast<size_t>(need); need > 0 && j < candidates.size(); ++j)
     chosen[static_cast<size_t>(candidates[j])] = 1;
 }

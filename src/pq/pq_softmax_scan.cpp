@@ -84,6 +84,39 @@ void lane_sums(const float* e, int64_t whole16, float* lanes, float* top) {
   fn(e, whole16, lanes, top);
 }
 
+// out[c] = exp(l[c] x scale - top) for one row of the table of exps; the
+// loop the compiler vectorises at each level (the same operations, so the
+// same bits).
+PQ_ALWAYS_INLINE void exp_row_body(const float* __restrict l, int32_t count, float scale,
+                                   float top, float* __restrict out) {
+  PQ_FP_CONTRACT_OFF
+  for (int32_t c = 0; c < count; ++c) out[c] = exp_nonpositive(l[c] * scale - top);
+}
+void exp_row_portable(const float* l, int32_t count, float scale, float top, float* out) {
+  exp_row_body(l, count, scale, top, out);
+}
+#if PQ_X86_KERNELS
+PQ_TARGET_AVX2 void exp_row_avx2(const float* l, int32_t count, float scale, float top,
+                                 float* out) {
+  exp_row_body(l, count, scale, top, out);
+}
+PQ_TARGET_AVX512 void exp_row_avx512(const float* l, int32_t count, float scale, float top,
+                                     float* out) {
+  exp_row_body(l, count, scale, top, out);
+}
+#endif
+
+void exp_row(const float* l, int32_t count, float scale, float top, float* out) {
+#if PQ_X86_KERNELS
+  static const auto fn = cpu_level() >= CpuLevel::kAvx512 ? exp_row_avx512
+                         : cpu_level() >= CpuLevel::kAvx2 ? exp_row_avx2
+                                                          : exp_row_portable;
+#else
+  static const auto fn = exp_row_portable;
+#endif
+  fn(l, count, scale, top, out);
+}
+
 // Products too small for a normal float become zero, not subnormals (which
 // cost a microcode assist per multiply on some cores), at every kernel
 // level alike: MXCSR's flush-to-zero and denormals-are-zero for the scope.
@@ -116,9 +149,8 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
   table.resize(per_query * group);
   for (size_t row = 0; row < per_query * group / centroids; ++row) {
     const float* l = lut + row * centroids;
-    const float top = *std::max_element(l, l + centroids) * scale;
-    for (int32_t c = 0; c < centroids; ++c)
-      table[row * centroids + c] = exp_nonpositive(l[c] * scale - top);
+    exp_row(l, centroids, scale, *std::max_element(l, l + centroids) * scale,
+            table.data() + row * centroids);
   }
 
   std::vector<float>& e = scratch.raw;  // [group][n] numerators

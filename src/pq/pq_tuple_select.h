@@ -45,7 +45,7 @@ struct TupleCountTable {
 };
 
 // Whether the tuple path applies: m * b <= 16, and a middle long enough
-// that counting beats scoring every token (n >= the number of tuples).
+// that counting beats scoring every token (n >= 8 x the number of tuples).
 bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n);
 
 // Selects the k (0 < k < n) best of tokens [first, first + n) of the
