@@ -89,12 +89,12 @@ std::vector<float> specified(const std::vector<float>& lut, const Case& c,
         p = p * table[g * per_query + j * c.centroids + codes[(c.begin + i) * c.m + j]];
       e[i] = p;
     }
-    const int64_t whole16 = n - n % 16;
-    float lanes[16] = {};
-    for (int64_t i = 0; i < whole16; ++i) lanes[i % 16] = lanes[i % 16] + e[i];
+    const int64_t whole4 = n - n % 4;
+    float lanes[4] = {};
+    for (int64_t i = 0; i < whole4; ++i) lanes[i % 4] = lanes[i % 4] + e[i];
     float sum = 0.f;
     for (float l : lanes) sum = sum + l;
-    for (int64_t i = whole16; i < n; ++i) sum = sum + e[i];
+    for (int64_t i = whole4; i < n; ++i) sum = sum + e[i];
     const float inv = 1.0f / sum;
     for (int64_t i = 0; i < n; ++i) out[i] = g == 0 ? e[i] * inv : out[i] + e[i] * inv;
   }
@@ -146,7 +146,8 @@ TEST(SoftmaxScanKernels, CombinedScoresAreTheSpecifiedBitsAndMatchADoubleSoftmax
   const float scale = 0.125f;
   for (const Case& c : {Case{2, 2, 256, 70, 3, 4.f}, Case{4, 4, 256, 4099, 4, 3.f},
                         Case{3, 8, 16, 333, 0, 2.f}, Case{8, 4, 64, 20000, 17, 3.f},
-                        Case{4, 3, 256, 16, 0, 1.f}, Case{7, 4, 256, 1, 0, 1.f}}) {
+                        Case{4, 3, 256, 16, 0, 1.f}, Case{7, 4, 256, 1, 0, 1.f},
+                        Case{7, 4, 256, 5003, 2, 2.f}, Case{2, 1, 256, 999, 1, 5.f}}) {
     Data d = make_data(c, rng);
     const pq::PqCodebook cb = codebook_of(c);
     const int64_t n = c.tokens - c.begin;

@@ -35,6 +35,15 @@ KeyGather in_dim_order(const KeyGather& gather, const std::vector<int32_t>& orde
 
 // The codebook of one layer: [head][subspace][centroid][sub_dim] floats,
 // and what is done with it.
+// Where pq_products_summed adds: lanes[q][kProductLanes] and tops[q].
+constexpr int kProductLanes = 4;
+struct ProductSums {
+  int64_t first_index;  // the index of the first token passed
+  int64_t whole;        // indices below it go to the lanes
+  float* lanes;
+  float* tops;
+};
+
 struct PqCodebook {
   int32_t heads = 0;
   int32_t subspaces = 0;
@@ -80,6 +89,13 @@ struct PqCodebook {
   static void pq_products(const float* table, int32_t queries, int32_t subspaces,
                           int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
                           int64_t out_stride);
+  // pq_products that also sums each query head's products into four lanes
+  // by index mod 4 (in order of index, for the indices below sums.whole;
+  // codes[0] is index sums.first_index) and raises sums.tops[q] to the
+  // largest: one pass for the numerators and their normalisers.
+  static void pq_products_summed(const float* table, int32_t queries, int32_t subspaces,
+                                 int32_t centroids, const uint8_t* codes, int64_t tokens,
+                                 float* out, int64_t out_stride, const ProductSums& sums);
 
   // Encodes tokens [first, first + count) of every head: codes[head] points
   // to that head's code array at token `first` (count * subspaces bytes,

@@ -57,6 +57,26 @@ void pq_products_portable(const float* table, int32_t queries, int32_t subspaces
   }
 }
 
+// pq_products_summed at the portable level, for tokens [from, to).
+void products_summed_portable(const float* table, int32_t queries, int32_t subspaces,
+                              int32_t centroids, const uint8_t* codes, int64_t from, int64_t to,
+                              float* out, int64_t out_stride, const ProductSums& sums) {
+  for (int32_t q = 0; q < queries; ++q) {
+    const float* tq = table + static_cast<size_t>(q) * subspaces * centroids;
+    float* oq = out + static_cast<size_t>(q) * out_stride;
+    float* lanes = sums.lanes + q * kProductLanes;
+    for (int64_t t = from; t < to; ++t) {
+      const uint8_t* c = codes + t * subspaces;
+      float p = 1.f;
+      for (int32_t j = 0; j < subspaces; ++j) p *= tq[j * centroids + c[j]];
+      oq[t] = p;
+      const int64_t i = sums.first_index + t;
+      if (i < sums.whole) lanes[i % kProductLanes] += p;
+      sums.tops[q] = std::max(sums.tops[q], p);
+    }
+  }
+}
+
 #if PQ_X86_KERNELS
 
 // Rows of heads, the kernel of the AVX2 and AVX-512 levels for a group of
@@ -82,40 +102,91 @@ void transpose_lut(const float* lut, int32_t first, int32_t heads, int32_t m, in
 }
 
 // kProduct: the product of the entries from 1 (pq_products), else the sum.
-template <int M, bool kProduct>
+// C > 0: a fixed number of centroids (256, the default's), so that a code's
+// row is a constant offset plus the code x 16 bytes.
+template <int M, int C, bool kProduct>
 PQ_TARGET_AVX2 inline __m128 row_score(const float* lut_rows, int32_t m, int32_t centroids,
                                        const uint8_t* c) {
   const int32_t mm = M > 0 ? M : m;
+  const size_t cc = C > 0 ? C : centroids;
+  auto row = [&](int32_t j) { return _mm_loadu_ps(lut_rows + (j * cc + c[j]) * kRowHeads); };
   if constexpr (kProduct) {
     __m128 p = _mm_set1_ps(1.f);
-    for (int32_t j = 0; j < mm; ++j)
-      p = _mm_mul_ps(p, _mm_loadu_ps(lut_rows + (static_cast<size_t>(j) * centroids + c[j]) * kRowHeads));
+    for (int32_t j = 0; j < mm; ++j) p = _mm_mul_ps(p, row(j));
     return p;
   } else if constexpr (M == 2) {
-    return _mm_add_ps(_mm_loadu_ps(lut_rows + c[0] * kRowHeads),
-                      _mm_loadu_ps(lut_rows + (centroids + c[1]) * kRowHeads));
+    return _mm_add_ps(row(0), row(1));
   }
   __m128 s = _mm_setzero_ps();
-  for (int32_t j = 0; j < mm; ++j)
-    s = _mm_add_ps(s, _mm_loadu_ps(lut_rows + (static_cast<size_t>(j) * centroids + c[j]) * kRowHeads));
+  for (int32_t j = 0; j < mm; ++j) s = _mm_add_ps(s, row(j));
   return s;
 }
 
 // Scores of `heads` (<= 4) query heads for tokens [0, whole), whole a
 // multiple of 4, through lut_rows.
-template <int M, bool kProduct>
+// lanes: null, or four heads' four lanes, to which each head's four tokens
+// of a step are added (the caller aligns token 0 to a lane-0 index), and
+// tops, the heads' largest values.
+template <int M, int C, bool kProduct>
 PQ_TARGET_AVX2 void scores_rows(const float* lut_rows, int32_t heads, int32_t m, int32_t centroids,
                                 const uint8_t* codes, int64_t whole, float* out,
-                                int64_t out_stride) {
+                                int64_t out_stride, float* lanes = nullptr,
+                                float* tops = nullptr) {
   const int32_t mm = M > 0 ? M : m;
+  __m128 sum[kRowHeads], top[kRowHeads];
+  if (lanes != nullptr)
+    for (int g = 0; g < kRowHeads; ++g) {
+      sum[g] = _mm_loadu_ps(lanes + g * kProductLanes);
+      top[g] = _mm_set1_ps(tops[g]);
+    }
   for (int64_t t = 0; t < whole; t += 4) {
-    __m128 r0 = row_score<M, kProduct>(lut_rows, m, centroids, codes + (t + 0) * mm);
-    __m128 r1 = row_score<M, kProduct>(lut_rows, m, centroids, codes + (t + 1) * mm);
-    __m128 r2 = row_score<M, kProduct>(lut_rows, m, centroids, codes + (t + 2) * mm);
-    __m128 r3 = row_score<M, kProduct>(lut_rows, m, centroids, codes + (t + 3) * mm);
+    __m128 r0 = row_score<M, C, kProduct>(lut_rows, m, centroids, codes + (t + 0) * mm);
+    __m128 r1 = row_score<M, C, kProduct>(lut_rows, m, centroids, codes + (t + 1) * mm);
+    __m128 r2 = row_score<M, C, kProduct>(lut_rows, m, centroids, codes + (t + 2) * mm);
+    __m128 r3 = row_score<M, C, kProduct>(lut_rows, m, centroids, codes + (t + 3) * mm);
     _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    if (lanes != nullptr) {
+      sum[0] = _mm_add_ps(sum[0], r0), top[0] = _mm_max_ps(top[0], r0);
+      sum[1] = _mm_add_ps(sum[1], r1), top[1] = _mm_max_ps(top[1], r1);
+      sum[2] = _mm_add_ps(sum[2], r2), top[2] = _mm_max_ps(top[2], r2);
+      sum[3] = _mm_add_ps(sum[3], r3), top[3] = _mm_max_ps(top[3], r3);
+    }
+    if (heads == kRowHeads) {  // the common case: no branch per head
+      _mm_storeu_ps(out + t, r0);
+      _mm_storeu_ps(out + out_stride + t, r1);
+      _mm_storeu_ps(out + 2 * out_stride + t, r2);
+      _mm_storeu_ps(out + 3 * out_stride + t, r3);
+      continue;
+    }
     const __m128 by_head[kRowHeads] = {r0, r1, r2, r3};
     for (int32_t g = 0; g < heads; ++g) _mm_storeu_ps(out + g * out_stride + t, by_head[g]);
+  }
+  if (lanes != nullptr)
+    for (int32_t g = 0; g < heads; ++g) {
+      _mm_storeu_ps(lanes + g * kProductLanes, sum[g]);
+      float four[4];
+      _mm_storeu_ps(four, top[g]);
+      tops[g] = std::max(std::max(four[0], four[1]), std::max(four[2], four[3]));
+    }
+}
+
+// The kernel for m subspaces of `centroids` entries: fixed forms for the
+// common shapes.
+template <bool kProduct>
+void scores_rows_any(const float* lut_rows, int32_t heads, int32_t m, int32_t centroids,
+                     const uint8_t* codes, int64_t whole, float* out, int64_t out_stride,
+                     float* lanes = nullptr, float* tops = nullptr) {
+  const auto run = [&](auto kernel) {
+    kernel(lut_rows, heads, m, centroids, codes, whole, out, out_stride, lanes, tops);
+  };
+  if (centroids == 256 && m == 4) return run(scores_rows<4, 256, kProduct>);
+  if (centroids == 256 && m == 2) return run(scores_rows<2, 256, kProduct>);
+  if (centroids == 256 && m == 8) return run(scores_rows<8, 256, kProduct>);
+  switch (m) {
+    case 2: return run(scores_rows<2, 0, kProduct>);
+    case 4: return run(scores_rows<4, 0, kProduct>);
+    case 8: return run(scores_rows<8, 0, kProduct>);
+    default: return run(scores_rows<0, 0, kProduct>);
   }
 }
 
@@ -127,19 +198,35 @@ void pq_scores_by_rows(const float* lut, int32_t queries, int32_t subspaces, int
   for (int32_t first = 0; first < queries; first += kRowHeads) {
     const int32_t heads = std::min(kRowHeads, queries - first);
     transpose_lut(lut, first, heads, subspaces, centroids, lut_rows.data());
-    float* o = out + first * out_stride;
-    switch (subspaces) {
-      case 2: scores_rows<2, kProduct>(lut_rows.data(), heads, 2, centroids, codes, whole, o, out_stride); break;
-      case 4: scores_rows<4, kProduct>(lut_rows.data(), heads, 4, centroids, codes, whole, o, out_stride); break;
-      case 8: scores_rows<8, kProduct>(lut_rows.data(), heads, 8, centroids, codes, whole, o, out_stride); break;
-      default:
-        scores_rows<0, kProduct>(lut_rows.data(), heads, subspaces, centroids, codes, whole, o, out_stride);
-    }
+    scores_rows_any<kProduct>(lut_rows.data(), heads, subspaces, centroids, codes, whole,
+                              out + first * out_stride, out_stride);
   }
   if constexpr (kProduct)
     pq_products_portable(lut, queries, subspaces, centroids, codes, tokens, whole, out, out_stride);
   else
     pq_scores_portable(lut, queries, subspaces, centroids, codes, tokens, whole, out, out_stride);
+}
+
+// pq_products_summed by rows: the tokens before the first lane-0 index and
+// from the last whole four on go the portable way, in order around them.
+void products_summed_by_rows(const float* table, int32_t queries, int32_t subspaces,
+                             int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
+                             int64_t out_stride, const ProductSums& sums) {
+  const int64_t lead = std::min(tokens, (kProductLanes - sums.first_index % kProductLanes) % kProductLanes);
+  int64_t body = std::max<int64_t>(0, std::min(tokens, sums.whole - sums.first_index) - lead);
+  body -= body % 4;
+  products_summed_portable(table, queries, subspaces, centroids, codes, 0, lead, out, out_stride,
+                           sums);
+  std::vector<float> lut_rows(static_cast<size_t>(subspaces) * centroids * kRowHeads);
+  for (int32_t first = 0; first < queries && body > 0; first += kRowHeads) {
+    const int32_t heads = std::min(kRowHeads, queries - first);
+    transpose_lut(table, first, heads, subspaces, centroids, lut_rows.data());
+    scores_rows_any<true>(lut_rows.data(), heads, subspaces, centroids, codes + lead * subspaces,
+                          body, out + first * out_stride + lead, out_stride,
+                          sums.lanes + first * kProductLanes, sums.tops + first);
+  }
+  products_summed_portable(table, queries, subspaces, centroids, codes, lead + body, tokens, out,
+                           out_stride, sums);
 }
 
 // Sixteen tokens per step: their codes are unpacked once into one vector of
@@ -286,6 +373,19 @@ void PqCodebook::pq_products(const float* table, int32_t queries, int32_t subspa
                              int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
                              int64_t out_stride) {
   walk_codes<true>(table, queries, subspaces, centroids, codes, tokens, out, out_stride);
+}
+
+void PqCodebook::pq_products_summed(const float* table, int32_t queries, int32_t subspaces,
+                                    int32_t centroids, const uint8_t* codes, int64_t tokens,
+                                    float* out, int64_t out_stride, const ProductSums& sums) {
+#if PQ_X86_KERNELS
+  static const CpuLevel level = cpu_level();
+  if (queries >= 2 && level >= CpuLevel::kAvx2)
+    return products_summed_by_rows(table, queries, subspaces, centroids, codes, tokens, out,
+                                   out_stride, sums);
+#endif
+  products_summed_portable(table, queries, subspaces, centroids, codes, 0, tokens, out, out_stride,
+                           sums);
 }
 
 }  // namespace pq

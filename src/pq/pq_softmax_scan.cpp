@@ -1,6 +1,6 @@
-// pq_scan_sum_softmax (pq_softmax_scan.h): the numerators straight from
-// the codes through a table of exps (PqCodebook::pq_products, per kernel
-// level), then each head's normaliser in sixteen lanes, then the combined
+// pq_scan_sum_softmax (pq_softmax_scan.h): the numerators and the lanes of
+// their normalisers straight from the codes through a table of exps
+// (PqCodebook::pq_products_summed, per kernel level), then the combined
 // scores.
 #include "pq/pq_softmax_scan.h"
 
@@ -18,71 +18,8 @@ namespace pq {
 
 namespace {
 
-constexpr int kSumLanes = 16;
 // Tokens added per block in the last pass.
 constexpr int64_t kBlockTokens = 4096;
-
-// lanes[l] = sum of e[i] over i < whole16 with i mod 16 == l, in order of
-// i; *top = the largest e[i] there (0 if none).
-PQ_ALWAYS_INLINE void lane_sums_body(const float* __restrict e, int64_t whole16,
-                                     float* __restrict lanes, float* __restrict top) {
-  float sum[kSumLanes] = {}, best[kSumLanes] = {};
-  for (int64_t i = 0; i < whole16; i += kSumLanes)
-    for (int l = 0; l < kSumLanes; ++l) {
-      sum[l] += e[i + l];
-      best[l] = best[l] > e[i + l] ? best[l] : e[i + l];
-    }
-  float t = 0.f;
-  for (int l = 0; l < kSumLanes; ++l) {
-    lanes[l] = sum[l];
-    t = t > best[l] ? t : best[l];
-  }
-  *top = t;
-}
-
-void lane_sums_portable(const float* e, int64_t whole16, float* lanes, float* top) {
-  lane_sums_body(e, whole16, lanes, top);
-}
-#if PQ_X86_KERNELS
-// The same sums by hand: the compiler leaves the loop above scalar. One
-// vector add is one round of the sixteen lanes; the max is exact in any order.
-PQ_TARGET_AVX2 void lane_sums_avx2(const float* e, int64_t whole16, float* lanes, float* top) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  __m256 best = _mm256_setzero_ps();
-  for (int64_t i = 0; i < whole16; i += kSumLanes) {
-    const __m256 a = _mm256_loadu_ps(e + i), b = _mm256_loadu_ps(e + i + 8);
-    lo = _mm256_add_ps(lo, a);
-    hi = _mm256_add_ps(hi, b);
-    best = _mm256_max_ps(best, _mm256_max_ps(a, b));
-  }
-  _mm256_storeu_ps(lanes, lo);
-  _mm256_storeu_ps(lanes + 8, hi);
-  float b8[8];
-  _mm256_storeu_ps(b8, best);
-  *top = *std::max_element(b8, b8 + 8);
-}
-PQ_TARGET_AVX512 void lane_sums_avx512(const float* e, int64_t whole16, float* lanes, float* top) {
-  __m512 sum = _mm512_setzero_ps(), best = _mm512_setzero_ps();
-  for (int64_t i = 0; i < whole16; i += kSumLanes) {
-    const __m512 v = _mm512_loadu_ps(e + i);
-    sum = _mm512_add_ps(sum, v);
-    best = _mm512_max_ps(best, v);
-  }
-  _mm512_storeu_ps(lanes, sum);
-  *top = _mm512_reduce_max_ps(best);
-}
-#endif
-
-void lane_sums(const float* e, int64_t whole16, float* lanes, float* top) {
-#if PQ_X86_KERNELS
-  static const auto fn = cpu_level() >= CpuLevel::kAvx512 ? lane_sums_avx512
-                         : cpu_level() >= CpuLevel::kAvx2 ? lane_sums_avx2
-                                                          : lane_sums_portable;
-#else
-  static const auto fn = lane_sums_portable;
-#endif
-  fn(e, whole16, lanes, top);
-}
 
 // out[c] = exp(l[c] x scale - top) for one row of the table of exps; the
 // loop the compiler vectorises at each level (the same operations, so the
@@ -140,7 +77,7 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
   const int64_t n = end - begin;
   if (n <= 0) return false;
   const int32_t m = codebook.subspaces, centroids = codebook.centroids;
-  const int64_t whole16 = n - n % kSumLanes;
+  const int64_t whole = n - n % kProductLanes;
   const size_t per_query = static_cast<size_t>(m) * centroids;
 
   // table[g][j][c] = exp(lut[g][j][c] x scale - top x scale), top the row's
@@ -155,25 +92,25 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
 
   std::vector<float>& e = scratch.raw;  // [group][n] numerators
   e.resize(static_cast<size_t>(group) * n);
+  std::vector<float> lanes(static_cast<size_t>(group) * kProductLanes, 0.f);
+  std::vector<float> tops(static_cast<size_t>(group), 0.f);
   {
     FlushSubnormals flush;
     codes.for_each_run(begin, end, [&](int64_t first, int64_t count, const uint8_t* p) {
-      PqCodebook::pq_products(table.data(), group, m, centroids, p, count, e.data() + (first - begin),
-                              n);
+      PqCodebook::pq_products_summed(table.data(), group, m, centroids, p, count,
+                                     e.data() + (first - begin), n,
+                                     {first - begin, whole, lanes.data(), tops.data()});
     });
   }
 
   const float min_top = std::exp(-kMaxShiftSlack);
   std::vector<float> inv(static_cast<size_t>(group));
   for (int32_t g = 0; g < group; ++g) {
+    if (!(tops[g] >= min_top)) return false;  // the shift too far above the top logit
     const float* eg = e.data() + g * n;
-    float lanes[kSumLanes], top;
-    lane_sums(eg, whole16, lanes, &top);
-    for (int64_t i = whole16; i < n; ++i) top = std::max(top, eg[i]);
-    if (!(top >= min_top)) return false;  // the shift too far above the top logit
     float sum = 0.f;
-    for (int l = 0; l < kSumLanes; ++l) sum += lanes[l];
-    for (int64_t i = whole16; i < n; ++i) sum += eg[i];
+    for (int l = 0; l < kProductLanes; ++l) sum += lanes[g * kProductLanes + l];
+    for (int64_t i = whole; i < n; ++i) sum += eg[i];
     if (!std::isfinite(sum)) return false;
     inv[g] = 1.0f / sum;
   }

@@ -38,8 +38,8 @@ constexpr float kMaxShiftSlack = 30.f;
 // `lut` ([group][m][centroids]): with table[g][j][c] = exp_nonpositive(
 // lut[g][j][c] x scale - max_c(lut[g][j][c]) x scale), e_g[i] = 1 x
 // table[g][0][code_0] x ... (left to right), Z_g = the sum of e_g in
-// sixteen lanes by i mod 16 over the whole sixteens, the lanes in order,
-// then the rest in order, combined[i] = e_0[i] / Z_0 + e_1[i] / Z_1 + ...
+// four lanes by i mod 4 over the whole fours, the lanes in order, then the
+// rest in order, combined[i] = e_0[i] / Z_0 + e_1[i] / Z_1 + ...
 // (as e x (1 / Z), left to right). The same bits at every kernel level and
 // for every split of the codes into runs (a fork's). Returns false, combined
 // untouched, where a head's largest e_g is below exp(-kMaxShiftSlack).
