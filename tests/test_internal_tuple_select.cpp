@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "pq/pq_index.h"
 #include "pq/pq_tuple_select.h"
+#include "store/code_column.h"
 #include "base/scratch.h"
 #include "base/topk.h"
 
@@ -90,6 +91,27 @@ TEST(TupleSelect, AppliesOnlyToFewTuplesAndLongMiddles) {
   EXPECT_TRUE(pq::pq_tuple_select_applies(4, 16, 524288));
   EXPECT_FALSE(pq::pq_tuple_select_applies(4, 64, 1 << 30));  // 2^24 tuples
   EXPECT_FALSE(pq::pq_tuple_select_applies(3, 256, 1 << 30));
+}
+
+// Between one and eight tokens per tuple the path follows the keys: a
+// sample of the middle with at most one distinct tuple in four takes it.
+TEST(TupleSelect, PaysWhereTheSampledKeysRepeat) {
+  pq::SelectScratch scratch;
+  std::mt19937 rng(3);
+  auto column = [&](int64_t n, int distinct) {  // 2 x 8 bits
+    pq::CodeColumn c(2);
+    uint8_t* p = c.grow(n);
+    for (int64_t i = 0; i < 2 * n; ++i) p[i] = static_cast<uint8_t>(rng() % distinct);
+    return c;
+  };
+  const pq::CodeColumn random = column(131072, 256), repeating = column(131072, 16);
+  EXPECT_FALSE(pq::pq_tuple_select_pays(random, 2, 256, 0, 131072, scratch));
+  EXPECT_TRUE(pq::pq_tuple_select_pays(repeating, 2, 256, 0, 131072, scratch));  // 256 tuples
+  EXPECT_TRUE(pq::pq_tuple_select_pays(repeating, 2, 256, 7, 131000, scratch));
+  EXPECT_FALSE(pq::pq_tuple_select_pays(repeating, 2, 256, 0, 65535, scratch));  // < 1 per tuple
+  const pq::CodeColumn long_random = column(524288, 256);
+  EXPECT_TRUE(pq::pq_tuple_select_pays(long_random, 2, 256, 0, 524288, scratch));  // 8 per tuple
+  EXPECT_FALSE(pq::pq_tuple_select_pays(repeating, 4, 64, 0, 32768, scratch));     // 2^24 tuples
 }
 
 TEST(TupleSelect, ExactCombinesSelectBitIdentically) {

@@ -189,6 +189,28 @@ bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n) {
   return bits <= 16 && n >= (int64_t{8} << bits);
 }
 
+bool pq_tuple_select_pays(const CodeColumn& codes, int32_t subspaces, int32_t centroids,
+                          int64_t first, int64_t n, SelectScratch& scratch) {
+  const int32_t b = log2_of(centroids), bits = subspaces * b;
+  if (bits > 16 || n < (int64_t{1} << bits)) return false;
+  if (pq_tuple_select_applies(subspaces, centroids, n)) return true;
+  // Between one and eight tokens per tuple: counting pays where the keys
+  // repeat (2 x 8 bits at 128K tokens: 1.67 ms by tuples against 2.32 ms by
+  // rows on clustered keys, 5.2-5.8 against 1.5 ms on random ones). A
+  // sample of the middle tells which: at most one distinct tuple in four.
+  constexpr int64_t kSample = 4096;
+  const int64_t size = std::min(n, kSample);
+  std::vector<uint8_t>& seen = scratch.chosen;
+  seen.assign(size_t{1} << bits, 0);
+  int64_t distinct = 0;
+  for (int64_t s = 0; s < size; ++s) {
+    const uint32_t t = tuple_of_any(codes.at(first + s * (n / size)), 0, subspaces, b);
+    distinct += seen[t] == 0;
+    seen[t] = 1;
+  }
+  return distinct * 4 <= size;
+}
+
 void pq_tuple_select(const float* lut, int32_t group_size, int32_t subspaces, int32_t centroids,
                      const CodeColumn& codes, int64_t n, int64_t first, int32_t combine,
                      float scale,

@@ -47,6 +47,12 @@ struct TupleCountTable {
 // Whether the tuple path applies: m * b <= 16, and a middle long enough
 // that counting beats scoring every token (n >= 8 x the number of tuples).
 bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n);
+// Whether the selector takes the tuple path for the middle [first, first +
+// n) of `codes`: where it applies, and also from one token per tuple on
+// where a sample of the middle shows keys that repeat (at most one distinct
+// tuple in four sampled tokens).
+bool pq_tuple_select_pays(const CodeColumn& codes, int32_t subspaces, int32_t centroids,
+                          int64_t first, int64_t n, SelectScratch& scratch);
 
 // Selects the k (0 < k < n) best of tokens [first, first + n) of the
 // column `codes`, with the lookup table lut[g][j][c] of the group's query

@@ -190,7 +190,7 @@ class PqSelector final : public Selector, public BatchSelection {
     const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
     // Few possible code tuples (m * b <= 16): score the tuples, not the
     // tokens (pq_tuple_select.h).
-    if (pq_tuple_select_applies(cb.subspaces, cb.centroids, m)) {
+    if (pq_tuple_select_pays(codes, cb.subspaces, cb.centroids, r.mid_begin(), m, r.scratch)) {
       TupleCountTable table;
       const auto& kept = r.index()->tuple_counts;
       if (static_cast<size_t>(r.kv_head) < kept.size())
