@@ -135,9 +135,9 @@ PQ_TARGET_AVX2 void scores_rows(const float* lut_rows, int32_t heads, int32_t m,
   const int32_t mm = M > 0 ? M : m;
   __m128 sum[kRowHeads], top[kRowHeads];
   if (lanes != nullptr)
-    for (int g = 0; g < kRowHeads; ++g) {
-      sum[g] = _mm_loadu_ps(lanes + g * kProductLanes);
-      top[g] = _mm_set1_ps(tops[g]);
+    for (int g = 0; g < kRowHeads; ++g) {  // lanes and tops of `heads` heads only
+      sum[g] = g < heads ? _mm_loadu_ps(lanes + g * kProductLanes) : _mm_setzero_ps();
+      top[g] = _mm_set1_ps(g < heads ? tops[g] : 0.f);
     }
   for (int64_t t = 0; t < whole; t += 4) {
     __m128 r0 = row_score<M, C, kProduct>(lut_rows, m, centroids, codes + (t + 0) * mm);
