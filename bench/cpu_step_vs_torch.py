@@ -69,6 +69,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--json")
     args = ap.parse_args()
+    # PyTorch's OpenMP threads otherwise spin for a while after each of its
+    # calls, on the cores the library's next call runs on (the first call of
+    # each round came right after torch's 256 MiB read and paid for it).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
         import torch.nn.functional as F
@@ -80,7 +84,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     print(f"cpu_step_vs_torch: torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"libpqcache {pqcache.version()}, {os.cpu_count()} cpus, "
-          f"load {os.getloadavg()[0]:.2f}, kernel level {pqcache.cpu_level()}", flush=True)
+          f"load {os.getloadavg()[0]:.2f}, kernel level {pqcache.cpu_level()}, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
     seq_buf = torch.ones(256 << 18, dtype=torch.float32)  # 256 MiB
     rows = []
     for dtype, n in [(d, n) for d in args.dtype for n in args.tokens]:
