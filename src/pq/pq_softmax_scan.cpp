@@ -54,6 +54,52 @@ void exp_row(const float* l, int32_t count, float scale, float top, float* out) 
   fn(l, count, scale, top, out);
 }
 
+// combined[i] = e_0[i] x inv[0] + e_1[i] x inv[1] + ..., left to right (the
+// first term alone: the numerators are not negative, so 0 + x is x), a
+// block of tokens at a time; compiled per level like exp_row (one product
+// and one sum per element, so the same bits).
+PQ_ALWAYS_INLINE void add_shares_body(const float* __restrict e, int64_t n, int32_t group,
+                                      const float* __restrict inv, float* __restrict combined) {
+  PQ_FP_CONTRACT_OFF
+  for (int64_t at = 0; at < n; at += kBlockTokens) {
+    const int64_t b = std::min(kBlockTokens, n - at);
+    float* __restrict out = combined + at;
+    const float* __restrict e0 = e + at;
+    const float w0 = inv[0];
+    for (int64_t i = 0; i < b; ++i) out[i] = e0[i] * w0;
+    for (int32_t g = 1; g < group; ++g) {
+      const float* __restrict eg = e + g * n + at;
+      const float w = inv[g];
+      for (int64_t i = 0; i < b; ++i) out[i] += eg[i] * w;
+    }
+  }
+}
+void add_shares_portable(const float* e, int64_t n, int32_t group, const float* inv,
+                         float* combined) {
+  add_shares_body(e, n, group, inv, combined);
+}
+#if PQ_X86_KERNELS
+PQ_TARGET_AVX2 void add_shares_avx2(const float* e, int64_t n, int32_t group, const float* inv,
+                                    float* combined) {
+  add_shares_body(e, n, group, inv, combined);
+}
+PQ_TARGET_AVX512 void add_shares_avx512(const float* e, int64_t n, int32_t group,
+                                        const float* inv, float* combined) {
+  add_shares_body(e, n, group, inv, combined);
+}
+#endif
+
+void add_shares(const float* e, int64_t n, int32_t group, const float* inv, float* combined) {
+#if PQ_X86_KERNELS
+  static const auto fn = cpu_level() >= CpuLevel::kAvx512 ? add_shares_avx512
+                         : cpu_level() >= CpuLevel::kAvx2 ? add_shares_avx2
+                                                          : add_shares_portable;
+#else
+  static const auto fn = add_shares_portable;
+#endif
+  fn(e, n, group, inv, combined);
+}
+
 // Products too small for a normal float become zero, not subnormals (which
 // cost a microcode assist per multiply on some cores), at every kernel
 // level alike: MXCSR's flush-to-zero and denormals-are-zero for the scope.
@@ -114,19 +160,7 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
     if (!std::isfinite(sum)) return false;
     inv[g] = 1.0f / sum;
   }
-  // Head 0's share (0 + x is x: the numerators are not negative), then the
-  // others in order, a block of tokens at a time.
-  for (int64_t at = 0; at < n; at += kBlockTokens) {
-    const int64_t b = std::min(kBlockTokens, n - at);
-    float* out = combined + at;
-    const float* e0 = e.data() + at;
-    for (int64_t i = 0; i < b; ++i) out[i] = e0[i] * inv[0];
-    for (int32_t g = 1; g < group; ++g) {
-      const float* eg = e.data() + g * n + at;
-      const float w = inv[g];
-      for (int64_t i = 0; i < b; ++i) out[i] += eg[i] * w;
-    }
-  }
+  add_shares(e.data(), n, group, inv.data(), combined);
   return true;
 }
 
