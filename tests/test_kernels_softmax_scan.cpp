@@ -1,8 +1,9 @@
 // The fused scan + GQA softmax of the PQ host path (pq/pq_softmax_scan.h)
 // and the products kernel under it, at the level PQ_CPU_LEVEL asks
-// (tests/kernel_level.h): the products bit-identical to a scalar product,
-// the combined scores bit-identical to the specification written out here
-// in scalar float, within a tight tolerance of a double-precision softmax,
+// (tests/kernel_level.h): the products and their lane sums bit-identical to
+// a scalar walk, the combined scores bit-identical to the specification
+// written out here in scalar float, within a tight tolerance of a
+// double-precision softmax,
 // the same bits for a fork's runs as for one run, and the fallback where
 // the shift bound lies far above every logit.
 #include <gtest/gtest.h>
@@ -23,36 +24,51 @@
 
 namespace {
 
-TEST(SoftmaxScanKernels, ProductsAreBitIdenticalToTheScalarProduct) {
+// The products and their lanes: token t is index first + t; indices below
+// `whole` go to lane index mod 4, in order; tops the largest product.
+TEST(SoftmaxScanKernels, ProductsAndTheirSumsAreBitIdenticalToAScalarWalk) {
   PQ_REQUIRE_ASKED_KERNEL_LEVEL();
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> factor(0.01f, 1.f);
   for (int m : {1, 2, 3, 4, 8})
     for (int bits : {4, 8})
       for (int group = 1; group <= 9; ++group)
-        for (int64_t n : {1, 15, 17, 333}) {
-          const int centroids = 1 << bits;
-          std::vector<float> table(static_cast<size_t>(group) * m * centroids);
-          for (float& v : table) v = factor(rng);
-          std::vector<uint8_t> codes(static_cast<size_t>(n) * m);
-          for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % centroids);
-          const int64_t stride = n + 3;
-          std::vector<float> got(static_cast<size_t>(group) * stride, 12345.f);
-          pq::PqCodebook::pq_products(table.data(), group, m, centroids, codes.data(), n,
-                                      got.data(), stride);
-          for (int g = 0; g < group; ++g)
-            for (int64_t t = 0; t < stride; ++t) {
-              float want = 12345.f;
-              if (t < n) {
-                want = 1.f;
-                for (int j = 0; j < m; ++j)
-                  want = want * table[(static_cast<size_t>(g) * m + j) * centroids + codes[t * m + j]];
+        for (int64_t n : {1, 15, 17, 333})
+          for (int64_t first : {0, 3}) {
+            const int centroids = 1 << bits;
+            const int64_t whole = first + n - 2;  // the last two tokens outside the lanes
+            std::vector<float> table(static_cast<size_t>(group) * m * centroids);
+            for (float& v : table) v = factor(rng);
+            std::vector<uint8_t> codes(static_cast<size_t>(n) * m);
+            for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % centroids);
+            const int64_t stride = n + 3;
+            std::vector<float> got(static_cast<size_t>(group) * stride, 12345.f);
+            std::vector<float> lanes(static_cast<size_t>(group) * pq::kProductLanes, 0.5f);
+            std::vector<float> tops(static_cast<size_t>(group), 0.f);
+            pq::PqCodebook::pq_products_summed(table.data(), group, m, centroids, codes.data(), n,
+                                               got.data(), stride,
+                                               {first, whole, lanes.data(), tops.data()});
+            for (int g = 0; g < group; ++g) {
+              float want_lanes[pq::kProductLanes] = {0.5f, 0.5f, 0.5f, 0.5f};
+              float want_top = 0.f;
+              for (int64_t t = 0; t < stride; ++t) {
+                float want = 12345.f;
+                if (t < n) {
+                  want = 1.f;
+                  for (int j = 0; j < m; ++j)
+                    want = want * table[(static_cast<size_t>(g) * m + j) * centroids + codes[t * m + j]];
+                  if (first + t < whole) want_lanes[(first + t) % 4] += want;
+                  want_top = std::max(want_top, want);
+                }
+                ASSERT_EQ(std::memcmp(&got[g * stride + t], &want, sizeof want), 0)
+                    << "m " << m << " b " << bits << " group " << group << " n " << n
+                    << " first " << first << " head " << g << " token " << t;
               }
-              ASSERT_EQ(std::memcmp(&got[g * stride + t], &want, sizeof want), 0)
-                  << "m " << m << " b " << bits << " group " << group << " n " << n << " head "
-                  << g << " token " << t;
+              ASSERT_EQ(std::memcmp(&lanes[g * pq::kProductLanes], want_lanes, sizeof want_lanes), 0)
+                  << "lanes, m " << m << " group " << group << " n " << n << " first " << first;
+              ASSERT_EQ(tops[g], want_top) << "top, m " << m << " group " << group << " n " << n;
             }
-        }
+          }
 }
 
 struct Case {

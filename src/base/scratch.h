@@ -13,7 +13,8 @@ namespace pq {
 struct SelectScratch {
   std::vector<float> raw;           // group_size x middle raw scores (AdaKV: kv heads x middle)
   std::vector<float> combined;      // middle combined scores
-  std::vector<float> exp_tmp;       // middle, softmax numerators
+  std::vector<float> exp_tmp;       // middle, softmax numerators; fused scan: its table of exps
+  std::vector<float> head_sums;     // fused scan: lanes, largest and 1 / sum per query head
   std::vector<uint32_t> keys;       // top-k: order-preserving keys of the scores
   std::vector<uint8_t> chosen;      // top-k: 1 for selected positions
   std::vector<int32_t> tied;        // top-k: candidates of the threshold bucket

@@ -33,9 +33,8 @@ std::vector<int32_t> rotary_dim_order(int32_t head_dim, int32_t key_rotary);
 KeyGather in_dim_order(const KeyGather& gather, const std::vector<int32_t>& order,
                        int32_t head_dim);
 
-// The codebook of one layer: [head][subspace][centroid][sub_dim] floats,
-// and what is done with it.
-// Where pq_products_summed adds: lanes[q][kProductLanes] and tops[q].
+// Where PqCodebook::pq_products_summed adds: lanes[q][kProductLanes] and
+// tops[q].
 constexpr int kProductLanes = 4;
 struct ProductSums {
   int64_t first_index;  // the index of the first token passed
@@ -44,6 +43,8 @@ struct ProductSums {
   float* tops;
 };
 
+// The codebook of one layer: [head][subspace][centroid][sub_dim] floats,
+// and what is done with it.
 struct PqCodebook {
   int32_t heads = 0;
   int32_t subspaces = 0;
@@ -82,17 +83,14 @@ struct PqCodebook {
   }
   static void pq_scores(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
                         const uint8_t* codes, int64_t tokens, float* out, int64_t out_stride);
-  // The same walk with products: out[q * out_stride + t] = 1 x
-  // table[q][0][codes[t * subspaces]] x ... x table[q][m-1][..], left to
-  // right. With table = exp(scale x lut - a shift per subspace) that is the
-  // token's softmax numerator without an exp per token (pq_softmax_scan.h).
-  static void pq_products(const float* table, int32_t queries, int32_t subspaces,
-                          int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
-                          int64_t out_stride);
-  // pq_products that also sums each query head's products into four lanes
-  // by index mod 4 (in order of index, for the indices below sums.whole;
-  // codes[0] is index sums.first_index) and raises sums.tops[q] to the
-  // largest: one pass for the numerators and their normalisers.
+  // The same walk with products, and their sums: out[q * out_stride + t] =
+  // 1 x table[q][0][codes[t * subspaces]] x ... x table[q][m-1][..], left to
+  // right; each query head's products are added into four lanes by index
+  // mod 4 (in order of index, for the indices below sums.whole; codes[0] is
+  // index sums.first_index) and sums.tops[q] is raised to the largest. With
+  // table = exp(scale x lut - a shift per subspace) that is one pass for
+  // the softmax numerators and their normalisers, without an exp per token
+  // (pq_softmax_scan.h).
   static void pq_products_summed(const float* table, int32_t queries, int32_t subspaces,
                                  int32_t centroids, const uint8_t* codes, int64_t tokens,
                                  float* out, int64_t out_stride, const ProductSums& sums);

@@ -41,22 +41,6 @@ void pq_scores_portable(const float* lut, int32_t queries, int32_t subspaces, in
   }
 }
 
-// pq_products at the portable level: 1 x e_0 x ... x e_{m-1}, left to right.
-void pq_products_portable(const float* table, int32_t queries, int32_t subspaces,
-                          int32_t centroids, const uint8_t* codes, int64_t tokens, int64_t first,
-                          float* out, int64_t out_stride) {
-  for (int32_t q = 0; q < queries; ++q) {
-    const float* tq = table + static_cast<size_t>(q) * subspaces * centroids;
-    float* oq = out + static_cast<size_t>(q) * out_stride;
-    for (int64_t t = first; t < tokens; ++t) {
-      const uint8_t* c = codes + t * subspaces;
-      float p = 1.f;
-      for (int32_t j = 0; j < subspaces; ++j) p *= tq[j * centroids + c[j]];
-      oq[t] = p;
-    }
-  }
-}
-
 // pq_products_summed at the portable level, for tokens [from, to).
 void products_summed_portable(const float* table, int32_t queries, int32_t subspaces,
                               int32_t centroids, const uint8_t* codes, int64_t from, int64_t to,
@@ -101,7 +85,8 @@ void transpose_lut(const float* lut, int32_t first, int32_t heads, int32_t m, in
       lut_rows[e * kRowHeads + g] = g < heads ? lut[(first + g) * per_query + e] : 0.f;
 }
 
-// kProduct: the product of the entries from 1 (pq_products), else the sum.
+// kProduct: the product of the entries from 1 (pq_products_summed), else
+// the sum.
 // C > 0: a fixed number of centroids (256, the default's), so that a code's
 // row is a constant offset plus the code x 16 bytes.
 template <int M, int C, bool kProduct>
@@ -190,7 +175,6 @@ void scores_rows_any(const float* lut_rows, int32_t heads, int32_t m, int32_t ce
   }
 }
 
-template <bool kProduct>
 void pq_scores_by_rows(const float* lut, int32_t queries, int32_t subspaces, int32_t centroids,
                        const uint8_t* codes, int64_t tokens, float* out, int64_t out_stride) {
   const int64_t whole = tokens - tokens % 4;
@@ -198,13 +182,10 @@ void pq_scores_by_rows(const float* lut, int32_t queries, int32_t subspaces, int
   for (int32_t first = 0; first < queries; first += kRowHeads) {
     const int32_t heads = std::min(kRowHeads, queries - first);
     transpose_lut(lut, first, heads, subspaces, centroids, lut_rows.data());
-    scores_rows_any<kProduct>(lut_rows.data(), heads, subspaces, centroids, codes, whole,
-                              out + first * out_stride, out_stride);
+    scores_rows_any<false>(lut_rows.data(), heads, subspaces, centroids, codes, whole,
+                           out + first * out_stride, out_stride);
   }
-  if constexpr (kProduct)
-    pq_products_portable(lut, queries, subspaces, centroids, codes, tokens, whole, out, out_stride);
-  else
-    pq_scores_portable(lut, queries, subspaces, centroids, codes, tokens, whole, out, out_stride);
+  pq_scores_portable(lut, queries, subspaces, centroids, codes, tokens, whole, out, out_stride);
 }
 
 // pq_products_summed by rows: the tokens before the first lane-0 index and
@@ -337,42 +318,22 @@ PQ_TARGET_AVX512 void pq_scores_avx512(const float* lut, int32_t queries, int32_
 
 #endif  // PQ_X86_KERNELS
 
-// The walk of both calls per kernel level. A group of query heads goes by
-// rows at both SIMD levels; a single head keeps the AVX-512 gathers for
-// sums (sixteen tokens per gather, nothing to share) and the portable loop
-// for products (only groups take that path).
-template <bool kProduct>
-void walk_codes(const float* table, int32_t queries, int32_t subspaces, int32_t centroids,
-                const uint8_t* codes, int64_t tokens, float* out, int64_t out_stride) {
-#if PQ_X86_KERNELS
-  static const CpuLevel level = cpu_level();
-  if (queries >= 2 && level >= CpuLevel::kAvx2)
-    return pq_scores_by_rows<kProduct>(table, queries, subspaces, centroids, codes, tokens, out,
-                                       out_stride);
-  if constexpr (!kProduct) {
-    if (level >= CpuLevel::kAvx512)
-      return pq_scores_avx512(table, queries, subspaces, centroids, codes, tokens, 0, out,
-                              out_stride);
-  }
-#endif
-  if constexpr (kProduct)
-    pq_products_portable(table, queries, subspaces, centroids, codes, tokens, 0, out, out_stride);
-  else
-    pq_scores_portable(table, queries, subspaces, centroids, codes, tokens, 0, out, out_stride);
-}
-
 }  // namespace
 
 void PqCodebook::pq_scores(const float* lut, int32_t queries, int32_t subspaces,
                            int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
                            int64_t out_stride) {
-  walk_codes<false>(lut, queries, subspaces, centroids, codes, tokens, out, out_stride);
-}
-
-void PqCodebook::pq_products(const float* table, int32_t queries, int32_t subspaces,
-                             int32_t centroids, const uint8_t* codes, int64_t tokens, float* out,
-                             int64_t out_stride) {
-  walk_codes<true>(table, queries, subspaces, centroids, codes, tokens, out, out_stride);
+#if PQ_X86_KERNELS
+  // A group of query heads goes by rows at both SIMD levels; a single head
+  // keeps the AVX-512 gathers (sixteen tokens per gather, nothing to share).
+  static const CpuLevel level = cpu_level();
+  if (queries >= 2 && level >= CpuLevel::kAvx2)
+    return pq_scores_by_rows(lut, queries, subspaces, centroids, codes, tokens, out, out_stride);
+  static const auto impl = level >= CpuLevel::kAvx512 ? pq_scores_avx512 : pq_scores_portable;
+#else
+  static const auto impl = pq_scores_portable;
+#endif
+  impl(lut, queries, subspaces, centroids, codes, tokens, 0, out, out_stride);
 }
 
 void PqCodebook::pq_products_summed(const float* table, int32_t queries, int32_t subspaces,

@@ -138,19 +138,22 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
 
   std::vector<float>& e = scratch.raw;  // [group][n] numerators
   e.resize(static_cast<size_t>(group) * n);
-  std::vector<float> lanes(static_cast<size_t>(group) * kProductLanes, 0.f);
-  std::vector<float> tops(static_cast<size_t>(group), 0.f);
+  // Per query head: kProductLanes lanes, the largest numerator, 1 / sum.
+  std::vector<float>& sums = scratch.head_sums;
+  sums.assign(static_cast<size_t>(group) * (kProductLanes + 2), 0.f);
+  float* lanes = sums.data();
+  float* tops = lanes + group * kProductLanes;
+  float* inv = tops + group;
   {
     FlushSubnormals flush;
     codes.for_each_run(begin, end, [&](int64_t first, int64_t count, const uint8_t* p) {
       PqCodebook::pq_products_summed(table.data(), group, m, centroids, p, count,
                                      e.data() + (first - begin), n,
-                                     {first - begin, whole, lanes.data(), tops.data()});
+                                     {first - begin, whole, lanes, tops});
     });
   }
 
   const float min_top = std::exp(-kMaxShiftSlack);
-  std::vector<float> inv(static_cast<size_t>(group));
   for (int32_t g = 0; g < group; ++g) {
     if (!(tops[g] >= min_top)) return false;  // the shift too far above the top logit
     const float* eg = e.data() + g * n;
@@ -160,7 +163,7 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
     if (!std::isfinite(sum)) return false;
     inv[g] = 1.0f / sum;
   }
-  add_shares(e.data(), n, group, inv.data(), combined);
+  add_shares(e.data(), n, group, inv, combined);
   return true;
 }
 

@@ -174,18 +174,13 @@ void pq_index_count_tuples(PqIndex& index, int64_t from, int64_t to) {
   }
 }
 
-// Measured for 2 x 8 (m * b = 16, counted per call) at 128K tokens, 8 kv
-// heads, group 4, against the per-token scan with the AVX-512 kernels
-// (bench/select_keys.py, medians of 7 interleaved rounds on a loaded
-// 2-core AMD EPYC): the scan took 1.0x the tuple path's time on random keys,
-// 2.5x on real keys and 4.0x on clustered keys, so the tuple path stays.
+// Eight tokens per tuple: where counting beats the row scan even on random
+// keys, which present every tuple (measured on a 2-core AMD EPYC with
+// AVX-512, 8 kv heads x 4 query heads: 2 x 8 bits at 128K tokens, tuples
+// 5.2-5.8 ms against the scan's 1.5 ms; at 512K, 7.2 against 6.0-9.3 ms;
+// 2 x 6 bits at 128K, tuples 0.98 against 2.4 ms).
 bool pq_tuple_select_applies(int32_t subspaces, int32_t centroids, int64_t n) {
   const int32_t bits = subspaces * log2_of(centroids);
-  // Eight tokens per tuple: where counting beats the row scan on random
-  // keys, which present every tuple (measured on an AMD EPYC with AVX-512,
-  // 8 kv heads x 4 query heads: 2 x 8 bits at 128K tokens, tuples 5.2-5.8 ms
-  // against the scan's 1.5 ms; at 512K, 7.2 against 6.0-9.3 ms; 2 x 6 bits
-  // at 128K, tuples 0.98 against 2.4 ms).
   return bits <= 16 && n >= (int64_t{8} << bits);
 }
 
