@@ -45,6 +45,8 @@ import time
 
 import numpy as np
 
+from machine import cpu_model
+
 KV, Q, DIM, SINK, LOCAL = 8, 32, 128, 4, 128
 G = Q // KV
 
@@ -82,8 +84,8 @@ def main() -> int:
     import pqcache
 
     torch.set_num_threads(args.threads)
-    print(f"cpu_step_vs_torch: torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"libpqcache {pqcache.version()}, {os.cpu_count()} cpus, "
+    print(f"cpu_step_vs_torch: {cpu_model()}, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), libpqcache {pqcache.version()}, {os.cpu_count()} cpus, "
           f"load {os.getloadavg()[0]:.2f}, kernel level {pqcache.cpu_level()}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
     seq_buf = torch.ones(256 << 18, dtype=torch.float32)  # 256 MiB

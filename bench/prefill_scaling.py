@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from machine import cpu_model
+
 KV, Q, DIM = 8, 32, 128
 
 
@@ -36,12 +38,6 @@ def mem_available_gib() -> float:
     return float("nan")
 
 
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def random_f16(rng, n: int) -> np.ndarray:

@@ -38,7 +38,6 @@ process holding the same contexts; the parent runs the rounds interleaved
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,20 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
+from machine import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 KV, Q, SINK, LOCAL, BLOCK = 8, 32, 4, 128, 2048
 CONFIGS = {"4x8": (128, 4, 8), "2x8": (64, 2, 8)}
 KINDS = ("random", "clustered", "real")
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def real_sources():
