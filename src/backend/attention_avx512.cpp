@@ -1,8 +1,8 @@
 // The AVX-512 kernel of attend_rows (attention.h), chosen at the avx512
 // level (cpu_dispatch.h): the AVX2 kernel's blocks with 16 floats a
 // register and 32 registers, so more rows and query heads are in flight;
-// masked loads take any head_dim (no scalar tail); the block's softmax is
-// vectorised too. Rows ahead are prefetched K and V interleaved, a row at
+// masked loads take any head_dim (no scalar tail); the block's softmax
+// (max, exps, sum) is vectorised too. Rows ahead are prefetched K and V interleaved, a row at
 // a time between the logits (see kPrefetchRows).
 #include "backend/attention.h"
 
@@ -10,10 +10,11 @@
 
 #include <immintrin.h>
 
-// GCC 12 warns of the _mm512_undefined_* operands inside its own unpack
-// and conversion intrinsics (a false positive, fixed in GCC 13).
+// GCC 12 warns of the _mm512_undefined_* operands inside its own unpack,
+// conversion and reduction intrinsics (a false positive, fixed in GCC 13).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <algorithm>
@@ -48,10 +49,15 @@ constexpr int64_t kPrefetchRows = 64;
 template <int Dtype>
 PQ_KERNEL __m512 load16(const uint8_t* p, __mmask16 m) {
   if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
-    __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8);
-    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)  // sign to bit 15, the rest from bit 7
-      w = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(static_cast<short>(0xBF80)));
-    return _mm512_cvtph_ps(w);
+    const __m128i bytes = _mm_maskz_loadu_epi8(m, p);
+    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3) {
+      // Sign-extended, the sign fills bits 8..15: shifted by 7 it lands in
+      // bit 15 and the rest in bits 7..13; bit 14 (a copy of the sign) is
+      // masked off.
+      const __m256i w = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+      return _mm512_cvtph_ps(_mm256_and_si256(w, _mm256_set1_epi16(static_cast<short>(0xBF80))));
+    }
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8));
   } else if constexpr (Dtype == PQ_DTYPE_F16) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
   } else if constexpr (Dtype == PQ_DTYPE_BF16) {
@@ -65,6 +71,28 @@ PQ_KERNEL __m512 load16(const uint8_t* p, __mmask16 m) {
 PQ_KERNEL __mmask16 lanes(int32_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
+
+// Thirty-two fp8 elements of a row as floats (times 1 / kLoadScale), in two
+// registers, lanes outside `m` zero: widened to binary16 patterns 32 at a
+// time, so the integer steps run once per 32 elements.
+template <int Dtype>
+PQ_KERNEL void load32_fp8(const uint8_t* p, __mmask32 m, __m512& lo, __m512& hi) {
+  const __m256i bytes = _mm256_maskz_loadu_epi8(m, p);
+  __m512i w;
+  if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)
+    w = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
+                         _mm512_set1_epi16(static_cast<short>(0xBF80)));
+  else
+    w = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
+  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(w));
+  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
+}
+
+PQ_KERNEL __mmask32 lanes32(int32_t left) {
+  return left >= 32 ? __mmask32(0xFFFFFFFFu) : static_cast<__mmask32>((1u << left) - 1);
+}
+
+PQ_KERNEL __mmask16 lanes_from(int32_t left) { return left <= 0 ? __mmask16(0) : lanes(left); }
 
 // The lines of a row's K and V, interleaved, into L2 (see kPrefetchRows).
 PQ_KERNEL void prefetch_row(const KvStore::RowTable& t, int32_t kv_head, int32_t pos) {
@@ -103,20 +131,38 @@ PQ_KERNEL void store_sums(const __m512* acc, float scale, float* out, int64_t st
 }
 
 // logits[g * kB + i + r] for R rows from i: each 16 key elements loaded once
-// for the group, R x G accumulators.
+// for the group, R x G accumulators. fp8 keys are widened 32 at a time
+// (load32_fp8), so two query registers a step.
 template <int Dtype, int G, int R>
 PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d, float scale,
                            float* logits, int64_t i) {
   __m512 acc[G][R];
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] =
       _mm512_setzero_ps();
-  for (int32_t k = 0; k < d; k += 16) {
-    const __mmask16 m = lanes(d - k);
-    __m512 key[R];
-    PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load16<Dtype>(keys[i + r] + k * kElem<Dtype>, m);
-    PQ_UNROLL for (int g = 0; g < G; ++g) {
-      const __m512 qg = _mm512_maskz_loadu_ps(m, q + static_cast<size_t>(g) * d + k);
-      PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] = _mm512_fmadd_ps(qg, key[r], acc[g][r]);
+  if constexpr (kElem<Dtype> == 1) {
+    for (int32_t k = 0; k < d; k += 32) {
+      const __mmask16 m0 = lanes_from(d - k), m1 = lanes_from(d - k - 16);
+      __m512 key0[R], key1[R];
+      PQ_UNROLL for (int r = 0; r < R; ++r)
+          load32_fp8<Dtype>(keys[i + r] + k, lanes32(d - k), key0[r], key1[r]);
+      PQ_UNROLL for (int g = 0; g < G; ++g) {
+        const float* qg = q + static_cast<size_t>(g) * d + k;
+        const __m512 q0 = _mm512_maskz_loadu_ps(m0, qg), q1 = _mm512_maskz_loadu_ps(m1, qg + 16);
+        PQ_UNROLL for (int r = 0; r < R; ++r) {
+          acc[g][r] = _mm512_fmadd_ps(q0, key0[r], acc[g][r]);
+          acc[g][r] = _mm512_fmadd_ps(q1, key1[r], acc[g][r]);
+        }
+      }
+    }
+  } else {
+    for (int32_t k = 0; k < d; k += 16) {
+      const __mmask16 m = lanes(d - k);
+      __m512 key[R];
+      PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load16<Dtype>(keys[i + r] + k * kElem<Dtype>, m);
+      PQ_UNROLL for (int g = 0; g < G; ++g) {
+        const __m512 qg = _mm512_maskz_loadu_ps(m, q + static_cast<size_t>(g) * d + k);
+        PQ_UNROLL for (int r = 0; r < R; ++r) acc[g][r] = _mm512_fmadd_ps(qg, key[r], acc[g][r]);
+      }
     }
   }
   PQ_UNROLL for (int g = 0; g < G; ++g) store_sums<R>(acc[g], scale, logits + g * kB + i, 1);
@@ -161,8 +207,13 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
       _mm512_maskz_loadu_ps(m[s], acc + static_cast<size_t>(g) * d + k + 16 * s);
   for (int64_t i = 0; i < rows; ++i) {
     __m512 v[W];
-    PQ_UNROLL for (int s = 0; s < W; ++s)
-        v[s] = load16<Dtype>(values[i] + (k + 16 * s) * kElem<Dtype>, m[s]);
+    if constexpr (kElem<Dtype> == 1 && W % 2 == 0) {
+      PQ_UNROLL for (int s = 0; s < W; s += 2)
+          load32_fp8<Dtype>(values[i] + k + 16 * s, lanes32(d - k - 16 * s), v[s], v[s + 1]);
+    } else {
+      PQ_UNROLL for (int s = 0; s < W; ++s)
+          v[s] = load16<Dtype>(values[i] + (k + 16 * s) * kElem<Dtype>, m[s]);
+    }
     PQ_UNROLL for (int g = 0; g < G; ++g) {
       const __m512 wg = _mm512_set1_ps(w[g * kB + i]);
       PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_fmadd_ps(wg, v[s], o[g][s]);
@@ -172,26 +223,37 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
       _mm512_mask_storeu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s, m[s], o[g][s]);
 }
 
-// softmax_block (attention.cpp) with the exps 16 at a time.
+// softmax_block (attention.cpp) with the block's max, exps and sum 16 rows
+// a register (the sum's order differs from the scalar kernel's: the attend
+// is checked against a double reference, not for bits). Lanes from `rows`
+// on may hold an earlier block's exps: masked out of the max and the sum.
 PQ_ATTEND_TARGET void softmax_block16(float* logits, int64_t rows, int32_t group, int32_t d,
                                       AttentionPart part) {
+  static_assert(kB == 32, "two registers of logits a query head");
+  const __mmask16 m0 = lanes(static_cast<int32_t>(rows));
+  const __mmask16 m1 = rows > 16 ? lanes(static_cast<int32_t>(rows - 16)) : __mmask16(0);
+  const __m512 none = _mm512_set1_ps(kNoRows);
   for (int32_t g = 0; g < group; ++g) {
     float* l = logits + static_cast<size_t>(g) * kB;
-    float block_max = l[0];
-    for (int64_t i = 1; i < rows; ++i) block_max = l[i] > block_max ? l[i] : block_max;
+    const __m512 l0 = _mm512_load_ps(l), l1 = _mm512_load_ps(l + 16);
+    const float block_max = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_mask_mov_ps(none, m0, l0), _mm512_mask_mov_ps(none, m1, l1)));
     if (block_max > part.max[g]) {
       const float rescale = part.max[g] == kNoRows ? 0.f : exp_nonpositive(part.max[g] - block_max);
       float* acc = part.acc + static_cast<size_t>(g) * d;
-      for (int32_t k = 0; k < d; ++k) acc[k] *= rescale;
+      const __m512 r = _mm512_set1_ps(rescale);
+      int32_t k = 0;
+      for (; k + 16 <= d; k += 16) _mm512_storeu_ps(acc + k, _mm512_mul_ps(r, _mm512_loadu_ps(acc + k)));
+      for (; k < d; ++k) acc[k] *= rescale;
       part.sum[g] *= rescale;
       part.max[g] = block_max;
     }
-    const float max = part.max[g];
-    float e[kB];
-    for (int64_t i = 0; i < kB; ++i) e[i] = exp_nonpositive(l[i] - max);  // vectorised
-    float block_sum = 0.f;
-    for (int64_t i = 0; i < rows; ++i) block_sum += (l[i] = e[i]);
-    part.sum[g] += block_sum;
+    const __m512 max = _mm512_set1_ps(part.max[g]);
+    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp_nonpositive16(_mm512_sub_ps(l0, max)));
+    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp_nonpositive16(_mm512_sub_ps(l1, max)));
+    _mm512_store_ps(l, e0);
+    _mm512_store_ps(l + 16, e1);
+    part.sum[g] += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
   }
 }
 
@@ -202,10 +264,13 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
                                              const int32_t* pos, int64_t count,
                                              const float* queries, float scale,
                                              AttentionPart part) {
-  // Registers: logits hold R x G accumulators, R keys and a query (at most
-  // 21 of 32); values W strips of G and W rows.
+  // Registers: logits hold R x G accumulators, R keys and a query (fp8: 2R
+  // and two; at most 26 of 32); values W strips of G and W rows. fp8 takes
+  // four strips at G = 4 (21 registers), a whole 64-byte line of each row
+  // a pass and half the weight broadcasts: its attend is bound by these
+  // instructions, not by memory (see docs/perf.md).
   constexpr int kRows = G <= 4 ? 4 : 2;
-  constexpr int kStrips = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+  constexpr int kStrips = (G <= 2 || (kElem<Dtype> == 1 && G <= 4)) ? 4 : G <= 4 ? 2 : 1;
   const int32_t d = t.head_dim;
   scale *= kLoadScale<Dtype>;  // exact: a power of two
   // Zeroed: softmax_block16 takes the exps of all kB lanes, rows or not.
