@@ -14,8 +14,6 @@ namespace pq {
 
 namespace {
 
-constexpr float kNoRows = -std::numeric_limits<float>::infinity();
-
 void clear(AttentionPart part, int32_t group, int32_t head_dim) {
   std::fill(part.acc, part.acc + static_cast<size_t>(group) * head_dim, 0.f);
   std::fill(part.max, part.max + group, kNoRows);

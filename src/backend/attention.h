@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "store/kv_store.h"
 
@@ -19,12 +20,13 @@ namespace pq {
 // The running state of an attention over some rows, not yet normalised: for
 // each query head g of the group, max[g] = the largest logit so far, sum[g] =
 // sum_i exp(logit_i - max[g]) and acc[g][:] = sum_i exp(logit_i - max[g]) *
-// V_i. No rows: max -inf, sum 0, acc 0.
+// V_i. No rows: max kNoRows (-inf), sum 0, acc 0.
 struct AttentionPart {
   float* acc;   // [group][head_dim]
   float* max;   // [group]
   double* sum;  // [group]
 };
+constexpr float kNoRows = -std::numeric_limits<float>::infinity();
 
 // Attends queries ([group][head_dim] floats) over rows pos[0..count) of
 // kv_head (logit = scale * q_g . K[pos[i]]) and writes their part.

@@ -13,6 +13,7 @@
 
 #include "backend/attention_simd.h"
 #include "base/cpu_dispatch.h"
+#include "base/fast_exp.h"
 #include "pqcache.h"
 
 #define PQ_TARGET_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
@@ -59,6 +60,24 @@ PQ_KERNEL __m256 load8(const uint8_t* p) {
   }
 }
 
+// Sixteen fp8 elements as floats (times 1 / kLoadScale) in two registers:
+// widened to binary16 patterns 16 at a time, so the integer steps run once
+// per 16 elements, not per 8 (an e4m3 code sign-extended and shifted by 7
+// puts the sign in bit 15 and the rest in bits 7..13; its copy of the sign
+// in bit 14 is masked off).
+template <int Dtype>
+PQ_KERNEL void load16_fp8(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256i w;
+  if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)
+    w = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7),
+                         _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  else
+    w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(w));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(w, 1));
+}
+
 PQ_KERNEL float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -86,7 +105,21 @@ PQ_KERNEL void logits_rows(const uint8_t* const* keys, const float* q, int32_t d
   __m256 acc[R][G];
   PQ_UNROLL for (int r = 0; r < R; ++r) PQ_UNROLL for (int g = 0; g < G; ++g) acc[r][g] =
       _mm256_setzero_ps();
-  for (int32_t k = 0; k < d; k += 8) {
+  int32_t k = 0;
+  if constexpr (kElem<Dtype> == 1)
+    for (; k + 16 <= d; k += 16) {
+      __m256 key0[R], key1[R];
+      PQ_UNROLL for (int r = 0; r < R; ++r) load16_fp8<Dtype>(keys[i + r] + k, key0[r], key1[r]);
+      PQ_UNROLL for (int g = 0; g < G; ++g) {
+        const float* qg = q + static_cast<size_t>(g) * d + k;
+        const __m256 q0 = _mm256_loadu_ps(qg), q1 = _mm256_loadu_ps(qg + 8);
+        PQ_UNROLL for (int r = 0; r < R; ++r) {
+          acc[r][g] = _mm256_fmadd_ps(q0, key0[r], acc[r][g]);
+          acc[r][g] = _mm256_fmadd_ps(q1, key1[r], acc[r][g]);
+        }
+      }
+    }
+  for (; k < d; k += 8) {
     __m256 key[R];
     PQ_UNROLL for (int r = 0; r < R; ++r) key[r] = load8<Dtype>(keys[i + r] + k * kElem<Dtype>);
     PQ_UNROLL for (int g = 0; g < G; ++g) {
@@ -108,8 +141,12 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
       _mm256_loadu_ps(acc + static_cast<size_t>(g) * d + k + 8 * s);
   for (int64_t i = 0; i < rows; ++i) {
     __m256 v[W];
-    PQ_UNROLL for (int s = 0; s < W; ++s)
-        v[s] = load8<Dtype>(values[i] + (k + 8 * s) * kElem<Dtype>);
+    if constexpr (kElem<Dtype> == 1 && W == 2) {
+      load16_fp8<Dtype>(values[i] + k, v[0], v[1]);
+    } else {
+      PQ_UNROLL for (int s = 0; s < W; ++s)
+          v[s] = load8<Dtype>(values[i] + (k + 8 * s) * kElem<Dtype>);
+    }
     PQ_UNROLL for (int g = 0; g < G; ++g) {
       const __m256 wg = _mm256_broadcast_ss(w + g * kB + i);
       PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm256_fmadd_ps(wg, v[s], o[g][s]);
@@ -117,6 +154,43 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
   }
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s)
       _mm256_storeu_ps(acc + static_cast<size_t>(g) * d + k + 8 * s, o[g][s]);
+}
+
+// softmax_block (attention.cpp) with the block's max and sum 8 rows a
+// register and the exps vectorised (the sum's order differs from the
+// portable kernel's: the attend is checked against a double reference, not
+// for bits). Only the first `rows` logits are read into the max and sum.
+PQ_TARGET_AVX2_FMA void softmax_block8(float* logits, int64_t rows, int32_t group, int32_t d,
+                                       AttentionPart part) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* l = logits + static_cast<size_t>(g) * kB;
+    __m256 wide_max = _mm256_set1_ps(kNoRows);
+    int64_t i = 0;
+    for (; i + 8 <= rows; i += 8) wide_max = _mm256_max_ps(wide_max, _mm256_load_ps(l + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(wide_max), _mm256_extractf128_ps(wide_max, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float block_max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; i < rows; ++i) block_max = l[i] > block_max ? l[i] : block_max;
+    if (block_max > part.max[g]) {
+      const float rescale = part.max[g] == kNoRows ? 0.f : exp_nonpositive(part.max[g] - block_max);
+      float* acc = part.acc + static_cast<size_t>(g) * d;
+      for (int32_t k = 0; k < d; ++k) acc[k] *= rescale;  // vectorised
+      part.sum[g] *= rescale;
+      part.max[g] = block_max;
+    }
+    const float max = part.max[g];
+    alignas(32) float e[kB];
+    for (int64_t j = 0; j < kB; ++j) e[j] = exp_nonpositive(l[j] - max);  // vectorised
+    __m256 wide_sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= rows; i += 8) {
+      const __m256 ei = _mm256_load_ps(e + i);
+      _mm256_store_ps(l + i, ei);
+      wide_sum = _mm256_add_ps(wide_sum, ei);
+    }
+    float block_sum = hsum(wide_sum);
+    for (; i < rows; ++i) block_sum += (l[i] = e[i]);
+    part.sum[g] += block_sum;
+  }
 }
 
 template <int Dtype, int G>
@@ -130,7 +204,8 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
   const int32_t d = t.head_dim;
   // Exact: a power of two. The values' factor is applied to acc at the end.
   scale *= kLoadScale<Dtype>;
-  alignas(32) float logits[G * kB];
+  // Zeroed: softmax_block8 takes the exps of all kB lanes, rows or not.
+  alignas(32) float logits[G * kB] = {};
   const uint8_t* keys[kB];
   const uint8_t* values[kB];
   // Prefetches go out a row at a time between the logits of the current
@@ -154,7 +229,7 @@ PQ_TARGET_AVX2_FMA void attend_block_rows(const KvStore::RowTable& t, int32_t kv
       if (ahead + i < count) prefetch_rows(t, kv_head, pos + ahead + i, 1);
       logits_rows<Dtype, G, 1>(keys, queries, d, scale, logits, i);
     }
-    softmax_block(logits, kB, rows, G, d, part);
+    softmax_block8(logits, rows, G, d, part);
     int32_t k = 0;
     for (; k + 8 * kStrips <= d; k += 8 * kStrips)
       add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);

@@ -39,7 +39,6 @@ namespace pq {
 namespace {
 
 constexpr int64_t kB = kAttentionBlockRows;
-constexpr float kNoRows = -__builtin_huge_valf();
 // Rows prefetched ahead of the one being computed (its K and V lines
 // interleaved, a row at a time between the logits).
 constexpr int64_t kPrefetchRows = 64;
