@@ -63,6 +63,34 @@ TEST(TopK, TiesGoToTheLargerPosition) {
   EXPECT_EQ(library_top_k(zeros, 3, 0, scratch), reference_top_k(zeros, 3, 0));
 }
 
+// From 16K scores the select samples a band of keys around k's rank and
+// sends only the keys inside it through the radix passes; each input below
+// makes one of its guesses right or wrong on purpose.
+TEST(TopK, SampledBandMatchesFullSortWhereItsGuessesHoldOrFail) {
+  pq::SelectScratch scratch;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::uniform_int_distribution<int> few(0, 5);
+  for (int64_t n : {16384, 50001, 131072}) {
+    const int64_t stride = n / std::min<int64_t>(4096, n / 8);  // the sample's
+    for (int shape = 0; shape < 4; ++shape) {
+      std::vector<float> s(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        float& x = s[static_cast<size_t>(i)];
+        switch (shape) {
+          case 0: x = normal(rng); break;                              // both guesses hold
+          case 1: x = static_cast<float>(few(rng)) * 0.5f; break;      // massive ties at the k-th
+          case 2: x = i % stride == 0 ? 10.f + normal(rng) : normal(rng); break;  // the sample sees only highs: fewer than k above the low key
+          case 3: x = i % 2 == 0 ? 7.f : normal(rng); break;            // half the scores tie at the top: k or more above the high key
+        }
+      }
+      for (int64_t k : {int64_t{1}, n / 50, n / 5, n / 2, n - 1})
+        EXPECT_EQ(library_top_k(s, k, 3, scratch), reference_top_k(s, k, 3))
+            << "n " << n << " shape " << shape << " k " << k;
+    }
+  }
+}
+
 TEST(TopK, NegativeAndTinyScoresKeepTheirOrder) {
   pq::SelectScratch scratch;
   std::vector<float> s = {-1e30f, -3.f, 1e-38f, 2e-38f, -1e-38f, 5.f, -0.5f, 1e30f, 0.f};

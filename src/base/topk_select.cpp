@@ -122,21 +122,73 @@ void select_top_k_all(const float* scores, int64_t n, int64_t k, int64_t first, 
               out, scratch.next);
 }
 
-// A key T such that, very likely, at least k keys are >= T but not many
-// more: the order statistic of an even sample a few standard deviations
-// above k's rank. If fewer than k survive, the caller selects among all.
-uint32_t sampled_threshold(const float* scores, int64_t n, int64_t k, std::vector<uint32_t>& sample) {
+// Two keys from an even sample, a few standard deviations either side of
+// k's rank: very likely at least k keys are >= low (but not many more), and
+// fewer than k are >= high, so the k-th largest lies in [low, high). If
+// either guess fails, the caller falls back to a wider select.
+struct SampledBand {
+  uint32_t low, high;
+};
+
+SampledBand sampled_band(const float* scores, int64_t n, int64_t k, std::vector<uint32_t>& sample) {
   const int64_t size = std::min<int64_t>(4096, n / 8);
   const int64_t stride = n / size;
   sample.resize(static_cast<size_t>(size));
   for (int64_t s = 0; s < size; ++s) sample[static_cast<size_t>(s)] = ordered_score_key(scores[s * stride]);
   const double p = static_cast<double>(k) / static_cast<double>(n);
   const double mean = p * static_cast<double>(size);
-  const int64_t rank = std::min<int64_t>(
-      size - 1, static_cast<int64_t>(mean + 4.0 * std::sqrt(mean * (1.0 - p)) + 8.0));
-  // The rank-th largest: descending order's element `rank`.
-  std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<uint32_t>());
-  return sample[static_cast<size_t>(rank)];
+  const double spread = 4.0 * std::sqrt(mean * (1.0 - p)) + 8.0;
+  const int64_t low_rank = std::min<int64_t>(size - 1, static_cast<int64_t>(mean + spread));
+  const int64_t high_rank = std::max<int64_t>(0, static_cast<int64_t>(mean - spread));
+  // The rank-th largest: descending order's element `rank`; the high one
+  // among the part before it.
+  std::nth_element(sample.begin(), sample.begin() + low_rank, sample.end(), std::greater<uint32_t>());
+  const uint32_t low = sample[static_cast<size_t>(low_rank)];
+  std::nth_element(sample.begin(), sample.begin() + high_rank, sample.begin() + low_rank,
+                   std::greater<uint32_t>());
+  const uint32_t high = high_rank < low_rank ? sample[static_cast<size_t>(high_rank)] : ~0u;
+  return {low, high};
+}
+
+// The k-th largest (0 < k <= n) of keys[0..n) and how many keys equal to it
+// the top k take (the rest of the top k are the keys above it): byte-digit
+// radix passes over the keys themselves, each keeping only the bucket that
+// holds the k-th; a digit every key shares is skipped.
+struct KthKey {
+  uint32_t key;
+  int64_t equal_taken, equal_total;
+};
+
+KthKey kth_largest_key(const uint32_t* keys, int64_t n, int64_t k, SelectScratch& scratch) {
+  constexpr uint32_t kBins = 256;
+  std::vector<uint32_t>& histogram = scratch.histogram;
+  std::vector<uint32_t>& kept = scratch.keys;  // sampled_band's sample is done with
+  uint32_t all_or = 0, all_and = ~0u;
+  for (int64_t i = 0; i < n; ++i) {
+    all_or |= keys[i];
+    all_and &= keys[i];
+  }
+  const uint32_t varying = all_or ^ all_and;
+  const uint32_t* candidates = keys;
+  int64_t count = n, need = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    if (((varying >> shift) & (kBins - 1)) == 0) continue;
+    histogram.assign(kBins, 0);
+    for (int64_t i = 0; i < count; ++i) ++histogram[(candidates[i] >> shift) & (kBins - 1)];
+    uint32_t bucket = kBins - 1;
+    while (histogram[bucket] < static_cast<uint32_t>(need)) need -= histogram[bucket--];
+    kept.resize(static_cast<size_t>(count));
+    int64_t w = 0;
+    for (int64_t i = 0; i < count; ++i) {  // in place after the first pass
+      const uint32_t key = candidates[i];
+      kept[static_cast<size_t>(w)] = key;
+      w += ((key >> shift) & (kBins - 1)) == bucket;
+    }
+    candidates = kept.data();
+    count = w;
+  }
+  // Every candidate left holds the same key: the k-th largest.
+  return {candidates[0], need, count};
 }
 
 // The keys >= threshold and their indices, in index order; returns how
@@ -189,27 +241,60 @@ PQ_TARGET_AVX512 int64_t keep_at_or_above_avx512(const float* scores, int64_t n,
 
 using KeepFn = int64_t (*)(const float*, int64_t, uint32_t, uint32_t*, int32_t*);
 
-// The radix select among the scores at or above a sampled threshold (all
-// of them if fewer than k are). Below 16K scores the sample costs more
-// than it saves.
+// The top k among the scores at or above a sampled low key (all scores if
+// fewer than k are). The survivors at or above the sampled high key are all
+// taken when fewer than k: only those between the two keys (about a quarter
+// of the survivors at k = n / 5) go through the radix passes, which find the
+// k-th largest key; one pass in index order then emits the survivors above
+// it and the last of those equal to it. Below 16K scores the sample costs
+// more than it saves.
 void select_top_k_sampled(KeepFn keep, const float* scores, int64_t n, int64_t k, int64_t first,
                           int32_t* out, SelectScratch& scratch) {
   if (n < (int64_t{1} << 14)) return select_top_k_all(scores, n, k, first, out, scratch);
-  const uint32_t threshold = sampled_threshold(scores, n, k, scratch.keys);
+  const SampledBand band = sampled_band(scores, n, k, scratch.keys);
   std::vector<uint32_t>& keys = scratch.survivor_keys;
   std::vector<int32_t>& positions = scratch.survivors;
   keys.resize(static_cast<size_t>(n) + 16);  // a full vector may be stored at the end
   positions.resize(static_cast<size_t>(n) + 16);
-  const int64_t kept = keep(scores, n, threshold, keys.data(), positions.data());
+  const int64_t kept = keep(scores, n, band.low, keys.data(), positions.data());
   if (kept < k) return select_top_k_all(scores, n, k, first, out, scratch);
   if (kept == k) {
     for (int64_t i = 0; i < k; ++i) out[i] = static_cast<int32_t>(first + positions[static_cast<size_t>(i)]);
     return;
   }
-  radix_mark(keys.data(), kept, k, scratch.chosen, scratch);
-  emit_marked(scratch.chosen, kept, k,
-              [&](int64_t i) { return static_cast<int32_t>(first + positions[static_cast<size_t>(i)]); },
-              out, scratch.next);
+  // The keys between the two, and how many survivors lie above them.
+  std::vector<int32_t>& between_bits = scratch.next;  // reused as uint32_t keys
+  between_bits.resize(static_cast<size_t>(kept));
+  uint32_t* between = reinterpret_cast<uint32_t*>(between_bits.data());
+  int64_t above = 0, inside = 0;
+  for (int64_t j = 0; j < kept; ++j) {
+    const uint32_t key = keys[static_cast<size_t>(j)];
+    between[inside] = key;
+    inside += key < band.high;
+    above += key >= band.high;
+  }
+  if (above >= k) {  // the high guess failed: every survivor goes through the radix
+    radix_mark(keys.data(), kept, k, scratch.chosen, scratch);
+    emit_marked(scratch.chosen, kept, k,
+                [&](int64_t i) { return static_cast<int32_t>(first + positions[static_cast<size_t>(i)]); },
+                out, scratch.next);
+    return;
+  }
+  const KthKey kth = kth_largest_key(between, inside, k - above, scratch);
+  // Branch-free emission in index order: keys above the k-th, and of those
+  // equal to it the last equal_taken (ties go to the larger position).
+  std::vector<int32_t>& picked = scratch.tied;
+  picked.resize(static_cast<size_t>(kept) + 1);
+  const int64_t skip = kth.equal_total - kth.equal_taken;
+  int64_t w = 0, equal_seen = 0;
+  for (int64_t j = 0; j < kept; ++j) {
+    const uint32_t key = keys[static_cast<size_t>(j)];
+    const bool equal = key == kth.key;
+    picked[static_cast<size_t>(w)] = static_cast<int32_t>(first + positions[static_cast<size_t>(j)]);
+    w += (key > kth.key) | (equal & (equal_seen >= skip));
+    equal_seen += equal;
+  }
+  std::memcpy(out, picked.data(), static_cast<size_t>(k) * sizeof(int32_t));
 }
 
 }  // namespace
