@@ -1,6 +1,7 @@
 #include "base/call_args.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -62,14 +63,22 @@ void require_apart(const void* a, uint64_t a_bytes, const char* a_name, const vo
           ": outputs of one call must not overlap (they would overwrite each other)");
 }
 
+// A pass that vectorises (the largest position as unsigned: a negative one
+// is huge) runs before each attend or fetch over every selected row; the
+// element-wise search for the message only once that finds one out of range.
 void check_positions(const pq_selection* sel, int32_t kv_heads, int64_t n, int32_t layer) {
-  for (int32_t h = 0; h < kv_heads; ++h)
-    for (int32_t i = 0; i < sel->counts[h]; ++i) {
-      const int32_t p = sel->positions[h * sel->capacity + i];
-      if (p < 0 || p >= n)
-        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " + str(p) +
-                "; layer " + str(layer) + " holds " + str(n) + " tokens");
-    }
+  const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(n, INT32_MAX));
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    const int32_t* row = sel->positions + static_cast<int64_t>(h) * sel->capacity;
+    uint32_t largest = 0;
+    for (int32_t i = 0; i < sel->counts[h]; ++i)
+      largest = std::max(largest, static_cast<uint32_t>(row[i]));
+    if (sel->counts[h] == 0 || largest < limit) continue;
+    for (int32_t i = 0; i < sel->counts[h]; ++i)
+      if (row[i] < 0 || row[i] >= n)
+        invalid("selection->positions[" + str(h) + " * capacity + " + str(i) + "] is " +
+                str(row[i]) + "; layer " + str(layer) + " holds " + str(n) + " tokens");
+  }
 }
 
 }  // namespace pq
