@@ -6,7 +6,8 @@
 // first, each context runs `steps` decode steps of pq_decode_select then
 // pq_decode_attend over that selection; printed: the medians over rounds
 // of each round's median step, select + attend and attend alone, and the
-// ratio f16 / fp8 of each (per round, then its median).
+// ratio f16 / fp8 of each (per round, then its median). Last, the floor of
+// the attend: the same rows read with no arithmetic (rows_read_ms).
 //
 // First, the two ways to turn 8 fp8 codes into 8 floats with AVX2 that the
 // attention kernel could use, over the same bytes: F16C on the codes moved
@@ -15,13 +16,16 @@
 //
 //   bench_fp8 [--tokens 32768,131072] [--rounds 7] [--steps 16]
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_data.h"
@@ -203,6 +207,91 @@ Step run_steps(const Layer& l, const pqbench::ClusteredKv& kv, int steps, int qu
   return {median(both), median(attend)};
 }
 
+// --- The rows read alone -------------------------------------------------
+
+// The floor an attend over a selection could reach on this machine: the
+// selected rows of every kv head read and nothing computed, in a copy of
+// the host store's layout (chunks of 256 tokens, a kv head's rows adjacent,
+// K and V blocks apart), with the attend's threads (two, a half of the kv
+// heads each) and its prefetch (T1, 64 rows ahead). Median of `runs`, ms.
+double rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, int runs) {
+  constexpr int64_t kChunk = 256, kAhead = 64;
+  const int64_t chunks = (tokens + kChunk - 1) / kChunk;
+  const size_t block = static_cast<size_t>(kKv * kChunk * row_bytes);
+  // On 2 MiB pages where the kernel gives them, as the store's slabs are.
+  const size_t bytes = (static_cast<size_t>(chunks) * block + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
+  auto* keys = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
+  auto* values = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
+  if (keys == nullptr || values == nullptr) {
+    std::fprintf(stderr, "bench_fp8: out of memory\n");
+    std::exit(1);
+  }
+  madvise(keys, bytes, MADV_HUGEPAGE);
+  madvise(values, bytes, MADV_HUGEPAGE);
+  std::memset(keys, 1, bytes);
+  std::memset(values, 2, bytes);
+  auto row = [&](const uint8_t* base, uint32_t pos, uint32_t head) {
+    return base + (pos / kChunk) * block + (head * kChunk + pos % kChunk) * row_bytes;
+  };
+  auto read_heads = [&](int32_t first, int32_t end, uint64_t* sum) {
+    uint64_t s = 0;
+    for (int32_t h = first; h < end; ++h) {
+      const int32_t* p = sel.positions + h * sel.capacity;
+      const int32_t n = sel.counts[h];
+      for (int32_t i = 0; i < n; ++i) {
+        if (i + kAhead < n)
+          for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch(row(keys, p[i + kAhead], h) + b, 0, 2);
+            __builtin_prefetch(row(values, p[i + kAhead], h) + b, 0, 2);
+          }
+        const uint8_t* k = row(keys, p[i], h);
+        const uint8_t* v = row(values, p[i], h);
+        for (int64_t w = 0; w < row_bytes; w += 8) {
+          uint64_t a, b;
+          std::memcpy(&a, k + w, 8);
+          std::memcpy(&b, v + w, 8);
+          s += a ^ b;
+        }
+      }
+    }
+    *sum = s;
+  };
+  std::vector<double> times;
+  uint64_t sink = 0;
+  for (int r = 0; r < runs; ++r) {
+    uint64_t a = 0, b = 0;
+    const double t0 = now();
+    std::thread other(read_heads, 0, kKv / 2, &a);
+    read_heads(kKv / 2, kKv, &b);
+    other.join();
+    times.push_back(now() - t0);
+    sink += a + b;
+  }
+  std::free(keys);
+  std::free(values);
+  if (sink == 42) std::printf(" ");  // keeps the reads
+  return median(times) * 1e3;
+}
+
+// Reads rows at the f16 context's selection of its first query, in both
+// row sizes.
+void print_rows_read(const Layer& f16, const pqbench::ClusteredKv& kv, int64_t tokens, int runs) {
+  int64_t cap = 0;
+  check(pq_selection_capacity(f16.ctx, 1, 0, &cap), "pq_selection_capacity");
+  std::vector<int32_t> positions(static_cast<size_t>(cap) * kKv), counts(kKv);
+  pq_selection sel{positions.data(), counts.data(), cap};
+  pq_tensor query = tensor(const_cast<uint16_t*>(kv.queries.data()), PQ_DTYPE_F16, 1, kQ);
+  check(pq_decode_select(f16.ctx, 1, 0, &query, &sel), "pq_decode_select");
+  std::vector<double> f16_ms, fp8_ms;
+  for (int r = 0; r < 3; ++r) {  // interleaved
+    f16_ms.push_back(rows_read_ms(sel, tokens, kDim * 2, runs));
+    fp8_ms.push_back(rows_read_ms(sel, tokens, kDim, runs));
+  }
+  std::printf("%lld tokens: the selected rows read alone (no arithmetic; store layout, 2 threads, "
+              "prefetch 64 rows ahead): f16 %.2f ms, fp8 %.2f ms\n",
+              static_cast<long long>(tokens), median(f16_ms), median(fp8_ms));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -258,6 +347,7 @@ int main(int argc, char** argv) {
                 median(fp8_attend) * 1e3, median(r_attend),
                 *std::min_element(r_attend.begin(), r_attend.end()),
                 *std::max_element(r_attend.begin(), r_attend.end()), pqbench::load_average());
+    print_rows_read(f16, *kv, tokens, rounds);
     std::fflush(stdout);
     pq_destroy(f16.ctx);
     pq_destroy(fp8.ctx);
