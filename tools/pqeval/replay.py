@@ -22,6 +22,12 @@ causal attention over [0, p]:
   top-k middle| / k (k: the oracle's count), against the head's own scores
   rather than the GQA-combined ones PQ and the oracle rank by.
 
+`--intervals` adds a 95% interval to the output error and the middle mass:
+consecutive decode steps are correlated, so it is taken over batch means
+(each layer's steps in blocks of BATCH_STEPS, the blocks' means pooled over
+layers, mean +- 1.96 x their standard deviation / sqrt(blocks)). `--plot`
+draws both against the budget, one line per selector.
+
 Selectors that learn from attention (H2O, SCOPE) are fed the probabilities of
 the attention they were given, after every step, as a model would.
 """
@@ -43,6 +49,7 @@ from pqcache.selector_inputs import (ATTENTION_SELECTORS, LAYER_SHARING_SELECTOR
 from pqeval import trace as trace_io
 
 OBSERVATION_WINDOW = 32
+BATCH_STEPS = 16  # steps per batch mean of --intervals
 
 
 @dataclass
@@ -57,6 +64,9 @@ class LayerResult:
     head_recall: float = 0.0
     selected: float = 0.0           # mean tokens attended per kv head
     select_bytes: float = 0.0       # mean bytes the selector read per step
+    # Per decode step, the mean over kv heads (what --intervals batches).
+    step_error: List[float] = field(default_factory=list)
+    step_mid_mass: List[float] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +78,19 @@ class Result:
 
     def mean(self, name: str) -> float:
         return float(np.mean([getattr(l, name) for l in self.layers]))
+
+    def interval(self, name: str) -> float:
+        """The 95% half-width of the mean of per-step series `name`
+        ("step_error" or "step_mid_mass") over batch means of BATCH_STEPS
+        consecutive steps of each layer; nan with fewer than two batches."""
+        batches = []
+        for l in self.layers:
+            steps = getattr(l, name)
+            for b in range(len(steps) // BATCH_STEPS):
+                batches.append(float(np.mean(steps[b * BATCH_STEPS:(b + 1) * BATCH_STEPS])))
+        if len(batches) < 2:
+            return float("nan")
+        return 1.96 * float(np.std(batches, ddof=1)) / math.sqrt(len(batches))
 
 
 def _dtype(keys: np.ndarray) -> str:
@@ -192,6 +215,7 @@ def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, win
             heads = sel.heads()
             ref_heads = ref.heads()
             observed = np.zeros((kv_heads, max(sel.capacity, 1)), np.float32)
+            step_error = step_mid_mass = 0.0
             for h in range(kv_heads):
                 pos = heads[h]
                 mass = probs[h][:, pos].sum(axis=1)               # [g]
@@ -209,11 +233,14 @@ def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, win
                 lr.recall += len(np.intersect1d(mid_pos, mid_ref)) / k
                 lr.mass += float(mass.mean())
                 lr.error += float(err.mean())
+                step_error += float(err.mean()) / kv_heads
                 mid_probs = probs[h][:, sink:mid_end]                  # [g][middle]
                 lr.fixed_mass += float(mass.mean() - probs[h][:, mid_pos].sum(axis=1).mean())
                 mid_total = mid_probs.sum(axis=1)
-                lr.mid_mass += float(np.mean(probs[h][:, mid_pos].sum(axis=1) /
-                                             np.maximum(mid_total, 1e-30)))
+                head_mid_mass = float(np.mean(probs[h][:, mid_pos].sum(axis=1) /
+                                              np.maximum(mid_total, 1e-30)))
+                lr.mid_mass += head_mid_mass
+                step_mid_mass += head_mid_mass / kv_heads
                 if mid_end > sink:
                     own = np.argpartition(-logits[h][:, sink:mid_end],
                                           min(k, mid_end - sink) - 1, axis=1)[:, :k] + sink
@@ -224,6 +251,8 @@ def _replay_layer(t, layer, at, shared, selector, opts, first, prompt, last, win
             if selector in ATTENTION_SELECTORS:
                 ctx.observe_attention(0, lib, sel, observed)
             lr.select_bytes += ctx.layer_info(0, lib)["last_select_bytes"]
+            lr.step_error.append(step_error)
+            lr.step_mid_mass.append(step_mid_mass)
             lr.steps += 1
     finally:
         if own_ctx:
@@ -249,12 +278,45 @@ def ctx_local(opts: Dict, n: int, sink: int) -> int:
     return min(int(opts.get("local_tokens", 128)), n - sink)
 
 
+def plot(results: List[Result], path: str, title: str) -> None:
+    """Output error and middle mass against the budget, one line per
+    selector, with the --intervals bars."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = list(dict.fromkeys(r.selector for r in results))
+    for name in names:
+        rs = sorted((r for r in results if r.selector == name), key=lambda r: -r.fraction)
+        x = [1 / r.fraction for r in rs]
+        for ax, metric, series in ((axes[0], "error", "step_error"),
+                                   (axes[1], "mid_mass", "step_mid_mass")):
+            ax.errorbar(x, [r.mean(metric) for r in rs], yerr=[r.interval(series) for r in rs],
+                        marker="o", capsize=3, label=name)
+    for ax, label in ((axes[0], "attention output error (relative L2)"),
+                      (axes[1], "middle mass (share on the selected)")):
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks([5, 10, 20, 50])
+        ax.set_xticklabels(["1/5", "1/10", "1/20", "1/50"])
+        ax.set_xlabel("budget (share of the tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--selectors", default="pq,exact,window,random")
     ap.add_argument("--fractions", default="0.2,0.1")
     ap.add_argument("--steps", type=int, default=None, help="decode steps per layer (default all)")
+    ap.add_argument("--intervals", action="store_true",
+                    help="95%% intervals (batch means) on the output error and the middle mass")
+    ap.add_argument("--plot", help="write error and middle mass against the budget to this PNG")
     args = ap.parse_args(argv)
     t = trace_io.read(args.trace)
     from pqeval import token_classes  # FastGen's, when committed beside the trace
@@ -264,14 +326,21 @@ def main(argv: Optional[List[str]] = None) -> None:
     print("| selector | budget | recall | per-head recall | mass | fixed mass | middle mass "
           "| output error | tokens/head | bytes/step |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    results = []
     for fraction in (float(f) for f in args.fractions.split(",")):
         for name in args.selectors.split(","):
             r = replay(t, name, fraction, steps=args.steps, token_classes=classes)
+            results.append(r)
+            mid, err = f"{r.mean('mid_mass'):.3f}", f"{r.mean('error'):.4f}"
+            if args.intervals:
+                mid += f" ± {r.interval('step_mid_mass'):.3f}"
+                err += f" ± {r.interval('step_error'):.4f}"
             print(f"| {name} | 1/{round(1 / fraction)} | {r.mean('recall'):.3f} | "
                   f"{r.mean('head_recall'):.3f} | {r.mean('mass'):.3f} | "
-                  f"{r.mean('fixed_mass'):.3f} | {r.mean('mid_mass'):.3f} | "
-                  f"{r.mean('error'):.4f} | {r.mean('selected'):.0f} | "
-                  f"{r.mean('select_bytes'):.0f} |")
+                  f"{r.mean('fixed_mass'):.3f} | {mid} | {err} | "
+                  f"{r.mean('selected'):.0f} | {r.mean('select_bytes'):.0f} |", flush=True)
+    if args.plot:
+        plot(results, args.plot, f"{t.model}, {t.tokens} tokens, layers {t.layers}")
 
 
 if __name__ == "__main__":

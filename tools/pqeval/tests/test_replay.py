@@ -38,3 +38,26 @@ def test_pq_beats_the_window(synthetic):
     assert pq.mean("mass") > window.mean("mass")
     assert pq.mean("error") < window.mean("error")
     assert pq.mean("select_bytes") > 0 and window.mean("select_bytes") == 0
+
+
+def test_interval_is_over_batch_means_of_the_steps():
+    r = replay.Result("pq", 0.2)
+    # Two layers, 48 steps each: three batches of 16 per layer; the batches'
+    # means are 0..5, so the interval is 1.96 x std(0..5) / sqrt(6).
+    for first in (0, 3):
+        lr = replay.LayerResult(layer=first)
+        lr.step_error = [float(first + b) for b in range(3) for _ in range(replay.BATCH_STEPS)]
+        r.layers.append(lr)
+    want = 1.96 * np.std(np.arange(6.0), ddof=1) / np.sqrt(6)
+    assert r.interval("step_error") == pytest.approx(want)
+    one = replay.Result("pq", 0.2, [replay.LayerResult(layer=0, step_error=[1.0] * 20)])
+    assert np.isnan(one.interval("step_error"))  # a single batch: no interval
+
+
+def test_replay_records_every_step(synthetic):
+    r = replay.replay(synthetic, "pq", 0.2, steps=40, kmeans_iterations=5)
+    lr = r.layers[0]
+    assert len(lr.step_error) == len(lr.step_mid_mass) == lr.steps == 40
+    assert np.mean(lr.step_error) == pytest.approx(lr.error, rel=1e-9)
+    assert np.mean(lr.step_mid_mass) == pytest.approx(lr.mid_mass, rel=1e-9)
+    assert r.interval("step_error") > 0.0
