@@ -20,6 +20,31 @@ void clear(AttentionPart part, int32_t group, int32_t head_dim) {
   std::fill(part.sum, part.sum + group, 0.0);
 }
 
+// The online softmax step for one block: logits[g * stride + i] (i < rows)
+// become exp(logit - new max), and the part's max, sum and acc are rescaled
+// to the new max. The SIMD kernels have their own, in registers.
+void softmax_block(float* logits, int64_t stride, int64_t rows, int32_t group, int32_t head_dim,
+                   AttentionPart part) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* l = logits + static_cast<size_t>(g) * stride;
+    const float block_max = *std::max_element(l, l + rows);
+    if (block_max > part.max[g]) {
+      // exp(old max - new max) <= 1; a part with no rows yet has nothing to
+      // rescale (and -inf - x must not reach the polynomial).
+      const float rescale =
+          part.max[g] == kNoRows ? 0.f : exp_nonpositive(part.max[g] - block_max);
+      float* acc = part.acc + static_cast<size_t>(g) * head_dim;
+      for (int32_t k = 0; k < head_dim; ++k) acc[k] *= rescale;
+      part.sum[g] *= rescale;
+      part.max[g] = block_max;
+    }
+    const float max = part.max[g];
+    float block_sum = 0.f;
+    for (int64_t i = 0; i < rows; ++i) block_sum += (l[i] = exp_nonpositive(l[i] - max));
+    part.sum[g] += block_sum;
+  }
+}
+
 // The portable kernel: the same blocks and online softmax as the AVX2 one,
 // in plain loops (any head_dim, any group), compiled twice below.
 PQ_ALWAYS_INLINE void attend_rows_body(const KvStore::RowTable& t, int32_t kv_head,
@@ -62,28 +87,6 @@ void attend_rows_portable(const KvStore::RowTable& t, int32_t kv_head, const int
 bool cpu_has_avx2_fma_f16c() { return cpu_has_avx2(); }  // the AVX2 level has FMA and F16C
 
 }  // namespace
-
-void softmax_block(float* logits, int64_t stride, int64_t rows, int32_t group, int32_t head_dim,
-                   AttentionPart part) {
-  for (int32_t g = 0; g < group; ++g) {
-    float* l = logits + static_cast<size_t>(g) * stride;
-    const float block_max = *std::max_element(l, l + rows);
-    if (block_max > part.max[g]) {
-      // exp(old max - new max) <= 1; a part with no rows yet has nothing to
-      // rescale (and -inf - x must not reach the polynomial).
-      const float rescale =
-          part.max[g] == kNoRows ? 0.f : exp_nonpositive(part.max[g] - block_max);
-      float* acc = part.acc + static_cast<size_t>(g) * head_dim;
-      for (int32_t k = 0; k < head_dim; ++k) acc[k] *= rescale;
-      part.sum[g] *= rescale;
-      part.max[g] = block_max;
-    }
-    const float max = part.max[g];
-    float block_sum = 0.f;
-    for (int64_t i = 0; i < rows; ++i) block_sum += (l[i] = exp_nonpositive(l[i] - max));
-    part.sum[g] += block_sum;
-  }
-}
 
 void attend_rows(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* pos,
                  int64_t count, const float* queries, int32_t group, float scale,

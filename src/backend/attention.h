@@ -59,10 +59,4 @@ bool attend_rows_avx512(const KvStore::RowTable& rows, int32_t kv_head, const in
 // and 64 measured no better (64 was 15% slower).
 constexpr int64_t kAttentionBlockRows = 32;
 
-// The online softmax step for one block: logits[g * stride + i] (i < rows)
-// become exp(logit - new max), and the part's max, sum and acc are rescaled
-// to the new max.
-void softmax_block(float* logits, int64_t stride, int64_t rows, int32_t group,
-                   int32_t head_dim, AttentionPart part);
-
 }  // namespace pq

@@ -40,16 +40,18 @@ constexpr int64_t kPrefetchRows = 64;
 // half the bytes of f16 and take two integer instructions more: an e5m2
 // code is the top byte of a binary16, and an e4m3 code b is the binary16
 // ((b & 0x80) << 8) | ((b & 0x7F) << 7) times 2^8, normals and subnormals
-// alike (the exponent biases differ by 8). A table gather
-// (_mm256_i32gather_ps over the 256 values) measured slower (bench_fp8).
+// alike (the exponent biases differ by 8): sign-extended and shifted by 7,
+// the sign lands in bit 15 and the rest in bits 7..13, and the mask clears
+// bit 14 (a copy of the sign). A table gather (_mm256_i32gather_ps over the
+// 256 values) measured slower (bench_fp8).
 template <int Dtype>
 PQ_KERNEL __m256 load8(const uint8_t* p) {
   if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
-    __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
-                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)  // sign to bit 15, the rest from bit 7
-      w = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(static_cast<short>(0xBF80)));
-    return _mm256_cvtph_ps(w);
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    if constexpr (Dtype == PQ_DTYPE_FP8_E4M3)
+      return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7),
+                                           _mm_set1_epi16(static_cast<short>(0xBF80))));
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
   } else if constexpr (Dtype == PQ_DTYPE_F16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   } else if constexpr (Dtype == PQ_DTYPE_BF16) {
@@ -61,10 +63,8 @@ PQ_KERNEL __m256 load8(const uint8_t* p) {
 }
 
 // Sixteen fp8 elements as floats (times 1 / kLoadScale) in two registers:
-// widened to binary16 patterns 16 at a time, so the integer steps run once
-// per 16 elements, not per 8 (an e4m3 code sign-extended and shifted by 7
-// puts the sign in bit 15 and the rest in bits 7..13; its copy of the sign
-// in bit 14 is masked off).
+// load8's bit route 16 at a time, so the integer steps run once per 16
+// elements, not per 8.
 template <int Dtype>
 PQ_KERNEL void load16_fp8(const uint8_t* p, __m256& lo, __m256& hi) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
