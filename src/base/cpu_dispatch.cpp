@@ -14,7 +14,7 @@ namespace {
 #if PQ_X86_KERNELS
 // CPUID leaf `leaf`, subleaf `sub`; false when the CPU has no such leaf.
 bool cpuid(unsigned leaf, unsigned sub, unsigned regs[4]) {
-  if (__get_cpuid_max(0, nullptr) < leaf) return false;
+  if (static_cast<unsigned>(__get_cpuid_max(0, nullptr)) < leaf) return false;
   __cpuid_count(leaf, sub, regs[0], regs[1], regs[2], regs[3]);
   return true;
 }
@@ -73,16 +73,25 @@ const char* cpu_level_name(CpuLevel level) {
 bool cpu_has_avx2() { return cpu_level() >= CpuLevel::kAvx2; }
 bool cpu_has_f16c() { return cpu_level() >= CpuLevel::kAvx2; }
 
-bool cpu_has_avx512_bf16() {
+namespace {
+// Whether the level in use is AVX-512 and the CPU has the extension in
+// CPUID leaf Leaf.Sub, register Reg (0 EAX .. 3 EDX), bit Bit; the CPUID is
+// read once per extension.
+template <unsigned Leaf, unsigned Sub, int Reg, int Bit>
+bool avx512_extension() {
 #if PQ_X86_KERNELS
   static const bool has = [] {
     unsigned r[4];
-    return cpuid(7, 1, r) && (r[0] & (1u << 5)) != 0;  // leaf 7.1 EAX bit 5
+    return cpuid(Leaf, Sub, r) && (r[Reg] & (1u << Bit)) != 0;
   }();
   return cpu_level() >= CpuLevel::kAvx512 && has;
 #else
   return false;
 #endif
 }
+}  // namespace
+
+bool cpu_has_avx512_vbmi() { return avx512_extension<7, 0, 2, 1>(); }  // ECX bit 1
+bool cpu_has_avx512_bf16() { return avx512_extension<7, 1, 0, 5>(); }  // EAX bit 5
 
 }  // namespace pq

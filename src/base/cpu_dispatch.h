@@ -74,5 +74,8 @@ bool cpu_has_f16c();
 // Whether the AVX-512 level is in use and the CPU has AVX512_BF16
 // (VDPBF16PS: bf16 pairs multiplied and summed into float32).
 bool cpu_has_avx512_bf16();
+// Whether the AVX-512 level is in use and the CPU has AVX512_VBMI (VPERMB,
+// VPERMT2B: byte permutes across a whole register).
+bool cpu_has_avx512_vbmi();
 
 }  // namespace pq
