@@ -1334,11 +1334,12 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
  * positions p_i of row h:
  *   out[q][d]  = sum_i softmax_i(scale * query_q . K[p_i]) * V[p_i][d]
  *   out_lse[q] = ln sum_i exp(scale * query_q . K[p_i])
- * in float (f32 accumulation, whatever the stored dtype; for fp8 K/V on a
- * CPU with AVX512_BF16 and AVX512_VBMI the value sum multiplies by the
- * softmax weights rounded to bf16, which moves out[q][d] by at most 2^-8 x
- * sum_i softmax_i |V[p_i][d]|, against e4m3's own rounding of 2^-4; the
- * logits and the log-sum-exp stay in float); the log-sum-exp
+ * in float (f32 accumulation, whatever the stored dtype; for bf16 K/V on a
+ * CPU with AVX512_BF16, and fp8 K/V where it also has AVX512_VBMI, the
+ * value sum multiplies by the softmax weights rounded to bf16, as PyTorch's
+ * CPU attention does for bf16, which moves out[q][d] by at most 2^-8 x
+ * sum_i softmax_i |V[p_i][d]| (the rows' own rounding: bf16 2^-8, e4m3
+ * 2^-4); the logits and the log-sum-exp stay in float); the log-sum-exp
  * lets a caller merge attentions over disjoint token sets (for example this
  * one and one over tokens it keeps itself). query: 1 token x num_q_heads x
  * head_dim in the config dtype (an fp8 context: F32, F16 or BF16; K and V

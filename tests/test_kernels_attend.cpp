@@ -147,14 +147,17 @@ struct Part {
   pq::AttentionPart view() { return {acc.data(), max.data(), sum.data()}; }
 };
 
-// The relative rounding of the softmax weights in the value sum: fp8 rows
-// on a CPU with AVX512_BF16 and AVX512_VBMI go through VDPBF16PS with the
-// weights rounded to bf16 (attention_avx512.cpp, add_values_pairs); every
-// other path keeps them in float.
+// The relative rounding of the softmax weights in the value sum: bf16 rows
+// on a CPU with AVX512_BF16, and fp8 rows where it also has AVX512_VBMI,
+// go through VDPBF16PS with the weights rounded to bf16
+// (attention_avx512.cpp, add_values_pairs_bf16 and add_values_pairs);
+// every other path keeps them in float.
 double weight_rounding(int32_t dtype) {
-  return pq::dtype_is_fp8(dtype) && pq::cpu_has_avx512_bf16() && pq::cpu_has_avx512_vbmi()
-             ? std::ldexp(1.0, -8)  // round to nearest, 8 significant bits
-             : 0.0;
+  const bool pairs = dtype == PQ_DTYPE_BF16 ? pq::cpu_has_avx512_bf16()
+                     : pq::dtype_is_fp8(dtype)
+                         ? pq::cpu_has_avx512_bf16() && pq::cpu_has_avx512_vbmi()
+                         : false;
+  return pairs ? std::ldexp(1.0, -8) : 0.0;  // round to nearest, 8 significant bits
 }
 
 // Attends pos in `parts` pieces, merges them and compares with the

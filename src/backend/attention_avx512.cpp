@@ -21,19 +21,11 @@
 #include <cstring>
 
 #include "backend/attention_simd.h"
+#include "backend/attention_value_pairs.h"
 #include "base/cpu_dispatch.h"
-#include "base/dtype.h"
 #include "base/fast_exp.h"
 #include "pqcache.h"
 
-// Not cpu_dispatch.h's PQ_TARGET_AVX512: the attend's logits and sums may
-// fuse and reorder (they are checked against a double reference, not for
-// bits), so fp-contract stays on here.
-#define PQ_ATTEND_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
-#define PQ_ATTEND_TARGET_BF16 \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")))
-#define PQ_KERNEL PQ_ALWAYS_INLINE PQ_ATTEND_TARGET
 
 namespace pq {
 
@@ -223,96 +215,6 @@ PQ_KERNEL void add_values(const uint8_t* const* values, const float* w, int64_t 
       _mm512_mask_storeu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s, m[s], o[g][s]);
 }
 
-// The value pass of fp8 rows with VDPBF16PS (AVX512_BF16) and VPERMT2B
-// (AVX512_VBMI): two rows a step. Their bytes are interleaved, each code
-// looked up as its bf16 (exact: every e4m3 and e5m2 value is a normal
-// bf16), and the pairs (V_r[j], V_r+1[j]) multiplied by the pair of their
-// weights rounded to bf16 (2^-8 relative, against e4m3's own 2^-4; GPU fp8
-// attention rounds the weights to fp8). Per two rows of 64 elements and
-// four query heads: 14 loads, permutes and unpacks and 16 dot products,
-// where the float pass takes 24 conversions and 32 FMAs; the fp8 attend
-// was bound by those (docs/perf.md).
-struct Fp8Bf16Bytes {
-  alignas(64) uint8_t lo[128];  // low byte of the bf16 of each code 0..127
-  alignas(64) uint8_t hi[128];  // high byte (the sign is the code's bit 7)
-};
-
-// The codes' bf16, divided by kLoadScale as the other loads' floats are.
-template <int Dtype>
-const Fp8Bf16Bytes& fp8_bf16_bytes() {
-  static const Fp8Bf16Bytes table = [] {
-    Fp8Bf16Bytes t{};
-    for (int c = 0; c < 128; ++c) {
-      const float f = (Dtype == PQ_DTYPE_FP8_E4M3 ? kE4m3ToFloat[c] : kE5m2ToFloat[c]) /
-                      kLoadScale<Dtype>;
-      uint32_t bits;
-      std::memcpy(&bits, &f, sizeof bits);  // at most 3 significant bits: the bf16 is exact
-      t.lo[c] = static_cast<uint8_t>(bits >> 16);
-      t.hi[c] = static_cast<uint8_t>(bits >> 24);
-    }
-    return t;
-  }();
-  return table;
-}
-
-// Byte p of the interleave: row r's element j at 2i, row r + 1's at 2i + 1,
-// ordered so that the in-lane unpacks of the looked-up bytes give elements
-// 0..15 (low) and 16..31 (high) of the 32 from `first`, in order.
-PQ_KERNEL __m512i pair_interleave(int first) {
-  alignas(64) uint8_t idx[64];
-  for (int p = 0; p < 64; ++p) {
-    const int lane = p / 16, o = p % 16;
-    const int j = (o < 8 ? 0 : 16) + 4 * lane + (o % 8) / 2;
-    idx[p] = static_cast<uint8_t>((o % 2 ? 64 : 0) + first + j);
-  }
-  return _mm512_load_si512(idx);
-}
-
-#define PQ_ATTEND_TARGET_PAIRS \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16,avx512vbmi")))
-
-// acc[g][k..k + 16W) += sum_i w[g][i] * V_i[k..k + 16W) over the block (W
-// 2 or 4), as add_values, with the weights as bf16 pairs (wb [G][kB]; rows
-// past `rows` weigh 0).
-// Not inlined: its target adds AVX512_VBMI, which attend_block_rows (run on
-// CPUs without it) must not be compiled with.
-template <int Dtype, int G, int W>
-__attribute__((noinline)) PQ_ATTEND_TARGET_PAIRS void add_values_pairs(const uint8_t* const* values,
-                                                              const uint16_t* wb, int64_t rows,
-                                                              int32_t d, int32_t k, float* acc) {
-  static_assert(W == 2 || W == 4, "an interleave gives two strips");
-  const Fp8Bf16Bytes& t = fp8_bf16_bytes<Dtype>();
-  const __m512i lo0 = _mm512_load_si512(t.lo), lo1 = _mm512_load_si512(t.lo + 64);
-  const __m512i hi0 = _mm512_load_si512(t.hi), hi1 = _mm512_load_si512(t.hi + 64);
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i idx[W / 2];
-  PQ_UNROLL for (int h = 0; h < W / 2; ++h) idx[h] = pair_interleave(32 * h);
-  __m512 o[G][W];
-  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] =
-      _mm512_loadu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s);
-  const __mmask64 bytes = W == 4 ? ~__mmask64(0) : __mmask64(0xFFFFFFFFu);
-  for (int64_t i = 0; i < rows; i += 2) {
-    const __m512i a = _mm512_maskz_loadu_epi8(bytes, values[i] + k);
-    const __m512i b = _mm512_maskz_loadu_epi8(bytes, values[i + 1 < rows ? i + 1 : i] + k);
-    __m512bh v[W];
-    PQ_UNROLL for (int h = 0; h < W / 2; ++h) {
-      const __m512i x = _mm512_permutex2var_epi8(a, idx[h], b);
-      const __m512i l = _mm512_permutex2var_epi8(lo0, x, lo1);
-      const __m512i u = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, x, hi1), x, sign, 0xF8);
-      v[2 * h] = (__m512bh)_mm512_unpacklo_epi8(l, u);
-      v[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi8(l, u);
-    }
-    PQ_UNROLL for (int g = 0; g < G; ++g) {
-      uint32_t pair;
-      std::memcpy(&pair, wb + g * kB + i, sizeof pair);
-      const __m512bh wp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_dpbf16_ps(o[g][s], v[s], wp);
-    }
-  }
-  PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s)
-      _mm512_storeu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s, o[g][s]);
-}
-
 // softmax_block (attention.cpp) with the block's max, exps and sum 16 rows
 // a register (the sum's order differs from the scalar kernel's: the attend
 // is checked against a double reference, not for bits). Lanes from `rows`
@@ -348,10 +250,11 @@ PQ_ATTEND_TARGET void softmax_block16(float* logits, int64_t rows, int32_t group
 }
 
 // Compiled with avx512bf16 allowed for every dtype (one attribute for a
-// template); only the paths chosen where the CPU has it use it. Dp: the
-// bf16 dot products, in the logits for bf16 rows (logits_rows_dp), in the
-// values for fp8 rows (add_values_pairs).
-template <int Dtype, int G, bool Dp>
+// template); only the paths chosen where the CPU has it use it: DpLogits
+// (bf16 rows and queries, logits_rows_dp), DpValues (bf16 rows,
+// add_values_pairs_bf16; fp8 rows where the CPU also has VBMI,
+// add_values_pairs).
+template <int Dtype, int G, bool DpLogits, bool DpValues>
 PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
                                              const int32_t* pos, int64_t count,
                                              const float* queries, float scale,
@@ -363,8 +266,8 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
   // instructions, not by memory (see docs/perf.md).
   constexpr int kRows = G <= 4 ? 4 : 2;
   constexpr int kStrips = (G <= 2 || (kElem<Dtype> == 1 && G <= 4)) ? 4 : G <= 4 ? 2 : 1;
-  constexpr bool kDpLogits = Dp && Dtype == PQ_DTYPE_BF16;
-  constexpr bool kDpValues = Dp && kElem<Dtype> == 1;
+  constexpr bool kDpLogits = DpLogits && Dtype == PQ_DTYPE_BF16;
+  constexpr bool kDpValues = DpValues && (Dtype == PQ_DTYPE_BF16 || kElem<Dtype> == 1);
   const int32_t d = t.head_dim;
   scale *= kLoadScale<Dtype>;  // exact: a power of two
   // Zeroed: softmax_block16 takes the exps of all kB lanes, rows or not.
@@ -415,7 +318,10 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
                            (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(l + 16)));
       }
       for (; k + 16 * kPairStrips <= d; k += 16 * kPairStrips)
-        add_values_pairs<Dtype, G, kPairStrips>(values, wb, rows, d, k, part.acc);
+        if constexpr (Dtype == PQ_DTYPE_BF16)
+          add_values_pairs_bf16<G, kPairStrips>(values, wb, rows, d, k, part.acc);
+        else
+          add_values_pairs<Dtype, G, kPairStrips>(values, wb, rows, d, k, part.acc);
     }
     for (; k + 16 * kStrips <= d; k += 16 * kStrips)
       add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);
@@ -425,11 +331,12 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
     for (int64_t j = 0; j < int64_t{G} * d; ++j) part.acc[j] *= kLoadScale<Dtype>;
 }
 
-template <int Dtype, bool Dp>
+template <int Dtype, bool DpLogits, bool DpValues>
 bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
                   const float* q, int32_t group, float scale, AttentionPart part) {
   return with_group(group, [&](auto g) {
-    attend_block_rows<Dtype, decltype(g)::value, Dp>(t, kv_head, pos, count, q, scale, part);
+    attend_block_rows<Dtype, decltype(g)::value, DpLogits, DpValues>(t, kv_head, pos, count, q,
+                                                                     scale, part);
   });
 }
 
@@ -449,26 +356,27 @@ bool queries_are_bf16(const float* q, int64_t n) {
 bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
                         int64_t count, const float* queries, int32_t group, float scale,
                         AttentionPart part) {
+  static const bool bf16 = cpu_has_avx512_bf16();
+  static const bool fp8_pairs = bf16 && cpu_has_avx512_vbmi();
   switch (t.dtype) {
     case PQ_DTYPE_F16:
-      return attend_dtype<PQ_DTYPE_F16, false>(t, kv_head, pos, count, queries, group, scale, part);
-    case PQ_DTYPE_BF16: {
-      static const bool dp = cpu_has_avx512_bf16();
-      if (dp && t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
-        return attend_dtype<PQ_DTYPE_BF16, true>(t, kv_head, pos, count, queries, group, scale, part);
-      return attend_dtype<PQ_DTYPE_BF16, false>(t, kv_head, pos, count, queries, group, scale, part);
-    }
+      return attend_dtype<PQ_DTYPE_F16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_BF16:
+      if (!bf16)
+        return attend_dtype<PQ_DTYPE_BF16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
+      if (t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
+        return attend_dtype<PQ_DTYPE_BF16, true, true>(t, kv_head, pos, count, queries, group, scale, part);
+      return attend_dtype<PQ_DTYPE_BF16, false, true>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_F32:
-      return attend_dtype<PQ_DTYPE_F32, false>(t, kv_head, pos, count, queries, group, scale, part);
+      return attend_dtype<PQ_DTYPE_F32, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_FP8_E4M3:
-    case PQ_DTYPE_FP8_E5M2: {
-      static const bool pairs = cpu_has_avx512_bf16() && cpu_has_avx512_vbmi();
-      if (t.dtype == PQ_DTYPE_FP8_E4M3)
-        return pairs ? attend_dtype<PQ_DTYPE_FP8_E4M3, true>(t, kv_head, pos, count, queries, group, scale, part)
-                     : attend_dtype<PQ_DTYPE_FP8_E4M3, false>(t, kv_head, pos, count, queries, group, scale, part);
-      return pairs ? attend_dtype<PQ_DTYPE_FP8_E5M2, true>(t, kv_head, pos, count, queries, group, scale, part)
-                   : attend_dtype<PQ_DTYPE_FP8_E5M2, false>(t, kv_head, pos, count, queries, group, scale, part);
-    }
+      return fp8_pairs
+                 ? attend_dtype<PQ_DTYPE_FP8_E4M3, false, true>(t, kv_head, pos, count, queries, group, scale, part)
+                 : attend_dtype<PQ_DTYPE_FP8_E4M3, false, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E5M2:
+      return fp8_pairs
+                 ? attend_dtype<PQ_DTYPE_FP8_E5M2, false, true>(t, kv_head, pos, count, queries, group, scale, part)
+                 : attend_dtype<PQ_DTYPE_FP8_E5M2, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     default: return false;
   }
 }
