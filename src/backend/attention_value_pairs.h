@@ -32,6 +32,19 @@
 
 namespace pq {
 
+// o[g][s] += the pair of rows i, i + 1 (v, interleaved as bf16 pairs) times
+// their weights' pair in wb ([G][kAttentionBlockRows] bf16).
+template <int G, int W>
+PQ_ALWAYS_INLINE PQ_ATTEND_TARGET_BF16 void add_pair(__m512 (&o)[G][W], const __m512bh (&v)[W],
+                                                     const uint16_t* wb, int64_t i) {
+  PQ_UNROLL for (int g = 0; g < G; ++g) {
+    uint32_t pair;
+    std::memcpy(&pair, wb + g * kAttentionBlockRows + i, sizeof pair);
+    const __m512bh wp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+    PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_dpbf16_ps(o[g][s], v[s], wp);
+  }
+}
+
 // The value pass of fp8 rows with VDPBF16PS (AVX512_BF16) and VPERMT2B
 // (AVX512_VBMI): two rows a step. Their bytes are interleaved, each code
 // looked up as its bf16 (exact: every e4m3 and e5m2 value is a normal
@@ -108,12 +121,7 @@ __attribute__((noinline)) PQ_ATTEND_TARGET_PAIRS void add_values_pairs(const uin
       v[2 * h] = (__m512bh)_mm512_unpacklo_epi8(l, u);
       v[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi8(l, u);
     }
-    PQ_UNROLL for (int g = 0; g < G; ++g) {
-      uint32_t pair;
-      std::memcpy(&pair, wb + g * kAttentionBlockRows + i, sizeof pair);
-      const __m512bh wp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_dpbf16_ps(o[g][s], v[s], wp);
-    }
+    add_pair<G, W>(o, v, wb, i);
   }
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s)
       _mm512_storeu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s, o[g][s]);
@@ -151,12 +159,7 @@ PQ_ALWAYS_INLINE PQ_ATTEND_TARGET_BF16 void add_values_pairs_bf16(const uint8_t*
       v[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
       v[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
     }
-    PQ_UNROLL for (int g = 0; g < G; ++g) {
-      uint32_t pair;
-      std::memcpy(&pair, wb + g * kAttentionBlockRows + i, sizeof pair);
-      const __m512bh wp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] = _mm512_dpbf16_ps(o[g][s], v[s], wp);
-    }
+    add_pair<G, W>(o, v, wb, i);
   }
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int h = 0; h < W / 2; ++h) {
     float* a = acc + static_cast<size_t>(g) * d + k + 32 * h;
