@@ -127,54 +127,60 @@ const (
 // from DefaultConfig and set the geometry (NumLayers, NumQHeads,
 // NumKVHeads, HeadDim), which has no default.
 type Config struct {
+	// The model's geometry (no defaults: set them). NumQHeads is a multiple
+	// of NumKVHeads (GQA); HeadDim is divisible by PQSubspaces.
 	NumLayers  int
 	NumQHeads  int
 	NumKVHeads int
 	HeadDim    int
-	DType      DType
+	DType      DType // K/V/Q element type; default DTypeF16
 
-	PQSubspaces int // m; 0: chosen from HeadDim
-	PQBits      int // b; 0: 8
+	PQSubspaces int // m; 0: chosen from HeadDim (HeadDim / 32 clipped to [1, 4])
+	PQBits      int // b, 1..8: 2^b centroids per subspace; 0: 8
 
-	KMeansIterations           int // > 0: fixed; 0: adaptive
-	KMeansMinIterations        int
-	KMeansMaxIterations        int
-	KMeansTolerance            float32
+	KMeansIterations           int     // > 0: at most this many; 0: adaptive (the paper's budget)
+	KMeansMinIterations        int     // clip of the adaptive budget; default 2
+	KMeansMaxIterations        int     // default 25
+	KMeansTolerance            float32 // stop below this relative gain; default 1e-4, 0: off
 	KMeansInit                 KMeansInit
-	KMeansMaxPointsPerCentroid int
-	Seed                       uint64
+	KMeansMaxPointsPerCentroid int    // training sample per centroid; default 256 (as faiss)
+	Seed                       uint64 // K-Means seed; default 0x5eed: same seed, same index
 
+	// The caller's compute time per layer for s prompt tokens, seconds:
+	// ComputeAlpha + ComputeBeta*s + ComputeGamma*s^2 (the paper's eq. 2);
+	// any non-zero sets the adaptive K-Means budget from it. Else
+	// LayerTimeBudget (> 0), a fixed time per layer build.
 	ComputeAlpha    float64
 	ComputeBeta     float64
 	ComputeGamma    float64
 	LayerTimeBudget float64
 
-	WorkerThreads int // 0: the number of hardware threads
+	WorkerThreads int // index-build threads; 0: the number of hardware threads
 
-	Selector     Selector
-	SinkTokens   int
-	LocalTokens  int
-	TopKTokens   int // > 0 overrides TopKFraction
-	TopKFraction float32
+	Selector     Selector // default SelectorPQ
+	SinkTokens   int      // first tokens always selected; default 4
+	LocalTokens  int      // most recent tokens always selected; default 128
+	TopKTokens   int      // middle tokens per kv head; > 0 overrides TopKFraction
+	TopKFraction float32  // share of the middle per kv head; default 0.2
 	GQACombine   GQACombine
 
-	HostMemoryLimit uint64 // bytes of K/V; 0: unlimited
+	HostMemoryLimit uint64 // host bytes the sequences may hold (include/pqcache.h); 0: unlimited
 	Backend         Backend
-	DeviceID        int
+	DeviceID        int    // CUDA device ordinal
 	CUDAPluginPath  string // "": the library's search order
 
-	SparQDims            int
-	BlockTokens          int
-	BlockRepresentatives int
-	ObservationWindow    int
-	PoolingKernel        int
-	PyramidRatio         float32
-	ScopeDecodeShare     float32
+	SparQDims            int     // SparQ: query dimensions scored; 0: HeadDim / 128 rounded up
+	BlockTokens          int     // InfLLM, Quest: tokens per block; default 128
+	BlockRepresentatives int     // InfLLM: representative keys per block; default 1
+	ObservationWindow    int     // SnapKV, PyramidKV, SCOPE: prompt queries observed; default 32
+	PoolingKernel        int     // SnapKV, PyramidKV, SCOPE: odd pooling width; default 7, 1: none
+	PyramidRatio         float32 // PyramidKV: top layer's budget / bottom layer's; default 0.25
+	ScopeDecodeShare     float32 // SCOPE: share of the budget for decode tokens; default 0.5
 
-	CacheTokens       int64
-	CacheBlockTokens  int
-	CachePolicy       CachePolicy
-	CacheUpdateBlocks int // the paper's k_cache; 0: all slots
+	CacheTokens       int64       // block cache per (sequence, layer), tokens; 0: off
+	CacheBlockTokens  int         // tokens per cache block; default 128
+	CachePolicy       CachePolicy // default CacheLRU
+	CacheUpdateBlocks int         // the paper's k_cache; 0: all slots
 
 	KeyRotary KeyRotary
 	PQRerank  float32 // exact re-ranking of (1 + PQRerank) * k candidates; 0: off

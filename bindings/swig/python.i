@@ -13,7 +13,7 @@
  *    counts): int32 arrays [kv_heads][capacity] and [kv_heads], C-contiguous.
  *    pq_decode_attend writes float32 arrays: out (num_q_heads x head_dim
  *    values) and out_lse (num_q_heads values, or None), C-contiguous.
- *  - A failing pq_status raises pqcache_swig.PQError (status, status_name,
+ *  - A failing pq_status raises pqcache.PQError (status, status_name,
  *    message from pq_last_error); functions returning only a status return
  *    None, and out-parameters become return values. Malformed buffers raise
  *    TypeError or ValueError before the library is called.
@@ -29,7 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* pqcache_swig.PQError, created when the module is imported. */
+/* pqcache.PQError, created when the module is imported; named after the
+ * package that exports it, so tracebacks and pickles say pqcache.PQError. */
 static PyObject* pq_py_error_type = NULL;
 
 /* Raises PQError for a failed call. Runs right after the call, on the same
@@ -839,7 +840,7 @@ done:
 
 %init %{
   pq_py_error_type = PyErr_NewExceptionWithDoc(
-      "pqcache_swig.PQError",
+      "pqcache.PQError",
       "A libpqcache call failed: .status (the pq_status, negative), .status_name\n"
       "(\"PQ_ERR_...\") and .message (pq_last_error() of the failing call).",
       PyExc_RuntimeError, NULL);

@@ -60,6 +60,7 @@ outputs, all on the sequence's stream with no host wait (pqcache.device).
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 from _thread import get_ident as _get_ident
@@ -133,6 +134,12 @@ PathLike = Union[str, bytes, os.PathLike]
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
                  "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
                  "key_rotary": KEY_ROTARY, "pooling": POOLING, "kv_tier": KV_TIERS}
+# How Context.config() returns those fields and dtype: IntEnum members,
+# equal to the C values (config()["selector"] == SELECTORS["pq"], so code
+# that compares numbers keeps working) and named in a repr
+# (<selector.pq: 0>), so a printed config reads as names.
+_CONFIG_ENUMS = {field: enum.IntEnum(field, [(name, int(value)) for name, value in names.items()])
+                 for field, names in {**_NAMED_FIELDS, "dtype": DTYPES}.items()}
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16,
                  "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8}
 _NUMPY_DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "uint16 (bfloat16 bits)",
@@ -554,8 +561,16 @@ class Context(_Closing):
         return self._dtype
 
     def config(self) -> Dict[str, object]:
-        """The effective configuration (defaults resolved, e.g. worker_threads)."""
-        return _as_dict(self._call("pq_get_config", _c.pq_get_config))
+        """The effective configuration (defaults resolved, e.g. worker_threads).
+        The enum fields (selector, dtype, backend, key_rotary, kv_tier, ...)
+        are IntEnum members: equal to their C values and the module's tables
+        (SELECTORS["pq"]), with .name giving the name the constructor takes; a
+        value this binding has no name for stays an int."""
+        config = _as_dict(self._call("pq_get_config", _c.pq_get_config))
+        for field, kind in _CONFIG_ENUMS.items():
+            if field in config and config[field] in kind._value2member_map_:
+                config[field] = kind(config[field])
+        return config
 
     def backend(self) -> str:
         """The backend in use: "cpu" or "cuda"."""

@@ -94,9 +94,10 @@ try:
 except ModuleNotFoundError as missing:
     if (missing.name or "").split(".")[0] not in ("torch", "transformers"):
         raise
+    from ._install_hint import install_command
     raise ModuleNotFoundError(
         f"pqcache.transformers needs torch and transformers, and {missing.name!r} is not "
-        f"installed: pip install {' '.join(_REQUIRED)} (the tested versions; in a source tree, "
+        f"installed: {install_command(_REQUIRED)} (the tested versions; in a source tree, "
         "pip install -r requirements-eval.txt installs them). `import pqcache` works without "
         "them.", name=missing.name) from missing
 

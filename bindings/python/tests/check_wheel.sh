@@ -143,8 +143,8 @@ cuda_plugin=0
 [[ -n ${PQ_WHEEL:-} ]] && has -x pqcache/libpqcache_cuda.so "$tmp/files.txt" && cuda_plugin=1
 expected=(pqcache/__init__.py pqcache/device.py pqcache/selector_inputs.py pqcache/transformers.py pqcache/pqcache_swig.py
           pqcache/_session_rows.py pqcache/_session_cache.py pqcache/_forward_hook.py pqcache/_speculation.py
-          pqcache/_selector_feed.py pqcache/_host_arrays.py pqcache/sglang.py
-          "pqcache/_pqcache_swig$ext_suffix" "pqcache/libpqcache.so.$PQ_ABI_MAJOR")
+          pqcache/_selector_feed.py pqcache/_host_arrays.py pqcache/_install_hint.py pqcache/sglang.py
+          pqcache/redis.py "pqcache/_pqcache_swig$ext_suffix" "pqcache/libpqcache.so.$PQ_ABI_MAJOR")
 ((cuda_plugin)) && expected+=(pqcache/libpqcache_cuda.so)
 dist_info="pqcache-$PQ_VERSION.dist-info"
 expected+=("$dist_info/METADATA" "$dist_info/WHEEL" "$dist_info/RECORD")
@@ -229,6 +229,19 @@ assert pqcache.version() == sys.argv[3], pqcache.version()
 EOF
 (cd "$run" && "$vpy" where.py "$site" "$PQ_ABI_MAJOR" "$PQ_VERSION") \
   || fail "pqcache does not import from the venv's wheel alone"
+
+# pqcache.redis is in the wheel without libpqcache_redis.so.N: its import
+# must say what to install, not "No module named pqcache.redis".
+if ldconfig -p | grep -q "libpqcache_redis\.so\.$PQ_ABI_MAJOR "; then
+  log "SKIPPED: the pqcache.redis import message: this machine has libpqcache_redis.so.$PQ_ABI_MAJOR installed, so the import succeeds"
+else
+  if (cd "$run" && env -u PQCACHE_REDIS_LIBRARY "$vpy" -c 'import pqcache.redis' >"$run/redis.log" 2>&1); then
+    fail "pqcache.redis imported from the wheel with no libpqcache_redis.so.$PQ_ABI_MAJOR anywhere"
+  fi
+  grep -q "ImportError: pqcache.redis needs libpqcache_redis.so.$PQ_ABI_MAJOR.*libpqcache-redis$PQ_ABI_MAJOR" "$run/redis.log" \
+    || { cat "$run/redis.log" >&2; fail "importing pqcache.redis from the wheel does not say what to install"; }
+  log "OK: pqcache.redis from the wheel says what to install: $(grep -o 'install the package [^,]*' "$run/redis.log")"
+fi
 
 if ((cuda_plugin)); then
   # libpqcache finds the bundled plug-in next to itself: it loads it (with a

@@ -290,3 +290,20 @@ def test_speculate_is_a_hint_the_next_select_counts():
             assert list(a) == list(b)
         stats = ctx.stats()
         assert stats["hint_tokens"] > 0 and stats["hint_covered"] == stats["hint_tokens"]
+
+
+def test_config_names_its_enum_fields_and_still_equals_their_numbers():
+    with pqcache.Context(1, 4, 2, 16, "f16", selector="exact", key_rotary="half",
+                         cache_policy="lfu") as ctx:
+        config = ctx.config()
+        assert config["selector"] == pqcache.SELECTORS["exact"] and config["selector"].name == "exact"
+        assert config["dtype"] == pqcache.DTYPE_F16 and config["dtype"].name == "f16"
+        assert config["key_rotary"].name == "half" and config["cache_policy"].name == "lfu"
+        assert config["backend"].name == "cpu" and config["kv_tier"].name == "host"
+        assert "<selector.exact: %d>" % pqcache.SELECTORS["exact"] in repr(config)
+        assert isinstance(config["num_layers"], int) and not hasattr(config["num_layers"], "name")
+        # The members go back in as they came out.
+        with pqcache.Context(1, 4, 2, 16, "f16", selector=config["selector"],
+                             key_rotary=config["key_rotary"]) as again:
+            assert again.config()["selector"].name == "exact"
+

@@ -339,3 +339,32 @@ def test_the_install_hint_names_the_versions_requirements_eval_pins():
     message = _import_without("torch")[3]
     assert (f"pip install torch=={pins['torch']} transformers=={pins['transformers']} "
             in message), message
+
+
+def test_the_install_hint_takes_a_venv_where_the_system_manages_python(monkeypatch, tmp_path):
+    from pqcache import _install_hint
+    requirements = ("torch==2.15.0", "transformers==5.23.0")
+    stdlib = tmp_path / "lib" / "python3"
+    stdlib.mkdir(parents=True)
+    monkeypatch.setattr(_install_hint.sysconfig, "get_path", lambda name: str(stdlib))
+    monkeypatch.setattr(_install_hint.sys, "prefix", "/usr")
+    monkeypatch.setattr(_install_hint.sys, "base_prefix", "/usr")
+    assert _install_hint.install_command(requirements) == "pip install torch==2.15.0 transformers==5.23.0"
+    (stdlib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\n")
+    hint = _install_hint.install_command(requirements)
+    assert "PEP 668" in hint and "python3 -m venv --system-site-packages ~/pqcache-venv" in hint
+    assert "~/pqcache-venv/bin/pip install torch==2.15.0 transformers==5.23.0" in hint
+    monkeypatch.setattr(_install_hint.sys, "prefix", "/home/u/venv")  # inside a venv: pip may
+    assert _install_hint.install_command(requirements).startswith("pip install ")
+
+
+def test_pqerror_is_named_after_the_package_it_is_raised_from(ctx):
+    import pickle
+    import traceback
+    assert pqcache.PQError.__module__ == "pqcache" and pqcache.PQError.__name__ == "PQError"
+    with pytest.raises(pqcache.PQError) as e:
+        ctx.length(42, 0)
+    line = traceback.format_exception_only(type(e.value), e.value)[-1]
+    assert line.startswith("pqcache.PQError: PQ_ERR_NOT_FOUND: "), line
+    assert type(pickle.loads(pickle.dumps(e.value))) is pqcache.PQError
+
