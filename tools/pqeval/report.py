@@ -327,6 +327,37 @@ def settings_table(study: Dict, lines: List[str]) -> None:
                      f"{max(mids):.3f}] | {gap} | {_layer_mean(layers, 'recall'):.3f} | {times} |")
 
 
+# Colours for the selectors other than full attention (black) and PQ and its
+# variants (red): tab20 without its reds, so that no two lines of a panel
+# share a colour and line style (the default cycle has 10 colours, red among
+# them, for up to 23 lines).
+_OTHER_COLOURS = [c for i, c in enumerate(
+    ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896",
+     "#9467bd", "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7",
+     "#bcbd22", "#dbdb8d", "#17becf", "#9edae5"]) if i not in (6, 7)]
+_OTHER_DASHES = ["-", "--", ":"]
+
+
+def accuracy_style(name: str) -> dict:
+    """The line of one selector (a row name without its budget) in
+    plot_accuracy: full attention black, pq red, pq's variants red dashed
+    and dotted,
+    every other selector its own colour from its place in NAMES (a style
+    for every third past the palette)."""
+    if name == FULL:
+        return dict(lw=2.5, color="black")
+    if name == "pq":
+        return dict(lw=2.5, color="tab:red")
+    if name.startswith("pq-"):  # dashed, then dotted, ...
+        variants = [n for n in NAMES if n.startswith("pq-")]
+        i = variants.index(name) if name in variants else 0
+        return dict(lw=1.5, color="tab:red", ls=["--", ":", "-."][i % 3])
+    others = [n for n in NAMES if n != "pq" and not n.startswith("pq-")]
+    i = others.index(name) if name in others else len(others) + sum(map(ord, name))
+    return dict(lw=1, color=_OTHER_COLOURS[i % len(_OTHER_COLOURS)],
+                ls=_OTHER_DASHES[(i // len(_OTHER_COLOURS)) % len(_OTHER_DASHES)])
+
+
 def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
     try:
         import matplotlib
@@ -347,11 +378,8 @@ def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
                                       for l in lengths for r in cells[(model, l)])]
             for label in series:
                 y = [100 * scores(cells[(model, l)], label).mean() for l in lengths]
-                style = dict(lw=2.5, color="black") if label == FULL else (
-                    dict(lw=2.5, color="tab:red") if label.startswith("pq@") else (
-                        dict(lw=1.5, color="tab:red", ls="--") if label.startswith("pq-")
-                        else dict(lw=1)))
-                ax.plot(lengths, y, marker="o", label=label.split("@")[0], **style)
+                ax.plot(lengths, y, marker="o", label=label.split("@")[0],
+                        **accuracy_style(label.split("@")[0]))
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [f"{l // 1024}K" for l in lengths])
             ax.set_ylim(-2, 102)
