@@ -31,6 +31,9 @@ esac
 cd "$root/tools"
 # In the project's venv, with the binding the build staged in $build_dir/python.
 # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads must not spin against the
-# library's worker threads on a small machine.
-OMP_WAIT_POLICY=PASSIVE TQDM_DISABLE=1 PQ_BUILD_DIR=$build_dir \
+# library's worker threads on a small machine. On a terminal the evaluation
+# draws a progress bar over its planned runs (count, rate, time left); into a
+# log file or a pipe it does not, and neither do the model downloads' bars.
+[[ -t 2 ]] || export TQDM_DISABLE=1
+OMP_WAIT_POLICY=PASSIVE PQ_BUILD_DIR=$build_dir \
   "$root/scripts/run-python" -u -m pqeval.evaluate "$@"

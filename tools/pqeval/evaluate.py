@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pqeval import longctx, replay, report, stats, trace as trace_io
+from pqeval import longctx, progress, replay, report, stats, trace as trace_io
 from pqeval.longctx import (COMPENSATION, DROP, PQ_VARIANTS, SELECTORS, SPECULATING,
                              TRACE_SELECTORS, UNBUDGETED, budget)
 
@@ -84,14 +84,27 @@ def run_missing(data: Path, parts=PARTS, models=None, log=print) -> None:
     models = check_selection(parts, models)
     data.mkdir(parents=True, exist_ok=True)
     results = data / "longctx.jsonl"
-    for model, lengths, seeds in TASK_RUNS:
-        if "tasks" in parts and model in models:
+    task_runs = [(model, lengths, seeds) for model, lengths, seeds in TASK_RUNS
+                 if "tasks" in parts and model in models]
+    ppl_runs = [(model, context, continuation) for model, context, continuation in PERPLEXITY_RUNS
+                if "ppl" in parts and model in models]
+    documents = range(len(tasks.PERPLEXITY_DOCUMENTS))
+    # The bar counts the prompt and document runs still to make (the trace
+    # studies after them log their own steps).
+    planned = sum(longctx.planned_task_runs(model, lengths, tasks.TASKS, tasks.PLACEMENTS,
+                                            range(seeds), results)
+                  for model, lengths, seeds in task_runs)
+    planned += sum(longctx.planned_perplexity_runs(model, context, continuation, documents,
+                                                   results)
+                   for model, context, continuation in ppl_runs)
+    with progress.Progress(planned, unit="run", desc="task and perplexity runs",
+                           log=log) as bar:
+        for model, lengths, seeds in task_runs:
             longctx.run_tasks(model, lengths, tasks.TASKS, tasks.PLACEMENTS, range(seeds),
-                              results, log=log)
-    for model, context, continuation in PERPLEXITY_RUNS:
-        if "ppl" in parts and model in models:
-            longctx.run_perplexity(model, context, continuation,
-                                   range(len(tasks.PERPLEXITY_DOCUMENTS)), results, log=log)
+                              results, log=bar.log, progress=bar.advance)
+        for model, context, continuation in ppl_runs:
+            longctx.run_perplexity(model, context, continuation, documents, results,
+                                   log=bar.log, progress=bar.advance)
     if "traces" not in parts:
         return
     traces_file = data / "traces.json"

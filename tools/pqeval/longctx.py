@@ -322,10 +322,35 @@ def _task_run(run: "Runner", part: List[Row], corpus, key: str, model_name: str,
     }
 
 
+def planned_task_runs(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
+                      placements: Sequence[str], seeds: Iterable[int], out: Path,
+                      row_list: Optional[List[Row]] = None) -> int:
+    """The prompt runs run_tasks would make with the same arguments (each one
+    record and one log line): the runs of what each prompt still lacks."""
+    row_list = row_list or rows()
+    measured, _ = _recorded(out)
+    return sum(len(runs_of(rows_to_run(row_list, measured.get(
+        f"task/{model_name}/{length}/{task}/{placement}/{seed}"))))
+        for length in lengths for seed in seeds for task in tasks_ for placement in placements)
+
+
+def planned_perplexity_runs(model_name: str, context: int, continuation: int,
+                            documents: Iterable[int], out: Path,
+                            row_list: Optional[List[Row]] = None) -> int:
+    """The document runs run_perplexity would make with the same arguments."""
+    row_list = row_list or rows()
+    measured, _ = _recorded(out)
+    return sum(len(runs_of(rows_to_run(row_list, measured.get(
+        f"ppl/{model_name}/{context}/{continuation}/{doc}")))) for doc in documents)
+
+
 def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
               placements: Sequence[str], seeds: Iterable[int], out: Path,
               row_list: Optional[List[Row]] = None, runner: Optional[Runner] = None,
-              log=print) -> List[dict]:
+              log=print, progress=None) -> List[dict]:
+    """Runs what the prompts lack and appends each run's record to `out`;
+    `progress()`, if given, is called once per record (planned_task_runs
+    counts them beforehand)."""
     from pqeval import tasks
 
     row_list = row_list or rows()
@@ -350,13 +375,17 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                             log(f"{record['key']}: {record['tokens']} tokens, {len(part) - 1} "
                                 f"rows, full {full:.2f}, pq@1/5 {pq:.2f}, "
                                 f"{record['seconds']:.0f} s")
+                            if progress:
+                                progress()
     finally:
         runners.close()
     return records
 
 
 def run_perplexity(model_name: str, context: int, continuation: int, documents: Iterable[int],
-                   out: Path, row_list: Optional[List[Row]] = None, log=print) -> List[dict]:
+                   out: Path, row_list: Optional[List[Row]] = None, log=print,
+                   progress=None) -> List[dict]:
+    """As run_tasks, for the perplexity documents (planned_perplexity_runs)."""
     from pqeval import hf, tasks
 
     row_list = row_list or rows()
@@ -384,6 +413,8 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
                 records.append(record)
                 log(f"{record['key']}: {len(part) - 1} rows, full {np.exp(nll[0].mean()):.3f}, "
                     f"{record['seconds']:.0f} s")
+                if progress:
+                    progress()
     finally:
         runners.close()
     return records
