@@ -138,7 +138,14 @@ _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": B
 # equal to the C values (config()["selector"] == SELECTORS["pq"], so code
 # that compares numbers keeps working) and named in a repr
 # (<selector.pq: 0>), so a printed config reads as names.
-_CONFIG_ENUMS = {field: enum.IntEnum(field, [(name, int(value)) for name, value in names.items()])
+class _ConfigEnum(enum.IntEnum):
+    def __reduce_ex__(self, protocol):
+        # Pickled as its number: the classes are made here, not importable
+        # by name, and a pickled config must load where this one does not run.
+        return int, (int(self),)
+
+
+_CONFIG_ENUMS = {field: _ConfigEnum(field, [(name, int(value)) for name, value in names.items()])
                  for field, names in {**_NAMED_FIELDS, "dtype": DTYPES}.items()}
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16,
                  "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8}

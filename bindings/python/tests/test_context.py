@@ -302,6 +302,9 @@ def test_config_names_its_enum_fields_and_still_equals_their_numbers():
         assert config["backend"].name == "cpu" and config["kv_tier"].name == "host"
         assert "<selector.exact: %d>" % pqcache.SELECTORS["exact"] in repr(config)
         assert isinstance(config["num_layers"], int) and not hasattr(config["num_layers"], "name")
+        # A config pickles (multiprocessing does), its enum fields as their numbers.
+        import pickle
+        assert pickle.loads(pickle.dumps(config)) == config
         # The members go back in as they came out.
         with pqcache.Context(1, 4, 2, 16, "f16", selector=config["selector"],
                              key_rotary=config["key_rotary"]) as again:
