@@ -77,18 +77,23 @@ const Fp8Bf16Bytes& fp8_bf16_bytes() {
   return table;
 }
 
-// Byte p of the interleave: row r's element j at 2i, row r + 1's at 2i + 1,
+// The VPERMT2B indices of the interleave, for the 32 elements from 0 and
+// from 32: byte p takes row r's element j (p even) or row r + 1's (p odd),
 // ordered so that the in-lane unpacks of the looked-up bytes give elements
-// 0..15 (low) and 16..31 (high) of the 32 from `first`, in order.
-PQ_KERNEL __m512i pair_interleave(int first) {
-  alignas(64) uint8_t idx[64];
-  for (int p = 0; p < 64; ++p) {
-    const int lane = p / 16, o = p % 16;
-    const int j = (o < 8 ? 0 : 16) + 4 * lane + (o % 8) / 2;
-    idx[p] = static_cast<uint8_t>((o % 2 ? 64 : 0) + first + j);
+// 0..15 (low) and 16..31 (high) of the 32, in order. Built at compile time:
+// the pass loads them once per call.
+struct PairInterleave {
+  alignas(64) uint8_t idx[2][64];
+  constexpr PairInterleave() : idx{} {
+    for (int h = 0; h < 2; ++h)
+      for (int p = 0; p < 64; ++p) {
+        const int lane = p / 16, o = p % 16;
+        const int j = (o < 8 ? 0 : 16) + 4 * lane + (o % 8) / 2;
+        idx[h][p] = static_cast<uint8_t>((o % 2 ? 64 : 0) + 32 * h + j);
+      }
   }
-  return _mm512_load_si512(idx);
-}
+};
+inline constexpr PairInterleave kPairInterleave{};
 
 // acc[g][k..k + 16W) += sum_i w[g][i] * V_i[k..k + 16W) over the block (W
 // 2 or 4), as add_values, with the weights as bf16 pairs (wb [G][kB]; rows
@@ -105,7 +110,7 @@ __attribute__((noinline)) PQ_ATTEND_TARGET_PAIRS void add_values_pairs(const uin
   const __m512i hi0 = _mm512_load_si512(t.hi), hi1 = _mm512_load_si512(t.hi + 64);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512i idx[W / 2];
-  PQ_UNROLL for (int h = 0; h < W / 2; ++h) idx[h] = pair_interleave(32 * h);
+  PQ_UNROLL for (int h = 0; h < W / 2; ++h) idx[h] = _mm512_load_si512(kPairInterleave.idx[h]);
   __m512 o[G][W];
   PQ_UNROLL for (int g = 0; g < G; ++g) PQ_UNROLL for (int s = 0; s < W; ++s) o[g][s] =
       _mm512_loadu_ps(acc + static_cast<size_t>(g) * d + k + 16 * s);
