@@ -147,19 +147,6 @@ struct Part {
   pq::AttentionPart view() { return {acc.data(), max.data(), sum.data()}; }
 };
 
-// The relative rounding of the softmax weights in the value sum: bf16 rows
-// on a CPU with AVX512_BF16, and fp8 rows where it also has AVX512_VBMI,
-// go through VDPBF16PS with the weights rounded to bf16
-// (attention_avx512.cpp, add_values_pairs_bf16 and add_values_pairs);
-// every other path keeps them in float.
-double weight_rounding(int32_t dtype) {
-  const bool pairs = dtype == PQ_DTYPE_BF16 ? pq::cpu_has_avx512_bf16()
-                     : pq::dtype_is_fp8(dtype)
-                         ? pq::cpu_has_avx512_bf16() && pq::cpu_has_avx512_vbmi()
-                         : false;
-  return pairs ? std::ldexp(1.0, -8) : 0.0;  // round to nearest, 8 significant bits
-}
-
 // Attends pos in `parts` pieces, merges them and compares with the
 // reference: |out - ref| <= tol * max |ref| (plus what the weights'
 // rounding may move each element by, weight_rounding x spread), lse within
@@ -168,7 +155,10 @@ void check(const Rows& r, const std::vector<int32_t>& pos, const std::vector<flo
            int32_t group, float scale, int parts, double tol, const std::string& what) {
   std::vector<double> want, want_lse, spread;
   reference(r, pos, q, group, scale, want, want_lse, spread);
-  const double rounding = weight_rounding(r.dtype);
+  // The weights' relative rounding where the kernel in use takes them as
+  // bf16 (round to nearest, 8 significant bits), else none.
+  const double rounding =
+      pq::attend_rounds_weights_to_bf16(r.dtype, group) ? std::ldexp(1.0, -8) : 0.0;
   std::vector<Part> p(static_cast<size_t>(parts), Part(group, r.d));
   std::vector<pq::AttentionPart> views;
   const int64_t n = static_cast<int64_t>(pos.size());

@@ -54,6 +54,12 @@ bool attend_rows_avx512(const KvStore::RowTable& rows, int32_t kv_head, const in
                         int64_t count, const float* queries, int32_t group, float scale,
                         AttentionPart part);
 
+// Whether attend_rows, at the kernel level in use, multiplies the values by
+// the softmax weights rounded to bf16: bf16 rows on a CPU with AVX512_BF16,
+// fp8 rows where it also has AVX512_VBMI, groups of at most 8 (the AVX-512
+// kernel's; attention_value_pairs.h). The bound is pq_decode_attend's.
+bool attend_rounds_weights_to_bf16(int32_t dtype, int32_t group);
+
 // The rows of one block, in every kernel: 32 rows of K and V (16 KiB at
 // head_dim 128 in f16) stay in L1 between the logits and the values; 16
 // and 64 measured no better (64 was 15% slower).

@@ -353,16 +353,20 @@ bool queries_are_bf16(const float* q, int64_t n) {
 
 }  // namespace
 
+bool attend_rounds_weights_to_bf16(int32_t dtype, int32_t group) {
+  if (group < 1 || group > 8 || !cpu_has_avx512_bf16()) return false;
+  return dtype == PQ_DTYPE_BF16 || (dtype_is_fp8(dtype) && cpu_has_avx512_vbmi());
+}
+
 bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
                         int64_t count, const float* queries, int32_t group, float scale,
                         AttentionPart part) {
-  static const bool bf16 = cpu_has_avx512_bf16();
-  static const bool fp8_pairs = bf16 && cpu_has_avx512_vbmi();
+  const bool pairs = attend_rounds_weights_to_bf16(t.dtype, group);
   switch (t.dtype) {
     case PQ_DTYPE_F16:
       return attend_dtype<PQ_DTYPE_F16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_BF16:
-      if (!bf16)
+      if (!pairs)
         return attend_dtype<PQ_DTYPE_BF16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
       if (t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
         return attend_dtype<PQ_DTYPE_BF16, true, true>(t, kv_head, pos, count, queries, group, scale, part);
@@ -370,11 +374,11 @@ bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32
     case PQ_DTYPE_F32:
       return attend_dtype<PQ_DTYPE_F32, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_FP8_E4M3:
-      return fp8_pairs
+      return pairs
                  ? attend_dtype<PQ_DTYPE_FP8_E4M3, false, true>(t, kv_head, pos, count, queries, group, scale, part)
                  : attend_dtype<PQ_DTYPE_FP8_E4M3, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     case PQ_DTYPE_FP8_E5M2:
-      return fp8_pairs
+      return pairs
                  ? attend_dtype<PQ_DTYPE_FP8_E5M2, false, true>(t, kv_head, pos, count, queries, group, scale, part)
                  : attend_dtype<PQ_DTYPE_FP8_E5M2, false, false>(t, kv_head, pos, count, queries, group, scale, part);
     default: return false;
@@ -386,6 +390,7 @@ bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32
 #else  // not x86-64 with GCC or Clang: the AVX2 and portable kernels alone
 
 namespace pq {
+bool attend_rounds_weights_to_bf16(int32_t, int32_t) { return false; }
 bool attend_rows_avx512(const KvStore::RowTable&, int32_t, const int32_t*, int64_t, const float*,
                         int32_t, float, AttentionPart) {
   return false;
