@@ -322,6 +322,16 @@ def _task_run(run: "Runner", part: List[Row], corpus, key: str, model_name: str,
     }
 
 
+def task_base(model_name: str, length: int, task: str, placement: str, seed: int) -> str:
+    """A task prompt's key without its rows suffix (base_key of its records)."""
+    return f"task/{model_name}/{length}/{task}/{placement}/{seed}"
+
+
+def perplexity_base(model_name: str, context: int, continuation: int, doc: int) -> str:
+    """A perplexity document's key without its rows suffix."""
+    return f"ppl/{model_name}/{context}/{continuation}/{doc}"
+
+
 def planned_task_runs(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                       placements: Sequence[str], seeds: Iterable[int], out: Path,
                       row_list: Optional[List[Row]] = None) -> int:
@@ -330,7 +340,7 @@ def planned_task_runs(model_name: str, lengths: Iterable[int], tasks_: Sequence[
     row_list = row_list or rows()
     measured, _ = _recorded(out)
     return sum(len(runs_of(rows_to_run(row_list, measured.get(
-        f"task/{model_name}/{length}/{task}/{placement}/{seed}"))))
+        task_base(model_name, length, task, placement, seed)))))
         for length in lengths for seed in seeds for task in tasks_ for placement in placements)
 
 
@@ -341,7 +351,7 @@ def planned_perplexity_runs(model_name: str, context: int, continuation: int,
     row_list = row_list or rows()
     measured, _ = _recorded(out)
     return sum(len(runs_of(rows_to_run(row_list, measured.get(
-        f"ppl/{model_name}/{context}/{continuation}/{doc}")))) for doc in documents)
+        perplexity_base(model_name, context, continuation, doc))))) for doc in documents)
 
 
 def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
@@ -363,7 +373,7 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
             for seed in seeds:
                 for task in tasks_:
                     for placement in placements:
-                        base = f"task/{model_name}/{length}/{task}/{placement}/{seed}"
+                        base = task_base(model_name, length, task, placement, seed)
                         sub = rows_to_run(row_list, measured.get(base))
                         for run, part in _prompt_runs(runners, sub):
                             record = _task_run(run, part, corpus, _run_key(base, part, recorded),
@@ -394,7 +404,7 @@ def run_perplexity(model_name: str, context: int, continuation: int, documents: 
     records = []
     try:
         for doc in documents:
-            base = f"ppl/{model_name}/{context}/{continuation}/{doc}"
+            base = perplexity_base(model_name, context, continuation, doc)
             sub = rows_to_run(row_list, measured.get(base))
             for run, part in _prompt_runs(runners, sub):
                 start = time.perf_counter()
