@@ -497,6 +497,14 @@ BUDGETS_COMMAND = ("scripts/run-python -m pqeval.replay tests/data/smollm2_sotu_
                    "--intervals --plot docs/quality-budgets.png > docs/quality-data/budgets-2k.md")
 
 
+def _markdown_table(path: Path):
+    """The table a tool printed into `path`: its lines as written, its
+    header's cells and each body row's cells (stripped)."""
+    table = [l for l in path.read_text().splitlines() if l.startswith("|")]
+    cells = [[c.strip() for c in l.strip("|").split("|")] for l in table]
+    return table, cells[0] if cells else [], cells[2:]
+
+
 TAIL_COMMAND = ("scripts/run-python -m pqeval.tail_estimate tests/data/smollm2_sotu_2k.pqtrace "
                 "--fractions 0.2,0.1,0.05,0.02 --plot docs/quality-tail.png "
                 "> docs/quality-data/tail-estimate-2k.md")
@@ -509,13 +517,9 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
     path = data / "tail-estimate-2k.md"
     if not path.exists():
         return
-    table = [l for l in path.read_text().splitlines() if l.startswith("|")]
-    header = [c.strip() for c in table[0].strip("|").split("|")]
-    rows = {}
-    for l in table[2:]:
-        cells = [c.strip() for c in l.strip("|").split("|")]
-        rows[cells[0]] = {name: tuple(float(x) for x in cell.split(" ± "))
-                          for name, cell in zip(header[1:], cells[1:])}
+    table, header, body = _markdown_table(path)
+    rows = {cells[0]: {name: tuple(float(x) for x in cell.split(" ± "))
+                       for name, cell in zip(header[1:], cells[1:])} for cells in body}
     lines += ["", "## The tail estimated from the index (measured, not yet in the library)", "",
               "Issue 44's estimate of the tokens a selection leaves out, measured in numpy over "
               "the library's own index before any of it is built: the same trace, steps and "
@@ -554,11 +558,9 @@ def budgets_section(data: Path, lines: List[str]) -> None:
     path = data / "budgets-2k.md"
     if not path.exists():
         return
-    table = [l for l in path.read_text().splitlines() if l.startswith("|")]
-    rows = {}
-    for l in table[2:]:
-        cells = [c.strip() for c in l.strip("|").split("|")]
-        rows[(cells[0], cells[1])] = (float(cells[6].split()[0]), float(cells[7].split()[0]))
+    table, _, body = _markdown_table(path)
+    rows = {(cells[0], cells[1]): (float(cells[6].split()[0]), float(cells[7].split()[0]))
+            for cells in body}
     budgets = list(dict.fromkeys(b for _, b in rows))
     smallest = budgets[-1]
     drops = [n for n, b in rows if b == smallest and n in ("h2o", "snapkv", "window")]
