@@ -92,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 11
+#define PQ_VERSION_MINOR 12
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.11.0"
+#define PQ_VERSION_STRING "0.12.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -386,6 +386,24 @@ typedef enum pq_pooling {
    * (torch's avg_pool1d): the official SnapKV code's default, as kvpress. */
   PQ_POOLING_AVG = 1
 } pq_pooling;
+
+/* What pq_decode_attend adds for the middle tokens a selection leaves out
+ * (appended in 0.12; config.tail_estimate). */
+typedef enum pq_tail_estimate {
+  /* Nothing: the attention is over the selected rows alone (the default). */
+  PQ_TAIL_NONE = 0,
+  /* The tokens of the coded middle that the selection leaves out (the
+   * tail) are estimated from the PQ index and merged with the selected
+   * rows' exact attention by log-sum-exp: a tail token's logit is scale x
+   * its lookup-table score (query . its centroids, as the select computes
+   * it), its value the mean value of the middle tokens whose first subspace
+   * has its code. The means are kept per kv head (2^pq_bits x head_dim
+   * floats) and brought up to date as tokens are coded; after a truncate,
+   * a fork, a restore or a rebuild they are summed again from the stored
+   * values at the next attend (it reads the middle's values once). Needs
+   * selector PQ_SELECTOR_PQ. See docs/quality.md for what it recovers. */
+  PQ_TAIL_CODE_MEANS = 1
+} pq_tail_estimate;
 
 /* Memory layout presets for pq_tensor_init. */
 typedef enum pq_layout {
@@ -718,6 +736,13 @@ typedef struct pq_config {
    * fp8 state holds the scales, and a restore into a context whose scales
    * differ is PQ_ERR_INCOMPATIBLE naming the first that differs. */
   const float* kv_scales;
+
+  /* --- Tail estimate (appended in 0.12; issue 44) ----------------------- */
+  /* pq_tail_estimate: what pq_decode_attend adds for the middle tokens the
+   * selection leaves out. Default PQ_TAIL_NONE. PQ_TAIL_CODE_MEANS with a
+   * selector other than PQ_SELECTOR_PQ is PQ_ERR_INVALID_ARGUMENT (it reads
+   * the PQ index). */
+  int32_t tail_estimate;
 } pq_config;
 
 /* Where the K/V rows of every layer live (pq_config.kv_tier). */
@@ -1349,6 +1374,12 @@ PQ_API pq_status pq_fetch_kv(pq_context* ctx, uint64_t seq_id, int32_t layer,
  * out_lse: num_q_heads floats, or NULL, not overlapping out. A kv head
  * with no selected token gives zeros and -inf. A repeated position counts
  * as often as it appears.
+ * With config.tail_estimate PQ_TAIL_CODE_MEANS, the sums above also run
+ * over the coded middle tokens of kv head h that the selection leaves out
+ * (sinks and the local window are never estimated), each with logit scale x
+ * its lookup-table score and the mean value of its first-subspace code
+ * (pq_tail_estimate); out_lse then includes them. A selection that holds
+ * every middle token gives the same result as without the estimate.
  * Works on every backend (the K/V are read on the host). Its time counts in
  * pq_stats.fetch_seconds, as the fetch it stands in for.
  * Errors: PQ_ERR_INVALID_ARGUMENT (shapes, scale < 0 or not finite, NaN in

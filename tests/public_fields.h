@@ -88,6 +88,7 @@
   X(pq_config, kv_head_offset) \
   X(pq_config, kv_scale_count) \
   X(pq_config, kv_scales) \
+  X(pq_config, tail_estimate) \
   X(pq_paged_keys, pool) \
   X(pq_paged_keys, slots) \
   X(pq_paged_keys, block_table) \

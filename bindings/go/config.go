@@ -110,6 +110,17 @@ const (
 	PoolingAvg Pooling = 1 // the official SnapKV code's
 )
 
+// TailEstimate is what Context.Attend adds for the middle tokens a
+// selection leaves out (pq_tail_estimate; 0.12).
+type TailEstimate int32
+
+const (
+	TailNone TailEstimate = 0 // the selected rows alone (the default)
+	// TailCodeMeans: each left-out coded middle token with its lookup-table
+	// score as logit and its first code's mean value; needs SelectorPQ.
+	TailCodeMeans TailEstimate = 1
+)
+
 // KVTier is where each layer's K/V rows live (pq_kv_tier).
 type KVTier int32
 
@@ -227,6 +238,10 @@ type Config struct {
 	// only. Context.Config returns the context's copy. (0.10)
 	KVScaleCount int
 	KVScales     []float32
+
+	// TailEstimate: what Context.Attend adds for the middle tokens the
+	// selection leaves out; default TailNone. (0.12)
+	TailEstimate TailEstimate
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -312,6 +327,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 		KVHeadOffset: cc.GetKv_head_offset(),
 		KVScaleCount: cc.GetKv_scale_count(),
+
+		TailEstimate: TailEstimate(cc.GetTail_estimate()),
 	}
 }
 
@@ -399,6 +416,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKv_tier(int(c.KVTier))
 	cc.SetKv_head_offset(i32("kv_head_offset", c.KVHeadOffset))
 	cc.SetKv_scale_count(i32("kv_scale_count", c.KVScaleCount))
+	cc.SetTail_estimate(int(c.TailEstimate))
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

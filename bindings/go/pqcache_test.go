@@ -90,6 +90,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		{"RotaryInterleaved", int(RotaryInterleaved), int(pqswig.PQ_ROTARY_INTERLEAVED)},
 		{"PoolingMax", int(PoolingMax), int(pqswig.PQ_POOLING_MAX)},
 		{"PoolingAvg", int(PoolingAvg), int(pqswig.PQ_POOLING_AVG)},
+		{"TailNone", int(TailNone), int(pqswig.PQ_TAIL_NONE)},
+		{"TailCodeMeans", int(TailCodeMeans), int(pqswig.PQ_TAIL_CODE_MEANS)},
 		{"KVTierHost", int(KVTierHost), int(pqswig.PQ_KV_TIER_HOST)},
 		{"KVTierDisk", int(KVTierDisk), int(pqswig.PQ_KV_TIER_DISK)},
 		{"KVTierCaller", int(KVTierCaller), int(pqswig.PQ_KV_TIER_CALLER)},

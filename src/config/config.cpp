@@ -42,6 +42,8 @@ const Names kKvTierNames = {{PQ_KV_TIER_HOST, "PQ_KV_TIER_HOST"},
                             {PQ_KV_TIER_DISK, "PQ_KV_TIER_DISK"},
                             {PQ_KV_TIER_CALLER, "PQ_KV_TIER_CALLER"}};
 const Names kPoolingNames = {{PQ_POOLING_MAX, "PQ_POOLING_MAX"}, {PQ_POOLING_AVG, "PQ_POOLING_AVG"}};
+const Names kTailEstimateNames = {{PQ_TAIL_NONE, "PQ_TAIL_NONE"},
+                                  {PQ_TAIL_CODE_MEANS, "PQ_TAIL_CODE_MEANS"}};
 
 // The selectors' names come from their registry, the one list of them.
 const Names& selector_names() {
@@ -191,6 +193,10 @@ pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
     invalid("config.kv_disk_path is " + std::string(c.kv_disk_path == nullptr ? "NULL" : "empty") +
             "; PQ_KV_TIER_DISK needs the directory of its K/V file");
   if (c.kv_tier == PQ_KV_TIER_CALLER) check_index_only(c);
+  if (c.tail_estimate != PQ_TAIL_NONE && c.selector != PQ_SELECTOR_PQ)
+    invalid("config.tail_estimate is PQ_TAIL_CODE_MEANS and config.selector is " +
+            selector_value_name(c.selector) +
+            "; the estimate reads the PQ index, which only PQ_SELECTOR_PQ builds");
   if (c.kv_head_offset > (1 << 16) - c.num_kv_heads)
     invalid("config.kv_head_offset " + str(c.kv_head_offset) + " + num_kv_heads " +
             str(c.num_kv_heads) + " passes 65536, the most kv heads a model may have");

@@ -73,4 +73,5 @@
   FREE(kv_disk_path, nullptr)                                                \
   INT(kv_head_offset, 0, 0, 1 << 16)                                         \
   FREE(kv_scale_count, 0)                                                    \
-  FREE(kv_scales, nullptr)
+  FREE(kv_scales, nullptr)                                                   \
+  ENUM(tail_estimate, PQ_TAIL_NONE, kTailEstimateNames)

@@ -9,7 +9,7 @@
 // introspection), layer_build.cpp (starting the build and coding tokens),
 // layer_select.cpp (selection and the inputs selectors learn from),
 // layer_fetch.cpp (the fetch and the block cache), layer_attend.cpp
-// (pq_attend), layer_device.cpp (the step kept on the device),
+// (pq_attend) with layer_tail.cpp (its tail estimate), layer_device.cpp (the step kept on the device),
 // layer_state.cpp (truncate, fork, save and restore).
 #pragma once
 
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/attention.h"
 #include "backend/backend.h"
 #include "backend/device_kernels.h"
 #include "backend/device_memory.h"
@@ -31,6 +32,7 @@
 #include "base/counters.h"
 #include "store/kv_store.h"
 #include "pq/pq_index.h"
+#include "pq/tail_estimate.h"
 #include "selectors/selection_request.h"
 #include "selectors/selector.h"
 #include "format/sequence_state.h"
@@ -163,6 +165,17 @@ class Layer {
   // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
   void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
               float* out_lse, uint64_t seq_id);
+
+  // --- the tail estimate of the attention (layer_tail.cpp) ----------------
+  // Under mutex_, with config.tail_estimate: the index's codes and the
+  // value sums brought to the middle of r (the sums charged to the memory
+  // limit). Throws what require_index throws.
+  void prepare_tail(const Regions& r, uint64_t seq_id);
+  // The estimated part of kv head h's attention over the coded middle of r
+  // that row h of `sel` leaves out (prepare_tail first; safe to run for
+  // several heads at once): queries are h's group, [group][head_dim].
+  void tail_part(int32_t h, const Regions& r, const pq_selection* sel, const float* queries,
+                 float scale, AttentionPart part) const;
 
   // --- fetch (layer_fetch.cpp) --------------------------------------------
   // pq_fetch_kv, on the copied selection, after the output tensors' checks.
@@ -309,6 +322,13 @@ class Layer {
     Reservation caller_state;
   };
   Charges charges_;
+  // pq_decode_attend's tail estimate (config.tail_estimate): the values'
+  // sums by first code, and what they hold of the memory limit.
+  struct TailSums {
+    CodeValueSums sums;
+    Reservation charge;
+  };
+  TailSums tail_;
   // Restored without its K/V yet (pq_sequence_restore_begin): the store's
   // rows are allocated but not written, and nothing may read them.
   bool awaiting_kv_ = false;

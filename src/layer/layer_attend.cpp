@@ -33,6 +33,9 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   const int32_t kv_heads = shared_.config.num_kv_heads, group = shared_.group_size;
   const int32_t d = shared_.config.head_dim;
   check_positions(sel, kv_heads, store_->tokens(), layer_index_);
+  const bool tail = shared_.config.tail_estimate != PQ_TAIL_NONE;
+  const Regions regions = shared_.regions(store_->tokens(), layer_index_);
+  if (tail) prepare_tail(regions, seq_id);
   int64_t rows = 0;
   for (int32_t h = 0; h < kv_heads; ++h) rows += sel->counts[h];
   const bool parallel = shared_.pool != nullptr && rows >= kParallelRows;
@@ -50,6 +53,9 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
       tasks.push_back({h, count * p / parts, count * (p + 1) / parts});
   }
   first_task[kv_heads] = static_cast<int32_t>(tasks.size());
+  const size_t exact_tasks = tasks.size();
+  if (tail)  // one more task per kv head, its tail (begin -1), merged after its parts
+    for (int32_t h = 0; h < kv_heads; ++h) tasks.push_back({h, -1, -1});
   const size_t n = tasks.size();
   std::vector<float> acc(n * group * d), max(n * group);
   std::vector<double> sum(n * group);
@@ -70,6 +76,11 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   }
   auto run = [&](int64_t i) {
     const AttendTask& t = tasks[static_cast<size_t>(i)];
+    if (t.begin < 0) {  // the tail's logits are q . centroids: the queries as given
+      tail_part(t.head, regions, sel, queries.data() + static_cast<size_t>(t.head) * group * d,
+                scale, parts[static_cast<size_t>(i)]);
+      return;
+    }
     const SelectedRows rows =
         store_->select_rows(t.head, sel->positions + t.head * sel->capacity + t.begin,
                             t.end - t.begin, staging[static_cast<size_t>(i)]);
@@ -82,10 +93,12 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   else
     for (size_t i = 0; i < n; ++i) run(static_cast<int64_t>(i));
   // out and out_lse are written only now, on success.
+  std::vector<AttentionPart> head_parts;
   for (int32_t h = 0; h < kv_heads; ++h) {
     float* scaled_out = out + static_cast<size_t>(h) * group * d;
-    merge_attention(parts.data() + first_task[h], first_task[h + 1] - first_task[h], group, d,
-                    scaled_out,
+    head_parts.assign(parts.begin() + first_task[h], parts.begin() + first_task[h + 1]);
+    if (tail) head_parts.push_back(parts[exact_tasks + static_cast<size_t>(h)]);
+    merge_attention(head_parts.data(), static_cast<int>(head_parts.size()), group, d, scaled_out,
                     out_lse != nullptr ? out_lse + static_cast<size_t>(h) * group : nullptr);
     if (const float v = store_->value_scale(h); v != 1.f)
       for (size_t i = 0; i < static_cast<size_t>(group) * d; ++i) scaled_out[i] *= v;

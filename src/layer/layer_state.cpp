@@ -91,6 +91,10 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
   store_->truncate_under_readers(tokens);
   if (selector_state_) selector_state_->truncate(tokens);
+  // The tail estimate's sums are made again at the next attend: appends
+  // after a truncate can bring the same length back with other tokens.
+  tail_.sums.clear();
+  tail_.charge = Reservation{};
   charge_caller_state(nullptr);  // gives back only
   // The device state of the tokens kept stays (their codes, their window
   // rows): a truncate every step (speculative decoding) re-uploads nothing

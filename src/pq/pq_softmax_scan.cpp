@@ -11,6 +11,7 @@
 
 #include "base/cpu_dispatch.h"
 #include "base/fast_exp.h"
+#include "base/flush_subnormals.h"
 
 #include "base/x86_intrinsics.h"
 
@@ -99,20 +100,6 @@ void add_shares(const float* e, int64_t n, int32_t group, const float* inv, floa
 #endif
   fn(e, n, group, inv, combined);
 }
-
-// Products too small for a normal float become zero, not subnormals (which
-// cost a microcode assist per multiply on some cores), at every kernel
-// level alike: MXCSR's flush-to-zero and denormals-are-zero for the scope.
-class FlushSubnormals {
- public:
-#if PQ_X86_KERNELS
-  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
-  ~FlushSubnormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#endif
-};
 
 }  // namespace
 

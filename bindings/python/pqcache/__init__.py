@@ -116,6 +116,9 @@ CACHE_POLICIES = {"lru": _c.PQ_CACHE_LRU, "lfu": _c.PQ_CACHE_LFU}
 KEY_ROTARY = {"none": _c.PQ_ROTARY_NONE, "half": _c.PQ_ROTARY_HALF,
               "interleaved": _c.PQ_ROTARY_INTERLEAVED}
 POOLING = {"max": _c.PQ_POOLING_MAX, "avg": _c.PQ_POOLING_AVG}
+# pq_tail_estimate (0.12): what attend adds for the middle tokens a selection
+# leaves out; "code_means" needs selector "pq".
+TAIL_ESTIMATE = {"none": _c.PQ_TAIL_NONE, "code_means": _c.PQ_TAIL_CODE_MEANS}
 # pq_kv_tier: "disk" keeps the K/V rows in a file in kv_disk_path's directory;
 # "caller" (0.10) keeps the index only, the caller's pool the K/V.
 KV_TIERS = {"host": _c.PQ_KV_TIER_HOST, "disk": _c.PQ_KV_TIER_DISK,
@@ -133,7 +136,8 @@ PathLike = Union[str, bytes, os.PathLike]
 # pq_config fields that also take a name ("selector": "pq").
 _NAMED_FIELDS = {"selector": SELECTORS, "gqa_combine": GQA_COMBINE, "backend": BACKENDS,
                  "kmeans_init": KMEANS_INIT, "cache_policy": CACHE_POLICIES,
-                 "key_rotary": KEY_ROTARY, "pooling": POOLING, "kv_tier": KV_TIERS}
+                 "key_rotary": KEY_ROTARY, "pooling": POOLING, "kv_tier": KV_TIERS,
+                 "tail_estimate": TAIL_ESTIMATE}
 # How Context.config() returns those fields and dtype: IntEnum members,
 # equal to the C values (config()["selector"] == SELECTORS["pq"], so code
 # that compares numbers keeps working) and named in a repr
@@ -354,8 +358,9 @@ class _Closing:
 class Context(_Closing):
     """A libpqcache context. Keyword arguments set pq_config fields by name
     (see include/pqcache.h); selector, gqa_combine, backend, kmeans_init,
-    cache_policy, key_rotary, pooling and kv_tier also take names ("pq",
-    "max", "cpu", "kmeans++", "lru", "half", "avg", "disk", "caller"). The
+    cache_policy, key_rotary, pooling, kv_tier and tail_estimate also take
+    names ("pq", "max", "cpu", "kmeans++", "lru", "half", "avg", "disk",
+    "caller", "code_means"). The
     paths (cuda_plugin_path, kv_disk_path) take str, bytes or os.PathLike.
     kv_tier="caller" makes an index-only context (the caller's pool keeps
     the K/V; docs/engines.md); kv_head_offset is a tensor-parallel rank's

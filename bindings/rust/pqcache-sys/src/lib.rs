@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 11;
+pub const PQ_VERSION_MINOR: c_int = 12;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.11.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.12.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
@@ -134,6 +134,12 @@ pub const PQ_ROTARY_INTERLEAVED: pq_key_rotary = 2;
 pub type pq_pooling = i32;
 pub const PQ_POOLING_MAX: pq_pooling = 0;
 pub const PQ_POOLING_AVG: pq_pooling = 1;
+
+/// `pq_tail_estimate` (added in 0.12): what `pq_decode_attend` adds for the
+/// middle tokens a selection leaves out.
+pub type pq_tail_estimate = i32;
+pub const PQ_TAIL_NONE: pq_tail_estimate = 0;
+pub const PQ_TAIL_CODE_MEANS: pq_tail_estimate = 1;
 
 /// `pq_kv_tier` (added in 0.9): where each layer's K/V rows live.
 pub type pq_kv_tier = i32;
@@ -312,6 +318,8 @@ c_struct! {
         /// [num_layers][2][kv_scale_count] floats, K then V; read during
         /// pq_create only (added in 0.10).
         pub kv_scales: *const f32,
+        /// pq_tail_estimate of pq_decode_attend (added in 0.12).
+        pub tail_estimate: i32,
     }
 }
 

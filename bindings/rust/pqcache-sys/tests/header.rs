@@ -226,6 +226,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_ROTARY_INTERLEAVED,
         PQ_POOLING_MAX,
         PQ_POOLING_AVG,
+        PQ_TAIL_NONE,
+        PQ_TAIL_CODE_MEANS,
         PQ_KV_TIER_HOST,
         PQ_KV_TIER_DISK,
         PQ_KV_TIER_CALLER,

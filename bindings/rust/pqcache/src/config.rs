@@ -148,6 +148,18 @@ c_enum! {
 }
 
 c_enum! {
+    /// What [`crate::Context::attend`] adds for the middle tokens a selection
+    /// leaves out (`pq_tail_estimate`, added in 0.12).
+    pub enum TailEstimate {
+        /// Nothing: the selected rows alone (the default).
+        None = sys::PQ_TAIL_NONE,
+        /// Each left-out coded middle token with its lookup-table score as
+        /// logit and its first code's mean value. Needs `Selector::Pq`.
+        CodeMeans = sys::PQ_TAIL_CODE_MEANS,
+    }
+}
+
+c_enum! {
     /// Where each layer's K/V rows live (`pq_kv_tier`).
     pub enum KvTier {
         /// Host memory (the default).
@@ -386,6 +398,9 @@ impl Config {
         /// ranks then select what one context with every kv head selects
         /// (default 0).
         kv_head_offset: i32;
+        /// What attend adds for the middle tokens the selection leaves out
+        /// (default None; added in 0.12).
+        tail_estimate: TailEstimate => |t: TailEstimate| t as i32;
     }
 }
 

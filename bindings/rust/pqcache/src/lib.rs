@@ -55,7 +55,7 @@ mod tensor;
 pub use batch::{FetchItem, SelectItem};
 pub use config::{
     Backend, CachePolicy, Config, DType, GqaCombine, KeyRotary, KmeansInit, KvTier, Pooling,
-    SelectRows, Selector, SELECTOR_COUNT,
+    SelectRows, Selector, TailEstimate, SELECTOR_COUNT,
 };
 pub use context::{Attention, Context, LayerInfo, Stats};
 pub use error::{Error, Result, Status};

@@ -388,6 +388,17 @@ public final class Config {
       });
     }
 
+    // --- Tail estimate (0.12) ---
+
+    /**
+     * What decodeAttend adds for the middle tokens the selection leaves out; default NONE. CODE_MEANS
+     * needs {@link Selector#PQ}.
+     */
+    public Builder tailEstimate(TailEstimate estimate) {
+      Objects.requireNonNull(estimate, "estimate");
+      return set(c -> c.setTail_estimate(estimate.code()));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -326,6 +326,7 @@ class ContextTest {
     assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_HALF, KeyRotary.HALF.code());
     assertEquals(io.pqcache.swig.pq_key_rotary.PQ_ROTARY_INTERLEAVED, KeyRotary.INTERLEAVED.code());
     assertEquals(io.pqcache.swig.pq_pooling.PQ_POOLING_AVG, Pooling.AVG.code());
+    assertEquals(io.pqcache.swig.pq_tail_estimate.PQ_TAIL_CODE_MEANS, TailEstimate.CODE_MEANS.code());
     assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_HOST, KvTier.HOST.code());
     assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_DISK, KvTier.DISK.code());
     assertEquals(io.pqcache.swig.pq_kv_tier.PQ_KV_TIER_CALLER, KvTier.CALLER.code());
@@ -335,6 +336,7 @@ class ContextTest {
         SelectRows.PER_REQUEST.code());
     assertEquals(KeyRotary.values().length, 3);
     assertEquals(Pooling.values().length, 2);
+    assertEquals(TailEstimate.values().length, 2);
     assertEquals(KvTier.values().length, 3);
     assertEquals(SelectRows.values().length, 3);
   }

@@ -1,0 +1,70 @@
+package io.pqcache;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.Arrays;
+import org.junit.jupiter.api.Test;
+
+/**
+ * TailEstimate.CODE_MEANS (0.12): decodeAttend adds an estimate of the middle tokens the selection
+ * leaves out, so every query head's log-sum-exp grows past the selected rows' own and the output
+ * moves; it needs Selector.PQ.
+ */
+class TailEstimateTest {
+  private static final int TOKENS = 300;
+
+  private static Config config(TailEstimate tail, Selector selector) {
+    return Config.builder()
+        .dtype(DType.F32)
+        .layers(1)
+        .queryHeads(ReferenceCycle.Q_HEADS)
+        .kvHeads(ReferenceCycle.KV_HEADS)
+        .headDim(ReferenceCycle.HEAD_DIM)
+        .pqSubspaces(2)
+        .pqBits(4)
+        .sinkTokens(4)
+        .localTokens(16)
+        .topkTokens(16)
+        .seed(7)
+        .workerThreads(1)
+        .selector(selector)
+        .tailEstimate(tail)
+        .build();
+  }
+
+  @Test
+  void attendAddsTheLeftOutTokens() {
+    int n = TOKENS * ReferenceCycle.KV_HEADS * ReferenceCycle.HEAD_DIM;
+    float[] keys = ReferenceCycle.generate(51, n);
+    float[] values = ReferenceCycle.generate(52, n);
+    float[] q = ReferenceCycle.generate(53, ReferenceCycle.Q_HEADS * ReferenceCycle.HEAD_DIM);
+    Attention[] runs = new Attention[2];
+    Selection selection = null;
+    TailEstimate[] tails = {TailEstimate.NONE, TailEstimate.CODE_MEANS};
+    for (int i = 0; i < 2; i++) {
+      try (PqContext ctx = new PqContext(config(tails[i], Selector.PQ))) {
+        ctx.addSequence(1);
+        ctx.prefillLayer(1, 0, TOKENS, keys, values);
+        if (selection == null) {
+          selection = ctx.decodeSelect(1, 0, q);
+        }
+        runs[i] = ctx.decodeAttend(1, 0, q, selection);
+      }
+    }
+    for (int h = 0; h < ReferenceCycle.Q_HEADS; h++) {
+      assertTrue(runs[1].lse()[h] > runs[0].lse()[h], "query head " + h + "'s log-sum-exp");
+    }
+    assertFalse(Arrays.equals(runs[0].output(), runs[1].output()), "the output moved");
+  }
+
+  @Test
+  void theEstimateNeedsThePqSelector() {
+    PqException e = assertThrows(PqException.class,
+        () -> new PqContext(config(TailEstimate.CODE_MEANS, Selector.EXACT)));
+    assertEquals(Status.INVALID_ARGUMENT, e.status());
+    assertTrue(e.libraryMessage().contains("tail_estimate"), e.libraryMessage());
+  }
+}

@@ -1,0 +1,80 @@
+//! `TailEstimate::CodeMeans` (0.12): attend adds an estimate of the middle
+//! tokens the selection leaves out, so every query head's log-sum-exp grows
+//! past the selected rows' own and the output moves; it needs
+//! `Selector::Pq` (an `InvalidArgument` naming the field otherwise).
+
+use pqcache::{
+    Config, Context, DType, Library, Selection, Selector, Shape, Status, TailEstimate, Tensor,
+};
+
+const TOKENS: usize = 300;
+const KV_HEADS: usize = 2;
+const Q_HEADS: usize = 4;
+const HEAD_DIM: usize = 16;
+
+fn config(tail: TailEstimate, selector: Selector) -> Config {
+    Library::linked()
+        .default_config()
+        .geometry(1, Q_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32)
+        .dtype(DType::F32)
+        .pq_subspaces(2)
+        .pq_bits(4)
+        .sink_tokens(4)
+        .local_tokens(16)
+        .topk_tokens(16)
+        .selector(selector)
+        .tail_estimate(tail)
+}
+
+/// Values in [-1, 1) from a 32-bit mix of (stream, i).
+fn generate(stream: u32, n: usize) -> Vec<f32> {
+    (0..n as u32)
+        .map(|i| {
+            let mut h = i.wrapping_mul(2654435761).wrapping_add(stream.wrapping_mul(97531));
+            h ^= h >> 15;
+            h = h.wrapping_mul(2246822519);
+            h ^= h >> 13;
+            (h >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn attend_adds_the_left_out_tokens() {
+    let kv = Shape::token_major(TOKENS, KV_HEADS, HEAD_DIM);
+    let (k, v) = (
+        generate(51, TOKENS * KV_HEADS * HEAD_DIM),
+        generate(52, TOKENS * KV_HEADS * HEAD_DIM),
+    );
+    let q = generate(53, Q_HEADS * HEAD_DIM);
+    let query = Tensor::f32(&q, Shape::token_major(1, Q_HEADS, HEAD_DIM)).unwrap();
+    let mut sel = Selection::new(KV_HEADS, 0);
+    let mut runs = Vec::new();
+    for tail in [TailEstimate::None, TailEstimate::CodeMeans] {
+        let ctx = Context::new(&config(tail, Selector::Pq)).unwrap();
+        assert_eq!(ctx.config().as_raw().tail_estimate, tail as i32);
+        ctx.add_sequence(1).unwrap();
+        ctx.prefill(1, 0, &Tensor::f32(&k, kv).unwrap(), &Tensor::f32(&v, kv).unwrap())
+            .unwrap();
+        if tail == TailEstimate::None {
+            ctx.select(1, 0, &query, &mut sel).unwrap();
+        }
+        runs.push(ctx.attend(1, 0, &query, &sel, None).unwrap());
+    }
+    for h in 0..Q_HEADS {
+        assert!(
+            runs[1].lse()[h] > runs[0].lse()[h],
+            "query head {h}: {} not above {}",
+            runs[1].lse()[h],
+            runs[0].lse()[h]
+        );
+    }
+    assert_ne!(runs[0].output(), runs[1].output());
+}
+
+#[test]
+fn the_estimate_needs_the_pq_selector() {
+    let err = Context::new(&config(TailEstimate::CodeMeans, Selector::Exact)).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{err}");
+    assert!(err.message.contains("tail_estimate"), "{err}");
+}
