@@ -7,7 +7,8 @@
 // pq_decode_attend over that selection; printed: the medians over rounds
 // of each round's median step, select + attend and attend alone, and the
 // ratio f16 / fp8 of each (per round, then its median). Last, the floor of
-// the attend: the same rows read with no arithmetic (rows_read_ms).
+// the attend: the same rows read with no arithmetic, and as many bytes
+// read in order (rows_read_ms).
 //
 // First, the two ways to turn 8 fp8 codes into 8 floats with AVX2 that the
 // attention kernel could use, over the same bytes: F16C on the codes moved
@@ -213,8 +214,15 @@ Step run_steps(const Layer& l, const pqbench::ClusteredKv& kv, int steps, int qu
 // selected rows of every kv head read and nothing computed, in a copy of
 // the host store's layout (chunks of 256 tokens, a kv head's rows adjacent,
 // K and V blocks apart), with the attend's threads (two, a half of the kv
-// heads each) and its prefetch (T1, 64 rows ahead). Median of `runs`, ms.
-double rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, int runs) {
+// heads each) and its prefetch (T1, 64 rows ahead); and as many bytes read
+// sequentially from the same buffers by the same threads, alternated with
+// the rows. What scattered rows cost the memory system beyond their bytes:
+// an attend's share of the sequential read cannot exceed rows / sequential.
+// Medians of `runs`, ms.
+struct RowsRead {
+  double rows_ms, sequential_ms;
+};
+RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, int runs) {
   constexpr int64_t kChunk = 256, kAhead = 64;
   const int64_t chunks = (tokens + kChunk - 1) / kChunk;
   const size_t block = static_cast<size_t>(kKv * kChunk * row_bytes);
@@ -256,21 +264,42 @@ double rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, 
     }
     *sum = s;
   };
-  std::vector<double> times;
+  // The same bytes in order: each thread reads its half of the rows' count
+  // from the start of the K and of the V buffer.
+  int64_t selected = 0;
+  for (int32_t h = 0; h < kKv; ++h) selected += sel.counts[h];
+  const size_t half = static_cast<size_t>(selected / 2 * row_bytes) & ~size_t{63};
+  auto read_sequential = [&](size_t from, uint64_t* sum) {
+    uint64_t s = 0;
+    for (size_t w = from; w < from + half; w += 8) {
+      uint64_t a, b;
+      std::memcpy(&a, keys + w, 8);
+      std::memcpy(&b, values + w, 8);
+      s += a ^ b;
+    }
+    *sum = s;
+  };
+  std::vector<double> rows_times, sequential_times;
   uint64_t sink = 0;
   for (int r = 0; r < runs; ++r) {
     uint64_t a = 0, b = 0;
-    const double t0 = now();
+    double t0 = now();
     std::thread other(read_heads, 0, kKv / 2, &a);
     read_heads(kKv / 2, kKv, &b);
     other.join();
-    times.push_back(now() - t0);
+    rows_times.push_back(now() - t0);
+    sink += a + b;
+    t0 = now();
+    std::thread second(read_sequential, size_t{0}, &a);
+    read_sequential(half, &b);
+    second.join();
+    sequential_times.push_back(now() - t0);
     sink += a + b;
   }
   std::free(keys);
   std::free(values);
   if (sink == 42) std::printf(" ");  // keeps the reads
-  return median(times) * 1e3;
+  return {median(rows_times) * 1e3, median(sequential_times) * 1e3};
 }
 
 // Reads rows at the f16 context's selection of its first query, in both
@@ -282,14 +311,20 @@ void print_rows_read(const Layer& f16, const pqbench::ClusteredKv& kv, int64_t t
   pq_selection sel{positions.data(), counts.data(), cap};
   pq_tensor query = tensor(const_cast<uint16_t*>(kv.queries.data()), PQ_DTYPE_F16, 1, kQ);
   check(pq_decode_select(f16.ctx, 1, 0, &query, &sel), "pq_decode_select");
-  std::vector<double> f16_ms, fp8_ms;
+  std::vector<double> f16_ms, fp8_ms, f16_seq, fp8_seq;
   for (int r = 0; r < 3; ++r) {  // interleaved
-    f16_ms.push_back(rows_read_ms(sel, tokens, kDim * 2, runs));
-    fp8_ms.push_back(rows_read_ms(sel, tokens, kDim, runs));
+    const RowsRead a = rows_read_ms(sel, tokens, kDim * 2, runs);
+    const RowsRead b = rows_read_ms(sel, tokens, kDim, runs);
+    f16_ms.push_back(a.rows_ms);
+    f16_seq.push_back(a.sequential_ms);
+    fp8_ms.push_back(b.rows_ms);
+    fp8_seq.push_back(b.sequential_ms);
   }
   std::printf("%lld tokens: the selected rows read alone (no arithmetic; store layout, 2 threads, "
-              "prefetch 64 rows ahead): f16 %.2f ms, fp8 %.2f ms\n",
-              static_cast<long long>(tokens), median(f16_ms), median(fp8_ms));
+              "prefetch 64 rows ahead): f16 %.2f ms, fp8 %.2f ms; the same bytes read in order: "
+              "f16 %.2f ms, fp8 %.2f ms (rows at %.2f, %.2f of the sequential rate)\n",
+              static_cast<long long>(tokens), median(f16_ms), median(fp8_ms), median(f16_seq),
+              median(fp8_seq), median(f16_seq) / median(f16_ms), median(fp8_seq) / median(fp8_ms));
 }
 
 }  // namespace
