@@ -1,7 +1,8 @@
-"""Issue 44's first measurement, before anything is built into the library:
-how much of the error a selection leaves can an estimate of the tokens it
-leaves out (the tail) recover, computed from what the PQ index already
-holds? Replays a trace as pqeval.replay does (the library selects, numpy
+"""Issue 44's measurement: how much of the error a selection leaves can an
+estimate of the tokens it leaves out (the tail) recover, computed from what
+the PQ index already holds? Made in numpy before the library had it, and
+now also read from the library (pq_decode_attend with tail_estimate
+"code_means", which must agree with the numpy form). Replays a trace as pqeval.replay does (the library selects, numpy
 attends) and, per decode step, kv head and query head, compares with full
 attention the output of:
 
@@ -11,7 +12,10 @@ attention the output of:
   lookup-table score the select already computes, q . centroid per
   subspace), exp of it as its weight, and as its value the mean value of
   the middle tokens sharing its first subspace's code (one mean per code: a
-  table of 2^b rows the library could keep up to date as tokens are coded);
+  table of 2^b rows kept up to date as tokens are coded);
+- `pq+est(lib)`: the library's own attend with config.tail_estimate
+  PQ_TAIL_CODE_MEANS, which is `pq+est` computed in the library (the two
+  agree to float rounding);
 - `pq+est(V)`: the estimate with each tail token's exact value, which
   separates the scores' error from the grouped values' (it reads every
   value, so it is a diagnostic, not a method);
@@ -39,7 +43,7 @@ import numpy as np
 import pqcache
 from pqeval import replay, trace as trace_io
 
-VARIANTS = ("pq", "pq+est", "pq+est(V)", "exact", "exact+est")
+VARIANTS = ("pq", "pq+est", "pq+est(lib)", "pq+est(V)", "exact", "exact+est")
 
 
 def _merge(parts):
@@ -89,20 +93,24 @@ def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = 
                                   selector="pq", **opts)
             oracle = pqcache.Context(depth, q_heads, kv_heads, head_dim, replay._dtype(K),
                                      selector="exact", **opts)
+            lib = pqcache.Context(depth, q_heads, kv_heads, head_dim, replay._dtype(K),
+                                  selector="pq", tail_estimate="code_means", **opts)
             lrs = {v: replay.LayerResult(layer) for v in VARIANTS}
             try:
-                for c in (ctx, oracle):
+                for c in (ctx, oracle, lib):
                     c.add_sequence(0)
                     c.prefill(0, layer, K[:prompt], V[:prompt])
                 centroids = [ctx.centroids(0, layer, h) for h in range(kv_heads)]
                 m = centroids[0].shape[0]
                 sub = head_dim // m
                 for p in range(prompt, last):
-                    for c in (ctx, oracle):
+                    for c in (ctx, oracle, lib):
                         c.append(0, layer, K[p:p + 1], V[p:p + 1])
                     q = Q[p - t.q_first].astype(np.float32)
                     sel, ref = ctx.select(0, layer, Q[p - t.q_first]), \
                         oracle.select(0, layer, Q[p - t.q_first])
+                    lib_out, _ = lib.attend(0, layer, Q[p - t.q_first],
+                                            lib.select(0, layer, Q[p - t.q_first]))
                     sink = min(replay.ctx_sink(opts), p + 1)
                     mid_end = p + 1 - replay.ctx_local(opts, p + 1, sink)
                     step = {v: 0.0 for v in VARIANTS}
@@ -124,6 +132,8 @@ def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = 
                             exact = _part(logits[:, chosen], Vf[chosen, h])
                             tail = np.setdiff1d(np.arange(sink, mid_end), chosen) - sink
                             outs = {name: _merge([exact])}
+                            if name == "pq":
+                                outs["pq+est(lib)"] = lib_out[h * group:(h + 1) * group]
                             grouped = _part(est[:, tail], means[first[tail]])
                             outs[name + "+est"] = _merge(_safe([exact, grouped]))
                             if name == "pq":
@@ -140,6 +150,7 @@ def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = 
             finally:
                 ctx.close()
                 oracle.close()
+                lib.close()
             for v in VARIANTS:
                 lrs[v].error /= max(lrs[v].steps, 1) * kv_heads
                 results[v].layers.append(lrs[v])
@@ -164,6 +175,7 @@ def plot(found: Dict[float, Dict[str, replay.Result]], path: str, title: str) ->
     import matplotlib.pyplot as plt
 
     styles = {"pq": dict(color="tab:red", lw=2), "pq+est": dict(color="tab:red", lw=2, ls="--"),
+              "pq+est(lib)": dict(color="tab:orange", lw=1, ls="--", marker="x"),
               "pq+est(V)": dict(color="tab:red", lw=1, ls=":"),
               "exact": dict(color="black", lw=2), "exact+est": dict(color="black", lw=1, ls="--")}
     fractions = sorted(found, reverse=True)
@@ -172,7 +184,7 @@ def plot(found: Dict[float, Dict[str, replay.Result]], path: str, title: str) ->
     for v in VARIANTS:
         y = [found[f][v].mean("error") for f in fractions]
         e = [found[f][v].interval("step_error") for f in fractions]
-        ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=v, **styles[v])
+        ax.errorbar(x, y, yerr=e, capsize=3, label=v, **{"marker": "o", **styles[v]})
     ax.set_xscale("log")
     ax.minorticks_off()  # the log axis's own labels (3 x 10^1) would sit among the budgets
     ax.set_xticks(x, [f"1/{n}" for n in x])

@@ -51,8 +51,13 @@ def test_pq_row_is_replay_s_and_the_estimate_lowers_the_error(synthetic):
     # margins leave room for other CPUs.
     assert found["pq+est"].mean("error") < 0.8 * found["pq"].mean("error")
     assert found["exact+est"].mean("error") < found["exact"].mean("error")
+    # The library's estimate (pq_decode_attend, tail_estimate "code_means")
+    # is the numpy one.
+    assert found["pq+est(lib)"].mean("error") == pytest.approx(found["pq+est"].mean("error"),
+                                                               rel=1e-3)
     lines = tail_estimate.table({0.1: found})
-    assert lines[0].startswith("| budget | pq | pq+est") and lines[2].startswith("| 1/10 |")
+    assert lines[0].startswith("| budget | pq | pq+est | pq+est(lib)") and \
+        lines[2].startswith("| 1/10 |")
 
 
 def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
@@ -68,8 +73,8 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     evaluate.tail_estimate_section(data, lines)
     text = "\n".join(lines)
     assert "| 1/50 | 0.1041 ± 0.0126 |" in text
-    assert "At 1/50: PQ's output error 0.1041 without the estimate, 0.0600 with it, against the " \
-           "oracle's 0.0859" in text and "holds here with the intervals apart" in text
+    assert "At 1/50: PQ's output error 0.1041 without the estimate, 0.0600 with it (pq+est), " \
+           "against the oracle's 0.0859" in text and "holds here with the intervals apart" in text
     # Intervals that overlap: the aim is not claimed.
     (data / "tail-estimate-2k.md").write_text(
         "| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n|---|---:|---:|---:|---:|---:|\n"
