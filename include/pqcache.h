@@ -1390,6 +1390,27 @@ PQ_API pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t laye
                                   const pq_selection* selection, float scale,
                                   float* out, float* out_lse);
 
+/* The tail estimate alone (added in 0.12; config.tail_estimate
+ * PQ_TAIL_CODE_MEANS), for a caller that attends over the selected rows
+ * itself (after pq_fetch_kv or the device fetch): out[q][d] and out_lse[q]
+ * are the attention output and log-sum-exp over the estimated tail alone,
+ * the part pq_decode_attend adds (same query, selection and scale; see
+ * pq_tail_estimate). Merge it with your attention (o_a, lse_a) over the
+ * selected rows, per query head:
+ *   m = max(lse_a, lse_t), w_a = exp(lse_a - m), w_t = exp(lse_t - m),
+ *   o = (w_a o_a + w_t o_t) / (w_a + w_t),   lse = m + ln(w_a + w_t),
+ * which equals pq_decode_attend's result up to float rounding. A kv head
+ * with nothing left out gives zeros and -inf (w_t = 0). out_lse may not be
+ * NULL. No K/V row is read; the value means are brought up to date as in
+ * pq_decode_attend.
+ * Errors: as pq_decode_attend; PQ_ERR_BAD_STATE when config.tail_estimate
+ * is PQ_TAIL_NONE; PQ_ERR_UNSUPPORTED on an index-only context (it keeps no
+ * value). Threading: as pq_decode_attend. */
+PQ_API pq_status pq_decode_tail(pq_context* ctx, uint64_t seq_id, int32_t layer,
+                                const pq_tensor* query,
+                                const pq_selection* selection, float scale,
+                                float* out, float* out_lse);
+
 /* --- Several query tokens in one select (added in 0.10) ------------------
  * Speculative verification and chunked prefill over a cached context query
  * the cache with several tokens of one sequence at once. */

@@ -146,6 +146,23 @@ struct Model {
   }
 };
 
+// Two contexts holding m's tokens, with the estimate (on) and without (off).
+struct OnAndOff {
+  Ctx on_ctx, off_ctx;
+  pq_context *on = nullptr, *off = nullptr;
+  OnAndOff(Model& m, float fraction, int32_t subspaces) {
+    pq_config c = tail_config(m.q_heads, m.kv_heads, fraction, subspaces);
+    on_ctx = Ctx(c);
+    c.tail_estimate = PQ_TAIL_NONE;
+    off_ctx = Ctx(c);
+    on = on_ctx.get(), off = off_ctx.get();
+    for (pq_context* ctx : {on, off}) {
+      EXPECT_EQ(pq_sequence_add(ctx, 1), PQ_OK) << pq_last_error();
+      EXPECT_EQ(pq_prefill_layer(ctx, 1, 0, m.k.get(), m.v.get()), PQ_OK) << pq_last_error();
+    }
+  }
+};
+
 // (group, subspaces): one block of four query heads with 2 and 4 subspaces
 // (the scans written for them), a padded block (3) and two blocks (8).
 class TailEstimate : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
@@ -185,20 +202,67 @@ TEST_P(TailEstimate, EqualsTheBruteForceEstimate) {
 TEST_P(TailEstimate, NothingLeftOutIsTheAttentionWithoutIt) {
   const int32_t group = GetParam().first, kv_heads = 2, q_heads = group * kv_heads;
   Model m(400, q_heads, kv_heads, 21);
-  pq_config on_config = tail_config(q_heads, kv_heads, 1.f, GetParam().second);
-  pq_config off_config = on_config;
-  off_config.tail_estimate = PQ_TAIL_NONE;
-  Ctx on(on_config), off(off_config);
-  for (pq_context* c : {on.get(), off.get()}) {
-    PQ_ASSERT_OK(pq_sequence_add(c, 1));
-    PQ_ASSERT_OK(pq_prefill_layer(c, 1, 0, m.k.get(), m.v.get()));
-  }
+  OnAndOff both(m, 1.f, GetParam().second);
+  pq_context *on = both.on, *off = both.off;
   Sel sel(kv_heads, selection_capacity(on, 1, 0));
   PQ_ASSERT_OK(pq_decode_select(on, 1, 0, m.q.get(), sel.get()));
   ASSERT_EQ(sel.counts[0], m.n);
   const Attended a = attend(on, 1, m.q, sel, q_heads), b = attend(off, 1, m.q, sel, q_heads);
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.lse, b.lse);
+}
+
+// pq_decode_tail: the tail alone, merged by the caller with its own
+// attention over the selected rows (as pq_decode_tail documents), gives
+// pq_decode_attend's result.
+TEST_P(TailEstimate, TheTailAloneMergesIntoTheAttend) {
+  const int32_t group = GetParam().first, kv_heads = 2, q_heads = group * kv_heads;
+  Model m(700, q_heads, kv_heads, 61);
+  OnAndOff both(m, 0.05f, GetParam().second);
+  pq_context *on = both.on, *off = both.off;
+  Sel sel(kv_heads, selection_capacity(on, 1, 0));
+  PQ_ASSERT_OK(pq_decode_select(on, 1, 0, m.q.get(), sel.get()));
+  const Attended whole = attend(on, 1, m.q, sel, q_heads);
+  const Attended rows = attend(off, 1, m.q, sel, q_heads);  // the caller's own attention
+  Attended tail{std::vector<float>(whole.out.size()), std::vector<float>(whole.lse.size())};
+  PQ_ASSERT_OK(pq_decode_tail(on, 1, 0, m.q.get(), sel.get(), 0.f, tail.out.data(),
+                              tail.lse.data()));
+  Attended merged = whole;
+  for (int32_t q = 0; q < q_heads; ++q) {
+    const double mx = std::max(rows.lse[q], tail.lse[q]);
+    const double wa = std::exp(rows.lse[q] - mx), wt = std::exp(tail.lse[q] - mx);
+    for (int32_t d = 0; d < kDim; ++d) {
+      const size_t i = static_cast<size_t>(q) * kDim + d;
+      merged.out[i] = static_cast<float>((wa * rows.out[i] + wt * tail.out[i]) / (wa + wt));
+    }
+    merged.lse[q] = static_cast<float>(mx + std::log(wa + wt));
+    EXPECT_NEAR(merged.lse[q], whole.lse[q], 1e-5 * std::max(1.f, std::abs(whole.lse[q])));
+    EXPECT_LT(tail.lse[q], whole.lse[q]);  // a part of the whole's mass
+  }
+  EXPECT_LT(max_relative_error(merged, whole, q_heads), 1e-5);
+
+  // A selection of the whole middle leaves no tail: zeros and -inf.
+  Sel all(kv_heads, m.n);
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    all.counts[h] = static_cast<int32_t>(m.n);
+    for (int32_t i = 0; i < m.n; ++i) all.positions[static_cast<size_t>(h) * m.n + i] = i;
+  }
+  PQ_ASSERT_OK(pq_decode_tail(on, 1, 0, m.q.get(), all.get(), 0.f, tail.out.data(),
+                              tail.lse.data()));
+  for (float x : tail.out) EXPECT_EQ(x, 0.f);
+  for (float l : tail.lse) EXPECT_EQ(l, -std::numeric_limits<float>::infinity());
+
+  // Named errors, nothing written.
+  std::vector<float> untouched(tail.out.size(), 5.f), lse(tail.lse.size(), 5.f);
+  EXPECT_TRUE(IsError(pq_decode_tail(off, 1, 0, m.q.get(), sel.get(), 0.f, untouched.data(),
+                                     lse.data()),
+                      PQ_ERR_BAD_STATE, {"tail_estimate"}));
+  EXPECT_TRUE(IsError(pq_decode_tail(on, 1, 0, m.q.get(), sel.get(), 0.f, untouched.data(),
+                                     nullptr),
+                      PQ_ERR_INVALID_ARGUMENT, {"out_lse"}));
+  EXPECT_TRUE(contains_ci(pq_last_error(), "pq_decode_tail"));
+  for (float x : untouched) EXPECT_EQ(x, 5.f);
+  for (float l : lse) EXPECT_EQ(l, 5.f);
 }
 
 INSTANTIATE_TEST_SUITE_P(GroupsAndSubspaces, TailEstimate,

@@ -104,13 +104,16 @@ static pq_status go_pq_fetch(pq_context* ctx, uint64_t seq, int32_t layer, int32
   return pq_fetch_kv(ctx, seq, layer, &sel, &tk, &tv);
 }
 
+// pq_decode_attend, or pq_decode_tail when tail_only.
 static pq_status go_pq_attend(pq_context* ctx, uint64_t seq, int32_t layer, void* q,
                               go_pq_shape qs, int32_t* positions, int32_t* counts,
-                              int64_t capacity, float scale, float* out, float* out_lse) {
+                              int64_t capacity, float scale, float* out, float* out_lse,
+                              int tail_only) {
   pq_tensor tq;
   pq_selection sel = {positions, counts, capacity};
   pq_status st = go_pq_tensor(&tq, q, qs);
   if (st != PQ_OK) return st;
+  if (tail_only) return pq_decode_tail(ctx, seq, layer, &tq, &sel, scale, out, out_lse);
   return pq_decode_attend(ctx, seq, layer, &tq, &sel, scale, out, out_lse);
 }
 */
@@ -514,7 +517,28 @@ func (c *Context) FetchKV(seq uint64, layer int, sel *Selection, keys, values Te
 // same (seq, layer) meanwhile must be ordered by the caller, as for FetchKV.
 func (c *Context) DecodeAttend(seq uint64, layer int, query Tensor, sel *Selection,
 	scale float32) (out, lse []float32, err error) {
-	const op = "pq_decode_attend"
+	return c.attend("pq_decode_attend", seq, layer, query, sel, scale)
+}
+
+// DecodeTail is the tail estimate alone (pq_decode_tail, 0.12; a context
+// made with Config.TailEstimate = TailCodeMeans): out and lse over the
+// middle tokens the selection leaves out, the part DecodeAttend adds, for a
+// caller that attends over the fetched rows itself. Merge per query head q
+// with your own (oA, lseA):
+//
+//	m := max(lseA, lse[q]); wA, wT := exp(lseA-m), exp(lse[q]-m)
+//	o[d] = (wA*oA[d] + wT*out[q*HeadDim+d]) / (wA + wT)
+//
+// A kv head with nothing left out gives zeros and -Inf. Errors are
+// DecodeAttend's, and ErrBadState without the estimate.
+func (c *Context) DecodeTail(seq uint64, layer int, query Tensor, sel *Selection,
+	scale float32) (out, lse []float32, err error) {
+	return c.attend("pq_decode_tail", seq, layer, query, sel, scale)
+}
+
+// attend is DecodeAttend (op pq_decode_attend) and DecodeTail (pq_decode_tail).
+func (c *Context) attend(op string, seq uint64, layer int, query Tensor, sel *Selection,
+	scale float32) (out, lse []float32, err error) {
 	if err := c.checkLayer(op, layer); err != nil {
 		return nil, nil, err
 	}
@@ -527,10 +551,14 @@ func (c *Context) DecodeAttend(seq uint64, layer int, query Tensor, sel *Selecti
 	}
 	out = make([]float32, c.config.NumQHeads*c.config.HeadDim)
 	lse = make([]float32, c.config.NumQHeads)
+	tailOnly := C.int(0)
+	if op == "pq_decode_tail" {
+		tailOnly = 1
+	}
 	err = c.do(op, func(h pqswig.Struct_SS_pq_context) Status {
 		return Status(C.go_pq_attend(cContext(h), C.uint64_t(seq), C.int32_t(layer), query.data, qs,
 			int32Pointer(sel.Positions), int32Pointer(sel.Counts), C.int64_t(sel.Capacity),
-			C.float(scale), floatPointer(out), floatPointer(lse)))
+			C.float(scale), floatPointer(out), floatPointer(lse), tailOnly))
 	})
 	if err != nil {
 		return nil, nil, err

@@ -41,6 +41,7 @@
 %ignore pq_decode_select;
 %ignore pq_fetch_kv;
 %ignore pq_decode_attend;
+%ignore pq_decode_tail;
 %ignore pq_prefill_queries;
 %ignore pq_observe_attention;
 %ignore pq_sequence_token_classes;

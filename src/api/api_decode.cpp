@@ -43,6 +43,14 @@ pq_status pq_decode_attend(pq_context* ctx, uint64_t seq_id, int32_t layer,
   });
 }
 
+pq_status pq_decode_tail(pq_context* ctx, uint64_t seq_id, int32_t layer, const pq_tensor* query,
+                         const pq_selection* selection, float scale, float* out, float* out_lse) {
+  return guarded_on(ctx, __func__, [&] {
+    ctx_of(ctx).decode_attend(seq_id, layer, query, selection, scale, out, out_lse,
+                              /*tail_only=*/true);
+  });
+}
+
 pq_status pq_decode_select_batch(pq_context* ctx, int32_t layer, pq_select_item* items,
                                  int64_t count) {
   return guarded_on(ctx, __func__, [&] { ctx_of(ctx).decode_select_batch(layer, items, count); });

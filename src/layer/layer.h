@@ -163,8 +163,9 @@ class Layer {
 
   // --- attention (layer_attend.cpp) ---------------------------------------
   // pq_decode_attend, on the copied selection: queries [q_heads][head_dim].
+  // tail_only: the tail estimate alone (pq_decode_tail), no row read.
   void attend(const std::vector<float>& queries, const pq_selection* sel, float scale, float* out,
-              float* out_lse, uint64_t seq_id);
+              float* out_lse, uint64_t seq_id, bool tail_only = false);
 
   // --- the tail estimate of the attention (layer_tail.cpp) ----------------
   // Under mutex_, with config.tail_estimate: the index's codes and the

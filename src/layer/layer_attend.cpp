@@ -25,20 +25,30 @@ struct AttendTask {
 }  // namespace
 
 void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, float scale,
-                   float* out, float* out_lse, uint64_t seq_id) {
+                   float* out, float* out_lse, uint64_t seq_id, bool tail_only) {
+  if (tail_only && shared_.config.tail_estimate == PQ_TAIL_NONE)
+    fail(PQ_ERR_BAD_STATE,
+         "config.tail_estimate is PQ_TAIL_NONE: this context keeps no tail estimate (create it "
+         "with PQ_TAIL_CODE_MEANS)");
+  if (tail_only && out_lse == nullptr)
+    invalid("out_lse is NULL; the tail's log-sum-exp is what merges it with your attention");
   settle();
   std::lock_guard<std::mutex> lock(mutex_);
-  require_prefill(seq_id, "pq_decode_attend");
-  require_kv(seq_id, "pq_decode_attend");
+  const char* call = tail_only ? "pq_decode_tail" : "pq_decode_attend";
+  require_prefill(seq_id, call);
+  require_kv(seq_id, call);
   const int32_t kv_heads = shared_.config.num_kv_heads, group = shared_.group_size;
   const int32_t d = shared_.config.head_dim;
   check_positions(sel, kv_heads, store_->tokens(), layer_index_);
-  const bool tail = shared_.config.tail_estimate != PQ_TAIL_NONE;
+  const bool tail = tail_only || shared_.config.tail_estimate != PQ_TAIL_NONE;
   const Regions regions = shared_.regions(store_->tokens(), layer_index_);
   if (tail) prepare_tail(regions, seq_id);
   int64_t rows = 0;
   for (int32_t h = 0; h < kv_heads; ++h) rows += sel->counts[h];
-  const bool parallel = shared_.pool != nullptr && rows >= kParallelRows;
+  // The tail's tasks each scan the whole middle of a kv head.
+  const bool parallel = shared_.pool != nullptr &&
+                        (rows >= kParallelRows ||
+                         (tail && regions.mid_end - regions.sink_end >= kParallelRows));
   // Enough tasks for every thread: a head is cut into parts when there are
   // fewer heads than threads (one or two kv heads, a large pool).
   const int64_t threads = parallel ? shared_.pool->size() + 1 : 1;
@@ -47,6 +57,7 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   std::vector<int32_t> first_task(static_cast<size_t>(kv_heads) + 1);
   for (int32_t h = 0; h < kv_heads; ++h) {
     first_task[h] = static_cast<int32_t>(tasks.size());
+    if (tail_only) continue;
     const int64_t count = sel->counts[h];
     const int64_t parts = std::max<int64_t>(1, std::min(parts_per_head, count / kMinPartRows));
     for (int64_t p = 0; p < parts; ++p)

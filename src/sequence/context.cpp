@@ -286,8 +286,8 @@ void Context::fetch(uint64_t id, int32_t layer, const pq_selection* sel,
                                                  a.values, seq->info());
 }
 
-void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_arg,
-                            const pq_selection* sel, float scale, float* out, float* out_lse) {
+void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_arg, const pq_selection* sel,
+                            float scale, float* out, float* out_lse, bool tail_only) {
   require_kv_kept();
   const pq_config& c = shared_.config;
   check_layer(layer);
@@ -309,7 +309,7 @@ void Context::decode_attend(uint64_t id, int32_t layer, const pq_tensor* query_a
   ScopedTimer timer(&shared_.counters.fetch_ns, &seq->counters->fetch_ns);
   seq->layers[static_cast<size_t>(layer)]->attend(queries, &selection.view,
                                                   scale == 0.f ? shared_.scale : scale, out,
-                                                  out_lse, id);
+                                                  out_lse, id, tail_only);
 }
 
 // ---------------------------------------------------------------------------

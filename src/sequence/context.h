@@ -100,8 +100,10 @@ class Context {
   void fetch_kv_device(uint64_t id, int32_t layer, const pq_selection* selection,
                        const pq_tensor* out_keys, const pq_tensor* out_values);
 
+  // pq_decode_attend, and with tail_only pq_decode_tail (the tail estimate
+  // alone).
   void decode_attend(uint64_t id, int32_t layer, const pq_tensor* query, const pq_selection* sel,
-                     float scale, float* out, float* out_lse);
+                     float scale, float* out, float* out_lse, bool tail_only = false);
 
   // What a serving engine calls beyond the dense API (context_engine.cpp):
   // keys from its paged pool, several query tokens in one select.

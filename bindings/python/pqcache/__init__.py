@@ -1001,12 +1001,31 @@ class Context(_Closing):
         or 0 means 1 / sqrt(head_dim). Errors are pq_decode_attend's
         (PQError, e.g. PQ_ERR_INVALID_ARGUMENT for a bad query shape or a
         negative scale)."""
+        return self._attend_with("pq_decode_attend", _c.pq_decode_attend, seq, layer, query,
+                                 selection, scale)
+
+    def tail(self, seq: int, layer: int, query, selection: SelectionResult,
+             scale: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """The tail estimate alone (pq_decode_tail, 0.12; a context made with
+        tail_estimate="code_means"): (out, lse) over the middle tokens the
+        selection leaves out, as attend would add them, for a caller that
+        attends over the fetched rows itself. Merge per query head with your
+        (o_a, lse_a): m = max(lse_a, lse), w_a = exp(lse_a - m), w_t =
+        exp(lse - m), o = (w_a o_a + w_t out) / (w_a + w_t). A kv head with
+        nothing left out gives zeros and -inf. PQError PQ_ERR_BAD_STATE
+        without the estimate; otherwise attend's errors."""
+        return self._attend_with("pq_decode_tail", _c.pq_decode_tail, seq, layer, query,
+                                 selection, scale)
+
+    def _attend_with(self, name: str, call, seq: int, layer: int, query,
+                     selection: SelectionResult,
+                     scale: Optional[float]) -> Tuple[np.ndarray, np.ndarray]:
         out = np.empty((self.num_q_heads, self.head_dim), np.float32)
         lse = np.empty(self.num_q_heads, np.float32)
         query = self._query(query)
         self._check_query_dtype("query", query)
-        self._call("pq_decode_attend", _c.pq_decode_attend, seq, layer, query,
-                   selection.arrays, 0.0 if scale is None else scale, out, lse)
+        self._call(name, call, seq, layer, query, selection.arrays,
+                   0.0 if scale is None else scale, out, lse)
         return out, lse
 
     def select_device(self, seq: int, layer: int, query, out: DeviceSelection) -> DeviceSelection:

@@ -43,17 +43,26 @@ def estimate(ctx, keys, values, query, sel):
     return out, lse
 
 
+def data(seed):
+    """keys, values [N][KV][DIM] and a query [Q][DIM], float32."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((N, KV, DIM), dtype=np.float32) * 1.5,
+            rng.standard_normal((N, KV, DIM), dtype=np.float32),
+            rng.standard_normal((Q, DIM), dtype=np.float32))
+
+
+def prefilled(keys, values, **options):
+    ctx = make(**options)
+    ctx.add_sequence(0)
+    ctx.prefill(0, 0, keys, values)
+    return ctx
+
+
 def test_attend_adds_the_estimate_of_the_tail():
-    rng = np.random.default_rng(3)
-    keys = rng.standard_normal((N, KV, DIM), dtype=np.float32) * 1.5
-    values = rng.standard_normal((N, KV, DIM), dtype=np.float32)
-    query = rng.standard_normal((Q, DIM), dtype=np.float32)
-    with make() as ctx, make(tail="none") as plain:
+    keys, values, query = data(3)
+    with prefilled(keys, values) as ctx, prefilled(keys, values, tail="none") as plain:
         assert ctx.config()["tail_estimate"] == pqcache.TAIL_ESTIMATE["code_means"]
         assert repr(ctx.config()["tail_estimate"]) == "<tail_estimate.code_means: 1>"
-        for c in (ctx, plain):
-            c.add_sequence(0)
-            c.prefill(0, 0, keys, values)
         sel = ctx.select(0, 0, query)
         out, lse = ctx.attend(0, 0, query, sel)
         want, want_lse = estimate(ctx, keys.astype(np.float64), values.astype(np.float64),
@@ -63,6 +72,22 @@ def test_attend_adds_the_estimate_of_the_tail():
         np.testing.assert_allclose(lse, want_lse, rtol=2e-5, atol=2e-5)
         rows_only, _ = plain.attend(0, 0, query, sel)
         assert (np.linalg.norm(rows_only - want, axis=1) / np.linalg.norm(want, axis=1)).max() > 1e-3
+
+
+def test_the_tail_alone_merges_with_the_callers_attention():
+    keys, values, query = data(5)
+    with prefilled(keys, values) as ctx, prefilled(keys, values, tail="none") as plain:
+        sel = ctx.select(0, 0, query)
+        whole, whole_lse = ctx.attend(0, 0, query, sel)
+        rows, rows_lse = plain.attend(0, 0, query, sel)  # the caller's own attention
+        tail, tail_lse = ctx.tail(0, 0, query, sel)
+        m = np.maximum(rows_lse, tail_lse)
+        wa, wt = np.exp(rows_lse - m)[:, None], np.exp(tail_lse - m)[:, None]
+        np.testing.assert_allclose((wa * rows + wt * tail) / (wa + wt), whole, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m + np.log(wa[:, 0] + wt[:, 0]), whole_lse, rtol=1e-5)
+        with pytest.raises(pqcache.PQError, match="tail_estimate") as e:
+            plain.tail(0, 0, query, sel)
+        assert e.value.status_name == "PQ_ERR_BAD_STATE"
 
 
 def test_the_estimate_needs_the_pq_selector():

@@ -728,6 +728,10 @@ pq_functions! {
     fn pq_decode_attend(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
                         selection: *const pq_selection, scale: f32, out: *mut f32,
                         out_lse: *mut f32) -> pq_status;
+    /// Added in 0.12: the tail estimate alone.
+    fn pq_decode_tail(ctx: *mut pq_context, seq_id: u64, layer: i32, query: *const pq_tensor,
+                      selection: *const pq_selection, scale: f32, out: *mut f32,
+                      out_lse: *mut f32) -> pq_status;
     /// Added in 0.10: the rows and capacity per row of a multi-token select.
     fn pq_selection_capacity_multi(ctx: *const pq_context, seq_id: u64, layer: i32,
                                    query_tokens: i64, rows: i32, out_rows: *mut i64,

@@ -479,21 +479,7 @@ impl Context {
         selection: &Selection,
         scale: Option<f32>,
     ) -> Result<Attention> {
-        let mut attention = Attention {
-            output: vec![0.0; self.num_q_heads() * self.head_dim()],
-            lse: vec![0.0; self.num_q_heads()],
-            head_dim: self.head_dim(),
-        };
-        self.attend_into(
-            seq_id,
-            layer,
-            query,
-            selection,
-            scale,
-            &mut attention.output,
-            Some(&mut attention.lse),
-        )?;
-        Ok(attention)
+        self.attention_of("pq_decode_attend", seq_id, layer, query, selection, scale)
     }
 
     /// [`Context::attend`] into the caller's buffers, allocating nothing:
@@ -510,14 +496,86 @@ impl Context {
         out: &mut [f32],
         lse: Option<&mut [f32]>,
     ) -> Result<()> {
-        const OP: &str = "pq_decode_attend";
-        let layer = self.layer_arg(OP, layer)?;
-        let query = query.c_tensor(OP, "query")?;
-        self.check_selection(OP, "selection", selection)?;
+        self.attend_op(
+            "pq_decode_attend",
+            seq_id,
+            layer,
+            query,
+            selection,
+            scale,
+            out,
+            lse,
+        )
+    }
+
+    /// The tail estimate alone (`pq_decode_tail`, 0.12; a context configured
+    /// with [`crate::TailEstimate::CodeMeans`]): the attention over the middle
+    /// tokens `selection` leaves out, the part [`Context::attend`] adds, for a
+    /// caller that attends over the fetched rows itself. Merge per query head
+    /// with your own `(o_a, lse_a)`: `m = max(lse_a, lse)`, `w_a = exp(lse_a -
+    /// m)`, `w_t = exp(lse - m)`, `o = (w_a o_a + w_t out) / (w_a + w_t)`. A kv
+    /// head with nothing left out gives zeros and `-inf`. Errors are
+    /// attend's, and `BadState` without the estimate.
+    pub fn tail(
+        &self,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        selection: &Selection,
+        scale: Option<f32>,
+    ) -> Result<Attention> {
+        self.attention_of("pq_decode_tail", seq_id, layer, query, selection, scale)
+    }
+
+    /// attend and tail: `op` into a new [`Attention`].
+    fn attention_of(
+        &self,
+        op: &'static str,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        selection: &Selection,
+        scale: Option<f32>,
+    ) -> Result<Attention> {
+        let mut attention = Attention {
+            output: vec![0.0; self.num_q_heads() * self.head_dim()],
+            lse: vec![0.0; self.num_q_heads()],
+            head_dim: self.head_dim(),
+        };
+        let (output, lse) = (&mut attention.output, &mut attention.lse);
+        self.attend_op(
+            op,
+            seq_id,
+            layer,
+            query,
+            selection,
+            scale,
+            output,
+            Some(lse),
+        )?;
+        Ok(attention)
+    }
+
+    /// `pq_decode_attend` or (`op` `pq_decode_tail`) `pq_decode_tail`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_op(
+        &self,
+        op: &'static str,
+        seq_id: u64,
+        layer: usize,
+        query: &Tensor<'_>,
+        selection: &Selection,
+        scale: Option<f32>,
+        out: &mut [f32],
+        lse: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let layer = self.layer_arg(op, layer)?;
+        let query = query.c_tensor(op, "query")?;
+        self.check_selection(op, "selection", selection)?;
         let (heads, dim) = (self.num_q_heads(), self.head_dim());
         if out.len() < heads * dim {
             return Err(Error::invalid(
-                OP,
+                op,
                 format_args!(
                     "out has {} floats; expected at least {} (num_q_heads {heads} x head_dim {dim})",
                     out.len(),
@@ -528,7 +586,7 @@ impl Context {
         let lse = match lse {
             Some(lse) if lse.len() < heads => {
                 return Err(Error::invalid(
-                    OP,
+                    op,
                     format_args!(
                         "out_lse has {} floats; expected at least {heads} (num_q_heads)",
                         lse.len()
@@ -539,8 +597,13 @@ impl Context {
             None => std::ptr::null_mut(),
         };
         let raw = selection.as_raw_const();
+        let call = if op == "pq_decode_tail" {
+            self.api().pq_decode_tail
+        } else {
+            self.api().pq_decode_attend
+        };
         self.library.check(unsafe {
-            (self.api().pq_decode_attend)(
+            (call)(
                 self.ptr(),
                 seq_id,
                 layer,

@@ -857,16 +857,50 @@ public final class PqContext implements AutoCloseable {
    */
   public Attention decodeAttend(long seqId, int layer, ByteBuffer query, Selection selection,
       float scale) {
-    ByteBuffer q = queryInput(query, "pq_decode_attend", "query", 1);
-    checkSelection(selection, "pq_decode_attend", "selection");
+    return attend("pq_decode_attend", seqId, layer, query, selection, scale);
+  }
+
+  /**
+   * The tail estimate alone (pq_decode_tail, 0.12; a context built with {@code
+   * .tailEstimate(TailEstimate.CODE_MEANS)}): the attention over the middle tokens the selection
+   * leaves out, the part decodeAttend adds, for a caller that attends over the fetched rows
+   * itself. Merge per query head with your own (oA, lseA): {@code m = max(lseA, lse), wA =
+   * exp(lseA - m), wT = exp(lse - m), o = (wA oA + wT out) / (wA + wT)}. A kv head with nothing
+   * left out gives zeros and -infinity.
+   *
+   * @throws PqException BAD_STATE without the estimate; otherwise decodeAttend's, naming
+   *     pq_decode_tail
+   */
+  public Attention decodeTail(long seqId, int layer, ByteBuffer query, Selection selection,
+      float scale) {
+    return attend("pq_decode_tail", seqId, layer, query, selection, scale);
+  }
+
+  /** {@link #decodeTail(long, int, ByteBuffer, Selection, float)} from an array (F32; copies). */
+  public Attention decodeTail(long seqId, int layer, float[] query, Selection selection,
+      float scale) {
+    return decodeTail(seqId, layer, queryCopyIn(query, "pq_decode_tail", "query"), selection,
+        scale);
+  }
+
+  /** decodeAttend (op pq_decode_attend) and decodeTail (op pq_decode_tail). */
+  private Attention attend(String op, long seqId, int layer, ByteBuffer query,
+      Selection selection, float scale) {
+    ByteBuffer q = queryInput(query, op, "query", 1);
+    checkSelection(selection, op, "selection");
     ByteBuffer out = ByteBuffer.allocateDirect(queryHeads * headDim * Float.BYTES)
         .order(ByteOrder.nativeOrder());
     ByteBuffer lse = ByteBuffer.allocateDirect(queryHeads * Float.BYTES)
         .order(ByteOrder.nativeOrder());
-    run("pq_decode_attend", h -> {
+    boolean tailOnly = op.equals("pq_decode_tail");
+    run(op, h -> {
       pq_selection chosen = attached(selection);
       try (NativeTensor tq = queryTensor(q, 1)) {
-        pqcache.pq_decode_attend(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
+        if (tailOnly) {
+          pqcache.pq_decode_tail(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
+        } else {
+          pqcache.pq_decode_attend(h, seqId, layer, tq.tensor, chosen, scale, out, lse);
+        }
       } finally {
         chosen.delete();
         Reference.reachabilityFence(selection);

@@ -60,6 +60,41 @@ class TailEstimateTest {
     assertFalse(Arrays.equals(runs[0].output(), runs[1].output()), "the output moved");
   }
 
+  /** decodeTail merged with the caller's own attention over the rows is decodeAttend's result. */
+  @Test
+  void theTailAloneMergesIntoTheAttend() {
+    int n = TOKENS * ReferenceCycle.KV_HEADS * ReferenceCycle.HEAD_DIM;
+    float[] keys = ReferenceCycle.generate(61, n);
+    float[] values = ReferenceCycle.generate(62, n);
+    float[] q = ReferenceCycle.generate(63, ReferenceCycle.Q_HEADS * ReferenceCycle.HEAD_DIM);
+    try (PqContext on = new PqContext(config(TailEstimate.CODE_MEANS, Selector.PQ));
+        PqContext off = new PqContext(config(TailEstimate.NONE, Selector.PQ))) {
+      for (PqContext ctx : new PqContext[] {on, off}) {
+        ctx.addSequence(1);
+        ctx.prefillLayer(1, 0, TOKENS, keys, values);
+      }
+      Selection selection = on.decodeSelect(1, 0, q);
+      Attention whole = on.decodeAttend(1, 0, q, selection);
+      Attention rows = off.decodeAttend(1, 0, q, selection);
+      Attention tail = on.decodeTail(1, 0, q, selection, 0f);
+      int dim = ReferenceCycle.HEAD_DIM;
+      for (int h = 0; h < ReferenceCycle.Q_HEADS; h++) {
+        double m = Math.max(rows.lse()[h], tail.lse()[h]);
+        double wa = Math.exp(rows.lse()[h] - m);
+        double wt = Math.exp(tail.lse()[h] - m);
+        assertEquals(whole.lse()[h], m + Math.log(wa + wt), 1e-4, "lse of query head " + h);
+        for (int d = 0; d < dim; d++) {
+          int i = h * dim + d;
+          double merged = (wa * rows.output()[i] + wt * tail.output()[i]) / (wa + wt);
+          assertEquals(whole.output()[i], merged, 1e-4, "out[" + i + "]");
+        }
+      }
+      PqException e = assertThrows(PqException.class, () -> off.decodeTail(1, 0, q, selection, 0f));
+      assertEquals(Status.BAD_STATE, e.status());
+      assertTrue(e.getMessage().contains("pq_decode_tail"), e.getMessage());
+    }
+  }
+
   @Test
   void theEstimateNeedsThePqSelector() {
     PqException e = assertThrows(PqException.class,
