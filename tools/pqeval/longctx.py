@@ -66,7 +66,9 @@ PQ_VARIANTS = {"pq-paper": {"pq_subspaces": 2, "pq_bits": 6, "key_rotary": "none
                "pq-pairs": {"pq_subspaces": 2, "pq_bits": 6, "key_rotary": "half"},
                "pq-2x8-pairs": {"pq_subspaces": 2, "pq_bits": 8, "key_rotary": "half"},
                "pq-4x8-pairs": {"pq_subspaces": 4, "pq_bits": 8, "key_rotary": "half"},
-               "pq-rerank": {"pq_rerank": 0.5}}
+               "pq-rerank": {"pq_rerank": 0.5},
+               # The default PQ row with issue 44's tail estimate in the attend.
+               "pq-tail": {"tail_estimate": "code_means"}}
 DEFAULT_VARIANTS = ["pq-pairs", "pq-2x8-pairs"]
 NAMES = SELECTORS[:2] + DEFAULT_VARIANTS + SELECTORS[2:]   # default row names, report order
 ALL_NAMES = NAMES + [v for v in PQ_VARIANTS if v not in NAMES]
@@ -445,11 +447,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--continuation", type=int, default=256)
     ap.add_argument("--documents", type=int, default=len(tasks.PERPLEXITY_DOCUMENTS))
+    ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
+                    help="budgets, shares of the middle (default: %(default)s)")
     ap.add_argument("--selectors", default=",".join(NAMES),
                     help="selectors and PQ variants (" + ", ".join(PQ_VARIANTS) + "); default: "
                          + ",".join(NAMES))
     args = ap.parse_args(argv)
-    row_list = rows(args.selectors.split(","))
+    row_list = rows(args.selectors.split(","), [float(f) for f in args.fractions.split(",")])
     out = Path(args.out)
     if args.what == "tasks":
         run_tasks(args.model, [int(x) for x in args.lengths.split(",")],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -205,22 +205,23 @@ def task_breakdown(records: List[dict], lines: List[str], budget: str = "1/5") -
                  "run's." if differs else "") + ")"]
 
 
-def perplexity_table(records: List[dict], lines: List[str]) -> Dict[str, tuple]:
+def perplexity_table(records: List[dict], lines: List[str],
+                     budgets: Sequence[str] = BUDGETS) -> Dict[str, tuple]:
     """Each row over the documents that measured it (a row added later may
     cover fewer), its change paired with full attention on those documents.
     out[label] = (perplexity interval, change interval, documents)."""
     full_all = np.array([r["nll"][FULL] for r in records])
     out = {FULL: (stats.perplexity_ci(full_all), (0.0, 0.0, 0.0), len(records))}
-    lines += ["| selector | 1/5 perplexity | 1/5 vs full | 1/10 perplexity | 1/10 vs full "
-              "| documents |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["| selector | " + " | ".join(f"{b} perplexity | {b} vs full" for b in budgets)
+              + " | documents |", "|---|" + "---:|" * (2 * len(budgets) + 1)]
     p = out[FULL][0]
-    lines.append(f"| full attention | {_ci(*p, scale=1, digits=3)} | | "
-                 f"{_ci(*p, scale=1, digits=3)} | | {len(records)} |")
+    lines.append("| full attention | " + " | | ".join(_ci(*p, scale=1, digits=3) for _ in budgets)
+                 + f" | | {len(records)} |")
     for s in ALL_NAMES:
-        if not any(f"{s}@1/5" in r["nll"] for r in records):
+        if not any(f"{s}@{next(iter(budgets))}" in r["nll"] for r in records):
             continue
         cols, docs = [], 0
-        for b in BUDGETS:
+        for b in budgets:
             label = f"{s}@{b}"
             having = [r for r in records if label in r["nll"]]
             nll = np.array([r["nll"][label] for r in having])

@@ -2,6 +2,8 @@
 its merge of parts is attention over their union, its `pq` row is
 pqeval.replay's output error (the same selection, the same arithmetic), and
 the estimate brings PQ's error down where the tail holds mass."""
+import json
+
 import numpy as np
 import pytest
 
@@ -84,4 +86,36 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     assert "is not shown apart from the intervals here" in "\n".join(lines)
     empty = []
     evaluate.tail_estimate_section(tmp_path / "nothing", empty)
+    assert empty == []
+
+
+def test_the_perplexity_section_reads_the_records_and_judges_the_aim(tmp_path):
+    from pqeval import evaluate
+    rng = np.random.default_rng(2)
+    full = rng.gamma(2.0, 1.0, (3, 256))
+    nll = {"full": full, "exact@1/20": full + 0.01, "pq@1/20": full + 0.05,
+           "pq-tail@1/20": full + 0.02, "exact@1/50": full + 0.02, "pq@1/50": full + 0.08,
+           "pq-tail@1/50": full + 0.04}
+    records = [{"key": f"ppl/m/4096/256/{d}", "kind": "ppl", "document": d,
+                "nll": {k: v[d].tolist() for k, v in nll.items()}} for d in range(3)]
+    data = tmp_path / "quality-data"
+    data.mkdir()
+    (data / "tail-ppl-4k.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    lines = []
+    evaluate.tail_perplexity_section(data, lines)
+    text = "\n".join(lines)
+    assert "| selector | 1/20 perplexity | 1/20 vs full | 1/50 perplexity | 1/50 vs full |" in text
+    assert "| pq-tail (variant) |" in text and "(3 documents)" in text
+    # +2.02% at 1/20 (exp(0.02) - 1): the aim (0.5%) is not met.
+    assert "from +5.13% to +2.02%" in text and "is not met on" in text
+    # +0.40%, its interval past 0.5%: met by the point estimate only.
+    for r in records:
+        r["nll"]["pq-tail@1/20"] = (np.array(r["nll"]["full"]) + 0.004
+                                    + rng.normal(0, 0.3, 256)).tolist()
+    (data / "tail-ppl-4k.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    lines = []
+    evaluate.tail_perplexity_section(data, lines)
+    assert "met by the point estimate only (the interval reaches" in "\n".join(lines)
+    empty = []
+    evaluate.tail_perplexity_section(tmp_path / "nothing", empty)
     assert empty == []
