@@ -269,6 +269,24 @@ INSTANTIATE_TEST_SUITE_P(GroupsAndSubspaces, TailEstimate,
                          ::testing::Values(std::make_pair(4, 2), std::make_pair(4, 4),
                                            std::make_pair(3, 2), std::make_pair(8, 2)));
 
+// A middle of more than 4,096 tokens: the kv heads' tails run on the pool
+// beside the row tasks (the ThreadSanitizer build runs this too).
+TEST(TailEstimatePool, EqualsTheBruteForceEstimateOnThePool) {
+  const int32_t kv_heads = 2, q_heads = 8;
+  Model m(5000, q_heads, kv_heads, 71);
+  pq_config c = tail_config(q_heads, kv_heads, 0.1f, 4);
+  c.worker_threads = 2;
+  Ctx ctx(c);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  PQ_ASSERT_OK(pq_sequence_add(ctx, 1));
+  PQ_ASSERT_OK(pq_prefill_layer(ctx, 1, 0, m.k.get(), m.v.get()));
+  Sel sel(kv_heads, selection_capacity(ctx, 1, 0));
+  PQ_ASSERT_OK(pq_decode_select(ctx, 1, 0, m.q.get(), sel.get()));
+  const Attended got = attend(ctx, 1, m.q, sel, q_heads);
+  const Attended want = brute_force(ctx, q_heads, kv_heads, 4, m.n, m.keys, m.values, m.query, sel);
+  EXPECT_LT(max_relative_error(got, want, q_heads), 2e-5);
+}
+
 // The value means follow the sequence: after a truncate and other tokens
 // appended to the same length, after a fork and after a save and restore,
 // the estimate is what a context that prefilled the same tokens gives.
