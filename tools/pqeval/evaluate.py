@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from pqeval import longctx, progress, replay, report, stats, trace as trace_io
-from pqeval.longctx import (COMPENSATION, DROP, PQ_VARIANTS, SELECTORS, SPECULATING,
+from pqeval.longctx import (COMPENSATION, DROP, FULL as FULL_LABEL, PQ_VARIANTS, SELECTORS, SPECULATING,
                              TRACE_SELECTORS, UNBUDGETED, budget)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -590,6 +590,58 @@ def tail_perplexity_section(data: Path, lines: List[str]) -> None:
               "here."]
 
 
+TAIL_TASKS_COMMAND = ("cd tools && ../scripts/run-python -m pqeval.longctx tasks --model "
+                      "smollm2-135m --lengths 4096 --tasks cwe,fwe --seeds 20 --selectors "
+                      "exact,pq,pq-tail --fractions 0.1 --out ../docs/quality-data/"
+                      "tail-tasks-4k.jsonl")
+
+
+def tail_tasks_section(data: Path, lines: List[str]) -> None:
+    """Issue 44's aggregation aim (common and frequent words at 1/10: within
+    1 point of full attention and ahead of PQ without the estimate), from
+    tail-tasks-4k.jsonl as pqeval.longctx wrote it."""
+    path = data / "tail-tasks-4k.jsonl"
+    if not path.exists():
+        return
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records:
+        return
+    labels = [FULL_LABEL, "exact@1/10", "pq@1/10", "pq-tail@1/10"]
+    lines += ["", "### The aggregation tasks with the tail estimate at 1/10", "",
+              "Common words (cwe) and frequent words (fwe), the tasks where the answer lives in "
+              "the many tokens a small budget leaves out, on SmolLM2-135M at 4K tokens, both "
+              "placements: accuracy (share of the reference words in the answer) with 95% "
+              "intervals over prompts, and its paired change against full attention. Written by "
+              "`" + TAIL_TASKS_COMMAND + "`.", "",
+              "| task | prompts | " + " | ".join(labels) + " | pq-tail - pq |",
+              "|---|---:|" + "---:|" * (len(labels) + 1)]
+    verdicts = []
+    for task in sorted({r["task"] for r in records}) + ["both"]:
+        cell = [r for r in records if task in ("both", r["task"])]
+        summary = report.cell_summary(cell)
+        cols = []
+        for label in labels:
+            c = summary.get(label)
+            cols.append("" if c is None else report._ci(*c["acc"]) + (
+                "" if label == FULL_LABEL else f" ({report._ci(*c['diff'], sign=True)})"))
+        gain = ""
+        if "pq@1/10" in summary and "pq-tail@1/10" in summary:
+            a, b = report.paired_scores(summary, "pq-tail@1/10", "pq@1/10")
+            g = stats.paired_diff_ci(a, b)
+            gain = report._ci(*g, sign=True)
+            if task == "both":
+                d = summary["pq-tail@1/10"]["diff"]
+                verdicts.append(
+                    f"Over both tasks the estimate changes PQ's accuracy by {gain} points "
+                    f"and stands at {report._ci(*d, sign=True)} points from full attention: "
+                    "issue 44's aim (within 1 point of full attention and ahead of PQ) is "
+                    + ("met" if -0.01 <= d[1] and d[2] <= 0.01 and g[1] > 0 else "not met")
+                    + " here; this small model scores low on these tasks even with full "
+                    "attention, so the cells say little either way.")
+        lines.append(f"| {task} | {len(cell)} | " + " | ".join(cols) + f" | {gain} |")
+    lines += [""] + verdicts
+
+
 def budgets_section(data: Path, lines: List[str]) -> None:
     """The committed trace at budgets down to 1/50 (issue 44's starting
     point), from budgets-2k.md as pqeval.replay --intervals wrote it: its
@@ -842,6 +894,7 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
     budgets_section(data, lines)
     tail_estimate_section(data, lines)
     tail_perplexity_section(data, lines)
+    tail_tasks_section(data, lines)
     if seconds is not None:
         lines += ["", f"Report time: {seconds:.0f} s."]
     target = out / "quality.md"

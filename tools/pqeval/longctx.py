@@ -383,9 +383,12 @@ def run_tasks(model_name: str, lengths: Iterable[int], tasks_: Sequence[str],
                             _append(out, record)
                             records.append(record)
                             full = record["rows"][FULL]["score"]
-                            pq = record["rows"].get("pq@1/5", {}).get("score", float("nan"))
+                            # PQ at the first budget this run has (1/5 by default).
+                            pq_label = next((k for k in record["rows"] if k.startswith("pq@")),
+                                            "pq@1/5")
+                            pq = record["rows"].get(pq_label, {}).get("score", float("nan"))
                             log(f"{record['key']}: {record['tokens']} tokens, {len(part) - 1} "
-                                f"rows, full {full:.2f}, pq@1/5 {pq:.2f}, "
+                                f"rows, full {full:.2f}, {pq_label} {pq:.2f}, "
                                 f"{record['seconds']:.0f} s")
                             if progress:
                                 progress()

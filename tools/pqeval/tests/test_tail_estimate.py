@@ -89,6 +89,14 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     assert empty == []
 
 
+def _rendered(section, data, name, records) -> str:
+    """What an evaluate section writes for `records` saved as data/name."""
+    (data / name).write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    lines = []
+    section(data, lines)
+    return "\n".join(lines)
+
+
 def test_the_perplexity_section_reads_the_records_and_judges_the_aim(tmp_path):
     from pqeval import evaluate
     rng = np.random.default_rng(2)
@@ -100,10 +108,7 @@ def test_the_perplexity_section_reads_the_records_and_judges_the_aim(tmp_path):
                 "nll": {k: v[d].tolist() for k, v in nll.items()}} for d in range(3)]
     data = tmp_path / "quality-data"
     data.mkdir()
-    (data / "tail-ppl-4k.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    lines = []
-    evaluate.tail_perplexity_section(data, lines)
-    text = "\n".join(lines)
+    text = _rendered(evaluate.tail_perplexity_section, data, "tail-ppl-4k.jsonl", records)
     assert "| selector | 1/20 perplexity | 1/20 vs full | 1/50 perplexity | 1/50 vs full |" in text
     assert "| pq-tail (variant) |" in text and "(3 documents)" in text
     # +2.02% at 1/20 (exp(0.02) - 1): the aim (0.5%) is not met.
@@ -112,10 +117,31 @@ def test_the_perplexity_section_reads_the_records_and_judges_the_aim(tmp_path):
     for r in records:
         r["nll"]["pq-tail@1/20"] = (np.array(r["nll"]["full"]) + 0.004
                                     + rng.normal(0, 0.3, 256)).tolist()
-    (data / "tail-ppl-4k.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    lines = []
-    evaluate.tail_perplexity_section(data, lines)
-    assert "met by the point estimate only (the interval reaches" in "\n".join(lines)
+    assert "met by the point estimate only (the interval reaches" in \
+        _rendered(evaluate.tail_perplexity_section, data, "tail-ppl-4k.jsonl", records)
     empty = []
     evaluate.tail_perplexity_section(tmp_path / "nothing", empty)
     assert empty == []
+
+
+def test_the_tasks_section_pairs_the_rows_and_judges_the_aim(tmp_path):
+    from pqeval import evaluate
+    records = []
+    for seed in range(6):
+        for task in ("cwe", "fwe"):
+            rows = {"full": 0.5, "exact@1/10": 0.4, "pq@1/10": 0.3 + 0.01 * (seed % 2),
+                    "pq-tail@1/10": 0.5}
+            records.append({"key": f"task/m/4096/{task}/last/{seed}", "kind": "task",
+                            "task": task, "rows": {k: {"output": str(v), "score": v}
+                                                   for k, v in rows.items()}})
+    data = tmp_path / "quality-data"
+    data.mkdir()
+    text = _rendered(evaluate.tail_tasks_section, data, "tail-tasks-4k.jsonl", records)
+    assert "| both | 12 | 50.0 [50.0, 50.0] |" in text
+    assert "| pq-tail@1/10 | pq-tail - pq |" in text and "| cwe | 6 |" in text
+    # pq-tail equals full and beats pq on every prompt: the aim is met.
+    assert "stands at +0.0 [+0.0, +0.0] points from full attention" in text and "is met" in text
+    for r in records:
+        r["rows"]["pq-tail@1/10"]["score"] = 0.3
+    assert "is not met" in _rendered(evaluate.tail_tasks_section, data, "tail-tasks-4k.jsonl",
+                                     records)
