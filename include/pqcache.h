@@ -741,7 +741,8 @@ typedef struct pq_config {
   /* pq_tail_estimate: what pq_decode_attend adds for the middle tokens the
    * selection leaves out. Default PQ_TAIL_NONE. PQ_TAIL_CODE_MEANS with a
    * selector other than PQ_SELECTOR_PQ is PQ_ERR_INVALID_ARGUMENT (it reads
-   * the PQ index). */
+   * the PQ index), and so is it with PQ_KV_TIER_CALLER (it averages values,
+   * which an index-only context does not keep). */
   int32_t tail_estimate;
 } pq_config;
 

@@ -360,6 +360,11 @@ TEST(TailEstimateConfig, NamedErrors) {
   c = tail_config(8, 2, 0.1f);
   c.tail_estimate = 2;
   EXPECT_TRUE(IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"tail_estimate"}));
+  c = tail_config(8, 2, 0.1f);
+  c.kv_tier = PQ_KV_TIER_CALLER;
+  EXPECT_TRUE(IsError(pq_create(&c, &ctx), PQ_ERR_INVALID_ARGUMENT, {"tail_estimate"}));
+  EXPECT_TRUE(contains_ci(pq_last_error(), "PQ_KV_TIER_CALLER"));
+  EXPECT_EQ(ctx, nullptr);
   pq_config d;
   pq_config_default(&d);
   EXPECT_EQ(d.tail_estimate, PQ_TAIL_NONE);

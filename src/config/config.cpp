@@ -127,6 +127,9 @@ static void check_index_only(pq_config& c) {
   if (c.cache_tokens > 0)
     invalid(std::string(tier) + " and config.cache_tokens is " + str(c.cache_tokens) +
             "; the block cache keeps fetched K/V, and an index-only context fetches none (use 0)");
+  if (c.tail_estimate != PQ_TAIL_NONE)
+    invalid(std::string(tier) + " and config.tail_estimate is PQ_TAIL_CODE_MEANS; the estimate "
+            "averages the values, which an index-only context does not keep (use PQ_TAIL_NONE)");
 }
 
 pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
