@@ -104,12 +104,17 @@ void Layer::attend(const std::vector<float>& queries, const pq_selection* sel, f
   else
     for (size_t i = 0; i < n; ++i) run(static_cast<int64_t>(i));
   // out and out_lse are written only now, on success.
-  std::vector<AttentionPart> head_parts;
+  std::vector<AttentionPart> head_parts;  // a head's parts and its tail (with the estimate only)
   for (int32_t h = 0; h < kv_heads; ++h) {
     float* scaled_out = out + static_cast<size_t>(h) * group * d;
-    head_parts.assign(parts.begin() + first_task[h], parts.begin() + first_task[h + 1]);
-    if (tail) head_parts.push_back(parts[exact_tasks + static_cast<size_t>(h)]);
-    merge_attention(head_parts.data(), static_cast<int>(head_parts.size()), group, d, scaled_out,
+    const AttentionPart* merged = parts.data() + first_task[h];
+    int count = first_task[h + 1] - first_task[h];
+    if (tail) {
+      head_parts.assign(merged, merged + count);
+      head_parts.push_back(parts[exact_tasks + static_cast<size_t>(h)]);
+      merged = head_parts.data(), count = static_cast<int>(head_parts.size());
+    }
+    merge_attention(merged, count, group, d, scaled_out,
                     out_lse != nullptr ? out_lse + static_cast<size_t>(h) * group : nullptr);
     if (const float v = store_->value_scale(h); v != 1.f)
       for (size_t i = 0; i < static_cast<size_t>(group) * d; ++i) scaled_out[i] *= v;
