@@ -8,6 +8,9 @@ round (medians and same-round ratios; only ratios travel between machines):
                  44: the middle tokens the selection leaves out estimated
                  from the index and merged in); lib_tail/lib is its cost
                  (issue 44's target: <= 1.3);
+  lib_outliers   the same in a context with pq_outliers=0.01 (issue 44: the
+                 1% of keys with the largest quantization residuals scored
+                 exactly); lib_outliers/lib is its cost;
   select         pq_decode_select alone;
   attend         pq_decode_attend alone over a fixed selection;
   fetch          pq_fetch_kv alone of the same rows (the library's gather);
@@ -104,7 +107,10 @@ def main() -> int:
         tail_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
                                    topk_fraction=0.2, worker_threads=args.threads,
                                    tail_estimate="code_means")
-        for c in (ctx, tail_ctx):
+        outlier_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
+                                      topk_fraction=0.2, worker_threads=args.threads,
+                                      pq_outliers=0.01)
+        for c in (ctx, tail_ctx, outlier_ctx):
             c.add_sequence(0)
             c.prefill(0, 0, keys, values)
             c.wait_builds()
@@ -146,6 +152,12 @@ def main() -> int:
             tail_ctx.select(0, 0, query, out=tail_sel)
             tail_ctx.attend(0, 0, query, tail_sel)
 
+        outlier_sel = outlier_ctx.select(0, 0, query)
+
+        def lib_outliers():
+            outlier_ctx.select(0, 0, query, out=outlier_sel)
+            outlier_ctx.attend(0, 0, query, outlier_sel)
+
         def fetch():
             ctx.fetch(0, 0, sel, out=gathered)
 
@@ -184,14 +196,14 @@ def main() -> int:
         out, _ = ctx.attend(0, 0, query, sel)
         ref = sdpa_rows(*gathered, f32=True).reshape(Q, DIM).numpy()
         err = float(np.abs(out - ref).max())
-        candidates = {"lib": lib, "lib_tail": lib_tail, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
+        candidates = {"lib": lib, "lib_tail": lib_tail, "lib_outliers": lib_outliers, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
                       "fetch_sdpa_f32": fetch_sdpa_f32, "fetch_sdpa_gqa": fetch_sdpa_gqa, "torch_gather": torch_gather,
                       "sdpa_gathered": sdpa_gathered, "dense": dense, "seq_read": seq_read}
         for fn in candidates.values():
             fn()
         times = {name: [] for name in candidates}
         ratios = {"best_fetch_sdpa/lib": [], "attend/fetch": [], "torch_gather/lib": [],
-                  "dense/lib": [], "lib_tail/lib": []}
+                  "dense/lib": [], "lib_tail/lib": [], "lib_outliers/lib": []}
         for _ in range(args.rounds):
             this = {}
             for name, fn in candidates.items():
@@ -214,8 +226,8 @@ def main() -> int:
                "median_ratio": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        ctx.close()
-        tail_ctx.close()
+        for c in (ctx, tail_ctx, outlier_ctx):
+            c.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -92,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 12
+#define PQ_VERSION_MINOR 13
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.12.0"
+#define PQ_VERSION_STRING "0.13.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -744,6 +744,28 @@ typedef struct pq_config {
    * the PQ index), and so is it with PQ_KV_TIER_CALLER (it averages values,
    * which an index-only context does not keep). */
   int32_t tail_estimate;
+
+  /* --- Outliers scored exactly (appended in 0.13; issue 44) ------------- */
+  /* PQ: the share of the middle whose keys the codebook represents worst,
+   * scored by their exact q.k instead of their codes. In [0, 0.25]; 0
+   * (default) turns it off. A token's residual is |k - its centroids|^2
+   * (the codebook's own error); a build (and a restore) sets each kv head's
+   * threshold at the residual that this share of its coded tokens reaches,
+   * and every token coded later whose residual reaches it joins that head's
+   * outliers. At each select the outliers in the middle are read from the
+   * host store and scored exactly: each one's combined score is its exact
+   * logits' softmax against the code scores' normaliser of the middle (for
+   * PQ_GQA_SUM_SOFTMAX; the exact logits themselves for the other
+   * combines), then the top k is taken as before. Why: a key far from every
+   * centroid (a needle's, measured in docs/quality.md) scores through its
+   * codes like its centroids, and the exact top-k's best token can rank
+   * past a thousand there. Cost: the share x middle key rows per kv head and
+   * select, 4 bytes per outlier, and PQ's device selection (pq_decode_
+   * select_device and the CUDA backend's host-call selection) is not used:
+   * the host selects (pq_decode_select_device is PQ_ERR_UNSUPPORTED). A
+   * selector other than PQ_SELECTOR_PQ, or PQ_KV_TIER_CALLER (no keys to
+   * score), with a share above 0 is PQ_ERR_INVALID_ARGUMENT. */
+  float pq_outliers;
 } pq_config;
 
 /* Where the K/V rows of every layer live (pq_config.kv_tier). */

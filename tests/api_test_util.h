@@ -262,6 +262,34 @@ inline HostTensor make_tensor(const std::vector<float>& src, int64_t tokens, int
                      pad_inner, pad_outer);
 }
 
+// Tokens [first, first + count) of token-major f32 rows ([tokens][heads]
+// [head_dim] floats) as their own f32 tensor.
+inline HostTensor token_slice(const std::vector<float>& src, int64_t first, int64_t count,
+                              int32_t heads, int32_t head_dim) {
+  const size_t row = static_cast<size_t>(heads) * head_dim;
+  std::vector<float> part(src.begin() + static_cast<std::ptrdiff_t>(first * row),
+                          src.begin() + static_cast<std::ptrdiff_t>((first + count) * row));
+  return make_tensor(part, count, heads, head_dim, PQ_DTYPE_F32);
+}
+
+// The bytes pq_sequence_save writes for sequence seq (empty on an error,
+// which the call's EXPECT reports).
+inline std::vector<uint8_t> saved_sequence(pq_context* ctx, uint64_t seq) {
+  std::vector<uint8_t> saved;
+  EXPECT_EQ(pq_sequence_save(
+                ctx, seq,
+                [](void* user, const void* data, size_t size) {
+                  auto* out = static_cast<std::vector<uint8_t>*>(user);
+                  out->insert(out->end(), static_cast<const uint8_t*>(data),
+                              static_cast<const uint8_t*>(data) + size);
+                  return 0;
+                },
+                &saved),
+            PQ_OK)
+      << pq_last_error();
+  return saved;
+}
+
 // ---------------------------------------------------------------------------
 // Random data
 // ---------------------------------------------------------------------------

@@ -89,6 +89,7 @@
   X(pq_config, kv_scale_count) \
   X(pq_config, kv_scales) \
   X(pq_config, tail_estimate) \
+  X(pq_config, pq_outliers) \
   X(pq_paged_keys, pool) \
   X(pq_paged_keys, slots) \
   X(pq_paged_keys, block_table) \

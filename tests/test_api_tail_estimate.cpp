@@ -296,11 +296,9 @@ TEST(TailEstimateState, TruncateForkAndRestoreGiveTheSequencesOwnEstimate) {
   Model other(more, q_heads, kv_heads, 41);  // the tokens appended after the truncate
   const pq_config c = tail_config(q_heads, kv_heads, 0.1f);
   auto slice = [&](const Model& from, int64_t first, int64_t count, bool keys) {
-    const std::vector<float>& src = keys ? from.keys : from.values;
-    std::vector<float> part(src.begin() + first * kv_heads * kDim,
-                            src.begin() + (first + count) * kv_heads * kDim);
-    return make_tensor(part, count, kv_heads, kDim, PQ_DTYPE_F32);
+    return token_slice(keys ? from.keys : from.values, first, count, kv_heads, kDim);
   };
+
   auto append = [&](pq_context* ctx, uint64_t seq, const Model& from, int64_t first, int64_t count) {
     for (int64_t t = first; t < first + count; ++t) {
       HostTensor k = slice(from, t, 1, true), v = slice(from, t, 1, false);
@@ -335,16 +333,7 @@ TEST(TailEstimateState, TruncateForkAndRestoreGiveTheSequencesOwnEstimate) {
   PQ_ASSERT_OK(pq_sequence_fork(changed, 1, 2));
   EXPECT_LT(max_relative_error(attend(changed, 2, m.q, sel, q_heads), want, q_heads), 1e-6);
 
-  std::vector<uint8_t> saved;
-  PQ_ASSERT_OK(pq_sequence_save(
-      changed, 1,
-      [](void* user, const void* data, size_t size) {
-        auto* out = static_cast<std::vector<uint8_t>*>(user);
-        out->insert(out->end(), static_cast<const uint8_t*>(data),
-                    static_cast<const uint8_t*>(data) + size);
-        return 0;
-      },
-      &saved));
+  const std::vector<uint8_t> saved = saved_sequence(changed, 1);
   Ctx restored(c);
   PQ_ASSERT_OK(pq_sequence_restore(restored, 7, saved.data(), saved.size()));
   EXPECT_LT(max_relative_error(attend(restored, 7, m.q, sel, q_heads), want, q_heads), 1e-6);

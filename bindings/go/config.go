@@ -242,6 +242,12 @@ type Config struct {
 	// TailEstimate: what Context.Attend adds for the middle tokens the
 	// selection leaves out; default TailNone. (0.12)
 	TailEstimate TailEstimate
+
+	// PQOutliers: the share of the middle whose keys the codebook
+	// represents worst (largest quantization residuals), scored by their
+	// exact q.k instead of their codes; in [0, 0.25], 0 (default) off. PQ
+	// selector only, not with KVTierCaller. (0.13)
+	PQOutliers float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -329,6 +335,7 @@ func configFromC(cc pqswig.Pq_config) Config {
 		KVScaleCount: cc.GetKv_scale_count(),
 
 		TailEstimate: TailEstimate(cc.GetTail_estimate()),
+		PQOutliers:   cc.GetPq_outliers(),
 	}
 }
 
@@ -417,6 +424,7 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKv_head_offset(i32("kv_head_offset", c.KVHeadOffset))
 	cc.SetKv_scale_count(i32("kv_scale_count", c.KVScaleCount))
 	cc.SetTail_estimate(int(c.TailEstimate))
+	cc.SetPq_outliers(c.PQOutliers)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

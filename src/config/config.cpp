@@ -130,6 +130,10 @@ static void check_index_only(pq_config& c) {
   if (c.tail_estimate != PQ_TAIL_NONE)
     invalid(std::string(tier) + " and config.tail_estimate is PQ_TAIL_CODE_MEANS; the estimate "
             "averages the values, which an index-only context does not keep (use PQ_TAIL_NONE)");
+  if (c.pq_outliers > 0.f)
+    invalid(std::string(tier) + " and config.pq_outliers is " + number_text(c.pq_outliers) +
+            "; outliers are scored from their keys, which an index-only context does not keep "
+            "(use 0)");
 }
 
 pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
@@ -200,6 +204,10 @@ pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
     invalid("config.tail_estimate is PQ_TAIL_CODE_MEANS and config.selector is " +
             selector_value_name(c.selector) +
             "; the estimate reads the PQ index, which only PQ_SELECTOR_PQ builds");
+  if (c.pq_outliers > 0.f && c.selector != PQ_SELECTOR_PQ)
+    invalid("config.pq_outliers is " + number_text(c.pq_outliers) + " and config.selector is " +
+            selector_value_name(c.selector) +
+            "; outliers are found by the PQ index, which only PQ_SELECTOR_PQ builds (use 0)");
   if (c.kv_head_offset > (1 << 16) - c.num_kv_heads)
     invalid("config.kv_head_offset " + str(c.kv_head_offset) + " + num_kv_heads " +
             str(c.num_kv_heads) + " passes 65536, the most kv heads a model may have");

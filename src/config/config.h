@@ -46,6 +46,9 @@ constexpr double kMaxReal = 1e300;
 // pq_rerank's bound: (1 + r) * k candidates; past 64 the re-ranking reads
 // more keys than the exact selector would at any budget above 1/65.
 constexpr double kMaxRerank = 64.0;
+// pq_outliers' bound: past a quarter of the middle, exact scores cost more
+// than the codes save (pq_rerank serves that end).
+constexpr double kMaxOutlierShare = 0.25;
 
 // The default index, chosen by measurement (docs/quality.md, "The default
 // index"): 2^8 centroids, and head_dim / 32 subspaces clipped to [1, 4],

@@ -74,4 +74,5 @@
   INT(kv_head_offset, 0, 0, 1 << 16)                                         \
   FREE(kv_scale_count, 0)                                                    \
   FREE(kv_scales, nullptr)                                                   \
-  ENUM(tail_estimate, PQ_TAIL_NONE, kTailEstimateNames)
+  ENUM(tail_estimate, PQ_TAIL_NONE, kTailEstimateNames)                      \
+  REAL(pq_outliers, 0.0f, 0.0, kMaxOutlierShare, false)

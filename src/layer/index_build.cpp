@@ -217,6 +217,9 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   index->codebook->encode(head_dim, 0, snap.tokens(), gather, shared.pool.get(), heads.data());
   pq_index_count_tuples(*index, 0, snap.tokens());
   index->coded_tokens = snap.tokens();
+  if (config.pq_outliers > 0.f)
+    find_outliers(*index, head_dim, config.sink_tokens, config.pq_outliers, gather,
+                  shared.pool.get());
   index->built_tokens = snap.tokens();
   index->iterations = report.iterations;
   index->budget = params.max_iterations;

@@ -1,6 +1,7 @@
 // A layer's PQ index as the layer uses it: the build's part (index_build.h)
 // under the layer's lock, and the coding of the tokens that leave the local
 // window.
+#include <algorithm>
 #include <string>
 
 #include "base/dtype.h"
@@ -65,15 +66,24 @@ void Layer::rebuild_for_long_output(const SequenceInfo& seq) {
 
 void Layer::code_tokens(int64_t end) {
   PqIndex& index = *build_.index();
-  if (index.coded_tokens >= end) return;
+  const float outlier_share = shared_.config.pq_outliers;
+  const bool find = outlier_share > 0.f && index.outliers.empty() && index.coded_tokens > 0;
+  if (index.coded_tokens >= end && !find) return;
   // Coding reads the keys: those the device is still appending land first.
   const int64_t pending = device_appends_.first.load();
-  if (pending >= 0 && pending < end) land_device_writes(/*wait=*/true);
+  if (pending >= 0 && pending < std::max(end, index.coded_tokens))
+    land_device_writes(/*wait=*/true);
   const int32_t head_dim = shared_.config.head_dim;
   const KvTier& store = *store_;
   KeyGather gather = [&store](int32_t head, const int64_t* rows, int64_t count, float* out) {
     store.keys_as_float(head, rows, count, out);
   };
+  // A restored index's outliers: found from the store's keys at its first
+  // coding, since a restore may hold the codes before the keys arrive.
+  if (find)
+    find_outliers(index, head_dim, shared_.config.sink_tokens, outlier_share, gather,
+                  shared_.pool.get());
+  if (index.coded_tokens >= end) return;
   std::vector<uint8_t*> heads(index.codes.size());
   // Capacity in whole chunks, never more: the memory limit counts the codes
   // per chunk of the store (memory_cost.h), which resize's doubling passes.
@@ -85,6 +95,7 @@ void Layer::code_tokens(int64_t end) {
   index.codebook->encode(head_dim, index.coded_tokens, count, gather,
                 count >= 4096 ? shared_.pool.get() : nullptr, heads.data());
   pq_index_count_tuples(index, index.coded_tokens, end);
+  add_outliers(index, head_dim, index.coded_tokens, end, gather);
   index.coded_tokens = end;
   update_mirrors();
 }

@@ -87,6 +87,7 @@ void Layer::truncate(int64_t tokens, const SequenceInfo& seq) {
     index->coded_tokens = tokens;
     index->built_tokens = std::min(index->built_tokens, tokens);
     pq_index_count_tuples(*index, 0, tokens);
+    shrink_outliers(*index, tokens);
   }
   prefill_tokens_ = std::min(prefill_tokens_, tokens);
   store_->truncate_under_readers(tokens);

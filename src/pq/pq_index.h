@@ -7,6 +7,7 @@
 
 #include "store/code_column.h"
 #include "pq/codebook.h"
+#include "pq/outliers.h"
 
 namespace pq {
 
@@ -24,6 +25,10 @@ struct PqIndex {
   // tuple_counts[head][t]: how many of tokens [0, coded_tokens) have the
   // code tuple t; kept for small tuple spaces only (pq_tuple_select.h).
   std::vector<std::vector<uint32_t>> tuple_counts;
+  // outliers[head] (config.pq_outliers > 0): the kv head's threshold and
+  // outlier positions; empty until found (outliers.h: a build finds them, a
+  // restored index at its first coding).
+  std::vector<OutlierList> outliers;
   int32_t iterations = 0;      // K-Means iterations the build ran
   int32_t budget = 0;          // iteration budget it was given
   int64_t training_points = 0;
@@ -35,11 +40,12 @@ struct PqIndex {
     uint64_t b = codebook ? codebook->data.size() * sizeof(float) : 0;
     for (const auto& c : codes) b += c.own_bytes() + c.shared_bytes();
     for (const auto& t : tuple_counts) b += t.capacity() * sizeof(uint32_t);
+    for (const auto& o : outliers) b += o.positions.capacity() * sizeof(int32_t);
     return b;
   }
 
   // A copy for a fork: the codebook and the codes' prefix shared, the tuple
-  // counts (at most 16 KiB per kv head) copied.
+  // counts (at most 16 KiB per kv head) and the outlier lists copied.
   PqIndex fork() {
     PqIndex copy;
     copy.codebook = codebook;
@@ -48,6 +54,7 @@ struct PqIndex {
     copy.coded_tokens = coded_tokens;
     copy.built_tokens = built_tokens;
     copy.tuple_counts = tuple_counts;
+    copy.outliers = outliers;
     copy.iterations = iterations;
     copy.budget = budget;
     copy.training_points = training_points;

@@ -105,7 +105,7 @@ void add_shares(const float* e, int64_t n, int32_t group, const float* inv, floa
 
 bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t group,
                          const CodeColumn& codes, int64_t begin, int64_t end, float scale,
-                         float* combined, SelectScratch& scratch) {
+                         float* combined, SelectScratch& scratch, double* log_normalisers) {
   PQ_FP_CONTRACT_OFF
   const int64_t n = end - begin;
   if (n <= 0) return false;
@@ -149,6 +149,13 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
     for (int64_t i = whole; i < n; ++i) sum += eg[i];
     if (!std::isfinite(sum)) return false;
     inv[g] = 1.0f / sum;
+    if (log_normalisers != nullptr) {  // the shift: the table rows' maxima, as exp_row got them
+      double shift = 0.0;
+      const float* lg = lut + static_cast<size_t>(g) * per_query;
+      for (int32_t j = 0; j < m; ++j)
+        shift += *std::max_element(lg + j * centroids, lg + (j + 1) * centroids) * scale;
+      log_normalisers[g] = shift + std::log(static_cast<double>(sum));
+    }
   }
   add_shares(e.data(), n, group, inv, combined);
   return true;

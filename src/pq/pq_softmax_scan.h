@@ -43,8 +43,13 @@ constexpr float kMaxShiftSlack = 30.f;
 // (as e x (1 / Z), left to right). The same bits at every kernel level and
 // for every split of the codes into runs (a fork's). Returns false, combined
 // untouched, where a head's largest e_g is below exp(-kMaxShiftSlack).
+// log_normalisers (optional, [group]): each head's log of the sum of
+// exp(scale x score) over the middle (its shift plus log Z_g), so that a
+// logit x from elsewhere (an outlier's exact one) weighs exp(x - L_g) on
+// the same scale as combined[].
 bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t group,
                          const CodeColumn& codes, int64_t begin, int64_t end, float scale,
-                         float* combined, SelectScratch& scratch);
+                         float* combined, SelectScratch& scratch,
+                         double* log_normalisers = nullptr);
 
 }  // namespace pq

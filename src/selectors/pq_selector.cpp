@@ -2,11 +2,14 @@
 // table of query sub-vector x centroid dot products, summed over the codes.
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <vector>
 
 #include "base/dtype.h"
 #include "base/topk.h"
 #include "base/vector_math.h"
+#include "pq/outliers.h"
 #include "pq/pq_softmax_scan.h"
 #include "pq/pq_tuple_select.h"
 #include "pq/rerank.h"
@@ -25,13 +28,17 @@ class PqSelector final : public Selector, public BatchSelection {
   const BatchSelection* batch_selection() const override { return this; }
   bool needs_index() const override { return true; }
   // The index: centroids (kv heads x 2^b x head_dim floats) and one code
-  // byte per subspace, token and kv head; twice, for a rebuild's new index
-  // while the old one serves.
+  // byte per subspace, token and kv head (and the outliers' positions);
+  // twice, for a rebuild's new index while the old one serves.
   StateCost state_cost(const pq_config& c) const override {
     const uint64_t centroids = static_cast<uint64_t>(c.num_kv_heads) * (uint64_t{1} << c.pq_bits) *
                                c.head_dim * sizeof(float);
+    // Per chunk: a code byte per subspace, and (pq_outliers) the outliers'
+    // positions, the share of the chunk at 4 bytes each.
+    const uint64_t outliers = static_cast<uint64_t>(std::ceil(
+        static_cast<double>(c.pq_outliers) * KvStore::kChunkTokens)) * sizeof(int32_t);
     const uint64_t codes = static_cast<uint64_t>(KvStore::kChunkTokens) * c.num_kv_heads *
-                           c.pq_subspaces;
+                               c.pq_subspaces + outliers * c.num_kv_heads;
     // The tuple count tables (pq_tuple_select.h), where kept.
     const uint64_t tables = static_cast<uint64_t>(c.num_kv_heads) *
                             pq_tuple_table_size(c.pq_subspaces, 1 << c.pq_bits) * sizeof(uint32_t);
@@ -77,8 +84,10 @@ class PqSelector final : public Selector, public BatchSelection {
                      std::vector<uint64_t>& bytes) const override {
     bytes.assign(requests.size(), 0);
     // Re-ranking goes request by request (one device call each, then the
-    // host's exact scores): the batch shares one configuration.
-    if (!requests.empty() && requests.front()->context.config.pq_rerank > 0.f) {
+    // host's exact scores), and so do outliers (host only): the batch shares
+    // one configuration.
+    if (!requests.empty() && (requests.front()->context.config.pq_rerank > 0.f ||
+                              scores_outliers(*requests.front()))) {
       for (size_t i = 0; i < requests.size(); ++i) bytes[i] = select_layer(*requests[i], outs[i]);
       return;
     }
@@ -107,6 +116,8 @@ class PqSelector final : public Selector, public BatchSelection {
 
  private:
   static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle.size(); }
+  // config.pq_outliers: exact scores for the outliers, on the host only.
+  static bool scores_outliers(const LayerSelection& r) { return r.context.config.pq_outliers > 0.f; }
 
   // The candidates per kv head the codes pick (pq/rerank.h).
   static int64_t candidates(const LayerSelection& r) {
@@ -118,7 +129,8 @@ class PqSelector final : public Selector, public BatchSelection {
   uint64_t pick(const LayerSelection& r, int32_t* out) const {
     std::vector<float> luts = layer_luts(r);
     const DeviceKernels* device = r.backend.device_kernels();
-    if (device != nullptr && device->pq_select_layer(r.pq_args(luts.data()), out))
+    if (device != nullptr && !scores_outliers(r) &&
+        device->pq_select_layer(r.pq_args(luts.data()), out))
       return bytes_read(r);
     return scan_layer_on_host(r, luts, out);
   }
@@ -174,12 +186,13 @@ class PqSelector final : public Selector, public BatchSelection {
   uint64_t scan_layer_on_host(const LayerSelection& r, const std::vector<float>& luts,
                               int32_t* out) const {
     const size_t per_head = r.index->codebook->lut_floats(r.context.group_size());
+    std::atomic<uint64_t> bytes{0};
     r.for_each_head([&](int64_t h) {
       ScratchLease scratch(r.scratch);
-      scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
-                   out + h * r.k);
+      bytes += scan_on_host(r.head(static_cast<int32_t>(h), *scratch), luts.data() + per_head * h,
+                            out + h * r.k);
     });
-    return bytes_read(r);
+    return bytes.load();
   }
 
   // Scores the head's middle through its LUT, combines and takes the top k.
@@ -187,10 +200,13 @@ class PqSelector final : public Selector, public BatchSelection {
     const int64_t m = r.middle();
     const PqCodebook& cb = *r.index()->codebook;
     const CodeColumn& codes = r.index()->codes[static_cast<size_t>(r.kv_head)];
-    const uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
+    uint64_t bytes = static_cast<uint64_t>(m) * cb.subspaces;  // one byte per code
+    const OutlierSpan outliers =
+        outliers_between(*r.index(), r.kv_head, r.mid_begin(), r.mid_end());
     // Few possible code tuples (m * b <= 16): score the tuples, not the
-    // tokens (pq_tuple_select.h).
-    if (pq_tuple_select_pays(codes, cb.subspaces, cb.centroids, r.mid_begin(), m, r.scratch)) {
+    // tokens (pq_tuple_select.h); it has no per-token score for an outlier.
+    if (outliers.count == 0 &&
+        pq_tuple_select_pays(codes, cb.subspaces, cb.centroids, r.mid_begin(), m, r.scratch)) {
       TupleCountTable table;
       const auto& kept = r.index()->tuple_counts;
       if (static_cast<size_t>(r.kv_head) < kept.size())
@@ -203,8 +219,11 @@ class PqSelector final : public Selector, public BatchSelection {
     if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1) {
       std::vector<float>& combined = r.scratch.combined;
       combined.resize(static_cast<size_t>(m));
+      std::vector<double> norms(outliers.count > 0 ? static_cast<size_t>(r.group_size()) : 0);
       if (pq_scan_sum_softmax(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(),
-                              r.scale(), combined.data(), r.scratch)) {
+                              r.scale(), combined.data(), r.scratch,
+                              norms.empty() ? nullptr : norms.data())) {
+        if (outliers.count > 0) bytes += score_outliers(r, outliers, norms.data(), combined.data());
         select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
         return bytes;
       }
@@ -212,7 +231,63 @@ class PqSelector final : public Selector, public BatchSelection {
     std::vector<float>& raw = r.scratch.raw;
     raw.resize(static_cast<size_t>(r.group_size()) * m);
     score_runs(r, lut, codes, raw.data());
-    select_from_raw(r, raw.data(), out);
+    if (outliers.count == 0) {
+      select_from_raw(r, raw.data(), out);
+      return bytes;
+    }
+    std::vector<double> norms;
+    if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1)
+      norms = log_normalisers(raw.data(), r.group_size(), m, r.scale());
+    std::vector<float>& combined = r.scratch.combined;
+    combined.resize(static_cast<size_t>(m));
+    combine_group_scores(raw.data(), r.group_size(), m, r.combine(), r.scale(), combined.data(),
+                         r.scratch);
+    bytes += score_outliers(r, outliers, norms.empty() ? nullptr : norms.data(), combined.data());
+    select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
+    return bytes;
+  }
+
+  // Each head's log of the sum of exp(scale x raw) over the middle (the
+  // max-shifted form, in double).
+  static std::vector<double> log_normalisers(const float* raw, int32_t group, int64_t n,
+                                             float scale) {
+    std::vector<double> out(static_cast<size_t>(group));
+    for (int32_t g = 0; g < group; ++g) {
+      const float* row = raw + static_cast<size_t>(g) * n;
+      const double top = static_cast<double>(*std::max_element(row, row + n)) * scale;
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(row[i]) * scale - top);
+      out[static_cast<size_t>(g)] = top + std::log(sum);
+    }
+    return out;
+  }
+
+  // config.pq_outliers: the outliers' combined scores from their exact
+  // logits, in place of their codes'. With log normalisers (SUM_SOFTMAX over
+  // a group) each is sum_g exp(scale x q_g.k - L_g), the softmax share its
+  // exact logit takes against the codes' normaliser of the middle; else the
+  // combine of its exact logits. Returns the key bytes read.
+  static uint64_t score_outliers(const SelectionRequest& r, const OutlierSpan& outliers,
+                                 const double* log_norms, float* combined) {
+    const int64_t n = outliers.count;
+    const int32_t group = r.group_size();
+    std::vector<float> exact(static_cast<size_t>(group) * n);
+    const uint64_t bytes = r.exact_logits(outliers.positions, 0, n, exact.data());
+    std::vector<float> values(static_cast<size_t>(n));
+    if (log_norms != nullptr) {
+      for (int64_t i = 0; i < n; ++i) {
+        double v = 0.0;
+        for (int32_t g = 0; g < group; ++g)
+          v += std::exp(static_cast<double>(exact[static_cast<size_t>(g) * n + i]) * r.scale() -
+                        log_norms[g]);
+        values[static_cast<size_t>(i)] = static_cast<float>(std::min(v, double{FLT_MAX}));
+      }
+    } else {
+      combine_group_scores(exact.data(), group, n, r.combine(), r.scale(), values.data(),
+                           r.scratch);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      combined[outliers.positions[i] - r.mid_begin()] = values[static_cast<size_t>(i)];
     return bytes;
   }
 

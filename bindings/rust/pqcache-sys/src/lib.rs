@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 12;
+pub const PQ_VERSION_MINOR: c_int = 13;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.12.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.13.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
@@ -320,6 +320,9 @@ c_struct! {
         pub kv_scales: *const f32,
         /// pq_tail_estimate of pq_decode_attend (added in 0.12).
         pub tail_estimate: i32,
+        /// PQ: the share of the middle with the largest quantization
+        /// residuals, scored exactly (added in 0.13).
+        pub pq_outliers: f32,
     }
 }
 

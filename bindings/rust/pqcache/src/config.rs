@@ -401,6 +401,10 @@ impl Config {
         /// What attend adds for the middle tokens the selection leaves out
         /// (default None; added in 0.12).
         tail_estimate: TailEstimate => |t: TailEstimate| t as i32;
+        /// PQ: the share of the middle with the largest quantization
+        /// residuals, scored by their exact q.k (0: off, the default; at
+        /// most 0.25; added in 0.13).
+        pq_outliers: f32;
     }
 }
 

@@ -3,6 +3,9 @@
 //! past the selected rows' own and the output moves; it needs
 //! `Selector::Pq` (an `InvalidArgument` naming the field otherwise).
 
+mod common;
+
+use common::generate;
 use pqcache::{
     Config, Context, DType, Library, Selection, Selector, Shape, Status, TailEstimate, Tensor,
 };
@@ -24,21 +27,6 @@ fn config(tail: TailEstimate, selector: Selector) -> Config {
         .topk_tokens(16)
         .selector(selector)
         .tail_estimate(tail)
-}
-
-/// Values in [-1, 1) from a 32-bit mix of (stream, i).
-fn generate(stream: u32, n: usize) -> Vec<f32> {
-    (0..n as u32)
-        .map(|i| {
-            let mut h = i
-                .wrapping_mul(2654435761)
-                .wrapping_add(stream.wrapping_mul(97531));
-            h ^= h >> 15;
-            h = h.wrapping_mul(2246822519);
-            h ^= h >> 13;
-            (h >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 #[test]

@@ -399,6 +399,16 @@ public final class Config {
       return set(c -> c.setTail_estimate(estimate.code()));
     }
 
+    /**
+     * PQ: the share of the middle whose keys the codebook represents worst
+     * (largest quantization residuals), scored by their exact q.k instead of
+     * their codes; in [0, 0.25], 0 (default) = off. Needs {@link Selector#PQ}
+     * and a tier that keeps the keys.
+     */
+    public Builder pqOutliers(float share) {
+      return set(c -> c.setPq_outliers(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);

@@ -1,0 +1,109 @@
+// PQ outliers: residuals, thresholds and the per-head lists (outliers.h).
+#include "pq/outliers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pq/pq_index.h"
+
+namespace pq {
+
+void key_residuals(const PqCodebook& codebook, int32_t head_dim, int32_t head,
+                   const int64_t* rows, int64_t count, const KeyGather& gather,
+                   const uint8_t* codes, float* out) {
+  const int32_t m = codebook.subspaces, dim = codebook.sub_dim;
+  const KeyGather ordered = in_dim_order(gather, codebook.dim_order, head_dim);
+  std::vector<float> keys(static_cast<size_t>(count) * head_dim);
+  ordered(head, rows, count, keys.data());
+  for (int64_t t = 0; t < count; ++t) {
+    double sum = 0.0;
+    for (int32_t j = 0; j < m; ++j) {
+      const float* x = keys.data() + static_cast<size_t>(t) * head_dim + static_cast<size_t>(j) * dim;
+      const float* c = codebook.at(head, j) + static_cast<size_t>(codes[t * m + j]) * dim;
+      for (int32_t d = 0; d < dim; ++d) {
+        const double e = static_cast<double>(x[d]) - c[d];
+        sum += e * e;
+      }
+    }
+    out[t] = static_cast<float>(sum);
+  }
+}
+
+namespace {
+
+// Residuals of kv head h's tokens [from, to).
+std::vector<float> head_residuals(const PqIndex& index, int32_t head_dim, int32_t h, int64_t from,
+                                  int64_t to, const KeyGather& gather) {
+  const int64_t n = to - from;
+  const int32_t m = index.codebook->subspaces;
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = from + i;
+  std::vector<uint8_t> codes(static_cast<size_t>(n) * m);
+  index.codes[static_cast<size_t>(h)].copy_out(from, n, codes.data());
+  std::vector<float> residuals(static_cast<size_t>(n));
+  key_residuals(*index.codebook, head_dim, h, rows.data(), n, gather, codes.data(),
+                residuals.data());
+  return residuals;
+}
+
+}  // namespace
+
+void find_outliers(PqIndex& index, int32_t head_dim, int64_t from, float share,
+                   const KeyGather& gather, ThreadPool* pool) {
+  const int32_t heads = static_cast<int32_t>(index.codes.size());
+  from = std::min(from, index.coded_tokens);
+  const int64_t n = index.coded_tokens - from;
+  // Nothing coded past the sinks: no threshold yet (the next call tries again).
+  if (n <= 0 || !(share > 0.f)) return;
+  std::vector<OutlierList> lists(static_cast<size_t>(heads));
+  const int64_t wanted = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(static_cast<double>(share) * static_cast<double>(n))), 1, n);
+  auto one_head = [&](int64_t h) {
+    OutlierList& list = lists[static_cast<size_t>(h)];
+    const std::vector<float> residuals =
+        head_residuals(index, head_dim, static_cast<int32_t>(h), from, index.coded_tokens, gather);
+    std::vector<float> sorted = residuals;
+    std::nth_element(sorted.begin(), sorted.begin() + (wanted - 1), sorted.end(),
+                     std::greater<float>());
+    list.threshold = sorted[static_cast<size_t>(wanted - 1)];
+    for (int64_t i = 0; i < n; ++i)
+      if (residuals[static_cast<size_t>(i)] >= list.threshold)
+        list.positions.push_back(static_cast<int32_t>(from + i));
+  };
+  if (pool != nullptr && n >= 4096) {
+    pool->parallel_for(heads, one_head);
+  } else {
+    for (int32_t h = 0; h < heads; ++h) one_head(h);
+  }
+  index.outliers = std::move(lists);
+}
+
+void add_outliers(PqIndex& index, int32_t head_dim, int64_t from, int64_t to,
+                  const KeyGather& gather) {
+  if (index.outliers.empty() || to <= from) return;
+  for (size_t h = 0; h < index.outliers.size(); ++h) {
+    OutlierList& list = index.outliers[h];
+    const std::vector<float> residuals =
+        head_residuals(index, head_dim, static_cast<int32_t>(h), from, to, gather);
+    for (int64_t i = 0; i < to - from; ++i)
+      if (residuals[static_cast<size_t>(i)] >= list.threshold)
+        list.positions.push_back(static_cast<int32_t>(from + i));
+  }
+}
+
+void shrink_outliers(PqIndex& index, int64_t tokens) {
+  for (OutlierList& list : index.outliers) {
+    auto& p = list.positions;
+    p.erase(std::lower_bound(p.begin(), p.end(), tokens), p.end());
+  }
+}
+
+OutlierSpan outliers_between(const PqIndex& index, int32_t head, int64_t begin, int64_t end) {
+  if (static_cast<size_t>(head) >= index.outliers.size()) return {};
+  const auto& p = index.outliers[static_cast<size_t>(head)].positions;
+  const auto lo = std::lower_bound(p.begin(), p.end(), begin);
+  const auto hi = std::lower_bound(lo, p.end(), end);
+  return {p.data() + (lo - p.begin()), hi - lo};
+}
+
+}  // namespace pq

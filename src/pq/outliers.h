@@ -1,0 +1,56 @@
+// PQ outliers (config.pq_outliers): the keys the codebook represents worst,
+// found as tokens are coded and scored by their exact q.k at each select.
+//
+// A key far from every centroid scores through its codes like its
+// centroids; a needle's key is such a key (tools/pqeval/needle_study.py: on
+// a 4K needle prompt the exact top-k's best token ranked past 1,000 by its
+// codes, with one of the largest 0.2% residuals of the middle). Each kv
+// head keeps a threshold, the residual that config.pq_outliers of its coded
+// tokens reach when the index is built, and the ascending positions of the
+// tokens whose residual reaches it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pq/codebook.h"
+
+namespace pq {
+
+struct PqIndex;
+
+struct OutlierList {
+  float threshold = 0.f;           // squared residual an outlier reaches
+  std::vector<int32_t> positions;  // ascending
+};
+
+// Squared residuals |k - centroids(codes)|^2 (codebook order, summed over the
+// subspaces) of kv head `head`'s tokens rows[0 .. count) whose codes are
+// `codes` (count x subspaces bytes) into out[count].
+void key_residuals(const PqCodebook& codebook, int32_t head_dim, int32_t head,
+                   const int64_t* rows, int64_t count, const KeyGather& gather,
+                   const uint8_t* codes, float* out);
+
+// Sets every kv head's threshold and outliers from its coded tokens
+// [from, index.coded_tokens): the ceil(share x n) largest residuals (ties at
+// the threshold all join). Leaves index.outliers empty (not yet found) when
+// no token past `from` is coded.
+void find_outliers(PqIndex& index, int32_t head_dim, int64_t from, float share,
+                   const KeyGather& gather, ThreadPool* pool);
+
+// Adds the tokens [from, to), just coded, whose residual reaches their
+// head's threshold. No-op before find_outliers.
+void add_outliers(PqIndex& index, int32_t head_dim, int64_t from, int64_t to,
+                  const KeyGather& gather);
+
+// Keeps the outliers below `tokens` (a truncate).
+void shrink_outliers(PqIndex& index, int64_t tokens);
+
+// A kv head's outliers within [begin, end), ascending.
+struct OutlierSpan {
+  const int32_t* positions = nullptr;
+  int64_t count = 0;
+};
+OutlierSpan outliers_between(const PqIndex& index, int32_t head, int64_t begin, int64_t end);
+
+}  // namespace pq
