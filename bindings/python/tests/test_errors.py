@@ -349,11 +349,24 @@ def test_the_install_hint_takes_a_venv_where_the_system_manages_python(monkeypat
     monkeypatch.setattr(_install_hint.sysconfig, "get_path", lambda name: str(stdlib))
     monkeypatch.setattr(_install_hint.sys, "prefix", "/usr")
     monkeypatch.setattr(_install_hint.sys, "base_prefix", "/usr")
+    monkeypatch.setattr(_install_hint.sys, "executable", "/usr/bin/python3")
     assert _install_hint.install_command(requirements) == "pip install torch==2.15.0 transformers==5.23.0"
+    assert _install_hint.pip() == "pip"
+    # Debian's python3: pip refuses, so the hint makes a venv and installs with its pip.
     (stdlib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\n")
     hint = _install_hint.install_command(requirements)
-    assert "PEP 668" in hint and "python3 -m venv --system-site-packages ~/pqcache-venv" in hint
-    assert "~/pqcache-venv/bin/pip install torch==2.15.0 transformers==5.23.0" in hint
+    assert "PEP 668" in hint and "not even with --user" in hint, hint
+    assert ("so in a venv: /usr/bin/python3 -m venv --system-site-packages ~/pqcache-venv && "
+            "~/pqcache-venv/bin/pip install torch==2.15.0 transformers==5.23.0, "
+            "then run ~/pqcache-venv/bin/python") in hint, hint
+    assert _install_hint.pip() == "~/pqcache-venv/bin/pip"
+    # Without python3-venv, Debian's python3 has no ensurepip and venv fails: install it first.
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(_install_hint.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "ensurepip" else find_spec(name, *args))
+    minor = sys.version_info.minor
+    assert (f"so in a venv: sudo apt install python3.{minor}-venv && /usr/bin/python3 -m venv "
+            in _install_hint.install_command(requirements))
     monkeypatch.setattr(_install_hint.sys, "prefix", "/home/u/venv")  # inside a venv: pip may
     assert _install_hint.install_command(requirements).startswith("pip install ")
 
