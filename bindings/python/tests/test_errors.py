@@ -5,6 +5,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -369,6 +370,52 @@ def test_the_install_hint_takes_a_venv_where_the_system_manages_python(monkeypat
             in _install_hint.install_command(requirements))
     monkeypatch.setattr(_install_hint.sys, "prefix", "/home/u/venv")  # inside a venv: pip may
     assert _install_hint.install_command(requirements).startswith("pip install ")
+
+
+# Imports pqcache.redis from the copy of the package in argv[1]; prints the
+# ImportError's message, or where the module found its library.
+_IMPORT_REDIS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pqcache
+assert pqcache.__file__.startswith(sys.argv[1]), pqcache.__file__
+try:
+    import pqcache.redis
+except ImportError as e:
+    print(e)
+else:
+    print("imported", pqcache.redis.library_path())
+"""
+
+
+def test_pqcache_redis_without_its_library_says_what_to_install(tmp_path):
+    # The package as the wheel has it: pqcache/redis.py, but no
+    # libpqcache_redis.so.N beside it (the build stages a link there).
+    shutil.copytree(pathlib.Path(pqcache.__file__).parent, tmp_path / "pqcache",
+                    ignore=shutil.ignore_patterns("libpqcache_redis.so*", "__pycache__"))
+    major = pqcache.version().split(".")[0]
+    soname = f"libpqcache_redis.so.{major}"
+    env = {k: v for k, v in os.environ.items() if k != "PQCACHE_REDIS_LIBRARY"}
+
+    def import_redis():
+        done = subprocess.run([sys.executable, "-c", _IMPORT_REDIS, str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    message = import_redis()
+    if message.startswith("imported"):
+        pytest.skip(f"SKIPPED: the dynamic loader finds {soname} here ({message})")
+    assert message.startswith(f"pqcache.redis needs {soname} (the Redis tier, docs/redis.md): "
+                              f"install the package libpqcache-redis{major} (Debian) or "
+                              f"libpqcache_redis{major} (RPM), or set PQCACHE_REDIS_LIBRARY"), message
+    assert "No module named" not in message
+    env["PQCACHE_REDIS_LIBRARY"] = str(tmp_path / soname)  # named, but absent
+    message = import_redis()
+    assert message.startswith(f"pqcache.redis: $PQCACHE_REDIS_LIBRARY={tmp_path / soname} "
+                              "does not load: "), message
+    assert message.endswith(f"(name a built {soname}, or unset it to use the one the package "
+                            f"libpqcache-redis{major} installs)"), message
 
 
 def test_pqerror_is_named_after_the_package_it_is_raised_from(ctx):
