@@ -422,8 +422,12 @@ def test_pqerror_is_named_after_the_package_it_is_raised_from(ctx):
     import pickle
     import traceback
     assert pqcache.PQError.__module__ == "pqcache" and pqcache.PQError.__name__ == "PQError"
+    assert pqcache.PQError.__qualname__ == "PQError"
     with pytest.raises(pqcache.PQError) as e:
         ctx.length(42, 0)
+    assert type(e.value).__module__ == "pqcache", type(e.value).__module__
+    assert repr(type(e.value)) == "<class 'pqcache.PQError'>"
+    assert "pqcache_swig" not in repr(type(e.value)) + repr(e.value)
     line = traceback.format_exception_only(type(e.value), e.value)[-1]
     assert line.startswith("pqcache.PQError: PQ_ERR_NOT_FOUND: "), line
     assert type(pickle.loads(pickle.dumps(e.value))) is pqcache.PQError
