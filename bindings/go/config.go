@@ -134,9 +134,11 @@ const (
 	KVTierCaller KVTier = 2
 )
 
-// Config mirrors pq_config; include/pqcache.h documents every field. Start
-// from DefaultConfig and set the geometry (NumLayers, NumQHeads,
-// NumKVHeads, HeadDim), which has no default.
+// Config mirrors pq_config; include/pqcache.h documents every field, and
+// docs/bindings/go.md's table gives each one's meaning and default (a test
+// checks the table against this struct and DefaultConfig). Start from
+// DefaultConfig and set the geometry (NumLayers, NumQHeads, NumKVHeads,
+// HeadDim), which has no default.
 type Config struct {
 	// The model's geometry (no defaults: set them). NumQHeads is a multiple
 	// of NumKVHeads (GQA); HeadDim is divisible by PQSubspaces.

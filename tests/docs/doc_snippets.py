@@ -33,6 +33,11 @@ writes stays in the scratch folder.
   install prefix of `cmake --install` of the build (--prefix), built, and
   its `app` run with args=.
 
+A C block of either kind may quote a declaration of the public headers
+(a line starting PQ_API or PQ_REDIS_API, to its semicolon): `check` fails
+unless include/*.h declare it so, whitespace aside, so that a page cannot
+show a signature the header no longer has.
+
 Options: wrap=FILE, expect=REGEX (the output must match), args=ARGS (cmake:
 the program's arguments), requires=FILE (SKIPPED when the venv was not built
 with that requirement file), skip-unless=CMD (SKIPPED when CMD fails, e.g. a
@@ -61,6 +66,8 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 MARKER = re.compile(r"^<!--\s*(snippet|not-run):\s*(.*?)\s*-->\s*$")
 OPTIONS = {"wrap", "expect", "args", "requires", "skip-unless", "fixtures", "cwd"}
 WRAP_DIR = Path(__file__).resolve().parent / "wrap"
+# A public function as a page quotes it: the export macro to the semicolon.
+DECLARATION = re.compile(r"^PQ_(?:REDIS_)?API\b[^;{]*;", re.M)
 
 
 @dataclass
@@ -126,10 +133,15 @@ def all_blocks(source: Path) -> List[Block]:
     return [b for p in pages(source) for b in blocks(source, p)]
 
 
+def squeezed(text: str) -> str:
+    return " ".join(text.split())
+
+
 def check(source: Path) -> int:
     problems = []
     seen: Dict[str, Block] = {}
     marked = 0
+    headers = squeezed(" ".join(h.read_text() for h in sorted((source / "include").glob("*.h"))))
     for page in pages(source):
         for n, line in enumerate(page.read_text().splitlines(), 1):
             if re.match(r"^```\w*[ \t]+\S", line):  # text after a fence: the block never ends
@@ -139,6 +151,11 @@ def check(source: Path) -> int:
         where = f"{b.page}:{b.line}"
         if b.language not in CODE_LANGUAGES:
             continue
+        if b.language == "c":
+            for declaration in DECLARATION.findall(b.code):
+                if squeezed(declaration) not in headers:
+                    problems.append(f"{where}: {squeezed(declaration)[:60]!r}... is not declared "
+                                    "so in include/*.h: quote the header's declaration")
         if b.kind is None:
             problems.append(f"{where}: a {b.language} block with no marker (add "
                             f"'<!-- snippet: NAME -->' and run it, or '<!-- not-run: REASON -->')")

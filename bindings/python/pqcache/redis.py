@@ -63,7 +63,9 @@ def _load():
         try:
             return ctypes.CDLL(explicit), explicit
         except OSError as e:
-            raise ImportError(f"pqcache.redis: $PQCACHE_REDIS_LIBRARY={explicit} does not load: {e}") from e
+            raise ImportError(f"pqcache.redis: $PQCACHE_REDIS_LIBRARY={explicit} does not load: {e} "
+                              f"(name a built {_SONAME}, or unset it to use the one the package "
+                              f"libpqcache-redis{_ABI_MAJOR} installs)") from e
     tried = []
     beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), _SONAME)
     for candidate in (beside, _SONAME):

@@ -94,12 +94,12 @@ try:
 except ModuleNotFoundError as missing:
     if (missing.name or "").split(".")[0] not in ("torch", "transformers"):
         raise
-    from ._install_hint import install_command
+    from ._install_hint import install_command, pip
     raise ModuleNotFoundError(
         f"pqcache.transformers needs torch and transformers, and {missing.name!r} is not "
         f"installed: {install_command(_REQUIRED)} (the tested versions; in a source tree, "
-        "pip install -r requirements-eval.txt installs them). `import pqcache` works without "
-        "them.", name=missing.name) from missing
+        f"{pip()} install -r requirements-eval.txt installs them). `import pqcache` works "
+        "without them.", name=missing.name) from missing
 
 from . import Context, SelectionResult, _Closing  # noqa: F401
 # A Session is made of parts, one concern each (this module keeps Session and

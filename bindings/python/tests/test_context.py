@@ -310,3 +310,23 @@ def test_config_names_its_enum_fields_and_still_equals_their_numbers():
                              key_rotary=config["key_rotary"]) as again:
             assert again.config()["selector"].name == "exact"
 
+
+def test_config_names_every_enum_field_of_the_library():
+    # The library's own list of pq_config's enum fields (the ENUM rows of its
+    # field table), so that a field added later without an IntEnum here fails.
+    import enum
+    import re
+    from test_selectors import source_dir
+    table = source_dir() / "src/config/config_fields.h"
+    if not table.is_file():
+        pytest.skip(f"no source tree here ({table} does not exist)")
+    enum_fields = re.findall(r"^\s*ENUM\((\w+),", table.read_text(), re.M)
+    assert {"dtype", "selector", "kv_tier", "tail_estimate"} <= set(enum_fields), enum_fields
+    with pqcache.Context(1, 4, 2, 16, "f16", selector="pq", tail_estimate="code_means") as ctx:
+        config = ctx.config()
+    for field in enum_fields:
+        assert isinstance(config[field], enum.IntEnum), (field, config[field])
+        assert repr(config[field]).startswith(f"<{field}."), repr(config[field])
+    assert config["tail_estimate"].name == "code_means"
+    named = sorted(field for field, value in config.items() if isinstance(value, enum.IntEnum))
+    assert named == sorted(enum_fields)

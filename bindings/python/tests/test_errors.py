@@ -5,6 +5,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -349,21 +350,84 @@ def test_the_install_hint_takes_a_venv_where_the_system_manages_python(monkeypat
     monkeypatch.setattr(_install_hint.sysconfig, "get_path", lambda name: str(stdlib))
     monkeypatch.setattr(_install_hint.sys, "prefix", "/usr")
     monkeypatch.setattr(_install_hint.sys, "base_prefix", "/usr")
+    monkeypatch.setattr(_install_hint.sys, "executable", "/usr/bin/python3")
     assert _install_hint.install_command(requirements) == "pip install torch==2.15.0 transformers==5.23.0"
+    assert _install_hint.pip() == "pip"
+    # Debian's python3: pip refuses, so the hint makes a venv and installs with its pip.
     (stdlib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\n")
     hint = _install_hint.install_command(requirements)
-    assert "PEP 668" in hint and "python3 -m venv --system-site-packages ~/pqcache-venv" in hint
-    assert "~/pqcache-venv/bin/pip install torch==2.15.0 transformers==5.23.0" in hint
+    assert "PEP 668" in hint and "not even with --user" in hint, hint
+    assert ("so in a venv: /usr/bin/python3 -m venv --system-site-packages ~/pqcache-venv && "
+            "~/pqcache-venv/bin/pip install torch==2.15.0 transformers==5.23.0, "
+            "then run ~/pqcache-venv/bin/python") in hint, hint
+    assert _install_hint.pip() == "~/pqcache-venv/bin/pip"
+    # Without python3-venv, Debian's python3 has no ensurepip and venv fails: install it first.
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(_install_hint.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "ensurepip" else find_spec(name, *args))
+    minor = sys.version_info.minor
+    assert (f"so in a venv: sudo apt install python3.{minor}-venv && /usr/bin/python3 -m venv "
+            in _install_hint.install_command(requirements))
     monkeypatch.setattr(_install_hint.sys, "prefix", "/home/u/venv")  # inside a venv: pip may
     assert _install_hint.install_command(requirements).startswith("pip install ")
+
+
+# Imports pqcache.redis from the copy of the package in argv[1]; prints the
+# ImportError's message, or where the module found its library.
+_IMPORT_REDIS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pqcache
+assert pqcache.__file__.startswith(sys.argv[1]), pqcache.__file__
+try:
+    import pqcache.redis
+except ImportError as e:
+    print(e)
+else:
+    print("imported", pqcache.redis.library_path())
+"""
+
+
+def test_pqcache_redis_without_its_library_says_what_to_install(tmp_path):
+    # The package as the wheel has it: pqcache/redis.py, but no
+    # libpqcache_redis.so.N beside it (the build stages a link there).
+    shutil.copytree(pathlib.Path(pqcache.__file__).parent, tmp_path / "pqcache",
+                    ignore=shutil.ignore_patterns("libpqcache_redis.so*", "__pycache__"))
+    major = pqcache.version().split(".")[0]
+    soname = f"libpqcache_redis.so.{major}"
+    env = {k: v for k, v in os.environ.items() if k != "PQCACHE_REDIS_LIBRARY"}
+
+    def import_redis():
+        done = subprocess.run([sys.executable, "-c", _IMPORT_REDIS, str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    message = import_redis()
+    if message.startswith("imported"):
+        pytest.skip(f"SKIPPED: the dynamic loader finds {soname} here ({message})")
+    assert message.startswith(f"pqcache.redis needs {soname} (the Redis tier, docs/redis.md): "
+                              f"install the package libpqcache-redis{major} (Debian) or "
+                              f"libpqcache_redis{major} (RPM), or set PQCACHE_REDIS_LIBRARY"), message
+    assert "No module named" not in message
+    env["PQCACHE_REDIS_LIBRARY"] = str(tmp_path / soname)  # named, but absent
+    message = import_redis()
+    assert message.startswith(f"pqcache.redis: $PQCACHE_REDIS_LIBRARY={tmp_path / soname} "
+                              "does not load: "), message
+    assert message.endswith(f"(name a built {soname}, or unset it to use the one the package "
+                            f"libpqcache-redis{major} installs)"), message
 
 
 def test_pqerror_is_named_after_the_package_it_is_raised_from(ctx):
     import pickle
     import traceback
     assert pqcache.PQError.__module__ == "pqcache" and pqcache.PQError.__name__ == "PQError"
+    assert pqcache.PQError.__qualname__ == "PQError"
     with pytest.raises(pqcache.PQError) as e:
         ctx.length(42, 0)
+    assert type(e.value).__module__ == "pqcache", type(e.value).__module__
+    assert repr(type(e.value)) == "<class 'pqcache.PQError'>"
+    assert "pqcache_swig" not in repr(type(e.value)) + repr(e.value)
     line = traceback.format_exception_only(type(e.value), e.value)[-1]
     assert line.startswith("pqcache.PQError: PQ_ERR_NOT_FOUND: "), line
     assert type(pickle.loads(pickle.dumps(e.value))) is pqcache.PQError
