@@ -199,7 +199,9 @@ def summary(cells: List[Cell], shares: Sequence[float] = SHARES) -> Dict[str, fl
     out = {"cells": len(cells), "oracle": len(oracle), "pq_lost": len(lost),
            "pq_lost_mass": sum(c.mass for c in lost),
            "lost_top_mass_residual_share": (max(lost, key=lambda c: c.mass).residual_share
-                                            if lost else float("nan"))}
+                                            if lost else float("nan")),
+           "lost_top_mass_ranks": ((max(lost, key=lambda c: c.mass).exact_rank,
+                                    max(lost, key=lambda c: c.mass).pq_rank) if lost else None)}
     for i, s in enumerate(shares):
         gone = [c for c in oracle if not c.kept_by[i]]
         out[f"lost@{s:g}"] = len(gone)
@@ -226,7 +228,8 @@ def main(argv: Optional[List[str]] = None) -> None:
           "(per query head). `numpy = lib`: numpy's PQ and the library's selection disagree "
           "on this many cells. `outliers s`: PQ with the share s of the middle with the "
           "largest residuals scored exactly.\n")
-    head = "| prompt | cells | in exact | PQ lost (mass) | numpy = lib | residual rank of the top lost |"
+    head = ("| prompt | cells | in exact | PQ lost (mass) | numpy = lib | the top lost cell: exact "
+            "rank, PQ rank, residual rank share |")
     head += "".join(f" outliers {s:g} lost (mass) |" for s in SHARES)
     head += f" library, pq_outliers {LIB_SHARE:g}, lost (mass) |"
     print(head)
@@ -244,9 +247,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                                              dtype=np.float32)
             cells, disagree = study_trace(t, len(ids), len(answer), needle, args.fraction)
             s = summary(cells)
+            ranks = s["lost_top_mass_ranks"]
             row = (f"| {task}/{seed} | {s['cells']} | {s['oracle']} | {s['pq_lost']} "
                    f"({s['pq_lost_mass']:.3f}) | {disagree} | "
-                   f"{s['lost_top_mass_residual_share']:.4f} |")
+                   + (f"{ranks[0]}, {ranks[1]}, {s['lost_top_mass_residual_share']:.4f} |"
+                      if ranks else "|"))
             row += "".join(f" {s[f'lost@{x:g}']} ({s[f'lost_mass@{x:g}']:.3f}) |" for x in SHARES)
             row += f" {s['lib_lost']} ({s['lib_lost_mass']:.3f}) |"
             print(row, flush=True)
