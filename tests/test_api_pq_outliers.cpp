@@ -228,14 +228,17 @@ std::vector<double> brute_force(pq_context* ctx, const Model& m, float share, in
 // the max over the group (4, MAX).
 class PqOutlierSelection : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
 
-TEST_P(PqOutlierSelection, EqualsTheBruteForceSelection) {
-  const int32_t group = GetParam().first, combine = GetParam().second, kv_heads = 2,
-                q_heads = group * kv_heads;
+// Each kv head's selection against brute_force, and against the selection
+// without outliers (which must differ: the outliers changed something).
+void expect_brute_force_selection(int32_t group, int32_t combine, int64_t tokens,
+                                  int32_t threads) {
+  const int32_t kv_heads = 2, q_heads = group * kv_heads;
   const float share = 0.05f;
-  Model m(800, q_heads, kv_heads, 17);
+  Model m(tokens, q_heads, kv_heads, 17);
   m.make_tensors();
   pq_config c = outlier_config(q_heads, kv_heads, 0.1f, share);
   c.gqa_combine = combine;
+  c.worker_threads = threads;
   Ctx ctx(c);
   ASSERT_TRUE(ctx.ok()) << pq_last_error();
   c.pq_outliers = 0.f;
@@ -248,7 +251,7 @@ TEST_P(PqOutlierSelection, EqualsTheBruteForceSelection) {
     const std::vector<int32_t> got = select_row(ctx, 1, m.q, kv_heads, h);
     int64_t outliers = 0;
     const std::vector<double> combined = brute_force(ctx, m, share, combine, h, &outliers);
-    EXPECT_GE(outliers, 30);  // 5% of the coded tokens, most of them in the middle
+    EXPECT_GE(outliers, tokens / 25);  // 5% of the coded tokens, most of them in the middle
     std::vector<double> sorted = combined;
     std::sort(sorted.rbegin(), sorted.rend());
     const int64_t k = std::count_if(got.begin(), got.end(),
@@ -262,10 +265,20 @@ TEST_P(PqOutlierSelection, EqualsTheBruteForceSelection) {
       const double v = combined[static_cast<size_t>(p - kSink)];
       EXPECT_GE(v, kth - 1e-5 * std::max(1.0, std::abs(kth))) << "token " << p << ", kv head " << h;
     }
-    EXPECT_EQ(k, static_cast<int64_t>(std::lround(0.1 * (m.n - kSink - kLocal))));
+    EXPECT_EQ(k, static_cast<int64_t>(std::lround(0.1 * static_cast<double>(m.n - kSink - kLocal))));
     // And the outliers changed something: the plain selection differs.
     EXPECT_NE(select_row(plain, 1, m.q, kv_heads, h), got) << "kv head " << h;
   }
+}
+
+TEST_P(PqOutlierSelection, EqualsTheBruteForceSelection) {
+  expect_brute_force_selection(GetParam().first, GetParam().second, 800, 1);
+}
+
+// A middle past 4,096 tokens: the outliers are found on the pool and the
+// kv heads select on it (the ThreadSanitizer build runs this too).
+TEST(PqOutlierPool, EqualsTheBruteForceSelectionOnThePool) {
+  expect_brute_force_selection(4, PQ_GQA_SUM_SOFTMAX, 5000, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Combines, PqOutlierSelection,

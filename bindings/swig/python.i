@@ -853,6 +853,51 @@ done:
 PQError = _pqcache_swig.PQError
 %}
 
+/* --- hooks (pq_create_with_hooks) from Python callables -------------------- */
+%{
+/* The library calls the hooks on its own threads (a build's worker) or on
+ * the thread of a call, which runs without the GIL: each call takes the GIL.
+ * An exception in a hook is reported (sys.unraisablehook) and goes no
+ * further: the library has no way to take it. While the interpreter shuts
+ * down, hooks are dropped (the GIL may never come back). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define PQ_PY_FINALIZING() Py_IsFinalizing()
+#else
+#define PQ_PY_FINALIZING() _Py_IsFinalizing()
+#endif
+
+typedef struct pq_py_hooks {
+  pq_hooks hooks;
+  PyObject* log;        /* callable(level, message), or NULL */
+  PyObject* build_done; /* callable(seq_id, layer, status), or NULL */
+} pq_py_hooks;
+
+/* Calls fn(*args) (args: a new reference, or NULL after a failed build of
+ * it); holds the GIL. */
+static void pq_py_call_hook(PyObject* fn, PyObject* args) {
+  PyObject* result = args ? PyObject_CallObject(fn, args) : NULL;
+  if (result == NULL) PyErr_WriteUnraisable(fn);
+  Py_XDECREF(result);
+  Py_XDECREF(args);
+}
+
+static void pq_py_log_hook(void* user, int32_t level, const char* message) {
+  if (PQ_PY_FINALIZING()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* text = PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
+  pq_py_call_hook(((pq_py_hooks*)user)->log, text ? Py_BuildValue("(iN)", (int)level, text) : NULL);
+  PyGILState_Release(gil);
+}
+
+static void pq_py_build_done_hook(void* user, uint64_t seq_id, int32_t layer, pq_status status) {
+  if (PQ_PY_FINALIZING()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  pq_py_call_hook(((pq_py_hooks*)user)->build_done,
+                  Py_BuildValue("(Kii)", (unsigned long long)seq_id, (int)layer, (int)status));
+  PyGILState_Release(gil);
+}
+%}
+
 /* The library calls run without the GIL; the typemaps around them hold it. */
 %exception {
   Py_BEGIN_ALLOW_THREADS
@@ -1166,11 +1211,18 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
   $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
 }
 
-%typemap(in, numinputs=0) pq_context** out (pq_context* created = NULL) {
+%typemap(in, numinputs=0) pq_context** out (pq_context* created = NULL),
+                          pq_pool** out (pq_pool* created = NULL) {
   $1 = &created;
 }
-%typemap(argout) pq_context** out {
+%typemap(argout) pq_context** out, pq_pool** out {
   $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(*$1, $*1_descriptor, 0));
+}
+%typemap(in, numinputs=0) int32_t* out_threads (int32_t value = 0) {
+  $1 = &value;
+}
+%typemap(argout) int32_t* out_threads {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
 }
 
 /* Structs the library fills: struct_size is set here, where sizeof is known,
@@ -1287,3 +1339,52 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
     if ($1 == NULL && PyErr_Occurred()) SWIG_fail;
   }
 }
+
+/* --- hooks: after the typemaps above, which their out-parameters use --------- */
+%exception pq_py_hooks_new %{ $action %}
+%exception pq_py_hooks_free %{ $action %}
+%inline %{
+/* Hooks for pq_py_create_with_hooks: log (None or callable(level, message)) at
+ * log_level, build_done (None or callable(seq_id, layer, status)) and pool
+ * (None or a pq_pool). Holds references to the callables until
+ * pq_py_hooks_free, which the caller runs after pq_destroy (which waits for
+ * the builds, and so for their hooks). NULL with MemoryError. */
+pq_py_hooks* pq_py_hooks_new(PyObject* log, int32_t log_level, PyObject* build_done,
+                             pq_pool* pool) {
+  pq_py_hooks* h = (pq_py_hooks*)calloc(1, sizeof *h);
+  if (h == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  pq_hooks_default(&h->hooks);
+  h->hooks.log_level = log_level;
+  h->hooks.pool = pool;
+  if (log != NULL && log != Py_None) {
+    Py_INCREF(log);
+    h->log = log;
+    h->hooks.log = pq_py_log_hook;
+    h->hooks.log_user = h;
+  }
+  if (build_done != NULL && build_done != Py_None) {
+    Py_INCREF(build_done);
+    h->build_done = build_done;
+    h->hooks.build_done = pq_py_build_done_hook;
+    h->hooks.build_done_user = h;
+  }
+  return h;
+}
+
+void pq_py_hooks_free(pq_py_hooks* hooks) {
+  if (hooks == NULL) return;
+  Py_XDECREF(hooks->log);
+  Py_XDECREF(hooks->build_done);
+  free(hooks);
+}
+
+/* pq_create_with_hooks with hooks from pq_py_hooks_new (None: no hooks). */
+pq_status pq_py_create_with_hooks(const pq_config* config, const pq_py_hooks* hooks,
+                                  pq_context** out) {
+  return pq_create_with_hooks(config, hooks ? &hooks->hooks : NULL, out);
+}
+%}
+

@@ -73,7 +73,7 @@ from . import pqcache_swig as _c
 from .device import DeviceSelection
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
+__all__ = ["Context", "Pool", "LOG_LEVELS", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
            "DTypeError", "version", "cpu_level",
            "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
@@ -315,6 +315,44 @@ class PagedKeys:
         return self.pool, self.slots, self.block_table, self.block_size
 
 
+# pq_log_level: the hooks' log levels, most severe first.
+LOG_LEVELS = {"error": _c.PQ_LOG_ERROR, "warn": _c.PQ_LOG_WARN, "info": _c.PQ_LOG_INFO,
+              "debug": _c.PQ_LOG_DEBUG}
+
+
+class Pool:
+    """A worker pool several contexts share (pq_pool_create), so that a
+    server holding many contexts runs one set of threads: pass it as
+    Context(..., pool=pool). threads 0 means the hardware threads. close()
+    releases this object's reference; the pool's threads stop once no
+    context uses it either (a context holds its pool until it is closed).
+    Usable as a context manager."""
+
+    def __init__(self, threads: int = 0):
+        self._pool = _c.pq_pool_create(threads)
+
+    @property
+    def threads(self) -> int:
+        """The number of worker threads (pq_pool_threads)."""
+        if self._pool is None:
+            raise _error(_c.PQ_ERR_BAD_STATE, "pq_pool_threads: the pool is closed")
+        return _c.pq_pool_threads(self._pool)
+
+    def close(self) -> None:
+        pool, self._pool = self.__dict__.get("_pool"), None
+        if pool is not None:
+            _c.pq_pool_destroy(pool)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
 class SelectionResult:
     """Caller-owned selection buffers that pq_decode_select fills in place:
     positions [kv_heads][capacity] (row h valid up to counts[h]) and
@@ -364,10 +402,23 @@ class Context(_Closing):
     paths (cuda_plugin_path, kv_disk_path) take str, bytes or os.PathLike.
     kv_tier="caller" makes an index-only context (the caller's pool keeps
     the K/V; docs/engines.md); kv_head_offset is a tensor-parallel rank's
-    first kv head in the model."""
+    first kv head in the model.
+
+    Hooks (pq_create_with_hooks): log=callable(level, message) receives the
+    library's log lines at log_level ("error", "warn" (default), "info",
+    "debug") and above; on_build_done=callable(seq_id, layer, status) runs
+    when an index build ends (status 0, or the pq_status the layer will
+    report); pool=Pool(...) runs the context's work on a shared pool. The
+    library calls them on its worker threads or the calling thread, each
+    holding the GIL; an exception in one is reported through
+    sys.unraisablehook and goes no further. They must not call into this
+    context, except on_build_done, which may call what does not wait for
+    builds (stats(), calls on that layer) but not wait_builds() or close()
+    (pq_build_done_fn in pqcache.h)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: str = "f16", **options):
+                 dtype: str = "f16", *, log=None, log_level: str = "warn", on_build_done=None,
+                 pool: Optional[Pool] = None, **options):
         # The lifetime: calls in flight per thread (thread id: nesting), and
         # whether close() has begun (also before pq_create succeeds, so that
         # close() and __del__ work even if __init__ fails). See _call.
@@ -400,7 +451,27 @@ class Context(_Closing):
         self._capacity_hints = [0] * num_layers
         self.num_layers, self.num_q_heads = num_layers, num_q_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self._ctx = _c.pq_create(config)
+        self._hooks = self._pool = None
+        if log is not None or on_build_done is not None or pool is not None:
+            if log_level not in LOG_LEVELS:
+                raise ValueError(f"unknown log_level {log_level!r}; expected one of "
+                                 f"{sorted(LOG_LEVELS)}")
+            for name, fn in (("log", log), ("on_build_done", on_build_done)):
+                if fn is not None and not callable(fn):
+                    raise TypeError(f"{name} must be callable or None, not {type(fn).__name__}")
+            if pool is not None and pool._pool is None:
+                raise _error(_c.PQ_ERR_BAD_STATE, "pq_create_with_hooks: the pool is closed")
+            self._pool = pool  # kept: the context uses it until close()
+            self._hooks = _c.pq_py_hooks_new(log, LOG_LEVELS[log_level], on_build_done,
+                                             pool._pool if pool is not None else None)
+            try:
+                self._ctx = _c.pq_py_create_with_hooks(config, self._hooks)
+            except BaseException:
+                _c.pq_py_hooks_free(self._hooks)
+                self._hooks = None
+                raise
+        else:
+            self._ctx = _c.pq_create(config)
         self._closing = False
 
     # --- lifetime --------------------------------------------------------
@@ -446,6 +517,11 @@ class Context(_Closing):
             with lock:
                 self._ctx, self._closer = None, None
                 self._idle.notify_all()
+            # pq_destroy waited for the builds and their hooks: nothing calls
+            # the callables any more.
+            hooks, self._hooks, self._pool = self.__dict__.get("_hooks"), None, None
+            if hooks is not None:
+                _c.pq_py_hooks_free(hooks)
 
     def _call(self, op: str, function, *args):
         """function(handle, *args), a call of the C function `op`, while the

@@ -1,0 +1,95 @@
+"""The hooks of pq_create_with_hooks from Python: log lines at a level, a
+callable when an index build ends, a pool shared by contexts; an exception
+in a hook is reported and goes no further; bad arguments are named."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import pqcache
+
+Q, KV, DIM, N = 4, 2, 32, 600
+
+
+def filled(ctx, layers=(0,)):
+    rng = np.random.default_rng(1)
+    ctx.add_sequence(7)
+    for layer in layers:
+        kv = rng.standard_normal((2, N, KV, DIM)).astype(np.float32)
+        ctx.prefill(7, layer, kv[0], kv[1])
+    ctx.wait_builds()
+
+
+def test_log_lines_arrive_at_their_level():
+    lines = []
+    lock = threading.Lock()
+
+    def log(level, message):
+        with lock:
+            lines.append((level, message))
+
+    ctx = pqcache.Context(1, Q, KV, DIM, "f32", log=log, log_level="debug")
+    filled(ctx)
+    ctx.close()
+    levels = {level for level, _ in lines}
+    assert levels <= set(pqcache.LOG_LEVELS.values()) and pqcache.LOG_LEVELS["info"] in levels
+    assert any("index built: seq_id 7 layer 0" in m for _, m in lines), lines
+    assert any("sequence" in m and "7" in m for level, m in lines
+               if level == pqcache.LOG_LEVELS["debug"]), lines
+    # At "error" only failed calls log: an unknown sequence is one.
+    errors = []
+    with pqcache.Context(1, Q, KV, DIM, "f32", log=lambda l, m: errors.append((l, m)),
+                         log_level="error") as quiet:
+        filled(quiet)
+        with pytest.raises(pqcache.PQError):
+            quiet.length(99, 0)
+    assert errors and all(level == pqcache.LOG_LEVELS["error"] for level, _ in errors)
+
+
+def test_build_done_runs_for_every_layer():
+    done = []
+    ctx = pqcache.Context(2, Q, KV, DIM, "f32",
+                          on_build_done=lambda seq, layer, status: done.append((seq, layer, status)))
+    filled(ctx, layers=(0, 1))
+    ctx.close()  # waits for the builds' hooks
+    assert sorted(done) == [(7, 0, 0), (7, 1, 0)]
+
+
+def test_a_pool_serves_several_contexts():
+    with pqcache.Pool(2) as pool:
+        assert pool.threads == 2
+        contexts = [pqcache.Context(1, Q, KV, DIM, "f32", pool=pool) for _ in range(2)]
+    for ctx in contexts:  # the pool outlives its Python object while contexts hold it
+        assert ctx.config()["worker_threads"] == 2
+        filled(ctx)
+        ctx.close()
+    with pytest.raises(pqcache.PQError, match="closed"):
+        pool.threads  # noqa: B018
+
+
+def test_an_exception_in_a_hook_is_reported_not_raised():
+    seen = []
+    old = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_type)
+    try:
+        def broken(seq, layer, status):
+            raise RuntimeError("hook failed")
+        ctx = pqcache.Context(1, Q, KV, DIM, "f32", on_build_done=broken)
+        filled(ctx)
+        assert ctx.length(7, 0) == N  # the context goes on
+        ctx.close()
+    finally:
+        sys.unraisablehook = old
+    assert seen == [RuntimeError]
+
+
+def test_bad_hook_arguments_are_named():
+    with pytest.raises(ValueError, match="log_level"):
+        pqcache.Context(1, Q, KV, DIM, "f32", log=print, log_level="loud")
+    with pytest.raises(TypeError, match="on_build_done"):
+        pqcache.Context(1, Q, KV, DIM, "f32", on_build_done=3)
+    pool = pqcache.Pool(1)
+    pool.close()
+    with pytest.raises(pqcache.PQError, match="pool is closed"):
+        pqcache.Context(1, Q, KV, DIM, "f32", pool=pool)
