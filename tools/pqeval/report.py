@@ -408,11 +408,16 @@ def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
     return path.name
 
 
-# One colour per selector; PQ alone in red, the oracle black.
-_LAYER_STYLES = [("exact", dict(lw=2.5, color="black")), ("pq", dict(lw=2.5, color="tab:red")),
-                 ("h2o", dict(lw=1, color="tab:blue")), ("snapkv", dict(lw=1, color="tab:orange")),
-                 ("quest", dict(lw=1, color="tab:green")), ("sparq", dict(lw=1, color="tab:purple")),
-                 ("window", dict(lw=1, color="tab:gray"))]
+# One colour and one marker per selector (a line of 30 layers is told from
+# another by its markers where the colours cross); PQ alone in red, the
+# oracle black.
+_LAYER_STYLES = [("exact", dict(lw=2.5, color="black", marker="o")),
+                 ("pq", dict(lw=2.5, color="tab:red", marker="s")),
+                 ("h2o", dict(lw=1, color="tab:blue", marker="^")),
+                 ("snapkv", dict(lw=1, color="tab:orange", marker="v")),
+                 ("quest", dict(lw=1, color="tab:green", marker="D")),
+                 ("sparq", dict(lw=1, color="tab:purple", marker="P")),
+                 ("window", dict(lw=1, color="tab:gray", marker="X"))]
 
 
 def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
@@ -429,15 +434,15 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
         if settings:  # the best PQ setting next to the default
             best = max(settings, key=settings.get)
             lines.append((f"pq {best}", study["settings"][best]["layers"],
-                          dict(lw=1.5, color="tab:red", ls="--")))
+                          dict(lw=1.5, color="tab:red", ls="--", marker="o", mfc="white")))
         for label, layers, style in lines:
-            ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], marker="o",
+            ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], ms=5,
                     label=label, **style)
         ax.set_ylim(0, 1.02)
         ax.set_title(f"{model}: {study['tokens']} tokens, budget 1/5")
         ax.set_xlabel("layer")
         ax.set_ylabel("middle-only attention-mass recall")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
