@@ -698,6 +698,9 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
     lines = ["# libpqcache quality at long context", "",
              "Written by `python3 -m pqeval.evaluate` (tools/pqeval/evaluate.py) from the "
              "measurements in `docs/quality-data/`; every figure below is measured. "
+             "`scripts/run-python -m pqeval.evaluate --report-only` rewrites this page and its "
+             "pictures of tasks and layers (quality-accuracy.png, quality-layers.png) from "
+             "those measurements alone, in seconds. "
              f"Report written {datetime.date.today().isoformat()}; the measurements took "
              f"{compute / 3600:.1f} hours of model and library time on 2 CPU cores "
              f"({platform.machine()}, torch threads 2).", "",
@@ -788,7 +791,8 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
               "full attention answered.", ""]
     png = report.plot_accuracy(cells, out / "quality-accuracy.png") if cells else None
     if png:
-        lines += [f"![accuracy against context length]({png})", ""]
+        lines += [f"![task accuracy minus full attention's on the same prompts, per cell and "
+                  f"budget, with 95% paired intervals]({png})", ""]
     for (model, length), rs in cells.items():
         lines += [f"### {hf.MODELS[model].display}, {length // 1024}K tokens "
                   f"({len(rs)} prompts)", ""]

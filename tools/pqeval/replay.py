@@ -26,7 +26,12 @@ causal attention over [0, p]:
 consecutive decode steps are correlated, so it is taken over batch means
 (each layer's steps in blocks of BATCH_STEPS, the blocks' means pooled over
 layers, mean +- 1.96 x their standard deviation / sqrt(blocks)). `--plot`
-draws both against the budget, one line per selector.
+draws both against the budget, one line per selector; docs/quality.md's
+picture of the budgets comes from
+
+    scripts/run-python -m pqeval.replay tests/data/smollm2_sotu_2k.pqtrace \\
+        --selectors pq,exact,h2o,snapkv,window --fractions 0.2,0.1,0.05,0.02 \\
+        --intervals --plot docs/quality-budgets.png > docs/quality-data/budgets-2k.md
 
 Selectors that learn from attention (H2O, SCOPE) are fed the probabilities of
 the attention they were given, after every step, as a model would.

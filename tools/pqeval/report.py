@@ -328,77 +328,96 @@ def settings_table(study: Dict, lines: List[str]) -> None:
                      f"{max(mids):.3f}] | {gap} | {_layer_mean(layers, 'recall'):.3f} | {times} |")
 
 
-# Colours for the selectors other than full attention (black) and PQ and its
-# variants (red): tab20 without its reds, so that no two lines of a panel
-# share a colour and line style (the default cycle has 10 colours, red among
-# them, for up to 23 lines).
-_OTHER_COLOURS = [c for i, c in enumerate(
-    ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896",
-     "#9467bd", "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7",
-     "#bcbd22", "#dbdb8d", "#17becf", "#9edae5"]) if i not in (6, 7)]
-_OTHER_DASHES = ["-", "--", ":"]
+# Colours for the selectors other than PQ and its variants (red): tab10
+# without its red (full attention is the black zero line), each colour
+# taken with one marker before the next marker, so that no two selectors
+# share a colour and a marker.
+_OTHER_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+                  "tab:gray", "tab:olive", "tab:cyan"]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
 
 
 def accuracy_style(name: str) -> dict:
-    """The line of one selector (a row name without its budget) in
-    plot_accuracy: full attention black, pq red, pq's variants red dashed
-    and dotted,
-    every other selector its own colour from its place in NAMES (a style
-    for every third past the palette)."""
+    """The point of one selector (a row name without its budget) in
+    plot_accuracy: full attention black, PQ and its variants red, each
+    with a marker of its own; every other selector a colour and marker from
+    its place in ALL_NAMES (a name outside it, from its letters)."""
     if name == FULL:
-        return dict(lw=2.5, color="black")
-    if name == "pq":
-        return dict(lw=2.5, color="tab:red")
-    if name.startswith("pq-"):  # dashed, then dotted, ...
-        variants = [n for n in NAMES if n.startswith("pq-")]
-        i = variants.index(name) if name in variants else 0
-        return dict(lw=1.5, color="tab:red", ls=["--", ":", "-."][i % 3])
-    others = [n for n in NAMES if n != "pq" and not n.startswith("pq-")]
+        return dict(color="black", marker="|")
+    variants = [n for n in ALL_NAMES if n == "pq" or n.startswith("pq-")]
+    if name in variants:
+        return dict(color="tab:red", marker=_MARKERS[variants.index(name) % len(_MARKERS)])
+    others = [n for n in ALL_NAMES if n not in variants]
     i = others.index(name) if name in others else len(others) + sum(map(ord, name))
-    return dict(lw=1, color=_OTHER_COLOURS[i % len(_OTHER_COLOURS)],
-                ls=_OTHER_DASHES[(i // len(_OTHER_COLOURS)) % len(_OTHER_DASHES)])
+    return dict(color=_OTHER_COLOURS[i % len(_OTHER_COLOURS)],
+                marker=_MARKERS[(i // len(_OTHER_COLOURS)) % len(_MARKERS)])
+
+
+def accuracy_rows() -> List[str]:
+    """The selectors in plot_accuracy's order, top to bottom: the oracle,
+    PQ and every variant, then the others as the tables list them."""
+    pq = [n for n in ALL_NAMES if n == "pq" or n.startswith("pq-")]
+    return ["exact"] + pq + [n for n in ALL_NAMES if n != "exact" and n not in pq]
 
 
 def plot_accuracy(cells: Dict[tuple, List[dict]], path: Path) -> Optional[str]:
+    """Each selector's task accuracy minus full attention's on the same
+    prompts, with its 95% paired bootstrap interval (cell_summary's
+    "diff"): a panel per cell (model and length) and budget, a row per
+    selector measured on every prompt of the cell (covers_cell)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    models = sorted({m for m, _ in cells}, key=lambda m: m != "smollm2-135m")
-    fig, axes = plt.subplots(1, len(models) * 2, figsize=(5.2 * len(models) * 2, 4),
-                             squeeze=False)
-    for i, model in enumerate(models):
-        lengths = sorted(l for m, l in cells if m == model)
-        for j, b in enumerate(BUDGETS):
-            ax = axes[0][2 * i + j]
-            # a row measured on every prompt of every length of the model
-            series = [FULL] + [f"{s}@{b}" for s in NAMES
-                               if all(f"{s}@{b}" in r["rows"]
-                                      for l in lengths for r in cells[(model, l)])]
-            for label in series:
-                y = [100 * scores(cells[(model, l)], label).mean() for l in lengths]
-                ax.plot(lengths, y, marker="o", label=label.split("@")[0],
-                        **accuracy_style(label.split("@")[0]))
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(lengths, [f"{l // 1024}K" for l in lengths])
-            ax.set_ylim(-2, 102)
-            ax.set_title(f"{model}, budget {b}")
-            ax.set_xlabel("context length (tokens)")
-            ax.set_ylabel("task accuracy (points)")
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="upper right")
+    keys = list(cells)
+    summaries = {key: cell_summary(cells[key]) for key in keys}
+    names = [n for n in accuracy_rows()
+             if any(covers_cell(summaries[k], f"{n}@{b}") for k in keys for b in BUDGETS)]
+    fig, axes = plt.subplots(len(BUDGETS), len(keys), figsize=(3.6 * len(keys) + 1.2,
+                                                               0.26 * len(names) * len(BUDGETS) + 2),
+                             squeeze=False, sharex=True, sharey=True)
+    for row, b in enumerate(BUDGETS):
+        for col, key in enumerate(keys):
+            ax, summary = axes[row][col], summaries[key]
+            ax.axvline(0, color="black", lw=1.2)
+            for y, name in enumerate(names):
+                label = f"{name}@{b}"
+                if not covers_cell(summary, label):
+                    continue
+                m, lo, hi = (100 * v for v in summary[label]["diff"])
+                style = accuracy_style(name)
+                ax.errorbar([m], [y], xerr=[[m - lo], [hi - m]], ls="none", ms=5, capsize=2,
+                            elinewidth=1, label=name, **style)
+            model, length = key
+            ax.set_title(f"{model} {length // 1024}K, budget {b}\n"
+                         f"({summary[FULL]['prompts']} prompts, full attention "
+                         f"{_pct(summary[FULL]['acc'][0])})", fontsize=8)
+            ax.grid(True, axis="x", alpha=0.3)
+            ax.tick_params(labelsize=8)
+            if row == len(BUDGETS) - 1:
+                ax.set_xlabel("accuracy - full attention's (points)", fontsize=8)
+    axes[0][0].set_yticks(range(len(names)), names)
+    axes[0][0].set_ylim(len(names) - 0.5, -0.5)  # the oracle on top
+    fig.suptitle("Long-context tasks: each selector against full attention on the same prompts "
+                 "(black line); bars: 95% paired bootstrap intervals", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path.name
 
 
-# One colour per selector; PQ alone in red, the oracle black.
-_LAYER_STYLES = [("exact", dict(lw=2.5, color="black")), ("pq", dict(lw=2.5, color="tab:red")),
-                 ("h2o", dict(lw=1, color="tab:blue")), ("snapkv", dict(lw=1, color="tab:orange")),
-                 ("quest", dict(lw=1, color="tab:green")), ("sparq", dict(lw=1, color="tab:purple")),
-                 ("window", dict(lw=1, color="tab:gray"))]
+# One colour and one marker per selector (a line of 30 layers is told from
+# another by its markers where the colours cross); PQ alone in red, the
+# oracle black.
+_LAYER_STYLES = [("exact", dict(lw=2.5, color="black", marker="o")),
+                 ("pq", dict(lw=2.5, color="tab:red", marker="s")),
+                 ("h2o", dict(lw=1, color="tab:blue", marker="^")),
+                 ("snapkv", dict(lw=1, color="tab:orange", marker="v")),
+                 ("quest", dict(lw=1, color="tab:green", marker="D")),
+                 ("sparq", dict(lw=1, color="tab:purple", marker="P")),
+                 ("window", dict(lw=1, color="tab:gray", marker="X"))]
 
 
 def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
@@ -415,15 +434,15 @@ def plot_layers(studies: Dict[str, Dict], path: Path) -> Optional[str]:
         if settings:  # the best PQ setting next to the default
             best = max(settings, key=settings.get)
             lines.append((f"pq {best}", study["settings"][best]["layers"],
-                          dict(lw=1.5, color="tab:red", ls="--")))
+                          dict(lw=1.5, color="tab:red", ls="--", marker="o", mfc="white")))
         for label, layers, style in lines:
-            ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], marker="o",
+            ax.plot([l["layer"] for l in layers], [l["mid_mass"] for l in layers], ms=5,
                     label=label, **style)
         ax.set_ylim(0, 1.02)
         ax.set_title(f"{model}: {study['tokens']} tokens, budget 1/5")
         ax.set_xlabel("layer")
         ax.set_ylabel("middle-only attention-mass recall")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
