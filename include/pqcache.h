@@ -758,10 +758,12 @@ typedef struct pq_config {
    * PQ_GQA_SUM_SOFTMAX; the exact logits themselves for the other
    * combines), then the top k is taken as before. Why: a key far from every
    * centroid (a needle's, measured in docs/quality.md) scores through its
-   * codes like its centroids, and the exact top-k's best token can rank
-   * past a thousand there. Cost: the share x middle key rows per kv head and
-   * select, 4 bytes per outlier, and PQ's device selection (pq_decode_
-   * select_device and the CUDA backend's host-call selection) is not used:
+   * codes like its centroids: on needle prompts, needle tokens the exact
+   * top-k ranks first ranked 898 to 1,985 by their codes. Cost: the share
+   * x middle key rows per kv head and select (1.02-1.14x select + attend
+   * at 0.01, docs/perf.md), 4 bytes per outlier, and PQ's device selection
+   * (pq_decode_select_device and the CUDA backend's host-call selection) is
+   * not used:
    * the host selects (pq_decode_select_device is PQ_ERR_UNSUPPORTED). A
    * selector other than PQ_SELECTOR_PQ, or PQ_KV_TIER_CALLER (no keys to
    * score), with a share above 0 is PQ_ERR_INVALID_ARGUMENT. */

@@ -43,9 +43,10 @@ def needle_section(data: Path, lines: List[str]) -> None:
         return
     lines += ["", "## Needles and outliers scored exactly (`pq_outliers`, 0.13)", "",
               "Issue 44 saw PQ lose a needle the exact top-k at the same budget keeps. Traced "
-              "through SmolLM2-135M, a needle step's best token by exact score ranked past 1,000 "
-              "by its codes, and its quantization residual |k - centroids(codes)| was among the "
-              "largest of the middle: a key far from every centroid scores like its centroids. "
+              "through SmolLM2-135M, the most attended needle token PQ lost ranked near the top by "
+              "exact score and far down (hundreds to thousands) by its codes, with a quantization "
+              "residual |k - centroids(codes)| among the largest of the middle (the table's "
+              "ranks): a key far from every centroid scores like its centroids. "
               "`pq_outliers` scores the keys with the largest residuals by their exact q.k "
               "(`pqcache.h`, `docs/design.md`); 0 (off) stays the default (the device step does "
               "not serve it, and it reads share x middle key rows per select: "
