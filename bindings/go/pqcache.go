@@ -7,6 +7,7 @@ import "C"
 import (
 	"math"
 	"runtime"
+	"runtime/cgo"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,12 +37,19 @@ type Context struct {
 	// Per layer, the largest selection capacity the library asked for so
 	// far: DecodeSelect sizes its buffers with it and grows them when told.
 	capacityHints []atomic.Int64
+	// NewContextWithHooks: the hooks the library's trampolines reach, and
+	// the pool the context holds (kept reachable for as long).
+	hooks cgo.Handle
+	pool  *Pool
 }
 
 // NewContext creates a context (pq_create). Errors are *Error:
 // ErrInvalidArgument names the bad field, ErrUnsupported and ErrNotFound
 // (CUDA backend without plug-in or device) as documented in pqcache.h.
-func NewContext(cfg Config) (*Context, error) {
+func NewContext(cfg Config) (*Context, error) { return newContext(cfg, nil) }
+
+// newContext is NewContext, or with hooks pq_create_with_hooks.
+func newContext(cfg Config, hooks *Hooks) (*Context, error) {
 	cc, err := cfg.toC()
 	if err != nil {
 		return nil, err
@@ -76,12 +84,22 @@ func NewContext(cfg Config) (*Context, error) {
 		cConfig(cc).kv_scales = (*C.float)(scales)
 	}
 
-	out := pqswig.New_contextOut()
-	defer pqswig.Delete_contextOut(out)
-	if err := call("pq_create", func() Status { return Status(pqswig.Pq_create(cc, out)) }); err != nil {
-		return nil, err
+	c := &Context{}
+	if hooks == nil {
+		out := pqswig.New_contextOut()
+		defer pqswig.Delete_contextOut(out)
+		if err := call("pq_create", func() Status { return Status(pqswig.Pq_create(cc, out)) }); err != nil {
+			return nil, err
+		}
+		c.handle = pqswig.ContextOut_value(out)
+	} else {
+		c.hooks = cgo.NewHandle(hooks)
+		if c.handle, err = createWithHooks(cc, hooks, c.hooks); err != nil {
+			c.hooks.Delete()
+			return nil, err
+		}
+		c.pool = hooks.Pool
 	}
-	c := &Context{handle: pqswig.ContextOut_value(out)}
 
 	effective := pqswig.NewPq_config()
 	defer pqswig.DeletePq_config(effective)
@@ -89,7 +107,7 @@ func NewContext(cfg Config) (*Context, error) {
 	if err := call("pq_get_config", func() Status {
 		return Status(pqswig.Pq_get_config(c.handle, effective))
 	}); err != nil {
-		pqswig.Pq_destroy(c.handle)
+		c.Close()
 		return nil, err
 	}
 	c.config = configFromC(effective)
@@ -114,6 +132,12 @@ func (c *Context) Close() error {
 		pqswig.Pq_destroy(c.handle)
 		c.handle = nil
 		runtime.SetFinalizer(c, nil)
+		// pq_destroy waited for the builds and their hooks: none runs now.
+		if c.hooks != 0 {
+			c.hooks.Delete()
+			c.hooks = 0
+		}
+		c.pool = nil
 	}
 	return nil
 }

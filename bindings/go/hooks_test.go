@@ -1,0 +1,109 @@
+package pqcache
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// prefillHooked adds sequence 7 with 300 tokens in each of the given layers
+// and waits for the builds.
+func prefillHooked(t *testing.T, ctx *Context, layers ...int) {
+	t.Helper()
+	const tokens = 300
+	kv := tokens * refKVHeads * refHeadDim
+	if err := ctx.AddSequence(7); err != nil {
+		t.Fatal(err)
+	}
+	for _, layer := range layers {
+		keys := TensorF32(refGenerate(uint32(81+2*layer), kv), tokens, refKVHeads, refHeadDim)
+		values := TensorF32(refGenerate(uint32(82+2*layer), kv), tokens, refKVHeads, refHeadDim)
+		if err := ctx.PrefillLayer(7, layer, keys, values); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ctx.WaitBuilds(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Hooks.Log gets the library's lines at its level and above; BuildDone
+// runs once per layer's build, before Close returns.
+func TestHooksLogAndBuildDone(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	var levels []LogLevel
+	var done [][3]int
+	cfg := refConfig()
+	cfg.NumLayers = 2
+	ctx, err := NewContextWithHooks(cfg, Hooks{
+		Log: func(level LogLevel, message string) {
+			mu.Lock()
+			defer mu.Unlock()
+			levels, lines = append(levels, level), append(lines, message)
+		},
+		LogLevel: LogDebug,
+		BuildDone: func(seq uint64, layer int, status Status) {
+			mu.Lock()
+			defer mu.Unlock()
+			done = append(done, [3]int{int(seq), layer, int(status)})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefillHooked(t, ctx, 0, 1)
+	ctx.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	sort.Slice(done, func(i, j int) bool { return done[i][1] < done[j][1] })
+	if len(done) != 2 || done[0] != [3]int{7, 0, 0} || done[1] != [3]int{7, 1, 0} {
+		t.Errorf("BuildDone calls %v, want (7, 0, OK) and (7, 1, OK)", done)
+	}
+	joined := strings.Join(lines, "\n")
+	for _, want := range []string{"context created", "sequence added: seq_id 7", "index built: seq_id 7 layer 1"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no log line with %q in:\n%s", want, joined)
+		}
+	}
+	for _, l := range levels {
+		if l < LogError || l > LogDebug {
+			t.Errorf("log level %d", l)
+		}
+	}
+}
+
+// Two contexts on one Pool: each reports the pool's threads; the pool
+// outlives its Close while they hold it; a closed pool is refused.
+func TestHooksSharedPool(t *testing.T) {
+	pool, err := NewPool(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := pool.Threads(); err != nil || n != 2 {
+		t.Fatalf("Threads() = %d, %v; want 2", n, err)
+	}
+	var contexts []*Context
+	for i := 0; i < 2; i++ {
+		ctx, err := NewContextWithHooks(refConfig(), Hooks{Pool: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		contexts = append(contexts, ctx)
+	}
+	pool.Close()
+	for _, ctx := range contexts {
+		if got := ctx.Config().WorkerThreads; got != 2 {
+			t.Errorf("Config().WorkerThreads = %d, want the pool's 2", got)
+		}
+		prefillHooked(t, ctx, 0)
+		ctx.Close()
+	}
+	_, err = NewContextWithHooks(refConfig(), Hooks{Pool: pool})
+	wantError(t, err, ErrBadState, "pool is closed")
+	_, err = pool.Threads()
+	wantError(t, err, ErrBadState, "pool is closed")
+	_, err = NewContextWithHooks(refConfig(), Hooks{LogLevel: 9})
+	wantError(t, err, ErrInvalidArgument, "LogLevel")
+}
