@@ -151,6 +151,38 @@ foreach(_comp IN LISTS _pq_components)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_SECTION ${_pq_deb_section_${_comp}})
   set(CPACK_DEBIAN_${_COMP}_DESCRIPTION "${_pq_summary_${_comp}}\n${_pq_desc_${_comp}}")
 endforeach()
+# Multi-Arch: same (Debian's multiarch spec) on the shared libraries, the
+# plug-in and their -dev packages, so that libpqcache0:amd64 and
+# libpqcache0:i386 (or a cross build's libpqcache-dev:arm64) install side by
+# side: their ELF files, .pc and CMake files are in the multiarch directory
+# (CMAKE_INSTALL_LIBDIR, lib/<triplet> on Debian), and what they have
+# elsewhere is the same for every architecture (the headers and the example
+# as in the source tree, copyright, and changelog.gz, dated by the source:
+# packaging/CMakeLists.txt). Not the Java package (its JNI module is in
+# /usr/lib/jni, shared by every architecture), nor the Python one (one
+# dist-packages/pqcache/ for every architecture, its modules byte-compiled
+# by postinst), nor the Architecture all ones. Only with the multiarch
+# library directory: with -DCMAKE_INSTALL_LIBDIR=lib, two architectures'
+# libpqcache.so.0 would be one path.
+set(_pq_multiarch_same "")
+if(CMAKE_LIBRARY_ARCHITECTURE AND CMAKE_INSTALL_LIBDIR STREQUAL "lib/${CMAKE_LIBRARY_ARCHITECTURE}")
+  set(_pq_multiarch_same runtime cuda dev redis redis_dev)
+else()
+  message(STATUS "packaging: no Multi-Arch: same: the library directory ${CMAKE_INSTALL_LIBDIR} is not lib/<multiarch triplet>")
+endif()
+foreach(_comp IN LISTS _pq_multiarch_same)
+  if(_comp IN_LIST _pq_components)
+    string(TOUPPER ${_comp} _COMP)
+    if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.31)
+      set(CPACK_DEBIAN_${_COMP}_PACKAGE_MULTIARCH same)
+    else()
+      # CPack before 3.31 has no Multi-Arch variable. It writes each control
+      # field as "Name: value" with the value as given, so the field goes in
+      # after the Source field's value.
+      set(CPACK_DEBIAN_${_COMP}_PACKAGE_SOURCE "${CPACK_DEBIAN_PACKAGE_SOURCE}\nMulti-Arch: same")
+    endif()
+  endif()
+endforeach()
 # The JNI and Python modules NEED libpqcache.so.N, which is not installed on
 # the build machine: dpkg-shlibdeps finds it in the build tree, and the
 # dependency on the runtime package is written explicitly below.
