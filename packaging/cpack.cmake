@@ -194,14 +194,20 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR})
 # the same name stops that (lintian: maintscript-calls-ldconfig).
 set(_pq_no_ldconfig_scripts ${PQ_PACKAGING_DIR}/debian/noscripts/postinst
                             ${PQ_PACKAGING_DIR}/debian/noscripts/postrm)
+# The symbols files (packaging/debian/*/symbols, written by
+# packaging/debian/update-symbols.sh) give each exported function the
+# version that brought it, so that dpkg-shlibdeps asks a program for the
+# oldest libpqcache0 that has what it calls (shlibs alone says this version).
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
-    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${PQ_PACKAGING_DIR}/debian/runtime/symbols
+    ${_pq_no_ldconfig_scripts})
 foreach(_COMP CUDA JAVA)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_CONTROL_EXTRA ${_pq_no_ldconfig_scripts})
 endforeach()
 # The Redis tier's library is a public shared library like libpqcache.
 set(CPACK_DEBIAN_REDIS_PACKAGE_CONTROL_EXTRA
-    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${PQ_PACKAGING_DIR}/debian/redis/symbols
+    ${_pq_no_ldconfig_scripts})
 # The Python package byte-compiles its modules in postinst (py3compile) and
 # removes the bytecode in prerm (py3clean), as dh_python3 does; the scripts
 # are made from packaging/debian/python/*.in by packaging/CMakeLists.txt.
