@@ -260,6 +260,45 @@ set(CPACK_DEBIAN_RUST_SYS_PACKAGE_DEPENDS "${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSIO
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
 set(CPACK_DEBIAN_RUST_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_RUST_PACKAGE_DEPENDS "${PQ_DEB_NAME_rust_sys} (= ${PQ_DEB_VERSION})")
+# The virtual packages a debcargo package provides, which other crates'
+# Debian packages depend on (librust-pqcache-sys-0.13+link-dev, ...):
+# librust-<crate>-<major>-dev, -<major>.<minor>-dev and
+# -<major>.<minor>.<patch>-dev, and each feature of Cargo.toml's [features]
+# as librust-<crate>+<feature>-dev and at each of those versions, all
+# (= version), '_' written '-'. The features add no crate dependency
+# (`link` links the C library, which the package depends on anyway; the
+# safe crate's `link` is pqcache-sys's), so, as debcargo's collapse_features
+# makes them, they are all in the one package (lintian:
+# empty-rust-library-declares-provides is for a package of Provides only).
+foreach(_comp rust_sys rust)
+  string(TOUPPER ${_comp} _COMP)
+  string(REPLACE "_" "-" _crate "${PQ_RUST_CRATE_${_comp}}")
+  set(_cargo_toml ${PROJECT_SOURCE_DIR}/bindings/rust/${PQ_RUST_CRATE_${_comp}}/Cargo.toml)
+  set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_cargo_toml})
+  file(STRINGS ${_cargo_toml} _lines)
+  set(_in_features FALSE)
+  set(_features "")
+  foreach(_line IN LISTS _lines)
+    if(_line MATCHES "^\\[")
+      string(COMPARE EQUAL "${_line}" "[features]" _in_features)
+    elseif(_in_features AND _line MATCHES "^([A-Za-z0-9_-]+) *=")
+      string(REPLACE "_" "-" _feature "${CMAKE_MATCH_1}")
+      list(APPEND _features ${_feature})
+    endif()
+  endforeach()
+  set(_provides "")
+  foreach(_feature IN LISTS _features)
+    list(APPEND _provides "librust-${_crate}+${_feature}-dev")
+  endforeach()
+  foreach(_v ${PROJECT_VERSION_MAJOR} ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR} ${PROJECT_VERSION})
+    list(APPEND _provides "librust-${_crate}-${_v}-dev")
+    foreach(_feature IN LISTS _features)
+      list(APPEND _provides "librust-${_crate}-${_v}+${_feature}-dev")
+    endforeach()
+  endforeach()
+  list(TRANSFORM _provides APPEND " (= ${PQ_DEB_VERSION})")
+  list(JOIN _provides ", " CPACK_DEBIAN_${_COMP}_PACKAGE_PROVIDES)
+endforeach()
 # pqcache.redis (in the Python package) loads libpqcache_redis when imported.
 if("redis" IN_LIST _pq_components)
   set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "${PQ_DEB_NAME_redis} (= ${PQ_DEB_VERSION})")
