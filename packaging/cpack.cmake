@@ -151,6 +151,38 @@ foreach(_comp IN LISTS _pq_components)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_SECTION ${_pq_deb_section_${_comp}})
   set(CPACK_DEBIAN_${_COMP}_DESCRIPTION "${_pq_summary_${_comp}}\n${_pq_desc_${_comp}}")
 endforeach()
+# Multi-Arch: same (Debian's multiarch spec) on the shared libraries, the
+# plug-in and their -dev packages, so that libpqcache0:amd64 and
+# libpqcache0:i386 (or a cross build's libpqcache-dev:arm64) install side by
+# side: their ELF files, .pc and CMake files are in the multiarch directory
+# (CMAKE_INSTALL_LIBDIR, lib/<triplet> on Debian), and what they have
+# elsewhere is the same for every architecture (the headers and the example
+# as in the source tree, copyright, and changelog.gz, dated by the source:
+# packaging/CMakeLists.txt). Not the Java package (its JNI module is in
+# /usr/lib/jni, shared by every architecture), nor the Python one (one
+# dist-packages/pqcache/ for every architecture, its modules byte-compiled
+# by postinst), nor the Architecture all ones. Only with the multiarch
+# library directory: with -DCMAKE_INSTALL_LIBDIR=lib, two architectures'
+# libpqcache.so.0 would be one path.
+set(_pq_multiarch_same "")
+if(CMAKE_LIBRARY_ARCHITECTURE AND CMAKE_INSTALL_LIBDIR STREQUAL "lib/${CMAKE_LIBRARY_ARCHITECTURE}")
+  set(_pq_multiarch_same runtime cuda dev redis redis_dev)
+else()
+  message(STATUS "packaging: no Multi-Arch: same: the library directory ${CMAKE_INSTALL_LIBDIR} is not lib/<multiarch triplet>")
+endif()
+foreach(_comp IN LISTS _pq_multiarch_same)
+  if(_comp IN_LIST _pq_components)
+    string(TOUPPER ${_comp} _COMP)
+    if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.31)
+      set(CPACK_DEBIAN_${_COMP}_PACKAGE_MULTIARCH same)
+    else()
+      # CPack before 3.31 has no Multi-Arch variable. It writes each control
+      # field as "Name: value" with the value as given, so the field goes in
+      # after the Source field's value.
+      set(CPACK_DEBIAN_${_COMP}_PACKAGE_SOURCE "${CPACK_DEBIAN_PACKAGE_SOURCE}\nMulti-Arch: same")
+    endif()
+  endif()
+endforeach()
 # The JNI and Python modules NEED libpqcache.so.N, which is not installed on
 # the build machine: dpkg-shlibdeps finds it in the build tree, and the
 # dependency on the runtime package is written explicitly below.
@@ -162,14 +194,20 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR})
 # the same name stops that (lintian: maintscript-calls-ldconfig).
 set(_pq_no_ldconfig_scripts ${PQ_PACKAGING_DIR}/debian/noscripts/postinst
                             ${PQ_PACKAGING_DIR}/debian/noscripts/postrm)
+# The symbols files (packaging/debian/*/symbols, written by
+# packaging/debian/update-symbols.sh) give each exported function the
+# version that brought it, so that dpkg-shlibdeps asks a program for the
+# oldest libpqcache0 that has what it calls (shlibs alone says this version).
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
-    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${PQ_PACKAGING_DIR}/debian/runtime/symbols
+    ${_pq_no_ldconfig_scripts})
 foreach(_COMP CUDA JAVA)
   set(CPACK_DEBIAN_${_COMP}_PACKAGE_CONTROL_EXTRA ${_pq_no_ldconfig_scripts})
 endforeach()
 # The Redis tier's library is a public shared library like libpqcache.
 set(CPACK_DEBIAN_REDIS_PACKAGE_CONTROL_EXTRA
-    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${_pq_no_ldconfig_scripts})
+    ${PQ_PACKAGING_DIR}/debian/runtime/triggers ${PQ_PACKAGING_DIR}/debian/redis/symbols
+    ${_pq_no_ldconfig_scripts})
 # The Python package byte-compiles its modules in postinst (py3compile) and
 # removes the bytecode in prerm (py3clean), as dh_python3 does; the scripts
 # are made from packaging/debian/python/*.in by packaging/CMakeLists.txt.
@@ -222,6 +260,45 @@ set(CPACK_DEBIAN_RUST_SYS_PACKAGE_DEPENDS "${PQ_DEB_NAME_dev} (= ${PQ_DEB_VERSIO
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_RECOMMENDS "pkgconf | pkg-config")
 set(CPACK_DEBIAN_RUST_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_RUST_PACKAGE_DEPENDS "${PQ_DEB_NAME_rust_sys} (= ${PQ_DEB_VERSION})")
+# The virtual packages a debcargo package provides, which other crates'
+# Debian packages depend on (librust-pqcache-sys-0.13+link-dev, ...):
+# librust-<crate>-<major>-dev, -<major>.<minor>-dev and
+# -<major>.<minor>.<patch>-dev, and each feature of Cargo.toml's [features]
+# as librust-<crate>+<feature>-dev and at each of those versions, all
+# (= version), '_' written '-'. The features add no crate dependency
+# (`link` links the C library, which the package depends on anyway; the
+# safe crate's `link` is pqcache-sys's), so, as debcargo's collapse_features
+# makes them, they are all in the one package (lintian:
+# empty-rust-library-declares-provides is for a package of Provides only).
+foreach(_comp rust_sys rust)
+  string(TOUPPER ${_comp} _COMP)
+  string(REPLACE "_" "-" _crate "${PQ_RUST_CRATE_${_comp}}")
+  set(_cargo_toml ${PROJECT_SOURCE_DIR}/bindings/rust/${PQ_RUST_CRATE_${_comp}}/Cargo.toml)
+  set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_cargo_toml})
+  file(STRINGS ${_cargo_toml} _lines)
+  set(_in_features FALSE)
+  set(_features "")
+  foreach(_line IN LISTS _lines)
+    if(_line MATCHES "^\\[")
+      string(COMPARE EQUAL "${_line}" "[features]" _in_features)
+    elseif(_in_features AND _line MATCHES "^([A-Za-z0-9_-]+) *=")
+      string(REPLACE "_" "-" _feature "${CMAKE_MATCH_1}")
+      list(APPEND _features ${_feature})
+    endif()
+  endforeach()
+  set(_provides "")
+  foreach(_feature IN LISTS _features)
+    list(APPEND _provides "librust-${_crate}+${_feature}-dev")
+  endforeach()
+  foreach(_v ${PROJECT_VERSION_MAJOR} ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR} ${PROJECT_VERSION})
+    list(APPEND _provides "librust-${_crate}-${_v}-dev")
+    foreach(_feature IN LISTS _features)
+      list(APPEND _provides "librust-${_crate}-${_v}+${_feature}-dev")
+    endforeach()
+  endforeach()
+  list(TRANSFORM _provides APPEND " (= ${PQ_DEB_VERSION})")
+  list(JOIN _provides ", " CPACK_DEBIAN_${_COMP}_PACKAGE_PROVIDES)
+endforeach()
 # pqcache.redis (in the Python package) loads libpqcache_redis when imported.
 if("redis" IN_LIST _pq_components)
   set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "${PQ_DEB_NAME_redis} (= ${PQ_DEB_VERSION})")

@@ -7,8 +7,6 @@
 # nothing for the system.
 : "${PQ_GO_MODULE_PATH:?}" "${PQ_MAVEN_GROUP_ID:?}" "${PQ_MAVEN_ARTIFACT_ID:?}"
 
-skip() { echo "SKIPPED: $*"; exit 77; }
-
 # consumer_test_init COMPONENT PACKAGES_SCRATCH_DIR SCRATCH_DIR: the start of
 # packaging_go_module and packaging_java_maven. Sets pkgdir (packaging_deb_rpm's
 # folder, with the .debs in out/) and scratch (emptied); skips (77) when

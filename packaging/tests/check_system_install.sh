@@ -34,7 +34,7 @@
 #
 #   check_system_install.sh PACKAGES_SCRATCH_DIR   (packaging_deb_rpm's folder)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-source "$TESTS_DIR/bindings_consumers.sh"  # skip, go_consumer, java_consumer
+source "$TESTS_DIR/bindings_consumers.sh"  # go_consumer, java_consumer
 
 pkgdir=${1:?usage: check_system_install.sh PACKAGES_SCRATCH_DIR}
 

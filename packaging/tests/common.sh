@@ -13,6 +13,8 @@ has() { grep "$@" >/dev/null; }
 
 log() { echo "[$(basename "$0" .sh)] $*"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# The tests registered with SKIP_RETURN_CODE 77 say why they did not run.
+skip() { echo "SKIPPED: $*"; exit 77; }
 
 # A fresh private scratch folder: every test has its own, so ctest -j never
 # shares a file between two tests.
