@@ -1,10 +1,13 @@
 package pqcache
 
 import (
+	"errors"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // prefillHooked adds sequence 7 with 300 tokens in each of the given layers
@@ -106,4 +109,34 @@ func TestHooksSharedPool(t *testing.T) {
 	wantError(t, err, ErrBadState, "pool is closed")
 	_, err = NewContextWithHooks(refConfig(), Hooks{LogLevel: 9})
 	wantError(t, err, ErrInvalidArgument, "LogLevel")
+}
+
+// A BuildDone hook that calls the context while Close runs gets ErrBadState
+// (or its answer, if it ran before): Close does not hold what the call needs
+// while pq_destroy waits for the hook.
+func TestHooksCallIntoAClosingContext(t *testing.T) {
+	var ctxp atomic.Pointer[Context]
+	results := make(chan error, 4)
+	ctx, err := NewContextWithHooks(refConfig(), Hooks{
+		BuildDone: func(seq uint64, layer int, status Status) {
+			time.Sleep(50 * time.Millisecond) // let Close begin
+			_, err := ctxp.Load().Stats()
+			results <- err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxp.Store(ctx)
+	prefillHooked(t, ctx, 0)
+	ctx.Close() // returns once the hook has run
+	select {
+	case err := <-results:
+		var e *Error
+		if err != nil && !(errors.As(err, &e) && e.Status == ErrBadState) {
+			t.Errorf("Stats from the hook: %v; want nil or ErrBadState", err)
+		}
+	default:
+		t.Error("Close returned before the BuildDone hook ran")
+	}
 }

@@ -126,18 +126,21 @@ func newContext(cfg Config, hooks *Hooks) (*Context, error) {
 // progress on other goroutines. It is idempotent and always returns nil;
 // later calls return ErrBadState.
 func (c *Context) Close() error {
+	// The handle is taken under the lock (after the calls in progress) and
+	// destroyed outside it: pq_destroy waits for the builds' BuildDone
+	// hooks, and a hook that calls the context meanwhile must get
+	// ErrBadState, not wait for this lock.
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.handle != nil {
-		pqswig.Pq_destroy(c.handle)
-		c.handle = nil
-		runtime.SetFinalizer(c, nil)
-		// pq_destroy waited for the builds and their hooks: none runs now.
-		if c.hooks != 0 {
-			c.hooks.Delete()
-			c.hooks = 0
-		}
-		c.pool = nil
+	handle, hooks := c.handle, c.hooks
+	c.handle, c.hooks, c.pool = nil, 0, nil
+	c.mu.Unlock()
+	if handle == nil {
+		return nil
+	}
+	runtime.SetFinalizer(c, nil)
+	pqswig.Pq_destroy(handle)
+	if hooks != 0 { // pq_destroy waited for the builds and their hooks
+		hooks.Delete()
 	}
 	return nil
 }
