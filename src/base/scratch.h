@@ -27,6 +27,10 @@ struct SelectScratch {
   // Tuple path, two subspaces: the classes of the code pairs, zero between
   // calls (pq/pq_tuple_emit.h's PairClassTable).
   std::vector<uint8_t> pair_classes;
+  // PQ with pq_outliers: each query head's log normaliser of the code
+  // scores, and the outliers' exact logits [group][outliers].
+  std::vector<double> log_norms;
+  std::vector<float> outlier_logits;
 };
 
 class ScratchPool {

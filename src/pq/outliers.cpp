@@ -4,45 +4,32 @@
 #include <algorithm>
 #include <cmath>
 
+#include "pq/nearest_centroid.h"
 #include "pq/pq_index.h"
 
 namespace pq {
 
-void key_residuals(const PqCodebook& codebook, int32_t head_dim, int32_t head,
-                   const int64_t* rows, int64_t count, const KeyGather& gather,
-                   const uint8_t* codes, float* out) {
-  const int32_t m = codebook.subspaces, dim = codebook.sub_dim;
-  const KeyGather ordered = in_dim_order(gather, codebook.dim_order, head_dim);
-  std::vector<float> keys(static_cast<size_t>(count) * head_dim);
-  ordered(head, rows, count, keys.data());
-  for (int64_t t = 0; t < count; ++t) {
-    double sum = 0.0;
-    for (int32_t j = 0; j < m; ++j) {
-      const float* x = keys.data() + static_cast<size_t>(t) * head_dim + static_cast<size_t>(j) * dim;
-      const float* c = codebook.at(head, j) + static_cast<size_t>(codes[t * m + j]) * dim;
-      for (int32_t d = 0; d < dim; ++d) {
-        const double e = static_cast<double>(x[d]) - c[d];
-        sum += e * e;
-      }
-    }
-    out[t] = static_cast<float>(sum);
-  }
-}
-
 namespace {
 
-// Residuals of kv head h's tokens [from, to).
+// Squared residuals |k - centroids(codes)|^2 of kv head h's tokens [from,
+// to): in the codebook's dimension order, summed over the subspaces.
 std::vector<float> head_residuals(const PqIndex& index, int32_t head_dim, int32_t h, int64_t from,
                                   int64_t to, const KeyGather& gather) {
+  const PqCodebook& cb = *index.codebook;
   const int64_t n = to - from;
-  const int32_t m = index.codebook->subspaces;
+  const int32_t m = cb.subspaces, dim = cb.sub_dim;
   std::vector<int64_t> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = from + i;
   std::vector<uint8_t> codes(static_cast<size_t>(n) * m);
   index.codes[static_cast<size_t>(h)].copy_out(from, n, codes.data());
-  std::vector<float> residuals(static_cast<size_t>(n));
-  key_residuals(*index.codebook, head_dim, h, rows.data(), n, gather, codes.data(),
-                residuals.data());
+  std::vector<float> keys(static_cast<size_t>(n) * head_dim);
+  in_dim_order(gather, cb.dim_order, head_dim)(h, rows.data(), n, keys.data());
+  std::vector<float> residuals(static_cast<size_t>(n), 0.f);
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t j = 0; j < m; ++j)
+      residuals[static_cast<size_t>(t)] += squared_distance(
+          keys.data() + static_cast<size_t>(t) * head_dim + static_cast<size_t>(j) * dim,
+          cb.at(h, j) + static_cast<size_t>(codes[static_cast<size_t>(t) * m + j]) * dim, dim);
   return residuals;
 }
 

@@ -19,17 +19,11 @@ namespace pq {
 
 struct PqIndex;
 
+// A residual is |k - centroids(codes)|^2, in the codebook's dimension order.
 struct OutlierList {
   float threshold = 0.f;           // squared residual an outlier reaches
   std::vector<int32_t> positions;  // ascending
 };
-
-// Squared residuals |k - centroids(codes)|^2 (codebook order, summed over the
-// subspaces) of kv head `head`'s tokens rows[0 .. count) whose codes are
-// `codes` (count x subspaces bytes) into out[count].
-void key_residuals(const PqCodebook& codebook, int32_t head_dim, int32_t head,
-                   const int64_t* rows, int64_t count, const KeyGather& gather,
-                   const uint8_t* codes, float* out);
 
 // Sets every kv head's threshold and outliers from its coded tokens
 // [from, index.coded_tokens): the ceil(share x n) largest residuals (ties at

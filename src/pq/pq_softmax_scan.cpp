@@ -119,8 +119,13 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
   table.resize(per_query * group);
   for (size_t row = 0; row < per_query * group / centroids; ++row) {
     const float* l = lut + row * centroids;
-    exp_row(l, centroids, scale, *std::max_element(l, l + centroids) * scale,
-            table.data() + row * centroids);
+    const float shift = *std::max_element(l, l + centroids) * scale;
+    exp_row(l, centroids, scale, shift, table.data() + row * centroids);
+    // A head's shift is the sum of its rows' (log_normalisers' first term).
+    if (log_normalisers != nullptr) {
+      const size_t g = row / static_cast<size_t>(m);
+      log_normalisers[g] = (row % static_cast<size_t>(m) == 0 ? 0.0 : log_normalisers[g]) + shift;
+    }
   }
 
   std::vector<float>& e = scratch.raw;  // [group][n] numerators
@@ -149,13 +154,7 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
     for (int64_t i = whole; i < n; ++i) sum += eg[i];
     if (!std::isfinite(sum)) return false;
     inv[g] = 1.0f / sum;
-    if (log_normalisers != nullptr) {  // the shift: the table rows' maxima, as exp_row got them
-      double shift = 0.0;
-      const float* lg = lut + static_cast<size_t>(g) * per_query;
-      for (int32_t j = 0; j < m; ++j)
-        shift += *std::max_element(lg + j * centroids, lg + (j + 1) * centroids) * scale;
-      log_normalisers[g] = shift + std::log(static_cast<double>(sum));
-    }
+    if (log_normalisers != nullptr) log_normalisers[g] += std::log(static_cast<double>(sum));
   }
   add_shares(e.data(), n, group, inv, combined);
   return true;

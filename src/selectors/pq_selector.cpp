@@ -219,10 +219,11 @@ class PqSelector final : public Selector, public BatchSelection {
     if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1) {
       std::vector<float>& combined = r.scratch.combined;
       combined.resize(static_cast<size_t>(m));
-      std::vector<double> norms(outliers.count > 0 ? static_cast<size_t>(r.group_size()) : 0);
+      std::vector<double>& norms = r.scratch.log_norms;
+      norms.resize(static_cast<size_t>(r.group_size()));
       if (pq_scan_sum_softmax(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(),
                               r.scale(), combined.data(), r.scratch,
-                              norms.empty() ? nullptr : norms.data())) {
+                              outliers.count > 0 ? norms.data() : nullptr)) {
         if (outliers.count > 0) bytes += score_outliers(r, outliers, norms.data(), combined.data());
         select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
         return bytes;
@@ -235,23 +236,23 @@ class PqSelector final : public Selector, public BatchSelection {
       select_from_raw(r, raw.data(), out);
       return bytes;
     }
-    std::vector<double> norms;
-    if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1)
-      norms = log_normalisers(raw.data(), r.group_size(), m, r.scale());
+    const bool normalised = r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1;
+    if (normalised) log_normalisers(raw.data(), r.group_size(), m, r.scale(), r.scratch.log_norms);
     std::vector<float>& combined = r.scratch.combined;
     combined.resize(static_cast<size_t>(m));
     combine_group_scores(raw.data(), r.group_size(), m, r.combine(), r.scale(), combined.data(),
                          r.scratch);
-    bytes += score_outliers(r, outliers, norms.empty() ? nullptr : norms.data(), combined.data());
+    bytes += score_outliers(r, outliers, normalised ? r.scratch.log_norms.data() : nullptr,
+                            combined.data());
     select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
     return bytes;
   }
 
   // Each head's log of the sum of exp(scale x raw) over the middle (the
   // max-shifted form, in double).
-  static std::vector<double> log_normalisers(const float* raw, int32_t group, int64_t n,
-                                             float scale) {
-    std::vector<double> out(static_cast<size_t>(group));
+  static void log_normalisers(const float* raw, int32_t group, int64_t n, float scale,
+                              std::vector<double>& out) {
+    out.resize(static_cast<size_t>(group));
     for (int32_t g = 0; g < group; ++g) {
       const float* row = raw + static_cast<size_t>(g) * n;
       const double top = static_cast<double>(*std::max_element(row, row + n)) * scale;
@@ -259,7 +260,6 @@ class PqSelector final : public Selector, public BatchSelection {
       for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(row[i]) * scale - top);
       out[static_cast<size_t>(g)] = top + std::log(sum);
     }
-    return out;
   }
 
   // config.pq_outliers: the outliers' combined scores from their exact
@@ -271,23 +271,22 @@ class PqSelector final : public Selector, public BatchSelection {
                                  const double* log_norms, float* combined) {
     const int64_t n = outliers.count;
     const int32_t group = r.group_size();
-    std::vector<float> exact(static_cast<size_t>(group) * n);
+    std::vector<float>& exact = r.scratch.outlier_logits;
+    exact.resize(static_cast<size_t>(group) * n + static_cast<size_t>(n));
+    float* values = exact.data() + static_cast<size_t>(group) * n;  // their combined scores
     const uint64_t bytes = r.exact_logits(outliers.positions, 0, n, exact.data());
-    std::vector<float> values(static_cast<size_t>(n));
     if (log_norms != nullptr) {
       for (int64_t i = 0; i < n; ++i) {
         double v = 0.0;
         for (int32_t g = 0; g < group; ++g)
           v += std::exp(static_cast<double>(exact[static_cast<size_t>(g) * n + i]) * r.scale() -
                         log_norms[g]);
-        values[static_cast<size_t>(i)] = static_cast<float>(std::min(v, double{FLT_MAX}));
+        values[i] = static_cast<float>(std::min(v, double{FLT_MAX}));
       }
-    } else {
-      combine_group_scores(exact.data(), group, n, r.combine(), r.scale(), values.data(),
-                           r.scratch);
+    } else {  // MAX, MEAN, one head: no normaliser (combine_group_scores uses no scratch there)
+      combine_group_scores(exact.data(), group, n, r.combine(), r.scale(), values, r.scratch);
     }
-    for (int64_t i = 0; i < n; ++i)
-      combined[outliers.positions[i] - r.mid_begin()] = values[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < n; ++i) combined[outliers.positions[i] - r.mid_begin()] = values[i];
     return bytes;
   }
 

@@ -76,7 +76,7 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
     fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: " + index_only_rerank_refusal());
   if (c.pq_outliers > 0.f)
     fail(PQ_ERR_UNSUPPORTED,
-         "pq_decode_select_device: config.pq_outliers is " + std::to_string(c.pq_outliers) +
+         "pq_decode_select_device: config.pq_outliers is " + number_text(c.pq_outliers) +
              "; outliers are scored exactly on the host (use pq_decode_select, or set "
              "pq_outliers to 0)");
   return query;
