@@ -321,6 +321,30 @@ inline std::vector<float> random_ints(size_t n, uint64_t seed, int lo, int hi) {
   return v;
 }
 
+// Random f32 tokens of one layer and one query: keys and values
+// ([tokens][kv_heads][head_dim]), the query ([q_heads][head_dim]), and
+// their tensors, made by make_tensors() (after any edit of the arrays).
+struct RandomLayer {
+  int64_t n;
+  int32_t q_heads, kv_heads, head_dim;
+  std::vector<float> keys, values, query;
+  HostTensor k, v, q;
+  RandomLayer(int64_t tokens, int32_t qh, int32_t kvh, int32_t dim, uint64_t seed,
+              float key_stddev = 1.0f, float query_stddev = 1.0f)
+      : n(tokens), q_heads(qh), kv_heads(kvh), head_dim(dim),
+        keys(random_normal(static_cast<size_t>(tokens) * kvh * dim, seed, key_stddev)),
+        values(random_normal(static_cast<size_t>(tokens) * kvh * dim, seed + 1)),
+        query(random_normal(static_cast<size_t>(qh) * dim, seed + 2, query_stddev)) {}
+  float* key(int64_t t, int32_t h) {
+    return keys.data() + (static_cast<size_t>(t) * kv_heads + h) * head_dim;
+  }
+  void make_tensors() {
+    k = make_tensor(keys, n, kv_heads, head_dim, PQ_DTYPE_F32);
+    v = make_tensor(values, n, kv_heads, head_dim, PQ_DTYPE_F32);
+    q = make_tensor(query, 1, q_heads, head_dim, PQ_DTYPE_F32);
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Context, config, selection
 // ---------------------------------------------------------------------------

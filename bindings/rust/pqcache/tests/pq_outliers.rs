@@ -6,26 +6,11 @@
 
 mod common;
 
-use common::generate;
-use pqcache::{Config, Context, DType, Library, Selection, Selector, Shape, Status, Tensor};
-
-const TOKENS: usize = 300;
-const KV_HEADS: usize = 2;
-const Q_HEADS: usize = 4;
-const HEAD_DIM: usize = 16;
+use common::{generate, small_config, HEAD_DIM, KV_HEADS, Q_HEADS, TOKENS};
+use pqcache::{Config, Context, Selection, Selector, Shape, Status, Tensor};
 
 fn config(share: f32, selector: Selector) -> Config {
-    Library::linked()
-        .default_config()
-        .geometry(1, Q_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32)
-        .dtype(DType::F32)
-        .pq_subspaces(2)
-        .pq_bits(4)
-        .sink_tokens(4)
-        .local_tokens(16)
-        .topk_tokens(16)
-        .selector(selector)
-        .pq_outliers(share)
+    small_config(selector).pq_outliers(share)
 }
 
 #[test]

@@ -17,22 +17,7 @@ class PqOutliersTest {
   private static final int TOKENS = 300;
 
   private static Config config(float share, Selector selector) {
-    return Config.builder()
-        .dtype(DType.F32)
-        .layers(1)
-        .queryHeads(ReferenceCycle.Q_HEADS)
-        .kvHeads(ReferenceCycle.KV_HEADS)
-        .headDim(ReferenceCycle.HEAD_DIM)
-        .pqSubspaces(2)
-        .pqBits(4)
-        .sinkTokens(4)
-        .localTokens(16)
-        .topkTokens(16)
-        .seed(7)
-        .workerThreads(1)
-        .selector(selector)
-        .pqOutliers(share)
-        .build();
+    return ReferenceCycle.smallPq(selector).pqOutliers(share).build();
   }
 
   @Test

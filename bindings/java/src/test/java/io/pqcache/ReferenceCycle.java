@@ -19,9 +19,12 @@ final class ReferenceCycle {
   static final int KV_HEADS = 2;
   static final int HEAD_DIM = 16;
 
-  private ReferenceCycle() {}
-
-  static Config config() {
+  /**
+   * One layer of the reference geometry in F32, 2 x 4-bit PQ, 4 sinks, a 16-token window and 16
+   * selected tokens, with {@code selector}: the reference cycle's context, and the one the
+   * feature tests add one field to.
+   */
+  static Config.Builder smallPq(Selector selector) {
     return Config.builder()
         .dtype(DType.F32)
         .layers(1)
@@ -30,13 +33,18 @@ final class ReferenceCycle {
         .headDim(HEAD_DIM)
         .pqSubspaces(2)
         .pqBits(4)
-        .kmeansIterations(8)
         .sinkTokens(4)
         .localTokens(16)
         .topkTokens(16)
         .seed(7)
         .workerThreads(1)
-        .build();
+        .selector(selector);
+  }
+
+  private ReferenceCycle() {}
+
+  static Config config() {
+    return smallPq(Selector.PQ).kmeansIterations(8).build();
   }
 
   /** The generator of reference_cycle.c: 32-bit unsigned arithmetic, exact in f32. */
