@@ -11,25 +11,37 @@ namespace pq {
 
 namespace {
 
+// Rows gathered at once: bounds the keys held to 1 MiB at head_dim 64
+// whatever the sequence's length (a restored index finds its outliers over
+// every coded token).
+constexpr int64_t kResidualRows = 4096;
+
 // Squared residuals |k - centroids(codes)|^2 of kv head h's tokens [from,
 // to): in the codebook's dimension order, summed over the subspaces.
 std::vector<float> head_residuals(const PqIndex& index, int32_t head_dim, int32_t h, int64_t from,
                                   int64_t to, const KeyGather& gather) {
   const PqCodebook& cb = *index.codebook;
-  const int64_t n = to - from;
   const int32_t m = cb.subspaces, dim = cb.sub_dim;
-  std::vector<int64_t> rows(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = from + i;
-  std::vector<uint8_t> codes(static_cast<size_t>(n) * m);
-  index.codes[static_cast<size_t>(h)].copy_out(from, n, codes.data());
-  std::vector<float> keys(static_cast<size_t>(n) * head_dim);
-  in_dim_order(gather, cb.dim_order, head_dim)(h, rows.data(), n, keys.data());
-  std::vector<float> residuals(static_cast<size_t>(n), 0.f);
-  for (int64_t t = 0; t < n; ++t)
-    for (int32_t j = 0; j < m; ++j)
-      residuals[static_cast<size_t>(t)] += squared_distance(
-          keys.data() + static_cast<size_t>(t) * head_dim + static_cast<size_t>(j) * dim,
-          cb.at(h, j) + static_cast<size_t>(codes[static_cast<size_t>(t) * m + j]) * dim, dim);
+  const KeyGather ordered = in_dim_order(gather, cb.dim_order, head_dim);
+  std::vector<float> residuals(static_cast<size_t>(to - from), 0.f);
+  std::vector<int64_t> rows;
+  std::vector<uint8_t> codes;
+  std::vector<float> keys;
+  for (int64_t first = from; first < to; first += kResidualRows) {
+    const int64_t n = std::min(kResidualRows, to - first);
+    rows.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = first + i;
+    codes.resize(static_cast<size_t>(n) * m);
+    index.codes[static_cast<size_t>(h)].copy_out(first, n, codes.data());
+    keys.resize(static_cast<size_t>(n) * head_dim);
+    ordered(h, rows.data(), n, keys.data());
+    float* out = residuals.data() + (first - from);
+    for (int64_t t = 0; t < n; ++t)
+      for (int32_t j = 0; j < m; ++j)
+        out[t] += squared_distance(
+            keys.data() + static_cast<size_t>(t) * head_dim + static_cast<size_t>(j) * dim,
+            cb.at(h, j) + static_cast<size_t>(codes[static_cast<size_t>(t) * m + j]) * dim, dim);
+  }
   return residuals;
 }
 
