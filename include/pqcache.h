@@ -92,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 13
+#define PQ_VERSION_MINOR 14
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.13.0"
+#define PQ_VERSION_STRING "0.14.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -922,6 +922,38 @@ typedef void (*pq_free_fn)(void* user, void* ptr, size_t bytes);
 typedef void (*pq_build_done_fn)(void* user, uint64_t seq_id, int32_t layer,
                                  pq_status status);
 
+/* The stages of an index build, in order (pq_build_progress.stage). */
+typedef enum pq_build_stage {
+  PQ_BUILD_STAGE_KMEANS = 0, /* training the codebook: Lloyd iterations */
+  PQ_BUILD_STAGE_ENCODE = 1  /* coding every token with the trained codebook */
+} pq_build_stage;
+
+/* How far an index build of (seq_id, layer) has come (pq_build_progress_fn;
+ * added in 0.14). `fraction` is the value to show: the share of the build's
+ * work done, in [0, 1], non-decreasing over one build's calls, 1 at its
+ * last. It weighs the two stages by the vectors they compare with every
+ * centroid: iteration budget x training points for K-Means, tokens for the
+ * encode; K-Means stopping before its budget (converged) moves it on to the
+ * encode's share at once. */
+typedef struct pq_build_progress {
+  uint32_t struct_size; /* sizeof(pq_build_progress) as the library has it */
+  uint64_t seq_id;
+  int32_t layer;
+  int32_t stage;        /* pq_build_stage */
+  int64_t done;         /* KMEANS: iterations run; ENCODE: tokens coded */
+  int64_t total;        /* KMEANS: the iteration budget (it may stop sooner); ENCODE: tokens */
+  double fraction;
+} pq_build_progress;
+
+/* An index build advanced: after each K-Means iteration and after each
+ * slice of 65,536 tokens coded (so a few dozen calls per build, the last
+ * with fraction 1, before the build's pq_build_done_fn). *progress is
+ * valid during the call. Called on the worker thread running the build;
+ * builds of different layers call it concurrently. A build cancelled
+ * meanwhile stops calling it. It may call what pq_build_done_fn may, and
+ * should return quickly: the build waits for it. */
+typedef void (*pq_build_progress_fn)(void* user, const pq_build_progress* progress);
+
 /* A worker pool that several contexts share, so that a server holding
  * many contexts runs one set of threads instead of one per context. */
 typedef struct pq_pool pq_pool;
@@ -975,6 +1007,10 @@ typedef struct pq_hooks {
   pq_disk_read_fn disk_read;
   pq_disk_write_fn disk_write;
   void* disk_user;
+  /* Index builds' progress (pq_build_progress_fn; NULL: none). (Added in
+   * 0.14.) */
+  pq_build_progress_fn build_progress;
+  void* build_progress_user;
 } pq_hooks;
 
 /* Fills *hooks with no hooks, log_level PQ_LOG_WARN and struct_size.

@@ -16,7 +16,8 @@
   S(pq_paged_keys) \
   S(pq_layer_info) \
   S(pq_stats) \
-  S(pq_hooks)
+  S(pq_hooks) \
+  S(pq_build_progress)
 
 #define PQ_PUBLIC_FIELDS(X) \
   X(pq_tensor, data) \
@@ -152,6 +153,15 @@
   X(pq_hooks, pool) \
   X(pq_hooks, disk_read) \
   X(pq_hooks, disk_write) \
-  X(pq_hooks, disk_user)
+  X(pq_hooks, disk_user) \
+  X(pq_hooks, build_progress) \
+  X(pq_hooks, build_progress_user) \
+  X(pq_build_progress, struct_size) \
+  X(pq_build_progress, seq_id) \
+  X(pq_build_progress, layer) \
+  X(pq_build_progress, stage) \
+  X(pq_build_progress, done) \
+  X(pq_build_progress, total) \
+  X(pq_build_progress, fraction)
 
 #endif

@@ -2,7 +2,8 @@
 // calls, builds and sequence events at the levels asked; the host store's
 // K/V comes from the caller's allocator, whose failure fails the call and
 // changes nothing; build_done reports every finished build once, and may
-// call into the layer it names; contexts on one pool run one set of
+// call into the layer it names; build_progress rises through each build's
+// K-Means iterations and encode slices, before its build_done; contexts on one pool run one set of
 // threads, and each destroy waits for its own builds only.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -367,6 +369,96 @@ TEST(Hooks, BuildDoneReportsEachFinishedBuildOnceAndMayCallTheLayer) {
   EXPECT_EQ(done, expected) << "one report per (sequence, layer) build";
   for (pq_status s : record.statuses) EXPECT_EQ(s, PQ_OK);
   EXPECT_EQ(record.selected_inside, 2 * kLayers) << "the layer had its index when told";
+}
+
+// Every build_progress call of one context, in order, and the build_done
+// reports interleaved with them.
+struct ProgressRecord {
+  struct Event {
+    bool done;  // a build_done report, not a progress call
+    pq_build_progress progress;
+  };
+  std::mutex mutex;
+  std::vector<Event> events;
+  static void progress(void* user, const pq_build_progress* p) {
+    auto* self = static_cast<ProgressRecord*>(user);
+    std::lock_guard<std::mutex> lock(self->mutex);
+    self->events.push_back({false, *p});
+  }
+  static void done(void* user, uint64_t seq, int32_t layer, pq_status) {
+    auto* self = static_cast<ProgressRecord*>(user);
+    pq_build_progress p{};
+    p.seq_id = seq;
+    p.layer = layer;
+    std::lock_guard<std::mutex> lock(self->mutex);
+    self->events.push_back({true, p});
+  }
+};
+
+TEST(Hooks, BuildProgressRisesThroughKMeansAndEachEncodeSliceBeforeBuildDone) {
+  ProgressRecord record;
+  pq_hooks h;
+  pq_hooks_default(&h);
+  h.build_progress = &ProgressRecord::progress;
+  h.build_progress_user = &record;
+  h.build_done = &ProgressRecord::done;
+  h.build_done_user = &record;
+  pq_config config = hooks_config();
+  config.kmeans_tolerance = 0.f;  // every iteration of the budget runs
+  Ctx ctx(config, h);
+  ASSERT_TRUE(ctx.ok());
+  const int64_t tokens = 150000;  // three encode slices of 65,536 tokens
+  prefill(ctx, 7, tokens);
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK) << pq_last_error();
+  ctx.reset();  // waits for the hooks of its builds
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    std::vector<ProgressRecord::Event> mine;
+    for (const auto& e : record.events)
+      if (e.progress.layer == layer) mine.push_back(e);
+    ASSERT_FALSE(mine.empty());
+    ASSERT_TRUE(mine.back().done) << "build_done comes after the last progress call";
+    mine.pop_back();
+    std::vector<int64_t> kmeans, encoded;
+    double last = 0.0;
+    for (const auto& e : mine) {
+      const pq_build_progress& p = e.progress;
+      ASSERT_FALSE(e.done) << "one build_done per build";
+      EXPECT_EQ(p.struct_size, sizeof(pq_build_progress));
+      EXPECT_EQ(p.seq_id, 7u);
+      EXPECT_GE(p.fraction, last) << "the fraction never goes back";
+      EXPECT_LE(p.fraction, 1.0);
+      last = p.fraction;
+      if (p.stage == PQ_BUILD_STAGE_KMEANS) {
+        EXPECT_TRUE(encoded.empty()) << "K-Means comes before the encode";
+        EXPECT_EQ(p.total, config.kmeans_iterations);
+        kmeans.push_back(p.done);
+      } else {
+        ASSERT_EQ(p.stage, PQ_BUILD_STAGE_ENCODE);
+        EXPECT_EQ(p.total, tokens);
+        encoded.push_back(p.done);
+      }
+    }
+    const std::vector<int64_t> iterations{1, 2, 3, 4};
+    EXPECT_EQ(kmeans, iterations) << "one call per Lloyd iteration of the budget";
+    const std::vector<int64_t> slices{65536, 131072, tokens};
+    EXPECT_EQ(encoded, slices) << "one call per encode slice";
+    EXPECT_EQ(last, 1.0);
+  }
+}
+
+TEST(Hooks, HooksOfAnEarlierSizeHaveNoBuildProgress) {
+  ProgressRecord record;
+  pq_hooks h;
+  pq_hooks_default(&h);
+  h.struct_size = offsetof(pq_hooks, build_progress);  // a 0.13 caller's struct
+  h.build_progress = &ProgressRecord::progress;         // past its end: never read
+  h.build_progress_user = &record;
+  Ctx ctx(hooks_config(), h);
+  ASSERT_TRUE(ctx.ok()) << pq_last_error();
+  prefill(ctx, 1, 500);
+  ASSERT_EQ(pq_wait_builds(ctx), PQ_OK);
+  ctx.reset();
+  EXPECT_TRUE(record.events.empty());
 }
 
 // ---------------------------------------------------------------------------

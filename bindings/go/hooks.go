@@ -39,6 +39,11 @@ type Hooks struct {
 	// when its index is ready, else the error the layer reports at its next
 	// call; nil: none. Close waits for the hooks of the builds it waits for.
 	BuildDone func(seq uint64, layer int, status Status)
+	// BuildProgress hears how far each index build has come: after every
+	// K-Means iteration and every 65,536 tokens coded, before its
+	// BuildDone, on the build's thread (the build waits for it, so it
+	// should return quickly); it may call what BuildDone may. nil: none.
+	BuildProgress func(BuildProgress)
 	// Pool runs the context's work on a shared pool instead of one of its
 	// own (Config.WorkerThreads is then ignored); nil: its own.
 	Pool *Pool
@@ -68,6 +73,35 @@ func NewContextWithHooks(cfg Config, hooks Hooks) (*Context, error) {
 func goPqLogHook(handle C.uintptr_t, level C.int32_t, message *C.char) {
 	h := cgo.Handle(handle).Value().(*Hooks)
 	h.Log(LogLevel(level), C.GoString(message))
+}
+
+// BuildStage is a pq_build_stage: the stages of an index build, in order.
+type BuildStage int32
+
+const (
+	BuildStageKMeans BuildStage = 0 // training the codebook: Done iterations of a Total budget
+	BuildStageEncode BuildStage = 1 // coding the tokens: Done of Total tokens
+)
+
+// BuildProgress is a pq_build_progress: Fraction, in [0, 1] and
+// non-decreasing over one build, is the value to show (1 at the last call).
+// K-Means may stop before its budget (converged); Fraction then moves on
+// to the encode's share at once.
+type BuildProgress struct {
+	Seq      uint64
+	Layer    int
+	Stage    BuildStage
+	Done     int64
+	Total    int64
+	Fraction float64
+}
+
+//export goPqBuildProgressHook
+func goPqBuildProgressHook(handle C.uintptr_t, p *C.pq_build_progress) {
+	h := cgo.Handle(handle).Value().(*Hooks)
+	h.BuildProgress(BuildProgress{Seq: uint64(p.seq_id), Layer: int(p.layer),
+		Stage: BuildStage(p.stage), Done: int64(p.done), Total: int64(p.total),
+		Fraction: float64(p.fraction)})
 }
 
 //export goPqBuildDoneHook

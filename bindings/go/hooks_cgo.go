@@ -11,6 +11,7 @@ package pqcache
 
 extern void goPqLogHook(uintptr_t handle, int32_t level, char* message);
 extern void goPqBuildDoneHook(uintptr_t handle, uint64_t seq_id, int32_t layer, int32_t status);
+extern void goPqBuildProgressHook(uintptr_t handle, pq_build_progress* progress);
 
 static void go_pq_log(void* user, int32_t level, const char* message) {
   goPqLogHook((uintptr_t)user, level, (char*)message);
@@ -20,11 +21,15 @@ static void go_pq_build_done(void* user, uint64_t seq_id, int32_t layer, pq_stat
   goPqBuildDoneHook((uintptr_t)user, seq_id, layer, (int32_t)status);
 }
 
+static void go_pq_build_progress(void* user, const pq_build_progress* progress) {
+  goPqBuildProgressHook((uintptr_t)user, (pq_build_progress*)progress);
+}
+
 // pq_create_with_hooks with the trampolines that are asked for; handle (a
 // cgo.Handle, an integer, not a Go pointer) is their user pointer.
 static pq_status go_pq_create_with_hooks(const pq_config* config, uintptr_t handle, int log,
-                                         int32_t log_level, int build_done, pq_pool* pool,
-                                         pq_context** out) {
+                                         int32_t log_level, int build_done, int build_progress,
+                                         pq_pool* pool, pq_context** out) {
   pq_hooks hooks;
   pq_hooks_default(&hooks);
   hooks.log_level = log_level;
@@ -35,6 +40,10 @@ static pq_status go_pq_create_with_hooks(const pq_config* config, uintptr_t hand
   if (build_done) {
     hooks.build_done = go_pq_build_done;
     hooks.build_done_user = (void*)handle;
+  }
+  if (build_progress) {
+    hooks.build_progress = go_pq_build_progress;
+    hooks.build_progress_user = (void*)handle;
   }
   hooks.pool = pool;
   return pq_create_with_hooks(config, &hooks, out);
@@ -65,7 +74,8 @@ func createWithHooks(cc pqswig.Pq_config, h *Hooks, handle cgo.Handle) (pqswig.S
 	}
 	err := call("pq_create_with_hooks", func() Status {
 		return Status(C.go_pq_create_with_hooks(cConfig(cc), C.uintptr_t(handle), flag(h.Log != nil),
-			C.int32_t(h.LogLevel), flag(h.BuildDone != nil), pool, &created))
+			C.int32_t(h.LogLevel), flag(h.BuildDone != nil), flag(h.BuildProgress != nil), pool,
+			&created))
 	})
 	if err != nil {
 		return nil, err

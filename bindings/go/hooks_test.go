@@ -2,6 +2,7 @@ package pqcache
 
 import (
 	"errors"
+	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -73,6 +74,66 @@ func TestHooksLogAndBuildDone(t *testing.T) {
 	for _, l := range levels {
 		if l < LogError || l > LogDebug {
 			t.Errorf("log level %d", l)
+		}
+	}
+}
+
+// Hooks.BuildProgress hears every K-Means iteration and the encode of each
+// build, its Fraction rising to 1, before the build's BuildDone.
+func TestHooksBuildProgress(t *testing.T) {
+	var mu sync.Mutex
+	type event struct {
+		done     bool
+		progress BuildProgress
+	}
+	var events []event
+	cfg := refConfig()
+	cfg.NumLayers = 2
+	cfg.KMeansIterations = 3
+	cfg.KMeansTolerance = 0
+	ctx, err := NewContextWithHooks(cfg, Hooks{
+		BuildProgress: func(p BuildProgress) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, event{false, p})
+		},
+		BuildDone: func(seq uint64, layer int, status Status) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, event{true, BuildProgress{Seq: seq, Layer: layer}})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefillHooked(t, ctx, 0, 1)
+	ctx.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	for layer := 0; layer < 2; layer++ {
+		var steps []string
+		last, lastFraction := event{}, 0.0
+		for _, e := range events {
+			if e.progress.Layer != layer {
+				continue
+			}
+			last = e
+			if e.done {
+				continue
+			}
+			p := e.progress
+			steps = append(steps, fmt.Sprintf("%d %d/%d", p.Stage, p.Done, p.Total))
+			if p.Seq != 7 || p.Fraction < lastFraction || p.Fraction > 1 {
+				t.Errorf("layer %d: progress %+v after fraction %g", layer, p, lastFraction)
+			}
+			lastFraction = p.Fraction
+		}
+		want := "0 1/3, 0 2/3, 0 3/3, 1 300/300"
+		if got := strings.Join(steps, ", "); got != want {
+			t.Errorf("layer %d: progress %q, want %q", layer, got, want)
+		}
+		if !last.done || lastFraction != 1 {
+			t.Errorf("layer %d: BuildDone last (%v) with the fraction at 1 (%g)", layer, last.done, lastFraction)
 		}
 	}
 }

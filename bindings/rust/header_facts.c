@@ -28,6 +28,7 @@
            pq_build_done_fn: "void (*)(void*, uint64_t, int32_t, pq_status)",              \
            pq_disk_read_fn: "int64_t (*)(void*, int, void*, uint64_t, uint64_t)",           \
            pq_disk_write_fn: "int64_t (*)(void*, int, const void*, uint64_t, uint64_t)",    \
+           pq_build_progress_fn: "void (*)(void*, const pq_build_progress*)",               \
            pq_pool*: "pq_pool*", default: "unknown")
 #define FIELD(s, f) printf("field %s %s %s\n", #s, #f, C_TYPE(((s*)0)->f));
 #define CONST(c) printf("const %s %lld\n", #c, (long long)(c))
@@ -71,6 +72,7 @@ int main(void) {
   CONST(PQ_ROWS_PER_TOKEN); CONST(PQ_ROWS_PER_HEAD); CONST(PQ_ROWS_PER_REQUEST);
   CONST(PQ_LAYOUT_TOKEN_MAJOR); CONST(PQ_LAYOUT_HEAD_MAJOR);
   CONST(PQ_LOG_ERROR); CONST(PQ_LOG_WARN); CONST(PQ_LOG_INFO); CONST(PQ_LOG_DEBUG);
+  CONST(PQ_BUILD_STAGE_KMEANS); CONST(PQ_BUILD_STAGE_ENCODE);
 
   CALLBACK(pq_write_fn, int (*)(void*, const void*, size_t));
   CALLBACK(pq_log_fn, void (*)(void*, int32_t, const char*));
@@ -80,5 +82,6 @@ int main(void) {
   CALLBACK(pq_destroy_fn, void (*)(void*));
   CALLBACK(pq_disk_read_fn, int64_t (*)(void*, int, void*, uint64_t, uint64_t));
   CALLBACK(pq_disk_write_fn, int64_t (*)(void*, int, const void*, uint64_t, uint64_t));
+  CALLBACK(pq_build_progress_fn, void (*)(void*, const pq_build_progress*));
   return 0;
 }

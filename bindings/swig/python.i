@@ -870,6 +870,7 @@ typedef struct pq_py_hooks {
   pq_hooks hooks;
   PyObject* log;        /* callable(level, message), or NULL */
   PyObject* build_done; /* callable(seq_id, layer, status), or NULL */
+  PyObject* build_progress; /* callable(seq_id, layer, stage, done, total, fraction), or NULL */
 } pq_py_hooks;
 
 /* Calls fn(*args) (args: a new reference, or NULL after a failed build of
@@ -894,6 +895,16 @@ static void pq_py_build_done_hook(void* user, uint64_t seq_id, int32_t layer, pq
   PyGILState_STATE gil = PyGILState_Ensure();
   pq_py_call_hook(((pq_py_hooks*)user)->build_done,
                   Py_BuildValue("(Kii)", (unsigned long long)seq_id, (int)layer, (int)status));
+  PyGILState_Release(gil);
+}
+
+static void pq_py_build_progress_hook(void* user, const pq_build_progress* p) {
+  if (PQ_PY_FINALIZING()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  pq_py_call_hook(((pq_py_hooks*)user)->build_progress,
+                  Py_BuildValue("(KiiLLd)", (unsigned long long)p->seq_id, (int)p->layer,
+                                (int)p->stage, (long long)p->done, (long long)p->total,
+                                p->fraction));
   PyGILState_Release(gil);
 }
 %}
@@ -1345,12 +1356,13 @@ PyObject* pq_py_sequence_restore_kv(pq_context* ctx, uint64_t seq_id, const void
 %exception pq_py_hooks_free %{ $action %}
 %inline %{
 /* Hooks for pq_py_create_with_hooks: log (None or callable(level, message)) at
- * log_level, build_done (None or callable(seq_id, layer, status)) and pool
- * (None or a pq_pool). Holds references to the callables until
+ * log_level, build_done (None or callable(seq_id, layer, status)),
+ * build_progress (None or callable(seq_id, layer, stage, done, total,
+ * fraction)) and pool (None or a pq_pool). Holds references to the callables until
  * pq_py_hooks_free, which the caller runs after pq_destroy (which waits for
  * the builds, and so for their hooks). NULL with MemoryError. */
 pq_py_hooks* pq_py_hooks_new(PyObject* log, int32_t log_level, PyObject* build_done,
-                             pq_pool* pool) {
+                             PyObject* build_progress, pq_pool* pool) {
   pq_py_hooks* h = (pq_py_hooks*)calloc(1, sizeof *h);
   if (h == NULL) {
     PyErr_NoMemory();
@@ -1371,6 +1383,12 @@ pq_py_hooks* pq_py_hooks_new(PyObject* log, int32_t log_level, PyObject* build_d
     h->hooks.build_done = pq_py_build_done_hook;
     h->hooks.build_done_user = h;
   }
+  if (build_progress != NULL && build_progress != Py_None) {
+    Py_INCREF(build_progress);
+    h->build_progress = build_progress;
+    h->hooks.build_progress = pq_py_build_progress_hook;
+    h->hooks.build_progress_user = h;
+  }
   return h;
 }
 
@@ -1378,6 +1396,7 @@ void pq_py_hooks_free(pq_py_hooks* hooks) {
   if (hooks == NULL) return;
   Py_XDECREF(hooks->log);
   Py_XDECREF(hooks->build_done);
+  Py_XDECREF(hooks->build_progress);
   free(hooks);
 }
 

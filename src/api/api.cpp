@@ -39,6 +39,10 @@ pq::Hooks checked_hooks(const pq_hooks* h, std::shared_ptr<pq::ThreadPool>* pool
   out.build_done_user = h->build_done_user;
   if (h->struct_size >= offsetof(pq_hooks, disk_user) + sizeof(void*))
     out.disk_io = {h->disk_read, h->disk_write, h->disk_user};
+  if (h->struct_size >= offsetof(pq_hooks, build_progress_user) + sizeof(void*)) {
+    out.build_progress = h->build_progress;
+    out.build_progress_user = h->build_progress_user;
+  }
   if (h->pool != nullptr) *pool = h->pool->pool;
   return out;
 }

@@ -55,6 +55,8 @@ struct Hooks {
   HostAllocator allocator;
   pq_build_done_fn build_done = nullptr;
   void* build_done_user = nullptr;
+  pq_build_progress_fn build_progress = nullptr;
+  void* build_progress_user = nullptr;
   DiskIo disk_io;  // the disk tier's reads and writes
 
   bool logs(int32_t level) const { return log != nullptr && level <= log_level; }

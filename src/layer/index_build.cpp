@@ -13,6 +13,59 @@
 #include "pq/pq_tuple_select.h"
 
 namespace pq {
+namespace {
+
+// Tokens coded between two calls of the build_progress hook.
+constexpr int64_t kProgressTokens = 65536;
+
+// A build's calls of the build_progress hook (pq_build_progress): the
+// fraction weighs K-Means by iteration budget x training points and the
+// encode by tokens, the vectors each compares with every centroid.
+class BuildProgress {
+ public:
+  BuildProgress(const Hooks& hooks, uint64_t seq_id, int32_t layer, int32_t budget,
+                int64_t training, int64_t tokens)
+      : hooks_(hooks),
+        seq_id_(seq_id),
+        layer_(layer),
+        budget_(budget),
+        kmeans_work_(static_cast<double>(budget) * static_cast<double>(training)),
+        training_(static_cast<double>(training)),
+        tokens_(tokens) {}
+
+  void kmeans(int32_t iterations) const {
+    call(PQ_BUILD_STAGE_KMEANS, iterations, budget_, iterations * training_);
+  }
+  void encoded(int64_t tokens) const {
+    call(PQ_BUILD_STAGE_ENCODE, tokens, tokens_, kmeans_work_ + static_cast<double>(tokens));
+  }
+
+ private:
+  void call(int32_t stage, int64_t done, int64_t total, double work) const {
+    if (hooks_.build_progress == nullptr) return;
+    pq_build_progress p{};
+    p.struct_size = sizeof p;
+    p.seq_id = seq_id_;
+    p.layer = layer_;
+    p.stage = stage;
+    p.done = done;
+    p.total = total;
+    const double all = kmeans_work_ + static_cast<double>(tokens_);
+    p.fraction = all > 0 ? std::min(1.0, work / all) : 1.0;
+    hooks_.build_progress(hooks_.build_progress_user, &p);
+  }
+
+  const Hooks& hooks_;
+  const uint64_t seq_id_;
+  const int32_t layer_;
+  const int32_t budget_;
+  const double kmeans_work_;
+  const double training_;
+  const int64_t tokens_;
+};
+
+}  // namespace
+
 
 void BuildTask::stop(ContextShared& shared) {
   std::shared_ptr<const KeySnapshot> dropped;  // released after the lock
@@ -104,7 +157,7 @@ void IndexBuild::schedule(const KvTier& store, int64_t tokens, const SequenceInf
     report(shared, task->outcome, seq_id, layer_index);
   };
   std::future<void> done = shared_.submit(
-      [&shared, task, layer_index, seq_counters] {
+      [&shared, task, seq_id, layer_index, seq_counters] {
         // The snapshot keeps the layer's chunks and their share of the
         // memory limit: the task holds it while queued (a cancel drops it
         // there), this frame while the build runs, and it goes as soon as
@@ -121,7 +174,7 @@ void IndexBuild::schedule(const KvTier& store, int64_t tokens, const SequenceInf
         } held{*task, shared, task->start()};
         BuildTask::Outcome& out = task->outcome;
         try {
-          run(shared, *task, held.snapshot.get(), layer_index, *seq_counters);
+          run(shared, *task, held.snapshot.get(), seq_id, layer_index, *seq_counters);
         } catch (const Error& e) {
           out.status = e.status();
           out.error = e.what();
@@ -171,7 +224,7 @@ void IndexBuild::report(const ContextShared& shared, const BuildTask::Outcome& o
 }
 
 void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* snapshot,
-                      int32_t layer_index, Counters& seq_counters) {
+                      uint64_t seq_id, int32_t layer_index, Counters& seq_counters) {
   if (snapshot == nullptr || task.cancel.load()) {
     shared.counters.builds_cancelled.fetch_add(1);
     seq_counters.builds_cancelled.fetch_add(1);
@@ -199,6 +252,9 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   const int64_t training =
       std::min<int64_t>(snap.tokens(), centroids * params.max_points_per_centroid);
   params.max_iterations = shared.iteration_budget(snap.tokens(), training);
+  const BuildProgress progress(shared.hooks, seq_id, layer_index, params.max_iterations, training,
+                               snap.tokens());
+  params.on_iteration = [&progress](int32_t iterations) { progress.kmeans(iterations); };
 
   auto index = std::make_unique<PqIndex>();
   auto codebook = std::make_shared<PqCodebook>();
@@ -214,7 +270,21 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
   std::vector<uint8_t*> heads(index->codes.size());
   for (size_t h = 0; h < heads.size(); ++h) heads[h] = index->codes[h].grow(snap.tokens());
-  index->codebook->encode(head_dim, 0, snap.tokens(), gather, shared.pool.get(), heads.data());
+  // In slices, so that the progress hook hears of a long prompt's encode
+  // and a cancelled build stops within one slice.
+  std::vector<uint8_t*> slice_heads(heads.size());
+  for (int64_t first = 0; first < snap.tokens(); first += kProgressTokens) {
+    if (task.cancel.load()) {
+      shared.counters.builds_cancelled.fetch_add(1);
+      seq_counters.builds_cancelled.fetch_add(1);
+      return;
+    }
+    const int64_t count = std::min(kProgressTokens, snap.tokens() - first);
+    for (size_t h = 0; h < heads.size(); ++h) slice_heads[h] = heads[h] + first * m;
+    index->codebook->encode(head_dim, first, count, gather, shared.pool.get(),
+                            slice_heads.data());
+    progress.encoded(first + count);
+  }
   pq_index_count_tuples(*index, 0, snap.tokens());
   index->coded_tokens = snap.tokens();
   if (config.pq_outliers > 0.f)

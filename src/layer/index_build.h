@@ -122,7 +122,7 @@ class IndexBuild {
 
  private:
   static void run(ContextShared& shared, BuildTask& task, const KeySnapshot* snapshot,
-                  int32_t layer_index, Counters& seq_counters);
+                  uint64_t seq_id, int32_t layer_index, Counters& seq_counters);
   // The log line and the build_done hook of a build that ended (not of a
   // cancelled one), once its future is ready.
   static void report(const ContextShared& shared, const BuildTask::Outcome& outcome,

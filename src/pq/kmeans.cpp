@@ -405,6 +405,7 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
       update_centroids(groups[active[a]], n, k, dim);
       ++iterations[active[a]];
     });
+    if (params.on_iteration) params.on_iteration(t + 1);
   }
 
   for (int32_t g = 0; g < group_count; ++g)

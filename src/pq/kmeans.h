@@ -31,6 +31,9 @@ struct KMeansParams {
   int64_t first_token = 0;
   // The codebook's dimension order (rotary_dim_order); kept in the codebook.
   std::vector<int32_t> dim_order;
+  // Called on the calling thread after each Lloyd iteration with the
+  // iterations run so far (a build's progress); empty: not called.
+  std::function<void(int32_t iterations)> on_iteration;
 };
 
 struct KMeansReport {

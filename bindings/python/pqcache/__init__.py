@@ -64,7 +64,7 @@ import enum
 import os
 import threading
 from _thread import get_ident as _get_ident
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -73,7 +73,7 @@ from . import pqcache_swig as _c
 from .device import DeviceSelection
 from .pqcache_swig import PQError
 
-__all__ = ["Context", "Pool", "LOG_LEVELS", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
+__all__ = ["Context", "Pool", "LOG_LEVELS", "BuildProgress", "BUILD_STAGES", "SelectionResult", "DeviceSelection", "PagedKeys", "PQError", "BatchError",
            "DTypeError", "version", "cpu_level",
            "SELECTORS", "SELECTOR_COUNT", "TOKEN_PLAIN", "TOKEN_SPECIAL", "TOKEN_PUNCTUATION",
            "GQA_COMBINE", "BACKENDS", "KMEANS_INIT", "CACHE_POLICIES", "KEY_ROTARY", "POOLING",
@@ -319,6 +319,31 @@ class PagedKeys:
 LOG_LEVELS = {"error": _c.PQ_LOG_ERROR, "warn": _c.PQ_LOG_WARN, "info": _c.PQ_LOG_INFO,
               "debug": _c.PQ_LOG_DEBUG}
 
+# pq_build_stage: the stages of an index build, by number.
+BUILD_STAGES = {_c.PQ_BUILD_STAGE_KMEANS: "kmeans", _c.PQ_BUILD_STAGE_ENCODE: "encode"}
+
+
+class BuildProgress(NamedTuple):
+    """How far an index build of (seq_id, layer) has come (pq_build_progress):
+    stage "kmeans" (done iterations of a budget of total; it may stop
+    sooner) or "encode" (done tokens of total); fraction, in [0, 1] and
+    non-decreasing over one build, is the value to show (1 at the last
+    call)."""
+    seq_id: int
+    layer: int
+    stage: str
+    done: int
+    total: int
+    fraction: float
+
+
+def _progress_hook(user_hook):
+    """Turns the C hook's numbers into one BuildProgress for the user's callable."""
+    def hook(seq_id, layer, stage, done, total, fraction):
+        user_hook(BuildProgress(seq_id, layer, BUILD_STAGES.get(stage, str(stage)), done, total,
+                                fraction))
+    return hook
+
 
 class Pool:
     """A worker pool several contexts share (pq_pool_create), so that a
@@ -408,17 +433,20 @@ class Context(_Closing):
     library's log lines at log_level ("error", "warn" (default), "info",
     "debug") and above; on_build_done=callable(seq_id, layer, status) runs
     when an index build ends (status 0, or the pq_status the layer will
-    report); pool=Pool(...) runs the context's work on a shared pool. The
+    report); on_build_progress=callable(BuildProgress) hears each build's
+    progress (after every K-Means iteration and every 65,536 tokens coded,
+    before its on_build_done); pool=Pool(...) runs the context's work on a
+    shared pool. The
     library calls them on its worker threads or the calling thread, each
     holding the GIL; an exception in one is reported through
     sys.unraisablehook and goes no further. They must not call into this
-    context, except on_build_done, which may call what does not wait for
+    context, except on_build_done and on_build_progress, which may call what does not wait for
     builds (stats(), calls on that layer) but not wait_builds() or close()
     (pq_build_done_fn in pqcache.h)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: str = "f16", *, log=None, log_level: str = "warn", on_build_done=None,
-                 pool: Optional[Pool] = None, **options):
+                 on_build_progress=None, pool: Optional[Pool] = None, **options):
         # The lifetime: calls in flight per thread (thread id: nesting), and
         # whether close() has begun (also before pq_create succeeds, so that
         # close() and __del__ work even if __init__ fails). See _call.
@@ -452,17 +480,20 @@ class Context(_Closing):
         self.num_layers, self.num_q_heads = num_layers, num_q_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._hooks = self._pool = None
-        if log is not None or on_build_done is not None or pool is not None:
+        if (log is not None or on_build_done is not None or on_build_progress is not None
+                or pool is not None):
             if log_level not in LOG_LEVELS:
                 raise ValueError(f"unknown log_level {log_level!r}; expected one of "
                                  f"{sorted(LOG_LEVELS)}")
-            for name, fn in (("log", log), ("on_build_done", on_build_done)):
+            for name, fn in (("log", log), ("on_build_done", on_build_done),
+                             ("on_build_progress", on_build_progress)):
                 if fn is not None and not callable(fn):
                     raise TypeError(f"{name} must be callable or None, not {type(fn).__name__}")
             if pool is not None and pool._pool is None:
                 raise _error(_c.PQ_ERR_BAD_STATE, "pq_create_with_hooks: the pool is closed")
             self._pool = pool  # kept: the context uses it until close()
-            self._hooks = _c.pq_py_hooks_new(log, LOG_LEVELS[log_level], on_build_done,
+            progress = None if on_build_progress is None else _progress_hook(on_build_progress)
+            self._hooks = _c.pq_py_hooks_new(log, LOG_LEVELS[log_level], on_build_done, progress,
                                              pool._pool if pool is not None else None)
             try:
                 self._ctx = _c.pq_py_create_with_hooks(config, self._hooks)

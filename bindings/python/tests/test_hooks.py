@@ -1,5 +1,5 @@
 """The hooks of pq_create_with_hooks from Python: log lines at a level, a
-callable when an index build ends, a pool shared by contexts; an exception
+callable when an index build ends and as it advances, a pool shared by contexts; an exception
 in a hook is reported and goes no further; bad arguments are named."""
 import sys
 import threading
@@ -54,6 +54,36 @@ def test_build_done_runs_for_every_layer():
     filled(ctx, layers=(0, 1))
     ctx.close()  # waits for the builds' hooks
     assert sorted(done) == [(7, 0, 0), (7, 1, 0)]
+
+
+def test_build_progress_rises_to_one_before_build_done():
+    events = []
+    lock = threading.Lock()
+
+    def progress(p):
+        with lock:
+            events.append(p)
+
+    def done(seq, layer, status):
+        with lock:
+            events.append(("done", seq, layer, status))
+
+    ctx = pqcache.Context(2, Q, KV, DIM, "f32", kmeans_iterations=3, kmeans_tolerance=0.0,
+                          on_build_progress=progress, on_build_done=done)
+    filled(ctx, layers=(0, 1))
+    ctx.close()
+    for layer in (0, 1):
+        mine = [e for e in events
+                if (e[2] if isinstance(e, tuple) and e[0] == "done" else e.layer) == layer]
+        assert mine[-1] == ("done", 7, layer, 0), mine
+        steps = mine[:-1]
+        assert all(isinstance(p, pqcache.BuildProgress) and p.seq_id == 7 for p in steps)
+        assert [(p.stage, p.done, p.total) for p in steps] == [
+            ("kmeans", 1, 3), ("kmeans", 2, 3), ("kmeans", 3, 3), ("encode", N, N)], steps
+        fractions = [p.fraction for p in steps]
+        assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    with pytest.raises(TypeError, match="on_build_progress must be callable"):
+        pqcache.Context(1, Q, KV, DIM, "f32", on_build_progress=3)
 
 
 def test_a_pool_serves_several_contexts():

@@ -31,11 +31,11 @@ pub mod dynamic;
 // ---------------------------------------------------------------------------
 
 pub const PQ_VERSION_MAJOR: c_int = 0;
-pub const PQ_VERSION_MINOR: c_int = 13;
+pub const PQ_VERSION_MINOR: c_int = 14;
 pub const PQ_VERSION_PATCH: c_int = 0;
 pub const PQ_VERSION_NUMBER: c_int =
     PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH;
-pub const PQ_VERSION_STRING: &CStr = c"0.13.0";
+pub const PQ_VERSION_STRING: &CStr = c"0.14.0";
 
 /// The soname the dynamic loader knows the library by (ABI major = PQ_VERSION_MAJOR).
 pub const PQ_SONAME: &CStr = c"libpqcache.so.0";
@@ -170,6 +170,11 @@ pub const PQ_LOG_WARN: pq_log_level = 1;
 pub const PQ_LOG_INFO: pq_log_level = 2;
 pub const PQ_LOG_DEBUG: pq_log_level = 3;
 
+/// `pq_build_stage` (added in 0.14): the stages of an index build.
+pub type pq_build_stage = i32;
+pub const PQ_BUILD_STAGE_KMEANS: pq_build_stage = 0;
+pub const PQ_BUILD_STAGE_ENCODE: pq_build_stage = 1;
+
 // ---------------------------------------------------------------------------
 // Structs
 // ---------------------------------------------------------------------------
@@ -207,6 +212,8 @@ c_type_names! {
         => "int64_t (*)(void*, int, void*, uint64_t, uint64_t)",
     Option<unsafe extern "C" fn(*mut c_void, c_int, *const c_void, u64, u64) -> i64>
         => "int64_t (*)(void*, int, const void*, uint64_t, uint64_t)",
+    Option<unsafe extern "C" fn(*mut c_void, *const pq_build_progress)>
+        => "void (*)(void*, const pq_build_progress*)",
     *mut pq_pool => "pq_pool*",
 }
 
@@ -467,6 +474,26 @@ pub type pq_disk_write_fn = Option<
 >;
 
 c_struct! {
+    /// How far an index build has come (`pq_build_progress_fn`, added in
+    /// 0.14): `fraction` in [0, 1], non-decreasing, 1 at the last call.
+    pub struct pq_build_progress {
+        pub struct_size: u32,
+        pub seq_id: u64,
+        pub layer: i32,
+        /// pq_build_stage
+        pub stage: i32,
+        pub done: i64,
+        pub total: i64,
+        pub fraction: f64,
+    }
+}
+
+/// `pq_build_progress_fn` (added in 0.14): an index build advanced; called
+/// on the build's worker thread; must not unwind into C.
+pub type pq_build_progress_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, progress: *const pq_build_progress)>;
+
+c_struct! {
     /// Hooks of `pq_create_with_hooks` (added in 0.6); start from
     /// [`pq_hooks::new`] (what `pq_hooks_default` gives).
     pub struct pq_hooks {
@@ -486,6 +513,9 @@ c_struct! {
         pub disk_read: pq_disk_read_fn,
         pub disk_write: pq_disk_write_fn,
         pub disk_user: *mut c_void,
+        /// Index builds' progress (added in 0.14).
+        pub build_progress: pq_build_progress_fn,
+        pub build_progress_user: *mut c_void,
     }
 }
 
@@ -525,7 +555,8 @@ pub const STRUCTS: &[(&str, usize, &[FieldInfo])] = struct_table![
     pq_paged_keys,
     pq_layer_info,
     pq_stats,
-    pq_hooks
+    pq_hooks,
+    pq_build_progress
 ];
 
 /// `new()` and `Default` for the structs the library fills after reading
@@ -587,6 +618,7 @@ pub const CALLBACKS: &[(&str, &str)] = &[
     ("pq_destroy_fn", <pq_destroy_fn as CTypeName>::C_TYPE),
     ("pq_disk_read_fn", <pq_disk_read_fn as CTypeName>::C_TYPE),
     ("pq_disk_write_fn", <pq_disk_write_fn as CTypeName>::C_TYPE),
+    ("pq_build_progress_fn", <pq_build_progress_fn as CTypeName>::C_TYPE),
 ];
 
 // ---------------------------------------------------------------------------

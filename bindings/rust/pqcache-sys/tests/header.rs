@@ -240,6 +240,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         PQ_LOG_WARN,
         PQ_LOG_INFO,
         PQ_LOG_DEBUG,
+        PQ_BUILD_STAGE_KMEANS,
+        PQ_BUILD_STAGE_ENCODE,
     ]
 }
 
