@@ -130,7 +130,13 @@ void route(pq_redis& r, const std::string& name) {
     fail(PQ_ERR_BACKEND, "no node of the Redis Cluster serves slot " + std::to_string(slot) +
                              " (key \"" + name + "\"; slot map from " + cl.map_from + ")");
   r.node = owner;
-  ensure_connected(r, *owner);
+  try {
+    ensure_connected(r, *owner);
+  } catch (const Error& e) {
+    fail(e.status(), std::string(e.what()) + " (the node that serves slot " +
+                         std::to_string(slot) + ", key \"" + name + "\", in the slot map from " +
+                         cl.map_from + ")");
+  }
 }
 
 bool parse_redirect(const redisReply* reply, const std::string& replier_host, Redirect* out) {
@@ -182,6 +188,11 @@ Reply follow_redirects(pq_redis& r, Node& from, Reply reply, const std::vector<A
     reply = send_to(r, target, args, doing, to.ask);
     at = &target;
   }
+  Redirect again;
+  if (parse_redirect(reply.get(), at->host, &again))
+    fail(PQ_ERR_BACKEND, "redis at " + at->where() + ": " + doing + ": still redirected after " +
+                             std::to_string(kMaxRedirects) + " redirects (the last answer: \"" +
+                             again.text + "\"): the cluster's slot map keeps changing");
   return reply;
 }
 

@@ -66,7 +66,7 @@ bool parse_redirect(const redisReply* reply, const std::string& replier_host, Re
 // command where it says (ASK: preceded by ASKING; MOVED: the slot's owner is
 // updated, r.node follows and the map is read again before the next
 // operation), up to kMaxRedirects times, and returns the last reply, which
-// may be an error reply still. `busy`: a node with replies outstanding in
+// may be an error reply still; still a redirect after that: PQ_ERR_BACKEND. `busy`: a node with replies outstanding in
 // the caller's pipeline, to which nothing may be sent (PQ_ERR_BACKEND).
 Reply follow_redirects(pq_redis& r, Node& from, Reply reply, const std::vector<Arg>& args,
                        const std::string& doing, const Node* busy);

@@ -103,8 +103,7 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
   else if (starts_with(text, "TRYAGAIN"))
     meaning = " (the key's slot is being migrated between nodes; retry)";
   else if (starts_with(text, "MOVED") || starts_with(text, "ASK"))
-    meaning = " (still redirected after " + std::to_string(kMaxRedirects) +
-              " redirects: the cluster's slot map keeps changing)";
+    meaning = " (a Redis Cluster node: connect with pq_redis_connect_cluster)";
   fail(starts_with(text, "WRONGTYPE") ? PQ_ERR_CORRUPT : PQ_ERR_BACKEND,
        "redis at " + n.where() + ": " + doing + ": the server answered \"" + text + "\"" + meaning);
 }
