@@ -6,6 +6,8 @@
 // redis-server the tests report SKIPPED.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -253,11 +255,11 @@ std::string all_slots_to(int port) {
 // A node that goes away while the blocks are being written: PQ_ERR_BACKEND
 // naming it, and the source sequence is untouched.
 TEST_F(RedisClusterTier, NodeGoneInTheMiddleOfAPut) {
-  int fake_port = 0;
+  std::atomic<int> fake_port{0};  // the fake's thread reads it
   FakeRedis fake([&](const std::vector<std::string>& args) {
     FakeAction a;
     if (args[0] == "PING") a.reply = "+PONG\r\n";
-    else if (args[0] == "CLUSTER") a.reply = all_slots_to(fake_port);
+    else if (args[0] == "CLUSTER") a.reply = all_slots_to(fake_port.load());
     else if (args[0] == "GET") a.reply = "$-1\r\n";
     else if (args[0] == "DEL") a.reply = ":0\r\n";
     else a.close = true;  // the first SET of a block
@@ -268,7 +270,7 @@ TEST_F(RedisClusterTier, NodeGoneInTheMiddleOfAPut) {
   pq_redis* conn = nullptr;
   REDIS_ASSERT_OK(pq_redis_connect_cluster("127.0.0.1", fake_port, 5000, &conn));
   REDIS_EXPECT_ERR(pq_redis_put(conn, a_, kSeqA, "k", 1000), PQ_ERR_BACKEND,
-                   "127.0.0.1:" + std::to_string(fake_port), "{k}:blk:0");
+                   "127.0.0.1:" + std::to_string(fake_port.load()), "{k}:blk:0");
   pq_redis_close(conn);
   expect_a_intact();
 }
@@ -276,31 +278,42 @@ TEST_F(RedisClusterTier, NodeGoneInTheMiddleOfAPut) {
 // A node that redirects to itself forever: the redirects are bounded, and
 // the error names the reply; CLUSTERDOWN and TRYAGAIN are named errors.
 TEST_F(RedisClusterTier, RedirectLoopClusterDownAndTryAgainAreNamed) {
-  int fake_port = 0;
+  // Shared with the fake's thread (a socket is no synchronisation to
+  // ThreadSanitizer): the port atomic, the answer under a mutex.
+  std::atomic<int> fake_port{0};
+  std::mutex mu;
   std::string answer;
+  auto answer_with = [&](const std::string& reply) {
+    std::lock_guard<std::mutex> lock(mu);
+    answer = reply;
+  };
   FakeRedis fake([&](const std::vector<std::string>& args) {
     FakeAction a;
-    if (args[0] == "PING" || args[0] == "ASKING") a.reply = args[0] == "PING" ? "+PONG\r\n" : "+OK\r\n";
-    else if (args[0] == "CLUSTER") a.reply = all_slots_to(fake_port);
-    else a.reply = answer;
+    if (args[0] == "PING") a.reply = "+PONG\r\n";
+    else if (args[0] == "ASKING") a.reply = "+OK\r\n";
+    else if (args[0] == "CLUSTER") a.reply = all_slots_to(fake_port.load());
+    else {
+      std::lock_guard<std::mutex> lock(mu);
+      a.reply = answer;
+    }
     return a;
   });
   fake_port = fake.port();
   ASSERT_GT(fake_port, 0);
   pq_redis* conn = nullptr;
   REDIS_ASSERT_OK(pq_redis_connect_cluster("127.0.0.1", fake_port, 5000, &conn));
-  const std::string fake_where = "127.0.0.1:" + std::to_string(fake_port);
-  answer = "-MOVED 1234 " + fake_where + "\r\n";
+  const std::string fake_where = "127.0.0.1:" + std::to_string(fake_port.load());
+  answer_with("-MOVED 1234 " + fake_where + "\r\n");
   REDIS_EXPECT_ERR(pq_redis_get(conn, b_, 7, "k"), PQ_ERR_BACKEND, "MOVED 1234", "after 5 redirects");
   int gets = 0;
   for (const std::string& c : fake.commands()) gets += c == "GET";
   EXPECT_EQ(gets, 6) << "the first GET and 5 redirects";
-  answer = "-ASK 1234 " + fake_where + "\r\n";
+  answer_with("-ASK 1234 " + fake_where + "\r\n");
   REDIS_EXPECT_ERR(pq_redis_info(conn, "k", nullptr, nullptr, nullptr), PQ_ERR_BACKEND, "ASK 1234",
                    "after 5 redirects");
-  answer = "-CLUSTERDOWN The cluster is down\r\n";
+  answer_with("-CLUSTERDOWN The cluster is down\r\n");
   REDIS_EXPECT_ERR(pq_redis_get(conn, b_, 7, "k"), PQ_ERR_BACKEND, "CLUSTERDOWN", fake_where);
-  answer = "-TRYAGAIN Multiple keys request during rehashing of slot\r\n";
+  answer_with("-TRYAGAIN Multiple keys request during rehashing of slot\r\n");
   REDIS_EXPECT_ERR(pq_redis_delete(conn, "k"), PQ_ERR_BACKEND, "TRYAGAIN", "migrated");
   EXPECT_FALSE(has_sequence(b_, 7));
   pq_redis_close(conn);
