@@ -48,7 +48,8 @@ extern "C" {
 /* The largest block: Redis's default proto-max-bulk-len (512 MiB). */
 #define PQ_REDIS_MAX_BLOCK_BYTES (512ull * 1024 * 1024)
 
-/* A connection to one Redis server. */
+/* A connection to one Redis server (pq_redis_connect) or to a Redis Cluster
+ * (pq_redis_connect_cluster). */
 typedef struct pq_redis pq_redis;
 
 /* Connects to the Redis server at host:port (host: a name or an address;
@@ -60,6 +61,40 @@ typedef struct pq_redis pq_redis;
  * PQ_ERR_OUT_OF_MEMORY. *out is set only on success. Thread-safe. */
 PQ_REDIS_API pq_status pq_redis_connect(const char* host, int32_t port,
                                         int32_t timeout_ms, pq_redis** out);
+
+/* Connects to a Redis Cluster (or a server compatible with its protocol)
+ * through one of its nodes, the seed host:port, and returns a handle that
+ * every other pq_redis_* call takes as it takes one of pq_redis_connect:
+ * put, get, the streaming get, info and delete work unchanged. (Added in
+ * 0.13.)
+ *
+ * Keys: a stored state's names start with "{key}" instead of "key"
+ * ("{key}:manifest", "{key}:blk:0", ...): the hash tag puts all of one
+ * key's names in one hash slot, so each put, get or transfer runs on the one
+ * node that serves that slot, and different keys spread over the nodes.
+ * States stored by a pq_redis_connect connection ("key:manifest") are not
+ * seen under the same key here, and the other way round (docs/redis.md).
+ *
+ * The slot map is read with CLUSTER SLOTS from the seed now, and again from
+ * any node it knows after a MOVED reply or a node's network error. A MOVED
+ * reply (the slot has moved) is followed and updates the map; an ASK reply
+ * (the slot is being migrated) sends that one command, preceded by ASKING,
+ * to the node it names. A command redirected more than 5 times, TRYAGAIN
+ * and CLUSTERDOWN are PQ_ERR_BACKEND naming the node and the reply. A node
+ * that goes away in the middle of a call is PQ_ERR_BACKEND naming its
+ * host:port, with the guarantees of a server gone in single-server mode
+ * (nothing added to the context, the source sequence untouched, a
+ * streaming get's sequence removed); the next call reads the slot map again
+ * and works once the cluster serves the key's slot.
+ *
+ * timeout_ms bounds each connect, read and write, on every node. Errors:
+ * those of pq_redis_connect for the seed, and PQ_ERR_BACKEND when the seed
+ * does not answer CLUSTER SLOTS (a server without cluster support says so).
+ * *out is set only on success. Thread-safe; the handle's threading contract
+ * is pq_redis_connect's (calls serialised, one network conversation at a
+ * time, whichever node it is with). */
+PQ_REDIS_API pq_status pq_redis_connect_cluster(const char* host, int32_t port,
+                                                int32_t timeout_ms, pq_redis** out);
 
 /* Closes the connection and frees it. NULL is a no-op. Must not race with
  * other calls on conn. */

@@ -4,7 +4,8 @@
 // contract.
 //
 // This file holds the C entry points. The inside, one concern a file:
-// connection.h/.cpp (the handle, commands, pipelining), store.h/.cpp (the
+// connection.h/.cpp (the handle, commands, pipelining), cluster.h/.cpp
+// (Redis Cluster: slots, routing, redirects), store.h/.cpp (the
 // manifest and blocks on the server, the put and the whole get),
 // transfer.h/.cpp (the streaming get), manifest.cpp (the manifest's bytes)
 // and internal.h (what they share).
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <string>
 
+#include "cluster.h"
 #include "connection.h"
 #include "internal.h"
 #include "store.h"
@@ -38,6 +40,25 @@ void check_conn(const pq_redis* conn) {
   if (conn == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "conn is NULL");
 }
 
+// A connection not yet connected, its arguments checked (pq_redis_connect and
+// pq_redis_connect_cluster take the same).
+std::unique_ptr<pq_redis> new_connection(const char* host, int32_t port, int32_t timeout_ms,
+                                         pq_redis** out) {
+  if (host == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "host is NULL");
+  if (host[0] == '\0') fail(PQ_ERR_INVALID_ARGUMENT, "host is empty");
+  if (out == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "out is NULL");
+  if (port < 1 || port > 65535)
+    fail(PQ_ERR_INVALID_ARGUMENT, "port " + std::to_string(port) + " is not in 1..65535");
+  if (timeout_ms < 0)
+    fail(PQ_ERR_INVALID_ARGUMENT,
+         "timeout_ms " + std::to_string(timeout_ms) + " is negative (0: no limit)");
+  auto conn = std::make_unique<pq_redis>();
+  conn->server.host = host;
+  conn->server.port = port;
+  conn->timeout_ms = timeout_ms;
+  return conn;
+}
+
 }  // namespace
 
 }  // namespace pqr
@@ -53,20 +74,22 @@ extern "C" {
 PQ_REDIS_API pq_status pq_redis_connect(const char* host, int32_t port, int32_t timeout_ms,
                                         pq_redis** out) {
   return pq::guarded(__func__, [&] {
-    if (host == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "host is NULL");
-    if (host[0] == '\0') fail(PQ_ERR_INVALID_ARGUMENT, "host is empty");
-    if (out == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "out is NULL");
-    if (port < 1 || port > 65535)
-      fail(PQ_ERR_INVALID_ARGUMENT, "port " + std::to_string(port) + " is not in 1..65535");
-    if (timeout_ms < 0)
-      fail(PQ_ERR_INVALID_ARGUMENT,
-           "timeout_ms " + std::to_string(timeout_ms) + " is negative (0: no limit)");
-    auto conn = std::make_unique<pq_redis>();
-    conn->host = host;
-    conn->port = port;
-    conn->timeout_ms = timeout_ms;
+    auto conn = pqr::new_connection(host, port, timeout_ms, out);
     pqr::SigpipeGuard sigpipe;
-    pqr::connect(*conn);
+    pqr::connect(*conn, conn->server);
+    *out = conn.release();
+  });
+}
+
+PQ_REDIS_API pq_status pq_redis_connect_cluster(const char* host, int32_t port,
+                                                int32_t timeout_ms, pq_redis** out) {
+  return pq::guarded(__func__, [&] {
+    auto conn = pqr::new_connection(host, port, timeout_ms, out);
+    conn->cluster = std::make_unique<pqr::Cluster>();
+    conn->node = &conn->cluster->node(host, port);
+    pqr::SigpipeGuard sigpipe;
+    pqr::connect(*conn, *conn->node);
+    pqr::refresh_slots(*conn);
     *out = conn.release();
   });
 }
@@ -77,8 +100,7 @@ PQ_REDIS_API void pq_redis_close(pq_redis* conn) {
     std::lock_guard<std::mutex> lock(conn->mu);
     for (pq_redis_transfer* t : conn->transfers) t->conn.store(nullptr);
   }
-  pqr::disconnect(*conn);
-  delete conn;
+  delete conn;  // its nodes' connections close with it
 }
 
 PQ_REDIS_API pq_status pq_redis_put(pq_redis* conn, pq_context* ctx, uint64_t seq_id,
@@ -91,7 +113,7 @@ PQ_REDIS_API pq_status pq_redis_put(pq_redis* conn, pq_context* ctx, uint64_t se
       fail(PQ_ERR_INVALID_ARGUMENT, "block_bytes " + std::to_string(block_bytes) +
                                         " is not in 1.." +
                                         std::to_string(PQ_REDIS_MAX_BLOCK_BYTES));
-    pqr::put(*conn, ctx, seq_id, key, block_bytes);
+    pqr::put(*conn, ctx, seq_id, pqr::stored_name(*conn, key), block_bytes);
   });
 }
 
@@ -101,7 +123,7 @@ PQ_REDIS_API pq_status pq_redis_get(pq_redis* conn, pq_context* ctx, uint64_t se
     pqr::check_conn(conn);
     if (ctx == nullptr) fail(PQ_ERR_INVALID_ARGUMENT, "ctx is NULL");
     pqr::check_key(key);
-    pqr::get(*conn, ctx, seq_id, key);
+    pqr::get(*conn, ctx, seq_id, pqr::stored_name(*conn, key));
   });
 }
 
@@ -115,12 +137,12 @@ PQ_REDIS_API pq_status pq_redis_get_begin(pq_redis* conn, pq_context* ctx, uint6
     pqr::require_absent(ctx, seq_id);
     auto t = std::make_unique<pq_redis_transfer>();  // before the sequence exists
     t->seq_id = seq_id;
-    t->key = key;
+    t->key = pqr::stored_name(*conn, key);
     t->attach(conn, ctx);
     {
       std::lock_guard<std::mutex> lock(conn->mu);
       pqr::SigpipeGuard sigpipe;
-      pqr::ensure_connected(*conn);
+      pqr::route(*conn, pqr::manifest_key(t->key));
       t->m = pqr::require_manifest(*conn, t->key);
       t->description_bytes = pqr::begin_restore(*conn, ctx, seq_id, t->key, t->m, t->prefix);
     }
@@ -176,12 +198,13 @@ PQ_REDIS_API pq_status pq_redis_info(pq_redis* conn, const char* key, uint64_t* 
     pqr::check_conn(conn);
     pqr::check_key(key);
     pqr::Manifest m;
+    const std::string name = pqr::stored_name(*conn, key);
     {
       std::lock_guard<std::mutex> lock(conn->mu);
       pqr::SigpipeGuard sigpipe;
-      pqr::ensure_connected(*conn);
-      if (!pqr::read_manifest(*conn, key, &m))
-        fail(PQ_ERR_NOT_FOUND, std::string("no state under key \"") + key + "\"");
+      pqr::route(*conn, pqr::manifest_key(name));
+      if (!pqr::read_manifest(*conn, name, &m))
+        fail(PQ_ERR_NOT_FOUND, "no state under key \"" + name + "\"");
     }
     if (out_state_bytes) *out_state_bytes = m.state_bytes;
     if (out_block_bytes) *out_block_bytes = m.block_bytes;
@@ -193,22 +216,23 @@ PQ_REDIS_API pq_status pq_redis_delete(pq_redis* conn, const char* key) {
   return pq::guarded(__func__, [&] {
     pqr::check_conn(conn);
     pqr::check_key(key);
+    const std::string name = pqr::stored_name(*conn, key);
     std::lock_guard<std::mutex> lock(conn->mu);
     pqr::SigpipeGuard sigpipe;
-    pqr::ensure_connected(*conn);
+    pqr::route(*conn, pqr::manifest_key(name));
     uint64_t end = 0;
     try {
       pqr::Manifest m;
-      if (!pqr::read_manifest(*conn, key, &m))
-        fail(PQ_ERR_NOT_FOUND, std::string("no state under key \"") + key + "\"");
+      if (!pqr::read_manifest(*conn, name, &m))
+        fail(PQ_ERR_NOT_FOUND, "no state under key \"" + name + "\"");
       end = m.block_count;
     } catch (const pqr::Error& f) {
       if (f.status() != PQ_ERR_CORRUPT && f.status() != PQ_ERR_INCOMPATIBLE) throw;
       end = pqr::kUnknownEnd;
     }
-    const std::string mkey = pqr::manifest_key(key);
+    const std::string mkey = pqr::manifest_key(name);
     pqr::command(*conn, {"DEL", mkey}, "DEL " + mkey);
-    pqr::delete_blocks(*conn, key, 0, end);
+    pqr::delete_blocks(*conn, name, 0, end);
   });
 }
 

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <vector>
 
+#include "cluster.h"
+
 namespace pqr {
 
 namespace {
@@ -138,7 +140,7 @@ class BlockWriter {
 // the put's own error is.
 void delete_after_failure(pq_redis& r, const std::string& key, uint64_t end) noexcept {
   try {
-    if (r.c != nullptr && end > 0) delete_blocks(r, key, 0, end);
+    if (r.node->c != nullptr && end > 0) delete_blocks(r, key, 0, end);
   } catch (...) {
   }
 }
@@ -158,7 +160,7 @@ void put(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key,
 
   std::lock_guard<std::mutex> lock(r.mu);
   SigpipeGuard sigpipe;
-  ensure_connected(r);
+  route(r, manifest_key(key));
 
   // The old state's block count (for the blocks a smaller state leaves over).
   uint64_t old_blocks = 0;
@@ -267,7 +269,7 @@ void get(pq_redis& r, pq_context* ctx, uint64_t seq_id, const std::string& key) 
   {
     std::lock_guard<std::mutex> lock(r.mu);
     SigpipeGuard sigpipe;
-    ensure_connected(r);
+    route(r, manifest_key(key));
     m = require_manifest(r, key);
     state = read_blocks(r, key, m);
   }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "cluster.h"
 #include "connection.h"
 #include "store.h"
 
@@ -148,7 +149,7 @@ void pq_redis_transfer::advance(uint64_t end) {
     pq_redis& r = *conn.load();
     std::lock_guard<std::mutex> lock(r.mu);
     pqr::SigpipeGuard sigpipe;
-    pqr::ensure_connected(r);
+    pqr::route(r, pqr::manifest_key(key));
     pqr::fetch_blocks(r, key, m, next_block, end,
                       [this](uint64_t n, const uint8_t* data, size_t size) {
                         fetched_bytes.fetch_add(size);

@@ -17,6 +17,13 @@ int main(void) {
     fprintf(stderr, "FAIL: message \"%s\" does not name the host\n", pq_redis_last_error());
     return 1;
   }
+  st = pq_redis_connect_cluster("127.0.0.1", 0, 0, &conn);
+  if (st != PQ_ERR_INVALID_ARGUMENT || conn != NULL ||
+      strstr(pq_redis_last_error(), "port") == NULL) {
+    fprintf(stderr, "FAIL: pq_redis_connect_cluster(port 0) returned %d: %s\n", (int)st,
+            pq_redis_last_error());
+    return 1;
+  }
   pq_redis_close(NULL);
   printf("OK: pq_redis_connect(NULL, ...) -> %s: %s\n", pq_status_string(st),
          pq_redis_last_error());

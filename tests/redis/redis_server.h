@@ -162,6 +162,10 @@ class RedisServer {
     pid_ = -1;
   }
 
+  // Arguments appended to redis-server's from the next start on (a
+  // cluster node's, redis_cluster.h).
+  void set_extra_args(std::vector<std::string> args) { extra_args_ = std::move(args); }
+
   int port() const { return port_; }
   bool running() const { return pid_ > 0; }
   std::string log() const {
@@ -180,6 +184,7 @@ class RedisServer {
                                      "no",        "--dir",        dir_,    "--daemonize",
                                      "no",        "--logfile",    logfile, "--loglevel",
                                      "warning",   "--databases",  "1"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -204,6 +209,7 @@ class RedisServer {
 
   std::string program_;
   std::string dir_;
+  std::vector<std::string> extra_args_;
   pid_t pid_ = -1;
   int port_ = 0;
 };

@@ -96,6 +96,8 @@ _U64, _I32 = ctypes.c_uint64, ctypes.c_int32
 _U64P, _I32P = ctypes.POINTER(_U64), ctypes.POINTER(_I32)
 for _name, _args, _res in [
         ("pq_redis_connect", [ctypes.c_char_p, _I32, _I32, ctypes.POINTER(_P)], ctypes.c_int),
+        ("pq_redis_connect_cluster", [ctypes.c_char_p, _I32, _I32, ctypes.POINTER(_P)],
+         ctypes.c_int),
         ("pq_redis_close", [_P], None),
         ("pq_redis_put", [_P, _P, _U64, ctypes.c_char_p, _U64], ctypes.c_int),
         ("pq_redis_get", [_P, _P, _U64, ctypes.c_char_p], ctypes.c_int),
@@ -212,12 +214,16 @@ class Transfer(_Closing):
 
 
 class Redis(_Closing):
-    """A connection to one Redis server (pq_redis_connect). timeout_ms bounds
-    the connect and each network read or write (0: no limit). May be shared
-    by threads (the library serialises its calls); ctypes releases the GIL
-    during each call."""
+    """A connection to one Redis server (pq_redis_connect), or with
+    cluster=True to a Redis Cluster through one of its nodes
+    (pq_redis_connect_cluster: a state's keys are "{key}:...", in one hash
+    slot; MOVED and ASK are followed; docs/redis.md, "Redis Cluster").
+    timeout_ms bounds the connect and each network read or write (0: no
+    limit). May be shared by threads (the library serialises its calls);
+    ctypes releases the GIL during each call."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout_ms: int = 5000):
+    def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout_ms: int = 5000,
+                 cluster: bool = False):
         self._conn: Optional[int] = None  # close() and __del__ work if connect fails
         self._transfers: "weakref.WeakSet[Transfer]" = weakref.WeakSet()  # freed by close()
         if not isinstance(host, str):
@@ -227,10 +233,13 @@ class Redis(_Closing):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
             if not -2**31 <= value < 2**31:
                 raise OverflowError(f"{name} {value} is out of range for int32_t")
+        if not isinstance(cluster, bool):
+            raise TypeError(f"cluster must be a bool, not {type(cluster).__name__}")
+        connect = _lib.pq_redis_connect_cluster if cluster else _lib.pq_redis_connect
         conn = _P()
-        _check(_lib.pq_redis_connect(_key(host), port, timeout_ms, ctypes.byref(conn)))
+        _check(connect(_key(host), port, timeout_ms, ctypes.byref(conn)))
         self._conn = conn.value
-        self.host, self.port = host, port
+        self.host, self.port, self.cluster = host, port, cluster
 
     def _open(self, op: str) -> int:
         if self._conn is None:
