@@ -66,7 +66,7 @@ PQ_REDIS_API pq_status pq_redis_connect(const char* host, int32_t port,
  * through one of its nodes, the seed host:port, and returns a handle that
  * every other pq_redis_* call takes as it takes one of pq_redis_connect:
  * put, get, the streaming get, info and delete work unchanged. (Added in
- * 0.13.)
+ * 0.14.)
  *
  * Keys: a stored state's names start with "{key}" instead of "key"
  * ("{key}:manifest", "{key}:blk:0", ...): the hash tag puts all of one
