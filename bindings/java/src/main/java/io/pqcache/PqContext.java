@@ -66,9 +66,12 @@ public final class PqContext implements AutoCloseable {
   // The largest Java array the JVMs in use allocate.
   private static final long MAX_ARRAY_BYTES = Integer.MAX_VALUE - 8;
 
-  /** The native handle; also the Cleaner's action, so it must not refer to the PqContext. */
+  /**
+   * The native handle; also the Cleaner's action (run at most once, by close() or the Cleaner),
+   * so it must not refer to the PqContext.
+   */
   private static final class Handle implements Runnable {
-    private long address;
+    final long address;
 
     Handle(long address) {
       this.address = address;
@@ -76,17 +79,18 @@ public final class PqContext implements AutoCloseable {
 
     @Override
     public void run() {
-      long owned = address;
-      address = 0;
-      if (owned != 0) {
-        pqcache.pq_destroy(owned);
+      if (address != 0) {
+        pqcache.pq_destroy(address);
       }
     }
   }
 
-  // Calls hold the read lock, close() the write lock: pq_destroy must not
-  // race with any other call on the context.
+  // Calls hold the read lock and check `closed`; close() sets it under the
+  // write lock, so no call runs on the context from then on, and destroys
+  // the context after letting go of the lock: pq_destroy waits for the
+  // builds' hooks, which may call the context (they get PqClosedException).
   private final ReentrantReadWriteLock lifecycle = new ReentrantReadWriteLock();
+  private volatile boolean closed;
   private final Handle handle;
   private final Cleaner.Cleanable cleanable;
 
@@ -160,28 +164,27 @@ public final class PqContext implements AutoCloseable {
 
   /**
    * Frees the context after the calls in progress return. Builds in flight
-   * are cancelled. Closing again does nothing.
+   * are cancelled. Calls made from then on throw {@link PqClosedException},
+   * also while the context is being freed. Closing again does nothing.
    */
   @Override
   public void close() {
     Lock lock = lifecycle.writeLock();
-    lock.lock();
+    lock.lock(); // after the calls in progress
     try {
-      cleanable.clean(); // runs Handle.run at most once
+      if (closed) {
+        return;
+      }
+      closed = true;
     } finally {
       lock.unlock();
     }
+    cleanable.clean(); // Handle.run: pq_destroy, outside the lock
   }
 
   /** Whether {@link #close()} was called. */
   public boolean isClosed() {
-    Lock lock = lifecycle.readLock();
-    lock.lock();
-    try {
-      return handle.address == 0;
-    } finally {
-      lock.unlock();
-    }
+    return closed;
   }
 
   // --- geometry of the effective configuration ---
@@ -1040,11 +1043,10 @@ public final class PqContext implements AutoCloseable {
     Lock lock = lifecycle.readLock();
     lock.lock();
     try {
-      long address = handle.address;
-      if (address == 0) {
+      if (closed) {
         throw new PqClosedException(function);
       }
-      return op.apply(address);
+      return op.apply(handle.address);
     } finally {
       lock.unlock();
       // The Cleaner must not free the context while a call runs on it.
