@@ -56,7 +56,8 @@ import java.util.function.LongFunction;
  * every item's status (and, for a select, the selections that succeeded).
  */
 public final class PqContext implements AutoCloseable {
-  private static final Cleaner CLEANER = Cleaner.create();
+  // Frees contexts and pools (PqPool) that become unreachable unclosed.
+  static final Cleaner CLEANER = Cleaner.create();
   private static final int TOKEN_MAJOR = pq_layout.PQ_LAYOUT_TOKEN_MAJOR;
   private static final int HEAD_MAJOR = pq_layout.PQ_LAYOUT_HEAD_MAJOR;
   // How many times saveSequence sizes its buffer again when the sequence grew
@@ -72,15 +73,20 @@ public final class PqContext implements AutoCloseable {
    */
   private static final class Handle implements Runnable {
     final long address;
+    private final long hooks; // the native hooks (Hooks.create), 0 for none
 
-    Handle(long address) {
+    Handle(long address, long hooks) {
       this.address = address;
+      this.hooks = hooks;
     }
 
     @Override
     public void run() {
       if (address != 0) {
-        pqcache.pq_destroy(address);
+        pqcache.pq_destroy(address); // waits for the builds and their hooks
+      }
+      if (hooks != 0) {
+        Hooks.free(hooks);
       }
     }
   }
@@ -116,15 +122,37 @@ public final class PqContext implements AutoCloseable {
    *     (pqBits > 8), NOT_FOUND (CUDA backend without plug-in or device)
    */
   public PqContext(Config config) {
-    nonNull(config, "pq_create", "config", "a Config");
+    this(config, null, "pq_create");
+  }
+
+  /**
+   * Creates a context that logs to, reports its finished builds to and runs on what
+   * {@code hooks} names (pq_create_with_hooks, docs/hooks.md). {@link #close()} waits for
+   * the hooks of the builds it waits for.
+   *
+   * @throws PqException as {@link #PqContext(Config)}, and BAD_STATE "pq_create_with_hooks:
+   *     the pool is closed" for a closed {@link PqPool}
+   */
+  public PqContext(Config config, Hooks hooks) {
+    this(config, nonNull(hooks, "pq_create_with_hooks", "hooks", "a Hooks"),
+        "pq_create_with_hooks");
+  }
+
+  private PqContext(Config config, Hooks hooks, String function) {
+    nonNull(config, function, "config", "a Config");
     long[] created = new long[1];
+    long nativeHooks = 0;
     pq_config requested = config.toNative();
     try {
-      pqcache.pq_create(requested, created);
+      if (hooks == null) {
+        pqcache.pq_create(requested, created);
+      } else {
+        nativeHooks = hooks.create(requested, created);
+      }
     } finally {
       requested.delete();
     }
-    handle = new Handle(created[0]);
+    handle = new Handle(created[0], nativeHooks);
     cleanable = CLEANER.register(this, handle);
 
     // The effective configuration (defaults resolved) sizes the buffers.
