@@ -1063,13 +1063,25 @@ public final class PqContext implements AutoCloseable {
 
   // --- internals ---
 
+  /** Calls holding the context now (for tests: HooksTest). */
+  int callsInProgress() {
+    return lifecycle.getReadLockCount();
+  }
+
   /**
    * Runs op with the live handle under the read lock; function, the C function op calls, names
    * it in the PqClosedException of a closed context.
    */
   private <T> T call(String function, LongFunction<T> op) {
     Lock lock = lifecycle.readLock();
-    lock.lock();
+    // A call from a hook (a build-done listener may make some) does not queue
+    // behind a close() that is waiting for the calls in progress: one of them
+    // may wait for a build queued behind this hook on its worker thread. It
+    // takes the read lock at once unless close() holds the write lock, which
+    // it does only to mark the context closed.
+    if (!(Hooks.runningOnThisThread() && lock.tryLock())) {
+      lock.lock();
+    }
     try {
       if (closed) {
         throw new PqClosedException(function);

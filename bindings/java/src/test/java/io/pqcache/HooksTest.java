@@ -1,9 +1,7 @@
 package io.pqcache;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
-import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
-import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -15,6 +13,7 @@ import java.util.List;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -41,13 +40,46 @@ class HooksTest {
 
   /** Adds sequence SEQ with TOKENS tokens in each of the given layers and waits for the builds. */
   private static void prefill(PqContext ctx, int... layers) {
+    prefillWithoutWaiting(ctx, layers);
+    ctx.waitBuilds();
+  }
+
+  private static void prefillWithoutWaiting(PqContext ctx, int... layers) {
     int kv = TOKENS * ReferenceCycle.KV_HEADS * ReferenceCycle.HEAD_DIM;
     ctx.addSequence(SEQ);
     for (int layer : layers) {
       ctx.prefillLayer(SEQ, layer, TOKENS, ReferenceCycle.generate(81 + 2 * layer, kv),
           ReferenceCycle.generate(82 + 2 * layer, kv));
     }
-    ctx.waitBuilds();
+  }
+
+  /** Waits until done says so, at most GUARD_SECONDS (the assertions after it then fail). */
+  private static void waitUntil(BooleanSupplier done) {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(GUARD_SECONDS);
+    try {
+      while (!done.getAsBoolean() && System.nanoTime() < deadline) {
+        Thread.sleep(1);
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  /** What a listener's call to stats() answered: Stats or the exception. */
+  private static Object statsOrException(PqContext ctx) {
+    try {
+      return ctx.stats();
+    } catch (RuntimeException e) {
+      return e;
+    }
+  }
+
+  /** close() on a daemon thread, joined for at most GUARD_SECONDS: false if it hangs. */
+  private static boolean closeReturns(Thread closer) throws InterruptedException {
+    closer.setDaemon(true);
+    closer.start();
+    closer.join(TimeUnit.SECONDS.toMillis(GUARD_SECONDS));
+    return !closer.isAlive();
   }
 
   private static Hooks.BuildDoneListener recordInto(List<Build> builds) {
@@ -205,30 +237,54 @@ class HooksTest {
     PqContext ctx = new PqContext(config(1, 1), Hooks.builder()
         .onBuildDone((seqId, layer, status) -> {
           PqContext self = context.join();
-          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(GUARD_SECONDS);
-          try {
-            while (!self.isClosed() && System.nanoTime() < deadline) {
-              Thread.sleep(1);
-            }
-          } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-          }
-          try {
-            answers.add(self.stats());
-          } catch (RuntimeException e) {
-            answers.add(e);
-          }
+          waitUntil(self::isClosed);
+          answers.add(statsOrException(self));
         }).build());
     context.complete(ctx);
     prefill(ctx, 0); // the index is ready; its listener may not have run yet
-    Thread closer = new Thread(ctx::close, "closer");
-    closer.setDaemon(true);
-    closer.start();
-    closer.join(TimeUnit.SECONDS.toMillis(GUARD_SECONDS));
-    assertFalse(closer.isAlive(), "close() did not return: deadlock");
+    assertTrue(closeReturns(new Thread(ctx::close, "closer")), "close() did not return: deadlock");
     assertEquals(1, answers.size(), answers.toString());
     PqClosedException closed = assertInstanceOf(PqClosedException.class, answers.get(0));
-    assertNotNull(closed.libraryMessage());
     assertEquals("pq_stats_get: the context is closed", closed.libraryMessage());
+  }
+
+  /**
+   * One worker thread: layer 0's listener holds it while layer 1's build waits behind it, a
+   * thread waits for that build in waitBuilds() (holding the context), and close() waits for
+   * that thread. The listener's call must not queue behind close(): it would wait for close(),
+   * which waits for waitBuilds(), which waits for the worker the listener holds. Each step is
+   * waited for (no sleep decides it); a deadlock fails the test when the guard runs out.
+   */
+  @Test
+  void aListenerCallIsNotQueuedBehindACloseThatWaitsForItsWorker() throws Exception {
+    CompletableFuture<PqContext> context = new CompletableFuture<>();
+    CompletableFuture<Thread> closing = new CompletableFuture<>();
+    List<Object> answers = Collections.synchronizedList(new ArrayList<>());
+    PqContext ctx = new PqContext(config(2, 1), Hooks.builder()
+        .onBuildDone((seqId, layer, status) -> {
+          if (layer != 0) {
+            return;
+          }
+          PqContext self = context.join();
+          Thread closer = closing.join();
+          // Until waitBuilds holds the context and close() waits for it.
+          waitUntil(() -> self.callsInProgress() == 1 && closer.getState() == Thread.State.WAITING);
+          answers.add(self.callsInProgress() == 1 ? "waitBuilds in progress" : "not arranged");
+          answers.add(statsOrException(self));
+        }).build());
+    context.complete(ctx);
+    prefillWithoutWaiting(ctx, 0, 1);
+    Thread waiter = new Thread(ctx::waitBuilds, "waiter");
+    waiter.setDaemon(true);
+    waiter.start();
+    Thread closer = new Thread(() -> {
+      waitUntil(() -> ctx.callsInProgress() == 1); // the waiter in waitBuilds first
+      ctx.close();
+    }, "closer");
+    closing.complete(closer);
+    assertTrue(closeReturns(closer), "close() did not return: deadlock");
+    assertEquals(2, answers.size(), answers.toString());
+    assertEquals("waitBuilds in progress", answers.get(0));
+    assertInstanceOf(Stats.class, answers.get(1), answers.toString());
   }
 }
