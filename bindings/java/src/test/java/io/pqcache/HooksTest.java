@@ -1,6 +1,7 @@
 package io.pqcache;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -118,16 +119,27 @@ class HooksTest {
   }
 
   @Test
-  void buildDoneArrivesOncePerLayerWithOkOnADaemonWorkerThread() {
+  void buildDoneArrivesOncePerLayerWithOkOnADaemonWorkerThread() throws InterruptedException {
     List<Build> builds = Collections.synchronizedList(new ArrayList<>());
+    Set<Thread> workers = Collections.synchronizedSet(new HashSet<>());
+    Hooks.BuildDoneListener record = recordInto(builds);
     PqContext ctx = new PqContext(config(2, 1), Hooks.builder()
-        .onBuildDone(recordInto(builds)).build());
+        .onBuildDone((seqId, layer, status) -> {
+          workers.add(Thread.currentThread());
+          record.buildDone(seqId, layer, status);
+        }).build());
     prefill(ctx, 0, 1);
     ctx.close(); // returns after the builds' listeners
     List<Build> sorted = new ArrayList<>(builds);
     sorted.sort(Comparator.comparingInt(Build::layer));
     assertEquals(List.of(new Build(SEQ, 0, Status.OK, "pqcache-worker", true),
         new Build(SEQ, 1, Status.OK, "pqcache-worker", true)), sorted);
+    // close() stopped the context's own worker: it was detached from the JVM as it ended.
+    assertEquals(1, workers.size(), workers.toString());
+    for (Thread worker : workers) {
+      worker.join(TimeUnit.SECONDS.toMillis(GUARD_SECONDS));
+      assertFalse(worker.isAlive(), worker + " is still attached");
+    }
   }
 
   /**
