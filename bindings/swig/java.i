@@ -65,30 +65,43 @@ static void pqj_throw_status(JNIEnv* jenv, int status) {
   $result = (jint)$1;
 %}
 
-/* ---- pq_context as a long handle ---------------------------------------- */
-%typemap(jni) pq_context*, const pq_context* "jlong"
-%typemap(jtype) pq_context*, const pq_context* "long"
-%typemap(jstype) pq_context*, const pq_context* "long"
-%typemap(javain) pq_context*, const pq_context* "$javainput"
-%typemap(in) pq_context*, const pq_context* %{ $1 = ($1_ltype)(intptr_t)$input; %}
+/* ---- handles as longs ----------------------------------------------------- */
+/* pq_context*, pq_pool* and the hooks' pqj_hooks* (java_hooks.i) travel as
+ * Java longs: the idiomatic classes (PqContext, PqPool) own them and guard
+ * their lifetime. pq_create's and pq_pool_create's TYPE** out is a long[1]. */
+%define PQJ_LONG_HANDLE(TYPE)
+%typemap(jni) TYPE*, const TYPE* "jlong"
+%typemap(jtype) TYPE*, const TYPE* "long"
+%typemap(jstype) TYPE*, const TYPE* "long"
+%typemap(javain) TYPE*, const TYPE* "$javainput"
+%typemap(javaout) TYPE*, const TYPE* { return $jnicall; }
+%typemap(in) TYPE*, const TYPE* %{ $1 = ($1_ltype)(intptr_t)$input; %}
+%typemap(out) TYPE*, const TYPE* %{ $result = (jlong)(intptr_t)$1; %}
 
-%typemap(jni) pq_context** out "jlongArray"
-%typemap(jtype) pq_context** out "long[]"
-%typemap(jstype) pq_context** out "long[]"
-%typemap(javain) pq_context** out "$javainput"
-%typemap(in) pq_context** out (pq_context* handle = NULL) %{
+%typemap(jni) TYPE** out "jlongArray"
+%typemap(jtype) TYPE** out "long[]"
+%typemap(jstype) TYPE** out "long[]"
+%typemap(javain) TYPE** out "$javainput"
+%typemap(in) TYPE** out (TYPE* handle = NULL) %{
   if ($input == NULL || (*jenv)->GetArrayLength(jenv, $input) < 1) {
     SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "out must be a long[1]");
     return $null;
   }
   $1 = &handle;
 %}
-%typemap(argout) pq_context** out %{
+%typemap(argout) TYPE** out %{
   {
     jlong value = (jlong)(intptr_t)handle$argnum;
     (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &value);
   }
 %}
+%enddef
+PQJ_LONG_HANDLE(pq_context)
+PQJ_LONG_HANDLE(pq_pool)
+PQJ_LONG_HANDLE(pqj_hooks)
+
+/* log, build_done and pool of pq_create_with_hooks, calling Java. */
+%include "java_hooks.i"
 
 /* ---- direct NIO buffers by address --------------------------------------- */
 %typemap(jni) void* DIRECT_BUFFER "jobject"

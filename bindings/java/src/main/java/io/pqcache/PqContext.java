@@ -56,7 +56,8 @@ import java.util.function.LongFunction;
  * every item's status (and, for a select, the selections that succeeded).
  */
 public final class PqContext implements AutoCloseable {
-  private static final Cleaner CLEANER = Cleaner.create();
+  // Frees contexts and pools (PqPool) that become unreachable unclosed.
+  static final Cleaner CLEANER = Cleaner.create();
   private static final int TOKEN_MAJOR = pq_layout.PQ_LAYOUT_TOKEN_MAJOR;
   private static final int HEAD_MAJOR = pq_layout.PQ_LAYOUT_HEAD_MAJOR;
   // How many times saveSequence sizes its buffer again when the sequence grew
@@ -66,27 +67,36 @@ public final class PqContext implements AutoCloseable {
   // The largest Java array the JVMs in use allocate.
   private static final long MAX_ARRAY_BYTES = Integer.MAX_VALUE - 8;
 
-  /** The native handle; also the Cleaner's action, so it must not refer to the PqContext. */
+  /**
+   * The native handle; also the Cleaner's action (run at most once, by close() or the Cleaner),
+   * so it must not refer to the PqContext.
+   */
   private static final class Handle implements Runnable {
-    private long address;
+    final long address;
+    private final long hooks; // the native hooks (Hooks.create), 0 for none
 
-    Handle(long address) {
+    Handle(long address, long hooks) {
       this.address = address;
+      this.hooks = hooks;
     }
 
     @Override
     public void run() {
-      long owned = address;
-      address = 0;
-      if (owned != 0) {
-        pqcache.pq_destroy(owned);
+      if (address != 0) {
+        pqcache.pq_destroy(address); // waits for the builds and their hooks
+      }
+      if (hooks != 0) {
+        Hooks.free(hooks);
       }
     }
   }
 
-  // Calls hold the read lock, close() the write lock: pq_destroy must not
-  // race with any other call on the context.
+  // Calls hold the read lock and check `closed`; close() sets it under the
+  // write lock, so no call runs on the context from then on, and destroys
+  // the context after letting go of the lock: pq_destroy waits for the
+  // builds' hooks, which may call the context (they get PqClosedException).
   private final ReentrantReadWriteLock lifecycle = new ReentrantReadWriteLock();
+  private volatile boolean closed;
   private final Handle handle;
   private final Cleaner.Cleanable cleanable;
 
@@ -112,15 +122,37 @@ public final class PqContext implements AutoCloseable {
    *     (pqBits > 8), NOT_FOUND (CUDA backend without plug-in or device)
    */
   public PqContext(Config config) {
-    nonNull(config, "pq_create", "config", "a Config");
+    this(config, null, "pq_create");
+  }
+
+  /**
+   * Creates a context that logs to, reports its finished builds to and runs on what
+   * {@code hooks} names (pq_create_with_hooks, docs/hooks.md). {@link #close()} waits for
+   * the hooks of the builds it waits for.
+   *
+   * @throws PqException as {@link #PqContext(Config)}, and BAD_STATE "pq_create_with_hooks:
+   *     the pool is closed" for a closed {@link PqPool}
+   */
+  public PqContext(Config config, Hooks hooks) {
+    this(config, nonNull(hooks, "pq_create_with_hooks", "hooks", "a Hooks"),
+        "pq_create_with_hooks");
+  }
+
+  private PqContext(Config config, Hooks hooks, String function) {
+    nonNull(config, function, "config", "a Config");
     long[] created = new long[1];
+    long nativeHooks = 0;
     pq_config requested = config.toNative();
     try {
-      pqcache.pq_create(requested, created);
+      if (hooks == null) {
+        pqcache.pq_create(requested, created);
+      } else {
+        nativeHooks = hooks.create(requested, created);
+      }
     } finally {
       requested.delete();
     }
-    handle = new Handle(created[0]);
+    handle = new Handle(created[0], nativeHooks);
     cleanable = CLEANER.register(this, handle);
 
     // The effective configuration (defaults resolved) sizes the buffers.
@@ -160,28 +192,27 @@ public final class PqContext implements AutoCloseable {
 
   /**
    * Frees the context after the calls in progress return. Builds in flight
-   * are cancelled. Closing again does nothing.
+   * are cancelled. Calls made from then on throw {@link PqClosedException},
+   * also while the context is being freed. Closing again does nothing.
    */
   @Override
   public void close() {
     Lock lock = lifecycle.writeLock();
-    lock.lock();
+    lock.lock(); // after the calls in progress
     try {
-      cleanable.clean(); // runs Handle.run at most once
+      if (closed) {
+        return;
+      }
+      closed = true;
     } finally {
       lock.unlock();
     }
+    cleanable.clean(); // Handle.run: pq_destroy, outside the lock
   }
 
   /** Whether {@link #close()} was called. */
   public boolean isClosed() {
-    Lock lock = lifecycle.readLock();
-    lock.lock();
-    try {
-      return handle.address == 0;
-    } finally {
-      lock.unlock();
-    }
+    return closed;
   }
 
   // --- geometry of the effective configuration ---
@@ -1032,19 +1063,30 @@ public final class PqContext implements AutoCloseable {
 
   // --- internals ---
 
+  /** Calls holding the context now (for tests: HooksTest). */
+  int callsInProgress() {
+    return lifecycle.getReadLockCount();
+  }
+
   /**
    * Runs op with the live handle under the read lock; function, the C function op calls, names
    * it in the PqClosedException of a closed context.
    */
   private <T> T call(String function, LongFunction<T> op) {
     Lock lock = lifecycle.readLock();
-    lock.lock();
+    // A call from a hook (a build-done listener may make some) does not queue
+    // behind a close() that is waiting for the calls in progress: one of them
+    // may wait for a build queued behind this hook on its worker thread. It
+    // takes the read lock at once unless close() holds the write lock, which
+    // it does only to mark the context closed.
+    if (!(Hooks.runningOnThisThread() && lock.tryLock())) {
+      lock.lock();
+    }
     try {
-      long address = handle.address;
-      if (address == 0) {
+      if (closed) {
         throw new PqClosedException(function);
       }
-      return op.apply(address);
+      return op.apply(handle.address);
     } finally {
       lock.unlock();
       // The Cleaner must not free the context while a call runs on it.
