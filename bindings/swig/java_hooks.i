@@ -1,7 +1,7 @@
 /* java_hooks.i - the hooks of pq_create_with_hooks from Java (included by
  * java.i, after its handle typemaps).
  *
- * The library calls pq_hooks.log and pq_hooks.build_done on its worker
+ * The library calls pq_hooks.log, build_done and build_progress on its worker
  * threads (a build's) or on the thread of a call. The shim below reaches
  * the io.pqcache.Hooks object the context was made with:
  *
@@ -46,6 +46,9 @@ typedef struct pqj_hooks {
   jobject target;           /* global reference to the io.pqcache.Hooks */
   jmethodID on_log;         /* void fromNativeLog(int level, byte[] utf8) */
   jmethodID on_build_done;  /* void fromNativeBuildDone(long seq, int layer, int status) */
+  /* void fromNativeBuildProgress(long seq, int layer, int stage, long done, long total,
+   * double fraction) */
+  jmethodID on_build_progress;
 } pqj_hooks;
 
 static pthread_key_t pqj_attached_key;
@@ -139,15 +142,26 @@ static void pqj_build_done_hook(void* user, uint64_t seq_id, int32_t layer, pq_s
                          (jint)status);
   pqj_leave(env, pending, "build-done");
 }
+
+static void pqj_build_progress_hook(void* user, const pq_build_progress* p) {
+  const pqj_hooks* h = (const pqj_hooks*)user;
+  jthrowable pending;
+  JNIEnv* env = pqj_enter(h, &pending);
+  if (env == NULL) return;
+  (*env)->CallVoidMethod(env, h->target, h->on_build_progress, (jlong)p->seq_id, (jint)p->layer,
+                         (jint)p->stage, (jlong)p->done, (jlong)p->total, (jdouble)p->fraction);
+  pqj_leave(env, pending, "build-progress");
+}
 %}
 
 %inline %{
-/* Hooks calling target's fromNativeLog (when log is non-zero) at log_level
- * and fromNativeBuildDone (when build_done is non-zero), on pool (NULL: the
- * context's own). NULL with a Java exception pending when they cannot be
+/* Hooks calling target's fromNativeLog (when log is non-zero) at log_level,
+ * fromNativeBuildDone (when build_done is non-zero) and
+ * fromNativeBuildProgress (when build_progress is non-zero), on pool (NULL:
+ * the context's own). NULL with a Java exception pending when they cannot be
  * made. Free with pqj_hooks_delete after the context's pq_destroy. */
 pqj_hooks* pqj_hooks_new(JNIEnv* env_of_call, jobject target, int32_t log_level, int32_t log,
-                         int32_t build_done, pq_pool* pool) {
+                         int32_t build_done, int32_t build_progress, pq_pool* pool) {
   JNIEnv* env = env_of_call;
   pqj_hooks* h;
   jclass type;
@@ -167,7 +181,10 @@ pqj_hooks* pqj_hooks_new(JNIEnv* env_of_call, jobject target, int32_t log_level,
   h->on_log = (*env)->GetMethodID(env, type, "fromNativeLog", "(I[B)V");
   h->on_build_done = h->on_log ? (*env)->GetMethodID(env, type, "fromNativeBuildDone", "(JII)V")
                                : NULL;
-  if (h->on_build_done == NULL || (*env)->GetJavaVM(env, &h->vm) != 0 ||
+  h->on_build_progress =
+      h->on_build_done ? (*env)->GetMethodID(env, type, "fromNativeBuildProgress", "(JIIJJD)V")
+                       : NULL;
+  if (h->on_build_progress == NULL || (*env)->GetJavaVM(env, &h->vm) != 0 ||
       (h->target = (*env)->NewGlobalRef(env, target)) == NULL) {
     if (!(*env)->ExceptionCheck(env))
       SWIG_JavaThrowException(env, SWIG_JavaRuntimeException, "pqj_hooks_new: no JavaVM");
@@ -181,6 +198,10 @@ pqj_hooks* pqj_hooks_new(JNIEnv* env_of_call, jobject target, int32_t log_level,
   if (build_done) {
     h->hooks.build_done = pqj_build_done_hook;
     h->hooks.build_done_user = h;
+  }
+  if (build_progress) {
+    h->hooks.build_progress = pqj_build_progress_hook;
+    h->hooks.build_progress_user = h;
   }
   return h;
 }

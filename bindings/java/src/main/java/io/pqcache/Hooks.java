@@ -7,8 +7,9 @@ import java.util.Objects;
 
 /**
  * What a context made with {@link PqContext#PqContext(Config, Hooks)} calls
- * ({@code pq_create_with_hooks}, docs/hooks.md): a log consumer, a listener
- * for finished index builds, and a {@link PqPool} shared with other contexts.
+ * ({@code pq_create_with_hooks}, docs/hooks.md): a log consumer, listeners
+ * for index builds' progress and their end, and a {@link PqPool} shared with
+ * other contexts.
  * Immutable; one Hooks may serve several contexts.
  *
  * <p><b>Threads.</b> The library calls the consumer and the listener on its
@@ -47,6 +48,16 @@ public final class Hooks {
     void buildDone(long seqId, int layer, Status status);
   }
 
+  /**
+   * An index build advanced ({@code pq_build_progress_fn}): after each K-Means iteration and
+   * each 65,536 tokens coded, before the build's {@link BuildDoneListener}, on the build's
+   * thread (the build waits for it: return quickly). It may call what that listener may.
+   */
+  @FunctionalInterface
+  public interface BuildProgressListener {
+    void buildProgress(BuildProgress progress);
+  }
+
   // Set while this thread runs a hook: PqContext's calls from a hook do not
   // queue behind a waiting close() (PqContext.call says why).
   private static final ThreadLocal<Boolean> IN_HOOK = ThreadLocal.withInitial(() -> false);
@@ -54,12 +65,14 @@ public final class Hooks {
   private final LogConsumer log;
   private final LogLevel logLevel;
   private final BuildDoneListener buildDone;
+  private final BuildProgressListener buildProgress;
   private final PqPool pool;
 
   private Hooks(Builder builder) {
     log = builder.log;
     logLevel = builder.logLevel;
     buildDone = builder.buildDone;
+    buildProgress = builder.buildProgress;
     pool = builder.pool;
   }
 
@@ -73,6 +86,7 @@ public final class Hooks {
     private LogConsumer log;
     private LogLevel logLevel = LogLevel.WARN;
     private BuildDoneListener buildDone;
+    private BuildProgressListener buildProgress;
     private PqPool pool;
 
     private Builder() {}
@@ -93,6 +107,12 @@ public final class Hooks {
     /** Runs when an index build ends; null: nothing. */
     public Builder onBuildDone(BuildDoneListener listener) {
       buildDone = listener;
+      return this;
+    }
+
+    /** Hears each index build advance; null: nothing. */
+    public Builder onBuildProgress(BuildProgressListener listener) {
+      buildProgress = listener;
       return this;
     }
 
@@ -135,7 +155,7 @@ public final class Hooks {
 
   private long createOn(long poolAddress, pq_config config, long[] created) {
     long hooks = pqcache.pqj_hooks_new(this, logLevel.code(), log != null ? 1 : 0,
-        buildDone != null ? 1 : 0, poolAddress);
+        buildDone != null ? 1 : 0, buildProgress != null ? 1 : 0, poolAddress);
     try {
       pqcache.pqj_create_with_hooks(config, hooks, created);
     } catch (RuntimeException e) {
@@ -158,6 +178,12 @@ public final class Hooks {
 
   void fromNativeBuildDone(long seqId, int layer, int status) {
     run(() -> buildDone.buildDone(seqId, layer, Status.fromCode(status)));
+  }
+
+  void fromNativeBuildProgress(long seqId, int layer, int stage, long done, long total,
+      double fraction) {
+    run(() -> buildProgress.buildProgress(new BuildProgress(seqId, layer,
+        BuildProgress.Stage.fromCode(stage), done, total, fraction)));
   }
 
   /** Runs a hook; what it throws goes to the thread's uncaught-exception handler, not to C. */

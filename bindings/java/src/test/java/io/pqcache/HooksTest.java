@@ -19,7 +19,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The hooks of pq_create_with_hooks from Java: log lines at the level asked, a listener per
- * finished build, a pool shared by contexts, exceptions kept out of the library, named errors,
+ * finished build and one for its progress, a pool shared by contexts, exceptions kept out of the library, named errors,
  * and a build-done listener that calls its context while close() runs.
  */
 class HooksTest {
@@ -140,6 +140,45 @@ class HooksTest {
       worker.join(TimeUnit.SECONDS.toMillis(GUARD_SECONDS));
       assertFalse(worker.isAlive(), worker + " is still attached");
     }
+  }
+
+  /** Build progress: every K-Means iteration, then the encode, rising to 1 before build-done. */
+  @Test
+  void buildProgressRisesThroughEachBuildBeforeItsBuildDone() {
+    List<Object> events = Collections.synchronizedList(new ArrayList<>());
+    Config config = ReferenceCycle.smallPq(Selector.PQ).layers(2).workerThreads(1)
+        .kmeansIterations(3).kmeansTolerance(0f).build();
+    PqContext ctx = new PqContext(config, Hooks.builder()
+        .onBuildProgress(events::add)
+        .onBuildDone((seqId, layer, status) -> events.add(new Build(seqId, layer, status, "", false)))
+        .build());
+    prefill(ctx, 0, 1);
+    ctx.close();
+    for (int layer = 0; layer < 2; layer++) {
+      List<String> steps = new ArrayList<>();
+      Object last = null;
+      double fraction = 0;
+      synchronized (events) {
+        for (Object e : events) {
+          if (e instanceof BuildProgress p && p.layer() == layer) {
+            assertEquals(SEQ, p.seqId());
+            assertTrue(p.fraction() >= fraction && p.fraction() <= 1, p.toString());
+            fraction = p.fraction();
+            steps.add(p.stage() + " " + p.done() + "/" + p.total());
+            last = e;
+          } else if (e instanceof Build b && b.layer() == layer) {
+            last = e;
+          }
+        }
+      }
+      assertEquals(List.of("KMEANS 1/3", "KMEANS 2/3", "KMEANS 3/3", "ENCODE " + TOKENS + "/" + TOKENS),
+          steps, "layer " + layer);
+      assertEquals(1.0, fraction);
+      assertEquals(new Build(SEQ, layer, Status.OK, "", false), last, "build-done comes last");
+    }
+    IllegalArgumentException unknown =
+        assertThrows(IllegalArgumentException.class, () -> BuildProgress.Stage.fromCode(7));
+    assertTrue(unknown.getMessage().contains("7"), unknown.getMessage());
   }
 
   /**
