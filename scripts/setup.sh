@@ -66,6 +66,8 @@ packages=(
   "abi-compliance-checker|abi-compliance-checker"  # compares it with the baseline
   "universal-ctags|ctags"  # abi-dumper needs ctags to list the public symbols
   "clang|clang++"          # scripts/fuzz.sh: libFuzzer needs clang
+  "bindgen|bindgen"        # bindings/rust/generate-sys.sh: pqcache-sys's declarations, and the rust_sys_generated test
+  "libclang1-14|"          # ... bindgen loads libclang at run time, but Debian's package does not depend on it
   "libclang-rt-14-dev|"    # libFuzzer, and FuzzedDataProvider.h for the fuzz_replay test
   "libhiredis-dev|"        # redis/: libpqcache_redis.so, the Redis tier (optional component)
   "redis-server|redis-server"  # tests/redis: each test starts a redis-server of its own

@@ -18,7 +18,7 @@ The rule is the one each binding's own test applies (docs/design.md,
 The places read: the core's registry (src/selectors/registry.cpp, an entry's
 value is its position, which registry.cpp's static_assert also requires),
 Go (bindings/go/config.go), Java (Selector.java), Rust (pqcache-sys's
-constants and the pqcache crate's Selector) and Python (SELECTORS in
+generated constants and the pqcache crate's Selector) and Python (SELECTORS in
 bindings/python/pqcache/__init__.py).
 
     python3 tests/check_selector_enums.py [REPO_ROOT]
@@ -147,7 +147,8 @@ def bindings(root: Path, header: dict, count: int):
     count_expr = one(r"\bint\s+COUNT\s*=\s*([^;]+);", text) or ""
     yield "Java", rel, pairs, "Selector.COUNT", resolve(count_expr, header, count)
 
-    rel = "bindings/rust/pqcache-sys/src/lib.rs"
+    # bindgen's declarations of the header (bindings/rust/generate-sys.sh).
+    rel = "bindings/rust/pqcache-sys/src/generated.rs"
     text = read(rel)
     sys_pairs = {m[1]: int(m[2]) for m in re.finditer(
         r"^pub const (PQ_SELECTOR_\w+)\s*:\s*pq_selector\s*=\s*(\d+);", text, re.M)}

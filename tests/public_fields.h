@@ -1,6 +1,6 @@
 /* Every field of every public struct of include/pqcache.h, as an X-macro
  * list: X(struct, field). The programs that describe the header to the
- * hand-written bindings (struct_layout.c: sizes and offsets;
+ * Rust binding (struct_layout.c: sizes and offsets;
  * bindings/rust/header_facts.c: field types) expand it, so a field added to
  * the header is added here once. The Rust test finds the header's own
  * field names and fails when this list misses one. */

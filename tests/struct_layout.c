@@ -1,6 +1,6 @@
 /* Prints the size of every public struct and the offset of each field, one
- * "struct field offset" line each, so that bindings written by hand (the
- * Rust crate) can be checked against what the C compiler lays out.
+ * "struct field offset" line each, so that bindings not written by the C
+ * compiler (the Rust crate) can be checked against what it lays out.
  * The fields come from public_fields.h, where a new field is added once. */
 #include <stddef.h>
 #include <stdio.h>

@@ -2,7 +2,8 @@
  * tests/struct_layout.c does not: every field's C type and every enum and
  * macro constant. pqcache-sys/tests/header.rs compares these lines with the
  * Rust declarations; together with pq_struct_layout (sizes, offsets) the
- * hand-written Rust side cannot drift from the header unnoticed.
+ * Rust side (bindgen's output, committed) cannot drift from the header
+ * unnoticed.
  *   field STRUCT FIELD CTYPE     const NAME VALUE     string NAME VALUE
  *   callback NAME CTYPE
  * C11 for _Generic. The fields come from tests/public_fields.h; a constant

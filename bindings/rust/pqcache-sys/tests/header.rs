@@ -1,5 +1,5 @@
-//! The hand-written declarations against the C compiler's view of
-//! include/pqcache.h: struct sizes and field offsets (pq_struct_layout), field
+//! The declarations (bindgen's, src/generated.rs, and lib.rs's) against the
+//! C compiler's view of include/pqcache.h: struct sizes and field offsets (pq_struct_layout), field
 //! C types, constant values and callback signatures (pq_rust_header_facts),
 //! and the names of every function, constant and callback type in the header
 //! text itself. Any drift fails here.
