@@ -121,4 +121,9 @@ class Tokenizer:
 
     def decode(self, ids, *, skip_special=False) -> str:
         """Token ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
-        return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        ids = [int(i) for i in ids]
+        # tokenizers skips an id it has no token for without a word
+        bad = next((i for i in ids if not 0 <= i < len(self.tokens)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{len(self.tokens) - 1})")
+        return self._hf.decode(ids, skip_special_tokens=skip_special)

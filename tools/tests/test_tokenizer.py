@@ -49,6 +49,9 @@ def test_small_vocabulary_special_tokens_bos_eos():
     # only control tokens are skipped; the user-defined one is text
     assert t.decode([1, ab, 2, 0], skip_special=True) == "ab<tool>"
     assert t.decode([1, ab, 2, 0]) == "<|im_start|>ab<tool><|endoftext|>"
+    for bad in (len(t), -1):
+        with pytest.raises(ValueError, match=rf"token id {bad} is outside the vocabulary \(0..{len(t) - 1}\)"):
+            t.decode([ab, bad])
 
 
 def test_small_vocabulary_missing_byte_tokens():
