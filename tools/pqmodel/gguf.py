@@ -1,15 +1,12 @@
-"""A small GGUF (v2/v3) reader with numpy dequantisation.
+"""The model's GGUF file through llama.cpp's `gguf` package (gguf-py).
 
-Layout of a GGUF file (all little-endian):
-
-    magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
-    n_kv x  (key: string, value_type: u32, value)
-    n_tensors x (name: string, n_dims: u32, ne: u64[n_dims], ggml_type: u32, offset: u64)
-    padding to `general.alignment` (default 32)
-    tensor data; tensor i lives at data_offset + offset_i
-
-A string is a u64 byte length followed by UTF-8 bytes; an array is an element
-value_type u32, a u64 count and the elements.
+`gguf.GGUFReader` parses the file (v2/v3, every metadata value type, the
+alignment) and memory-maps the tensor data; `gguf.quants.dequantize` turns a
+tensor's blocks into float32 (F32, F16, BF16, Q4_0..Q8_0, the K-quants and
+more). This module gives the numpy model what it reads: `metadata` as plain
+Python values (arrays of numbers as numpy arrays, arrays of strings as lists),
+`tensors` by name, `tensor(name)` dequantised, and GGUFError, with the file
+named, for a file the package cannot read.
 
 Dimensions are stored fastest-varying first: ne[0] is the length of a row. A
 2-D weight with ne = [n_in, n_out] is therefore a row-major numpy array of
@@ -19,55 +16,51 @@ numpy (row-major) shape, the reverse of ne.
 
 from __future__ import annotations
 
-import struct
+import os
 from dataclasses import dataclass
 from typing import Any
 
+import gguf
 import numpy as np
-
-GGUF_MAGIC = b"GGUF"
-DEFAULT_ALIGNMENT = 32
-
-# metadata value types
-UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-
-_SCALAR_FMT = {
-    UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i",
-    FLOAT32: "<f", BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d",
-}
-_SCALAR_NP = {
-    UINT8: "<u1", INT8: "<i1", UINT16: "<u2", INT16: "<i2", UINT32: "<u4", INT32: "<i4",
-    FLOAT32: "<f4", BOOL: "<u1", UINT64: "<u8", INT64: "<i8", FLOAT64: "<f8",
-}
-
-# ggml tensor types (the subset this reader dequantises, plus names for the rest)
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1 = 0, 1, 2, 3
-GGML_Q5_0, GGML_Q5_1, GGML_Q8_0 = 6, 7, 8
-GGML_BF16 = 30
-
-GGML_TYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K",
-    16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
-    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
-    29: "IQ1_M", 30: "BF16",
-}
-
-# (elements per block, bytes per block)
-GGML_BLOCK = {
-    GGML_F32: (1, 4),
-    GGML_F16: (1, 2),
-    GGML_BF16: (1, 2),
-    GGML_Q4_0: (32, 2 + 16),
-    GGML_Q4_1: (32, 2 + 2 + 16),
-    GGML_Q5_0: (32, 2 + 4 + 16),
-    GGML_Q5_1: (32, 2 + 2 + 4 + 16),
-    GGML_Q8_0: (32, 2 + 32),
-}
+from gguf import GGMLQuantizationType, GGUFValueType
 
 
 class GGUFError(ValueError):
     pass
+
+
+def type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type{ggml_type}"
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
+    """Raw tensor bytes -> flat float32 array of n_elements (ggml element order)."""
+    name = type_name(ggml_type)
+    try:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        raise GGUFError(f"unknown ggml type {name}") from None
+    if n_elements % block:
+        raise GGUFError(f"{n_elements} elements of {name} is not a multiple of its block size {block}")
+    nbytes = n_elements // block * block_bytes
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size < nbytes:
+        raise GGUFError(f"{n_elements} elements of {name} need {nbytes} bytes, got {raw.size}")
+    return _dequantize(raw[:nbytes], ggml_type).reshape(-1)
+
+
+def _dequantize(data: np.ndarray, ggml_type: int) -> np.ndarray:
+    try:
+        out = gguf.quants.dequantize(data, GGMLQuantizationType(ggml_type))
+    except NotImplementedError:
+        raise GGUFError(f"dequantisation of {type_name(ggml_type)} is not implemented "
+                        f"by the gguf package") from None
+    # F32 comes back as a view of the file's memory map: copy it, so that no
+    # weight keeps the map (and the file) open or aliases its read-only pages.
+    return out.copy() if np.may_share_memory(out, data) else out
 
 
 @dataclass
@@ -76,7 +69,7 @@ class Tensor:
     ne: tuple            # dims as stored: ne[0] fastest-varying (row length)
     ggml_type: int
     offset: int          # relative to the data section
-    data: np.ndarray     # raw bytes (uint8 view into the memmap)
+    data: np.ndarray     # gguf's memory-mapped view (blocks as uint8 rows for quantised types)
 
     @property
     def shape(self) -> tuple:
@@ -85,214 +78,86 @@ class Tensor:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.ne:
-            n *= d
-        return n
+        return int(np.prod(self.ne, dtype=np.int64))
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPE_NAMES.get(self.ggml_type, f"type{self.ggml_type}")
+        return type_name(self.ggml_type)
 
     def numpy(self, dtype=np.float32) -> np.ndarray:
         """Dequantised copy with numpy shape `self.shape`."""
-        flat = dequantize(self.data, self.ggml_type, self.n_elements)
-        return flat.reshape(self.shape).astype(dtype, copy=False)
+        return _dequantize(self.data, self.ggml_type).reshape(self.shape).astype(dtype, copy=False)
 
 
-def nbytes_for(ggml_type: int, n_elements: int) -> int:
-    if ggml_type not in GGML_BLOCK:
-        raise GGUFError(f"unsupported ggml type {GGML_TYPE_NAMES.get(ggml_type, ggml_type)}")
-    blk, size = GGML_BLOCK[ggml_type]
-    if n_elements % blk:
-        raise GGUFError(f"{n_elements} elements is not a multiple of the block size {blk}")
-    return n_elements // blk * size
+def _nested_array(parts: list, i: int) -> tuple[list, int]:
+    """An array of arrays from the field's raw parts at i (element type, count,
+    then each element's parts), and the index after it: the package's
+    ReaderField.contents() flattens nested arrays into one list."""
+    etype, count = GGUFValueType(int(parts[i][0])), int(parts[i + 1][0])
+    i += 2
+    items = []
+    for _ in range(count):
+        if etype == GGUFValueType.ARRAY:
+            item, i = _nested_array(parts, i)
+        elif etype == GGUFValueType.STRING:
+            item, i = bytes(parts[i + 1]).decode("utf-8"), i + 2
+        else:
+            item, i = parts[i].tolist()[0], i + 1
+        items.append(item)
+    return items, i
 
 
-# ---------------------------------------------------------------- dequantisation
-
-def _blocks(raw: np.ndarray, n_elements: int, block_bytes: int) -> np.ndarray:
-    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    nb = n_elements // 32
-    if raw.size < nb * block_bytes:
-        raise GGUFError("tensor data is truncated")
-    return raw[: nb * block_bytes].reshape(nb, block_bytes)
-
-
-def _f16(b: np.ndarray) -> np.ndarray:
-    """(nb, 2) uint8 -> (nb, 1) float32 from little-endian fp16."""
-    return np.ascontiguousarray(b).view("<f2").astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(nb, 16) packed bytes -> (nb, 32): low nibbles are elements 0-15, high 16-31."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-
-
-def _high_bits(qh: np.ndarray) -> np.ndarray:
-    """(nb, 4) bytes of a u32 -> (nb, 32) bit j of the u32 for element j."""
-    u = np.ascontiguousarray(qh).view("<u4")  # (nb, 1)
-    return ((u >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-
-
-def dequant_q4_0(raw, n):
-    b = _blocks(raw, n, 18)
-    d = _f16(b[:, 0:2])
-    q = _nibbles(b[:, 2:18]).astype(np.float32) - 8.0
-    return (d * q).reshape(-1)
-
-
-def dequant_q4_1(raw, n):
-    b = _blocks(raw, n, 20)
-    d = _f16(b[:, 0:2])
-    m = _f16(b[:, 2:4])
-    q = _nibbles(b[:, 4:20]).astype(np.float32)
-    return (d * q + m).reshape(-1)
-
-
-def dequant_q5_0(raw, n):
-    b = _blocks(raw, n, 22)
-    d = _f16(b[:, 0:2])
-    q = (_nibbles(b[:, 6:22]) | (_high_bits(b[:, 2:6]) << 4)).astype(np.float32) - 16.0
-    return (d * q).reshape(-1)
-
-
-def dequant_q5_1(raw, n):
-    b = _blocks(raw, n, 24)
-    d = _f16(b[:, 0:2])
-    m = _f16(b[:, 2:4])
-    q = (_nibbles(b[:, 8:24]) | (_high_bits(b[:, 4:8]) << 4)).astype(np.float32)
-    return (d * q + m).reshape(-1)
-
-
-def dequant_q8_0(raw, n):
-    b = _blocks(raw, n, 34)
-    d = _f16(b[:, 0:2])
-    q = np.ascontiguousarray(b[:, 2:34]).view(np.int8).astype(np.float32)
-    return (d * q).reshape(-1)
-
-
-def dequantize(raw: np.ndarray, ggml_type: int, n_elements: int) -> np.ndarray:
-    """Raw tensor bytes -> flat float32 array of n_elements (ggml element order)."""
-    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    if ggml_type == GGML_F32:
-        return raw[: 4 * n_elements].view("<f4").astype(np.float32)
-    if ggml_type == GGML_F16:
-        return raw[: 2 * n_elements].view("<f2").astype(np.float32)
-    if ggml_type == GGML_BF16:
-        u = raw[: 2 * n_elements].view("<u2").astype(np.uint32) << 16
-        return u.view(np.float32)
-    fn = {
-        GGML_Q4_0: dequant_q4_0, GGML_Q4_1: dequant_q4_1, GGML_Q5_0: dequant_q5_0,
-        GGML_Q5_1: dequant_q5_1, GGML_Q8_0: dequant_q8_0,
-    }.get(ggml_type)
-    if fn is None:
-        raise GGUFError(f"dequantisation of {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} is not implemented")
-    if n_elements % 32:
-        raise GGUFError(f"{n_elements} elements is not a multiple of 32")
-    return fn(raw, n_elements)
-
-
-# ---------------------------------------------------------------- reader
-
-class _Cursor:
-    def __init__(self, buf: memoryview):
-        self.buf = buf
-        self.pos = 0
-
-    def read(self, fmt: str):
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def string(self) -> str:
-        n = self.read("<Q")
-        s = bytes(self.buf[self.pos:self.pos + n])
-        if len(s) != n:
-            raise GGUFError("truncated string")
-        self.pos += n
-        return s.decode("utf-8", errors="surrogateescape")
-
-    def value(self, vtype: int) -> Any:
-        if vtype in _SCALAR_FMT:
-            return self.read(_SCALAR_FMT[vtype])
-        if vtype == STRING:
-            return self.string()
-        if vtype == ARRAY:
-            etype = self.read("<I")
-            count = self.read("<Q")
-            if etype in _SCALAR_NP:
-                dt = np.dtype(_SCALAR_NP[etype])
-                nbytes = dt.itemsize * count
-                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).copy()
-                self.pos += nbytes
-                if etype == BOOL:
-                    arr = arr.astype(bool)
-                return arr
-            return [self.value(etype) for _ in range(count)]
-        raise GGUFError(f"unknown metadata value type {vtype} at byte {self.pos}")
+def _field_value(field: "gguf.ReaderField") -> tuple[Any, Any]:
+    """(value, type) of a metadata field; type is a GGUFValueType, or for an
+    array (ARRAY, element type), with element type None for an empty array."""
+    kind = field.types[0]
+    if kind != GGUFValueType.ARRAY:
+        return field.contents(), kind
+    element = field.types[1] if len(field.types) > 1 else None
+    if element == GGUFValueType.ARRAY:
+        # parts: key length, key, value type, then the array
+        return _nested_array(field.parts, 3)[0], (kind, element)
+    if element is None:
+        return [], (kind, None)
+    if element == GGUFValueType.STRING:
+        return field.contents(), (kind, element)
+    return np.concatenate([field.parts[i] for i in field.data]), (kind, element)
 
 
 class GGUFReader:
-    """Parses a GGUF file; tensor data stays memory-mapped.
+    """Parses a GGUF file with the gguf package; tensor data stays memory-mapped.
 
     Attributes: version, metadata (dict key -> value; arrays of numbers are
     numpy arrays, arrays of strings are lists), metadata_types (key ->
-    value_type, and for arrays (ARRAY, element_type)), tensors (dict name ->
+    GGUFValueType, and for arrays (ARRAY, element type)), tensors (dict name ->
     Tensor, in file order), alignment, data_offset.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path):
         self.path = str(path)
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = memoryview(self._mm)
-        if len(buf) < 24 or bytes(buf[:4]) != GGUF_MAGIC:
-            raise GGUFError(f"{self.path}: not a GGUF file")
-        c = _Cursor(buf)
-        c.pos = 4
-        self.version = c.read("<I")
-        if self.version not in (2, 3):
-            raise GGUFError(f"{self.path}: unsupported GGUF version {self.version}")
-        n_tensors = c.read("<Q")
-        n_kv = c.read("<Q")
-
-        self.metadata: dict[str, Any] = {}
-        self.metadata_types: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = c.string()
-            vtype = c.read("<I")
-            if vtype == ARRAY:
-                etype = struct.unpack_from("<I", buf, c.pos)[0]
-                self.metadata_types[key] = (ARRAY, etype)
-            else:
-                self.metadata_types[key] = vtype
-            self.metadata[key] = c.value(vtype)
-
-        infos = []
-        for _ in range(n_tensors):
-            name = c.string()
-            n_dims = c.read("<I")
-            ne = tuple(c.read("<Q") for _ in range(n_dims))
-            gtype = c.read("<I")
-            off = c.read("<Q")
-            infos.append((name, ne, gtype, off))
-
-        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise GGUFError(f"bad general.alignment {self.alignment}")
-        a = self.alignment
-        self.data_offset = (c.pos + a - 1) // a * a
-
-        self.tensors: dict[str, Tensor] = {}
-        for name, ne, gtype, off in infos:
-            n = 1
-            for d in ne:
-                n *= d
-            nbytes = nbytes_for(gtype, n) if gtype in GGML_BLOCK else 0
-            start = self.data_offset + off
-            if gtype in GGML_BLOCK and start + nbytes > len(self._mm):
-                raise GGUFError(f"tensor {name} runs past the end of the file")
-            self.tensors[name] = Tensor(name, ne, gtype, off, self._mm[start:start + nbytes])
+        try:
+            r = gguf.GGUFReader(self.path)
+            self.version = int(r.fields["GGUF.version"].parts[0][0])
+            self.metadata: dict[str, Any] = {}
+            self.metadata_types: dict[str, Any] = {}
+            for key, field in r.fields.items():
+                if key.startswith("GGUF."):   # the header, which the package lists as fields too
+                    continue
+                self.metadata[key], self.metadata_types[key] = _field_value(field)
+        except (ValueError, KeyError, IndexError) as e:
+            # ValueError: bad magic, version, value or tensor type, invalid
+            # UTF-8, tensor data cut short (a reshape or view that falls
+            # short); KeyError: a duplicate key; IndexError: a file cut inside
+            # the header. The size tells a cut file from a wrong one.
+            size = os.path.getsize(self.path)
+            raise GGUFError(f"{self.path} ({size} bytes): not a GGUF file gguf {gguf_version()} "
+                            f"can read ({type(e).__name__}: {e})") from e
+        self.alignment = int(r.alignment)
+        self.data_offset = int(r.data_offset)
+        self.tensors: dict[str, Tensor] = {
+            t.name: Tensor(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type),
+                           int(t.data_offset) - self.data_offset, t.data)
+            for t in r.tensors}
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
@@ -306,3 +171,8 @@ class GGUFReader:
         for t in self.tensors.values():
             out[t.type_name] = out.get(t.type_name, 0) + 1
         return out
+
+
+def gguf_version() -> str:
+    from importlib.metadata import version
+    return version("gguf")

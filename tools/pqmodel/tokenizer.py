@@ -1,69 +1,46 @@
-"""Byte-level BPE tokenizer (GPT-2 style) built from GGUF metadata.
+"""Byte-level BPE (GPT-2 style) from the GGUF metadata, run by Hugging Face's
+`tokenizers`.
 
 Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos_token_id,
 eos_token_id,add_bos_token,add_eos_token}. Only tokenizer.ggml.model == "gpt2"
 is supported.
 
-Pre-tokenisation follows llama.cpp for the pre-tokenizer named in
-tokenizer.ggml.pre. SmolLM2 uses "smollm" (same as "starcoder"): every digit is
-split off on its own, then the GPT-2 regex
+The pre-tokenizer follows llama.cpp's for the name in tokenizer.ggml.pre.
+SmolLM2 uses "smollm" (as "starcoder"): every digit is split off on its own
+(pre_tokenizers.Digits(individual_digits=True)), then the GPT-2 regex
     's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
-splits the rest. This equals the Hugging Face tokenizer of SmolLM2
-(Digits(individual_digits) + ByteLevel(use_regex)).
+splits the rest and maps bytes to GPT-2's printable characters
+(pre_tokenizers.ByteLevel(use_regex=True)); the Hugging Face tokenizer of
+SmolLM2 is built the same way.
 
 Control tokens (token_type 3, e.g. <|im_start|>, <|im_end|>, <|endoftext|>)
-are recognised as single tokens where they appear literally in the text
-(unless encode(..., parse_special=False)).
+and user-defined ones (4) are recognised as single tokens where they appear
+literally in the text (unless encode(..., parse_special=False)).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import regex
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-# pre-tokenizer name -> list of regexes applied in sequence (as llama.cpp does:
-# each regex splits every piece left by the previous one; text between matches
-# is kept as pieces too).
+def _byte_level():
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _digits_then_byte_level():
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level()])
+
+
+# tokenizer.ggml.pre -> the pre-tokenizer llama.cpp applies for it
 PRE_TOKENIZERS = {
-    "default": [GPT2_PATTERN],
-    "gpt2": [GPT2_PATTERN],
-    "smollm": [r"\p{N}", GPT2_PATTERN],
-    "starcoder": [r"\p{N}", GPT2_PATTERN],
+    "default": _byte_level,
+    "gpt2": _byte_level,
+    "smollm": _digits_then_byte_level,
+    "starcoder": _digits_then_byte_level,
 }
-
-
-@lru_cache(maxsize=None)
-def bytes_to_unicode() -> dict:
-    """GPT-2's reversible map of the 256 byte values to printable characters."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def _split(pattern: "regex.Pattern", pieces: list[str]) -> list[str]:
-    out = []
-    for piece in pieces:
-        pos = 0
-        for m in pattern.finditer(piece):
-            if m.start() > pos:
-                out.append(piece[pos:m.start()])
-            if m.end() > m.start():
-                out.append(m.group())
-            pos = m.end()
-        if pos < len(piece):
-            out.append(piece[pos:])
-    return out
 
 
 class Tokenizer:
@@ -72,26 +49,42 @@ class Tokenizer:
         self.tokens = list(tokens)
         self.token_types = [int(t) for t in token_types] if token_types is not None else [TOKEN_NORMAL] * len(self.tokens)
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
-        self.ranks = {}
-        for i, m in enumerate(merges):
-            a, b = m.split(" ", 1)
-            self.ranks[(a, b)] = i
-        self.pre = pre
+        # BPE starts from one token per byte. Byte-level vocabularies may lack
+        # bytes that text hardly holds (SmolLM2: 21, e.g. 0x04, 0xC0, 0xF1):
+        # those become the unknown token, as the hand-written tokenizer this
+        # replaced did; without one, tokenizers would drop them unsaid.
+        missing = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - self.vocab.keys())
+        if missing and unk_id is None:
+            raise ValueError(f"the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[:8]}) "
+                             "and names no unknown token (tokenizer.ggml.unknown_token_id) to stand for them")
         if pre not in PRE_TOKENIZERS:
             raise ValueError(f"unsupported pre-tokenizer {pre!r} (known: {sorted(PRE_TOKENIZERS)})")
-        self._patterns = [regex.compile(p) for p in PRE_TOKENIZERS[pre]]
+        self.pre = pre
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos, self.add_eos = add_bos, add_eos
-        self.byte_encoder = bytes_to_unicode()
-        self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
-        self.special = {t: i for i, t in enumerate(self.tokens)
-                        if self.token_types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
-        if self.special:
-            alts = sorted(self.special, key=len, reverse=True)
-            self._special_re = regex.compile("|".join(regex.escape(s) for s in alts))
-        else:
-            self._special_re = None
-        self._cache: dict[str, list[int]] = {}
+        pairs = []
+        for n, m in enumerate(merges):
+            a, sep, b = m.partition(" ")
+            if not sep:
+                raise ValueError(f"merge {n} {m!r} is not two tokens separated by a space")
+            pairs.append((a, b))
+        self._plain = self._build(pairs, specials=False)   # for parse_special=False
+        self._hf = self._build(pairs, specials=True)
+
+    def _build(self, merges, specials: bool) -> _HFTokenizer:
+        """A tokenizers.Tokenizer on this vocabulary; with specials, the control
+        and user-defined tokens are matched in the text before BPE (only the
+        control ones count as special for decode(skip_special=True))."""
+        unk = self.tokens[self.unk_id] if self.unk_id is not None else None
+        hf = _HFTokenizer(models.BPE(vocab=self.vocab, merges=merges, unk_token=unk,
+                                     fuse_unk=False, byte_fallback=False))
+        hf.pre_tokenizer = PRE_TOKENIZERS[self.pre]()
+        hf.decoder = decoders.ByteLevel()
+        if specials:
+            hf.add_tokens([AddedToken(t, special=self.token_types[i] == TOKEN_CONTROL, normalized=False)
+                           for i, t in enumerate(self.tokens)
+                           if self.token_types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)])
+        return hf
 
     @classmethod
     def from_gguf(cls, reader) -> "Tokenizer":
@@ -116,91 +109,21 @@ class Tokenizer:
     def __len__(self):
         return len(self.tokens)
 
-    # ---------------------------------------------------------------- BPE
-    def _bpe(self, word: str) -> list[int]:
-        cached = self._cache.get(word)
-        if cached is not None:
-            return cached
-        parts = list(word)
-        ranks = self.ranks
-        while len(parts) > 1:
-            best, best_i = None, -1
-            for i in range(len(parts) - 1):
-                r = ranks.get((parts[i], parts[i + 1]))
-                if r is not None and (best is None or r < best):
-                    best, best_i = r, i
-            if best is None:
-                break
-            a, b = parts[best_i], parts[best_i + 1]
-            # merge every occurrence of the pair (left to right), as GPT-2 does
-            merged, i = [], 0
-            while i < len(parts):
-                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
-        ids = []
-        for p in parts:
-            i = self.vocab.get(p)
-            if i is None:
-                # not in the vocabulary: fall back to single byte-characters
-                for ch in p:
-                    j = self.vocab.get(ch, self.unk_id)
-                    if j is None:
-                        raise KeyError(f"no token for {ch!r} and no unknown token")
-                    ids.append(j)
-            else:
-                ids.append(i)
-        if len(self._cache) < 200_000:
-            self._cache[word] = ids
-        return ids
-
-    def _encode_ordinary(self, text: str) -> list[int]:
-        pieces = [text]
-        for pat in self._patterns:
-            pieces = _split(pat, pieces)
-        enc = self.byte_encoder
-        out = []
-        for piece in pieces:
-            word = "".join(enc[b] for b in piece.encode("utf-8"))
-            out.extend(self._bpe(word))
-        return out
-
     def encode(self, text: str, *, add_bos=None, add_eos=None, parse_special=True) -> list[int]:
         """Text -> token ids. BOS/EOS are added per the GGUF metadata unless overridden."""
-        ids = []
+        hf = self._hf if parse_special else self._plain
+        ids = hf.encode(text, add_special_tokens=False).ids
         if add_bos if add_bos is not None else self.add_bos:
-            ids.append(self.bos_id)
-        if parse_special and self._special_re is not None:
-            pos = 0
-            for m in self._special_re.finditer(text):
-                if m.start() > pos:
-                    ids.extend(self._encode_ordinary(text[pos:m.start()]))
-                ids.append(self.special[m.group()])
-                pos = m.end()
-            if pos < len(text):
-                ids.extend(self._encode_ordinary(text[pos:]))
-        else:
-            ids.extend(self._encode_ordinary(text))
+            ids.insert(0, self.bos_id)
         if add_eos if add_eos is not None else self.add_eos:
             ids.append(self.eos_id)
         return ids
 
-    def token_bytes(self, i: int) -> bytes:
-        t = self.tokens[i]
-        if self.token_types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
-            return t.encode("utf-8")
-        dec = self.byte_decoder
-        return bytes(dec[c] for c in t if c in dec)
-
     def decode(self, ids, *, skip_special=False) -> str:
-        out = bytearray()
-        for i in ids:
-            i = int(i)
-            if skip_special and self.token_types[i] == TOKEN_CONTROL:
-                continue
-            out += self.token_bytes(i)
-        return out.decode("utf-8", errors="replace")
+        """Token ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
+        ids = [int(i) for i in ids]
+        # tokenizers skips an id it has no token for without a word
+        bad = next((i for i in ids if not 0 <= i < len(self.tokens)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{len(self.tokens) - 1})")
+        return self._hf.decode(ids, skip_special_tokens=skip_special)

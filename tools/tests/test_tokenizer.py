@@ -1,17 +1,67 @@
-"""Tokenizer tests. The byte map test always runs; the rest need the model file
-(the vocabulary and merges live in the GGUF) and skip without it."""
+"""Tokenizer tests. The small-vocabulary tests always run; the rest need the
+model file (the vocabulary and merges live in the GGUF) and skip without it.
+tests/test_pqmodel_reference.py compares the ids with the hand-written
+tokenizer's and with transformers'."""
 
 import pytest
+from tokenizers import pre_tokenizers
 
-from pqmodel.tokenizer import bytes_to_unicode
+from pqmodel.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer
+
+# A byte-level vocabulary: two control tokens, a user-defined one, the 256 byte
+# characters (Ġ is the space), then what the merges make.
+BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<tool>"]
+MERGED = ["ab", "Ġab", "12", "abc"]
+MERGES = ["a b", "Ġ ab", "1 2", "ab c"]
 
 
-def test_bytes_to_unicode_is_gpt2_map():
-    m = bytes_to_unicode()
-    assert len(m) == 256 and len(set(m.values())) == 256
-    assert m[ord("A")] == "A" and m[ord("!")] == "!"
-    assert m[ord(" ")] == "Ġ" and m[ord("\n")] == "Ċ" and m[ord("\t")] == "ĉ"
-    assert m[0] == "Ā" and m[0x7F] == "ġ" and m[0xAD] == "Ń"  # 33 + 34 unprintables before 0xAD
+def small(pre="smollm", tokens=None, **kw):
+    tokens = tokens or SPECIAL + BYTES + MERGED
+    types = [TOKEN_CONTROL, TOKEN_CONTROL, TOKEN_USER_DEFINED] + [TOKEN_NORMAL] * (len(tokens) - 3)
+    return Tokenizer(tokens, types, MERGES, pre=pre, bos_id=1, eos_id=0, **kw)
+
+
+def test_small_vocabulary_merges_by_rank():
+    t = small()
+    # "ab abc": pieces "ab" and "Ġabc"; Ġabc: a+b first, then Ġ+ab, which
+    # leaves no "ab c" pair: [Ġab, c]
+    assert t.encode("ab abc") == [t.vocab["ab"], t.vocab["Ġab"], t.vocab["c"]]
+    assert t.encode("abc") == [t.vocab["abc"]]
+    assert t.decode(t.encode("ab abc")) == "ab abc"
+
+
+def test_small_vocabulary_pre_tokenizers():
+    # smollm splits every digit off, so the merge "1 2" never applies; gpt2 keeps "12" one piece
+    assert small("smollm").encode("12") == [small().vocab["1"], small().vocab["2"]]
+    assert small("gpt2").encode("12") == [small().vocab["12"]]
+    with pytest.raises(ValueError, match="unsupported pre-tokenizer 'llama-bpe'"):
+        small("llama-bpe")
+
+
+def test_small_vocabulary_special_tokens_bos_eos():
+    t = small()
+    ab = t.vocab["ab"]
+    assert t.encode("<|im_start|>ab<tool><|endoftext|>") == [1, ab, 2, 0]
+    assert t.encode("<|im_start|>", parse_special=False) == [t.vocab[c] for c in "<|im_start|>"]
+    assert t.encode("ab", add_bos=True, add_eos=True) == [1, ab, 0]
+    assert small(add_bos=True).encode("ab") == [1, ab]
+    # only control tokens are skipped; the user-defined one is text
+    assert t.decode([1, ab, 2, 0], skip_special=True) == "ab<tool>"
+    assert t.decode([1, ab, 2, 0]) == "<|im_start|>ab<tool><|endoftext|>"
+    for bad in (len(t), -1):
+        with pytest.raises(ValueError, match=rf"token id {bad} is outside the vocabulary \(0..{len(t) - 1}\)"):
+            t.decode([ab, bad])
+
+
+def test_small_vocabulary_missing_byte_tokens():
+    tokens = SPECIAL + [b for b in BYTES if b != "Ċ"] + MERGED     # no token for "\n"
+    with pytest.raises(ValueError, match=r"lacks 1 of the 256 byte tokens \(e.g. \['Ċ'\]\) and names no unknown"):
+        small(tokens=tokens)
+    t = small(tokens=tokens, unk_id=0)
+    assert t.encode("ab\nab") == [t.vocab["ab"], 0, t.vocab["ab"]]
+    with pytest.raises(ValueError, match="merge 0 'ab' is not two tokens"):
+        Tokenizer(SPECIAL + BYTES, None, ["ab"])
 
 
 def ids_of(tok, *pieces):

@@ -1,6 +1,8 @@
 """The transformers runtime on the real SmolLM2-135M: it agrees with the
-project's numpy model (the no-dependency reference), and the integration
-drives it end to end."""
+project's numpy model (the reference forward pass; both read the file with
+the gguf package and tokenise with tokenizers, which tools/tests/
+test_pqmodel_reference.py checks against the hand-written code they
+replaced), and the integration drives it end to end."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh installs it)")
