@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pqeval import (longctx, needle_report, progress, replay, report, stats, topp_budget,
-                    trace as trace_io)
+from pqeval import (longctx, needle_report, progress, replay, report, stats, tail_estimate,
+                    topp_budget, trace as trace_io)
 from pqeval.longctx import (COMPENSATION, DROP, FULL as FULL_LABEL, PQ_VARIANTS, SELECTORS, SPECULATING,
                              TRACE_SELECTORS, UNBUDGETED, budget)
 
@@ -507,7 +507,7 @@ def _markdown_table(path: Path):
 
 
 TAIL_COMMAND = ("scripts/run-python -m pqeval.tail_estimate tests/data/smollm2_sotu_2k.pqtrace "
-                "--fractions 0.2,0.1,0.05,0.02 --plot docs/quality-tail.png "
+                "--fractions 0.2,0.1,0.05,0.02 --drop h2o,snapkv --plot docs/quality-tail.png "
                 "> docs/quality-data/tail-estimate-2k.md")
 
 
@@ -533,7 +533,9 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
               "library's own `pq_decode_attend` with `tail_estimate = PQ_TAIL_CODE_MEANS` (off "
               "by default), which must agree with it to float rounding. `pq+est(V)` gives the tail tokens their exact values (it reads every value: a "
               "diagnostic that separates the scores' error from the grouped values'); "
-              "`exact+est` is the oracle top-k with the same estimate of its tail. Written by `"
+              "`exact+est` is the oracle top-k with the same estimate of its tail; h2o and "
+              "snapkv, the best drop methods of the section above, attend their selection "
+              "and drop the rest for good. Written by `"
               + TAIL_COMMAND + "`.", ""]
     lines += table
     if rows:
@@ -549,6 +551,11 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
                          "is not shown apart from the intervals here")
                       + " on this 2K trace of one small model; the aim stands for both models, "
                       "which this trace does not cover."]
+            drops = {k: v for k, v in r.items() if k not in tail_estimate.VARIANTS}
+            if drops:
+                best = min(drops, key=lambda k: drops[k][0])
+                lines[-1] += (f" The best drop method there, {best}, has "
+                              f"{drops[best][0]:.4f} ± {drops[best][1]:.4f}.")
     if (data.parent / "quality-tail.png").exists():
         lines += ["", "![output error against the budget, with and without the tail "
                   "estimate](quality-tail.png)"]

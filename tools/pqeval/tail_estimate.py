@@ -21,6 +21,9 @@ attention the output of:
   value, so it is a diagnostic, not a method);
 - `exact`: the oracle top-k at the same budget (exact scores), alone, and
   `exact+est` with the same estimate of its tail.
+- the drop methods (`--drop`, default h2o and snapkv, the best two of the
+  budgets section): their selection attended exactly, the rest dropped for
+  good, as pqeval.replay runs them over the same steps.
 
 Sinks and local window are attended exactly in every variant; the output
 error is the relative L2 error of each query head's output, as SkyLight
@@ -28,7 +31,7 @@ reports it, averaged over heads and steps, with 95% intervals over batch
 means of 16 steps (replay.Result.interval).
 
     scripts/run-python -m pqeval.tail_estimate tests/data/smollm2_sotu_2k.pqtrace \\
-        --fractions 0.2,0.1,0.05,0.02 --plot docs/quality-tail.png \\
+        --fractions 0.2,0.1,0.05,0.02 --drop h2o,snapkv --plot docs/quality-tail.png \\
         > docs/quality-data/tail-estimate-2k.md
 """
 from __future__ import annotations
@@ -158,12 +161,28 @@ def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = 
     return out
 
 
+def add_drop_methods(found: Dict[float, Dict[str, replay.Result]], t: trace_io.Trace,
+                     selectors: Sequence[str], steps: Optional[int] = None,
+                     layers: Optional[Sequence[int]] = None) -> None:
+    """Adds each drop method's replay (its selection attended exactly, the
+    rest gone) at every budget of `found`, over the same steps and layers."""
+    for fraction, results in found.items():
+        for selector in selectors:
+            results[selector] = replay.replay(t, selector, fraction, steps, layers)
+
+
+def _names(found: Dict[float, Dict[str, replay.Result]]) -> List[str]:
+    first = next(iter(found.values()), {})
+    return list(VARIANTS) + [v for v in first if v not in VARIANTS]
+
+
 def table(found: Dict[float, Dict[str, replay.Result]]) -> List[str]:
-    lines = ["| budget | " + " | ".join(VARIANTS) + " |",
-             "|---|" + "---:|" * len(VARIANTS)]
+    names = _names(found)
+    lines = ["| budget | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
     for fraction, results in found.items():
         cells = [f"{results[v].mean('error'):.4f} ± {results[v].interval('step_error'):.4f}"
-                 for v in VARIANTS]
+                 for v in names]
         lines.append(f"| 1/{round(1 / fraction)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -178,13 +197,16 @@ def plot(found: Dict[float, Dict[str, replay.Result]], path: str, title: str) ->
               "pq+est(lib)": dict(color="tab:orange", lw=1, ls="--", marker="x"),
               "pq+est(V)": dict(color="tab:red", lw=1, ls=":"),
               "exact": dict(color="black", lw=2), "exact+est": dict(color="black", lw=1, ls="--")}
+    drop_colours = iter(["tab:green", "tab:purple", "tab:brown", "tab:gray"])
     fractions = sorted(found, reverse=True)
     x = [round(1 / f) for f in fractions]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for v in VARIANTS:
+    for v in _names(found):
         y = [found[f][v].mean("error") for f in fractions]
         e = [found[f][v].interval("step_error") for f in fractions]
-        ax.errorbar(x, y, yerr=e, capsize=3, label=v, **{"marker": "o", **styles[v]})
+        style = styles.get(v) or dict(color=next(drop_colours, "tab:gray"), lw=1, ls="-.")
+        label = v if v in VARIANTS else f"{v} (drops the rest)"
+        ax.errorbar(x, y, yerr=e, capsize=3, label=label, **{"marker": "o", **style})
     ax.set_xscale("log")
     ax.minorticks_off()  # the log axis's own labels (3 x 10^1) would sit among the budgets
     ax.set_xticks(x, [f"1/{n}" for n in x])
@@ -202,11 +224,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("trace")
     ap.add_argument("--fractions", default="0.2,0.1,0.05,0.02")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--drop", default="h2o,snapkv",
+                    help="drop methods replayed beside (comma-separated selectors; '' for none)")
     ap.add_argument("--plot", help="write a PNG of the error against the budget")
     args = ap.parse_args(argv)
     t = trace_io.read(args.trace)
     start = time.perf_counter()
     found = study(t, [float(f) for f in args.fractions.split(",")], args.steps)
+    add_drop_methods(found, t, [s for s in args.drop.split(",") if s], args.steps)
     print(f"tail estimate on {args.trace} ({t.model}, {t.tokens} tokens, layers {t.layers}); "
           f"output error against full attention, mean ± 95% over batch means of "
           f"{replay.BATCH_STEPS} steps; {time.perf_counter() - start:.0f} s\n")

@@ -60,14 +60,14 @@ def _evaluate_command(name: str) -> str:
 def _pictures() -> Dict[str, Made]:
     plot_perf = _plot_perf()
     return {
-        # bench_floor's JSON of 2026-11-27 (select.json, floor.json) was
-        # never committed and is on no machine of the project now.
+        # bench_floor's rerun of 2026-11-29 (the AMD run's JSON was not kept).
         "docs/perf-floor.png": Made(
-            "bench/plot_floor.py", ("select.json", "floor.json"),
-            "scripts/run-python bench/plot_floor.py select.json floor.json docs/perf-floor.png",
-            missing="its data, bench_floor's JSON output of 2026-11-27 (select.json, "
-                    "floor.json), was never committed: rerun bench_floor as docs/perf.md says "
-                    "and commit its JSON under docs/perf-data/"),
+            "bench/plot_floor.py",
+            ("docs/perf-data/bench_floor-select-intel-2026-11-29.json",
+             "docs/perf-data/bench_floor-attend-ingest-intel-2026-11-29.json"),
+            "scripts/run-python bench/plot_floor.py "
+            "docs/perf-data/bench_floor-select-intel-2026-11-29.json "
+            "docs/perf-data/bench_floor-attend-ingest-intel-2026-11-29.json docs/perf-floor.png"),
         **{f"docs/{fig.png}": Made("bench/plot_perf.py",
                                    tuple(str(p.relative_to(REPO)) for p in fig.data),
                                    plot_perf.command(fig))
