@@ -12,8 +12,8 @@
 //
 // Threading: a Context may be used from any number of goroutines. Calls on
 // different sequences run concurrently; calls on the same (sequence, layer)
-// are serialised by the library. Close waits for the calls in progress and
-// makes every later call fail with ErrBadState.
+// are serialised by the library. Close makes every call that starts after
+// it fail with ErrBadState at once, and waits for the calls in progress.
 //
 // Batches: DecodeSelectBatch and FetchKVBatch run one layer for many
 // sequences in one library call, spread over the library's worker pool.

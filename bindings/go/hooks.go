@@ -27,7 +27,8 @@ const (
 // build's) or on the thread of a call, possibly from several at once; they
 // must not call into the context, except BuildDone, which may make calls
 // that do not wait for builds (Stats, calls on that layer) but not
-// WaitBuilds or Close (pq_build_done_fn in pqcache.h). A panic in a hook
+// WaitBuilds or Close (pq_build_done_fn in pqcache.h); once Close has
+// begun, such a call returns ErrBadState at once. A panic in a hook
 // is not recovered (it would cross the library's C frames): recover in
 // the hook itself.
 type Hooks struct {

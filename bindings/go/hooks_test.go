@@ -15,18 +15,7 @@ import (
 // and waits for the builds.
 func prefillHooked(t *testing.T, ctx *Context, layers ...int) {
 	t.Helper()
-	const tokens = 300
-	kv := tokens * refKVHeads * refHeadDim
-	if err := ctx.AddSequence(7); err != nil {
-		t.Fatal(err)
-	}
-	for _, layer := range layers {
-		keys := TensorF32(refGenerate(uint32(81+2*layer), kv), tokens, refKVHeads, refHeadDim)
-		values := TensorF32(refGenerate(uint32(82+2*layer), kv), tokens, refKVHeads, refHeadDim)
-		if err := ctx.PrefillLayer(7, layer, keys, values); err != nil {
-			t.Fatal(err)
-		}
-	}
+	prefillWithoutWaiting(t, ctx, layers...)
 	if err := ctx.WaitBuilds(); err != nil {
 		t.Fatal(err)
 	}
@@ -200,4 +189,119 @@ func TestHooksCallIntoAClosingContext(t *testing.T) {
 	default:
 		t.Error("Close returned before the BuildDone hook ran")
 	}
+}
+
+// One worker thread: layer 0's BuildDone holds it while layer 1's build
+// waits behind it, a goroutine waits for that build in WaitBuilds (a call in
+// progress), and Close waits for that call. The hook's Stats must not queue
+// behind Close, which waits for WaitBuilds, which waits for the worker the
+// hook holds: it returns ErrBadState at once, and all three finish. Each
+// step is waited for as an observable state (no sleep decides the order); a
+// deadlock fails the test when the guard runs out.
+func TestHooksCallIsNotQueuedBehindACloseThatWaitsForItsWorker(t *testing.T) {
+	const guard = 60 * time.Second
+	cfg := refConfig() // WorkerThreads 1
+	cfg.NumLayers = 2
+	var ctxp atomic.Pointer[Context]
+	entered, arranged := make(chan struct{}), make(chan struct{})
+	answer := make(chan error, 1)
+	ctx, err := NewContextWithHooks(cfg, Hooks{
+		BuildDone: func(seq uint64, layer int, status Status) {
+			if layer != 0 {
+				return
+			}
+			close(entered)
+			<-arranged
+			_, err := ctxp.Load().Stats()
+			answer <- err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxp.Store(ctx)
+	prefillWithoutWaiting(t, ctx, 0, 1)
+	receive(t, entered, guard, "layer 0's BuildDone did not run")
+	if info, err := ctx.LayerInfo(7, 1); err != nil || !info.BuildPending {
+		t.Fatalf("LayerInfo(7, 1) = %+v, %v; want layer 1's build pending behind the hook", info, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- ctx.WaitBuilds() }()
+	waitFor(t, guard, "WaitBuilds in progress", func() bool { return ctx.callsInProgress() == 1 })
+	closed := make(chan struct{})
+	go func() { ctx.Close(); close(closed) }()
+	waitFor(t, guard, "Close waiting for WaitBuilds", ctx.closeIsWaiting)
+	close(arranged)
+
+	select {
+	case err := <-answer:
+		var e *Error
+		if !errors.As(err, &e) || e.Status != ErrBadState || e.Message != "pq_stats_get: the context is closed" {
+			t.Errorf("Stats from the hook while Close waits: %v; want ErrBadState "+
+				"\"pq_stats_get: the context is closed\"", err)
+		}
+	case <-time.After(guard):
+		t.Fatalf("deadlock: the hook's Stats still waits after %v (behind Close, which waits for "+
+			"WaitBuilds, which waits for the build behind the hook)", guard)
+	}
+	receive(t, closed, guard, "Close did not return")
+	if err := <-waited; err != nil {
+		t.Errorf("WaitBuilds: %v", err)
+	}
+	_, err = ctx.Stats()
+	wantError(t, err, ErrBadState, "pq_stats_get: the context is closed")
+}
+
+// prefillWithoutWaiting adds sequence 7 with 300 tokens in each of the given
+// layers, each queueing an index build.
+func prefillWithoutWaiting(t *testing.T, ctx *Context, layers ...int) {
+	t.Helper()
+	const tokens = 300
+	kv := tokens * refKVHeads * refHeadDim
+	if err := ctx.AddSequence(7); err != nil {
+		t.Fatal(err)
+	}
+	for _, layer := range layers {
+		keys := TensorF32(refGenerate(uint32(81+2*layer), kv), tokens, refKVHeads, refHeadDim)
+		values := TensorF32(refGenerate(uint32(82+2*layer), kv), tokens, refKVHeads, refHeadDim)
+		if err := ctx.PrefillLayer(7, layer, keys, values); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// receive waits for ch to be closed, failing the test after guard.
+func receive(t *testing.T, ch <-chan struct{}, guard time.Duration, failure string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(guard):
+		t.Fatalf("%s after %v", failure, guard)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after guard; the
+// polling only notices the state, it never decides the order of events.
+func waitFor(t *testing.T, guard time.Duration, state string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(guard); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not reached after %v: %s", guard, state)
+		}
+	}
+}
+
+// callsInProgress is the number of calls Close would wait for.
+func (c *Context) callsInProgress() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+// closeIsWaiting tells whether a Close has begun and not yet taken the
+// handle: it waits for the calls in progress.
+func (c *Context) closeIsWaiting() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closing && c.handle != nil
 }

@@ -27,13 +27,17 @@ func VersionNumber() int { return pqswig.Pq_version_number() }
 // Context is a pq_context: the KV cache and PQ indexes of any number of
 // sequences. It is safe for concurrent use (see the package comment).
 type Context struct {
-	// Close takes mu for writing and every other method for reading:
-	// pq_destroy must not race with another call on the context. Holding
-	// mu across a call also keeps the Context reachable, so the finalizer
-	// cannot run in the middle of it.
-	mu     sync.RWMutex
-	handle pqswig.Struct_SS_pq_context // nil once closed
-	config Config                      // the effective configuration
+	// The lifetime (withHandle, Close): pq_destroy must not race with another
+	// call on the context. mu guards handle, calls and closing; it is held
+	// only to enter and leave a call, never across one. Not an RWMutex: a
+	// waiting writer (Close) would queue a BuildDone hook's call behind it
+	// while Close waits for a WaitBuilds that waits for the hook's worker.
+	mu      sync.Mutex
+	idle    sync.Cond                   // on mu: signalled when calls drops to 0 while closing
+	calls   int                         // calls in progress, which Close waits for
+	closing bool                        // Close has begun: calls fail with ErrBadState at once
+	handle  pqswig.Struct_SS_pq_context // nil once closed
+	config  Config                      // the effective configuration
 	// Per layer, the largest selection capacity the library asked for so
 	// far: DecodeSelect sizes its buffers with it and grows them when told.
 	capacityHints []atomic.Int64
@@ -85,6 +89,7 @@ func newContext(cfg Config, hooks *Hooks) (*Context, error) {
 	}
 
 	c := &Context{}
+	c.idle.L = &c.mu
 	if hooks == nil {
 		out := pqswig.New_contextOut()
 		defer pqswig.Delete_contextOut(out)
@@ -123,14 +128,24 @@ func newContext(cfg Config, hooks *Hooks) (*Context, error) {
 }
 
 // Close frees the context (pq_destroy), after waiting for the calls in
-// progress on other goroutines. It is idempotent and always returns nil;
-// later calls return ErrBadState.
+// progress on other goroutines. From its start, calls return ErrBadState at
+// once (a BuildDone hook's too, so that it never waits for Close). It is
+// idempotent and always returns nil; a Close that finds another one begun
+// returns at once.
 func (c *Context) Close() error {
-	// The handle is taken under the lock (after the calls in progress) and
-	// destroyed outside it: pq_destroy waits for the builds' BuildDone
-	// hooks, and a hook that calls the context meanwhile must get
-	// ErrBadState, not wait for this lock.
+	// closing is set before the wait, so no call starts behind it; the
+	// handle is taken after the calls in progress and destroyed outside the
+	// lock: pq_destroy waits for the builds' BuildDone hooks, and a hook
+	// that calls the context meanwhile must get ErrBadState, not wait.
 	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closing = true
+	for c.calls > 0 {
+		c.idle.Wait()
+	}
 	handle, hooks := c.handle, c.hooks
 	c.handle, c.hooks, c.pool = nil, 0, nil
 	c.mu.Unlock()
@@ -157,15 +172,38 @@ func (c *Context) do(op string, f func(h pqswig.Struct_SS_pq_context) Status) er
 }
 
 // withHandle runs f, which may make several library calls (each through
-// call), on the open context.
+// call), on the open context, as one call in progress for Close. The
+// deferred leave also keeps the Context reachable until f returns, so the
+// finalizer cannot run in the middle of it.
 func (c *Context) withHandle(op string, f func(h pqswig.Struct_SS_pq_context) error) error {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.handle == nil {
-		// The text every binding gives a closed context (docs/bindings/errors.md).
-		return &Error{Op: op, Status: ErrBadState, Message: op + ": the context is closed"}
+	h, err := c.enter(op)
+	if err != nil {
+		return err
 	}
-	return f(c.handle)
+	defer c.leave()
+	return f(h)
+}
+
+// enter counts a call in progress and returns the handle, or ErrBadState
+// once Close has begun (also for a zero Context, which has no handle).
+func (c *Context) enter(op string) (pqswig.Struct_SS_pq_context, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing || c.handle == nil {
+		// The text every binding gives a closed context (docs/bindings/errors.md).
+		return nil, &Error{Op: op, Status: ErrBadState, Message: op + ": the context is closed"}
+	}
+	c.calls++
+	return c.handle, nil
+}
+
+// leave ends a call counted by enter, waking a Close that waits for it.
+func (c *Context) leave() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls--; c.calls == 0 && c.closing {
+		c.idle.Broadcast()
+	}
 }
 
 // Backend is the backend in use (pq_get_backend).

@@ -3,6 +3,7 @@ callable when an index build ends and as it advances, a pool shared by contexts;
 in a hook is reported and goes no further; bad arguments are named."""
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,13 +13,16 @@ import pqcache
 Q, KV, DIM, N = 4, 2, 32, 600
 
 
-def filled(ctx, layers=(0,)):
+def filled(ctx, layers=(0,), wait=True):
+    """Sequence 7 with N tokens in each of layers, each queueing a build;
+    waits for the builds unless told not to."""
     rng = np.random.default_rng(1)
     ctx.add_sequence(7)
     for layer in layers:
         kv = rng.standard_normal((2, N, KV, DIM)).astype(np.float32)
         ctx.prefill(7, layer, kv[0], kv[1])
-    ctx.wait_builds()
+    if wait:
+        ctx.wait_builds()
 
 
 def test_log_lines_arrive_at_their_level():
@@ -123,3 +127,68 @@ def test_bad_hook_arguments_are_named():
     pool.close()
     with pytest.raises(pqcache.PQError, match="pool is closed"):
         pqcache.Context(1, Q, KV, DIM, "f32", pool=pool)
+
+
+def wait_for(state, condition, guard_s):
+    """Polls condition until it holds; the polling only notices the state, it
+    never decides the order of events. Fails after guard_s seconds."""
+    deadline = time.monotonic() + guard_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached after {guard_s} s: {state}"
+        time.sleep(0.001)
+
+
+def test_a_hook_call_is_not_queued_behind_a_close_that_waits_for_its_worker():
+    """One worker thread: layer 0's on_build_done holds it while layer 1's
+    build waits behind it, a thread waits for that build in wait_builds() (a
+    call in flight), and close() waits for that call. The hook's stats() must
+    not queue behind close(), which waits for wait_builds(), which waits for
+    the worker the hook holds: it raises the closed-context error at once,
+    and all three finish. Each step is waited for as an observable state; a
+    deadlock fails the test when the guard runs out."""
+    guard_s = 60
+    entered, arranged = threading.Event(), threading.Event()
+    answers = []
+    holder = {}
+
+    def done(seq, layer, status):
+        if layer != 0:
+            return
+        entered.set()
+        arranged.wait()
+        try:
+            answers.append(holder["ctx"].stats())
+        except pqcache.PQError as error:
+            answers.append(error)
+
+    ctx = holder["ctx"] = pqcache.Context(2, Q, KV, DIM, "f32", worker_threads=1,
+                                          on_build_done=done)
+    filled(ctx, layers=(0, 1), wait=False)
+    assert entered.wait(guard_s), "layer 0's on_build_done did not run"
+    assert ctx.layer_info(7, 1)["build_pending"], "layer 1's build should wait behind the hook"
+    waited = []
+
+    def wait():
+        try:
+            ctx.wait_builds()
+            waited.append("returned")
+        except pqcache.PQError as error:
+            waited.append(error)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    wait_for("wait_builds() in flight", lambda: sum(ctx._callers.values()) == 1, guard_s)
+    closer = threading.Thread(target=ctx.close, daemon=True)
+    closer.start()
+    wait_for("close() waiting for wait_builds()",
+             lambda: ctx._closer is not None and ctx._ctx is not None, guard_s)
+    arranged.set()
+    closer.join(guard_s)
+    assert not closer.is_alive(), (
+        f"deadlock: close() still waits after {guard_s} s (the hook's stats() behind it, "
+        "wait_builds() behind the hook)")
+    waiter.join(guard_s)
+    assert waited == ["returned"], waited
+    assert len(answers) == 1 and isinstance(answers[0], pqcache.PQError), answers
+    assert (answers[0].status_name, answers[0].message) == (
+        "PQ_ERR_BAD_STATE", "pq_stats_get: the context is closed"), answers
