@@ -4,13 +4,13 @@ that it holds exactly what its lock file pins.
     <venv>/bin/python scripts/check_python_env.py [SOURCE_DIR]
 
 Run from anywhere; SOURCE_DIR (default: this file's checkout) holds the lock
-files (locks/). The venv names the lock it was installed from, with its
-sha256, in <venv>/pqcache-requirements (scripts/python-env.sh writes it).
+files (locks/). The venv names the lock it was installed from, with the
+sha256 of its pins, in <venv>/pqcache-requirements (scripts/python-env.sh writes it).
 scripts/python-env.sh runs this after every creation or update of the venv,
 and CTest runs it as `python_environment` with the interpreter the build was
 configured with. It fails (exit 1, one line per problem) when:
-  - the venv was not built by scripts/python-env.sh, or from another version
-    of its lock than SOURCE_DIR's (run scripts/setup.sh);
+  - the venv was not built by scripts/python-env.sh, or from other pins
+    than those of SOURCE_DIR's lock (run scripts/setup.sh);
   - the interpreter is not a virtual environment, or one that sees the
     system's or the user's site-packages: a module installed elsewhere on
     the machine could then stand in for a requirement no file names;
@@ -29,7 +29,6 @@ at any version where the lock does not pin them.
 Uses only the standard library and pip's vendored `packaging`.
 """
 
-import hashlib
 import importlib.metadata as metadata
 import re
 import site
@@ -39,6 +38,11 @@ from pathlib import Path
 
 from pip._vendor.packaging.utils import canonicalize_name
 from pip._vendor.packaging.version import Version
+
+# The lock format's one definition, beside this file (-I leaves the script's
+# folder off sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import python_lock  # noqa: E402
 
 # What `python -m venv` installs by itself (ensurepip).
 VENV_BASE = {"pip", "setuptools"}
@@ -50,8 +54,8 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
 def recorded_lock(source_dir, problems):
-    """The lock the venv was installed from, checked against the sha256 it
-    recorded."""
+    """The lock the venv was installed from, checked against the digest of
+    its pins it recorded (python_lock.pins_digest)."""
     stamp = Path(sys.prefix) / STAMP
     if not stamp.is_file():
         problems.append(f"{sys.prefix} was not built by scripts/python-env.sh (no {STAMP})")
@@ -65,7 +69,7 @@ def recorded_lock(source_dir, problems):
         if not path.is_file():
             problems.append(f"the venv was built from {name}, which {source_dir} does not have")
             return None
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if python_lock.pins_digest(path) != digest:
             problems.append(f"the venv was built from another version of {name}: "
                             "scripts/setup.sh rebuilds it")
         return path

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's Python environment: a virtual environment built from the
-# requirement files alone, which the scripts, the CTest Python tests and the
+# requirement files' hashed locks alone, which the scripts, the CTest Python tests and the
 # examples run in. Nothing installed elsewhere on the machine (the system's
 # or the user's site-packages) is visible in it, so a module that no
 # requirement file names fails here as it would on a fresh machine.
@@ -22,8 +22,8 @@
 # the lock does not name. A lock older than its requirement files stops it
 # (scripts/python_lock.py check; run scripts/lock-python.sh).
 #
-# The venv records the lock it was installed from, with its sha256, in
-# <venv>/pqcache-requirements. When that lock has changed since, or the
+# The venv records the lock it was installed from, with the sha256 of its
+# pins, in <venv>/pqcache-requirements. When they have changed since, or the
 # base interpreter has, or with --fresh, the venv is deleted and built again
 # (pip's cache makes that a local install). Every run ends with
 # scripts/check_python_env.py: the venv holds exactly the lock's pins (a
@@ -61,7 +61,7 @@ base_id=$("$base" -c 'import sys, os; print(os.path.realpath(sys.executable), sy
 sha() { sha256sum "$root/$1" | cut -d' ' -f1; }
 locks() { "$base" -I "$root/scripts/python_lock.py" "$@"; }
 
-# The stamp: "python <path> <version>", "lock <lock> <sha256>", then
+# The stamp: "python <path> <version>", "lock <lock> <sha256 of its pins>", then
 # "file <name> <sha256>" for each requirement file the lock was compiled
 # from (tests/docs/doc_snippets.py's requires= reads those).
 recorded_lock() { [[ -f $stamp ]] && sed -n 's/^lock \([^ ]*\) .*/\1/p' "$stamp"; true; }
@@ -102,7 +102,7 @@ elif ! grep -qxF "python $base_id" "$stamp"; then
   rebuild=1; reason="the base interpreter is now $base_id"
 elif [[ -z $old_lock ]]; then
   rebuild=1; reason="it was built before the lock files"
-elif [[ ! -f $root/$old_lock ]] || ! grep -qxF "lock $old_lock $(sha "$old_lock")" "$stamp"; then
+elif [[ ! -f $root/$old_lock ]] || ! grep -qxF "lock $old_lock $(locks digest "$root/$old_lock")" "$stamp"; then
   rebuild=1; reason="$old_lock changed"
 fi
 
@@ -129,7 +129,7 @@ if ((rebuild)) || [[ $old_lock != "$lock" ]]; then
   # The stamp is written last: an interrupted build has none and is rebuilt.
   {
     echo "python $base_id"
-    echo "lock $lock $(sha "$lock")"
+    echo "lock $lock $(locks digest "$root/$lock")"
     for f in $(locks list | awk -v n="${lock#locks/}" '$1 ".txt" == n { $1 = ""; print }'); do
       echo "file $f $(sha "$f")"
     done

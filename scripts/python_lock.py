@@ -6,6 +6,7 @@ what each is compiled from, and whether each is still current.
     python3 scripts/python_lock.py header NAME [SOURCE_DIR]   the header scripts/lock-python.sh writes
     python3 scripts/python_lock.py compile-args NAME     its arguments for uv pip compile, one a line
     python3 scripts/python_lock.py name [PART...]         the lock of requirements.txt and those parts
+    python3 scripts/python_lock.py digest LOCK           the sha256 of its pins (comments left out)
     python3 scripts/python_lock.py check [--this-python] [SOURCE_DIR]
 
 One lock per combination of requirement files that scripts/python-env.sh
@@ -65,6 +66,14 @@ def lock_path(source_dir, name):
 
 def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pins_digest(lock):
+    """The sha256 of a lock's lines less its comments: what a venv installed
+    from it depends on. A header or "# via" note that changes (a comment
+    edited in a requirement file) then does not rebuild a 5 GB venv."""
+    pins = [line for line in lock.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()
 
 
 def recorded_inputs(lock):
@@ -156,6 +165,9 @@ def main(argv):
         return 0
     if command == "header" and len(args) in (1, 2) and args[0] in dict(combinations()):
         print(header(Path(args[1]).resolve() if len(args) == 2 else default, args[0]))
+        return 0
+    if command == "digest" and len(args) == 1:
+        print(pins_digest(Path(args[0])))
         return 0
     if command == "name" and set(args) <= set(PARTS):
         print("+".join(["base"] + [p for p in PARTS if p in args]))
