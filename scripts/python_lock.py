@@ -113,16 +113,20 @@ def compile_args(name):
 
 
 def this_python_problems():
+    """Why the running interpreter cannot install the locks' wheels, if so."""
     problems = []
-    if sys.version_info[:2] != TARGET_PYTHON:
+    if platform.python_implementation() != "CPython" or sys.version_info[:2] != TARGET_PYTHON:
         problems.append(f"the locks are for CPython {'.'.join(map(str, TARGET_PYTHON))}, "
-                        f"{sys.executable} is {platform.python_version()}")
+                        f"{sys.executable} is {platform.python_implementation()} "
+                        f"{platform.python_version()}")
+    target = re.fullmatch(r"(\w+)-manylinux_(\d+)_(\d+)", TARGET_PLATFORM)
+    arch, glibc = target.group(1), (int(target.group(2)), int(target.group(3)))
     libc, version = platform.libc_ver()
-    # manylinux_2_36: glibc 2.36 or later on x86_64.
-    if sys.platform != "linux" or platform.machine() != "x86_64" or libc != "glibc" or \
-            tuple(map(int, version.split(".")[:2] or [0])) < (2, 36):
-        problems.append(f"the locks are for {TARGET_PLATFORM} (Linux, x86_64, glibc >= 2.36); "
-                        f"this is {sys.platform} {platform.machine()} {libc} {version}")
+    found = tuple(map(int, re.findall(r"\d+", version)[:2]))
+    if sys.platform != "linux" or platform.machine() != arch or libc != "glibc" or found < glibc:
+        problems.append(f"the locks are for {TARGET_PLATFORM} (Linux, {arch}, glibc >= "
+                        f"{'.'.join(map(str, glibc))}); this is {sys.platform} "
+                        f"{platform.machine()} {libc or 'without glibc'} {version}")
     return problems
 
 
