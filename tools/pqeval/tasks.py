@@ -27,6 +27,10 @@ a (task, placement, length, seed) names one prompt exactly.
 
 Scoring is RULER's: "all" is the share of the references found in the
 output (case-insensitive substring), "part" is 1 if any is found.
+
+RULER_TASKS are cells of RULER itself, made by its own generator (vendored
+in pqeval.ruler), to cross-check the home-made tasks: make_sample makes
+them too; they are not in TASKS, the full evaluation's plan.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Sequence
 
+from pqeval.ruler import CELLS
+
 REPO = Path(__file__).resolve().parents[2]
 SOTU = REPO / "tests" / "data" / "sotu"
 
 TASKS = ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt", "cwe",
          "fwe", "qa"]
 PLACEMENTS = ["last", "first"]
+RULER_TASKS = list(CELLS)
 
 # Held out for perplexity: each document is two consecutive addresses of one
 # president (33K+ tokens, long enough for a 32K context and its continuation).
@@ -269,8 +276,11 @@ def make_sample(task: str, placement: str, seed: int, tokens: int, corpus: Corpu
                 count_tokens: Callable[[Sample], int]) -> Sample:
     """The longest prompt whose tokens (count_tokens: the sample as the model
     will see it, answer prefix included) and answer fit in `tokens`."""
+    if task in RULER_TASKS:
+        from pqeval.ruler import cell  # RULER's word lists load only when asked for
+        return cell.make_sample(task, placement, seed, tokens, count_tokens)
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS + RULER_TASKS}")
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
 
