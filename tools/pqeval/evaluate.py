@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pqeval import (longctx, needle_report, progress, replay, report, stats, tail_estimate,
-                    topp_budget, trace as trace_io)
+from pqeval import (longctx, needle_report, progress, replay, report, ruler_report, stats,
+                    tail_estimate, topp_budget, trace as trace_io)
 from pqeval.longctx import (COMPENSATION, DROP, FULL as FULL_LABEL, PQ_VARIANTS, SELECTORS, SPECULATING,
                              TRACE_SELECTORS, UNBUDGETED, budget)
 
@@ -908,6 +908,7 @@ def write_report(data: Path, out: Path, trace_results: Dict[str, replay.Result],
     tail_perplexity_section(data, lines)
     tail_tasks_section(data, lines)
     needle_report.needle_section(data, lines)
+    ruler_report.ruler_section(data, lines)
     topp_budget.report_section(data, lines)
     if seconds is not None:
         lines += ["", f"Report time: {seconds:.0f} s."]

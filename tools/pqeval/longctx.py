@@ -446,7 +446,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--model", choices=sorted(hf.MODELS), required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--lengths", default="4096")
-    ap.add_argument("--tasks", default=",".join(tasks.TASKS))
+    ap.add_argument("--tasks", default=",".join(tasks.TASKS),
+                    help="tasks (default: %(default)s), or RULER's own cells ("
+                         + ", ".join(tasks.RULER_TASKS) + ", placement last only)")
     ap.add_argument("--placements", default=",".join(tasks.PLACEMENTS))
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--first-seed", type=int, default=0)

@@ -5,6 +5,8 @@ report is reproducible.
 - paired_diff_ci: the mean of a - b over the same samples (a selector against
   full attention on the same prompts) and its interval, which is much
   tighter than comparing two separate intervals;
+- unpaired_diff_ci: the difference of two means over different samples
+  (one task's prompts against another's), each resampled on its own;
 - perplexity_ci: exp(mean NLL) with an interval from a block bootstrap over
   runs of consecutive tokens (neighbouring tokens' losses are correlated, so
   resampling single tokens would be too narrow), and the paired relative
@@ -44,6 +46,18 @@ def paired_diff_ci(a: Sequence[float], b: Sequence[float],
     """(mean, low, high) of mean(a - b), resampling the pairs."""
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     return mean_ci(d, seed)
+
+
+def unpaired_diff_ci(a: Sequence[float], b: Sequence[float],
+                     seed: int = 7) -> Tuple[float, float, float]:
+    """(mean(a) - mean(b), low, high), a and b resampled independently."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) == 0 or len(b) == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = _rng(seed)
+    draws = (a[rng.integers(0, len(a), (RESAMPLES, len(a)))].mean(axis=1)
+             - b[rng.integers(0, len(b), (RESAMPLES, len(b)))].mean(axis=1))
+    return (float(a.mean() - b.mean()), *_interval(draws))
 
 
 def _blocks(nll: np.ndarray, block: int) -> np.ndarray:
