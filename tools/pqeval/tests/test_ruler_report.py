@@ -29,7 +29,7 @@ def test_tasks_that_score_alike_agree(tmp_path):
     lines = section(tmp_path, records)
     rows = [l for l in lines if l.startswith("| home-made") or l.startswith("| RULER")]
     assert len(rows) == 2 and all(l.count("|") == 11 for l in rows)
-    assert "| 8 | 4004 | 100.0 [100.0, 100.0] |" in rows[0]
+    assert "| 8 | 4004 (4000-4007) | 100.0 [100.0, 100.0] |" in rows[0]
     verdicts = [l for l in lines if l.startswith("- ")]
     assert len(verdicts) == 3  # full attention, then PQ - exact at each budget
     assert all("they agree within the interval" in v for v in verdicts)
