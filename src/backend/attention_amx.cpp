@@ -62,19 +62,7 @@ bool amx_logits_shape_ok(int32_t group, int32_t head_dim) {
   return group >= 1 && group <= 8 && head_dim % 32 == 0 && head_dim >= 32 && head_dim <= 128;
 }
 
-namespace {
-PQ_AMX_TARGET inline void copy_rows(const uint8_t* const* keys, int64_t rows, int32_t d,
-                                    uint16_t* to) {
-  const int64_t row_bytes = int64_t{2} * d;  // a multiple of 64
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t b = 0; b < row_bytes; b += 64)
-      _mm512_store_si512(reinterpret_cast<uint8_t*>(to) + i * row_bytes + b,
-                         _mm512_loadu_si512(keys[i] + b));
-}
-}  // namespace
-
 PQ_AMX_TARGET void amx_logits_begin(const uint16_t* qb, int32_t group, int32_t d,
-                                    const uint8_t* const* keys, int64_t rows,
                                     AmxLogitsScratch& s) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof cfg);
@@ -93,21 +81,21 @@ PQ_AMX_TARGET void amx_logits_begin(const uint16_t* qb, int32_t group, int32_t d
           s.queries[c][j * 2 * group + 2 * n + p] = qb[n * d + 32 * c + 2 * j + p];
   std::memset(s.logits, 0, sizeof s.logits);
   std::memset(s.keys, 0, sizeof s.keys);  // rows past a short block read as zeros
-  s.current = 0;
-  copy_rows(keys, rows, d, s.keys[0]);
   _tile_loadconfig(s.tile_config);
   load_query_tiles(d / 32, s, columns);
 }
 
-PQ_AMX_TARGET void amx_logits_block(int64_t rows, const uint8_t* const* next_keys,
-                                    int64_t next_rows, int32_t group, int32_t d, float scale,
-                                    float* logits, AmxLogitsScratch& s) {
+PQ_AMX_TARGET void amx_logits_block(const uint8_t* const* keys, int64_t rows, int32_t group,
+                                    int32_t d, float scale, float* logits, AmxLogitsScratch& s) {
+  const int64_t row_bytes = int64_t{2} * d;  // a multiple of 64
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t b = 0; b < row_bytes; b += 64)
+      _mm512_store_si512(reinterpret_cast<uint8_t*>(s.keys) + i * row_bytes + b,
+                         _mm512_loadu_si512(keys[i] + b));
   const bool second = rows > 16;
   _tile_zero(0);
   if (second) _tile_zero(1);
-  dot_chunks(d / 32, s.keys[s.current], int64_t{2} * d, second);
-  s.current ^= 1;
-  copy_rows(next_keys, next_rows, d, s.keys[s.current]);  // while the tiles compute
+  dot_chunks(d / 32, s.keys, row_bytes, second);
   _tile_stored(0, s.logits, 4 * group);
   if (second) _tile_stored(1, s.logits + 16 * group, 4 * group);
   // [row][group] -> [group][row], scaled: a gather at stride group.
@@ -130,9 +118,8 @@ PQ_AMX_TARGET void amx_logits_end() { _tile_release(); }
 
 namespace pq {
 bool amx_logits_shape_ok(int32_t, int32_t) { return false; }
-void amx_logits_begin(const uint16_t*, int32_t, int32_t, const uint8_t* const*, int64_t,
-                      AmxLogitsScratch&) {}
-void amx_logits_block(int64_t, const uint8_t* const*, int64_t, int32_t, int32_t, float, float*,
+void amx_logits_begin(const uint16_t*, int32_t, int32_t, AmxLogitsScratch&) {}
+void amx_logits_block(const uint8_t* const*, int64_t, int32_t, int32_t, float, float*,
                       AmxLogitsScratch&) {}
 void amx_logits_end() {}
 }  // namespace pq

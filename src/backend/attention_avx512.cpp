@@ -296,13 +296,10 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
       qb[j] = static_cast<uint16_t>(bits >> 16);
     }
   [[maybe_unused]] AmxLogitsScratch* amx = nullptr;
-  const uint8_t* next_keys[kAmxLogits ? kB : 1];  // the AMX logits copy a block ahead
   if constexpr (kAmxLogits) {
     thread_local AmxLogitsScratch scratch;
     amx = &scratch;
-    const int64_t rows = std::min(kB, count);
-    for (int64_t i = 0; i < rows; ++i) next_keys[i] = t.key_row(pos[i], kv_head);
-    amx_logits_begin(qb, G, d, next_keys, rows, scratch);
+    amx_logits_begin(qb, G, d, scratch);
   }
   for (int64_t i = 0; i < std::min(count, kPrefetchRows); ++i) prefetch_row(t, kv_head, pos[i]);
   for (int64_t b = 0; b < count; b += kB) {
@@ -316,9 +313,7 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
     if constexpr (kAmxLogits) {
       for (; i < rows; ++i)
         if (ahead + i < count) prefetch_row(t, kv_head, pos[ahead + i]);
-      const int64_t next_rows = std::clamp<int64_t>(count - b - kB, 0, kB);
-      for (int64_t j = 0; j < next_rows; ++j) next_keys[j] = t.key_row(pos[b + kB + j], kv_head);
-      amx_logits_block(rows, next_keys, next_rows, G, d, scale, logits, *amx);
+      amx_logits_block(keys, rows, G, d, scale, logits, *amx);
     }
     for (; i + kRows <= rows; i += kRows) {
       for (int r = 0; r < kRows; ++r)
