@@ -65,6 +65,30 @@ inline std::vector<int64_t> parse_list(const char* s) {
   return out;
 }
 
+// The options of the interleaved decode-step programs (bench_fp8,
+// bench_attend_kernels): --tokens a,b --rounds n --steps n over the
+// defaults given. Exits with a message on another option. Prints the
+// program's first line: the CPU, the kernels and the load.
+struct StepOptions {
+  std::vector<int64_t> tokens;
+  int rounds, steps;
+};
+inline StepOptions step_options(const char* program, int argc, char** argv, StepOptions o) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--tokens") o.tokens = parse_list(argv[i + 1]);
+    else if (a == "--rounds") o.rounds = std::atoi(argv[i + 1]);
+    else if (a == "--steps") o.steps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "%s: unknown option %s\n", program, a.c_str());
+      std::exit(2);
+    }
+  }
+  std::printf("%s: CPU %s, ISA %s, load average %.2f at start\n", program, cpu_model().c_str(),
+              isa_level(), load_average());
+  return o;
+}
+
 // The median of a benchmark's repeats (the upper one of an even count; 0
 // for none).
 inline double median(std::vector<double> v) {

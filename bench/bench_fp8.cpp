@@ -330,20 +330,8 @@ void print_rows_read(const Layer& f16, const pqbench::ClusteredKv& kv, int64_t t
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> token_counts = {32768, 131072};
-  int rounds = 7, steps = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--tokens") token_counts = pqbench::parse_list(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "bench_fp8: unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  std::printf("bench_fp8: CPU %s, ISA %s, load average %.2f at start\n",
-              pqbench::cpu_model().c_str(), pqbench::isa_level(), pqbench::load_average());
+  const auto [token_counts, rounds, steps] =
+      pqbench::step_options("bench_fp8", argc, argv, {{32768, 131072}, 7, 16});
   std::printf("one layer: %d q heads, %d kv heads x %d, default index, top-k 1/5, CPU backend; "
               "%d rounds of %d steps, f16 and fp8 alternated\n",
               kQ, kKv, kDim, rounds, steps);

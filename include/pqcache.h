@@ -108,8 +108,9 @@ PQ_API const char* pq_version_string(void);
  * AVX512_BF16), "avx2" (AVX2, FMA, F16C) or "portable". The highest level
  * the CPU has, lowered by the environment variable PQ_CPU_LEVEL
  * ("portable", "avx2", "avx512"), which is read once, at the first call of
- * a kernel or of this function. Benchmarks print it with their figures.
- * Thread-safe. (Added in 0.11.) */
+ * a kernel or of this function; PQ_CPU_FEATURES=-avx512bf16 (added in
+ * 0.14) switches AVX512_BF16 off, and the report then says "avx512".
+ * Benchmarks print it with their figures. Thread-safe. (Added in 0.11.) */
 PQ_API const char* pq_cpu_level(void);
 
 /* ------------------------------------------------------------------------ */

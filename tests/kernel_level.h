@@ -1,6 +1,7 @@
 // The kernel level a tests/test_kernels_*.cpp process was asked to run:
 // CMake registers each such program once per level with PQ_CPU_LEVEL set
-// (tests/CMakeLists.txt). A level the CPU lacks is SKIPPED with the reason,
+// (tests/CMakeLists.txt), or with PQ_CPU_FEATURES alone for the AVX-512
+// kernels without their extensions. A level the CPU lacks is SKIPPED with the reason,
 // so every level is checked on a machine that has it and none is silently
 // dropped on one that has not.
 #pragma once
@@ -19,6 +20,11 @@ namespace pq_test {
 // asked); otherwise why not.
 inline std::string kernel_level_skip_reason() {
   const char* asked = std::getenv("PQ_CPU_LEVEL");
+  // PQ_CPU_FEATURES alone asks for the AVX-512 kernels with extensions off.
+  if (asked == nullptr && std::getenv("PQ_CPU_FEATURES") != nullptr &&
+      pq::cpu_level() < pq::CpuLevel::kAvx512)
+    return std::string("PQ_CPU_FEATURES switches off AVX-512 extensions, but this process "
+                       "runs the ") + pq::cpu_level_name(pq::cpu_level()) + " kernels";
   if (asked == nullptr) return {};
   const char* used = pq::cpu_level_name(pq::cpu_level());
   if (std::strcmp(asked, used) == 0) return {};

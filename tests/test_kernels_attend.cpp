@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "backend/attention.h"
+#include "base/cpu_dispatch.h"
 #include "base/dtype.h"
 #include "kernel_level.h"
 #include "pqcache.h"
@@ -151,8 +153,13 @@ struct Part {
 // reference: |out - ref| <= tol * max |ref| (plus what the weights'
 // rounding may move each element by, weight_rounding x spread), lse within
 // tol (absolute, it is a log) of the reference's.
+// attend_rows or one of its variants.
+using AttendFn = std::function<void(const pq::RowTable&, int32_t, const int32_t*, int64_t,
+                                    const float*, int32_t, float, pq::AttentionPart)>;
+
 void check(const Rows& r, const std::vector<int32_t>& pos, const std::vector<float>& q,
-           int32_t group, float scale, int parts, double tol, const std::string& what) {
+           int32_t group, float scale, int parts, double tol, const std::string& what,
+           const AttendFn& attend = pq::attend_rows) {
   std::vector<double> want, want_lse, spread;
   reference(r, pos, q, group, scale, want, want_lse, spread);
   // The weights' relative rounding where the kernel in use takes them as
@@ -164,8 +171,7 @@ void check(const Rows& r, const std::vector<int32_t>& pos, const std::vector<flo
   const int64_t n = static_cast<int64_t>(pos.size());
   for (int i = 0; i < parts; ++i) {
     const int64_t begin = n * i / parts, end = n * (i + 1) / parts;
-    pq::attend_rows(r.table, kHead, pos.data() + begin, end - begin, q.data(), group, scale,
-                    p[i].view());
+    attend(r.table, kHead, pos.data() + begin, end - begin, q.data(), group, scale, p[i].view());
     views.push_back(p[i].view());
   }
   std::vector<float> out(static_cast<size_t>(group) * r.d), lse(group);
@@ -309,6 +315,91 @@ TEST(KernelsAttend, Fp8ValuesOfEveryCodeComeOutExactly) {
           }
       }
   }
+}
+
+// The AVX-512 kernel with each of its variants (attention.h), called by
+// name, so a variant the dispatch does not choose is checked as well: each
+// against the double reference over the shapes it takes, and each refusing
+// (false, nothing written) the shapes it does not take. A variant this
+// process may not use is SKIPPED with the reason (tests/CMakeLists.txt also
+// runs this program with PQ_CPU_FEATURES switching the extensions off).
+void check_variant(int32_t dtype, pq::AttendLogits logits, pq::F16Conversion f16,
+                   const std::vector<int32_t>& dims, std::function<bool(int32_t, int32_t)> takes) {
+  std::mt19937 rng(17);
+  const AttendFn variant = [&](const pq::RowTable& t, int32_t head, const int32_t* pos,
+                               int64_t count, const float* q, int32_t group, float scale,
+                               pq::AttentionPart part) {
+    std::fill(part.acc, part.acc + static_cast<size_t>(group) * t.head_dim, 0.f);
+    std::fill(part.max, part.max + group, pq::kNoRows);
+    std::fill(part.sum, part.sum + group, 0.0);
+    ASSERT_TRUE(pq::attend_rows_avx512_with(t, head, pos, count, q, group, scale, part, logits, f16));
+  };
+  for (int32_t d : dims) {
+    Rows r(dtype, d, 1100, 1.f, rng);
+    for (int32_t group = 1; group <= 9; ++group) {
+      const auto q = queries(group, d, 1.f, true, rng);
+      std::vector<int32_t> pos(1100);
+      std::iota(pos.begin(), pos.end(), 0);
+      if (!takes(group, d)) {
+        Part p(group, d);
+        EXPECT_FALSE(pq::attend_rows_avx512_with(r.table, kHead, pos.data(), 40, q.data(), group,
+                                                 1.f, p.view(), logits, f16))
+            << "d " << d << " group " << group;
+        continue;
+      }
+      for (int64_t count : {1, 15, 16, 17, 31, 32, 33, 64, 1000}) {
+        std::shuffle(pos.begin(), pos.end(), rng);
+        std::vector<int32_t> some(pos.begin(), pos.begin() + count);
+        if (count % 2 == 0) std::sort(some.begin(), some.end());
+        check(r, some, q, group, 1.f / std::sqrt(static_cast<float>(d)), 1, 1e-5,
+              std::string(pq::dtype_name(dtype)) + " d " + std::to_string(d) + " group " +
+                  std::to_string(group) + " rows " + std::to_string(count),
+              variant);
+      }
+    }
+    // Logits of ~1e2-1e3: the online softmax's rescale through the variant.
+    const auto q = queries(4, d, 8.f, true, rng);
+    if (!takes(4, d)) continue;
+    for (int64_t t = 0; t < 1100; t += 37) r.scale_key(t, 1.f + t / 64.f);
+    for (int64_t t = 0; t < 1100; ++t)
+      pq::to_float(r.table.key_row(static_cast<int32_t>(t), kHead), dtype, d, &r.kf[t * d]);
+    std::vector<int32_t> pos(1000);
+    std::iota(pos.begin(), pos.end(), 50);
+    check(r, pos, q, 4, 1.f / std::sqrt(static_cast<float>(d)), 3, 2e-4,
+          std::string(pq::dtype_name(dtype)) + " d " + std::to_string(d) + " extreme", variant);
+  }
+}
+
+// Whether a variant applies: bf16 dot products take any head_dim up to
+// 256 and groups up to 8; the AMX tiles head_dims of 32 to 128 in steps of
+// 32; the f16 conversion anything the AVX-512 kernel takes.
+bool up_to_8(int32_t group, int32_t d) { return group <= 8 && d <= 256; }
+bool amx_shape(int32_t group, int32_t d) { return group <= 8 && d % 32 == 0 && d <= 128; }
+
+#define PQ_REQUIRE_FEATURE(feature)                                                         \
+  do {                                                                                      \
+    PQ_REQUIRE_ASKED_KERNEL_LEVEL();                                                        \
+    const std::string& why = pq::cpu_feature_missing(feature);                              \
+    if (!why.empty()) GTEST_SKIP() << pq::cpu_feature_name(feature) << " not used: " << why; \
+  } while (0)
+
+TEST(KernelsAttend, Bf16DotProductLogitsMatchDouble) {
+  PQ_REQUIRE_FEATURE(pq::CpuFeature::kAvx512Bf16);
+  check_variant(PQ_DTYPE_BF16, pq::AttendLogits::kBf16Dot, pq::F16Conversion::kF16c,
+                {128, 64, 72, 256}, up_to_8);
+}
+
+TEST(KernelsAttend, AmxBf16LogitsMatchDouble) {
+  PQ_REQUIRE_FEATURE(pq::CpuFeature::kAvx512Bf16);  // the AMX variant's value sums
+  PQ_REQUIRE_FEATURE(pq::CpuFeature::kAmxBf16);
+  check_variant(PQ_DTYPE_BF16, pq::AttendLogits::kAmxBf16, pq::F16Conversion::kF16c,
+                {128, 32, 64, 96, 72, 160, 256}, amx_shape);
+}
+
+TEST(KernelsAttend, Avx512Fp16ConversionMatchesDouble) {
+  PQ_REQUIRE_FEATURE(pq::CpuFeature::kAvx512Fp16);
+  check_variant(PQ_DTYPE_F16, pq::AttendLogits::kFma, pq::F16Conversion::kAvx512Fp16,
+                {128, 72, 36}, up_to_8);
 }
 
 // No rows: the part is empty (max -inf, sum 0) and merging only empty

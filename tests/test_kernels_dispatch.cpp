@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "base/cpu_dispatch.h"
@@ -24,6 +26,29 @@ TEST(KernelLevel, TheAskedLevelIsTheOneInUse) {
   EXPECT_EQ(std::strncmp(pq_cpu_level(), asked, std::strlen(asked)), 0) << pq_cpu_level();
   EXPECT_LE(static_cast<int>(pq::cpu_level()), static_cast<int>(pq::cpu_level_available()));
   if (pq::cpu_level() < pq::CpuLevel::kAvx512) EXPECT_FALSE(pq::cpu_has_avx512_bf16());
+}
+
+// The public report names AVX512_BF16 exactly when the kernels use it, and
+// an extension PQ_CPU_FEATURES switches off is used by none (with that
+// reason), whatever the CPU has.
+TEST(KernelLevel, SwitchedOffFeaturesAreNotUsed) {
+  PQ_REQUIRE_ASKED_KERNEL_LEVEL();
+  const std::string report = pq_cpu_level();
+  EXPECT_EQ(report.find("+bf16") != std::string::npos, pq::cpu_has_avx512_bf16()) << report;
+  const char* env = std::getenv("PQ_CPU_FEATURES");
+  const std::string off = env != nullptr ? std::string(",") + env + "," : "";
+  for (pq::CpuFeature f : {pq::CpuFeature::kAvx512Bf16, pq::CpuFeature::kAvx512Vbmi,
+                           pq::CpuFeature::kAvx512Fp16, pq::CpuFeature::kAmxBf16}) {
+    const std::string name = pq::cpu_feature_name(f);
+    const std::string& why = pq::cpu_feature_missing(f);
+    if (off.find(",-" + name + ",") != std::string::npos)
+      EXPECT_NE(why.find("PQ_CPU_FEATURES"), std::string::npos) << name << ": " << why;
+    if (pq::cpu_level() < pq::CpuLevel::kAvx512)
+      EXPECT_NE(why.find("kernel level"), std::string::npos) << name << ": " << why;
+    std::printf("%s: %s\n", name.c_str(), why.empty() ? "used where it applies" : why.c_str());
+  }
+  if (off.find(",-avx512bf16,") != std::string::npos) EXPECT_FALSE(pq::cpu_has_avx512_bf16());
+  if (off.find(",-amx,") != std::string::npos) EXPECT_FALSE(pq::cpu_has_amx_bf16());
 }
 
 // Every 16-bit pattern (f16, bf16) and every fp8 code, converted in bulk by

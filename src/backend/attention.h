@@ -54,6 +54,25 @@ bool attend_rows_avx512(const KvStore::RowTable& rows, int32_t kv_head, const in
                         int64_t count, const float* queries, int32_t group, float scale,
                         AttentionPart part);
 
+// The logits kernels of the AVX-512 attend: float FMAs (any dtype), and
+// for bf16 keys with bf16 queries VDPBF16PS (AVX512_BF16) or TDPBF16PS
+// tiles (AMX-BF16, attention_amx.h).
+enum class AttendLogits : int { kFma, kBf16Dot, kAmxBf16 };
+// How the AVX-512 attend widens f16 rows to float: VCVTPH2PS (AVX512F) or
+// VCVTPH2PSX (AVX512_FP16; the same values, and measured the same time, so
+// attend_rows keeps VCVTPH2PS; docs/perf.md). AVX512_FP16's arithmetic
+// (VFMADDPH) would sum in binary16, outside pq_decode_attend's bound.
+enum class F16Conversion : int { kF16c, kAvx512Fp16 };
+
+// attend_rows_avx512 with its logits kernel chosen (bench_attend_logits
+// compares them in one process; the kernel tests run each); false when
+// the CPU, the dtype, the queries or the shape do not allow that kernel
+// (kAvx512Fp16: f16 rows and the FMA logits only).
+bool attend_rows_avx512_with(const KvStore::RowTable& rows, int32_t kv_head, const int32_t* pos,
+                             int64_t count, const float* queries, int32_t group, float scale,
+                             AttentionPart part, AttendLogits logits,
+                             F16Conversion f16 = F16Conversion::kF16c);
+
 // Whether attend_rows, at the kernel level in use, multiplies the values by
 // the softmax weights rounded to bf16: bf16 rows on a CPU with AVX512_BF16,
 // fp8 rows where it also has AVX512_VBMI, groups of at most 8 (the AVX-512

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/attention_amx.h"
 #include "backend/attention_simd.h"
 #include "backend/attention_value_pairs.h"
 #include "base/cpu_dispatch.h"
@@ -36,11 +37,22 @@ constexpr int64_t kB = kAttentionBlockRows;
 // interleaved, a row at a time between the logits).
 constexpr int64_t kPrefetchRows = 64;
 
+// f16 rows converted by VCVTPH2PSX (AVX512_FP16) rather than VCVTPH2PS
+// (AVX512F): a dtype code of these templates alone, for the variant
+// bench_attend_kernels measures (F16Conversion::kAvx512Fp16).
+constexpr int kF16ByAvx512Fp16 = 1000 + PQ_DTYPE_F16;
+
 // Sixteen elements of a row as floats (times 1 / kLoadScale), lanes
 // outside `m` zero.
 template <int Dtype>
 PQ_KERNEL __m512 load16(const uint8_t* p, __mmask16 m) {
-  if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
+  if constexpr (Dtype == kF16ByAvx512Fp16) {
+    // Inline assembly: a target("avx512fp16") attribute on the kernel
+    // templates would let GCC use AVX512_FP16 in every dtype's code.
+    __m512 f;
+    __asm__("vcvtph2psx %1, %0" : "=v"(f) : "v"(_mm256_maskz_loadu_epi16(m, p)));
+    return f;
+  } else if constexpr (Dtype == PQ_DTYPE_FP8_E5M2 || Dtype == PQ_DTYPE_FP8_E4M3) {
     const __m128i bytes = _mm_maskz_loadu_epi8(m, p);
     if constexpr (Dtype == PQ_DTYPE_FP8_E4M3) {
       // Sign-extended, the sign fills bits 8..15: shifted by 7 it lands in
@@ -250,11 +262,12 @@ PQ_ATTEND_TARGET void softmax_block16(float* logits, int64_t rows, int32_t group
 }
 
 // Compiled with avx512bf16 allowed for every dtype (one attribute for a
-// template); only the paths chosen where the CPU has it use it: DpLogits
-// (bf16 rows and queries, logits_rows_dp), DpValues (bf16 rows,
+// template); only the paths chosen where the CPU has it use it: Logits
+// kBf16Dot (bf16 rows and queries, logits_rows_dp) or kAmxBf16 (the same
+// on AMX tiles, attention_amx.h), DpValues (bf16 rows,
 // add_values_pairs_bf16; fp8 rows where the CPU also has VBMI,
 // add_values_pairs).
-template <int Dtype, int G, bool DpLogits, bool DpValues>
+template <int Dtype, int G, AttendLogits Logits, bool DpValues>
 PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t kv_head,
                                              const int32_t* pos, int64_t count,
                                              const float* queries, float scale,
@@ -266,7 +279,8 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
   // instructions, not by memory (see docs/perf.md).
   constexpr int kRows = G <= 4 ? 4 : 2;
   constexpr int kStrips = (G <= 2 || (kElem<Dtype> == 1 && G <= 4)) ? 4 : G <= 4 ? 2 : 1;
-  constexpr bool kDpLogits = DpLogits && Dtype == PQ_DTYPE_BF16;
+  constexpr bool kDpLogits = Logits == AttendLogits::kBf16Dot && Dtype == PQ_DTYPE_BF16;
+  constexpr bool kAmxLogits = Logits == AttendLogits::kAmxBf16 && Dtype == PQ_DTYPE_BF16;
   constexpr bool kDpValues = DpValues && (Dtype == PQ_DTYPE_BF16 || kElem<Dtype> == 1);
   const int32_t d = t.head_dim;
   scale *= kLoadScale<Dtype>;  // exact: a power of two
@@ -274,13 +288,19 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
   alignas(64) float logits[G * kB] = {};
   const uint8_t* keys[kB];
   const uint8_t* values[kB];
-  uint16_t qb[kDpLogits ? G * 256 : 1];  // the queries as bf16 (head_dim <= 256 here)
-  if constexpr (kDpLogits)
+  uint16_t qb[kDpLogits || kAmxLogits ? G * 256 : 1];  // the queries as bf16 (head_dim <= 256 here)
+  if constexpr (kDpLogits || kAmxLogits)
     for (int32_t j = 0; j < G * d; ++j) {
       uint32_t bits;
       std::memcpy(&bits, queries + j, sizeof bits);
       qb[j] = static_cast<uint16_t>(bits >> 16);
     }
+  [[maybe_unused]] AmxLogitsScratch* amx = nullptr;
+  if constexpr (kAmxLogits) {
+    thread_local AmxLogitsScratch scratch;
+    amx = &scratch;
+    amx_logits_begin(qb, G, d, scratch);
+  }
   for (int64_t i = 0; i < std::min(count, kPrefetchRows); ++i) prefetch_row(t, kv_head, pos[i]);
   for (int64_t b = 0; b < count; b += kB) {
     const int64_t rows = std::min(kB, count - b);
@@ -290,6 +310,11 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
     }
     const int64_t ahead = b + kPrefetchRows;
     int64_t i = 0;
+    if constexpr (kAmxLogits) {
+      for (; i < rows; ++i)
+        if (ahead + i < count) prefetch_row(t, kv_head, pos[ahead + i]);
+      amx_logits_block(keys, rows, G, d, scale, logits, *amx);
+    }
     for (; i + kRows <= rows; i += kRows) {
       for (int r = 0; r < kRows; ++r)
         if (ahead + i + r < count) prefetch_row(t, kv_head, pos[ahead + i + r]);
@@ -327,16 +352,17 @@ PQ_ATTEND_TARGET_BF16 void attend_block_rows(const KvStore::RowTable& t, int32_t
       add_values<Dtype, G, kStrips>(values, logits, rows, d, k, part.acc);
     for (; k < d; k += 16) add_values<Dtype, G, 1>(values, logits, rows, d, k, part.acc);
   }
+  if constexpr (kAmxLogits) amx_logits_end();
   if constexpr (kLoadScale<Dtype> != 1.f)
     for (int64_t j = 0; j < int64_t{G} * d; ++j) part.acc[j] *= kLoadScale<Dtype>;
 }
 
-template <int Dtype, bool DpLogits, bool DpValues>
+template <int Dtype, AttendLogits Logits, bool DpValues>
 bool attend_dtype(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos, int64_t count,
                   const float* q, int32_t group, float scale, AttentionPart part) {
   return with_group(group, [&](auto g) {
-    attend_block_rows<Dtype, decltype(g)::value, DpLogits, DpValues>(t, kv_head, pos, count, q,
-                                                                     scale, part);
+    attend_block_rows<Dtype, decltype(g)::value, Logits, DpValues>(t, kv_head, pos, count, q,
+                                                                   scale, part);
   });
 }
 
@@ -358,31 +384,59 @@ bool attend_rounds_weights_to_bf16(int32_t dtype, int32_t group) {
   return dtype == PQ_DTYPE_BF16 || (dtype_is_fp8(dtype) && cpu_has_avx512_vbmi());
 }
 
+bool attend_rows_avx512_with(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
+                             int64_t count, const float* queries, int32_t group, float scale,
+                             AttentionPart part, AttendLogits logits, F16Conversion f16) {
+  constexpr auto kFma = AttendLogits::kFma;
+  if (f16 == F16Conversion::kAvx512Fp16) {
+    if (t.dtype != PQ_DTYPE_F16 || logits != kFma || !cpu_has_avx512_fp16()) return false;
+    return attend_dtype<kF16ByAvx512Fp16, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+  }
+  const bool pairs = attend_rounds_weights_to_bf16(t.dtype, group);
+  if (logits != kFma) {  // bf16 keys and queries only
+    if (t.dtype != PQ_DTYPE_BF16 || !pairs || t.head_dim > 256 ||
+        !queries_are_bf16(queries, int64_t{group} * t.head_dim))
+      return false;
+    if (logits == AttendLogits::kAmxBf16 &&
+        !(cpu_has_amx_bf16() && amx_logits_shape_ok(group, t.head_dim)))
+      return false;
+  }
+  switch (t.dtype) {
+    case PQ_DTYPE_F16:
+      return attend_dtype<PQ_DTYPE_F16, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_BF16:
+      if (!pairs)
+        return attend_dtype<PQ_DTYPE_BF16, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+      if (logits == AttendLogits::kAmxBf16)
+        return attend_dtype<PQ_DTYPE_BF16, AttendLogits::kAmxBf16, true>(t, kv_head, pos, count, queries, group, scale, part);
+      if (logits == AttendLogits::kBf16Dot)
+        return attend_dtype<PQ_DTYPE_BF16, AttendLogits::kBf16Dot, true>(t, kv_head, pos, count, queries, group, scale, part);
+      return attend_dtype<PQ_DTYPE_BF16, kFma, true>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_F32:
+      return attend_dtype<PQ_DTYPE_F32, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E4M3:
+      return pairs
+                 ? attend_dtype<PQ_DTYPE_FP8_E4M3, kFma, true>(t, kv_head, pos, count, queries, group, scale, part)
+                 : attend_dtype<PQ_DTYPE_FP8_E4M3, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+    case PQ_DTYPE_FP8_E5M2:
+      return pairs
+                 ? attend_dtype<PQ_DTYPE_FP8_E5M2, kFma, true>(t, kv_head, pos, count, queries, group, scale, part)
+                 : attend_dtype<PQ_DTYPE_FP8_E5M2, kFma, false>(t, kv_head, pos, count, queries, group, scale, part);
+    default: return false;
+  }
+}
+
 bool attend_rows_avx512(const KvStore::RowTable& t, int32_t kv_head, const int32_t* pos,
                         int64_t count, const float* queries, int32_t group, float scale,
                         AttentionPart part) {
-  const bool pairs = attend_rounds_weights_to_bf16(t.dtype, group);
-  switch (t.dtype) {
-    case PQ_DTYPE_F16:
-      return attend_dtype<PQ_DTYPE_F16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
-    case PQ_DTYPE_BF16:
-      if (!pairs)
-        return attend_dtype<PQ_DTYPE_BF16, false, false>(t, kv_head, pos, count, queries, group, scale, part);
-      if (t.head_dim <= 256 && queries_are_bf16(queries, int64_t{group} * t.head_dim))
-        return attend_dtype<PQ_DTYPE_BF16, true, true>(t, kv_head, pos, count, queries, group, scale, part);
-      return attend_dtype<PQ_DTYPE_BF16, false, true>(t, kv_head, pos, count, queries, group, scale, part);
-    case PQ_DTYPE_F32:
-      return attend_dtype<PQ_DTYPE_F32, false, false>(t, kv_head, pos, count, queries, group, scale, part);
-    case PQ_DTYPE_FP8_E4M3:
-      return pairs
-                 ? attend_dtype<PQ_DTYPE_FP8_E4M3, false, true>(t, kv_head, pos, count, queries, group, scale, part)
-                 : attend_dtype<PQ_DTYPE_FP8_E4M3, false, false>(t, kv_head, pos, count, queries, group, scale, part);
-    case PQ_DTYPE_FP8_E5M2:
-      return pairs
-                 ? attend_dtype<PQ_DTYPE_FP8_E5M2, false, true>(t, kv_head, pos, count, queries, group, scale, part)
-                 : attend_dtype<PQ_DTYPE_FP8_E5M2, false, false>(t, kv_head, pos, count, queries, group, scale, part);
-    default: return false;
-  }
+  // bf16 keys and queries: VDPBF16PS, which measured faster than the FMA
+  // logits in cache (see logits_rows_dp) and than AMX tiles
+  // (attention_amx.h); falls back to the FMA logits where it does not
+  // apply.
+  return attend_rows_avx512_with(t, kv_head, pos, count, queries, group, scale, part,
+                                 AttendLogits::kBf16Dot) ||
+         attend_rows_avx512_with(t, kv_head, pos, count, queries, group, scale, part,
+                                 AttendLogits::kFma);
 }
 
 }  // namespace pq
@@ -393,6 +447,11 @@ namespace pq {
 bool attend_rounds_weights_to_bf16(int32_t, int32_t) { return false; }
 bool attend_rows_avx512(const KvStore::RowTable&, int32_t, const int32_t*, int64_t, const float*,
                         int32_t, float, AttentionPart) {
+  return false;
+}
+bool attend_rows_avx512_with(const KvStore::RowTable&, int32_t, const int32_t*, int64_t,
+                             const float*, int32_t, float, AttentionPart, AttendLogits,
+                             F16Conversion) {
   return false;
 }
 }  // namespace pq

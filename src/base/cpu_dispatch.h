@@ -25,6 +25,8 @@
 // the CPU has; another value is ignored.
 #pragma once
 
+#include <string>
+
 #define PQ_ALWAYS_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PQ_TARGET_AVX2 __attribute__((target("avx2")))
@@ -71,11 +73,31 @@ CpuLevel cpu_level_available();
 bool cpu_has_avx2();
 // Whether the level in use includes F16C.
 bool cpu_has_f16c();
-// Whether the AVX-512 level is in use and the CPU has AVX512_BF16
-// (VDPBF16PS: bf16 pairs multiplied and summed into float32).
+// The AVX-512 extensions some kernels use where the CPU has them. The
+// environment variable PQ_CPU_FEATURES switches them off ("-avx512bf16",
+// "-avx512vbmi", "-avx512fp16", "-amx", separated by commas or spaces; read at a
+// feature's first use; other entries are ignored, as an unknown
+// PQ_CPU_LEVEL is): that is how the tests run the AVX-512 kernels without
+// AVX512_BF16 (as on Skylake-X) on a CPU that has it.
+enum class CpuFeature : int { kAvx512Bf16, kAvx512Vbmi, kAvx512Fp16, kAmxBf16 };
+// "avx512bf16", "avx512vbmi", "avx512fp16", "amx": PQ_CPU_FEATURES's names.
+const char* cpu_feature_name(CpuFeature feature);
+// Empty when the kernels may use `feature` in this process, else why not:
+// the level in use is below avx512, PQ_CPU_FEATURES switched it off, the
+// CPU lacks it, or (AMX) the OS refused its state. Asked once per feature.
+const std::string& cpu_feature_missing(CpuFeature feature);
+
+// Whether the kernels may use AVX512_BF16 (VDPBF16PS: bf16 pairs
+// multiplied and summed into float32).
 bool cpu_has_avx512_bf16();
-// Whether the AVX-512 level is in use and the CPU has AVX512_VBMI (VPERMB,
-// VPERMT2B: byte permutes across a whole register).
+// ... AVX512_VBMI (VPERMB, VPERMT2B: byte permutes across a register).
 bool cpu_has_avx512_vbmi();
+// ... AVX512_FP16 (VCVTPH2PSX; used by no dispatched kernel, see
+// attention.h's F16Conversion).
+bool cpu_has_avx512_fp16();
+// ... AMX-BF16 (TDPBF16PS on tiles of 16 rows x 32 bf16; used by no
+// dispatched kernel, see attention.h's AttendLogits). The first call asks
+// Linux for the tile state.
+bool cpu_has_amx_bf16();
 
 }  // namespace pq

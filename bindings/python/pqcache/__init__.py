@@ -225,8 +225,8 @@ def version() -> str:
 
 def cpu_level() -> str:
     """The CPU kernels the loaded library uses: "avx512+bf16", "avx512",
-    "avx2" or "portable" (the environment variable PQ_CPU_LEVEL lowers it;
-    read once per process)."""
+    "avx2" or "portable" (the environment variable PQ_CPU_LEVEL lowers it,
+    PQ_CPU_FEATURES=-avx512bf16 drops "+bf16"; read once per process)."""
     return _c.pq_cpu_level()
 
 

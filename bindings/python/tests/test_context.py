@@ -27,6 +27,12 @@ def test_cpu_level_names_the_kernels_and_follows_the_environment():
     out = subprocess.run([sys.executable, "-c", "import pqcache; print(pqcache.cpu_level())"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "portable"
+    # PQ_CPU_FEATURES switches AVX512_BF16 off: the report drops "+bf16"
+    # and keeps the level.
+    env = dict(os.environ, PQ_CPU_FEATURES="-avx512bf16")
+    out = subprocess.run([sys.executable, "-c", "import pqcache; print(pqcache.cpu_level())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == pqcache.cpu_level().replace("+bf16", "")
 
 
 def test_config_defaults_and_named_options():
