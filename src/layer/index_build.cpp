@@ -225,11 +225,12 @@ void IndexBuild::report(const ContextShared& shared, const BuildTask::Outcome& o
 
 void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* snapshot,
                       uint64_t seq_id, int32_t layer_index, Counters& seq_counters) {
-  if (snapshot == nullptr || task.cancel.load()) {
+  // A build stopped before its end: counted, and nothing installed.
+  const auto cancelled = [&shared, &seq_counters] {
     shared.counters.builds_cancelled.fetch_add(1);
     seq_counters.builds_cancelled.fetch_add(1);
-    return;
-  }
+  };
+  if (snapshot == nullptr || task.cancel.load()) return cancelled();
   const KeySnapshot& snap = *snapshot;
   const pq_config& config = shared.config;
   const int32_t head_dim = config.head_dim;
@@ -261,11 +262,7 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   const KMeansReport report = train_codebook(config.num_kv_heads, head_dim, snap.tokens(), gather,
                                              params, *shared.pool, &task.cancel, codebook.get());
   index->codebook = std::move(codebook);
-  if (report.cancelled || task.cancel.load()) {
-    shared.counters.builds_cancelled.fetch_add(1);
-    seq_counters.builds_cancelled.fetch_add(1);
-    return;
-  }
+  if (report.cancelled || task.cancel.load()) return cancelled();
   const int32_t m = config.pq_subspaces;
   index->codes.assign(static_cast<size_t>(config.num_kv_heads), CodeColumn(m));
   std::vector<uint8_t*> heads(index->codes.size());
@@ -274,11 +271,7 @@ void IndexBuild::run(ContextShared& shared, BuildTask& task, const KeySnapshot* 
   // and a cancelled build stops within one slice.
   std::vector<uint8_t*> slice_heads(heads.size());
   for (int64_t first = 0; first < snap.tokens(); first += kProgressTokens) {
-    if (task.cancel.load()) {
-      shared.counters.builds_cancelled.fetch_add(1);
-      seq_counters.builds_cancelled.fetch_add(1);
-      return;
-    }
+    if (task.cancel.load()) return cancelled();
     const int64_t count = std::min(kProgressTokens, snap.tokens() - first);
     for (size_t h = 0; h < heads.size(); ++h) slice_heads[h] = heads[h] + first * m;
     index->codebook->encode(head_dim, first, count, gather, shared.pool.get(),
