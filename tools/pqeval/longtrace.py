@@ -107,6 +107,15 @@ def rotary_pairs(t: trace_io.Trace) -> trace_io.Trace:
                           reorder(t.keys), t.values, t.q_first, t.model_layers)
 
 
+def study_trace(source: str, pairs: bool = False) -> trace_io.Trace:
+    """The trace a study's command line names: a .pqtrace file, or a model of
+    TRACES (its long trace, captured on first use). pairs: reordered into
+    rotary pairs (rotary_pairs), as the integration's key_rotary "half" has
+    the library do, for traces captured in the rotate-half layout."""
+    t = capture(source) if source in TRACES else trace_io.read(source)
+    return rotary_pairs(t) if pairs else t
+
+
 def opq_trace(t: trace_io.Trace, fields: Dict, log=print):
     """The trace rotated by OPQ rotations learned for the m x b that `fields`
     resolve to, on the prefill keys after the sinks, and the keys'

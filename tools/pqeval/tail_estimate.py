@@ -221,18 +221,24 @@ def plot(found: Dict[float, Dict[str, replay.Result]], path: str, title: str) ->
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace")
+    ap.add_argument("trace", help="a .pqtrace file, or a model whose long trace "
+                    "pqeval.longtrace captures (smollm2-135m, gemma3-270m)")
+    ap.add_argument("--pairs", action="store_true",
+                    help="reorder each head's dimensions into rotary pairs first, as the "
+                    "integration's key_rotary \"half\" has the library do (traces from "
+                    "transformers are in the rotate-half layout)")
     ap.add_argument("--fractions", default="0.2,0.1,0.05,0.02")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--drop", default="h2o,snapkv",
                     help="drop methods replayed beside (comma-separated selectors; '' for none)")
     ap.add_argument("--plot", help="write a PNG of the error against the budget")
     args = ap.parse_args(argv)
-    t = trace_io.read(args.trace)
+    from pqeval import longtrace
+    t = longtrace.study_trace(args.trace, args.pairs)
     start = time.perf_counter()
     found = study(t, [float(f) for f in args.fractions.split(",")], args.steps)
     add_drop_methods(found, t, [s for s in args.drop.split(",") if s], args.steps)
-    print(f"tail estimate on {args.trace} ({t.model}, {t.tokens} tokens, layers {t.layers}); "
+    print(f"tail estimate on {args.trace}{' in rotary pairs' if args.pairs else ''} ({t.model}, {t.tokens} tokens, layers {t.layers}); "
           f"output error against full attention, mean ± 95% over batch means of "
           f"{replay.BATCH_STEPS} steps; {time.perf_counter() - start:.0f} s\n")
     print("\n".join(table(found)))
