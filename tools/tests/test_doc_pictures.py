@@ -80,6 +80,11 @@ def _pictures() -> Dict[str, Made]:
                                          _evaluate_command("BUDGETS_COMMAND")),
         "docs/quality-tail.png": Made("tools/pqeval/tail_estimate.py", (TRACE_2K,),
                                       _evaluate_command("TAIL_COMMAND")),
+        # Drawn from Gemma-3's trace, captured from the model and not
+        # committed; the same run writes the table beside it.
+        "docs/quality-tail-gemma3.png": Made(
+            "tools/pqeval/evaluate.py", ("docs/quality-data/tail-estimate-gemma3-32k.md",),
+            _evaluate_command("TAIL_GEMMA_COMMAND")),
     }
 
 

@@ -84,6 +84,17 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     lines = []
     evaluate.tail_estimate_section(data, lines)
     assert "is not shown apart from the intervals here" in "\n".join(lines)
+    # Above the oracle's: not met. With a second model's table, the line over
+    # both models names where the aim holds and where not.
+    (data / "tail-estimate-gemma3-32k.md").write_text(
+        "| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n|---|---:|---:|---:|---:|---:|\n"
+        "| 1/50 | 0.2833 ± 0.0393 | 0.1854 ± 0.0149 | 0.18 ± 0.01 | 0.1664 ± 0.0361 | 0.07 ± 0.01 |\n")
+    lines = []
+    evaluate.tail_estimate_section(data, lines)
+    text = "\n".join(lines)
+    assert "### Gemma-3-270M" in text
+    assert "is not met here (the estimate's error is above the oracle's)" in text
+    assert "over both models: does not hold on SmolLM2-135M and Gemma-3-270M." in text
     empty = []
     evaluate.tail_estimate_section(tmp_path / "nothing", empty)
     assert empty == []
@@ -145,3 +156,9 @@ def test_the_tasks_section_pairs_the_rows_and_judges_the_aim(tmp_path):
         r["rows"]["pq-tail@1/10"]["score"] = 0.3
     assert "is not met" in _rendered(evaluate.tail_tasks_section, data, "tail-tasks-4k.jsonl",
                                      records)
+    # Ahead of PQ and within a point on the point estimates, the intervals
+    # wider: met by the point estimates only.
+    for i, r in enumerate(records):
+        r["rows"]["pq-tail@1/10"]["score"] = 0.5 + (0.2 if i % 4 == 0 else -0.2 if i % 4 == 1 else 0)
+    text = _rendered(evaluate.tail_tasks_section, data, "tail-tasks-4k.jsonl", records)
+    assert "is met by the point estimates only (the intervals: [" in text
