@@ -62,36 +62,37 @@ def test_pq_row_is_replay_s_and_the_estimate_lowers_the_error(synthetic):
         lines[2].startswith("| 1/10 |")
 
 
+HEADER = "| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n|---|---:|---:|---:|---:|---:|\n"
+
+
+def _tail_section(data, name: str, rows: str) -> str:
+    """What evaluate.tail_estimate_section writes with `rows` (under HEADER)
+    saved as data/name."""
+    from pqeval import evaluate
+    (data / name).write_text("tail estimate on x\n\n" + HEADER + rows)
+    lines = []
+    evaluate.tail_estimate_section(data, lines)
+    return "\n".join(lines)
+
+
 def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     from pqeval import evaluate
     data = tmp_path / "quality-data"
     data.mkdir()
-    (data / "tail-estimate-2k.md").write_text(
-        "tail estimate on x\n\n| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n"
-        "|---|---:|---:|---:|---:|---:|\n"
+    text = _tail_section(data, "tail-estimate-2k.md",
         "| 1/5 | 0.0332 ± 0.0041 | 0.0171 ± 0.0021 | 0.0149 ± 0.0019 | 0.0220 ± 0.0030 | 0.0078 ± 0.0014 |\n"
         "| 1/50 | 0.1041 ± 0.0126 | 0.0600 ± 0.0074 | 0.0412 ± 0.0054 | 0.0859 ± 0.0107 | 0.0433 ± 0.0070 |\n")
-    lines = []
-    evaluate.tail_estimate_section(data, lines)
-    text = "\n".join(lines)
     assert "| 1/50 | 0.1041 ± 0.0126 |" in text
     assert "At 1/50: PQ's output error 0.1041 without the estimate, 0.0600 with it (pq+est), " \
            "against the oracle's 0.0859" in text and "holds here with the intervals apart" in text
     # Intervals that overlap: the aim is not claimed.
-    (data / "tail-estimate-2k.md").write_text(
-        "| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n|---|---:|---:|---:|---:|---:|\n"
+    text = _tail_section(data, "tail-estimate-2k.md",
         "| 1/50 | 0.1041 ± 0.0126 | 0.0800 ± 0.0074 | 0.0412 ± 0.0054 | 0.0859 ± 0.0107 | 0.04 ± 0.01 |\n")
-    lines = []
-    evaluate.tail_estimate_section(data, lines)
-    assert "is not shown apart from the intervals here" in "\n".join(lines)
+    assert "is not shown apart from the intervals here" in text
     # Above the oracle's: not met. With a second model's table, the line over
     # both models names where the aim holds and where not.
-    (data / "tail-estimate-gemma3-32k.md").write_text(
-        "| budget | pq | pq+est | pq+est(V) | exact | exact+est |\n|---|---:|---:|---:|---:|---:|\n"
+    text = _tail_section(data, "tail-estimate-gemma3-32k.md",
         "| 1/50 | 0.2833 ± 0.0393 | 0.1854 ± 0.0149 | 0.18 ± 0.01 | 0.1664 ± 0.0361 | 0.07 ± 0.01 |\n")
-    lines = []
-    evaluate.tail_estimate_section(data, lines)
-    text = "\n".join(lines)
     assert "### Gemma-3-270M" in text
     assert "is not met here (the estimate's error is above the oracle's)" in text
     assert "over both models: does not hold on SmolLM2-135M and Gemma-3-270M." in text
