@@ -1,4 +1,4 @@
-"""pq_decode_select on the host on three kinds of keys, against the
+"""pq_decode_select on the host on four kinds of keys, against the
 code-bytes floor (issue 43, "select"):
 
   random     Gaussian keys;
@@ -8,6 +8,14 @@ code-bytes floor (issue 43, "select"):
              length: context kv head h's block b of 2K tokens is source
              (h + b) mod 9; for head_dim 128 two sources side by side. Its
              queries: the trace's last query of the matching source.
+  gemma      Gemma-3-270M's keys from its 32K trace (pqeval.longtrace, cached
+             next to the model; the kind is left out, with the reason
+             printed, where it is not): 3 layers x 1 kv head of head_dim
+             256 in rotary pairs, cut into streams of head_dim dimensions
+             (6 at 128, 12 at 64); context kv head h holds stream h mod the
+             streams, its 32,768 tokens in order and repeated to the
+             length, and its queries are the stream's last query (4 query
+             heads, as Gemma's group).
 
 Configurations: "4x8" (head_dim 128, m = 4, b = 8: the default there) and
 "2x8" (head_dim 64, m = 2, b = 8: the default there, the tuple path). One
@@ -51,7 +59,7 @@ from machine import cpu_model
 ROOT = Path(__file__).resolve().parent.parent
 KV, Q, SINK, LOCAL, BLOCK = 8, 32, 4, 128, 2048
 CONFIGS = {"4x8": (128, 4, 8), "2x8": (64, 2, 8)}
-KINDS = ("random", "clustered", "real")
+KINDS = ("random", "clustered", "real", "gemma")
 
 
 
@@ -70,9 +78,42 @@ def real_sources():
     return keys, queries
 
 
+def gemma_trace():
+    """Gemma-3's cached 32K trace in rotary pairs, or None (with why) where it
+    is not cached (pqeval.longtrace.capture makes it; the bench does not
+    run the model)."""
+    from pqeval import longtrace, trace
+    path = longtrace.trace_path("gemma3-270m")
+    if not path.exists():
+        return None, (f"no cached Gemma-3 trace at {path} (cd tools && ../scripts/run-python -c "
+                      "\"from pqeval import longtrace; longtrace.capture('gemma3-270m')\")")
+    return longtrace.rotary_pairs(trace.read(path)), None
+
+
+def gemma_keys(t, n: int, dim: int):
+    """keys [n][KV][dim] and queries [Q][dim] from Gemma's streams (above)."""
+    g = Q // KV
+    streams = []
+    for layer in t.layers:
+        K = np.asarray(t.keys[layer][:, 0], np.float32)           # [tokens][256]
+        last = np.asarray(t.queries[layer][-1], np.float32)        # [4 q heads][256]
+        for c in range(K.shape[1] // dim):
+            streams.append((K[:, c * dim:(c + 1) * dim], last[:, c * dim:(c + 1) * dim]))
+    keys = np.empty((n, KV, dim), np.float32)
+    queries = np.empty((Q, dim), np.float32)
+    for h in range(KV):
+        k, q = streams[h % len(streams)]
+        keys[:, h] = np.concatenate([k] * (n // len(k) + 1))[:n]
+        for j in range(g):
+            queries[h * g + j] = q[j % len(q)]
+    return keys, queries
+
+
 def make_keys(kind: str, n: int, dim: int, rng, sources):
     """keys [n][KV][dim] and queries [Q][dim], float32."""
     g = Q // KV
+    if kind == "gemma":
+        return gemma_keys(sources[2], n, dim)
     if kind == "random":
         return (rng.standard_normal((n, KV, dim), dtype=np.float32),
                 rng.standard_normal((Q, dim), dtype=np.float32))
@@ -81,7 +122,7 @@ def make_keys(kind: str, n: int, dim: int, rng, sources):
         pick = rng.integers(0, 300, size=(n, KV))
         keys = centres[np.arange(KV)[None, :], pick] + 0.05 * rng.standard_normal((n, KV, dim), dtype=np.float32)
         return keys.astype(np.float32), rng.standard_normal((Q, dim), dtype=np.float32)
-    src_keys, src_queries = sources
+    src_keys, src_queries = sources[:2]
     s = len(src_keys)
     parts = dim // src_keys[0].shape[1]
     keys = np.empty((n, KV, dim), np.float32)
@@ -124,7 +165,8 @@ def floor_seconds(nbytes: int, buf, cold: bool) -> float:
 
 def worker(args) -> int:
     import pqcache
-    sources = real_sources()
+    sources = (*real_sources(), gemma_trace()[0])
+    kinds = [k for k in KINDS if k != "gemma" or sources[2] is not None]
     print(json.dumps({"level": pqcache.cpu_level()}), flush=True)
     contexts = {}
     buf = np.ones(max(args.tokens) * KV * 8 // 8 + 8, np.uint64)
@@ -136,7 +178,7 @@ def worker(args) -> int:
             contexts.clear()
             dim, m, bits = CONFIGS[cmd["config"]]
             n = cmd["tokens"]
-            for kind in KINDS:
+            for kind in kinds:
                 rng = np.random.default_rng([n, dim, KINDS.index(kind)])
                 keys, queries = make_keys(kind, n, dim, rng, sources)
                 values = rng.standard_normal((n, KV, dim), dtype=np.float32).astype(np.float16)
@@ -206,6 +248,9 @@ def main() -> int:
         p.stdin.flush()
         return json.loads(p.stdout.readline())
 
+    from pqeval import longtrace
+    if not longtrace.trace_path("gemma3-270m").exists():
+        print(f"gemma keys: SKIPPED, {gemma_trace()[1]}", flush=True)
     print(f"select_keys: {cpu_model()}, {os.cpu_count()} cpus, {args.threads} threads, "
           f"levels {[lv for _, lv in procs.values()]}, libpqcache {pqcache.version()}, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -226,7 +271,8 @@ def main() -> int:
                        "load": round(os.getloadavg()[0], 2),
                        "floor_ms": round(med(lambda r: r["floor"]) * 1e3, 3),
                        "cold_floor_ms": round(med(lambda r: r["floor_cold"]) * 1e3, 3)}
-                for kind in KINDS:
+                kinds = [k for k in KINDS if k in rs[0]]
+                for kind in kinds:
                     row[f"{kind}_ms"] = round(med(lambda r: r[kind]) * 1e3, 3)
                     row[f"{kind}_x_floor"] = round(med(lambda r: r[kind] / r["floor"]), 1)
                     row[f"{kind}_cold_ms"] = round(med(lambda r: r[kind + "_cold"]) * 1e3, 3)
@@ -234,7 +280,7 @@ def main() -> int:
                         med(lambda r: r[kind + "_cold"] / r["floor_cold"]), 1)
                 row["rand/clust"] = round(med(lambda r: r["random"] / r["clustered"]), 2)
                 if level != last:
-                    for kind in KINDS:
+                    for kind in kinds:
                         row[f"{kind}_{level}/{last}"] = round(statistics.median(
                             a[kind] / b[kind] for a, b in zip(rs, rounds[last])), 2)
                 rows.append(row)
