@@ -75,7 +75,12 @@ def _safe(parts):
 
 
 def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = None,
-          layers: Optional[Sequence[int]] = None) -> Dict[float, Dict[str, replay.Result]]:
+          layers: Optional[Sequence[int]] = None,
+          pq_fields: Optional[Dict[str, float]] = None) -> Dict[float, Dict[str, replay.Result]]:
+    """Every variant's output error at each budget. pq_fields: further
+    pq_config fields of the PQ contexts (pq and pq+est read the same index
+    and selection; the oracle is never changed)."""
+    pq_fields = dict(pq_fields or {})
     q_heads, kv_heads, head_dim = t.geometry
     group = q_heads // kv_heads
     window = min(replay.OBSERVATION_WINDOW, t.tokens - t.q_first - 1)
@@ -93,11 +98,11 @@ def study(t: trace_io.Trace, fractions: Sequence[float], steps: Optional[int] = 
             depth = max(t.model_layers, layer + 1)
             opts = dict(topk_fraction=fraction)
             ctx = pqcache.Context(depth, q_heads, kv_heads, head_dim, replay._dtype(K),
-                                  selector="pq", **opts)
+                                  selector="pq", **opts, **pq_fields)
             oracle = pqcache.Context(depth, q_heads, kv_heads, head_dim, replay._dtype(K),
                                      selector="exact", **opts)
             lib = pqcache.Context(depth, q_heads, kv_heads, head_dim, replay._dtype(K),
-                                  selector="pq", tail_estimate="code_means", **opts)
+                                  selector="pq", tail_estimate="code_means", **opts, **pq_fields)
             lrs = {v: replay.LayerResult(layer) for v in VARIANTS}
             try:
                 for c in (ctx, oracle, lib):
@@ -232,13 +237,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--drop", default="h2o,snapkv",
                     help="drop methods replayed beside (comma-separated selectors; '' for none)")
     ap.add_argument("--plot", help="write a PNG of the error against the budget")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a pq_config field of the PQ contexts (pq, pq+est), e.g. --set "
+                    "pq_rerank=1 (repeatable); the oracle and the drop methods keep theirs")
     args = ap.parse_args(argv)
+    pq_fields = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        try:
+            pq_fields[name] = float(value) if "." in value else int(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: expected FIELD=NUMBER")
     from pqeval import longtrace
     t = longtrace.study_trace(args.trace, args.pairs)
     start = time.perf_counter()
-    found = study(t, [float(f) for f in args.fractions.split(",")], args.steps)
+    found = study(t, [float(f) for f in args.fractions.split(",")], args.steps,
+                  pq_fields=pq_fields)
     add_drop_methods(found, t, [s for s in args.drop.split(",") if s], args.steps)
-    print(f"tail estimate on {args.trace}{' in rotary pairs' if args.pairs else ''} ({t.model}, {t.tokens} tokens, layers {t.layers}); "
+    settings = "".join(f", {k} = {v:g} for PQ" for k, v in pq_fields.items())
+    print(f"tail estimate on {args.trace}{' in rotary pairs' if args.pairs else ''}{settings} "
+          f"({t.model}, {t.tokens} tokens, layers {t.layers}); "
           f"output error against full attention, mean ± 95% over batch means of "
           f"{replay.BATCH_STEPS} steps; {time.perf_counter() - start:.0f} s\n")
     print("\n".join(table(found)))

@@ -95,7 +95,15 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
         "| 1/50 | 0.2833 ± 0.0393 | 0.1854 ± 0.0149 | 0.18 ± 0.01 | 0.1664 ± 0.0361 | 0.07 ± 0.01 |\n")
     assert "### Gemma-3-270M" in text
     assert "is not met here (the estimate's error is above the oracle's)" in text
-    assert "over both models: does not hold on SmolLM2-135M and Gemma-3-270M." in text
+    assert ("over both models: holds on the point estimate only on SmolLM2-135M; does not "
+            "hold on Gemma-3-270M.") in text
+    # The re-ranked tables, where written, follow with their own line.
+    assert "With re-ranking" not in text
+    text = _tail_section(data, "tail-estimate-rerank1-gemma3-32k.md",
+        "| 1/50 | 0.2346 ± 0.0382 | 0.1416 ± 0.0142 | 0.13 ± 0.01 | 0.1664 ± 0.0361 | 0.07 ± 0.01 |\n")
+    assert "### With re-ranking (`pq_rerank = 1`)" in text
+    assert ("over both models with re-ranking: holds on the point estimate only on "
+            "Gemma-3-270M; SmolLM2-135M not measured.") in text
     empty = []
     evaluate.tail_estimate_section(tmp_path / "nothing", empty)
     assert empty == []
