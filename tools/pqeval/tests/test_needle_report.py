@@ -39,6 +39,15 @@ def test_the_section_shows_the_study_and_judges_each_row(tmp_path):
     assert "at 1/5 pq-outliers loses 0 of the 2 prompts" in text
     rows = [l for l in lines if l.startswith("| 1/5 |")]
     assert len(rows) == 3 and all(l.count("|") == 8 for l in rows)
+    assert "Issue 44's aim on SmolLM2-135M" in text and "Gemma-3-270M" not in text
+    # A second model's records: a table and a verdict of its own.
+    (tmp_path / "needle-tasks-gemma3-4k.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in RECORDS[:1]))
+    lines = []
+    needle_report.needle_section(tmp_path, lines)
+    text = "\n".join(lines)
+    assert "Gemma-3-270M (1 prompt)" in text and "Issue 44's aim on Gemma-3-270M" in text
+    assert len([l for l in lines if l.startswith("| 1/5 |")]) == 6
 
 
 def test_no_data_no_section(tmp_path):
