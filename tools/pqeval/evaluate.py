@@ -596,8 +596,8 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
     if not found:
         return
     lines += ["", "## The tail estimated from the index (`tail_estimate`, 0.12)", "",
-              "Issue 44's estimate of the tokens a selection leaves out, on the traces of the "
-              "section above and, for Gemma-3, its 32K trace. Each left-out middle token's score from "
+              "Issue 44's estimate of the tokens a selection leaves out, on the trace of the "
+              "section above (SmolLM2) and on Gemma-3's 32K trace. Each left-out middle token's score from "
               "its codes (the lookup-table score the select already computes), exp of it as its "
               "weight, and as its value the mean value of the middle tokens sharing its first "
               "subspace's code (a table of 2^b means per kv head, kept as tokens are coded); "
