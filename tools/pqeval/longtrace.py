@@ -107,6 +107,16 @@ def rotary_pairs(t: trace_io.Trace) -> trace_io.Trace:
                           reorder(t.keys), t.values, t.q_first, t.model_layers)
 
 
+def add_trace_arguments(ap) -> None:
+    """The command-line arguments study_trace reads: the trace and --pairs."""
+    ap.add_argument("trace", help="a .pqtrace file, or a model whose long trace "
+                    "pqeval.longtrace captures (" + ", ".join(TRACES) + ")")
+    ap.add_argument("--pairs", action="store_true",
+                    help="reorder each head's dimensions into rotary pairs first, as the "
+                    "integration's key_rotary \"half\" has the library do (traces from "
+                    "transformers are in the rotate-half layout)")
+
+
 def study_trace(source: str, pairs: bool = False) -> trace_io.Trace:
     """The trace a study's command line names: a .pqtrace file, or a model of
     TRACES (its long trace, captured on first use). pairs: reordered into

@@ -226,12 +226,8 @@ def plot(found: Dict[float, Dict[str, replay.Result]], path: str, title: str) ->
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", help="a .pqtrace file, or a model whose long trace "
-                    "pqeval.longtrace captures (smollm2-135m, gemma3-270m)")
-    ap.add_argument("--pairs", action="store_true",
-                    help="reorder each head's dimensions into rotary pairs first, as the "
-                    "integration's key_rotary \"half\" has the library do (traces from "
-                    "transformers are in the rotate-half layout)")
+    from pqeval import longtrace
+    longtrace.add_trace_arguments(ap)
     ap.add_argument("--fractions", default="0.2,0.1,0.05,0.02")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--drop", default="h2o,snapkv",
@@ -248,7 +244,6 @@ def main(argv: Optional[List[str]] = None) -> None:
             pq_fields[name] = float(value) if "." in value else int(value)
         except ValueError:
             ap.error(f"--set {item!r}: expected FIELD=NUMBER")
-    from pqeval import longtrace
     t = longtrace.study_trace(args.trace, args.pairs)
     start = time.perf_counter()
     found = study(t, [float(f) for f in args.fractions.split(",")], args.steps,

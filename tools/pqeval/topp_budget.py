@@ -166,15 +166,10 @@ def table(cases: Sequence[Case], share: float = 0.1, target: float = 0.2,
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", help="a .pqtrace file, or a model whose long trace "
-                    "pqeval.longtrace captures (smollm2-135m, gemma3-270m)")
-    ap.add_argument("--pairs", action="store_true",
-                    help="reorder each head's dimensions into rotary pairs first, as the "
-                    "integration's key_rotary \"half\" has the library do (traces from "
-                    "transformers are in the rotate-half layout)")
+    from pqeval import longtrace
+    longtrace.add_trace_arguments(ap)
     ap.add_argument("--stride", type=int, default=8, help="every stride-th decode step")
     args = ap.parse_args(argv)
-    from pqeval import longtrace
     t = longtrace.study_trace(args.trace, args.pairs)
     cases = trace_cases(t, args.stride)
     print(f"trace {args.trace}{' in rotary pairs' if args.pairs else ''}: {t.model}, {t.tokens} tokens, layers {list(t.layers)}, "
