@@ -52,11 +52,15 @@ RECLUSTER = {"smollm2-135m": [2048, 4096], "gemma3-270m": [2048, 8192, 16384]}
 AIM_LENGTHS = {"smollm2-135m": 8192, "gemma3-270m": 32768}
 
 
-def load_records(data: Path) -> List[dict]:
-    path = data / "longctx.jsonl"
+def read_jsonl(path: Path) -> List[dict]:
+    """The records of a .jsonl file, none where it does not exist."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_records(data: Path) -> List[dict]:
+    return read_jsonl(data / "longctx.jsonl")
 
 
 PARTS = ("tasks", "ppl", "traces")
@@ -660,17 +664,11 @@ def tail_tasks_command(model: str, name: str, seeds: int) -> str:
             f"--fractions 0.1 --out ../docs/quality-data/{name}")
 
 
-def _records(path: Path) -> List[Dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def tail_perplexity_section(data: Path, lines: List[str]) -> None:
     """Issue 44's perplexity aim (at 1/20 within 0.5% of full attention)
     for PQ with and without the tail estimate, from each model's file of
     TAIL_MODELS as pqeval.longctx wrote it."""
-    found = [(display, model, name, _records(data / name))
+    found = [(display, model, name, read_jsonl(data / name))
              for display, model, name, _ in TAIL_MODELS]
     found = [f for f in found if f[3]]
     if not found:
@@ -705,7 +703,7 @@ def tail_tasks_section(data: Path, lines: List[str]) -> None:
     """Issue 44's aggregation aim (common and frequent words at 1/10: within
     1 point of full attention and ahead of PQ without the estimate), from
     each model's file of TAIL_MODELS as pqeval.longctx wrote it."""
-    found = [(display, model, name, _records(data / name))
+    found = [(display, model, name, read_jsonl(data / name))
              for display, model, _, name in TAIL_MODELS]
     found = [f for f in found if f[3]]
     if not found:
