@@ -92,11 +92,11 @@ extern "C" {
 /* The ABI major is the SONAME (libpqcache.so.<PQ_VERSION_MAJOR>). A change
  * that breaks binary compatibility bumps it. */
 #define PQ_VERSION_MAJOR 0
-#define PQ_VERSION_MINOR 14
+#define PQ_VERSION_MINOR 15
 #define PQ_VERSION_PATCH 0
 #define PQ_VERSION_NUMBER \
   (PQ_VERSION_MAJOR * 10000 + PQ_VERSION_MINOR * 100 + PQ_VERSION_PATCH)
-#define PQ_VERSION_STRING "0.14.0"
+#define PQ_VERSION_STRING "0.15.0"
 
 /* The version of the library loaded at run time, as PQ_VERSION_NUMBER.
  * Thread-safe. */
@@ -769,6 +769,32 @@ typedef struct pq_config {
    * selector other than PQ_SELECTOR_PQ, or PQ_KV_TIER_CALLER (no keys to
    * score), with a share above 0 is PQ_ERR_INVALID_ARGUMENT. */
   float pq_outliers;
+
+  /* --- Top-p budgets (appended in 0.15; issue 44) ---------------------- */
+  /* Budgets that adapt per kv head and step (Twilight's top-p): of the k
+   * best-scored middle tokens, a kv head keeps the fewest whose estimated
+   * attention mass reaches this share of the middle's estimated mass; k
+   * (topk_tokens or topk_fraction) becomes the ceiling, and the counts of
+   * a selection's kv heads differ (pq_selection.counts). A token's
+   * estimated mass is its share of the middle under PQ_GQA_SUM_SOFTMAX:
+   * the softmax over the middle of the selector's scores (PQ's codes, the
+   * exact keys, SparQ's approximation), averaged over the GQA group. In
+   * [0, 1]; 0 (default) turns it off, 1 keeps all k. Why off by default
+   * (docs/quality.md, "Top-p budgets"): at the average count of a 1/10
+   * budget, top-p on PQ's scores held +0.014 of the middle's exact mass on
+   * SmolLM2 and -0.018 on Gemma-3 against the fixed budget. Serves
+   * PQ_SELECTOR_PQ, PQ_SELECTOR_EXACT and PQ_SELECTOR_SPARQ with
+   * PQ_GQA_SUM_SOFTMAX and pq_rerank 0 (re-ranking normalises over its
+   * candidates, not the middle); a share above 0 otherwise is
+   * PQ_ERR_INVALID_ARGUMENT. The host selects: pq_decode_select_device is
+   * PQ_ERR_UNSUPPORTED with it, and the CUDA backend's host-call
+   * selection runs on the host. */
+  float top_p;
+  /* The fewest middle tokens a kv head keeps under top_p, as a share of the
+   * middle: ceil(share x middle), at most k. In [0, 1]; default 0.02 (of
+   * the floors measured, 0 and 0.02, the one that held more mass on both
+   * models). Read only when top_p is above 0. */
+  float top_p_floor;
 } pq_config;
 
 /* Where the K/V rows of every layer live (pq_config.kv_tier). */

@@ -91,6 +91,8 @@
   X(pq_config, kv_scales) \
   X(pq_config, tail_estimate) \
   X(pq_config, pq_outliers) \
+  X(pq_config, top_p) \
+  X(pq_config, top_p_floor) \
   X(pq_paged_keys, pool) \
   X(pq_paged_keys, slots) \
   X(pq_paged_keys, block_table) \

@@ -250,6 +250,16 @@ type Config struct {
 	// exact q.k instead of their codes; in [0, 0.25], 0 (default) off. PQ
 	// selector only, not with KVTierCaller. (0.13)
 	PQOutliers float32
+
+	// TopP: budgets per kv head and step; of the k best-scored middle
+	// tokens a head keeps the fewest whose estimated attention mass reaches
+	// this share of the middle's (k becomes the ceiling). In [0, 1], 0
+	// (default) off. SelectorPQ, SelectorExact or SelectorSparQ with
+	// GQASumSoftmax and no PQRerank. (0.15)
+	TopP float32
+	// TopPFloor: the fewest middle tokens a head keeps under TopP, as a
+	// share of the middle; in [0, 1], default 0.02. (0.15)
+	TopPFloor float32
 }
 
 // DefaultConfig returns the library's defaults (pq_config_default); the
@@ -338,6 +348,8 @@ func configFromC(cc pqswig.Pq_config) Config {
 
 		TailEstimate: TailEstimate(cc.GetTail_estimate()),
 		PQOutliers:   cc.GetPq_outliers(),
+		TopP:         cc.GetTop_p(),
+		TopPFloor:    cc.GetTop_p_floor(),
 	}
 }
 
@@ -427,6 +439,8 @@ func (c *Config) toC() (pqswig.Pq_config, error) {
 	cc.SetKv_scale_count(i32("kv_scale_count", c.KVScaleCount))
 	cc.SetTail_estimate(int(c.TailEstimate))
 	cc.SetPq_outliers(c.PQOutliers)
+	cc.SetTop_p(c.TopP)
+	cc.SetTop_p_floor(c.TopPFloor)
 
 	if bad != nil {
 		pqswig.DeletePq_config(cc)

@@ -40,6 +40,35 @@ func refConfig() Config {
 
 // refValue is value(stream, i) of reference_cycle.c: 32-bit unsigned
 // arithmetic, exact in float32.
+// refSelectOnce opens a context of c, prefills layer 0 of sequence 1 with
+// `tokens` tokens (streams seed and seed+1 for K and V) and selects once
+// with a query from stream seed+2. The caller closes the context.
+func refSelectOnce(t *testing.T, c Config, tokens int, seed uint32) (*Context, *Selection) {
+	t.Helper()
+	kv := tokens * refKVHeads * refHeadDim
+	keys := TensorF32(refGenerate(seed, kv), tokens, refKVHeads, refHeadDim)
+	values := TensorF32(refGenerate(seed+1, kv), tokens, refKVHeads, refHeadDim)
+	query := TensorF32(refGenerate(seed+2, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
+	ctx, err := NewContext(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.AddSequence(1); err != nil {
+		ctx.Close()
+		t.Fatal(err)
+	}
+	if err := ctx.PrefillLayer(1, 0, keys, values); err != nil {
+		ctx.Close()
+		t.Fatal(err)
+	}
+	sel, err := ctx.DecodeSelect(1, 0, query)
+	if err != nil {
+		ctx.Close()
+		t.Fatal(err)
+	}
+	return ctx, sel
+}
+
 func refValue(stream, i uint32) float32 {
 	h := i*2654435761 + stream*97531
 	h ^= h >> 15

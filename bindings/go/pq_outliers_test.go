@@ -9,32 +9,14 @@ import (
 // scored by their exact q.k, so the selection of the same tokens and query
 // changes; the share round-trips through Config; it needs SelectorPQ.
 func TestPQOutliersScoreTheWorstCodedKeysExactly(t *testing.T) {
-	const tokens = 300
-	kv := tokens * refKVHeads * refHeadDim
-	keys := TensorF32(refGenerate(61, kv), tokens, refKVHeads, refHeadDim)
-	values := TensorF32(refGenerate(62, kv), tokens, refKVHeads, refHeadDim)
-	query := TensorF32(refGenerate(63, refQHeads*refHeadDim), 1, refQHeads, refHeadDim)
 	var rows [2][][]int32
 	for i, share := range []float32{0, 0.05} {
 		c := refConfig()
 		c.PQOutliers = share
-		ctx, err := NewContext(c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx, sel := refSelectOnce(t, c, 300, 61)
 		defer ctx.Close()
 		if got := ctx.Config().PQOutliers; got != share {
 			t.Fatalf("Config().PQOutliers = %g, want %g", got, share)
-		}
-		if err := ctx.AddSequence(1); err != nil {
-			t.Fatal(err)
-		}
-		if err := ctx.PrefillLayer(1, 0, keys, values); err != nil {
-			t.Fatal(err)
-		}
-		sel, err := ctx.DecodeSelect(1, 0, query)
-		if err != nil {
-			t.Fatal(err)
 		}
 		for h := 0; h < refKVHeads; h++ {
 			rows[i] = append(rows[i], append([]int32(nil), sel.Head(h)...))

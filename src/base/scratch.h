@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace pq {
@@ -31,6 +32,12 @@ struct SelectScratch {
   // scores, and the outliers' exact logits [group][outliers].
   std::vector<double> log_norms;
   std::vector<float> outlier_logits;
+  // config.top_p (base/top_p.h): the k best, each its order key (score,
+  // then position) and its mass; the mass of each bucket of keys; the
+  // bucket that crosses the goal.
+  std::vector<std::pair<uint64_t, double>> ranked;
+  std::vector<double> bucket_mass;
+  std::vector<std::pair<uint64_t, double>> crossing;
 };
 
 class ScratchPool {

@@ -136,6 +136,26 @@ static void check_index_only(pq_config& c) {
             "(use 0)");
 }
 
+// config.top_p reads each token's share of the middle's estimated mass: a
+// softmax over the middle of scores that estimate q.k.
+static void check_top_p(const pq_config& c) {
+  const std::string top_p = "config.top_p is " + number_text(c.top_p);
+  if (c.selector != PQ_SELECTOR_PQ && c.selector != PQ_SELECTOR_EXACT &&
+      c.selector != PQ_SELECTOR_SPARQ)
+    invalid(top_p + " and config.selector is " + selector_value_name(c.selector) +
+            "; top-p budgets read estimates of q.k, which PQ_SELECTOR_PQ, PQ_SELECTOR_EXACT and "
+            "PQ_SELECTOR_SPARQ score (use 0)");
+  if (c.gqa_combine != PQ_GQA_SUM_SOFTMAX)
+    invalid(top_p + " and config.gqa_combine is " +
+            std::string(c.gqa_combine == PQ_GQA_MAX ? "PQ_GQA_MAX" : "PQ_GQA_MEAN") +
+            "; top-p reads the combined scores as attention masses, which PQ_GQA_SUM_SOFTMAX "
+            "gives");
+  if (c.pq_rerank > 0.f && c.selector == PQ_SELECTOR_PQ)
+    invalid(top_p + " and config.pq_rerank is " + number_text(c.pq_rerank) +
+            "; re-ranking normalises over its candidates, not the middle whose mass top-p "
+            "shares out (use one of them)");
+}
+
 pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
   if (in == nullptr) invalid("config is NULL");
   const uint32_t min_size = offsetof(pq_config, pq_subspaces);
@@ -208,6 +228,7 @@ pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
     invalid("config.pq_outliers is " + number_text(c.pq_outliers) + " and config.selector is " +
             selector_value_name(c.selector) +
             "; outliers are found by the PQ index, which only PQ_SELECTOR_PQ builds (use 0)");
+  if (c.top_p > 0.f) check_top_p(c);
   if (c.kv_head_offset > (1 << 16) - c.num_kv_heads)
     invalid("config.kv_head_offset " + str(c.kv_head_offset) + " + num_kv_heads " +
             str(c.num_kv_heads) + " passes 65536, the most kv heads a model may have");

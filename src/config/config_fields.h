@@ -75,4 +75,6 @@
   FREE(kv_scale_count, 0)                                                    \
   FREE(kv_scales, nullptr)                                                   \
   ENUM(tail_estimate, PQ_TAIL_NONE, kTailEstimateNames)                      \
-  REAL(pq_outliers, 0.0f, 0.0, kMaxOutlierShare, false)
+  REAL(pq_outliers, 0.0f, 0.0, kMaxOutlierShare, false)                     \
+  REAL(top_p, 0.0f, 0.0, 1.0, false)                                         \
+  REAL(top_p_floor, 0.02f, 0.0, 1.0, false)

@@ -22,7 +22,8 @@ uint64_t Selector::score(const SelectionRequest&, float*) const {
 
 bool Selector::select_without_scoring(const SelectionRequest& r, int32_t* out) {
   const int64_t m = r.middle();
-  if (r.k() != 0 && r.k() != m) return false;
+  // With config.top_p, a k of the whole middle is a ceiling: still scored.
+  if (r.k() != 0 && (r.k() != m || r.config().top_p > 0.f)) return false;
   for (int64_t i = 0; i < r.k(); ++i) out[i] = static_cast<int32_t>(r.mid_begin() + i);
   return true;
 }
@@ -54,7 +55,7 @@ void Selector::select_from_raw(const SelectionRequest& r, const float* raw, int3
   std::vector<float>& combined = r.scratch.combined;
   combined.resize(static_cast<size_t>(m));
   combine_group_scores(raw, r.group_size(), m, r.combine(), r.scale(), combined.data(), r.scratch);
-  select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
+  r.select_best(combined.data(), out);
 }
 
 }  // namespace pq

@@ -84,10 +84,10 @@ class PqSelector final : public Selector, public BatchSelection {
                      std::vector<uint64_t>& bytes) const override {
     bytes.assign(requests.size(), 0);
     // Re-ranking goes request by request (one device call each, then the
-    // host's exact scores), and so do outliers (host only): the batch shares
-    // one configuration.
+    // host's exact scores), and so do outliers and top-p (host only): the
+    // batch shares one configuration.
     if (!requests.empty() && (requests.front()->context.config.pq_rerank > 0.f ||
-                              scores_outliers(*requests.front()))) {
+                              host_only(*requests.front()))) {
       for (size_t i = 0; i < requests.size(); ++i) bytes[i] = select_layer(*requests[i], outs[i]);
       return;
     }
@@ -115,9 +115,17 @@ class PqSelector final : public Selector, public BatchSelection {
   }
 
  private:
-  static bool trivial(const LayerSelection& r) { return r.k == 0 || r.k >= r.middle.size(); }
+  // Nothing to score: no budget, or every middle token (unless top-p
+  // chooses fewer).
+  static bool trivial(const LayerSelection& r) {
+    return r.k == 0 || (r.k >= r.middle.size() && !adapts_budget(r));
+  }
   // config.pq_outliers: exact scores for the outliers, on the host only.
   static bool scores_outliers(const LayerSelection& r) { return r.context.config.pq_outliers > 0.f; }
+  // config.top_p: budgets per head from the scores, on the host only.
+  static bool adapts_budget(const LayerSelection& r) { return r.context.config.top_p > 0.f; }
+  // Whether the device selections serve the configuration.
+  static bool host_only(const LayerSelection& r) { return scores_outliers(r) || adapts_budget(r); }
 
   // The candidates per kv head the codes pick (pq/rerank.h).
   static int64_t candidates(const LayerSelection& r) {
@@ -129,7 +137,7 @@ class PqSelector final : public Selector, public BatchSelection {
   uint64_t pick(const LayerSelection& r, int32_t* out) const {
     std::vector<float> luts = layer_luts(r);
     const DeviceKernels* device = r.backend.device_kernels();
-    if (device != nullptr && !scores_outliers(r) &&
+    if (device != nullptr && !host_only(r) &&
         device->pq_select_layer(r.pq_args(luts.data()), out))
       return bytes_read(r);
     return scan_layer_on_host(r, luts, out);
@@ -204,8 +212,9 @@ class PqSelector final : public Selector, public BatchSelection {
     const OutlierSpan outliers =
         outliers_between(*r.index(), r.kv_head, r.mid_begin(), r.mid_end());
     // Few possible code tuples (m * b <= 16): score the tuples, not the
-    // tokens (pq_tuple_select.h); it has no per-token score for an outlier.
-    if (outliers.count == 0 &&
+    // tokens (pq_tuple_select.h); it has no per-token score for an outlier,
+    // nor the scores top-p reads.
+    if (outliers.count == 0 && !adapts_budget(r.layer) &&
         pq_tuple_select_pays(codes, cb.subspaces, cb.centroids, r.mid_begin(), m, r.scratch)) {
       TupleCountTable table;
       const auto& kept = r.index()->tuple_counts;
@@ -225,7 +234,7 @@ class PqSelector final : public Selector, public BatchSelection {
                               r.scale(), combined.data(), r.scratch,
                               outliers.count > 0 ? norms.data() : nullptr)) {
         if (outliers.count > 0) bytes += score_outliers(r, outliers, norms.data(), combined.data());
-        select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
+        r.select_best(combined.data(), out);
         return bytes;
       }
     }
@@ -244,7 +253,7 @@ class PqSelector final : public Selector, public BatchSelection {
                          r.scratch);
     bytes += score_outliers(r, outliers, normalised ? r.scratch.log_norms.data() : nullptr,
                             combined.data());
-    select_top_k(combined.data(), m, r.k(), r.mid_begin(), out, r.scratch);
+    r.select_best(combined.data(), out);
     return bytes;
   }
 

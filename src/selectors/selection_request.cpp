@@ -1,8 +1,11 @@
 #include "selectors/selection_request.h"
 
+#include <cmath>
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/top_p.h"
+#include "base/topk.h"
 #include "base/thread_pool.h"
 #include "base/vector_math.h"
 #include "backend/device_kernels.h"
@@ -51,6 +54,21 @@ uint64_t SelectionRequest::exact_logits(const int32_t* positions, int64_t first,
             dot(queries() + static_cast<size_t>(g) * dim, keys.data() + i * dim, dim);
   }
   return static_cast<uint64_t>(count) * store().row_bytes();
+}
+
+void SelectionRequest::select_best(const float* combined, int32_t* out) const {
+  const pq_config& c = config();
+  if (c.top_p <= 0.f) {
+    select_top_k(combined, middle(), k(), mid_begin(), out, scratch);
+    return;
+  }
+  // The config allows top_p with PQ_GQA_SUM_SOFTMAX only: a group's
+  // combined scores are sums of softmaxes, a single head's its logits.
+  const ScoreMass kind = group_size() > 1 ? ScoreMass::kMassSums : ScoreMass::kLogits;
+  const auto floor = static_cast<int64_t>(std::ceil(static_cast<double>(c.top_p_floor) *
+                                                    static_cast<double>(middle())));
+  layer.head_counts[kv_head] = static_cast<int32_t>(
+      select_top_p(combined, middle(), k(), mid_begin(), kind, c.top_p, floor, out, scratch));
 }
 
 }  // namespace pq

@@ -83,6 +83,12 @@ struct SelectionRequest {
   // [group][count]; returns the key bytes read. The oracle's scores and
   // PQ's re-ranking both come from here.
   uint64_t exact_logits(const int32_t* positions, int64_t first, int64_t count, float* raw) const;
+
+  // The choice from the combined scores of the middle (combined[i] for
+  // token mid_begin + i), into out, ascending: the top k; with
+  // config.top_p, the fewest of them whose estimated mass reaches that
+  // share of the middle's, their count in layer.head_counts[kv_head].
+  void select_best(const float* combined, int32_t* out) const;
 };
 
 }  // namespace pq

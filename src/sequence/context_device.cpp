@@ -79,6 +79,10 @@ pq_tensor Context::device_select_checks(const pq_tensor* query_arg, const pq_sel
          "pq_decode_select_device: config.pq_outliers is " + number_text(c.pq_outliers) +
              "; outliers are scored exactly on the host (use pq_decode_select, or set "
              "pq_outliers to 0)");
+  if (c.top_p > 0.f)
+    fail(PQ_ERR_UNSUPPORTED, "pq_decode_select_device: config.top_p is " + number_text(c.top_p) +
+                                 "; top-p budgets are chosen on the host (use pq_decode_select, "
+                                 "or set top_p to 0)");
   return query;
 }
 

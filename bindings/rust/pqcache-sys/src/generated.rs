@@ -5,10 +5,10 @@
 use crate::{pq_context, pq_pool}; // the opaque handles, declared by hand in lib.rs
 
 pub const PQ_VERSION_MAJOR: i32 = 0;
-pub const PQ_VERSION_MINOR: i32 = 14;
+pub const PQ_VERSION_MINOR: i32 = 15;
 pub const PQ_VERSION_PATCH: i32 = 0;
-pub const PQ_VERSION_NUMBER: i32 = 1400;
-pub const PQ_VERSION_STRING: &[u8; 7usize] = b"0.14.0\0";
+pub const PQ_VERSION_NUMBER: i32 = 1500;
+pub const PQ_VERSION_STRING: &[u8; 7usize] = b"0.15.0\0";
 pub const PQ_SELECTOR_COUNT: i32 = 19;
 pub const PQ_OK: pq_status = 0;
 pub const PQ_ERR_INVALID_ARGUMENT: pq_status = -1;
@@ -157,6 +157,8 @@ pub struct pq_config {
     pub kv_scales: *const f32,
     pub tail_estimate: i32,
     pub pq_outliers: f32,
+    pub top_p: f32,
+    pub top_p_floor: f32,
 }
 }
 pub const PQ_KV_TIER_HOST: pq_kv_tier = 0;

@@ -405,6 +405,15 @@ impl Config {
         /// residuals, scored by their exact q.k (0: off, the default; at
         /// most 0.25; added in 0.13).
         pq_outliers: f32;
+        /// Budgets per kv head and step: of the k best-scored middle
+        /// tokens, the fewest whose estimated attention mass reaches this
+        /// share of the middle's (0: off, the default; at most 1; added in
+        /// 0.15). PQ, Exact or SparQ with the sum-of-softmaxes combine and
+        /// no re-ranking.
+        top_p: f32;
+        /// The fewest middle tokens a kv head keeps under top_p, as a
+        /// share of the middle (default 0.02; added in 0.15).
+        top_p_floor: f32;
     }
 }
 

@@ -409,6 +409,26 @@ public final class Config {
       return set(c -> c.setPq_outliers(share));
     }
 
+    /**
+     * Budgets per kv head and step: of the k best-scored middle tokens a
+     * head keeps the fewest whose estimated attention mass reaches this
+     * share of the middle's (k becomes the ceiling); in [0, 1], 0 (default)
+     * = off. Needs {@link Selector#PQ}, {@link Selector#EXACT} or
+     * {@link Selector#SPARQ} with the sum-of-softmaxes combine and no
+     * re-ranking.
+     */
+    public Builder topP(float share) {
+      return set(c -> c.setTop_p(share));
+    }
+
+    /**
+     * The fewest middle tokens a kv head keeps under {@link #topP}, as a
+     * share of the middle; in [0, 1], default 0.02.
+     */
+    public Builder topPFloor(float share) {
+      return set(c -> c.setTop_p_floor(share));
+    }
+
     /** The configuration; the builder can be reused. */
     public Config build() {
       return new Config(settings);
