@@ -58,3 +58,19 @@ def test_the_report_section_judges_the_target(tmp_path):
     lines = []
     topp_budget.report_section(tmp_path / "missing", lines)
     assert lines == []
+
+
+def test_the_library_row_decides_the_verdict(tmp_path):
+    # The library's run is asked for at the modelled p of the largest floor.
+    asked = []
+    rows = topp_budget.table(cases(), library=lambda p, floor, ceiling: (
+        asked.append((p, floor, ceiling)) or (0.1, 0.9999)))
+    assert len(rows) == 2 + 4 + 5 + 1
+    assert len(asked) == 1 and asked[0][1:] == (0.02, 0.5)
+    assert any(topp_budget.LIBRARY in r and f"p = {asked[0][0]:.3f}" in r for r in rows)
+    (tmp_path / "topp-budget-2k.md").write_text("header\n\n" + "\n".join(rows) + "\n")
+    lines = []
+    topp_budget.report_section(tmp_path, lines)
+    text = "\n".join(lines)
+    assert "mode at the modelled p keeps 0.9999" in text
+    assert "is met here" in text  # 0.9999 reaches any fixed 1/5 mass
