@@ -1,7 +1,9 @@
 """tail_estimate="code_means" (pq_tail_estimate, 0.12) through the binding:
 Context.attend merges the selected rows with an estimate of the middle
 tokens the selection leaves out, which equals the estimate written out here
-in numpy from the index's own codes and centroids."""
+in numpy from the index's own codes and centroids; it is the tail's exact
+attention when the index holds the tail exactly (each group one key and one
+value), and within a bound set by the code scores' error otherwise."""
 import numpy as np
 import pytest
 
@@ -94,3 +96,76 @@ def test_the_estimate_needs_the_pq_selector():
     with pytest.raises(pqcache.PQError, match="tail_estimate") as e:
         make(selector="exact")
     assert e.value.status_name == "PQ_ERR_INVALID_ARGUMENT" and "PQ_SELECTOR_PQ" in str(e.value)
+
+
+def attention(logits, rows):
+    """Softmax attention in float64: (output, log-sum-exp)."""
+    top = logits.max()
+    w = np.exp(logits - top)
+    return w @ rows / w.sum(), top + np.log(w.sum())
+
+
+def test_an_index_that_holds_the_tail_exactly_estimates_it_exactly():
+    """Every token one of six (key, value) pairs: K-Means with 16 centroids
+    puts one on each, so each group (first code) holds one key and one value
+    and the estimate of the tail is the tail's exact attention: the tail
+    alone matches attention over the left-out tokens, and attend with it
+    matches attention over every token."""
+    rng = np.random.default_rng(7)
+    pair_keys = rng.standard_normal((6, KV, DIM)).astype(np.float32)
+    pair_values = rng.standard_normal((6, KV, DIM)).astype(np.float32)
+    which = rng.integers(0, 6, N)
+    keys, values = pair_keys[which], pair_values[which]
+    query = rng.standard_normal((Q, DIM)).astype(np.float32)
+    group, mid_end, scale = Q // KV, N - LOCAL, 1.0 / np.sqrt(DIM)
+    with prefilled(keys, values) as ctx:
+        sel = ctx.select(0, 0, query)
+        whole, whole_lse = ctx.attend(0, 0, query, sel)
+        tail, tail_lse = ctx.tail(0, 0, query, sel)
+        for h, chosen in enumerate(sel.heads()):
+            left_out = np.setdiff1d(np.arange(SINK, mid_end), chosen)
+            assert left_out.size > 0
+            for g in range(h * group, (h + 1) * group):
+                q = query[g].astype(np.float64)
+                k, v = keys[:, h].astype(np.float64), values[:, h].astype(np.float64)
+                want, want_lse = attention(k[left_out] @ q * scale, v[left_out])
+                np.testing.assert_allclose(tail[g], want, rtol=1e-5, atol=1e-5)
+                assert abs(tail_lse[g] - want_lse) < 1e-5
+                want, want_lse = attention(k @ q * scale, v)  # every token
+                np.testing.assert_allclose(whole[g], want, rtol=1e-5, atol=1e-5)
+                assert abs(whole_lse[g] - want_lse) < 1e-5
+
+
+def test_the_tails_error_is_bounded_by_its_code_scores():
+    """On random keys: with d the largest |code score - exact logit| of a
+    query head's left-out tokens (scaled), the tail's log-sum-exp is within
+    d of the exact one over those tokens, and its output within
+    (e^(2d) - 1) max|group mean| + max|group mean - value| of theirs, per
+    dimension (each weight moves by at most e^(2d), each value to its
+    group's mean)."""
+    keys, values, query = data(11)
+    group, sub, mid_end, scale = Q // KV, DIM // M, N - LOCAL, 1.0 / np.sqrt(DIM)
+    with prefilled(keys, values) as ctx:
+        sel = ctx.select(0, 0, query)
+        tail, tail_lse = ctx.tail(0, 0, query, sel)
+        for h, chosen in enumerate(sel.heads()):
+            left_out = np.setdiff1d(np.arange(SINK, mid_end), chosen)
+            codes = ctx.codes(0, 0, h, SINK, mid_end - SINK).astype(np.int64)
+            cent = ctx.centroids(0, 0, h).astype(np.float64)
+            first = codes[:, 0]
+            v = values[SINK:mid_end, h].astype(np.float64)
+            means = np.zeros((1 << BITS, DIM))
+            np.add.at(means, first, v)
+            means /= np.maximum(np.bincount(first, minlength=1 << BITS), 1)[:, None]
+            i = left_out - SINK
+            for g in range(h * group, (h + 1) * group):
+                q = query[g].astype(np.float64)
+                exact = keys[left_out, h].astype(np.float64) @ q * scale
+                code = sum(cent[j][codes[i, j]] @ q[j * sub:(j + 1) * sub] for j in range(M)) * scale
+                d = np.abs(code - exact).max()
+                assert d > 0.01  # the codes are not the keys: the bound is tested
+                want, want_lse = attention(exact, v[i])
+                assert abs(tail_lse[g] - want_lse) <= d + 1e-5
+                bound = (np.expm1(2 * d) * np.abs(means[first[i]]).max(axis=0)
+                         + np.abs(means[first[i]] - v[i]).max(axis=0))
+                assert (np.abs(tail[g] - want) <= bound + 1e-5).all()
