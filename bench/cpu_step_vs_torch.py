@@ -11,6 +11,11 @@ round (medians and same-round ratios; only ratios travel between machines):
   lib_outliers   the same in a context with pq_outliers=0.01 (issue 44: the
                  1% of keys with the largest quantization residuals scored
                  exactly); lib_outliers/lib is its cost;
+  lib_top_p      the same in a context with top_p=0.999 (0.15, issue 44's
+                 top-p budgets): on these random keys every kv head reaches
+                 its ceiling k, so the rows are lib's and lib_top_p/lib is
+                 the cost of the mode's path (the fused scan where the tuple
+                 path would pay, the mass sums and the sort of the k);
   select         pq_decode_select alone;
   attend         pq_decode_attend alone over a fixed selection;
   fetch          pq_fetch_kv alone of the same rows (the library's gather);
@@ -110,7 +115,9 @@ def main() -> int:
         outlier_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
                                       topk_fraction=0.2, worker_threads=args.threads,
                                       pq_outliers=0.01)
-        for c in (ctx, tail_ctx, outlier_ctx):
+        top_p_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
+                                    topk_fraction=0.2, worker_threads=args.threads, top_p=0.999)
+        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx):
             c.add_sequence(0)
             c.prefill(0, 0, keys, values)
             c.wait_builds()
@@ -158,6 +165,14 @@ def main() -> int:
             outlier_ctx.select(0, 0, query, out=outlier_sel)
             outlier_ctx.attend(0, 0, query, outlier_sel)
 
+        top_p_sel = top_p_ctx.select(0, 0, query)
+        if top_p_sel.counts.tolist() != counts.tolist():
+            raise SystemExit(f"top_p=0.999 kept {top_p_sel.counts} rows, not lib's {counts}")
+
+        def lib_top_p():
+            top_p_ctx.select(0, 0, query, out=top_p_sel)
+            top_p_ctx.attend(0, 0, query, top_p_sel)
+
         def fetch():
             ctx.fetch(0, 0, sel, out=gathered)
 
@@ -196,14 +211,14 @@ def main() -> int:
         out, _ = ctx.attend(0, 0, query, sel)
         ref = sdpa_rows(*gathered, f32=True).reshape(Q, DIM).numpy()
         err = float(np.abs(out - ref).max())
-        candidates = {"lib": lib, "lib_tail": lib_tail, "lib_outliers": lib_outliers, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
+        candidates = {"lib": lib, "lib_tail": lib_tail, "lib_outliers": lib_outliers, "lib_top_p": lib_top_p, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
                       "fetch_sdpa_f32": fetch_sdpa_f32, "fetch_sdpa_gqa": fetch_sdpa_gqa, "torch_gather": torch_gather,
                       "sdpa_gathered": sdpa_gathered, "dense": dense, "seq_read": seq_read}
         for fn in candidates.values():
             fn()
         times = {name: [] for name in candidates}
         ratios = {"best_fetch_sdpa/lib": [], "attend/fetch": [], "torch_gather/lib": [],
-                  "dense/lib": [], "lib_tail/lib": [], "lib_outliers/lib": []}
+                  "dense/lib": [], "lib_tail/lib": [], "lib_outliers/lib": [], "lib_top_p/lib": []}
         for _ in range(args.rounds):
             this = {}
             for name, fn in candidates.items():
@@ -226,7 +241,7 @@ def main() -> int:
                "median_ratio": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        for c in (ctx, tail_ctx, outlier_ctx):
+        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx):
             c.close()
     if args.json:
         with open(args.json, "w") as f:
