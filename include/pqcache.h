@@ -788,7 +788,8 @@ typedef struct pq_config {
    * candidates, not the middle); a share above 0 otherwise is
    * PQ_ERR_INVALID_ARGUMENT. The host selects: pq_decode_select_device is
    * PQ_ERR_UNSUPPORTED with it, and the CUDA backend's host-call
-   * selection runs on the host. */
+   * selection runs on the host. Cost at the same rows: 1.00-1.25x select +
+   * attend at 32K and 128K (docs/perf.md). */
   float top_p;
   /* The fewest middle tokens a kv head keeps under top_p, as a share of the
    * middle: ceil(share x middle), at most k. In [0, 1]; default 0.02 (of
