@@ -543,12 +543,27 @@ TAIL_RERANK = [
      "../docs/quality-data/tail-estimate-rerank1-gemma3-32k.md"),
 ]
 
+# Gemma-3 with a finer index (8 subspaces of 32 dimensions, twice the code
+# bytes): whether codes that represent each key better close its 1/50 gap.
+TAIL_FINER = [
+    ("Gemma-3-270M", "its 32K trace", "tail-estimate-m8-gemma3-32k.md",
+     "cd tools && ../scripts/run-python -m pqeval.tail_estimate gemma3-270m --pairs --set "
+     "pq_subspaces=8 --fractions 0.2,0.1,0.05,0.02 --drop \"\" > "
+     "../docs/quality-data/tail-estimate-m8-gemma3-32k.md"),
+]
+
 
 def _tail_rows(path: Path):
     """tail-estimate table -> (its lines, {budget: {variant: (mean, half width)}})."""
     table, header, body = _markdown_table(path)
     return table, {cells[0]: {name: tuple(float(x) for x in cell.split(" ± "))
                               for name, cell in zip(header[1:], cells[1:])} for cells in body}
+
+
+def estimate_column(row) -> str:
+    """The column of a tail table's row the verdicts read: the library's own
+    estimate (pq+est(lib)) where the row has it, else the numpy one."""
+    return "pq+est(lib)" if "pq+est(lib)" in row else "pq+est"
 
 
 def _tail_verdict(rows, where: str) -> Optional[tuple]:
@@ -561,7 +576,7 @@ def _tail_verdict(rows, where: str) -> Optional[tuple]:
         return None
     smallest = list(rows)[-1]
     r = rows[smallest]
-    est = "pq+est(lib)" if "pq+est(lib)" in r else "pq+est"
+    est = estimate_column(r)
     if not all(k in r for k in ("pq", est, "exact")):
         return None
     status = ("apart" if r[est][0] + r[est][1] <= r["exact"][0] - r["exact"][1] else
@@ -613,8 +628,9 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
               "`exact+est` is the oracle top-k with the same estimate of its tail; h2o and "
               "snapkv, the best drop methods of the section above, attend their selection "
               "and drop the rest for good. Output error and intervals as in the section above."]
-    def tables(entries, heading, setting: str) -> None:
-        """Each model's table, its verdict and picture, then the line over both."""
+    def tables(entries, heading, setting: str, over_both: bool = True) -> None:
+        """Each model's table, its verdict and picture, then (over_both) the
+        line over both models."""
         verdicts = []
         for model, where, path, command, picture in entries:
             table, rows = _tail_rows(path)
@@ -626,7 +642,7 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
             if picture and (data.parent / picture).exists():
                 lines.extend(["", f"![{model}: output error against the budget, with and without "
                               f"the tail estimate]({picture})"])
-        if verdicts:
+        if verdicts and over_both:
             lines.extend(["", _over_both(verdicts, setting)])
 
     tables(found, lambda model, command: [f"### {model}", "", f"Written by `{command}`."], "")
@@ -646,6 +662,32 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
               "the one above."]
     tables(reranked, lambda model, command: [f"{model}. Written by `{command}`."],
            " with re-ranking")
+    finer = [(model, where, data / name, command, None)
+             for model, where, name, command in TAIL_FINER if (data / name).exists()]
+    if not finer:
+        return
+    lines += ["", "### With a finer index (`pq_subspaces = 8`)", "",
+              "Gemma-3's keys have 256 dimensions, so its default index codes them in 4 "
+              "subspaces of 64. The same with 8 subspaces of 32 (twice the code bytes), to see "
+              "whether codes closer to each key close its gap at 1/50; the oracle is the one "
+              "above."]
+    tables(finer, lambda model, command: [f"{model}. Written by `{command}`."],
+           " with 8 subspaces", over_both=False)
+    default = {model: data / name for model, _, name, _, _ in TAIL_TRACES}
+    for model, _, path, _, _ in finer:
+        if model not in default or not default[model].exists():
+            continue
+        base, fine = _tail_rows(default[model])[1], _tail_rows(path)[1]
+        budget = list(fine)[-1]
+        est = estimate_column(fine.get(budget, {}))
+        if budget in base and all(k in r for r in (base[budget], fine[budget])
+                                  for k in (est, "pq", "exact")):
+            was, now, oracle = base[budget][est][0], fine[budget][est][0], base[budget]["exact"][0]
+            closed = (f"{(was - now) / (was - oracle):.0%} of its gap to the oracle's "
+                      f"{oracle:.4f}" if was > oracle else "while already at or below the oracle")
+            lines += ["", f"On {model} at {budget}, twice the code bytes move PQ's output error from "
+                      f"{base[budget]['pq'][0]:.4f} to {fine[budget]['pq'][0]:.4f} and the "
+                      f"estimate's from {was:.4f} to {now:.4f}, {closed}."]
 
 
 # The models the tail estimate's perplexity and tasks are measured on:

@@ -104,6 +104,14 @@ def test_the_report_section_reads_the_table_and_judges_the_aim(tmp_path):
     assert "### With re-ranking (`pq_rerank = 1`)" in text
     assert ("over both models with re-ranking: holds on the point estimate only on "
             "Gemma-3-270M; SmolLM2-135M not measured.") in text
+    # The finer index: its table, and how much of the default's gap it closes
+    # (no line over both models: only Gemma-3 has keys wide enough for it).
+    text = _tail_section(data, "tail-estimate-m8-gemma3-32k.md",
+        "| 1/50 | 0.2772 ± 0.0412 | 0.1759 ± 0.0139 | 0.17 ± 0.01 | 0.1664 ± 0.0361 | 0.07 ± 0.01 |\n")
+    assert "### With a finer index (`pq_subspaces = 8`)" in text
+    assert "with 8 subspaces:" not in text
+    assert ("twice the code bytes move PQ's output error from 0.2833 to 0.2772 and the "
+            "estimate's from 0.1854 to 0.1759, 50% of its gap to the oracle's 0.1664.") in text
     empty = []
     evaluate.tail_estimate_section(tmp_path / "nothing", empty)
     assert empty == []
