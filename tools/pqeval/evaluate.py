@@ -651,28 +651,26 @@ def tail_estimate_section(data: Path, lines: List[str]) -> None:
               "left-out middle token a share of the attention, so the middle mass it holds is "
               "the whole middle's by construction; how well it holds it is what the output "
               "error measures, the figure judged above."]
-    reranked = [(model, where, data / name, command, None)
-                for model, where, name, command in TAIL_RERANK if (data / name).exists()]
-    if not reranked:
-        return
-    lines += ["", "### With re-ranking (`pq_rerank = 1`)", "",
-              "The same with PQ re-ranking its candidates (the codes pick twice k, their keys "
-              "re-score them exactly and the best k stay: 2k key rows read per kv head and step, "
-              "`pq_rerank` in `pqcache.h`); `pq` and `pq+est` read that selection, the oracle is "
-              "the one above."]
-    tables(reranked, lambda model, command: [f"{model}. Written by `{command}`."],
-           " with re-ranking")
-    finer = [(model, where, data / name, command, None)
-             for model, where, name, command in TAIL_FINER if (data / name).exists()]
-    if not finer:
-        return
-    lines += ["", "### With a finer index (`pq_subspaces = 8`)", "",
-              "Gemma-3's keys have 256 dimensions, so its default index codes them in 4 "
-              "subspaces of 64. The same with 8 subspaces of 32 (twice the code bytes), to see "
-              "whether codes closer to each key close its gap at 1/50; the oracle is the one "
-              "above."]
-    tables(finer, lambda model, command: [f"{model}. Written by `{command}`."],
-           " with 8 subspaces", over_both=False)
+    def variant(spec, heading: str, intro: str, setting: str, over_both: bool = True) -> list:
+        """A setting's tables where written (spec as TAIL_RERANK), under heading."""
+        entries = [(model, where, data / name, command, None)
+                   for model, where, name, command in spec if (data / name).exists()]
+        if entries:
+            lines.extend(["", heading, "", intro])
+            tables(entries, lambda model, command: [f"{model}. Written by `{command}`."],
+                   setting, over_both)
+        return entries
+
+    variant(TAIL_RERANK, "### With re-ranking (`pq_rerank = 1`)",
+            "The same with PQ re-ranking its candidates (the codes pick twice k, their keys "
+            "re-score them exactly and the best k stay: 2k key rows read per kv head and step, "
+            "`pq_rerank` in `pqcache.h`); `pq` and `pq+est` read that selection, the oracle is "
+            "the one above.", " with re-ranking")
+    finer = variant(TAIL_FINER, "### With a finer index (`pq_subspaces = 8`)",
+                    "Gemma-3's keys have 256 dimensions, so its default index codes them in 4 "
+                    "subspaces of 64. The same with 8 subspaces of 32 (twice the code bytes), to "
+                    "see whether codes closer to each key close its gap at 1/50; the oracle is the "
+                    "one above.", " with 8 subspaces", over_both=False)
     default = {model: data / name for model, _, name, _, _ in TAIL_TRACES}
     for model, _, path, _, _ in finer:
         if model not in default or not default[model].exists():
