@@ -421,6 +421,24 @@ void fetch(FuzzedDataProvider& in, State& s) {
   if (st == PQ_OK && (k.overflows || v.overflows)) finding("an overflowing output was accepted");
 }
 
+// pq_decode_attend, or pq_decode_tail (the tail estimate alone), over the
+// last selection (mangled): outputs of the query heads, log-sum-exp or not.
+void attend(FuzzedDataProvider& in, State& s) {
+  const pq_config& c = s.config;
+  if (s.counts.empty()) return;
+  mangle_selection(in, s);
+  pq_selection sel{s.positions.data(), s.counts.data(), s.capacity};
+  Tensor q = make_tensor(in, c.dtype, 1, c.num_q_heads, c.head_dim, in.ConsumeBool());
+  const float scales[] = {0.f, 0.125f, 1e30f, -1.f, NAN};
+  const float scale = scales[in.ConsumeIntegralInRange(0, 4)];
+  std::vector<float> out(static_cast<size_t>(c.num_q_heads) * c.head_dim), lse(c.num_q_heads);
+  float* lse_out = in.ConsumeBool() ? lse.data() : nullptr;
+  check(in.ConsumeBool() ? pq_decode_tail(s.ctx, seq_id(in), layer_of(in, c), &q.t, &sel, scale,
+                                          out.data(), lse_out)
+                         : pq_decode_attend(s.ctx, seq_id(in), layer_of(in, c), &q.t, &sel,
+                                            scale, out.data(), lse_out));
+}
+
 void observe(FuzzedDataProvider& in, State& s) {
   if (s.counts.empty()) return;
   mangle_selection(in, s);
@@ -698,6 +716,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.kv_head_offset = in.ConsumeIntegralInRange(-1, 70000);
     c.kv_disk_path = in.ConsumeBool() ? disk_tier_directory() : nullptr;
   }
+  if (in.ConsumeBool()) {  // issue 44: the tail estimate, outliers, top-p (0.12-0.15)
+    const float shares[] = {0.f, 0.01f, 0.25f, 0.3f, -0.1f, NAN};
+    const float ps[] = {0.f, 0.5f, 1.f, 1e-6f, -0.1f, 1.5f, NAN};
+    c.tail_estimate = in.ConsumeIntegralInRange(-1, 2);
+    c.pq_outliers = shares[in.ConsumeIntegralInRange(0, 5)];
+    c.top_p = ps[in.ConsumeIntegralInRange(0, 6)];
+    c.top_p_floor = ps[in.ConsumeIntegralInRange(0, 6)];
+  }
 
   pq_status st = pq_create(&c, &s.ctx);
   check(st);
@@ -706,7 +732,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (pq_subspaces and pq_bits 0 are chosen at pq_create).
   check(pq_get_config(s.ctx, &c));
   for (int op = 0; op < 64 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange(0, 20)) {
+    switch (in.ConsumeIntegralInRange(0, 21)) {
       case 0: check(pq_sequence_add(s.ctx, seq_id(in))); break;
       case 1: check(pq_sequence_remove(s.ctx, seq_id(in))); break;
       case 2: prefill_or_append(in, s, false); break;
@@ -737,6 +763,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 18: paged(in, s); break;
       case 19: select_multi(in, s); break;
+      case 20: attend(in, s); break;
       default: check(pq_wait_builds(s.ctx)); break;
     }
     check_limit(s);
