@@ -72,6 +72,13 @@ void check_real(const char* field, Real value, double lo, double hi, bool lo_ope
           number_text(lo) + ", " + number_text(hi) + "]");
 }
 
+// The name a table gives a value (checked by check_enum first).
+std::string name_of(const Names& names, int32_t value) {
+  for (const Name& n : names)
+    if (n.value == value) return n.name;
+  return str(value);
+}
+
 void check_enum(const char* field, int32_t value, const Names& names) {
   for (const Name& n : names)
     if (n.value == value) return;
@@ -147,7 +154,7 @@ static void check_top_p(const pq_config& c) {
             "PQ_SELECTOR_SPARQ score (use 0)");
   if (c.gqa_combine != PQ_GQA_SUM_SOFTMAX)
     invalid(top_p + " and config.gqa_combine is " +
-            std::string(c.gqa_combine == PQ_GQA_MAX ? "PQ_GQA_MAX" : "PQ_GQA_MEAN") +
+            name_of(kGqaCombineNames, c.gqa_combine) +
             "; top-p reads the combined scores as attention masses, which PQ_GQA_SUM_SOFTMAX "
             "gives");
   if (c.pq_rerank > 0.f && c.selector == PQ_SELECTOR_PQ)
@@ -190,9 +197,7 @@ pq_config resolve_config(const pq_config* in, std::vector<float>* kv_scales) {
             str(c.num_kv_heads) + " (GQA groups query heads evenly)");
   const bool rotary = c.key_rotary != PQ_ROTARY_NONE;
   if (rotary && c.head_dim % 2 != 0)
-    invalid("config.key_rotary is " + std::string(c.key_rotary == PQ_ROTARY_HALF
-                                                      ? "PQ_ROTARY_HALF"
-                                                      : "PQ_ROTARY_INTERLEAVED") +
+    invalid("config.key_rotary is " + name_of(kKeyRotaryNames, c.key_rotary) +
             ", which pairs dimensions, but head_dim " + str(c.head_dim) + " is odd");
   if (c.pq_subspaces == 0) c.pq_subspaces = default_subspaces(c.head_dim, c.key_rotary);
   if (c.pq_bits == 0) c.pq_bits = kDefaultBits;
