@@ -15,6 +15,7 @@
 
 #include "base/scratch.h"
 #include "base/topk.h"
+#include "base/weighted_rows.h"
 #include "kernel_level.h"
 #include "pq/codebook.h"
 #include "pqcache.h"
@@ -153,6 +154,54 @@ TEST(SelectKernels, TopKIsIdenticalToASortIncludingTies) {
         ASSERT_EQ(got, reference_top_k(s, k, 1000)) << "n " << n << " kind " << kind << " k " << k;
       }
     }
+}
+
+// select_top_k_weighted forms each sum in the keep pass at the AVX-512
+// level (and writes the sums first below it): the same positions as the top
+// k of the sums written out, including ties, signed zeros, and inputs that
+// make the sampled band's guesses fail (then the sums are written after
+// all). weighted_rows_sum writes weighted_rows_at's bits, which are a
+// product and an add per row, left to right.
+TEST(SelectKernels, WeightedTopKIsTheTopKOfTheSums) {
+  PQ_REQUIRE_ASKED_KERNEL_LEVEL();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  pq::SelectScratch scratch;
+  for (int32_t count : {1, 2, 4, 7})
+    for (int64_t n : {100, 20001, 70003, 131072})
+      for (int kind = 0; kind < 5; ++kind) {
+        const int64_t stride = std::max<int64_t>(1, n / std::min<int64_t>(4096, n / 8));
+        std::vector<float> rows(static_cast<size_t>(count) * n), weights(static_cast<size_t>(count));
+        for (float& w : weights) w = 0.25f + std::abs(normal(rng));
+        for (int32_t r = 0; r < count; ++r)
+          for (int64_t i = 0; i < n; ++i) {
+            float& x = rows[static_cast<size_t>(r) * n + i];
+            switch (kind) {
+              case 0: x = std::abs(normal(rng)); break;                       // distinct
+              case 1: x = static_cast<float>(rng() % 3); break;               // many ties
+              case 2: x = (rng() % 2) ? 0.f : -0.f; break;                    // signed zeros
+              case 3: x = i % 2 == 0 ? 5.f : std::abs(normal(rng)); break;    // half tie at the top
+              default: x = i % stride == 0 ? 1e6f : std::abs(normal(rng));   // the sample sees only highs
+            }
+          }
+        const pq::WeightedRows w{rows.data(), count, n, weights.data()};
+        std::vector<float> sums(static_cast<size_t>(n));
+        pq::weighted_rows_sum(w, sums.data());
+        for (int64_t i = 0; i < n; ++i) {
+          float expect = rows[static_cast<size_t>(i)] * weights[0];
+          for (int32_t r = 1; r < count; ++r)
+            expect = expect + rows[static_cast<size_t>(r) * n + i] * weights[static_cast<size_t>(r)];
+          ASSERT_EQ(std::memcmp(&expect, &sums[static_cast<size_t>(i)], sizeof expect), 0)
+              << "count " << count << " n " << n << " kind " << kind << " i " << i;
+        }
+        for (int64_t k : {int64_t{0}, int64_t{1}, n / 5, n / 2, n - 1, n}) {
+          std::vector<int32_t> got(static_cast<size_t>(std::max<int64_t>(k, 1)), -1);
+          pq::select_top_k_weighted(w, k, 1000, got.data(), scratch);
+          got.resize(static_cast<size_t>(k));
+          ASSERT_EQ(got, reference_top_k(sums, k, 1000))
+              << "count " << count << " n " << n << " kind " << kind << " k " << k;
+        }
+      }
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 
 #include "base/fast_exp.h"
 #include "base/scratch.h"
+#include "base/topk.h"
+#include "base/weighted_rows.h"
 #include "kernel_level.h"
 #include "pq/codebook.h"
 #include "pq/pq_softmax_scan.h"
@@ -155,6 +157,17 @@ Data make_data(const Case& c, std::mt19937& rng) {
   return d;
 }
 
+// A fork of d's first `shared` tokens, grown by the rest: its codes are a
+// frozen run and its own tail (the parent's runs are shared, not copied).
+pq::CodeColumn fork_of(const Data& d, const Case& c, int64_t shared) {
+  pq::CodeColumn parent(c.m);
+  std::memcpy(parent.grow(shared), d.codes.data(), static_cast<size_t>(shared) * c.m);
+  pq::CodeColumn child = parent.fork();
+  std::memcpy(child.grow(c.tokens), d.codes.data() + shared * c.m,
+              static_cast<size_t>(c.tokens - shared) * c.m);
+  return child;
+}
+
 TEST(SoftmaxScanKernels, CombinedScoresAreTheSpecifiedBitsAndMatchADoubleSoftmax) {
   PQ_REQUIRE_ASKED_KERNEL_LEVEL();
   std::mt19937 rng(13);
@@ -185,14 +198,7 @@ TEST(SoftmaxScanKernels, AForksRunsGiveTheBitsOfOneRun) {
   pq::SelectScratch scratch;
   const Case c{4, 4, 256, pq::CodeColumn::kMinFrozenTokens + 1001, 5, 3.f};
   Data d = make_data(c, rng);
-  // A fork of the first kMinFrozenTokens + 500 tokens, grown by the rest:
-  // its codes are a frozen run and its own tail.
-  const int64_t shared = pq::CodeColumn::kMinFrozenTokens + 500;
-  pq::CodeColumn parent(c.m);
-  std::memcpy(parent.grow(shared), d.codes.data(), static_cast<size_t>(shared) * c.m);
-  pq::CodeColumn child = parent.fork();
-  std::memcpy(child.grow(c.tokens), d.codes.data() + shared * c.m,
-              static_cast<size_t>(c.tokens - shared) * c.m);
+  const pq::CodeColumn child = fork_of(d, c, pq::CodeColumn::kMinFrozenTokens + 500);
   ASSERT_GE(child.runs(), 2u);
   const pq::PqCodebook cb = codebook_of(c);
   const int64_t n = c.tokens - c.begin;
@@ -224,6 +230,39 @@ TEST(SoftmaxScanKernels, FallsBackWhereTheShiftBoundIsFarAboveEveryLogit) {
   // At 0.05 the bound is 20 above: within the slack, so no fallback.
   EXPECT_TRUE(pq::pq_scan_sum_softmax(cb, d.lut.data(), c.group, column, 0, c.tokens, 0.05f,
                                       got.data(), scratch));
+}
+
+// pq_softmax_shares leaves the numerators and their weights (one run, and a
+// fork's runs): the top k taken from them without writing the combined
+// scores (select_top_k_weighted, sampled from 16K scores) is the top k of
+// the combined scores written out.
+TEST(SoftmaxScanKernels, TheTopKOfTheSharesIsTheTopKOfTheCombinedScores) {
+  PQ_REQUIRE_ASKED_KERNEL_LEVEL();
+  std::mt19937 rng(23);
+  pq::SelectScratch scratch;
+  const Case c{4, 4, 256, 50001, 7, 3.f};
+  Data d = make_data(c, rng);
+  const pq::CodeColumn child = fork_of(d, c, pq::CodeColumn::kMinFrozenTokens + 20011);
+  ASSERT_GE(child.runs(), 2u);
+  const pq::PqCodebook cb = codebook_of(c);
+  const int64_t n = c.tokens - c.begin;
+  ASSERT_GE(n, pq::kTopKSampledFrom);
+  for (const pq::CodeColumn* column : {static_cast<const pq::CodeColumn*>(&d.column), &child}) {
+    pq::WeightedRows shares{};
+    ASSERT_TRUE(pq::pq_softmax_shares(cb, d.lut.data(), c.group, *column, c.begin, c.tokens, 0.1f,
+                                      &shares, scratch));
+    ASSERT_EQ(shares.n, n);
+    ASSERT_EQ(shares.count, c.group);
+    std::vector<float> combined(static_cast<size_t>(n));
+    pq::weighted_rows_sum(shares, combined.data());
+    std::vector<float> kept_combined = combined;  // the top-k below reuses the scratch
+    for (int64_t k : {int64_t{1}, n / 5, n / 2}) {
+      std::vector<int32_t> fused(static_cast<size_t>(k)), written(static_cast<size_t>(k));
+      pq::select_top_k_weighted(shares, k, c.begin, fused.data(), scratch);
+      pq::select_top_k(kept_combined.data(), n, k, c.begin, written.data(), scratch);
+      ASSERT_EQ(fused, written) << "k " << k << " runs " << column->runs();
+    }
+  }
 }
 
 }  // namespace

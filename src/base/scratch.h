@@ -22,6 +22,8 @@ struct SelectScratch {
   std::vector<int32_t> next;        // top-k: the next pass's candidates; ClusterKV: cluster order
   std::vector<uint32_t> survivor_keys;  // top-k (AVX-512): keys at or above the sampled threshold
   std::vector<int32_t> survivors;       // top-k (AVX-512): their positions, ascending
+  std::vector<float> weighted_scores;   // top-k of weighted rows: the sums, where written
+  std::vector<uint32_t> sample_bucket;  // top-k: the sample's keys in one bucket of its histogram
   std::vector<uint32_t> histogram;  // top-k: radix histograms; tuple path: tuple counts
   std::vector<uint32_t> weights;    // tuple path: tokens per present tuple
   std::vector<int32_t> candidates;  // tuple path: threshold candidates; AdaKV, ClusterKV: the kept

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/scratch.h"
+#include "base/weighted_rows.h"
 
 namespace pq {
 
@@ -32,9 +33,29 @@ inline uint32_t ordered_score_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The scores select_top_k reads first, from n >= kTopKSampledFrom of them:
+// every stride-th, size of them (at 0, stride, ..., (size - 1) x stride).
+constexpr int64_t kTopKSampledFrom = int64_t{1} << 14;
+struct TopKSample {
+  int64_t size, stride;
+};
+inline TopKSample top_k_sample(int64_t n) {
+  const int64_t size = n < 4096 * 8 ? n / 8 : 4096;
+  return {size, size > 0 ? n / size : 1};
+}
+
 // Writes the positions (first + i) of the k highest scores[i] into out,
 // ascending. Ties go to the larger position. O(n): a radix select.
 void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
                   SelectScratch& scratch);
+
+// select_top_k of the scores weighted_rows_sum(rows) would write (the same
+// positions), without writing them at the AVX-512 level: the sums are
+// formed in registers by the pass that keeps those above the sampled
+// threshold, and only where a sampled guess fails (or n is small) are
+// they written. The PQ scan's default path (pq_selector.cpp) saves a
+// write and a read of a float per token so.
+void select_top_k_weighted(const WeightedRows& rows, int64_t k, int64_t first, int32_t* out,
+                           SelectScratch& scratch);
 
 }  // namespace pq

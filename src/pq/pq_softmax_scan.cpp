@@ -1,7 +1,7 @@
-// pq_scan_sum_softmax (pq_softmax_scan.h): the numerators and the lanes of
-// their normalisers straight from the codes through a table of exps
-// (PqCodebook::pq_products_summed, per kernel level), then the combined
-// scores.
+// pq_softmax_shares and pq_scan_sum_softmax (pq_softmax_scan.h): the
+// numerators and the lanes of their normalisers straight from the codes
+// through a table of exps (PqCodebook::pq_products_summed, per kernel
+// level); then, for the second, the combined scores.
 #include "pq/pq_softmax_scan.h"
 
 #include <algorithm>
@@ -18,9 +18,6 @@
 namespace pq {
 
 namespace {
-
-// Tokens added per block in the last pass.
-constexpr int64_t kBlockTokens = 4096;
 
 // out[c] = exp(l[c] x scale - top) for one row of the table of exps; the
 // loop the compiler vectorises at each level (the same operations, so the
@@ -55,57 +52,26 @@ void exp_row(const float* l, int32_t count, float scale, float top, float* out) 
   fn(l, count, scale, top, out);
 }
 
-// combined[i] = e_0[i] x inv[0] + e_1[i] x inv[1] + ..., left to right (the
-// first term alone: the numerators are not negative, so 0 + x is x), a
-// block of tokens at a time; compiled per level like exp_row (one product
-// and one sum per element, so the same bits).
-PQ_ALWAYS_INLINE void add_shares_body(const float* __restrict e, int64_t n, int32_t group,
-                                      const float* __restrict inv, float* __restrict combined) {
-  PQ_FP_CONTRACT_OFF
-  for (int64_t at = 0; at < n; at += kBlockTokens) {
-    const int64_t b = std::min(kBlockTokens, n - at);
-    float* __restrict out = combined + at;
-    const float* __restrict e0 = e + at;
-    const float w0 = inv[0];
-    for (int64_t i = 0; i < b; ++i) out[i] = e0[i] * w0;
-    for (int32_t g = 1; g < group; ++g) {
-      const float* __restrict eg = e + g * n + at;
-      const float w = inv[g];
-      for (int64_t i = 0; i < b; ++i) out[i] += eg[i] * w;
-    }
-  }
-}
-void add_shares_portable(const float* e, int64_t n, int32_t group, const float* inv,
-                         float* combined) {
-  add_shares_body(e, n, group, inv, combined);
-}
-#if PQ_X86_KERNELS
-PQ_TARGET_AVX2 void add_shares_avx2(const float* e, int64_t n, int32_t group, const float* inv,
-                                    float* combined) {
-  add_shares_body(e, n, group, inv, combined);
-}
-PQ_TARGET_AVX512 void add_shares_avx512(const float* e, int64_t n, int32_t group,
-                                        const float* inv, float* combined) {
-  add_shares_body(e, n, group, inv, combined);
-}
-#endif
-
-void add_shares(const float* e, int64_t n, int32_t group, const float* inv, float* combined) {
-#if PQ_X86_KERNELS
-  static const auto fn = cpu_level() >= CpuLevel::kAvx512 ? add_shares_avx512
-                         : cpu_level() >= CpuLevel::kAvx2 ? add_shares_avx2
-                                                          : add_shares_portable;
-#else
-  static const auto fn = add_shares_portable;
-#endif
-  fn(e, n, group, inv, combined);
+// The largest of l[0..count): eight running maxima, which the compiler
+// keeps in one vector (std::max_element's single chain waited on each
+// comparison: a quarter of this file's time at 128K). A maximum is exact,
+// so the grouping does not change it.
+float largest(const float* l, int32_t count) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = l[0];
+  int32_t c = 0;
+  for (; c + kLanes <= count; c += kLanes)
+    for (int i = 0; i < kLanes; ++i) lanes[i] = std::max(lanes[i], l[c + i]);
+  for (; c < count; ++c) lanes[0] = std::max(lanes[0], l[c]);
+  return *std::max_element(lanes, lanes + kLanes);
 }
 
 }  // namespace
 
-bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t group,
-                         const CodeColumn& codes, int64_t begin, int64_t end, float scale,
-                         float* combined, SelectScratch& scratch, double* log_normalisers) {
+bool pq_softmax_shares(const PqCodebook& codebook, const float* lut, int32_t group,
+                       const CodeColumn& codes, int64_t begin, int64_t end, float scale,
+                       WeightedRows* shares, SelectScratch& scratch, double* log_normalisers) {
   PQ_FP_CONTRACT_OFF
   const int64_t n = end - begin;
   if (n <= 0) return false;
@@ -119,7 +85,7 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
   table.resize(per_query * group);
   for (size_t row = 0; row < per_query * group / centroids; ++row) {
     const float* l = lut + row * centroids;
-    const float shift = *std::max_element(l, l + centroids) * scale;
+    const float shift = largest(l, centroids) * scale;
     exp_row(l, centroids, scale, shift, table.data() + row * centroids);
     // A head's shift is the sum of its rows' (log_normalisers' first term).
     if (log_normalisers != nullptr) {
@@ -156,7 +122,18 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
     inv[g] = 1.0f / sum;
     if (log_normalisers != nullptr) log_normalisers[g] += std::log(static_cast<double>(sum));
   }
-  add_shares(e.data(), n, group, inv, combined);
+  *shares = WeightedRows{e.data(), group, n, inv};
+  return true;
+}
+
+bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t group,
+                         const CodeColumn& codes, int64_t begin, int64_t end, float scale,
+                         float* combined, SelectScratch& scratch, double* log_normalisers) {
+  WeightedRows shares{};
+  if (!pq_softmax_shares(codebook, lut, group, codes, begin, end, scale, &shares, scratch,
+                         log_normalisers))
+    return false;
+  weighted_rows_sum(shares, combined);
   return true;
 }
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "base/scratch.h"
+#include "base/weighted_rows.h"
 #include "pq/codebook.h"
 #include "store/code_column.h"
 
@@ -51,5 +52,15 @@ bool pq_scan_sum_softmax(const PqCodebook& codebook, const float* lut, int32_t g
                          const CodeColumn& codes, int64_t begin, int64_t end, float scale,
                          float* combined, SelectScratch& scratch,
                          double* log_normalisers = nullptr);
+
+// pq_scan_sum_softmax up to the sums: *shares = {e_0 .. e_{group-1}, 1 / Z_g},
+// whose weighted_rows_sum (base/weighted_rows.h) is combined[], left in
+// scratch (raw and head_sums) until its next use, so that the top k can be
+// taken without writing combined (select_top_k_weighted). Returns false,
+// *shares untouched, where pq_scan_sum_softmax does.
+bool pq_softmax_shares(const PqCodebook& codebook, const float* lut, int32_t group,
+                       const CodeColumn& codes, int64_t begin, int64_t end, float scale,
+                       WeightedRows* shares, SelectScratch& scratch,
+                       double* log_normalisers = nullptr);
 
 }  // namespace pq

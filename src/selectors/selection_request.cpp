@@ -71,4 +71,15 @@ void SelectionRequest::select_best(const float* combined, int32_t* out) const {
       select_top_p(combined, middle(), k(), mid_begin(), kind, c.top_p, floor, out, scratch));
 }
 
+void SelectionRequest::select_best(const WeightedRows& combined, int32_t* out) const {
+  if (config().top_p <= 0.f) {
+    select_top_k_weighted(combined, k(), mid_begin(), out, scratch);
+    return;
+  }
+  std::vector<float>& sums = scratch.combined;  // top-p reads every score
+  sums.resize(static_cast<size_t>(combined.n));
+  weighted_rows_sum(combined, sums.data());
+  select_best(sums.data(), out);
+}
+
 }  // namespace pq

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/layer_context.h"
 #include "base/scratch.h"
+#include "base/weighted_rows.h"
 #include "pq/pq_index.h"
 #include "selectors/layer_share.h"
 #include "store/kv_store.h"
@@ -89,6 +90,9 @@ struct SelectionRequest {
   // config.top_p, the fewest of them whose estimated mass reaches that
   // share of the middle's, their count in layer.head_counts[kv_head].
   void select_best(const float* combined, int32_t* out) const;
+  // The same choice from combined scores given as weighted rows (the fused
+  // PQ scan's softmax shares): the top k without writing them.
+  void select_best(const WeightedRows& combined, int32_t* out) const;
 };
 
 }  // namespace pq
