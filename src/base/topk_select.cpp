@@ -140,7 +140,7 @@ uint32_t key_at_rank(const std::vector<uint32_t>& keys, const std::vector<uint32
   constexpr int kShift = 21;
   int64_t above = 0;
   uint32_t bucket = static_cast<uint32_t>(histogram.size()) - 1;
-  while (above + histogram[bucket] <= static_cast<uint64_t>(rank)) above += histogram[bucket--];
+  while (above + static_cast<int64_t>(histogram[bucket]) <= rank) above += histogram[bucket--];
   bucket_keys.resize(keys.size());
   size_t w = 0;
   for (uint32_t key : keys) {  // branch-free: which bucket a key is in is data
@@ -240,19 +240,22 @@ KeptBand keep_band_portable(const float* scores, int64_t n, const SampledBand& b
 }
 
 // Writes first + positions[j] for the kept keys above kth and, of those
-// equal to it, all but the first `skip`, in index order, into picked;
-// returns how many. Branch-free.
-int64_t emit_portable(const uint32_t* keys, const int32_t* positions, int64_t kept, uint32_t kth,
-                      int64_t skip, int32_t first, int32_t* picked) {
+// equal to it, all but the first `skip`, in index order: the k positions the
+// top k takes, into out[0..k) and nowhere past it. Branch-free, through
+// `spare` (the last write may go one slot past the k-th).
+void emit_portable(const uint32_t* keys, const int32_t* positions, int64_t kept, uint32_t kth,
+                   int64_t skip, int32_t first, int64_t k, int32_t* out,
+                   std::vector<int32_t>& spare) {
+  spare.resize(static_cast<size_t>(kept) + 1);
   int64_t w = 0, equal_seen = 0;
   for (int64_t j = 0; j < kept; ++j) {
     const uint32_t key = keys[j];
     const bool equal = key == kth;
-    picked[w] = first + positions[j];
+    spare[static_cast<size_t>(w)] = first + positions[j];
     w += (key > kth) | (equal & (equal_seen >= skip));
     equal_seen += equal;
   }
-  return w;
+  std::memcpy(out, spare.data(), static_cast<size_t>(k) * sizeof(int32_t));
 }
 
 #if PQ_X86_KERNELS
@@ -324,14 +327,17 @@ PQ_TARGET_AVX512 KeptBand keep_weighted_band_avx512(const WeightedRows& w, const
   return r;
 }
 
-// emit_portable, 16 at a time. Of the keys equal to kth only the block
-// where the count of those seen passes `skip` needs a lane-by-lane mask.
-PQ_TARGET_AVX512 int64_t emit_avx512(const uint32_t* keys, const int32_t* positions, int64_t kept,
-                                     uint32_t kth, int64_t skip, int32_t first, int32_t* picked) {
+// emit_portable, 16 at a time, straight into out (full stores while 16
+// more fit below k; the last ones through a register-sized buffer). Of the
+// keys equal to kth only the block where the count of those seen passes
+// `skip` needs a lane-by-lane mask.
+PQ_TARGET_AVX512 void emit_avx512(const uint32_t* keys, const int32_t* positions, int64_t kept,
+                                  uint32_t kth, int64_t skip, int32_t first, int64_t k,
+                                  int32_t* out, std::vector<int32_t>&) {
   const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(kth));
   const __m512i base = _mm512_set1_epi32(first);
   int64_t w = 0, equal_seen = 0;
-  for (int64_t j = 0; j < kept; j += 16) {
+  for (int64_t j = 0; j < kept && w < k; j += 16) {
     const __mmask16 valid = lanes_left(kept - j);
     const __m512i key = _mm512_maskz_loadu_epi32(valid, keys + j);
     __mmask16 take = _mm512_cmpgt_epu32_mask(key, t) & valid;
@@ -347,11 +353,18 @@ PQ_TARGET_AVX512 int64_t emit_avx512(const uint32_t* keys, const int32_t* positi
       }
       equal_seen += count;
     }
-    const __m512i pos = _mm512_add_epi32(_mm512_maskz_loadu_epi32(valid, positions + j), base);
-    _mm512_storeu_si512(picked + w, _mm512_maskz_compress_epi32(take, pos));
-    w += __builtin_popcount(take);
+    const __m512i picked = _mm512_maskz_compress_epi32(
+        take, _mm512_add_epi32(_mm512_maskz_loadu_epi32(valid, positions + j), base));
+    const int64_t taken = __builtin_popcount(take);
+    if (w + 16 <= k) {
+      _mm512_storeu_si512(out + w, picked);
+    } else {
+      alignas(64) int32_t last[16];
+      _mm512_store_si512(last, picked);
+      std::memcpy(out + w, last, static_cast<size_t>(std::min(taken, k - w)) * sizeof(int32_t));
+    }
+    w += taken;
   }
-  return w;
 }
 
 #endif  // PQ_X86_KERNELS
@@ -363,8 +376,8 @@ PQ_TARGET_AVX512 int64_t emit_avx512(const uint32_t* keys, const int32_t* positi
 // every score in an array, for the paths that need them all.
 using KeepFn = KeptBand (*)(const float*, int64_t, const SampledBand&, uint32_t*, int32_t*,
                             uint32_t*);
-using EmitFn = int64_t (*)(const uint32_t*, const int32_t*, int64_t, uint32_t, int64_t, int32_t,
-                           int32_t*);
+using EmitFn = void (*)(const uint32_t*, const int32_t*, int64_t, uint32_t, int64_t, int32_t,
+                        int64_t, int32_t*, std::vector<int32_t>&);
 
 struct ArrayScores {
   const float* scores;
@@ -429,11 +442,8 @@ void select_top_k_sampled(const Source& source, EmitFn emit, int64_t n, int64_t 
   const KthKey kth = kth_largest_key(between, kept.inside, k - kept.above, scratch);
   // Emission in index order: keys above the k-th, and of those equal to it
   // the last equal_taken (ties go to the larger position).
-  std::vector<int32_t>& picked = scratch.tied;
-  picked.resize(static_cast<size_t>(kept.kept) + 16);
   emit(keys.data(), positions.data(), kept.kept, kth.key, kth.equal_total - kth.equal_taken,
-       static_cast<int32_t>(first), picked.data());
-  std::memcpy(out, picked.data(), static_cast<size_t>(k) * sizeof(int32_t));
+       static_cast<int32_t>(first), k, out, scratch.tied);
 }
 
 // The keep and emit passes of the process's kernel level.
