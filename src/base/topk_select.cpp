@@ -131,13 +131,16 @@ struct SampledBand {
   uint32_t low, high;
 };
 
-// The key of descending rank `rank` (0: the largest) among keys whose top
-// 11 bits have the histogram `histogram`: only that rank's bucket is
+// The sample's keys are bucketed by their top 11 bits.
+constexpr int kSampleBucketShift = 21;
+constexpr size_t kSampleBuckets = size_t{1} << (32 - kSampleBucketShift);
+
+// The key of descending rank `rank` (0: the largest) among keys whose
+// buckets have the histogram `histogram`: only that rank's bucket is
 // partially sorted (std::nth_element over the whole sample, twice, was 3-4%
 // of a 128K select).
 uint32_t key_at_rank(const std::vector<uint32_t>& keys, const std::vector<uint32_t>& histogram,
                      int64_t rank, std::vector<uint32_t>& bucket_keys) {
-  constexpr int kShift = 21;
   int64_t above = 0;
   uint32_t bucket = static_cast<uint32_t>(histogram.size()) - 1;
   while (above + static_cast<int64_t>(histogram[bucket]) <= rank) above += histogram[bucket--];
@@ -145,7 +148,7 @@ uint32_t key_at_rank(const std::vector<uint32_t>& keys, const std::vector<uint32
   size_t w = 0;
   for (uint32_t key : keys) {  // branch-free: which bucket a key is in is data
     bucket_keys[w] = key;
-    w += (key >> kShift) == bucket;
+    w += (key >> kSampleBucketShift) == bucket;
   }
   const auto nth = bucket_keys.begin() + (rank - above);
   std::nth_element(bucket_keys.begin(), nth, bucket_keys.begin() + static_cast<ptrdiff_t>(w),
@@ -165,8 +168,8 @@ SampledBand sampled_band(const Source& source, int64_t n, int64_t k, SelectScrat
   const int64_t low_rank = std::min<int64_t>(size - 1, static_cast<int64_t>(mean + spread));
   const int64_t high_rank = std::max<int64_t>(0, static_cast<int64_t>(mean - spread));
   std::vector<uint32_t>& histogram = scratch.histogram;
-  histogram.assign(size_t{1} << 11, 0);
-  for (uint32_t key : sample) ++histogram[key >> 21];
+  histogram.assign(kSampleBuckets, 0);
+  for (uint32_t key : sample) ++histogram[key >> kSampleBucketShift];
   const uint32_t low = key_at_rank(sample, histogram, low_rank, scratch.sample_bucket);
   const uint32_t high =
       high_rank < low_rank ? key_at_rank(sample, histogram, high_rank, scratch.sample_bucket) : ~0u;
