@@ -52,8 +52,8 @@ void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int3
 // select_top_k of the scores weighted_rows_sum(rows) would write (the same
 // positions), without writing them at the AVX-512 level: the sums are
 // formed in registers by the pass that keeps those above the sampled
-// threshold, and only where a sampled guess fails (or n is small) are
-// they written. The PQ scan's default path (pq_selector.cpp) saves a
+// threshold, and only where the sampled low key keeps fewer than k (or n
+// is small) are they written. The PQ scan's default path (pq_selector.cpp) saves a
 // write and a read of a float per token so.
 void select_top_k_weighted(const WeightedRows& rows, int64_t k, int64_t first, int32_t* out,
                            SelectScratch& scratch);
