@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr int32_t kQ = 32, kKv = 8, kDim = 128;
+constexpr int32_t kQ = pqbench::kQHeads, kKv = pqbench::kKvHeads, kDim = pqbench::kHeadDim;
 
 void check(pq_status st, const char* what) { pqbench::check_status("bench_select_one", st, what); }
 
@@ -48,16 +48,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_select_one: --tokens must be >= 1024 and --steps >= 1\n");
     return 2;
   }
-  pq_config c;
-  pq_config_default(&c);
-  c.num_layers = 1;
-  c.num_q_heads = kQ;
-  c.num_kv_heads = kKv;
-  c.head_dim = kDim;
-  c.dtype = PQ_DTYPE_F16;
+  // The benches' layer (bench_data.h) with the default K-Means iterations.
+  pq_config c = pqbench::layer_config(0);
   c.sink_tokens = 4;
   c.local_tokens = 128;
-  c.topk_fraction = 0.2f;
   pq_context* ctx = nullptr;
   check(pq_create(&c, &ctx), "pq_create");
   check(pq_sequence_add(ctx, 1), "pq_sequence_add");

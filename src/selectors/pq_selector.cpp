@@ -224,23 +224,27 @@ class PqSelector final : public Selector, public BatchSelection {
                       r.combine(), r.scale(), r.k(), out, r.scratch, table);
       return bytes;
     }
-    // The default combine: scan and softmax fused (pq/pq_softmax_scan.h).
+    // The default combine: scan and softmax fused (pq/pq_softmax_scan.h);
+    // without outliers the combined scores are never written.
     if (r.combine() == PQ_GQA_SUM_SOFTMAX && r.group_size() > 1) {
-      std::vector<double>& norms = r.scratch.log_norms;
-      norms.resize(static_cast<size_t>(r.group_size()));
-      WeightedRows shares{};
-      if (pq_softmax_shares(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(), r.scale(),
-                            &shares, r.scratch, outliers.count > 0 ? norms.data() : nullptr)) {
-        if (outliers.count == 0) {
-          r.select_best(shares, out);  // the combined scores are never written
+      if (outliers.count == 0) {
+        WeightedRows shares{};
+        if (pq_softmax_shares(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(),
+                              r.scale(), &shares, r.scratch)) {
+          r.select_best(shares, out);
           return bytes;
         }
+      } else {
         std::vector<float>& combined = r.scratch.combined;
         combined.resize(static_cast<size_t>(m));
-        weighted_rows_sum(shares, combined.data());
-        bytes += score_outliers(r, outliers, norms.data(), combined.data());
-        r.select_best(combined.data(), out);
-        return bytes;
+        std::vector<double>& norms = r.scratch.log_norms;
+        norms.resize(static_cast<size_t>(r.group_size()));
+        if (pq_scan_sum_softmax(cb, lut, r.group_size(), codes, r.mid_begin(), r.mid_end(),
+                                r.scale(), combined.data(), r.scratch, norms.data())) {
+          bytes += score_outliers(r, outliers, norms.data(), combined.data());
+          r.select_best(combined.data(), out);
+          return bytes;
+        }
       }
     }
     std::vector<float>& raw = r.scratch.raw;
