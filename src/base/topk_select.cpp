@@ -465,15 +465,19 @@ const LevelPasses& level_passes() {
   return passes;
 }
 
+// No budget (nothing written) or a budget of every score (all of them):
+// true where the top k needs no score.
+bool no_choice(int64_t n, int64_t k, int64_t first, int32_t* out) {
+  if (k >= n)
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(first + i);
+  return k <= 0 || k >= n;
+}
+
 }  // namespace
 
 void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int32_t* out,
                   SelectScratch& scratch) {
-  if (k <= 0) return;
-  if (k >= n) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(first + i);
-    return;
-  }
+  if (no_choice(n, k, first, out)) return;
   const LevelPasses& passes = level_passes();
   select_top_k_sampled(ArrayScores{scores, n, passes.keep}, passes.emit, n, k, first, out, scratch);
 }
@@ -481,11 +485,7 @@ void select_top_k(const float* scores, int64_t n, int64_t k, int64_t first, int3
 void select_top_k_weighted(const WeightedRows& rows, int64_t k, int64_t first, int32_t* out,
                            SelectScratch& scratch) {
   const int64_t n = rows.n;
-  if (k <= 0) return;
-  if (k >= n) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(first + i);
-    return;
-  }
+  if (no_choice(n, k, first, out)) return;
 #if PQ_X86_KERNELS
   if (cpu_level() >= CpuLevel::kAvx512)
     return select_top_k_sampled(WeightedScores{rows}, emit_avx512, n, k, first, out, scratch);
