@@ -11,6 +11,10 @@
 // the median and range of the per-round ratio to the first variant; the
 // load average with every row; and the largest difference of each
 // variant's output from the first's.
+// The same selection is attended again and again: where the last-level
+// cache holds its rows (the Intel guest of docs/perf.md reports 480 MiB;
+// a 128K selection is 107 MB) they come from that cache, so compare the
+// variants by their ratios; bench_row_reads gives the cold floor.
 //
 // Links the library's objects (pqcache_core) to call each variant.
 //
@@ -84,25 +88,6 @@ struct Store {
   }
 };
 
-// Each kv head's selection: 4 sinks, the last 128 tokens and random middle
-// tokens up to a fifth of all, ascending.
-std::vector<std::vector<int32_t>> select(int64_t tokens, pqbench::Rng& rng) {
-  std::vector<std::vector<int32_t>> sel(kKv);
-  const int64_t want = tokens / 5;
-  for (auto& p : sel) {
-    std::vector<char> taken(static_cast<size_t>(tokens), 0);
-    for (int64_t t = 0; t < 4; ++t) taken[t] = 1;
-    for (int64_t t = tokens - 128; t < tokens; ++t) taken[t] = 1;
-    for (int64_t n = 132; n < want;) {
-      const int64_t t = 4 + static_cast<int64_t>(rng.next() % static_cast<uint64_t>(tokens - 132));
-      if (!taken[t]) taken[t] = 1, ++n;
-    }
-    for (int64_t t = 0; t < tokens; ++t)
-      if (taken[t]) p.push_back(static_cast<int32_t>(t));
-  }
-  return sel;
-}
-
 struct Variant {
   std::string name;
   int32_t dtype;
@@ -138,7 +123,7 @@ bool attend(const Variant& v, const Store& s, const std::vector<std::vector<int3
 
 void run(int64_t tokens, const std::vector<Variant>& variants, int rounds, int steps) {
   pqbench::Rng rng{42};
-  const auto sel = select(tokens, rng);
+  const auto sel = pqbench::random_selection(tokens, kKv, rng);
   std::vector<float> q(static_cast<size_t>(kKv) * kGroup * kDim);
   for (float& x : q) x = pq::bf16_to_float(pq::float_to_bf16(1.5f * rng.gauss()));
   int64_t rows = 0;

@@ -125,6 +125,25 @@ struct Rng {
   }
 };
 
+// Each kv head's selection as the benches draw it: 4 sinks, the last 128
+// tokens and random middle tokens up to a fifth of all, ascending.
+inline std::vector<std::vector<int32_t>> random_selection(int64_t tokens, int32_t kv_heads, Rng& rng) {
+  std::vector<std::vector<int32_t>> sel(static_cast<size_t>(kv_heads));
+  const int64_t want = tokens / 5;
+  for (auto& p : sel) {
+    std::vector<char> taken(static_cast<size_t>(tokens), 0);
+    for (int64_t t = 0; t < 4; ++t) taken[t] = 1;
+    for (int64_t t = tokens - 128; t < tokens; ++t) taken[t] = 1;
+    for (int64_t n = 132; n < want;) {
+      const int64_t t = 4 + static_cast<int64_t>(rng.next() % static_cast<uint64_t>(tokens - 132));
+      if (!taken[t]) taken[t] = 1, ++n;
+    }
+    for (int64_t t = 0; t < tokens; ++t)
+      if (taken[t]) p.push_back(static_cast<int32_t>(t));
+  }
+  return sel;
+}
+
 inline uint16_t f32_to_f16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -8,7 +8,8 @@
 // of each round's median step, select + attend and attend alone, and the
 // ratio f16 / fp8 of each (per round, then its median). Last, the floor of
 // the attend: the same rows read with no arithmetic, and as many bytes
-// read in order (rows_read_ms).
+// read in order (rows_read_ms), each read after the caches were evicted
+// (cache_evictor.h; bench_row_reads compares more ways to read them).
 //
 // First, the two ways to turn 8 fp8 codes into 8 floats with AVX2 that the
 // attention kernel could use, over the same bytes: F16C on the codes moved
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "bench_data.h"
+#include "cache_evictor.h"
 #include "pqcache.h"
 
 namespace {
@@ -222,7 +224,8 @@ Step run_steps(const Layer& l, const pqbench::ClusteredKv& kv, int steps, int qu
 struct RowsRead {
   double rows_ms, sequential_ms;
 };
-RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, int runs) {
+RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes, int runs,
+                      const pqbench::CacheEvictor& evictor) {
   constexpr int64_t kChunk = 256, kAhead = 64;
   const int64_t chunks = (tokens + kChunk - 1) / kChunk;
   const size_t block = static_cast<size_t>(kKv * kChunk * row_bytes);
@@ -283,12 +286,14 @@ RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes
   uint64_t sink = 0;
   for (int r = 0; r < runs; ++r) {
     uint64_t a = 0, b = 0;
+    sink += evictor.evict();
     double t0 = now();
     std::thread other(read_heads, 0, kKv / 2, &a);
     read_heads(kKv / 2, kKv, &b);
     other.join();
     rows_times.push_back(now() - t0);
     sink += a + b;
+    sink += evictor.evict();
     t0 = now();
     std::thread second(read_sequential, size_t{0}, &a);
     read_sequential(half, &b);
@@ -312,16 +317,17 @@ void print_rows_read(const Layer& f16, const pqbench::ClusteredKv& kv, int64_t t
   pq_tensor query = tensor(const_cast<uint16_t*>(kv.queries.data()), PQ_DTYPE_F16, 1, kQ);
   check(pq_decode_select(f16.ctx, 1, 0, &query, &sel), "pq_decode_select");
   std::vector<double> f16_ms, fp8_ms, f16_seq, fp8_seq;
+  const pqbench::CacheEvictor evictor;
   for (int r = 0; r < 3; ++r) {  // interleaved
-    const RowsRead a = rows_read_ms(sel, tokens, kDim * 2, runs);
-    const RowsRead b = rows_read_ms(sel, tokens, kDim, runs);
+    const RowsRead a = rows_read_ms(sel, tokens, kDim * 2, runs, evictor);
+    const RowsRead b = rows_read_ms(sel, tokens, kDim, runs, evictor);
     f16_ms.push_back(a.rows_ms);
     f16_seq.push_back(a.sequential_ms);
     fp8_ms.push_back(b.rows_ms);
     fp8_seq.push_back(b.sequential_ms);
   }
   std::printf("%lld tokens: the selected rows read alone (no arithmetic; store layout, 2 threads, "
-              "prefetch 64 rows ahead): f16 %.2f ms, fp8 %.2f ms; the same bytes read in order: "
+              "prefetch 64 rows ahead; caches evicted before each read): f16 %.2f ms, fp8 %.2f ms; the same bytes read in order: "
               "f16 %.2f ms, fp8 %.2f ms (rows at %.2f, %.2f of the sequential rate)\n",
               static_cast<long long>(tokens), median(f16_ms), median(fp8_ms), median(f16_seq),
               median(fp8_seq), median(f16_seq) / median(f16_ms), median(fp8_seq) / median(fp8_ms));
