@@ -21,6 +21,8 @@ cold=${4:-0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 program="$root/build/bench/bench_select_one"
 [ -x "$program" ] || { echo "select_ab: build $program first (cmake --build build)" >&2; exit 2; }
+# BASE as this repository names it (the worktree's own HEAD is another commit).
+base=$(git -C "$root" rev-parse --verify "$base^{commit}")
 tree="$root/build-ab/tree"
 if [ ! -d "$tree" ]; then
   git -C "$root" worktree add --detach "$tree" "$base" >/dev/null
