@@ -127,7 +127,8 @@ struct Rng {
 
 // Each kv head's selection as the benches draw it: 4 sinks, the last 128
 // tokens and random middle tokens up to a fifth of all, ascending.
-inline std::vector<std::vector<int32_t>> random_selection(int64_t tokens, int32_t kv_heads, Rng& rng) {
+inline std::vector<std::vector<int32_t>> random_selection(int64_t tokens, int32_t kv_heads,
+                                                          Rng& rng) {
   std::vector<std::vector<int32_t>> sel(static_cast<size_t>(kv_heads));
   const int64_t want = tokens / 5;
   for (auto& p : sel) {

@@ -70,8 +70,8 @@ struct Layout {
     return keys + ((t / kChunk) * kKv + h) * kChunk * row + (t % kChunk) * row;
   }
   const uint8_t* value(int64_t t, int32_t h) const {
-    return adjacent ? key(t, h) + kRowBytes
-                    : values + ((t / kChunk) * kKv + h) * kChunk * kRowBytes + (t % kChunk) * kRowBytes;
+    if (adjacent) return key(t, h) + kRowBytes;
+    return values + ((t / kChunk) * kKv + h) * kChunk * kRowBytes + (t % kChunk) * kRowBytes;
   }
 };
 
@@ -114,9 +114,11 @@ inline void prefetch_row(const Layout& s, int64_t t, int32_t h) {
   }
 }
 
+using Selection = std::vector<std::vector<int32_t>>;
+
 template <int L>
-PQ_READS_TARGET uint64_t read_heads_with(const Layout& s, const std::vector<std::vector<int32_t>>& sel, int32_t first,
-                      int64_t ahead) {
+PQ_READS_TARGET uint64_t read_heads_with(const Layout& s, const Selection& sel, int32_t first,
+                                         int64_t ahead) {
   Lanes acc = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   for (int32_t h = first; h < kKv; h += 2) {
     const std::vector<int32_t>& p = sel[static_cast<size_t>(h)];
@@ -133,8 +135,8 @@ PQ_READS_TARGET uint64_t read_heads_with(const Layout& s, const std::vector<std:
 
 // kv heads first, first + 2, ... of the selection (the prefetch's
 // locality is a compile-time argument of __builtin_prefetch).
-PQ_READS_TARGET uint64_t read_heads(const Layout& s, const std::vector<std::vector<int32_t>>& sel, int32_t first,
-                 Prefetch f) {
+PQ_READS_TARGET uint64_t read_heads(const Layout& s, const Selection& sel, int32_t first,
+                                    Prefetch f) {
   switch (f.locality) {
     case 3: return read_heads_with<3>(s, sel, first, f.ahead);
     case 2: return read_heads_with<2>(s, sel, first, f.ahead);
@@ -143,7 +145,8 @@ PQ_READS_TARGET uint64_t read_heads(const Layout& s, const std::vector<std::vect
   }
 }
 
-PQ_READS_TARGET uint64_t read_in_order(const uint8_t* keys, const uint8_t* values, size_t from, size_t to) {
+PQ_READS_TARGET uint64_t read_in_order(const uint8_t* keys, const uint8_t* values, size_t from,
+                                       size_t to) {
   Lanes acc = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   for (size_t b = from; b < to; b += kRowBytes) acc = read_row(values + b, read_row(keys + b, acc));
   return lanes_sum(acc);
@@ -160,16 +163,20 @@ void run(int64_t tokens, int rounds, const pqbench::CacheEvictor& evictor, uint6
   const auto sel = pqbench::random_selection(tokens, kKv, rng);
   int64_t rows = 0;
   for (const auto& p : sel) rows += static_cast<int64_t>(p.size());
-  const size_t block = static_cast<size_t>((tokens + kChunk - 1) / kChunk) * kKv * kChunk * kRowBytes;
+  const int64_t chunks = (tokens + kChunk - 1) / kChunk;
+  const size_t block = static_cast<size_t>(chunks * kKv * kChunk * kRowBytes);
   const size_t bytes = (block + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
   uint8_t* keys = huge_alloc(bytes, 1);
   uint8_t* values = huge_alloc(bytes, 2);
   uint8_t* pairs = huge_alloc(2 * bytes, 3);
   const Layout store{keys, values, false}, adjacent{pairs, nullptr, true};
   const std::vector<Variant> variants = {
-      {"store T1/64", false, false, false, {2, 64}},  {"store none", false, false, false, {-1, 0}},
-      {"store T2/128", false, false, false, {1, 128}}, {"store T0/16", false, false, false, {3, 16}},
-      {"K|V T1/64", true, false, false, {2, 64}},     {"store warm", false, false, true, {2, 64}},
+      {"store T1/64", false, false, false, {2, 64}},
+      {"store none", false, false, false, {-1, 0}},
+      {"store T2/128", false, false, false, {1, 128}},
+      {"store T0/16", false, false, false, {3, 16}},
+      {"K|V T1/64", true, false, false, {2, 64}},
+      {"store warm", false, false, true, {2, 64}},
       {"in order", false, true, false, {-1, 0}}};
   const size_t n = variants.size(), in_order = n - 1;
   // Each thread reads half the rows' bytes in order, so the K and V
@@ -186,7 +193,8 @@ void run(int64_t tokens, int rounds, const pqbench::CacheEvictor& evictor, uint6
         uint64_t a = 0, b = 0;
         const double t0 = now();
         std::thread other([&] {
-          a = v.in_order ? read_in_order(keys, values, half, 2 * half) : read_heads(s, sel, 1, v.prefetch);
+          a = v.in_order ? read_in_order(keys, values, half, 2 * half)
+                         : read_heads(s, sel, 1, v.prefetch);
         });
         b = v.in_order ? read_in_order(keys, values, 0, half) : read_heads(s, sel, 0, v.prefetch);
         other.join();
@@ -206,7 +214,8 @@ void run(int64_t tokens, int rounds, const pqbench::CacheEvictor& evictor, uint6
   const double mb = static_cast<double>(rows) * 2 * kRowBytes / 1e6;
   for (size_t i = 0; i < n; ++i) {
     const double m = median(ms[i]);
-    std::printf("%8lld tokens  %-13s %7.3f ms  %5.1f GB/s  of in order: %.2f (rounds %.2f-%.2f)  load %.2f\n",
+    std::printf("%8lld tokens  %-13s %7.3f ms  %5.1f GB/s  of in order: %.2f (rounds %.2f-%.2f)"
+                "  load %.2f\n",
                 static_cast<long long>(tokens), variants[i].name.c_str(), m, mb / m,
                 median(share[i]), *std::min_element(share[i].begin(), share[i].end()),
                 *std::max_element(share[i].begin(), share[i].end()), pqbench::load_average());
@@ -228,7 +237,8 @@ int main(int argc, char** argv) {
       pqbench::step_options("bench_row_reads", argc, argv, {{32768, 131072}, 9, 1});
   const pqbench::CacheEvictor evictor;
   std::printf("8 kv heads, 256-byte K and V rows, 1/5 of the tokens; 2 threads; each read after "
-              "reading %zu MiB (last-level cache %zu MiB) unless warm; %d rounds, variants rotated\n",
+              "reading %zu MiB (last-level cache %zu MiB) unless warm; %d rounds, variants "
+              "rotated\n",
               evictor.bytes() >> 20, pqbench::last_level_cache_bytes() >> 20, o.rounds);
   uint64_t sink = 0;
   for (int64_t tokens : o.tokens) run(tokens, o.rounds, evictor, sink);
