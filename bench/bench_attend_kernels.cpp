@@ -19,7 +19,6 @@
 // Links the library's objects (pqcache_core) to call each variant.
 //
 //   bench_attend_kernels [--tokens 4096,32768,131072] [--rounds 9] [--steps 16]
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +35,7 @@
 #include "base/dtype.h"
 #include "base/thread_pool.h"
 #include "bench_data.h"
+#include "huge_page_buffer.h"
 #include "pqcache.h"
 
 namespace {
@@ -51,40 +51,31 @@ double now() {
 // K and V of `tokens` tokens of every kv head in the store's layout.
 struct Store {
   pq::RowTable table;
-  uint8_t* keys = nullptr;
-  uint8_t* values = nullptr;
-  size_t bytes = 0;
+  pqbench::HugePageBuffer keys, values;
 
-  Store(int32_t dtype, int64_t tokens, pqbench::Rng& rng) {
+  Store(int32_t dtype, int64_t tokens, pqbench::Rng& rng)
+      : keys("bench_attend_kernels", bytes_of(dtype, tokens), 0),
+        values("bench_attend_kernels", bytes_of(dtype, tokens), 0) {
     const size_t row = pq::dtype_size(dtype) * kDim, block = row * kChunk * kKv;
     const int64_t chunks = (tokens + kChunk - 1) / kChunk;
-    bytes = (chunks * block + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
-    keys = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
-    values = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
-    if (keys == nullptr || values == nullptr) {
-      std::fprintf(stderr, "bench_attend_kernels: out of memory\n");
-      std::exit(1);
-    }
-    madvise(keys, bytes, MADV_HUGEPAGE);
-    madvise(values, bytes, MADV_HUGEPAGE);
-    for (uint8_t* base : {keys, values})
-      for (size_t i = 0; i < bytes / 2; ++i) {
+    for (uint8_t* base : {keys.data(), values.data()})
+      for (size_t i = 0; i < keys.bytes() / 2; ++i) {
         const float f = rng.gauss();
         const uint16_t h = dtype == PQ_DTYPE_F16 ? pq::float_to_half(f) : pq::float_to_bf16(f);
         std::memcpy(base + 2 * i, &h, 2);
       }
     for (int64_t c = 0; c < chunks; ++c) {
-      table.keys.push_back(keys + c * block);
-      table.values.push_back(values + c * block);
+      table.keys.push_back(keys.data() + c * block);
+      table.values.push_back(values.data() + c * block);
     }
     table.row_bytes = row;
     table.head_bytes = row * kChunk;
     table.head_dim = kDim;
     table.dtype = dtype;
   }
-  ~Store() {
-    std::free(keys);
-    std::free(values);
+  static size_t bytes_of(int32_t dtype, int64_t tokens) {
+    const size_t chunks = static_cast<size_t>((tokens + kChunk - 1) / kChunk);
+    return pq::dtype_size(dtype) * kDim * kChunk * kKv * chunks;
   }
 };
 

@@ -18,7 +18,6 @@
 //
 //   bench_fp8 [--tokens 32768,131072] [--rounds 7] [--steps 16]
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +31,7 @@
 
 #include "bench_data.h"
 #include "cache_evictor.h"
+#include "huge_page_buffer.h"
 #include "pqcache.h"
 
 namespace {
@@ -230,17 +230,10 @@ RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes
   const int64_t chunks = (tokens + kChunk - 1) / kChunk;
   const size_t block = static_cast<size_t>(kKv * kChunk * row_bytes);
   // On 2 MiB pages where the kernel gives them, as the store's slabs are.
-  const size_t bytes = (static_cast<size_t>(chunks) * block + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
-  auto* keys = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
-  auto* values = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
-  if (keys == nullptr || values == nullptr) {
-    std::fprintf(stderr, "bench_fp8: out of memory\n");
-    std::exit(1);
-  }
-  madvise(keys, bytes, MADV_HUGEPAGE);
-  madvise(values, bytes, MADV_HUGEPAGE);
-  std::memset(keys, 1, bytes);
-  std::memset(values, 2, bytes);
+  const pqbench::HugePageBuffer key_rows("bench_fp8", static_cast<size_t>(chunks) * block, 1),
+      value_rows("bench_fp8", static_cast<size_t>(chunks) * block, 2);
+  const uint8_t* keys = key_rows.data();
+  const uint8_t* values = value_rows.data();
   auto row = [&](const uint8_t* base, uint32_t pos, uint32_t head) {
     return base + (pos / kChunk) * block + (head * kChunk + pos % kChunk) * row_bytes;
   };
@@ -301,8 +294,6 @@ RowsRead rows_read_ms(const pq_selection& sel, int64_t tokens, int64_t row_bytes
     sequential_times.push_back(now() - t0);
     sink += a + b;
   }
-  std::free(keys);
-  std::free(values);
   if (sink == 42) std::printf(" ");  // keeps the reads
   return {median(rows_times) * 1e3, median(sequential_times) * 1e3};
 }
@@ -327,7 +318,8 @@ void print_rows_read(const Layer& f16, const pqbench::ClusteredKv& kv, int64_t t
     fp8_seq.push_back(b.sequential_ms);
   }
   std::printf("%lld tokens: the selected rows read alone (no arithmetic; store layout, 2 threads, "
-              "prefetch 64 rows ahead; caches evicted before each read): f16 %.2f ms, fp8 %.2f ms; the same bytes read in order: "
+              "prefetch 64 rows ahead; caches evicted before each read): f16 %.2f ms, fp8 %.2f ms; "
+              "the same bytes read in order: "
               "f16 %.2f ms, fp8 %.2f ms (rows at %.2f, %.2f of the sequential rate)\n",
               static_cast<long long>(tokens), median(f16_ms), median(fp8_ms), median(f16_seq),
               median(fp8_seq), median(f16_seq) / median(f16_ms), median(fp8_seq) / median(fp8_ms));

@@ -25,7 +25,6 @@
 //
 //   bench_row_reads [--tokens 32768,131072] [--rounds 9]
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +37,7 @@
 
 #include "bench_data.h"
 #include "cache_evictor.h"
+#include "huge_page_buffer.h"
 
 namespace {
 
@@ -47,17 +47,6 @@ constexpr int64_t kChunk = 256, kRowBytes = 256;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint8_t* huge_alloc(size_t bytes, uint8_t fill) {
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, bytes));
-  if (p == nullptr) {
-    std::fprintf(stderr, "bench_row_reads: out of memory\n");
-    std::exit(1);
-  }
-  madvise(p, bytes, MADV_HUGEPAGE);
-  std::memset(p, fill, bytes);
-  return p;
 }
 
 // Where a token's K and V rows of a kv head lie.
@@ -165,11 +154,11 @@ void run(int64_t tokens, int rounds, const pqbench::CacheEvictor& evictor, uint6
   for (const auto& p : sel) rows += static_cast<int64_t>(p.size());
   const int64_t chunks = (tokens + kChunk - 1) / kChunk;
   const size_t block = static_cast<size_t>(chunks * kKv * kChunk * kRowBytes);
-  const size_t bytes = (block + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
-  uint8_t* keys = huge_alloc(bytes, 1);
-  uint8_t* values = huge_alloc(bytes, 2);
-  uint8_t* pairs = huge_alloc(2 * bytes, 3);
-  const Layout store{keys, values, false}, adjacent{pairs, nullptr, true};
+  const pqbench::HugePageBuffer keys_buffer("bench_row_reads", block, 1),
+      values_buffer("bench_row_reads", block, 2), pairs_buffer("bench_row_reads", 2 * block, 3);
+  const uint8_t* keys = keys_buffer.data();
+  const uint8_t* values = values_buffer.data();
+  const Layout store{keys, values, false}, adjacent{pairs_buffer.data(), nullptr, true};
   const std::vector<Variant> variants = {
       {"store T1/64", false, false, false, {2, 64}},
       {"store none", false, false, false, {-1, 0}},
@@ -221,9 +210,6 @@ void run(int64_t tokens, int rounds, const pqbench::CacheEvictor& evictor, uint6
                 *std::max_element(share[i].begin(), share[i].end()), pqbench::load_average());
   }
   std::fflush(stdout);
-  std::free(keys);
-  std::free(values);
-  std::free(pairs);
 }
 
 }  // namespace

@@ -1,10 +1,9 @@
 // What the other layers' decode step leaves in the caches, for benchmarks
 // that time one layer's call "cold": a read of twice the last-level cache,
-// on two threads, so that neither the call's data nor its page tables are
-// cached when it starts. The machines this project runs on have last-level
-// caches from 32 MiB to 480 MiB (a KVM guest of an Intel Xeon reports 480
-// MiB), so a fixed 256 MiB read leaves much of a 100 MiB working set warm
-// on some of them.
+// on two threads, so that the call's data is not in any cache when it
+// starts. A fixed read is not enough everywhere: the Intel Xeon KVM guest
+// of docs/perf.md reports a 480 MiB last-level cache, which a 256 MiB read
+// leaves holding much of a 128K selection's 107 MB of rows.
 #pragma once
 
 #include <unistd.h>
