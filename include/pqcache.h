@@ -543,7 +543,8 @@ typedef struct pq_config {
    * (default). It counts, as upper bounds:
    *  - per sequence, from pq_sequence_add until it is freed, the fixed state
    *    of its num_layers layers: the layer itself, the selector's state, the
-   *    PQ centroids (twice: a rebuild's new index while the old one serves)
+   *    PQ centroids and their layout for the kernels (twice: a rebuild's new
+   *    index while the old one serves)
    *    and the block cache's slots (cache_tokens / cache_block_tokens);
    *  - per layer, in whole chunks of 256 tokens (held from the call that
    *    opens a chunk), the K/V and what grows with the tokens: PQ codes,
@@ -1843,7 +1844,9 @@ typedef struct pq_stats {
   int64_t sequences;         /* sequences counted */
   int64_t tokens;            /* tokens stored, summed over layers */
   uint64_t kv_bytes;         /* host bytes held by K/V stores */
-  uint64_t index_bytes;      /* host bytes held by codes and centroids */
+  uint64_t index_bytes;      /* host bytes held by codes and centroids (with
+                              * the centroids' layout for the kernels, made
+                              * at a layer's first select or coding) */
   /* (K/V chunks, codes and centroids a fork shares are in the kv_bytes
    * and index_bytes of every sequence that holds them; host_bytes counts
    * shared K/V once.) */

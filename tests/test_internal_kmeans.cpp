@@ -8,6 +8,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -453,6 +454,65 @@ TEST(KMeans, RotaryOrderEqualsKeysReorderedByHand) {
   ordered.lut(1, query.data(), 2, head_dim, lut.data());
   by_hand.lut(1, query_by_hand.data(), 2, head_dim, lut_by_hand.data());
   EXPECT_EQ(lut, lut_by_hand);
+}
+
+// The centroids' layout for the kernels (centroid_layouts.h) is made once
+// per codebook and follows its centroids: a copy lays out its own, and
+// training into a used codebook lays out the new centroids.
+TEST(KMeans, CentroidLayoutsFollowTheCentroids) {
+  pq::ThreadPool pool(2);
+  const int32_t head_dim = 16, heads = 2;
+  const Keys keys = clustered_keys(heads, 600, head_dim, 8, 5);
+  const Keys other = clustered_keys(heads, 600, head_dim, 8, 6);
+  const pq::KMeansParams params = make_params(2, 4, 5, 3);
+  pq::PqCodebook used, fresh;
+  pq::train_codebook(heads, head_dim, 600, keys.gather(), params, pool, nullptr, &used);
+  const auto first_codes = encode_all(used, keys, &pool);  // lays out `used`
+  EXPECT_GT(used.layouts.bytes(), 0u);
+  EXPECT_EQ(fresh.layouts.bytes(), 0u);
+
+  // A copy with other centroids scores and codes with those.
+  pq::PqCodebook copy = used;
+  EXPECT_EQ(copy.layouts.bytes(), 0u);
+  for (float& v : copy.data) v = -v;
+  std::vector<float> query(head_dim), lut(used.lut_floats(1)), lut_copy(copy.lut_floats(1));
+  for (int32_t i = 0; i < head_dim; ++i) query[i] = std::cos(0.3f * i);
+  used.lut(0, query.data(), 1, head_dim, lut.data());
+  copy.lut(0, query.data(), 1, head_dim, lut_copy.data());
+  for (size_t i = 0; i < lut.size(); ++i) ASSERT_EQ(lut_copy[i], -lut[i]) << i;
+  EXPECT_EQ(encode_all(used, keys, &pool), first_codes);
+
+  // Trained again on other keys: the codes are those of a fresh codebook.
+  pq::train_codebook(heads, head_dim, 600, other.gather(), params, pool, nullptr, &used);
+  pq::train_codebook(heads, head_dim, 600, other.gather(), params, pool, nullptr, &fresh);
+  ASSERT_EQ(used.data, fresh.data);
+  EXPECT_EQ(encode_all(used, other, &pool), encode_all(fresh, other, nullptr));
+}
+
+// Threads that first use a codebook at once all wait for one layout.
+TEST(KMeans, FirstUsersOfACodebookShareOneLayout) {
+  pq::ThreadPool pool(2);
+  const int32_t head_dim = 32, heads = 4;
+  const Keys keys = clustered_keys(heads, 800, head_dim, 16, 7);
+  pq::PqCodebook trained;
+  pq::train_codebook(heads, head_dim, 800, keys.gather(), make_params(4, 6, 5, 9), pool, nullptr,
+                     &trained);
+  std::vector<float> query(head_dim);
+  for (int32_t i = 0; i < head_dim; ++i) query[i] = std::sin(0.7f * i);
+  std::vector<float> want(trained.lut_floats(1));
+  {
+    const pq::PqCodebook reference = trained;  // its own layout
+    reference.lut(3, query.data(), 1, head_dim, want.data());
+  }
+  const pq::PqCodebook shared = trained;
+  std::vector<std::vector<float>> got(8, std::vector<float>(want.size()));
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] { shared.lut(3, query.data(), 1, head_dim, got[t].data()); });
+  for (auto& t : threads) t.join();
+  for (const auto& g : got) EXPECT_EQ(g, want);
+  EXPECT_EQ(shared.layouts.bytes(),
+            pq::CentroidLayouts::bytes_for(static_cast<uint64_t>(heads) * 4, 64, head_dim / 4));
 }
 
 // Points exactly between two centroids, and duplicated centroids: the

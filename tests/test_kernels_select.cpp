@@ -87,6 +87,67 @@ std::vector<double> reference_sum_softmax(const std::vector<float>& raw, int gro
   return out;
 }
 
+// The specification of PqCodebook::lut: each entry is q . c with eight
+// partial sums by dimension mod 8 (each from 0, a product then an add),
+// added left to right from 0, then the dimensions past the last eight.
+float specified_dot(const float* q, const float* c, int32_t n) {
+  float lanes[8] = {};
+  int32_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float product = q[d + l] * c[d + l];
+      lanes[l] = lanes[l] + product;
+    }
+  float s = 0.f;
+  for (int l = 0; l < 8; ++l) s = s + lanes[l];
+  for (; d < n; ++d) {
+    const float product = q[d] * c[d];
+    s = s + product;
+  }
+  return s;
+}
+
+TEST(SelectKernels, LookupTableIsBitIdenticalToTheScalarDot) {
+  PQ_REQUIRE_ASKED_KERNEL_LEVEL();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (int32_t m : {1, 2, 4})
+    for (int32_t sub_dim : {1, 3, 8, 12, 32, 40})
+      for (int bits : {1, 2, 4, 5, 8})
+        for (int32_t group : {1, 3, 4}) {
+          pq::PqCodebook cb;
+          cb.heads = 2;
+          cb.subspaces = m;
+          cb.centroids = 1 << bits;
+          cb.sub_dim = sub_dim;
+          cb.data.resize(static_cast<size_t>(cb.heads) * m * cb.centroids * sub_dim);
+          for (float& v : cb.data) v = normal(rng);
+          const int32_t head_dim = m * sub_dim;
+          std::vector<float> queries(static_cast<size_t>(group) * head_dim);
+          for (float& v : queries) v = normal(rng);
+          // A zero centroid: negative query elements make -0 products, and
+          // only sums from +0, as specified, give +0.
+          queries[0] = -1.f;
+          std::fill(cb.at(1, 0), cb.at(1, 0) + sub_dim, 0.f);
+          for (int32_t head = 0; head < cb.heads; ++head) {
+            std::vector<float> got(cb.lut_floats(group), 7.f);
+            cb.lut(head, queries.data(), group, head_dim, got.data());
+            for (int32_t g = 0; g < group; ++g)
+              for (int32_t j = 0; j < m; ++j)
+                for (int32_t c = 0; c < cb.centroids; ++c) {
+                  const float want = specified_dot(
+                      queries.data() + static_cast<size_t>(g) * head_dim + j * sub_dim,
+                      cb.at(head, j) + static_cast<size_t>(c) * sub_dim, sub_dim);
+                  const float have = got[(static_cast<size_t>(g) * m + j) * cb.centroids + c];
+                  ASSERT_EQ(std::memcmp(&want, &have, sizeof want), 0)
+                      << "m " << m << " sub_dim " << sub_dim << " bits " << bits << " group "
+                      << group << " head " << head << " g " << g << " j " << j << " c " << c
+                      << ": " << have << " want " << want;
+                }
+          }
+        }
+}
+
 TEST(SelectKernels, SoftmaxCombineMatchesADoubleReference) {
   PQ_REQUIRE_ASKED_KERNEL_LEVEL();
   std::mt19937 rng(11);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "pq/centroid_layouts.h"
 
 namespace pq {
 
@@ -54,6 +55,9 @@ struct PqCodebook {
   // rotary_dim_order(): the codebook's dimension order; empty = the
   // caller's. Queries (lut) and keys (encode, training) are read through it.
   std::vector<int32_t> dim_order;
+  // The centroids laid out for the kernels, made on first use
+  // (centroid_layouts.h); training assigns a fresh one.
+  CentroidLayouts layouts;
 
   const float* at(int32_t head, int32_t subspace) const {
     return data.data() +
@@ -64,9 +68,14 @@ struct PqCodebook {
            (static_cast<size_t>(head) * subspaces + subspace) * centroids * sub_dim;
   }
 
+  // The centroids of (head, subspace) as the kernels read them: every set
+  // is laid out on the first call and kept (layouts).
+  const PreparedCentroids& prepared(int32_t head, int32_t subspace) const;
+
   // The inner-product table of one kv head's group of queries
   // ([group][head_dim] floats): lut[g][j][c] = q_g[j * sub_dim ..] .
-  // centroid[head][j][c] (paper section 3.4), lut_floats(group) floats.
+  // centroid[head][j][c] (paper section 3.4), lut_floats(group) floats,
+  // each entry with the bits of dot() (base/vector_math.h) at every level.
   size_t lut_floats(int32_t group) const {
     return static_cast<size_t>(group) * subspaces * centroids;
   }

@@ -271,6 +271,7 @@ KMeansReport train_codebook(int32_t heads, int32_t head_dim, int64_t tokens,
   codebook->centroids = k;
   codebook->sub_dim = dim;
   codebook->data.assign(static_cast<size_t>(group_count) * k * dim, 0.0f);
+  codebook->layouts = CentroidLayouts();  // laid out again from the new centroids
 
   KMeansReport report;
   if (is_cancelled(cancel)) {

@@ -37,7 +37,7 @@ struct PqIndex {
   // Everything the index uses, shared parts included (as pq_stats counts
   // a fork's shared K/V chunks in each sequence).
   uint64_t bytes() const {
-    uint64_t b = codebook ? codebook->data.size() * sizeof(float) : 0;
+    uint64_t b = codebook ? codebook->data.size() * sizeof(float) + codebook->layouts.bytes() : 0;
     for (const auto& c : codes) b += c.own_bytes() + c.shared_bytes();
     for (const auto& t : tuple_counts) b += t.capacity() * sizeof(uint32_t);
     for (const auto& o : outliers) b += o.positions.capacity() * sizeof(int32_t);

@@ -31,8 +31,14 @@ class PqSelector final : public Selector, public BatchSelection {
   // byte per subspace, token and kv head (and the outliers' positions);
   // twice, for a rebuild's new index while the old one serves.
   StateCost state_cost(const pq_config& c) const override {
-    const uint64_t centroids = static_cast<uint64_t>(c.num_kv_heads) * (uint64_t{1} << c.pq_bits) *
-                               c.head_dim * sizeof(float);
+    // The centroids, and their layout for the kernels (centroid_layouts.h).
+    const uint64_t centroids =
+        static_cast<uint64_t>(c.num_kv_heads) * (uint64_t{1} << c.pq_bits) * c.head_dim *
+            sizeof(float) +
+        (c.pq_subspaces > 0
+             ? CentroidLayouts::bytes_for(static_cast<uint64_t>(c.num_kv_heads) * c.pq_subspaces,
+                                          int64_t{1} << c.pq_bits, c.head_dim / c.pq_subspaces)
+             : 0);
     // Per chunk: a code byte per subspace, and (pq_outliers) the outliers'
     // positions, the share of the chunk at 4 bytes each.
     const uint64_t outliers = static_cast<uint64_t>(std::ceil(
