@@ -16,6 +16,11 @@ round (medians and same-round ratios; only ratios travel between machines):
                  its ceiling k, so the rows are lib's and lib_top_p/lib is
                  the cost of the mode's path (the fused scan where the tuple
                  path would pay, the mass sums and the sort of the k);
+  lib_append     what an engine's step runs per layer: pq_decode_append of
+                 the new token's K/V, then select + pq_decode_attend (a
+                 context of its own, one token longer each round);
+                 lib_append/lib is what coding the token that leaves the
+                 local window adds to a step;
   select         pq_decode_select alone;
   attend         pq_decode_attend alone over a fixed selection;
   fetch          pq_fetch_kv alone of the same rows (the library's gather);
@@ -39,8 +44,8 @@ round (medians and same-round ratios; only ratios travel between machines):
                  (issue 43's target: >= 0.6).
 
 Geometry: one layer of Llama-3-8B (32 q / 8 kv heads, head_dim 128, f16 or
---dtype bf16), PQ
-2x6 (the defaults), 4 sinks, 128 local tokens, top 1/5 of the middle.
+--dtype bf16), PQ 4x8 (the defaults at head_dim 128), 4 sinks, 128 local
+tokens, top 1/5 of the middle.
 
     scripts/run-python bench/cpu_step_vs_torch.py [--tokens 8192 32768 131072]
         [--dtype f16 bf16] [--rounds 15] [--threads 2] [--json OUT]
@@ -117,7 +122,9 @@ def main() -> int:
                                       pq_outliers=0.01)
         top_p_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
                                     topk_fraction=0.2, worker_threads=args.threads, top_p=0.999)
-        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx):
+        append_ctx = pqcache.Context(1, Q, KV, DIM, dtype, sink_tokens=SINK, local_tokens=LOCAL,
+                                     topk_fraction=0.2, worker_threads=args.threads)
+        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx, append_ctx):
             c.add_sequence(0)
             c.prefill(0, 0, keys, values)
             c.wait_builds()
@@ -173,6 +180,18 @@ def main() -> int:
             top_p_ctx.select(0, 0, query, out=top_p_sel)
             top_p_ctx.attend(0, 0, query, top_p_sel)
 
+        # One new token per call (the warm-up call and each round); the
+        # selection has room for the few rows they add.
+        new_tokens = iter(as_dtype(rng.standard_normal((args.rounds + 1, 2, 1, KV, DIM),
+                                                       dtype=np.float32)))
+        append_sel = pqcache.SelectionResult(KV, count + 1024)
+
+        def lib_append():
+            k, v = next(new_tokens)
+            append_ctx.append(0, 0, k, v)
+            append_ctx.select(0, 0, query, out=append_sel)
+            append_ctx.attend(0, 0, query, append_sel)
+
         def fetch():
             ctx.fetch(0, 0, sel, out=gathered)
 
@@ -211,14 +230,14 @@ def main() -> int:
         out, _ = ctx.attend(0, 0, query, sel)
         ref = sdpa_rows(*gathered, f32=True).reshape(Q, DIM).numpy()
         err = float(np.abs(out - ref).max())
-        candidates = {"lib": lib, "lib_tail": lib_tail, "lib_outliers": lib_outliers, "lib_top_p": lib_top_p, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
+        candidates = {"lib": lib, "lib_append": lib_append, "lib_tail": lib_tail, "lib_outliers": lib_outliers, "lib_top_p": lib_top_p, "select": select, "attend": attend, "fetch": fetch, "fetch_sdpa": fetch_sdpa,
                       "fetch_sdpa_f32": fetch_sdpa_f32, "fetch_sdpa_gqa": fetch_sdpa_gqa, "torch_gather": torch_gather,
                       "sdpa_gathered": sdpa_gathered, "dense": dense, "seq_read": seq_read}
         for fn in candidates.values():
             fn()
         times = {name: [] for name in candidates}
         ratios = {"best_fetch_sdpa/lib": [], "attend/fetch": [], "torch_gather/lib": [],
-                  "dense/lib": [], "lib_tail/lib": [], "lib_outliers/lib": [], "lib_top_p/lib": []}
+                  "dense/lib": [], "dense/lib_append": [], "lib_append/lib": [], "lib_tail/lib": [], "lib_outliers/lib": [], "lib_top_p/lib": []}
         for _ in range(args.rounds):
             this = {}
             for name, fn in candidates.items():
@@ -241,7 +260,7 @@ def main() -> int:
                "median_ratio": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx):
+        for c in (ctx, tail_ctx, outlier_ctx, top_p_ctx, append_ctx):
             c.close()
     if args.json:
         with open(args.json, "w") as f:
