@@ -11,9 +11,12 @@
 // builds that select the same tokens). With --cold MIB, each select comes
 // after a read of that many MiB on two threads (cache_evictor.h: what the
 // other layers' decode step does to the caches; bench/select_keys.py's cold
-// rows read 256), and only the select is timed.
+// rows read 256), and only the select is timed. With --append 1, each
+// select comes after a pq_decode_append of one new token, as in an
+// engine's decode step, and both are timed (a token leaves the local window
+// at each append, and the select codes it first).
 //
-//   build/bench/bench_select_one --tokens 131072 --steps 200 [--cold 256]
+//   build/bench/bench_select_one --tokens 131072 --steps 200 [--cold 256] [--append 1]
 #include <pqcache.h>
 
 #include <algorithm>
@@ -40,19 +43,21 @@ int main(int argc, char** argv) {
   int64_t tokens = 131072;
   int steps = 200;
   int64_t cold_mib = 0;
+  int append = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--tokens") tokens = std::atoll(argv[i + 1]);
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--cold") cold_mib = std::atoll(argv[i + 1]);
+    else if (a == "--append") append = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "bench_select_one: unknown option %s\n", a.c_str());
       return 2;
     }
   }
-  if (tokens < 1024 || steps < 1 || cold_mib < 0) {
-    std::fprintf(stderr,
-                 "bench_select_one: --tokens must be >= 1024, --steps >= 1 and --cold >= 0\n");
+  if (tokens < 1024 || steps < 1 || cold_mib < 0 || (append != 0 && append != 1)) {
+    std::fprintf(stderr, "bench_select_one: --tokens must be >= 1024, --steps >= 1, --cold >= 0 "
+                         "and --append 0 or 1\n");
     return 2;
   }
   // The benches' layer (bench_data.h) with the default K-Means iterations.
@@ -75,6 +80,10 @@ int main(int argc, char** argv) {
   check(pq_wait_builds(ctx), "pq_wait_builds");
   int64_t capacity = 0;
   check(pq_selection_capacity(ctx, 1, 0, &capacity), "pq_selection_capacity");
+  // New tokens, one per step (--append 1); each can add a row per kv head.
+  std::vector<uint16_t> step_kv(append ? static_cast<size_t>(steps) * 2 * kKv * kDim : 0);
+  for (uint16_t& x : step_kv) x = pqbench::f32_to_f16(rng.gauss());
+  capacity += append ? steps : 0;
   std::vector<int32_t> positions(static_cast<size_t>(capacity) * kKv), counts(kKv);
   pq_selection sel{positions.data(), counts.data(), capacity};
   const pqbench::CacheEvictor other_layers(static_cast<size_t>(cold_mib) << 20);
@@ -83,6 +92,15 @@ int main(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) {
     other_sum += other_layers.evict();
     const auto t = std::chrono::steady_clock::now();
+    if (append) {
+      uint16_t* token = step_kv.data() + static_cast<size_t>(s) * 2 * kKv * kDim;
+      const auto layout = PQ_LAYOUT_TOKEN_MAJOR;
+      pq_tensor nk, nv;
+      check(pq_tensor_init(&nk, token, PQ_DTYPE_F16, layout, 1, kKv, kDim), "new key");
+      check(pq_tensor_init(&nv, token + kKv * kDim, PQ_DTYPE_F16, layout, 1, kKv, kDim),
+            "new value");
+      check(pq_decode_append(ctx, 1, 0, &nk, &nv), "pq_decode_append");
+    }
     check(pq_decode_select(ctx, 1, 0, &qt, &sel), "pq_decode_select");
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   }
@@ -93,10 +111,10 @@ int main(int argc, char** argv) {
       hash *= 1099511628211ull;
     }
   std::printf("bench_select_one: CPU %s, ISA %s, libpqcache %s, load %.2f, tokens %lld, "
-              "cold_mib %lld, median_ms %.3f, min_ms %.3f, selection_hash %016llx\n",
+              "cold_mib %lld, append %d, median_ms %.3f, min_ms %.3f, selection_hash %016llx\n",
               pqbench::cpu_model().c_str(), pqbench::isa_level(), pq_version_string(),
               pqbench::load_average(), static_cast<long long>(tokens),
-              static_cast<long long>(cold_mib), pqbench::median(ms),
+              static_cast<long long>(cold_mib), append, pqbench::median(ms),
               *std::min_element(ms.begin(), ms.end()), static_cast<unsigned long long>(hash));
   pq_destroy(ctx);
   return other_sum == 42 ? 3 : 0;  // the reads' sum used, so they are not optimised away

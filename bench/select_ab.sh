@@ -1,8 +1,9 @@
 #!/bin/sh
-# select_ab.sh BASE [ROUNDS] [TOKENS] [COLD_MIB]: the select of this tree's
-# library against BASE's (a commit), same program, same data, alternately;
-# with COLD_MIB, each select after a read of that many MiB
-# (bench_select_one --cold).
+# select_ab.sh BASE [ROUNDS] [TOKENS] [COLD_MIB] [APPEND]: the select of this
+# tree's library against BASE's (a commit), same program, same data,
+# alternately; with COLD_MIB, each select after a read of that many MiB
+# (bench_select_one --cold); with APPEND 1, each select after the append of
+# a new token, both timed (bench_select_one --append).
 #
 # Builds BASE's libpqcache.so in a git worktree (build-ab/, reused on the next
 # run), then runs this tree's build/bench/bench_select_one ROUNDS times
@@ -14,10 +15,11 @@
 #
 #   bench/select_ab.sh 3552c0e 5 131072
 set -eu
-base=${1:?usage: bench/select_ab.sh BASE [ROUNDS] [TOKENS] [COLD_MIB]}
+base=${1:?usage: bench/select_ab.sh BASE [ROUNDS] [TOKENS] [COLD_MIB] [APPEND]}
 rounds=${2:-5}
 tokens=${3:-131072}
 cold=${4:-0}
+append=${5:-0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 program="$root/build/bench/bench_select_one"
 [ -x "$program" ] || { echo "select_ab: build $program first (cmake --build build)" >&2; exit 2; }
@@ -31,12 +33,12 @@ else
 fi
 cmake -S "$tree" -B "$root/build-ab/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build-ab/build" --target pqcache >/dev/null
-echo "select_ab: base $(git -C "$tree" rev-parse --short HEAD), this tree $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo ' (with changes)'), $rounds rounds, $tokens tokens, cold $cold MiB"
+echo "select_ab: base $(git -C "$tree" rev-parse --short HEAD), this tree $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo ' (with changes)'), $rounds rounds, $tokens tokens, cold $cold MiB, append $append"
 log=$(mktemp)
 for r in $(seq "$rounds"); do
   for side in base this; do
     if [ "$side" = base ]; then lib="$root/build-ab/build"; else lib="$root/build"; fi
-    line=$(LD_LIBRARY_PATH="$lib" "$program" --tokens "$tokens" --steps 200 --cold "$cold")
+    line=$(LD_LIBRARY_PATH="$lib" "$program" --tokens "$tokens" --steps 200 --cold "$cold" --append "$append")
     echo "$side $line" | tee -a "$log"
   done
 done
