@@ -195,7 +195,10 @@ void PqCodebook::encode(int32_t head_dim, int64_t first, int64_t count, const Ke
     for (int64_t r = 0; r < rows; ++r) row_ids[r] = first + start + r;
     std::vector<float> buffer(static_cast<size_t>(rows) * head_dim);
     ordered(h, row_ids.data(), rows, buffer.data());
-    std::vector<float> scores(static_cast<size_t>(kScoreBlock) * codebook.prepared(h, 0).padded);
+    // Rows for the points scored at once: one for a decode step's token
+    // (the whole block, zeroed, was 64 KiB per kv head and step).
+    std::vector<float> scores(static_cast<size_t>(std::min(rows, kScoreBlock)) *
+                              codebook.prepared(h, 0).padded);
     for (int32_t j = 0; j < m; ++j) {
       assign_points(codebook.prepared(h, j),
                     buffer.data() + static_cast<size_t>(j) * dim, rows, head_dim, nullptr,

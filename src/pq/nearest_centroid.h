@@ -47,7 +47,7 @@ void score_against_centroids(const PreparedCentroids& pc, const float* points, i
 
 // Assigns `count` points (row stride `stride`) to their nearest centroid:
 // codes[p * code_stride] and, if non-null, distances[p]. Returns the sum of
-// the distances. `scores` holds kScoreBlock * pc.padded floats.
+// the distances. `scores` holds min(count, kScoreBlock) * pc.padded floats.
 double assign_points(const PreparedCentroids& pc, const float* points, int64_t count,
                      int64_t stride, const float* point_norms, uint8_t* codes,
                      int64_t code_stride, float* distances, float* scores);
