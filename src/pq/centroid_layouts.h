@@ -51,9 +51,8 @@ class CentroidLayouts {
   // Upper bound of bytes() for `sets` sets of `centroids` centroids of
   // `dim` floats (the memory limit counts it before any set is made).
   static uint64_t bytes_for(uint64_t sets, int64_t centroids, int64_t dim) {
-    const uint64_t padded = static_cast<uint64_t>(
-        (centroids + kLaneWidth - 1) / kLaneWidth * kLaneWidth);
-    return sets * padded * static_cast<uint64_t>(dim + 1) * sizeof(float);
+    return sets * static_cast<uint64_t>(padded_centroids(centroids)) *
+           static_cast<uint64_t>(dim + 1) * sizeof(float);
   }
 
  private:

@@ -145,7 +145,7 @@ float min_score(const float* scores, int32_t padded) {
 void prepare_centroids(const float* centroids, int32_t count, int32_t dim,
                        PreparedCentroids* out) {
   out->count = count;
-  out->padded = (count + kLaneWidth - 1) / kLaneWidth * kLaneWidth;
+  out->padded = static_cast<int32_t>(padded_centroids(count));
   out->dim = dim;
   out->rows = centroids;
   out->transposed.assign(static_cast<size_t>(dim) * out->padded, 0.0f);

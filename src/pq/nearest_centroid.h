@@ -12,6 +12,11 @@ namespace pq {
 constexpr int64_t kScoreBlock = 64;  // points scored at once (scores buffer rows)
 constexpr int32_t kLaneWidth = 16;   // centroid padding of the transposed layout
 
+// `count` centroids rounded up to kLaneWidth: the columns of a laid-out set.
+constexpr int64_t padded_centroids(int64_t count) {
+  return (count + kLaneWidth - 1) / kLaneWidth * kLaneWidth;
+}
+
 // Squared L2 distance with a fixed summation order (bit-identical on every
 // CPU and code path); exactly 0 for equal vectors.
 float squared_distance(const float* a, const float* b, int32_t dim);

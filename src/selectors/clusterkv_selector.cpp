@@ -105,7 +105,7 @@ class CosineAssigner {
  public:
   CosineAssigner(int32_t clusters, int32_t d)
       : d_(d), margin_(2.f * 8.f * static_cast<float>(d) * std::numeric_limits<float>::epsilon()) {
-    prepared_.padded = (clusters + kLaneWidth - 1) / kLaneWidth * kLaneWidth;
+    prepared_.padded = static_cast<int32_t>(padded_centroids(clusters));
     scores_.resize(static_cast<size_t>(kScoreBlock) * static_cast<size_t>(prepared_.padded));
   }
 
